@@ -1,0 +1,35 @@
+#pragma once
+/// Spawn functions of Ferry's actors. See docs/architecture.md for the message flow.
+///
+/// - Scheduler (one per daemon): room registry, client requests, admission, peer connections,
+///   routing of peer messages and arrived immediates to rooms. Published on the control port.
+/// - Connection (one per peer): handshake (identity, instance, layouts, compatibility hash,
+///   fabric address, memory regions), relays room messages to/from the peer, monitors it.
+/// - Sender (one per room, prefill side): plans and posts the room's writes, announces the total.
+/// - Receiver (one per room, decode side): counts landed writes; Success only when the count
+///   equals the announced total.
+
+#include <caf/all.hpp>
+
+#include "actors/context.hpp"
+#include "actors/messages.hpp"
+
+namespace ferry {
+
+caf::actor spawn_scheduler(caf::actor_system& sys, context_ptr ctx);
+
+/// Outbound connection to the peer daemon at `address` ("host:port"); reports to `scheduler`.
+caf::actor spawn_outbound_connection(caf::event_based_actor* parent, context_ptr ctx,
+                                     std::string address, caf::actor scheduler);
+/// Inbound connection answering the handshake `hello` a peer sent to our Scheduler.
+caf::actor spawn_inbound_connection(caf::event_based_actor* parent, context_ptr ctx,
+                                    peer_hello hello, caf::actor scheduler);
+
+/// Prefill-side room. `first` is either a client send (no prepare yet) or a sender_prepare.
+caf::actor spawn_sender(caf::event_based_actor* parent, context_ptr ctx, uint64_t room,
+                        caf::actor scheduler);
+/// Decode-side room, created by a client prepare.
+caf::actor spawn_receiver(caf::event_based_actor* parent, context_ptr ctx, proto::prepare prep,
+                          uint64_t token, caf::actor connection, caf::actor scheduler);
+
+}  // namespace ferry

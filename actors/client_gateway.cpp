@@ -1,0 +1,267 @@
+#include "actors/client_gateway.hpp"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <unordered_map>
+
+#include "actors/context.hpp"
+#include "actors/messages.hpp"
+
+namespace ferry {
+
+namespace {
+constexpr uint64_t listen_key = 0;
+constexpr uint64_t wake_key = 1;
+constexpr uint64_t first_conn_id = 2;
+}  // namespace
+
+struct client_gateway::impl {
+  int listen_fd = -1;
+  int epoll_fd = -1;
+  int wake_fd = -1;
+  std::string path;
+  caf::actor scheduler;
+  std::atomic<bool> stopping{false};
+  std::shared_ptr<spdlog::logger> log;
+
+  struct connection {
+    int fd = -1;
+    proto::frame_reader reader;
+    std::vector<uint8_t> out;
+    size_t out_pos = 0;
+    bool want_write = false;
+  };
+  std::unordered_map<uint64_t, connection> conns;  // gateway thread only
+  uint64_t next_id = first_conn_id;
+
+  std::mutex outbox_mutex;  // guards outbox
+  std::vector<std::pair<uint64_t, std::vector<uint8_t>>> outbox;
+
+  ~impl() {
+    for (auto& [id, c] : conns) close(c.fd);
+    if (listen_fd >= 0) close(listen_fd);
+    if (epoll_fd >= 0) close(epoll_fd);
+    if (wake_fd >= 0) close(wake_fd);
+    if (!path.empty()) unlink(path.c_str());
+  }
+
+  void close_conn(uint64_t id, std::atomic<size_t>& count) {
+    auto it = conns.find(id);
+    if (it == conns.end()) return;
+    epoll_ctl(epoll_fd, EPOLL_CTL_DEL, it->second.fd, nullptr);
+    close(it->second.fd);
+    conns.erase(it);
+    --count;
+    caf::anon_send(scheduler, client_gone{id});
+  }
+
+  void update_interest(uint64_t id, connection& c) {
+    bool want = c.out_pos < c.out.size();
+    if (want == c.want_write) return;
+    c.want_write = want;
+    epoll_event ev{};
+    ev.events = EPOLLIN | (want ? EPOLLOUT : 0);
+    ev.data.u64 = id;
+    epoll_ctl(epoll_fd, EPOLL_CTL_MOD, c.fd, &ev);
+  }
+
+  /// Write as much as the socket takes; false when the connection must be closed.
+  bool flush(uint64_t id, connection& c) {
+    while (c.out_pos < c.out.size()) {
+      ssize_t n = ::send(c.fd, c.out.data() + c.out_pos, c.out.size() - c.out_pos, MSG_NOSIGNAL);
+      if (n > 0) {
+        c.out_pos += static_cast<size_t>(n);
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        break;
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else {
+        return false;
+      }
+    }
+    if (c.out_pos == c.out.size()) {
+      c.out.clear();
+      c.out_pos = 0;
+    }
+    update_interest(id, c);
+    return true;
+  }
+
+  void queue_local(uint64_t id, connection& c, const proto::message& m, uint32_t seq) {
+    auto f = proto::encode(m, seq);
+    c.out.insert(c.out.end(), f.begin(), f.end());
+  }
+};
+
+std::shared_ptr<client_gateway> client_gateway::listen(const std::string& path, std::string& err) {
+  std::shared_ptr<client_gateway> g(new client_gateway());
+  g->impl_ = std::make_unique<impl>();
+  auto& im = *g->impl_;
+  im.log = make_logger("client");
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) {
+    err = "listen.client: socket path '" + path + "' is too long";
+    return nullptr;
+  }
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  im.listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (im.listen_fd < 0) {
+    err = std::string("socket(AF_UNIX) failed: ") + std::strerror(errno);
+    return nullptr;
+  }
+  unlink(path.c_str());
+  // Only the daemon's user may connect: clients are local inference workers.
+  mode_t old = umask(0077);
+  int rc = bind(im.listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  umask(old);
+  if (rc != 0) {
+    err = "cannot bind client socket '" + path + "': " + std::strerror(errno);
+    return nullptr;
+  }
+  im.path = path;
+  if (::listen(im.listen_fd, 128) != 0) {
+    err = "cannot listen on client socket '" + path + "': " + std::strerror(errno);
+    return nullptr;
+  }
+  im.epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  im.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = listen_key;
+  epoll_ctl(im.epoll_fd, EPOLL_CTL_ADD, im.listen_fd, &ev);
+  ev.data.u64 = wake_key;
+  epoll_ctl(im.epoll_fd, EPOLL_CTL_ADD, im.wake_fd, &ev);
+  return g;
+}
+
+client_gateway::~client_gateway() { stop(); }
+
+void client_gateway::start(caf::actor scheduler) {
+  impl_->scheduler = std::move(scheduler);
+  thread_ = std::thread([this] { run(); });
+}
+
+void client_gateway::stop() {
+  if (!impl_ || impl_->stopping.exchange(true)) return;
+  uint64_t one = 1;
+  [[maybe_unused]] auto n = write(impl_->wake_fd, &one, sizeof(one));
+  if (thread_.joinable()) thread_.join();
+}
+
+void client_gateway::reply(uint64_t conn, uint32_t seq, const proto::message& m) {
+  auto frame = proto::encode(m, seq);
+  {
+    std::lock_guard<std::mutex> lock(impl_->outbox_mutex);
+    impl_->outbox.emplace_back(conn, std::move(frame));
+  }
+  uint64_t one = 1;
+  [[maybe_unused]] auto n = write(impl_->wake_fd, &one, sizeof(one));
+}
+
+void client_gateway::run() {
+  auto& im = *impl_;
+  std::vector<epoll_event> events(64);
+  std::vector<uint8_t> rbuf(256 * 1024);
+  std::vector<std::pair<uint64_t, std::vector<uint8_t>>> outbox;
+  while (!im.stopping.load()) {
+    int n = epoll_wait(im.epoll_fd, events.data(), static_cast<int>(events.size()), -1);
+    if (n < 0 && errno == EINTR) continue;
+    for (int i = 0; i < n; ++i) {
+      const uint64_t key = events[i].data.u64;
+      if (key == listen_key) {
+        for (;;) {
+          int fd = accept4(im.listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+          if (fd < 0) break;
+          uint64_t id = im.next_id++;
+          im.conns[id].fd = fd;
+          ++conn_count_;
+          epoll_event ev{};
+          ev.events = EPOLLIN;
+          ev.data.u64 = id;
+          epoll_ctl(im.epoll_fd, EPOLL_CTL_ADD, fd, &ev);
+          im.log->debug("client conn={} connected", id);
+        }
+        continue;
+      }
+      if (key == wake_key) {
+        uint64_t v;
+        [[maybe_unused]] auto r = read(im.wake_fd, &v, sizeof(v));
+        continue;
+      }
+      auto it = im.conns.find(key);
+      if (it == im.conns.end()) continue;
+      auto& c = it->second;
+      bool close_it = false;
+      if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+        for (;;) {
+          ssize_t got = recv(c.fd, rbuf.data(), rbuf.size(), 0);
+          if (got > 0) {
+            c.reader.feed(std::span<const uint8_t>(rbuf.data(), static_cast<size_t>(got)));
+            if (static_cast<size_t>(got) < rbuf.size()) break;
+          } else if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            break;
+          } else if (got < 0 && errno == EINTR) {
+            continue;
+          } else {
+            close_it = true;
+            break;
+          }
+        }
+        while (auto d = c.reader.next()) {
+          if (d->msg) {
+            caf::anon_send(im.scheduler, client_request{key, d->seq, std::move(*d->msg)});
+            continue;
+          }
+          im.log->warn("client conn={} sent a bad frame: {}", key, d->error);
+          im.queue_local(key, c, proto::error{d->code, d->error}, d->seq);
+          if (d->framing_lost) {
+            close_it = true;  // framing is lost; tell the client why, then close
+            break;
+          }
+        }
+      }
+      if ((events[i].events & EPOLLOUT) || !c.out.empty()) {
+        if (!im.flush(key, c)) close_it = true;
+      }
+      if (close_it) {
+        im.flush(key, c);
+        im.log->debug("client conn={} closed", key);
+        im.close_conn(key, conn_count_);
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(im.outbox_mutex);
+      outbox.swap(im.outbox);
+    }
+    for (auto& [id, frame] : outbox) {
+      auto it = im.conns.find(id);
+      if (it == im.conns.end()) continue;
+      auto& c = it->second;
+      c.out.insert(c.out.end(), frame.begin(), frame.end());
+    }
+    for (auto& [id, frame] : outbox) {
+      auto it = im.conns.find(id);
+      if (it == im.conns.end() || it->second.out.empty()) continue;
+      if (it->second.out.size() - it->second.out_pos > max_output_bytes) {
+        im.log->warn("client conn={} is not reading its replies; disconnecting", id);
+        im.close_conn(id, conn_count_);
+        continue;
+      }
+      if (!im.flush(id, it->second)) im.close_conn(id, conn_count_);
+    }
+    outbox.clear();
+  }
+}
+
+}  // namespace ferry

@@ -1,0 +1,57 @@
+#pragma once
+/// The local client endpoint: a unix stream socket served by one epoll thread, so no CAF worker
+/// ever blocks on client I/O.
+///
+/// Threading: the gateway thread reads and decodes frames and hands each request to the
+/// Scheduler with `anon_send`. Actors answer with `reply`/`push`, which are thread-safe: they
+/// queue the encoded frame and wake the gateway thread through an eventfd.
+///
+/// Bad input: a frame whose body is malformed gets an error reply and the connection stays
+/// usable; a broken length field (too large or too short) gets an error reply and the
+/// connection is closed, since the stream cannot be resynchronised. A client that stops reading
+/// is disconnected once its unsent output exceeds `max_output_bytes`.
+
+#include <caf/all.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/protocol.hpp"
+
+namespace ferry {
+
+class client_gateway {
+ public:
+  static constexpr size_t max_output_bytes = 64u << 20;
+
+  /// Bind and listen on `path` (an existing socket file is replaced). Error text on failure.
+  static std::shared_ptr<client_gateway> listen(const std::string& path, std::string& err);
+  ~client_gateway();
+
+  /// Start serving; requests go to `scheduler`.
+  void start(caf::actor scheduler);
+  /// Stop the thread and close every connection; idempotent.
+  void stop();
+
+  /// Send a reply frame to connection `conn` (dropped if it has gone).
+  void reply(uint64_t conn, uint32_t seq, const proto::message& m);
+  /// Push an event frame (seq 0).
+  void push(uint64_t conn, const proto::message& m) { reply(conn, 0, m); }
+
+  size_t connections() const { return conn_count_.load(); }
+
+ private:
+  client_gateway() = default;
+  void run();
+  struct impl;
+  std::unique_ptr<impl> impl_;
+  std::thread thread_;
+  std::atomic<size_t> conn_count_{0};
+};
+
+}  // namespace ferry

@@ -1,0 +1,134 @@
+#include "actors/daemon.hpp"
+
+#include <caf/io/all.hpp>
+#include <fmt/format.h>
+#include <signal.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+
+#include <unistd.h>
+
+#include <random>
+
+#include "actors/actors.hpp"
+#include "actors/client_gateway.hpp"
+
+namespace ferry {
+
+std::shared_ptr<spdlog::logger> make_logger(const std::string& name) {
+  if (auto l = spdlog::get(name)) return l;
+  auto def = spdlog::default_logger();
+  auto l = std::make_shared<spdlog::logger>(name, def->sinks().begin(), def->sinks().end());
+  l->set_level(def->level());
+  spdlog::register_logger(l);
+  return l;
+}
+
+namespace {
+
+class daemon_system_config : public caf::actor_system_config {
+ public:
+  daemon_system_config() {
+    load<caf::io::middleman>();
+    add_ferry_message_types(*this);
+    // Two cores: a small worker pool, and the sharing policy's faster idle wake-ups.
+    set("scheduler.max-threads", 2);
+    set("scheduler.policy", caf::atom("sharing"));
+    set("logger.verbosity", caf::atom("quiet"));
+  }
+};
+
+std::string random_instance() {
+  std::random_device rd;
+  return fmt::format("{:08x}", rd());
+}
+
+}  // namespace
+
+int run_daemon(const ferry_config& cfg, int ready_fd) {
+  auto log = make_logger("ferryd");
+  auto ctx = std::make_shared<daemon_context>();
+  ctx->config = cfg;
+  ctx->instance = cfg.instance == "auto" ? random_instance() : cfg.instance;
+  ctx->config_yaml = to_yaml(cfg);
+  ctx->layout = make_layout(cfg.pools);
+  ctx->log_sched = make_logger("scheduler");
+  ctx->log_room = make_logger("room");
+  ctx->log_peer = make_logger("peer");
+  log->info("starting node={} instance={} role={}", cfg.node_name, ctx->instance, to_string(cfg.role));
+  log->info("effective config:\n{}", ctx->config_yaml);
+
+  // Block the stop signals in every thread; main waits for them with sigwait.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  auto opened = transport::engine::open({cfg.fabric.provider, cfg.fabric.address, cfg.fabric.max_inflight_writes});
+  if (!opened) {
+    log->error("{}", opened.error);
+    return 2;
+  }
+  ctx->engine = std::move(opened.value);
+  for (int k = 0; k < pool_kind_count; ++k) {
+    const auto& pool = ctx->layout.pools[k];
+    if (!pool.present) continue;
+    std::string err;
+    auto name = fmt::format("/ferry.{}.{}.{}", cfg.node_name, ctx->instance, to_string(static_cast<pool_kind>(k)));
+    ctx->pools[k] = shm_region::create(name, pool.total_bytes, err);
+    if (!ctx->pools[k]) {
+      log->error("pool {}: {}", to_string(static_cast<pool_kind>(k)), err);
+      return 2;
+    }
+    auto reg = ctx->engine->register_region(ctx->pools[k].data(), pool.total_bytes);
+    if (!reg) {
+      log->error("pool {}: memory registration of {} bytes failed: {}", to_string(static_cast<pool_kind>(k)),
+                 pool.total_bytes, reg.error);
+      return 2;
+    }
+    ctx->regions[k] = reg.value;
+    log->info("pool {}: {} ({} bytes, {} buffers)", to_string(static_cast<pool_kind>(k)), name, pool.total_bytes,
+              pool.buffers.size());
+  }
+  std::string err;
+  ctx->gateway = client_gateway::listen(cfg.client_listen, err);
+  if (!ctx->gateway) {
+    log->error("{}", err);
+    return 2;
+  }
+
+  int rc = 0;
+  {
+    daemon_system_config sys_cfg;
+    caf::actor_system sys{sys_cfg};
+    auto scheduler = spawn_scheduler(sys, ctx);
+    const auto colon = cfg.control_listen.rfind(':');
+    auto host = cfg.control_listen.substr(0, colon);
+    auto port = static_cast<uint16_t>(std::stoi(cfg.control_listen.substr(colon + 1)));
+    auto published = sys.middleman().publish(scheduler, port, host.c_str(), true);
+    if (!published) {
+      log->error("cannot listen for peers on {}: {}", cfg.control_listen, sys.render(published.error()));
+      rc = 2;
+    } else {
+      ctx->engine->start([scheduler](transport::immediate_counts c) { caf::anon_send(scheduler, immediates_msg{std::move(c)}); });
+      ctx->gateway->start(scheduler);
+      log->info("ready: provider {}, peers on {}, clients on {}", ctx->engine->provider_name(), cfg.control_listen,
+                cfg.client_listen);
+      if (ready_fd >= 0) {
+        [[maybe_unused]] auto n = write(ready_fd, "ready\n", 6);
+        close(ready_fd);
+      }
+      int sig = 0;
+      sigwait(&stop_signals, &sig);
+      log->info("signal {} received; shutting down", sig);
+      ctx->gateway->stop();
+    }
+    caf::anon_send_exit(scheduler, caf::exit_reason::user_shutdown);
+    ctx->engine->stop();
+  }  // the actor system waits for every actor here
+  ctx->gateway.reset();
+  log->info("stopped");
+  return rc;
+}
+
+}  // namespace ferry

@@ -1,0 +1,18 @@
+#include "actors/messages.hpp"
+
+namespace ferry {
+
+void add_ferry_message_types(caf::actor_system_config& cfg) {
+  cfg.add_message_type<peer_region>("ferry::peer_region");
+  cfg.add_message_type<std::vector<peer_region>>("std::vector<ferry::peer_region>");
+  cfg.add_message_type<std::vector<uint8_t>>("std::vector<uint8_t>");
+  cfg.add_message_type<std::vector<uint32_t>>("std::vector<uint32_t>");
+  cfg.add_message_type<peer_hello>("ferry::peer_hello");
+  cfg.add_message_type<peer_refused>("ferry::peer_refused");
+  cfg.add_message_type<peer_prepare>("ferry::peer_prepare");
+  cfg.add_message_type<peer_prepare_ack>("ferry::peer_prepare_ack");
+  cfg.add_message_type<peer_announce>("ferry::peer_announce");
+  cfg.add_message_type<peer_outcome>("ferry::peer_outcome");
+}
+
+}  // namespace ferry

@@ -1,0 +1,238 @@
+#pragma once
+/// Every message exchanged by Ferry's actors, in one place.
+///
+/// Two boundaries:
+/// - between daemons (CAF middleman, serialized): `peer_*` types, exchanged only between the two
+///   Connection actors of a peer pair. They carry scalars and lists of page indices; the state
+///   slot is always one scalar per side.
+/// - inside a daemon (local only, never serialized): client requests from the gateway thread,
+///   fabric completions from the progress thread, and room bookkeeping.
+///
+/// Bulk bytes never travel in messages: they move by RMA writes; messages carry descriptors.
+
+#include <caf/all.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/layout.hpp"
+#include "core/protocol.hpp"
+#include "core/status.hpp"
+#include "transport/engine.hpp"
+
+namespace ferry {
+
+/// Version of the daemon-to-daemon handshake; bumped on any change of the peer_* types.
+inline constexpr uint32_t peer_protocol_version = 1;
+
+// ---------------------------------------------------------------------------------------------
+// Between daemons
+// ---------------------------------------------------------------------------------------------
+
+/// A registered pool as the peer must address it.
+struct peer_region {
+  bool present = false;
+  uint64_t remote_base = 0;
+  uint64_t key = 0;
+  uint64_t length = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, peer_region& x) {
+  return f(caf::meta::type_name("peer_region"), x.present, x.remote_base, x.key, x.length);
+}
+
+/// Handshake, sent by the connecting side's Connection to the peer daemon's Scheduler, and
+/// answered by the accepting side's Connection with its own `peer_hello`.
+struct peer_hello {
+  uint32_t version = peer_protocol_version;
+  std::string node;
+  std::string instance;
+  std::string role;
+  uint32_t tp_size = 1;
+  uint32_t tp_rank = 0;
+  std::string config_yaml;           ///< the sender's effective config; pools give the layout
+  uint64_t compat_hash = 0;          ///< compatibility_hash(pools)
+  std::vector<uint8_t> fabric_address;
+  std::vector<peer_region> regions;  ///< indexed by pool_kind
+  caf::actor connection;             ///< the sender's Connection actor
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, peer_hello& x) {
+  return f(caf::meta::type_name("peer_hello"), x.version, x.node, x.instance, x.role, x.tp_size,
+           x.tp_rank, x.config_yaml, x.compat_hash, x.fabric_address, x.regions, x.connection);
+}
+
+/// The accepting side refused the handshake (version, compatibility, role).
+struct peer_refused {
+  std::string reason;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, peer_refused& x) {
+  return f(caf::meta::type_name("peer_refused"), x.reason);
+}
+
+/// Decode -> prefill: where room `room` must land. Exactly one destination slot and aux row.
+struct peer_prepare {
+  uint64_t room = 0;
+  uint64_t token = 0;                ///< immediate data every write of this room must carry
+  std::vector<uint32_t> dst_pages;
+  uint32_t dst_state_slot = no_index;
+  uint32_t dst_aux_row = no_index;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, peer_prepare& x) {
+  return f(caf::meta::type_name("peer_prepare"), x.room, x.token, x.dst_pages, x.dst_state_slot,
+           x.dst_aux_row);
+}
+
+/// Prefill -> decode: the prepare was accepted (ok) or refused with a reason.
+struct peer_prepare_ack {
+  uint64_t room = 0;
+  bool ok = true;
+  std::string reason;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, peer_prepare_ack& x) {
+  return f(caf::meta::type_name("peer_prepare_ack"), x.room, x.ok, x.reason);
+}
+
+/// Prefill -> decode: every write of the room has been posted; `total_writes` will land.
+struct peer_announce {
+  uint64_t room = 0;
+  uint64_t total_writes = 0;
+  uint64_t total_bytes = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, peer_announce& x) {
+  return f(caf::meta::type_name("peer_announce"), x.room, x.total_writes, x.total_bytes);
+}
+
+/// Decode -> prefill: the room committed (every write landed) or failed with a reason.
+/// Prefill -> decode with ok=false: the prefill side failed or cancelled the room.
+struct peer_outcome {
+  uint64_t room = 0;
+  bool to_decode = false;  ///< which side's room it concerns (both roles may share a room id)
+  bool ok = false;
+  std::string reason;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, peer_outcome& x) {
+  return f(caf::meta::type_name("peer_outcome"), x.room, x.to_decode, x.ok, x.reason);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Inside a daemon (local only)
+// ---------------------------------------------------------------------------------------------
+
+/// What a daemon knows of a connected peer; shared read-only by its rooms.
+struct peer_info {
+  std::string address;               ///< control address (connecting side) or node/instance
+  std::string node;
+  std::string instance;
+  pools_config pools;
+  node_layout layout;
+  std::vector<peer_region> regions;
+  transport::peer_handle fabric_peer = 0;
+};
+using peer_info_ptr = std::shared_ptr<const peer_info>;
+
+/// A decoded client request, with where to send the reply.
+struct client_request {
+  uint64_t conn = 0;
+  uint32_t seq = 0;
+  proto::message msg;
+};
+
+/// A client connection closed.
+struct client_gone {
+  uint64_t conn = 0;
+};
+
+/// Arrived immediates from the progress thread (credit-bounded: one in flight).
+struct immediates_msg {
+  transport::immediate_counts counts;
+};
+
+/// A write batch of a room finished locally.
+struct batch_done_msg {
+  uint64_t batch = 0;
+  transport::batch_result result;
+};
+
+/// A room actor's status changed (to the Scheduler).
+struct room_update {
+  uint64_t room = 0;
+  bool decode_side = false;
+  room_status status = room_status::failed;
+  std::string reason;
+  uint64_t bytes = 0;   ///< bytes moved (set with Success)
+};
+
+/// Connection -> Scheduler: the handshake finished (ok) or failed.
+struct peer_ready {
+  std::string address;
+  peer_info_ptr info;               ///< null on failure
+  std::string error;
+};
+
+/// Connection -> Scheduler: a peer message arrived for a room.
+struct peer_inbound {
+  peer_info_ptr from;
+  caf::actor connection;
+  caf::message msg;                 ///< one of the peer_* room messages
+};
+
+/// Connection -> Scheduler: the peer went away.
+struct peer_down {
+  std::string address;
+  caf::actor connection;
+  std::string reason;
+};
+
+/// Room actor -> Connection: deliver to the peer.
+struct peer_outbound {
+  caf::message msg;
+};
+
+/// Sender creation data: the prepare and the peer it came from.
+struct sender_prepare {
+  peer_prepare prepare;
+  peer_info_ptr peer;
+  caf::actor connection;
+};
+
+/// Decode side: writes that landed for this room (aggregated).
+struct landed_msg {
+  uint64_t count = 0;
+};
+
+/// A room's bounded wait expired; `what` names the wait for the failure reason.
+struct deadline_msg {
+  std::string what;
+  uint32_t ms = 0;
+};
+
+/// Scheduler -> room: a client cancelled the room.
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+
+/// Register the serialized types on an actor system config (both daemons must do this).
+void add_ferry_message_types(caf::actor_system_config& cfg);
+
+}  // namespace ferry
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_info_ptr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::client_request)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::client_gone)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::immediates_msg)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::batch_done_msg)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::room_update)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_ready)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_inbound)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_down)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_outbound)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::sender_prepare)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::landed_msg)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::deadline_msg)

@@ -1,0 +1,420 @@
+// Scheduler: one per daemon, published on the control port.
+//
+// Owns the room registry (active rooms and a bounded history of finished ones for poll),
+// validates every client request before any room actor sees it, spawns Senders, Receivers and
+// Connections, routes peer messages and arrived immediates to rooms, and pushes status events to
+// subscribed clients.
+
+#include <fmt/format.h>
+
+#include <deque>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "actors/actors.hpp"
+#include "actors/client_gateway.hpp"
+#include "core/plan.hpp"
+
+namespace ferry {
+namespace {
+
+constexpr size_t history_limit = 65536;
+
+struct room_entry {
+  caf::actor actor;
+  caf::actor connection;
+  room_status status = room_status::bootstrapping;
+  std::string peer;
+  uint64_t token = 0;
+  std::vector<uint64_t> subscribers;  // client connections
+};
+
+struct finished_room {
+  room_status status;
+  std::string reason;
+};
+
+struct side_rooms {
+  std::unordered_map<uint64_t, room_entry> active;
+  std::unordered_map<uint64_t, finished_room> finished;
+  std::deque<uint64_t> finished_order;
+  uint64_t succeeded = 0, failed = 0, bytes = 0;
+
+  void finish(uint64_t room, room_status s, std::string reason) {
+    active.erase(room);
+    if (finished.emplace(room, finished_room{s, std::move(reason)}).second) finished_order.push_back(room);
+    else finished[room] = finished_room{s, finished[room].reason};
+    while (finished_order.size() > history_limit) {
+      finished.erase(finished_order.front());
+      finished_order.pop_front();
+    }
+  }
+};
+
+struct scheduler_state {
+  static inline const char* name = "ferry.scheduler";
+  context_ptr ctx;
+  side_rooms prefill, decode;
+  std::unordered_map<uint64_t, uint64_t> token_room;         // decode: immediate -> room
+  uint64_t next_token = 1;
+  std::unordered_map<std::string, caf::actor> outbound;      // by control address
+  std::unordered_map<caf::actor, peer_info_ptr> connections;  // every live connection
+  uint64_t stray_writes = 0;                                  // immediates of unknown rooms
+};
+
+using scheduler_actor = caf::stateful_actor<scheduler_state>;
+
+void reply_error(scheduler_actor* self, const client_request& r, errc code, std::string text) {
+  self->state.ctx->log_sched->info("client conn={} request rejected: {}", r.conn, text);
+  self->state.ctx->gateway->reply(r.conn, r.seq, proto::error{code, std::move(text)});
+}
+
+/// Checks shared by prepare and the last send: exactly one state slot and one aux row when the
+/// pools exist, none when they do not.
+std::optional<std::string> check_slot_and_row(const daemon_context& ctx, uint64_t room, const char* side,
+                                              uint32_t slot, uint32_t row) {
+  const auto& l = ctx.layout;
+  if (l[pool_kind::state].present) {
+    const auto slots = ctx.config.pools.mamba->slots;
+    if (slot == no_index)
+      return fmt::format("mamba requires single state index: room {} got {}=none (exactly one {} state slot is required)",
+                         room, side, side);
+    if (slot >= slots)
+      return fmt::format("room {}: {} state slot {} is outside the pool of {} slots", room, side, slot, slots);
+  } else if (slot != no_index) {
+    return fmt::format("room {}: {} state slot {} given but this daemon has no mamba pool", room, side, slot);
+  }
+  if (l[pool_kind::aux].present) {
+    const auto rows = ctx.config.pools.aux->rows;
+    if (row == no_index) return fmt::format("room {}: exactly one {} aux row is required", room, side);
+    if (row >= rows) return fmt::format("room {}: {} aux row {} is outside the pool of {} rows", room, side, row, rows);
+  } else if (row != no_index) {
+    return fmt::format("room {}: {} aux row {} given but this daemon has no aux pool", room, side, row);
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> check_pages(const daemon_context& ctx, uint64_t room, const std::vector<uint32_t>& pages,
+                                       const char* what) {
+  if (pages.empty()) return std::nullopt;
+  if (!ctx.config.pools.kv) return fmt::format("room {}: {}s given but this daemon has no kv pool", room, what);
+  if (auto e = check_indices(pages, ctx.config.pools.kv->pages, what, "pages"))
+    return fmt::format("room {}: {}", room, *e);
+  return std::nullopt;
+}
+
+void notify_subscribers(scheduler_actor* self, const room_entry& e, uint64_t room, room_status s,
+                        const std::string& reason) {
+  for (auto c : e.subscribers) self->state.ctx->gateway->push(c, proto::event{room, s, reason});
+}
+
+caf::actor connection_for(scheduler_actor* self, const std::string& address) {
+  auto& st = self->state;
+  auto it = st.outbound.find(address);
+  if (it != st.outbound.end()) return it->second;
+  auto conn = spawn_outbound_connection(self, st.ctx, address, caf::actor_cast<caf::actor>(self));
+  st.outbound.emplace(address, conn);
+  st.connections.emplace(conn, nullptr);
+  return conn;
+}
+
+void on_prepare(scheduler_actor* self, client_request& r) {
+  auto& st = self->state;
+  auto& p = std::get<proto::prepare>(r.msg);
+  if (!st.ctx->serves_decode())
+    return reply_error(self, r, errc::wrong_role, fmt::format("room {}: prepare is a decode operation; this daemon's role is prefill", p.room));
+  if (st.decode.active.count(p.room))
+    return reply_error(self, r, errc::duplicate_room, fmt::format("duplicate room {}: it is already active on this decode daemon", p.room));
+  if (p.prefill_peer.empty())
+    return reply_error(self, r, errc::invalid_request, fmt::format("room {}: prefill_peer is empty", p.room));
+  if (auto e = check_pages(*st.ctx, p.room, p.dst_pages, "dst page")) return reply_error(self, r, errc::invalid_request, *e);
+  if (auto e = check_slot_and_row(*st.ctx, p.room, "dst", p.state_slot, p.aux_row))
+    return reply_error(self, r, errc::invalid_request, *e);
+  const uint64_t token = st.next_token++;
+  auto conn = connection_for(self, p.prefill_peer);
+  auto room = p.room;
+  auto peer = p.prefill_peer;
+  st.ctx->log_sched->debug("room={} peer={} prepare: {} pages", room, peer, p.dst_pages.size());
+  auto actor = spawn_receiver(self, st.ctx, std::move(p), token, conn, caf::actor_cast<caf::actor>(self));
+  st.decode.finished.erase(room);  // a reused id starts a new incarnation
+  st.decode.active[room] = room_entry{actor, conn, room_status::bootstrapping, peer, token, {}};
+  st.token_room[token] = room;
+  st.ctx->gateway->reply(r.conn, r.seq, proto::ok{});
+}
+
+void on_send(scheduler_actor* self, client_request& r) {
+  auto& st = self->state;
+  const auto& s = std::get<proto::send>(r.msg);
+  const auto& ctx = *st.ctx;
+  if (!ctx.serves_prefill())
+    return reply_error(self, r, errc::wrong_role, fmt::format("room {}: send is a prefill operation; this daemon's role is decode", s.room));
+  if (auto e = check_pages(ctx, s.room, s.src_pages, "src page")) return reply_error(self, r, errc::invalid_request, *e);
+  if (s.last) {
+    if (auto e = check_slot_and_row(ctx, s.room, "src", s.state_slot, s.aux_row))
+      return reply_error(self, r, errc::invalid_request, *e);
+    if (ctx.layout[pool_kind::aux].present) {
+      // The aux row carries the room id: a wrong row would deliver another request's metadata.
+      uint64_t stored = 0;
+      std::memcpy(&stored, ctx.pools[static_cast<int>(pool_kind::aux)].data() + ctx.layout[pool_kind::aux].buffers[0].offset +
+                               uint64_t{s.aux_row} * ctx.config.pools.aux->row_bytes,
+                  sizeof(stored));
+      if (stored != s.room)
+        return reply_error(self, r, errc::invalid_request,
+                           fmt::format("room {}: src aux row {} carries room id {}, expected {}", s.room, s.aux_row, stored, s.room));
+    }
+  } else if (s.state_slot != no_index || s.aux_row != no_index) {
+    return reply_error(self, r, errc::invalid_request,
+                       fmt::format("room {}: state slot and aux row go only with the last chunk", s.room));
+  }
+  auto it = st.prefill.active.find(s.room);
+  if (it == st.prefill.active.end()) {
+    auto done = st.prefill.finished.find(s.room);
+    if (done != st.prefill.finished.end())
+      return reply_error(self, r, errc::room_finished,
+                         fmt::format("room {} already finished ({}); send after {} is rejected", s.room,
+                                     to_string(done->second.status), to_string(done->second.status)));
+    auto actor = spawn_sender(self, st.ctx, s.room, caf::actor_cast<caf::actor>(self));
+    it = st.prefill.active.emplace(s.room, room_entry{actor, {}, room_status::bootstrapping, {}, 0, {}}).first;
+  }
+  self->send(it->second.actor, std::move(r));
+}
+
+void on_poll(scheduler_actor* self, client_request& r, uint64_t room) {
+  auto& st = self->state;
+  for (auto* side : {&st.decode, &st.prefill}) {
+    if (auto it = side->active.find(room); it != side->active.end())
+      return st.ctx->gateway->reply(r.conn, r.seq, proto::poll_reply{room, it->second.status, {}});
+  }
+  for (auto* side : {&st.decode, &st.prefill}) {
+    if (auto it = side->finished.find(room); it != side->finished.end())
+      return st.ctx->gateway->reply(r.conn, r.seq, proto::poll_reply{room, it->second.status, it->second.reason});
+  }
+  reply_error(self, r, errc::unknown_room, fmt::format("unknown room {}", room));
+}
+
+room_entry* find_active(scheduler_state& st, uint64_t room) {
+  if (auto it = st.decode.active.find(room); it != st.decode.active.end()) return &it->second;
+  if (auto it = st.prefill.active.find(room); it != st.prefill.active.end()) return &it->second;
+  return nullptr;
+}
+
+std::string info_text(scheduler_state& st, proto::info_topic topic) {
+  const auto& c = st.ctx->config;
+  std::ostringstream o;
+  switch (topic) {
+    case proto::info_topic::status:
+      o << "node: " << c.node_name << "\ninstance: " << st.ctx->instance << "\nrole: " << to_string(c.role)
+        << "\nprovider: " << st.ctx->engine->provider_name() << "\ncontrol: " << c.control_listen
+        << "\nclient: " << c.client_listen << "\nclients: " << st.ctx->gateway->connections()
+        << "\npeers: " << st.connections.size() << "\nprefill_rooms_active: " << st.prefill.active.size()
+        << "\nprefill_rooms_succeeded: " << st.prefill.succeeded << "\nprefill_rooms_failed: " << st.prefill.failed
+        << "\nprefill_bytes_sent: " << st.prefill.bytes << "\ndecode_rooms_active: " << st.decode.active.size()
+        << "\ndecode_rooms_succeeded: " << st.decode.succeeded << "\ndecode_rooms_failed: " << st.decode.failed
+        << "\ndecode_bytes_received: " << st.decode.bytes << "\nstray_writes: " << st.stray_writes << "\n";
+      break;
+    case proto::info_topic::rooms:
+      for (auto* side : {&st.prefill, &st.decode})
+        for (const auto& [room, e] : side->active)
+          o << "room=" << room << " side=" << (side == &st.decode ? "decode" : "prefill") << " status=" << to_string(e.status)
+            << " peer=" << (e.peer.empty() ? "-" : e.peer) << "\n";
+      break;
+    case proto::info_topic::peers:
+      for (const auto& [conn, info] : st.connections)
+        if (info) o << "peer=" << info->address << " node=" << info->node << " instance=" << info->instance << "\n";
+      for (const auto& [addr, conn] : st.outbound)
+        if (!st.connections.count(conn) || !st.connections[conn]) o << "peer=" << addr << " connecting\n";
+      break;
+  }
+  return o.str();
+}
+
+void on_client(scheduler_actor* self, client_request& r) {
+  auto& st = self->state;
+  std::visit(
+      [&](auto& m) {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, proto::hello>) {
+          if (m.version != proto::protocol_version)
+            return reply_error(self, r, errc::unsupported_version,
+                               fmt::format("client protocol version {} is not supported (ferryd speaks {})", m.version,
+                                           proto::protocol_version));
+          proto::hello_reply h;
+          h.node = st.ctx->config.node_name;
+          h.instance = st.ctx->instance;
+          h.role = to_string(st.ctx->config.role);
+          h.control = st.ctx->config.control_listen;
+          h.tp_size = st.ctx->config.tp.size;
+          h.tp_rank = st.ctx->config.tp.rank;
+          h.page_tokens = st.ctx->config.pools.kv ? st.ctx->config.pools.kv->page_tokens : 0;
+          for (int k = 0; k < pool_kind_count; ++k) {
+            h.pools[k].present = st.ctx->layout.pools[k].present;
+            h.pools[k].shm_name = st.ctx->pools[k].name();
+            h.pools[k].layout = st.ctx->layout.pools[k];
+          }
+          st.ctx->gateway->reply(r.conn, r.seq, h);
+        } else if constexpr (std::is_same_v<T, proto::prepare>) {
+          on_prepare(self, r);
+        } else if constexpr (std::is_same_v<T, proto::send>) {
+          on_send(self, r);
+        } else if constexpr (std::is_same_v<T, proto::poll>) {
+          on_poll(self, r, m.room);
+        } else if constexpr (std::is_same_v<T, proto::cancel>) {
+          auto* e = find_active(st, m.room);
+          if (!e) {
+            if (st.decode.finished.count(m.room) || st.prefill.finished.count(m.room))
+              return reply_error(self, r, errc::room_finished, fmt::format("room {} already finished", m.room));
+            return reply_error(self, r, errc::unknown_room, fmt::format("unknown room {}", m.room));
+          }
+          self->send(e->actor, cancel_atom::value);
+          st.ctx->gateway->reply(r.conn, r.seq, proto::ok{});
+        } else if constexpr (std::is_same_v<T, proto::subscribe>) {
+          if (auto* e = find_active(st, m.room)) {
+            e->subscribers.push_back(r.conn);
+            st.ctx->gateway->reply(r.conn, r.seq, proto::ok{});
+            st.ctx->gateway->push(r.conn, proto::event{m.room, e->status, {}});
+            return;
+          }
+          for (auto* side : {&st.decode, &st.prefill})
+            if (auto it = side->finished.find(m.room); it != side->finished.end()) {
+              st.ctx->gateway->reply(r.conn, r.seq, proto::ok{});
+              st.ctx->gateway->push(r.conn, proto::event{m.room, it->second.status, it->second.reason});
+              return;
+            }
+          reply_error(self, r, errc::unknown_room, fmt::format("unknown room {}", m.room));
+        } else if constexpr (std::is_same_v<T, proto::info>) {
+          st.ctx->gateway->reply(r.conn, r.seq, proto::info_reply{info_text(st, m.topic)});
+        } else {
+          reply_error(self, r, errc::malformed_frame,
+                      fmt::format("{} is a reply type; clients may not send it", proto::to_string(proto::type_of(r.msg))));
+        }
+      },
+      r.msg);
+}
+
+void on_peer_inbound(scheduler_actor* self, peer_inbound& in) {
+  auto& st = self->state;
+  in.msg.apply({
+      [&](peer_prepare& p) {
+        auto it = st.prefill.active.find(p.room);
+        if (it == st.prefill.active.end()) {
+          if (!st.ctx->serves_prefill()) {
+            self->send(in.connection, peer_outbound{caf::make_message(
+                                          peer_prepare_ack{p.room, false, "this daemon does not serve the prefill role"})});
+            return;
+          }
+          auto actor = spawn_sender(self, st.ctx, p.room, caf::actor_cast<caf::actor>(self));
+          st.prefill.finished.erase(p.room);
+          it = st.prefill.active.emplace(p.room, room_entry{actor, {}, room_status::bootstrapping, {}, 0, {}}).first;
+        }
+        it->second.connection = in.connection;
+        it->second.peer = in.from->address;
+        self->send(it->second.actor, sender_prepare{std::move(p), in.from, in.connection});
+      },
+      [&](peer_prepare_ack& a) {
+        if (auto it = st.decode.active.find(a.room); it != st.decode.active.end()) self->send(it->second.actor, a);
+      },
+      [&](peer_announce& a) {
+        if (auto it = st.decode.active.find(a.room); it != st.decode.active.end()) self->send(it->second.actor, a);
+      },
+      [&](peer_outcome& o) {
+        auto& side = o.to_decode ? st.decode : st.prefill;
+        if (auto it = side.active.find(o.room); it != side.active.end()) self->send(it->second.actor, o);
+      },
+  });
+}
+
+caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
+  self->state.ctx = std::move(ctx);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    auto& st = self->state;
+    auto who = caf::actor_cast<caf::actor>(dm.source);
+    if (st.connections.erase(who)) {
+      for (auto it = st.outbound.begin(); it != st.outbound.end();)
+        it = it->second == who ? st.outbound.erase(it) : std::next(it);
+      return;
+    }
+    // A room actor that ended without reporting a terminal status (e.g. an exception) fails its
+    // room here so no client waits forever.
+    for (auto* side : {&st.prefill, &st.decode})
+      for (auto& [room, e] : side->active)
+        if (e.actor == who) {
+          auto reason = "internal error: room actor ended: " + self->system().render(dm.reason);
+          notify_subscribers(self, e, room, room_status::failed, reason);
+          if (side == &st.decode) st.token_room.erase(e.token);
+          ++side->failed;
+          side->finish(room, room_status::failed, reason);
+          return;
+        }
+  });
+  self->set_exit_handler([=](caf::exit_msg& em) {
+    for (auto* side : {&self->state.prefill, &self->state.decode})
+      for (auto& [room, e] : side->active) self->send_exit(e.actor, em.reason);
+    for (auto& [conn, info] : self->state.connections) self->send_exit(conn, em.reason);
+    self->quit(em.reason);
+  });
+  return {
+      [=](client_request& r) { on_client(self, r); },
+      [=](client_gone& g) {
+        for (auto* side : {&self->state.prefill, &self->state.decode})
+          for (auto& [room, e] : side->active) std::erase(e.subscribers, g.conn);
+      },
+      [=](immediates_msg& m) {
+        auto& st = self->state;
+        for (auto [token, count] : m.counts) {
+          auto t = st.token_room.find(token);
+          auto r = t == st.token_room.end() ? st.decode.active.end() : st.decode.active.find(t->second);
+          if (r == st.decode.active.end()) {
+            st.stray_writes += count;  // a late write of a room that already ended
+            continue;
+          }
+          self->send(r->second.actor, landed_msg{count});
+        }
+        st.ctx->engine->return_immediate_credit();
+      },
+      [=](room_update& u) {
+        auto& st = self->state;
+        auto& side = u.decode_side ? st.decode : st.prefill;
+        auto it = side.active.find(u.room);
+        if (it == side.active.end()) return;
+        it->second.status = u.status;
+        notify_subscribers(self, it->second, u.room, u.status, u.reason);
+        if (!is_terminal(u.status)) return;
+        st.ctx->log_sched->info("room={} peer={} side={} {}{}{}", u.room, it->second.peer, u.decode_side ? "decode" : "prefill",
+                                to_string(u.status), u.reason.empty() ? "" : ": ", u.reason);
+        if (u.status == room_status::success) {
+          ++side.succeeded;
+          side.bytes += u.bytes;
+        } else {
+          ++side.failed;
+        }
+        if (u.decode_side) st.token_room.erase(it->second.token);
+        self->demonitor(it->second.actor);
+        side.finish(u.room, u.status, u.reason);
+      },
+      [=](peer_hello& h) {
+        auto conn = spawn_inbound_connection(self, self->state.ctx, std::move(h), caf::actor_cast<caf::actor>(self));
+        self->state.connections.emplace(conn, nullptr);
+      },
+      [=](peer_ready& p) {
+        auto conn = caf::actor_cast<caf::actor>(self->current_sender());
+        self->state.connections[conn] = p.info;
+      },
+      [=](peer_inbound& in) { on_peer_inbound(self, in); },
+      [=](peer_down& d) {
+        auto& st = self->state;
+        for (auto* side : {&st.prefill, &st.decode})
+          for (auto& [room, e] : side->active)
+            if (e.connection == d.connection) self->send(e.actor, d);
+        st.connections.erase(d.connection);
+        for (auto it = st.outbound.begin(); it != st.outbound.end();)
+          it = it->second == d.connection ? st.outbound.erase(it) : std::next(it);
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_scheduler(caf::actor_system& sys, context_ptr ctx) { return sys.spawn(scheduler_behavior, std::move(ctx)); }
+
+}  // namespace ferry

@@ -1,0 +1,186 @@
+#include "ferry/client.hpp"
+
+#include <fmt/format.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace ferry::client {
+namespace {
+
+template <class T>
+outcome<T> fail(errc c, std::string m) {
+  outcome<T> o;
+  o.code = c;
+  o.message = std::move(m);
+  return o;
+}
+
+}  // namespace
+
+client::~client() {
+  if (fd_ >= 0) close(fd_);
+}
+
+outcome<std::unique_ptr<client>> client::connect(const std::string& socket_path, const std::string& name,
+                                                 std::chrono::milliseconds timeout) {
+  std::unique_ptr<client> c(new client());
+  c->timeout_ = timeout;
+  sockaddr_un addr{};
+  if (socket_path.size() >= sizeof(addr.sun_path))
+    return fail<std::unique_ptr<client>>(errc::invalid_request, "socket path is too long: " + socket_path);
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, socket_path.c_str(), sizeof(addr.sun_path) - 1);
+  c->fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (c->fd_ < 0 || ::connect(c->fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)
+    return fail<std::unique_ptr<client>>(
+        errc::peer_unreachable, fmt::format("cannot connect to ferryd at '{}': {}", socket_path, std::strerror(errno)));
+  auto r = c->request(proto::hello{proto::protocol_version, name});
+  if (!r) return fail<std::unique_ptr<client>>(r.code, r.message);
+  auto* h = std::get_if<proto::hello_reply>(&r.value);
+  if (!h) return fail<std::unique_ptr<client>>(errc::malformed_frame, "ferryd answered hello with an unexpected message");
+  c->hello_ = std::move(*h);
+  c->timeout_ = std::chrono::seconds(30);
+  outcome<std::unique_ptr<client>> o;
+  o.value = std::move(c);
+  return o;
+}
+
+outcome<proto::message> client::read_frame(std::chrono::steady_clock::time_point deadline) {
+  std::vector<uint8_t> buf(64 * 1024);
+  for (;;) {
+    if (auto d = reader_.next()) {
+      if (!d->msg) return fail<proto::message>(d->code, "cannot decode ferryd's reply: " + d->error);
+      outcome<proto::message> o;
+      o.value = std::move(*d->msg);
+      return o;
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return fail<proto::message>(errc::timed_out, "timed out waiting for ferryd");
+    pollfd p{fd_, POLLIN, 0};
+    int n = ::poll(&p, 1, static_cast<int>(left.count()));
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) continue;
+    ssize_t got = recv(fd_, buf.data(), buf.size(), 0);
+    if (got == 0) return fail<proto::message>(errc::peer_lost, "ferryd closed the connection");
+    if (got < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return fail<proto::message>(errc::peer_lost, std::string("reading from ferryd failed: ") + std::strerror(errno));
+    }
+    reader_.feed(std::span<const uint8_t>(buf.data(), static_cast<size_t>(got)));
+  }
+}
+
+outcome<proto::message> client::raw_exchange(const std::vector<uint8_t>& bytes, std::chrono::milliseconds timeout) {
+  size_t off = 0;
+  while (off < bytes.size()) {
+    ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return fail<proto::message>(errc::peer_lost, std::string("writing to ferryd failed: ") + std::strerror(errno));
+    off += static_cast<size_t>(n);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    auto r = read_frame(deadline);
+    if (!r) return r;
+    if (auto* ev = std::get_if<proto::event>(&r.value)) {
+      events_.push_back(std::move(*ev));
+      continue;
+    }
+    return r;
+  }
+}
+
+outcome<proto::message> client::request(const proto::message& m) {
+  const uint32_t seq = next_seq_++;
+  auto r = raw_exchange(proto::encode(m, seq), timeout_);
+  if (!r) return r;
+  if (auto* e = std::get_if<proto::error>(&r.value)) return fail<proto::message>(e->code, e->message);
+  return r;
+}
+
+outcome<none> client::expect_ok(const proto::message& m) {
+  auto r = request(m);
+  if (!r) return fail<none>(r.code, r.message);
+  if (!std::holds_alternative<proto::ok>(r.value))
+    return fail<none>(errc::malformed_frame, fmt::format("expected ok, got {}", proto::to_string(proto::type_of(r.value))));
+  return {};
+}
+
+outcome<none> client::prepare(const proto::prepare& p) { return expect_ok(p); }
+outcome<none> client::send(const proto::send& s) { return expect_ok(s); }
+outcome<none> client::cancel(uint64_t room) { return expect_ok(proto::cancel{room}); }
+outcome<none> client::subscribe(uint64_t room) { return expect_ok(proto::subscribe{room}); }
+
+outcome<proto::poll_reply> client::poll(uint64_t room) {
+  auto r = request(proto::poll{room});
+  if (!r) return fail<proto::poll_reply>(r.code, r.message);
+  auto* p = std::get_if<proto::poll_reply>(&r.value);
+  if (!p) return fail<proto::poll_reply>(errc::malformed_frame, "unexpected reply to poll");
+  outcome<proto::poll_reply> o;
+  o.value = std::move(*p);
+  return o;
+}
+
+outcome<std::string> client::info(proto::info_topic topic) {
+  auto r = request(proto::info{topic});
+  if (!r) return fail<std::string>(r.code, r.message);
+  auto* p = std::get_if<proto::info_reply>(&r.value);
+  if (!p) return fail<std::string>(errc::malformed_frame, "unexpected reply to info");
+  outcome<std::string> o;
+  o.value = std::move(p->text);
+  return o;
+}
+
+outcome<proto::event> client::next_event(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (events_.empty()) {
+    auto r = read_frame(deadline);
+    if (!r) return fail<proto::event>(r.code, r.message);
+    if (auto* ev = std::get_if<proto::event>(&r.value)) events_.push_back(std::move(*ev));
+  }
+  outcome<proto::event> o;
+  o.value = std::move(events_.front());
+  events_.pop_front();
+  return o;
+}
+
+outcome<proto::event> client::wait_terminal(uint64_t room, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    for (auto it = events_.begin(); it != events_.end(); ++it)
+      if (it->room == room && is_terminal(it->status)) {
+        outcome<proto::event> o;
+        o.value = std::move(*it);
+        events_.erase(it);
+        return o;
+      }
+    auto r = read_frame(deadline);
+    if (!r) return fail<proto::event>(r.code, fmt::format("room {}: {}", room, r.message));
+    if (auto* ev = std::get_if<proto::event>(&r.value)) events_.push_back(std::move(*ev));
+  }
+}
+
+outcome<none> client::map_pools() {
+  for (int k = 0; k < pool_kind_count; ++k) {
+    const auto& p = hello_.pools[k];
+    if (!p.present || pools_[k]) continue;
+    std::string err;
+    pools_[k] = shm_region::open(p.shm_name, p.layout.total_bytes, err);
+    if (!pools_[k]) return fail<none>(errc::internal, err);
+  }
+  return {};
+}
+
+uint8_t* client::pool(pool_kind k) const { return pools_[static_cast<int>(k)].data(); }
+
+uint8_t* client::item(pool_kind k, size_t buffer, uint64_t index) const {
+  const auto& b = hello_.pools[static_cast<int>(k)].layout.buffers.at(buffer);
+  return pool(k) + b.offset + index * b.item_bytes;
+}
+
+}  // namespace ferry::client

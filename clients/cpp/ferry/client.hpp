@@ -1,0 +1,90 @@
+#pragma once
+/// Ferry C++ client: speaks the local client protocol (docs/protocol.md) to one ferryd over its
+/// unix socket, and maps the daemon's pools into this process.
+///
+/// Threading: one client per thread; calls are synchronous (a request, then its reply). Events
+/// pushed for subscribed rooms that arrive while waiting for a reply are kept in order and
+/// returned by `next_event`.
+///
+/// Errors: every call returns an `outcome`; on failure `code` and `message` carry the daemon's
+/// error (or a local I/O error with errc::internal) and no exception is thrown.
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/protocol.hpp"
+#include "core/shm_region.hpp"
+
+namespace ferry::client {
+
+/// Value or error of a client call.
+template <class T>
+struct outcome {
+  T value{};
+  errc code = errc::ok;
+  std::string message;
+  explicit operator bool() const { return code == errc::ok; }
+};
+
+struct none {};
+
+class client {
+ public:
+  /// Connect to the ferryd at `socket_path`, say hello, and keep its pool description.
+  static outcome<std::unique_ptr<client>> connect(const std::string& socket_path,
+                                                  const std::string& name = "ferry-client",
+                                                  std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  ~client();
+  client(const client&) = delete;
+  client& operator=(const client&) = delete;
+
+  /// The daemon's hello reply: node, role, pool names and layouts.
+  const proto::hello_reply& daemon() const { return hello_; }
+
+  outcome<none> prepare(const proto::prepare& p);
+  outcome<none> send(const proto::send& s);
+  outcome<proto::poll_reply> poll(uint64_t room);
+  outcome<none> cancel(uint64_t room);
+  /// Ask for status events of `room`; the current status arrives as the first event.
+  outcome<none> subscribe(uint64_t room);
+  outcome<std::string> info(proto::info_topic topic);
+
+  /// The next pushed event (buffered or read now), or errc::timed_out.
+  outcome<proto::event> next_event(std::chrono::milliseconds timeout);
+  /// Wait for a terminal event of `room` (subscribe first); other rooms' events are kept.
+  outcome<proto::event> wait_terminal(uint64_t room, std::chrono::milliseconds timeout);
+
+  /// Map the daemon's pools into this process (idempotent). Pools stay mapped until destruction.
+  outcome<none> map_pools();
+  /// Base address of a mapped pool (nullptr when absent or not mapped).
+  uint8_t* pool(pool_kind k) const;
+  /// Address of item `index` of buffer `buffer` in pool `k`.
+  uint8_t* item(pool_kind k, size_t buffer, uint64_t index) const;
+
+  /// Send raw bytes (for tests of malformed input) and read the next reply frame.
+  outcome<proto::message> raw_exchange(const std::vector<uint8_t>& bytes,
+                                       std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  /// Default wait for a reply.
+  void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+
+ private:
+  client() = default;
+  outcome<proto::message> request(const proto::message& m);
+  outcome<proto::message> read_frame(std::chrono::steady_clock::time_point deadline);
+  outcome<none> expect_ok(const proto::message& m);
+
+  int fd_ = -1;
+  uint32_t next_seq_ = 1;
+  std::chrono::milliseconds timeout_{std::chrono::seconds(30)};
+  proto::frame_reader reader_;
+  std::deque<proto::event> events_;
+  proto::hello_reply hello_;
+  shm_region pools_[pool_kind_count];
+};
+
+}  // namespace ferry::client

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Install the Debian 12 packages Ferry needs, skipping those already present.
+set -euo pipefail
+packages=(build-essential cmake pkg-config libcaf-dev libfabric-dev libfabric-bin libspdlog-dev
+          libyaml-cpp-dev catch2 libcli11-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all packages present"
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+sudo_cmd=()
+[ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+"${sudo_cmd[@]}" apt-get update -q
+DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q "${missing[@]}"

@@ -1,0 +1,76 @@
+#pragma once
+/// Raw libfabric one-sided write baseline for the benchmark: plain `FI_EP_RDM` + `fi_writedata`,
+/// deliberately independent of Ferry's transport engine, so Ferry's numbers can be compared with
+/// what the fabric itself delivers on the same machine in the same run.
+///
+/// Usage: two processes (typically a fork) share a connected stream socket (socketpair or TCP).
+/// One calls `raw_target`, the other `raw_initiator`, on the same provider.
+///
+/// Protocol on the socket (same binary on both ends, native byte order): the target sends a
+/// `hello` (fabric address, region key, remote base, length); the initiator posts its writes,
+/// each carrying remote CQ data; the target counts `expected_writes` arrived remote CQ data
+/// entries, then replies `done` (count and optional checksum of its buffer). Either side sends
+/// `error` with a text instead if it fails, so the other does not wait for its timeout.
+///
+/// Waiting: providers with an FI_WAIT_FD CQ (tcp) block in poll() on the CQ fd and the socket
+/// when idle; others (shm) poll the CQ and back off with short sleeps. Neither side spins
+/// forever, which matters on 2-core machines.
+///
+/// Not thread-safe; each call opens and closes its own fabric objects.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ferry::bench {
+
+/// One write: initiator bytes [src_offset, src_offset+length) to target bytes
+/// [dst_offset, dst_offset+length).
+struct raw_write {
+  uint64_t src_offset = 0;
+  uint64_t dst_offset = 0;
+  uint64_t length = 0;
+};
+
+/// Settings shared by both sides.
+struct raw_options {
+  std::string provider = "tcp";        ///< libfabric provider ("tcp" resolves to tcp;ofi_rxm)
+  std::string address = "127.0.0.1";   ///< bind address for IP providers; ignored by shm
+  int timeout_ms = 30000;              ///< bound on the whole call
+};
+
+/// What the target saw.
+struct raw_target_result {
+  std::string error;      ///< empty = success
+  uint64_t writes = 0;    ///< remote CQ data entries counted
+  uint64_t checksum = 0;  ///< raw_checksum of the buffer after all writes (if requested)
+};
+
+/// What the initiator measured.
+struct raw_initiator_result {
+  std::string error;             ///< empty = success (including the target's own error text)
+  double seconds = 0;            ///< first post until the target's `done` arrived
+  uint64_t bytes = 0;            ///< sum of the writes' lengths
+  uint64_t target_writes = 0;    ///< writes the target counted
+  uint64_t target_checksum = 0;  ///< the target's checksum (0 if it was not asked for one)
+  std::string provider;          ///< provider actually used, e.g. "tcp;ofi_rxm"
+};
+
+/// Target side: open an endpoint, register `buffer` (`length` bytes, caller-owned and
+/// preferably pre-faulted), publish it on `fd`, progress the CQ until `expected_writes` remote
+/// CQ data entries arrived, optionally checksum the buffer, and reply `done` on `fd`.
+raw_target_result raw_target(const raw_options& options, int fd, void* buffer, uint64_t length,
+                             uint64_t expected_writes, bool checksum);
+
+/// Initiator side: open an endpoint, register `source` (`length` bytes), read the target's
+/// `hello` from `fd`, post `writes` in order with at most `window` in flight (each with remote
+/// CQ data = its index), wait for all local completions and the target's `done`.
+raw_initiator_result raw_initiator(const raw_options& options, int fd, const void* source,
+                                   uint64_t length, const std::vector<raw_write>& writes,
+                                   uint32_t window);
+
+/// Order-sensitive 64-bit checksum over whole 8-byte words plus the tail bytes (fast enough to
+/// verify a 1 GiB target buffer).
+uint64_t raw_checksum(const void* data, uint64_t length);
+
+}  // namespace ferry::bench

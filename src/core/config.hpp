@@ -1,0 +1,133 @@
+#pragma once
+/// Ferry daemon configuration: plain structs with in-class defaults, a YAML parser, and a
+/// separate pure validation step.
+///
+/// Contract: `parse_config_*` only turns YAML into structs (rejecting unknown keys and values of
+/// the wrong type); `validate_config` checks meaning (ranges, consistency). Both report the first
+/// problem as a `config_error` whose text names the full key path and the value seen, e.g.
+/// `pools.kv.page_tokens: expected a positive integer, got 0`.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ferry {
+
+/// Which side(s) of a prefill/decode pair this daemon serves.
+enum class node_role { prefill, decode, both };
+
+/// One transferable state tensor of a Mamba (or other recurrent) layer, per slot.
+struct state_tensor_config {
+  std::string name;                   ///< e.g. "conv", "temporal"
+  std::vector<uint64_t> shape;        ///< per-slot shape at this rank's TP, e.g. [8192, 3]
+  uint32_t dtype_bytes = 0;           ///< 2 for bf16, 4 for fp32
+  uint32_t slice_axis = 0;            ///< index into `shape` of the TP-sliced axis
+  std::vector<uint64_t> shard_groups; ///< full (unsharded) sub-block sizes along the sliced axis,
+                                      ///< e.g. GDN conv [2048, 2048, 4096]; empty = one block
+
+  /// Bytes of one slot of this tensor for one layer.
+  uint64_t slot_bytes() const;
+  /// Length of the sliced axis at this rank (shape[slice_axis]).
+  uint64_t sliced_dim() const;
+  /// Product of the dims before the sliced axis (1 unless e.g. Kimi conv [K-1, dim]).
+  uint64_t outer_count() const;
+};
+
+/// Paged KV pool: K and V buffers per attention layer (one buffer per layer for MLA).
+struct kv_pool_config {
+  std::vector<uint32_t> layer_ids;    ///< global model layer ids of the attention layers
+  uint32_t page_tokens = 1;           ///< tokens per page (SGLang CUDA default 1)
+  uint32_t kv_heads = 0;              ///< KV heads held by this rank
+  uint32_t head_dim = 0;
+  uint32_t dtype_bytes = 2;
+  bool mla = false;                   ///< true: one buffer per layer, no K/V split
+  uint64_t pages = 0;                 ///< pages per buffer
+
+  /// Bytes of one page of one layer buffer (K or V).
+  uint64_t page_bytes() const;
+  /// Number of layer buffers: 2 per layer, or 1 per layer for MLA.
+  uint32_t buffer_count() const;
+};
+
+/// Mamba state pool: `slots` slots; every layer in `layer_ids` holds every tensor in `tensors`.
+struct mamba_pool_config {
+  uint64_t slots = 0;
+  std::vector<uint32_t> layer_ids;
+  std::vector<state_tensor_config> tensors;
+};
+
+/// Aux (metadata) rows, one per in-flight request. The first 8 bytes of a row hold the room id
+/// (little-endian u64), as SGLang's aux rows carry `bootstrap_room`.
+struct aux_pool_config {
+  uint64_t rows = 0;
+  uint64_t row_bytes = 0;
+};
+
+struct pools_config {
+  std::optional<kv_pool_config> kv;
+  std::optional<mamba_pool_config> mamba;
+  std::optional<aux_pool_config> aux;
+};
+
+struct fabric_config {
+  std::string provider = "tcp";         ///< any libfabric provider name: tcp, shm, verbs, efa...
+  std::string address = "127.0.0.1";    ///< interface address the endpoint binds to (if used)
+  uint32_t max_inflight_writes = 64;    ///< credit bound on posted, uncompleted writes
+  uint64_t write_piece_bytes = 1 << 20; ///< large state tensors are split into pieces this size
+};
+
+struct timeouts_config {
+  uint32_t handshake_ms = 10000;        ///< connect + handshake with a peer
+  uint32_t prepare_wait_ms = 30000;     ///< a send waits this long for its room's prepare
+  uint32_t transfer_ms = 120000;        ///< a room must reach a terminal state within this
+};
+
+struct tp_config {
+  uint32_t size = 1;
+  uint32_t rank = 0;
+};
+
+struct log_config {
+  std::string level = "info";           ///< trace, debug, info, warn, error
+};
+
+struct ferry_config {
+  std::string node_name;
+  std::string instance = "auto";        ///< "auto": a random id chosen at each start
+  node_role role = node_role::both;
+  std::string control_listen = "127.0.0.1:7400";  ///< host:port for peer daemons (CAF)
+  std::string client_listen;            ///< unix socket path for local clients
+  fabric_config fabric;
+  timeouts_config timeouts;
+  tp_config tp;
+  pools_config pools;
+  log_config log;
+};
+
+/// A configuration problem; `what` names the key path and the value seen.
+struct config_error {
+  std::string what;
+};
+
+/// Result of parsing: a config or the first error.
+struct config_result {
+  std::optional<ferry_config> config;
+  std::optional<config_error> error;
+  explicit operator bool() const { return config.has_value(); }
+};
+
+/// Parse YAML text into a config (structure and types only). Unknown keys are errors.
+config_result parse_config_text(const std::string& yaml_text);
+/// Read and parse a YAML file; a missing or unreadable file is an error naming the path.
+config_result parse_config_file(const std::string& path);
+/// Check meaning: ranges, consistency between sections, role needs. Empty = valid.
+std::optional<config_error> validate_config(const ferry_config& cfg);
+/// Parse then validate.
+config_result load_config_file(const std::string& path);
+/// The effective config (with defaults filled in) as YAML, for `--check-config` and the log.
+std::string to_yaml(const ferry_config& cfg);
+
+const char* to_string(node_role r);
+
+}  // namespace ferry

@@ -1,0 +1,60 @@
+#pragma once
+/// Memory layouts of the three pools, derived deterministically from the pool config so both
+/// daemons (and clients) compute identical offsets from the same numbers.
+///
+/// KV pool: buffers [K(l0) .. K(ln), V(l0) .. V(ln)] (MLA: one buffer per layer), each
+///   `pages * page_bytes`; page p of buffer b is at `buffers[b].offset + p * item_bytes`.
+/// State pool: buffers tensor-major then layer [t0(l0) .. t0(ln), t1(l0) ..], each
+///   `slots * slot_bytes`; slot s of buffer b is at `buffers[b].offset + s * item_bytes`.
+/// Aux pool: one buffer of `rows * row_bytes`.
+/// Every buffer starts on a 4 KiB boundary.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+
+namespace ferry {
+
+enum class pool_kind : uint8_t { kv = 0, state = 1, aux = 2 };
+inline constexpr int pool_kind_count = 3;
+const char* to_string(pool_kind k);
+
+/// What a buffer holds, for display and compatibility checks.
+enum class buffer_kind : uint8_t { k = 0, v = 1, kv = 2, state = 3, aux = 4 };
+
+struct buffer_layout {
+  uint64_t offset = 0;       ///< from the pool base
+  uint64_t item_bytes = 0;   ///< one page (KV), one slot (state) or one row (aux)
+  uint64_t items = 0;        ///< pages, slots or rows
+  uint32_t layer_id = 0;     ///< global layer id (0 for aux)
+  uint32_t tensor = 0;       ///< state tensor index (0 otherwise)
+  buffer_kind kind = buffer_kind::aux;
+};
+
+struct pool_layout {
+  bool present = false;
+  uint64_t total_bytes = 0;
+  std::vector<buffer_layout> buffers;
+};
+
+struct node_layout {
+  pool_layout pools[pool_kind_count];
+  const pool_layout& operator[](pool_kind k) const { return pools[static_cast<int>(k)]; }
+  pool_layout& operator[](pool_kind k) { return pools[static_cast<int>(k)]; }
+};
+
+node_layout make_layout(const pools_config& cfg);
+
+/// The first difference between two daemons' pool schemas that makes an equal-TP transfer
+/// impossible (page size, dtype, heads, layer ids, tensor shapes and order, row bytes), as text
+/// naming the field and both values; nullopt when compatible. Pool *sizes* (pages, slots, rows)
+/// may differ.
+std::optional<std::string> first_incompatibility(const pools_config& src, const pools_config& dst);
+
+/// A stable 64-bit hash of the schema fields compared by `first_incompatibility`.
+uint64_t compatibility_hash(const pools_config& cfg);
+
+}  // namespace ferry

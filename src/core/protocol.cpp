@@ -1,0 +1,367 @@
+#include "core/protocol.hpp"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+namespace ferry::proto {
+namespace {
+
+template <class T, bool = std::is_enum_v<T>>
+struct wire_int {
+  using type = std::make_unsigned_t<T>;
+};
+template <class T>
+struct wire_int<T, true> {
+  using type = std::make_unsigned_t<std::underlying_type_t<T>>;
+};
+/// The unsigned integer a field of type T (integer or enum) travels as.
+template <class T>
+using wire_int_t = typename wire_int<T>::type;
+
+class writer {
+ public:
+  explicit writer(std::vector<uint8_t>& out) : out_(out) {}
+  template <class T>
+  void num(T v) {
+    using U = wire_int_t<T>;
+    auto u = static_cast<U>(v);
+    for (size_t i = 0; i < sizeof(U); ++i) out_.push_back(static_cast<uint8_t>(u >> (8 * i)));
+  }
+  void str(const std::string& s) {
+    num(static_cast<uint32_t>(s.size()));
+    out_.insert(out_.end(), s.begin(), s.end());
+  }
+  void u32_list(const std::vector<uint32_t>& v) {
+    num(static_cast<uint32_t>(v.size()));
+    for (auto x : v) num(x);
+  }
+
+ private:
+  std::vector<uint8_t>& out_;
+};
+
+/// Bounds-checked reader: every read names the field it was reading when it fails.
+class reader {
+ public:
+  explicit reader(std::span<const uint8_t> in) : in_(in) {}
+  template <class T>
+  bool num(T& v, const char* field) {
+    using U = wire_int_t<T>;
+    if (in_.size() - pos_ < sizeof(U)) return fail(field, sizeof(U));
+    U u = 0;
+    for (size_t i = 0; i < sizeof(U); ++i) u |= static_cast<U>(U{in_[pos_ + i]} << (8 * i));
+    pos_ += sizeof(U);
+    v = static_cast<T>(u);
+    return true;
+  }
+  bool boolean(bool& b, const char* field) {
+    uint8_t v = 0;
+    if (!num(v, field)) return false;
+    if (v > 1) {
+      error_ = fmt::format("field '{}' must be 0 or 1, got {}", field, v);
+      return false;
+    }
+    b = v == 1;
+    return true;
+  }
+  bool str(std::string& s, const char* field) {
+    uint32_t n = 0;
+    if (!num(n, field)) return false;
+    if (n > max_string_bytes) {
+      error_ = fmt::format("field '{}' is {} bytes, above the limit of {}", field, n, max_string_bytes);
+      return false;
+    }
+    if (in_.size() - pos_ < n) return fail(field, n);
+    s.assign(reinterpret_cast<const char*>(in_.data() + pos_), n);
+    pos_ += n;
+    return true;
+  }
+  bool u32_list(std::vector<uint32_t>& v, const char* field) {
+    uint32_t n = 0;
+    if (!num(n, field)) return false;
+    if ((in_.size() - pos_) / 4 < n) {
+      error_ = fmt::format("field '{}' claims {} entries but only {} bytes remain", field, n,
+                           in_.size() - pos_);
+      return false;
+    }
+    v.resize(n);
+    for (auto& x : v) num(x, field);
+    return true;
+  }
+  bool status(room_status& s, const char* field) {
+    uint8_t v = 0;
+    if (!num(v, field)) return false;
+    if (v > static_cast<uint8_t>(room_status::success)) {
+      error_ = fmt::format("field '{}' is not a status: {}", field, v);
+      return false;
+    }
+    s = static_cast<room_status>(v);
+    return true;
+  }
+  size_t remaining() const { return in_.size() - pos_; }
+  const std::string& error() const { return error_; }
+  void set_error(std::string e) { error_ = std::move(e); }
+
+ private:
+  bool fail(const char* field, size_t need) {
+    error_ = fmt::format("truncated at field '{}': needs {} bytes, {} remain", field, need,
+                         in_.size() - pos_);
+    return false;
+  }
+  std::span<const uint8_t> in_;
+  size_t pos_ = 0;
+  std::string error_;
+};
+
+void encode_body(writer& w, const hello& m) {
+  w.num(m.version);
+  w.str(m.client_name);
+}
+void encode_body(writer& w, const prepare& m) {
+  w.num(m.room);
+  w.str(m.prefill_peer);
+  w.u32_list(m.dst_pages);
+  w.num(m.state_slot);
+  w.num(m.aux_row);
+}
+void encode_body(writer& w, const send& m) {
+  w.num(m.room);
+  w.u32_list(m.src_pages);
+  w.num(static_cast<uint8_t>(m.last));
+  w.num(m.state_slot);
+  w.num(m.aux_row);
+}
+void encode_body(writer& w, const poll& m) { w.num(m.room); }
+void encode_body(writer& w, const cancel& m) { w.num(m.room); }
+void encode_body(writer& w, const subscribe& m) { w.num(m.room); }
+void encode_body(writer& w, const info& m) { w.num(m.topic); }
+void encode_body(writer&, const ok&) {}
+void encode_body(writer& w, const error& m) {
+  w.num(m.code);
+  w.str(m.message);
+}
+void encode_body(writer& w, const hello_reply& m) {
+  w.num(m.version);
+  w.str(m.node);
+  w.str(m.instance);
+  w.str(m.role);
+  w.str(m.control);
+  w.num(m.tp_size);
+  w.num(m.tp_rank);
+  w.num(m.page_tokens);
+  for (const auto& p : m.pools) {
+    w.num(static_cast<uint8_t>(p.present));
+    w.str(p.shm_name);
+    w.num(p.layout.total_bytes);
+    w.num(static_cast<uint32_t>(p.layout.buffers.size()));
+    for (const auto& b : p.layout.buffers) {
+      w.num(b.offset);
+      w.num(b.item_bytes);
+      w.num(b.items);
+      w.num(b.layer_id);
+      w.num(b.tensor);
+      w.num(b.kind);
+    }
+  }
+}
+void encode_body(writer& w, const poll_reply& m) {
+  w.num(m.room);
+  w.num(m.status);
+  w.str(m.reason);
+}
+void encode_body(writer& w, const info_reply& m) { w.str(m.text); }
+void encode_body(writer& w, const event& m) {
+  w.num(m.room);
+  w.num(m.status);
+  w.str(m.reason);
+}
+
+bool decode_body(reader& r, hello& m) {
+  return r.num(m.version, "version") && r.str(m.client_name, "client_name");
+}
+bool decode_body(reader& r, prepare& m) {
+  return r.num(m.room, "room") && r.str(m.prefill_peer, "prefill_peer") &&
+         r.u32_list(m.dst_pages, "dst_pages") && r.num(m.state_slot, "state_slot") &&
+         r.num(m.aux_row, "aux_row");
+}
+bool decode_body(reader& r, send& m) {
+  return r.num(m.room, "room") && r.u32_list(m.src_pages, "src_pages") &&
+         r.boolean(m.last, "last") && r.num(m.state_slot, "state_slot") &&
+         r.num(m.aux_row, "aux_row");
+}
+bool decode_body(reader& r, poll& m) { return r.num(m.room, "room"); }
+bool decode_body(reader& r, cancel& m) { return r.num(m.room, "room"); }
+bool decode_body(reader& r, subscribe& m) { return r.num(m.room, "room"); }
+bool decode_body(reader& r, info& m) {
+  if (!r.num(m.topic, "topic")) return false;
+  if (static_cast<uint8_t>(m.topic) > 2) {
+    r.set_error(fmt::format("field 'topic' must be 0..2, got {}", static_cast<int>(m.topic)));
+    return false;
+  }
+  return true;
+}
+bool decode_body(reader&, ok&) { return true; }
+bool decode_body(reader& r, error& m) { return r.num(m.code, "code") && r.str(m.message, "message"); }
+bool decode_body(reader& r, hello_reply& m) {
+  if (!(r.num(m.version, "version") && r.str(m.node, "node") && r.str(m.instance, "instance") &&
+        r.str(m.role, "role") && r.str(m.control, "control") && r.num(m.tp_size, "tp_size") && r.num(m.tp_rank, "tp_rank") &&
+        r.num(m.page_tokens, "page_tokens")))
+    return false;
+  for (auto& p : m.pools) {
+    uint32_t n = 0;
+    if (!(r.boolean(p.present, "pool.present") && r.str(p.shm_name, "pool.shm_name") &&
+          r.num(p.layout.total_bytes, "pool.total_bytes") && r.num(n, "pool.buffers")))
+      return false;
+    if (r.remaining() / 33 < n) {
+      r.set_error(fmt::format("field 'pool.buffers' claims {} entries, too many for the frame", n));
+      return false;
+    }
+    p.layout.present = p.present;
+    p.layout.buffers.resize(n);
+    for (auto& b : p.layout.buffers)
+      if (!(r.num(b.offset, "buffer.offset") && r.num(b.item_bytes, "buffer.item_bytes") &&
+            r.num(b.items, "buffer.items") && r.num(b.layer_id, "buffer.layer_id") &&
+            r.num(b.tensor, "buffer.tensor") && r.num(b.kind, "buffer.kind")))
+        return false;
+  }
+  return true;
+}
+bool decode_body(reader& r, poll_reply& m) {
+  return r.num(m.room, "room") && r.status(m.status, "status") && r.str(m.reason, "reason");
+}
+bool decode_body(reader& r, info_reply& m) { return r.str(m.text, "text"); }
+bool decode_body(reader& r, event& m) {
+  return r.num(m.room, "room") && r.status(m.status, "status") && r.str(m.reason, "reason");
+}
+
+template <class T>
+decoded decode_as(std::span<const uint8_t> body, uint32_t seq, msg_type t) {
+  reader r(body);
+  T m;
+  decoded out;
+  out.seq = seq;
+  if (!decode_body(r, m)) {
+    out.code = errc::malformed_frame;
+    out.error = fmt::format("malformed {} frame: {}", to_string(t), r.error());
+    return out;
+  }
+  if (r.remaining() != 0) {
+    out.code = errc::malformed_frame;
+    out.error = fmt::format("malformed {} frame: {} unexpected bytes after the last field",
+                            to_string(t), r.remaining());
+    return out;
+  }
+  out.msg = std::move(m);
+  return out;
+}
+
+}  // namespace
+
+msg_type type_of(const message& m) {
+  static constexpr msg_type types[] = {
+      msg_type::hello, msg_type::prepare,     msg_type::send,       msg_type::poll,
+      msg_type::cancel, msg_type::subscribe,  msg_type::info,       msg_type::ok,
+      msg_type::error, msg_type::hello_reply, msg_type::poll_reply, msg_type::info_reply,
+      msg_type::event};
+  return types[m.index()];
+}
+
+const char* to_string(msg_type t) {
+  switch (t) {
+    case msg_type::hello: return "hello";
+    case msg_type::prepare: return "prepare";
+    case msg_type::send: return "send";
+    case msg_type::poll: return "poll";
+    case msg_type::cancel: return "cancel";
+    case msg_type::subscribe: return "subscribe";
+    case msg_type::info: return "info";
+    case msg_type::ok: return "ok";
+    case msg_type::error: return "error";
+    case msg_type::hello_reply: return "hello_reply";
+    case msg_type::poll_reply: return "poll_reply";
+    case msg_type::info_reply: return "info_reply";
+    case msg_type::event: return "event";
+  }
+  return "unknown";
+}
+
+std::vector<uint8_t> encode(const message& m, uint32_t seq) {
+  std::vector<uint8_t> out;
+  out.reserve(64);
+  writer w(out);
+  w.num(uint32_t{0});  // length, patched below
+  w.num(static_cast<uint16_t>(type_of(m)));
+  w.num(uint16_t{0});
+  w.num(seq);
+  std::visit([&](const auto& x) { encode_body(w, x); }, m);
+  const uint32_t len = static_cast<uint32_t>(out.size() - 4);
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<uint8_t>(len >> (8 * i));
+  return out;
+}
+
+decoded decode(uint16_t type, uint32_t seq, std::span<const uint8_t> body) {
+  switch (static_cast<msg_type>(type)) {
+    case msg_type::hello: return decode_as<hello>(body, seq, msg_type::hello);
+    case msg_type::prepare: return decode_as<prepare>(body, seq, msg_type::prepare);
+    case msg_type::send: return decode_as<send>(body, seq, msg_type::send);
+    case msg_type::poll: return decode_as<poll>(body, seq, msg_type::poll);
+    case msg_type::cancel: return decode_as<cancel>(body, seq, msg_type::cancel);
+    case msg_type::subscribe: return decode_as<subscribe>(body, seq, msg_type::subscribe);
+    case msg_type::info: return decode_as<info>(body, seq, msg_type::info);
+    case msg_type::ok: return decode_as<ok>(body, seq, msg_type::ok);
+    case msg_type::error: return decode_as<error>(body, seq, msg_type::error);
+    case msg_type::hello_reply: return decode_as<hello_reply>(body, seq, msg_type::hello_reply);
+    case msg_type::poll_reply: return decode_as<poll_reply>(body, seq, msg_type::poll_reply);
+    case msg_type::info_reply: return decode_as<info_reply>(body, seq, msg_type::info_reply);
+    case msg_type::event: return decode_as<event>(body, seq, msg_type::event);
+  }
+  decoded out;
+  out.seq = seq;
+  out.code = errc::malformed_frame;
+  out.error = fmt::format("unknown message type {}", type);
+  return out;
+}
+
+void frame_reader::feed(std::span<const uint8_t> bytes) {
+  if (pos_ > 0 && pos_ == buf_.size()) {
+    buf_.clear();
+    pos_ = 0;
+  }
+  buf_.insert(buf_.end(), bytes.begin(), bytes.end());
+}
+
+std::optional<decoded> frame_reader::next() {
+  const size_t avail = buf_.size() - pos_;
+  if (avail < 4) return std::nullopt;
+  const uint8_t* p = buf_.data() + pos_;
+  const uint32_t len = uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+  if (len > max_frame_bytes) {
+    decoded d;
+    d.code = errc::frame_too_large;
+    d.framing_lost = true;
+    d.error = fmt::format("frame of {} bytes exceeds the limit of {} bytes", len, max_frame_bytes);
+    return d;
+  }
+  if (len < header_bytes - 4) {
+    decoded d;
+    d.code = errc::malformed_frame;
+    d.framing_lost = true;
+    d.error = fmt::format("frame length {} is shorter than the {}-byte header", len, header_bytes);
+    return d;
+  }
+  if (avail < 4 + size_t{len}) return std::nullopt;
+  const uint16_t type = static_cast<uint16_t>(p[4] | p[5] << 8);
+  const uint32_t seq = uint32_t{p[8]} | uint32_t{p[9]} << 8 | uint32_t{p[10]} << 16 | uint32_t{p[11]} << 24;
+  auto body = std::span<const uint8_t>(p + header_bytes, len - (header_bytes - 4));
+  pos_ += 4 + size_t{len};
+  auto out = decode(type, seq, body);
+  // Compact occasionally so a long-lived connection does not grow its buffer.
+  if (pos_ > (1u << 20) && pos_ * 2 > buf_.size()) {
+    buf_.erase(buf_.begin(), buf_.begin() + static_cast<std::ptrdiff_t>(pos_));
+    pos_ = 0;
+  }
+  return out;
+}
+
+}  // namespace ferry::proto

@@ -1,0 +1,153 @@
+#pragma once
+/// Local client protocol (docs/protocol.md): framed binary messages over a unix stream socket.
+///
+/// Frame: u32 length (bytes after this field) | u16 type | u16 flags (0) | u32 seq | body.
+/// All integers little-endian. Strings: u32 byte count + bytes. Lists: u32 count + elements.
+/// A reply echoes the request's seq; pushed events carry seq 0.
+///
+/// The Mamba state slot and aux row are scalar u32 fields (no_index = absent): a list of state
+/// indices cannot be expressed. A frame with bytes left over after its last field is rejected.
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "core/errors.hpp"
+#include "core/layout.hpp"
+#include "core/status.hpp"
+
+namespace ferry::proto {
+
+inline constexpr uint16_t protocol_version = 1;
+inline constexpr uint32_t max_frame_bytes = 16u << 20;  ///< limit on the length field
+inline constexpr uint32_t header_bytes = 12;            ///< length + type + flags + seq
+inline constexpr uint32_t max_string_bytes = 64u << 10;
+
+enum class msg_type : uint16_t {
+  hello = 1,
+  prepare = 2,
+  send = 3,
+  poll = 4,
+  cancel = 5,
+  subscribe = 6,
+  info = 7,
+  ok = 100,
+  error = 101,
+  hello_reply = 102,
+  poll_reply = 103,
+  info_reply = 104,
+  event = 105,
+};
+
+// --- requests (client -> ferryd) ---
+struct hello {
+  uint16_t version = protocol_version;
+  std::string client_name;
+};
+/// Decode side: where this room's bytes must land.
+struct prepare {
+  uint64_t room = 0;
+  std::string prefill_peer;         ///< the prefill ferryd's control address "host:port"
+  std::vector<uint32_t> dst_pages;  ///< destination KV pages, in token order
+  uint32_t state_slot = no_index;   ///< exactly one destination Mamba slot
+  uint32_t aux_row = no_index;      ///< destination aux row
+};
+/// Prefill side: one chunk of the room; the last chunk carries the state slot and aux row.
+struct send {
+  uint64_t room = 0;
+  std::vector<uint32_t> src_pages;
+  bool last = false;
+  uint32_t state_slot = no_index;   ///< exactly one source Mamba slot (last chunk only)
+  uint32_t aux_row = no_index;      ///< source aux row (last chunk only)
+};
+struct poll {
+  uint64_t room = 0;
+};
+struct cancel {
+  uint64_t room = 0;
+};
+struct subscribe {
+  uint64_t room = 0;
+};
+enum class info_topic : uint8_t { status = 0, rooms = 1, peers = 2 };
+struct info {
+  info_topic topic = info_topic::status;
+};
+
+// --- replies and events (ferryd -> client) ---
+struct ok {};
+struct error {
+  errc code = errc::internal;
+  std::string message;
+};
+struct pool_info {
+  bool present = false;
+  std::string shm_name;   ///< POSIX shm object to map (shm_open)
+  pool_layout layout;
+};
+struct hello_reply {
+  uint16_t version = protocol_version;
+  std::string node;
+  std::string instance;
+  std::string role;
+  std::string control;    ///< the daemon's control address (what a decode prepare names)
+  uint32_t tp_size = 1;
+  uint32_t tp_rank = 0;
+  uint32_t page_tokens = 0;  ///< tokens per KV page (0 without a kv pool)
+  pool_info pools[pool_kind_count];
+};
+struct poll_reply {
+  uint64_t room = 0;
+  room_status status = room_status::failed;
+  std::string reason;
+};
+struct info_reply {
+  std::string text;
+};
+struct event {
+  uint64_t room = 0;
+  room_status status = room_status::failed;
+  std::string reason;
+};
+
+using message = std::variant<hello, prepare, send, poll, cancel, subscribe, info, ok, error,
+                             hello_reply, poll_reply, info_reply, event>;
+
+msg_type type_of(const message& m);
+const char* to_string(msg_type t);
+
+/// Encode a complete frame (header + body).
+std::vector<uint8_t> encode(const message& m, uint32_t seq);
+
+/// A decoded frame, or a decoding error naming the message type and the field.
+struct decoded {
+  std::optional<message> msg;
+  uint32_t seq = 0;
+  errc code = errc::ok;
+  std::string error;
+  bool framing_lost = false;  ///< the length field was unusable: the stream must be closed
+};
+
+/// Decode one frame body. `type` and `seq` come from the header; `body` excludes the header.
+decoded decode(uint16_t type, uint32_t seq, std::span<const uint8_t> body);
+
+/// Incremental frame splitter for a byte stream.
+class frame_reader {
+ public:
+  /// Append received bytes.
+  void feed(std::span<const uint8_t> bytes);
+  /// Extract the next complete frame. Returns nullopt when more bytes are needed. A length field
+  /// above `max_frame_bytes` or below the header size yields an error (the stream is then
+  /// unusable and should be closed).
+  std::optional<decoded> next();
+  size_t buffered() const { return buf_.size() - pos_; }
+
+ private:
+  std::vector<uint8_t> buf_;
+  size_t pos_ = 0;
+};
+
+}  // namespace ferry::proto

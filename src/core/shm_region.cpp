@@ -1,0 +1,87 @@
+#include "core/shm_region.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+namespace ferry {
+
+shm_region& shm_region::operator=(shm_region&& o) noexcept {
+  if (this != &o) {
+    this->~shm_region();
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    name_ = std::move(o.name_);
+    owner_ = std::exchange(o.owner_, false);
+  }
+  return *this;
+}
+
+shm_region::~shm_region() {
+  if (data_) munmap(data_, size_);
+  if (owner_) shm_unlink(name_.c_str());
+  data_ = nullptr;
+  owner_ = false;
+}
+
+shm_region shm_region::create(const std::string& name, uint64_t bytes, std::string& err) {
+  shm_region r;
+  shm_unlink(name.c_str());  // a stale object from a crashed daemon with the same name
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    err = fmt::format("shm_open('{}') failed: {}", name, std::strerror(errno));
+    return r;
+  }
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    err = fmt::format("ftruncate('{}', {} bytes) failed: {}", name, bytes, std::strerror(errno));
+    close(fd);
+    shm_unlink(name.c_str());
+    return r;
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    err = fmt::format("mmap('{}', {} bytes) failed: {}", name, bytes, std::strerror(errno));
+    shm_unlink(name.c_str());
+    return r;
+  }
+  r.data_ = static_cast<uint8_t*>(p);
+  r.size_ = bytes;
+  r.name_ = name;
+  r.owner_ = true;
+  return r;
+}
+
+shm_region shm_region::open(const std::string& name, uint64_t bytes, std::string& err) {
+  shm_region r;
+  int fd = shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) {
+    err = fmt::format("shm_open('{}') failed: {}", name, std::strerror(errno));
+    return r;
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < bytes) {
+    err = fmt::format("shm object '{}' is {} bytes, expected at least {}", name,
+                      static_cast<uint64_t>(st.st_size), bytes);
+    close(fd);
+    return r;
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    err = fmt::format("mmap('{}', {} bytes) failed: {}", name, bytes, std::strerror(errno));
+    return r;
+  }
+  r.data_ = static_cast<uint8_t*>(p);
+  r.size_ = bytes;
+  r.name_ = name;
+  return r;
+}
+
+}  // namespace ferry

@@ -1,0 +1,159 @@
+// ferryctl: inspect a ferryd and drive its client operations from the shell.
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <iostream>
+
+#include "ferry/client.hpp"
+#include "ferry/workload.hpp"
+
+using namespace ferry;
+
+namespace {
+
+/// Parse "0-3,7,9-10" into [0,1,2,3,7,9,10].
+std::vector<uint32_t> parse_pages(const std::string& text) {
+  std::vector<uint32_t> out;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    auto end = text.find(',', pos);
+    auto part = text.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+    auto dash = part.find('-');
+    if (part.empty()) throw CLI::ValidationError("--pages", "empty entry in page list '" + text + "'");
+    uint64_t a = std::stoull(part.substr(0, dash));
+    uint64_t b = dash == std::string::npos ? a : std::stoull(part.substr(dash + 1));
+    if (b < a || b - a > (1u << 24)) throw CLI::ValidationError("--pages", "bad range '" + part + "'");
+    for (uint64_t i = a; i <= b; ++i) out.push_back(static_cast<uint32_t>(i));
+    if (end == std::string::npos) break;
+    pos = end + 1;
+  }
+  return out;
+}
+
+int report(const client::outcome<client::none>& r, const std::string& what) {
+  if (r) {
+    std::cout << what << ": ok\n";
+    return 0;
+  }
+  std::cerr << "ferryctl: " << what << " failed [" << to_string(r.code) << "]: " << r.message << "\n";
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ferryctl: talk to a ferryd over its client socket"};
+  app.require_subcommand(1);
+  std::string socket = "/tmp/ferry-decode.sock";
+  app.add_option("-s,--socket", socket, "ferryd client socket")->capture_default_str();
+  uint64_t room = 0;
+  std::string pages_text, peer;
+  uint32_t slot = no_index, row = no_index, first_position = 0;
+  bool last = false;
+  int timeout_ms = 30000;
+
+  auto* status = app.add_subcommand("status", "daemon status and counters");
+  auto* rooms = app.add_subcommand("rooms", "active rooms");
+  auto* peers = app.add_subcommand("peers", "connected peers");
+  auto* hello = app.add_subcommand("pools", "pool names and layouts the daemon hands to clients");
+  auto* prepare = app.add_subcommand("prepare", "decode side: where a room's bytes must land");
+  auto* send = app.add_subcommand("send", "prefill side: send one chunk of a room");
+  auto* poll = app.add_subcommand("poll", "status of a room");
+  auto* cancel = app.add_subcommand("cancel", "cancel a room");
+  auto* wait = app.add_subcommand("wait", "subscribe and print status events until the room ends");
+  auto* fill = app.add_subcommand("fill", "write the test pattern of a room into this daemon's source pools");
+  auto* verify = app.add_subcommand("verify", "check a room's destination bytes against the test pattern");
+  for (auto* c : {prepare, send, poll, cancel, wait, fill, verify})
+    c->add_option("-r,--room", room, "room id")->required();
+  for (auto* c : {prepare, send, fill, verify}) c->add_option("-p,--pages", pages_text, "page list, e.g. 0-15,40,41");
+  for (auto* c : {prepare, send, fill, verify}) {
+    c->add_option("--state-slot", slot, "the one Mamba state slot");
+    c->add_option("--aux-row", row, "the aux row");
+  }
+  prepare->add_option("--peer", peer, "prefill ferryd control address host:port")->required();
+  send->add_flag("--last", last, "this is the last chunk (carries state slot and aux row)");
+  fill->add_option("--first-position", first_position, "request position of the first page");
+  wait->add_option("--timeout-ms", timeout_ms, "give up after this long")->capture_default_str();
+  app.footer(
+      "Examples:\n"
+      "  ferryctl -s /tmp/ferry-decode.sock prepare -r 7 --peer 127.0.0.1:7401 -p 100-163 --state-slot 2 --aux-row 2\n"
+      "  ferryctl -s /tmp/ferry-prefill.sock fill -r 7 -p 0-63 --state-slot 1 --aux-row 1\n"
+      "  ferryctl -s /tmp/ferry-prefill.sock send -r 7 -p 0-63 --last --state-slot 1 --aux-row 1\n"
+      "  ferryctl -s /tmp/ferry-decode.sock wait -r 7 && ferryctl -s /tmp/ferry-decode.sock verify -r 7 -p 100-163 "
+      "--state-slot 2 --aux-row 2");
+  CLI11_PARSE(app, argc, argv);
+
+  std::vector<uint32_t> pages;
+  try {
+    if (!pages_text.empty()) pages = parse_pages(pages_text);
+  } catch (const std::exception& e) {
+    std::cerr << "ferryctl: bad --pages '" << pages_text << "': " << e.what() << "\n";
+    return 1;
+  }
+  auto conn = client::client::connect(socket, "ferryctl");
+  if (!conn) {
+    std::cerr << "ferryctl: " << conn.message << "\n";
+    return 1;
+  }
+  auto& c = *conn.value;
+  auto print_info = [&](proto::info_topic t) {
+    auto r = c.info(t);
+    if (!r) return std::cerr << "ferryctl: " << r.message << "\n", 1;
+    std::cout << r.value;
+    return 0;
+  };
+  if (*status) return print_info(proto::info_topic::status);
+  if (*rooms) return print_info(proto::info_topic::rooms);
+  if (*peers) return print_info(proto::info_topic::peers);
+  if (*hello) {
+    const auto& d = c.daemon();
+    std::cout << fmt::format("node {} instance {} role {} tp {}/{}\n", d.node, d.instance, d.role, d.tp_rank, d.tp_size);
+    for (int k = 0; k < pool_kind_count; ++k) {
+      const auto& p = d.pools[k];
+      if (!p.present) continue;
+      std::cout << fmt::format("pool {}: {} {} bytes, {} buffers of {} x {} bytes\n", to_string(static_cast<pool_kind>(k)),
+                               p.shm_name, p.layout.total_bytes, p.layout.buffers.size(), p.layout.buffers[0].items,
+                               p.layout.buffers[0].item_bytes);
+    }
+    return 0;
+  }
+  if (*prepare) return report(c.prepare({room, peer, pages, slot, row}), fmt::format("prepare room {}", room));
+  if (*send) return report(c.send({room, pages, last, slot, row}), fmt::format("send room {}", room));
+  if (*cancel) return report(c.cancel(room), fmt::format("cancel room {}", room));
+  if (*poll) {
+    auto r = c.poll(room);
+    if (!r) return std::cerr << "ferryctl: poll failed [" << to_string(r.code) << "]: " << r.message << "\n", 1;
+    std::cout << fmt::format("room {}: {} ({}){}{}\n", room, to_string(r.value.status), static_cast<int>(r.value.status),
+                             r.value.reason.empty() ? "" : ": ", r.value.reason);
+    return 0;
+  }
+  if (*wait) {
+    if (auto s = c.subscribe(room); !s) return report(s, fmt::format("subscribe room {}", room));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (;;) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      auto e = c.next_event(std::max(left, std::chrono::milliseconds(1)));
+      if (!e) return std::cerr << "ferryctl: " << e.message << "\n", 1;
+      if (e.value.room != room) continue;
+      std::cout << fmt::format("room {}: {}{}{}\n", room, to_string(e.value.status), e.value.reason.empty() ? "" : ": ",
+                               e.value.reason);
+      if (is_terminal(e.value.status)) return e.value.status == room_status::success ? 0 : 1;
+    }
+  }
+  if (auto m = c.map_pools(); !m) return std::cerr << "ferryctl: " << m.message << "\n", 1;
+  if (*fill) {
+    client::fill_kv(c, room, pages, first_position);
+    if (slot != no_index || row != no_index) client::fill_state_and_aux(c, room, slot, row);
+    std::cout << fmt::format("room {}: pattern written to {} pages{}\n", room, pages.size(),
+                             slot != no_index ? ", state slot and aux row" : "");
+    return 0;
+  }
+  if (*verify) {
+    auto err = client::verify_room(c, room, pages, slot, row);
+    if (!err.empty()) return std::cerr << "ferryctl: verify failed: " << err << "\n", 1;
+    std::cout << fmt::format("room {}: all destination bytes verified\n", room);
+    return 0;
+  }
+  return 0;
+}

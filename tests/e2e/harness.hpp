@@ -1,0 +1,272 @@
+#pragma once
+// Multi-process test harness: real ferryd processes on loopback, configured from a template,
+// started with --ready-fd so tests wait on readiness (bounded), never on sleeps.
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <rdma/fabric.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ferry/client.hpp"
+#include "ferry/workload.hpp"
+
+namespace ferry::test {
+
+using namespace std::chrono_literals;
+
+/// Exit code ctest reports as "skipped" (SKIP_RETURN_CODE in tests/CMakeLists.txt).
+inline constexpr int skip_code = 4;
+
+/// Skip the whole test process when a libfabric provider is missing on this machine.
+inline void require_provider(const std::string& prov) {
+  fi_info* hints = fi_allocinfo();
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->caps = FI_RMA;
+  hints->fabric_attr->prov_name = strdup(prov.c_str());
+  fi_info* info = nullptr;
+  int rc = fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints, &info);
+  fi_freeinfo(hints);
+  if (info) fi_freeinfo(info);
+  if (rc != 0) {
+    WARN("SKIPPED: libfabric provider '" << prov << "' is not available here");
+    std::exit(skip_code);
+  }
+}
+
+inline std::string bin(const std::string& name) {
+  const char* dir = std::getenv("FERRY_BIN_DIR");
+  return std::string(dir ? dir : FERRY_DEFAULT_BIN_DIR) + "/" + name;
+}
+
+inline uint16_t free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+struct temp_dir {
+  std::filesystem::path path;
+  temp_dir() {
+    char tmpl[] = "/tmp/ferry-test-XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~temp_dir() { std::filesystem::remove_all(path); }
+};
+
+/// Shapes of a test cluster: Qwen3-Next-like layouts, scaled down in pool sizes and layer counts
+/// so many tests can run quickly on two cores.
+struct shape {
+  std::string provider = "tcp";
+  uint32_t page_tokens = 1;
+  uint32_t pages = 4096;
+  uint32_t kv_layers = 4;
+  uint32_t slots = 8;
+  uint32_t mamba_layers = 3;
+  std::string temporal_shape = "[8, 128, 128]";
+  uint32_t aux_rows = 64;
+  uint32_t prepare_wait_ms = 20000;
+  uint32_t transfer_ms = 30000;
+};
+
+inline std::string make_config(const std::string& name, const std::string& role, uint16_t control,
+                               const std::string& socket, const shape& s) {
+  std::ostringstream kv_ids, m_ids;
+  for (uint32_t i = 0; i < s.kv_layers; ++i) kv_ids << (i ? ", " : "") << 4 * i + 3;
+  for (uint32_t i = 0; i < s.mamba_layers; ++i) m_ids << (i ? ", " : "") << 4 * i;
+  std::ostringstream y;
+  y << "node:\n  name: " << name << "\nrole: " << role << "\nlisten:\n  control: 127.0.0.1:" << control
+    << "\n  client: " << socket << "\nfabric:\n  provider: " << s.provider
+    << "\n  max_inflight_writes: 64\n  write_piece_bytes: 262144\n"
+    << "timeouts:\n  handshake_ms: 10000\n  prepare_wait_ms: " << s.prepare_wait_ms
+    << "\n  transfer_ms: " << s.transfer_ms << "\nlog:\n  level: info\n"
+    << "pools:\n  kv:\n    layer_ids: [" << kv_ids.str() << "]\n    page_tokens: " << s.page_tokens
+    << "\n    kv_heads: 2\n    head_dim: 256\n    dtype_bytes: 2\n    pages: " << s.pages
+    << "\n  mamba:\n    slots: " << s.slots << "\n    layer_ids: [" << m_ids.str() << "]\n    tensors:\n"
+    << "      - name: conv\n        shape: [8192, 3]\n        dtype_bytes: 2\n        slice_axis: 0\n"
+    << "        shard_groups: [2048, 2048, 4096]\n"
+    << "      - name: temporal\n        shape: " << s.temporal_shape << "\n        dtype_bytes: 4\n        slice_axis: 0\n"
+    << "  aux:\n    rows: " << s.aux_rows << "\n    row_bytes: 5632\n";
+  return y.str();
+}
+
+/// A ferryd child process; stopped with SIGTERM (then SIGKILL after a bound) on destruction.
+class daemon_proc {
+ public:
+  daemon_proc(const temp_dir& dir, const std::string& name, const std::string& role, const shape& s)
+      : name_(name), control_port_(free_port()) {
+    socket_ = (dir.path / (name + ".sock")).string();
+    config_ = (dir.path / (name + ".yaml")).string();
+    log_ = (dir.path / (name + ".log")).string();
+    std::ofstream(config_) << make_config(name, role, control_port_, socket_, s);
+    int ready[2];
+    REQUIRE(pipe2(ready, O_CLOEXEC) == 0);
+    pid_ = fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      int log_fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(log_fd, 1);
+      dup2(log_fd, 2);
+      dup2(ready[1], 3);  // dup2 clears O_CLOEXEC on the copy
+      auto path = bin("ferryd");
+      execl(path.c_str(), "ferryd", "--config", config_.c_str(), "--ready-fd", "3", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(ready[1]);
+    pollfd p{ready[0], POLLIN, 0};
+    char buf[16] = {};
+    int n = ::poll(&p, 1, 30000);
+    ssize_t got = n > 0 ? read(ready[0], buf, sizeof(buf)) : 0;
+    close(ready[0]);
+    if (got <= 0) {
+      stop();
+      FAIL("ferryd " << name << " did not become ready; log:\n" << log_text());
+    }
+  }
+  ~daemon_proc() { stop(); }
+
+  /// Stop with SIGTERM; returns the exit status (or -1 when it had to be killed).
+  int stop() {
+    if (pid_ <= 0) return exit_status_;
+    kill(pid_, SIGTERM);
+    int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid_, 0));
+    pollfd p{pidfd, POLLIN, 0};
+    if (pidfd < 0 || ::poll(&p, 1, 15000) <= 0) kill(pid_, SIGKILL);
+    if (pidfd >= 0) close(pidfd);
+    int st = 0;
+    waitpid(pid_, &st, 0);
+    exit_status_ = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    pid_ = -1;
+    return exit_status_;
+  }
+
+  std::string log_text() const {
+    std::ifstream f(log_);
+    std::stringstream s;
+    s << f.rdbuf();
+    return s.str();
+  }
+
+  std::unique_ptr<client::client> connect() const {
+    auto c = client::client::connect(socket_, "test");
+    INFO(c.message);
+    REQUIRE(c);
+    REQUIRE(c.value->map_pools());
+    return std::move(c.value);
+  }
+
+  const std::string& socket() const { return socket_; }
+  std::string control() const { return "127.0.0.1:" + std::to_string(control_port_); }
+  pid_t pid() const { return pid_; }
+
+ private:
+  std::string name_, socket_, config_, log_;
+  uint16_t control_port_;
+  pid_t pid_ = -1;
+  int exit_status_ = -1;
+};
+
+/// A prefill and a decode daemon with one connected client each.
+struct pair {
+  temp_dir dir;
+  shape s;
+  daemon_proc prefill;
+  daemon_proc decode;
+  std::unique_ptr<client::client> p;  // prefill client
+  std::unique_ptr<client::client> d;  // decode client
+
+  explicit pair(shape sh = {}) : s(sh), prefill(dir, "prefill-0", "prefill", s), decode(dir, "decode-0", "decode", s) {
+    p = prefill.connect();
+    d = decode.connect();
+  }
+};
+
+/// Everything one room needs; chunks are page counts (the last may be 0).
+struct room_spec {
+  uint64_t room = 1;
+  std::vector<uint32_t> src_pages;
+  std::vector<uint32_t> dst_pages;
+  std::vector<uint32_t> chunks;  // empty: one chunk with all pages
+  uint32_t src_slot = 0, dst_slot = 0;
+  uint32_t src_row = 0, dst_row = 0;
+};
+
+inline std::vector<uint32_t> range(uint32_t first, uint32_t count) {
+  std::vector<uint32_t> v(count);
+  for (uint32_t i = 0; i < count; ++i) v[i] = first + i;
+  return v;
+}
+
+/// Fill the source and clear the destination of a room.
+inline void stage(pair& c, const room_spec& r) {
+  client::fill_kv(*c.p, r.room, r.src_pages, 0);
+  client::fill_state_and_aux(*c.p, r.room, r.src_slot, r.src_row);
+  client::clear_room(*c.d, r.dst_pages, r.dst_slot, r.dst_row);
+}
+
+inline void prepare(pair& c, const room_spec& r) {
+  auto ok = c.d->prepare({r.room, c.prefill.control(), r.dst_pages, r.dst_slot, r.dst_row});
+  INFO(ok.message);
+  REQUIRE(ok);
+}
+
+inline void send_chunks(pair& c, const room_spec& r) {
+  auto chunks = r.chunks.empty() ? std::vector<uint32_t>{static_cast<uint32_t>(r.src_pages.size())} : r.chunks;
+  uint32_t pos = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const bool last = i + 1 == chunks.size();
+    std::vector<uint32_t> pages(r.src_pages.begin() + pos, r.src_pages.begin() + pos + chunks[i]);
+    pos += chunks[i];
+    auto ok = c.p->send({r.room, pages, last, last ? r.src_slot : no_index, last ? r.src_row : no_index});
+    INFO(ok.message);
+    REQUIRE(ok);
+  }
+}
+
+/// Wait for the room's terminal status on one daemon (subscribe + bounded wait).
+inline proto::event wait_done(client::client& c, uint64_t room) {
+  auto s = c.subscribe(room);
+  INFO(s.message);
+  REQUIRE(s);
+  auto e = c.wait_terminal(room, 60s);
+  INFO(e.message);
+  REQUIRE(e);
+  return e.value;
+}
+
+/// Run a room end to end and check statuses on both sides and every destination byte.
+inline void run_and_verify(pair& c, const room_spec& r) {
+  stage(c, r);
+  prepare(c, r);
+  send_chunks(c, r);
+  auto de = wait_done(*c.d, r.room);
+  INFO(de.reason);
+  REQUIRE(de.status == room_status::success);
+  auto pe = wait_done(*c.p, r.room);
+  INFO(pe.reason);
+  REQUIRE(pe.status == room_status::success);
+  CHECK(client::verify_room(*c.d, r.room, r.dst_pages, r.dst_slot, r.dst_row) == "");
+}
+
+}  // namespace ferry::test

@@ -1,0 +1,161 @@
+// Bad input from clients, peers and configs: a clear error to that caller, nothing written, and
+// the daemon keeps serving the next good request.
+
+#include <cstring>
+
+#include "harness.hpp"
+
+using namespace ferry;
+using namespace ferry::test;
+
+namespace {
+
+void good_request_still_works(pair& c, uint64_t room) {
+  room_spec r;
+  r.room = room;
+  r.src_pages = range(0, 8);
+  r.dst_pages = range(8, 8);
+  run_and_verify(c, r);
+}
+
+std::string error_of(const client::outcome<client::none>& o) {
+  REQUIRE_FALSE(o);
+  return o.message;
+}
+
+}  // namespace
+
+TEST_CASE("bad client requests get errors naming the problem; the daemon keeps serving", "[e2e][bad-input]") {
+  pair c;
+  const auto peer = c.prefill.control();
+
+  SECTION("destination page outside the pool") {
+    CHECK(error_of(c.d->prepare({5, peer, {1, 2, 4096}, 0, 0})) ==
+          "room 5: dst page 4096 (position 2) is outside the pool of 4096 pages");
+  }
+  SECTION("source page outside the pool") {
+    CHECK(error_of(c.p->send({5, {4100}, false, no_index, no_index})) ==
+          "room 5: src page 4100 (position 0) is outside the pool of 4096 pages");
+  }
+  SECTION("state slot outside the pool") {
+    CHECK(error_of(c.d->prepare({5, peer, {1}, 8, 0})) == "room 5: dst state slot 8 is outside the pool of 8 slots");
+  }
+  SECTION("zero state slots on either side") {
+    CHECK(error_of(c.d->prepare({5, peer, {1}, no_index, 0})) ==
+          "mamba requires single state index: room 5 got dst=none (exactly one dst state slot is required)");
+    CHECK(error_of(c.p->send({5, {}, true, no_index, 0})) ==
+          "mamba requires single state index: room 5 got src=none (exactly one src state slot is required)");
+  }
+  SECTION("several state slots cannot be expressed: extra bytes are rejected") {
+    auto frame = proto::encode(proto::send{5, {}, true, 1, 0}, 99);
+    for (int i = 0; i < 4; ++i) frame.push_back(2);  // a second "slot"
+    uint32_t len = static_cast<uint32_t>(frame.size() - 4);
+    std::memcpy(frame.data(), &len, 4);
+    auto r = c.p->raw_exchange(frame);
+    REQUIRE(r);
+    auto* e = std::get_if<proto::error>(&r.value);
+    REQUIRE(e);
+    CHECK(e->code == errc::malformed_frame);
+    CHECK(e->message == "malformed send frame: 4 unexpected bytes after the last field");
+  }
+  SECTION("state slot or aux row on a non-last chunk") {
+    CHECK(error_of(c.p->send({5, {1}, false, 0, no_index})) == "room 5: state slot and aux row go only with the last chunk");
+  }
+  SECTION("aux row that does not carry the room id") {
+    client::clear_room(*c.p, {}, 0, 3);
+    CHECK(error_of(c.p->send({5, {}, true, 0, 3})) == "room 5: src aux row 3 carries room id 0, expected 5");
+  }
+  SECTION("duplicate room") {
+    room_spec r;
+    r.room = 77;
+    r.dst_pages = range(0, 4);
+    prepare(c, r);
+    CHECK(error_of(c.d->prepare({77, peer, {9}, 1, 1})) == "duplicate room 77: it is already active on this decode daemon");
+    REQUIRE(c.d->cancel(77));
+  }
+  SECTION("unknown room") {
+    auto p = c.d->poll(4242);
+    REQUIRE_FALSE(p);
+    CHECK(p.code == errc::unknown_room);
+    CHECK(p.message == "unknown room 4242");
+    CHECK(error_of(c.d->cancel(4242)) == "unknown room 4242");
+  }
+  SECTION("send after Success") {
+    good_request_still_works(c, 900);
+    client::fill_state_and_aux(*c.p, 900, 0, 0);
+    auto o = c.p->send({900, {}, true, 0, 0});
+    REQUIRE_FALSE(o);
+    CHECK(o.code == errc::room_finished);
+    CHECK(o.message == "room 900 already finished (Success); send after Success is rejected");
+  }
+  SECTION("chunk pages beyond the decode's page list") {
+    room_spec r;
+    r.room = 60;
+    r.src_pages = range(0, 6);
+    r.dst_pages = range(0, 4);
+    stage(c, r);
+    prepare(c, r);
+    REQUIRE(c.d->subscribe(r.room));
+    // Wait until the prefill knows the prepare, so the overrun is caught synchronously.
+    auto e = c.d->next_event(10s);
+    while (e && e.value.status == room_status::bootstrapping) e = c.d->next_event(10s);
+    REQUIRE(e);
+    REQUIRE(e.value.status == room_status::waiting_for_input);
+    CHECK(error_of(c.p->send({60, r.src_pages, false, no_index, no_index})) ==
+          "room 60: chunk of 6 pages at position 0 goes beyond the decode's page list of 4 pages");
+    // Nothing was written: the destination is still zero.
+    CHECK(client::verify_room(*c.d, 60, r.dst_pages, 0, 0).find("kv buffer 0 (layer 3) page 0 (position 0) differs at byte 0") !=
+          std::string::npos);
+    REQUIRE(c.d->cancel(60));
+  }
+  SECTION("wrong role") {
+    CHECK(error_of(c.p->prepare({5, peer, {1}, 0, 0})) == "room 5: prepare is a decode operation; this daemon's role is prefill");
+  }
+  SECTION("malformed frame keeps the connection usable") {
+    auto frame = proto::encode(proto::poll{1}, 5);
+    frame[4] = 99;  // unknown type
+    auto r = c.d->raw_exchange(frame);
+    REQUIRE(r);
+    CHECK(std::get<proto::error>(r.value).message == "unknown message type 99");
+    CHECK(c.d->info(proto::info_topic::status));
+  }
+  SECTION("oversized frame closes only that connection") {
+    std::vector<uint8_t> frame{0x00, 0x00, 0x00, 0x7f, 1, 0, 0, 0, 0, 0, 0, 0};
+    auto r = c.d->raw_exchange(frame);
+    REQUIRE(r);
+    CHECK(std::get<proto::error>(r.value).message == "frame of 2130706432 bytes exceeds the limit of 16777216 bytes");
+    CHECK_FALSE(c.d->info(proto::info_topic::status));  // closed
+    c.d = c.decode.connect();
+  }
+  good_request_still_works(c, 1);
+}
+
+TEST_CASE("a config with a bad key is refused with the key path", "[e2e][bad-input]") {
+  temp_dir dir;
+  auto path = (dir.path / "bad.yaml").string();
+  std::string text = make_config("x", "decode", 7000, (dir.path / "x.sock").string(), shape{});
+  text.replace(text.find("page_tokens"), 11, "page_tokenz");
+  std::ofstream(path) << text;
+  auto cmd = bin("ferryd") + " --check-config " + path + " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  REQUIRE(f);
+  char buf[512] = {};
+  auto n = fread(buf, 1, sizeof(buf) - 1, f);
+  int st = pclose(f);
+  CHECK(WEXITSTATUS(st) == 1);
+  CHECK(std::string(buf, n) == "ferryd: invalid config: pools.kv.page_tokenz: unknown key\n");
+}
+
+TEST_CASE("incompatible peers fail the room with the first difference", "[e2e][bad-input]") {
+  temp_dir dir;
+  shape ps, ds;
+  ds.page_tokens = 16;
+  daemon_proc prefill(dir, "prefill-0", "prefill", ps);
+  daemon_proc decode(dir, "decode-0", "decode", ds);
+  auto d = decode.connect();
+  REQUIRE(d->prepare({3, prefill.control(), {1}, 0, 0}));
+  auto e = wait_done(*d, 3);
+  CHECK(e.status == room_status::failed);
+  CHECK(e.reason == "peer " + prefill.control() +
+                        " lost: peer refused the handshake: incompatible layouts: kv.page_tokens differs: prefill has 1, decode has 16");
+}

@@ -1,0 +1,149 @@
+// End-to-end transfers between two real ferryd processes over libfabric on loopback.
+
+#include "harness.hpp"
+
+using namespace ferry;
+using namespace ferry::test;
+
+TEST_CASE("one request moves KV pages, one state slot and the aux row byte for byte", "[e2e]") {
+  auto provider = GENERATE(as<std::string>{}, "tcp", "shm");
+  require_provider(provider);
+  shape s;
+  s.provider = provider;
+  pair c(s);
+  room_spec r;
+  r.room = 0x1234567890abcdefull;
+  r.src_pages = range(100, 512);
+  r.dst_pages = range(2000, 512);
+  r.src_slot = 1, r.dst_slot = 5;
+  r.src_row = 2, r.dst_row = 9;
+  run_and_verify(c, r);
+  auto poll = c.d->poll(r.room);
+  REQUIRE(poll);
+  CHECK(poll.value.status == room_status::success);
+  auto p = c.p->poll(r.room);
+  REQUIRE(p);
+  CHECK(p.value.status == room_status::success);
+  CHECK(c.prefill.stop() == 0);
+  CHECK(c.decode.stop() == 0);
+}
+
+TEST_CASE("fragmented pages land at their positions", "[e2e]") {
+  pair c;
+  room_spec r;
+  r.room = 7;
+  r.src_pages = {10, 11, 12, 40, 41};
+  r.dst_pages = {7, 8, 9, 10, 11};
+  run_and_verify(c, r);
+  SECTION("and a scattered list on both sides too") {
+    room_spec q;
+    q.room = 8;
+    q.src_pages = {900, 3, 4, 5, 77, 1000, 1001};
+    q.dst_pages = {60, 61, 62, 99, 98, 97, 300};
+    q.src_slot = q.dst_slot = 2;
+    q.src_row = q.dst_row = 3;
+    run_and_verify(c, q);
+  }
+}
+
+TEST_CASE("three chunks that are not page aligned, page size 16", "[e2e]") {
+  shape s;
+  s.page_tokens = 16;
+  s.pages = 512;
+  pair c(s);
+  // 100 tokens = 7 pages of 16; chunk boundaries at tokens 40 and 80 round down to pages 2 and 5,
+  // so the chunks carry 2, 3 and 2 pages (the last one holds the partial page).
+  room_spec r;
+  r.room = 300;
+  r.src_pages = {50, 51, 20, 21, 22, 90, 91};
+  r.dst_pages = {1, 2, 3, 4, 5, 6, 7};
+  r.chunks = {2, 3, 2};
+  run_and_verify(c, r);
+}
+
+TEST_CASE("a last chunk with zero pages still carries state and aux", "[e2e]") {
+  pair c;
+  SECTION("after earlier chunks") {
+    room_spec r;
+    r.room = 41;
+    r.src_pages = range(0, 64);
+    r.dst_pages = range(64, 64);
+    r.chunks = {32, 32, 0};
+    run_and_verify(c, r);
+  }
+  SECTION("a full prefix hit: no pages at all") {
+    room_spec r;
+    r.room = 42;
+    r.chunks = {0};
+    r.src_slot = 3, r.dst_slot = 4;
+    run_and_verify(c, r);
+  }
+}
+
+TEST_CASE("a send that arrives before its prepare waits for it", "[e2e]") {
+  pair c;
+  room_spec r;
+  r.room = 55;
+  r.src_pages = range(0, 100);
+  r.dst_pages = range(500, 100);
+  stage(c, r);
+  send_chunks(c, r);
+  auto st = c.p->poll(r.room);
+  REQUIRE(st);
+  CHECK(st.value.status == room_status::bootstrapping);
+  prepare(c, r);
+  REQUIRE(wait_done(*c.d, r.room).status == room_status::success);
+  CHECK(client::verify_room(*c.d, r.room, r.dst_pages, r.dst_slot, r.dst_row) == "");
+}
+
+TEST_CASE("a send whose prepare never comes fails after the bounded wait", "[e2e]") {
+  shape s;
+  s.prepare_wait_ms = 300;
+  pair c(s);
+  room_spec r;
+  r.room = 56;
+  r.src_pages = range(0, 4);
+  stage(c, r);
+  send_chunks(c, r);
+  auto e = wait_done(*c.p, r.room);
+  CHECK(e.status == room_status::failed);
+  CHECK(e.reason == "timed out in Bootstrapping after 300 ms (waiting for the decode's prepare)");
+}
+
+TEST_CASE("64 concurrent rooms all commit with their own bytes", "[e2e]") {
+  shape s;
+  s.slots = 64;
+  s.temporal_shape = "[2, 128, 128]";
+  pair c(s);
+  constexpr uint32_t rooms = 64, pages = 48;
+  std::vector<room_spec> specs;
+  for (uint32_t i = 0; i < rooms; ++i) {
+    room_spec r;
+    r.room = 1000 + i;
+    r.src_pages = range(i * pages, pages);
+    r.dst_pages = range((rooms - 1 - i) * pages, pages);  // reversed placement on decode
+    r.src_slot = i, r.dst_slot = rooms - 1 - i;
+    r.src_row = i, r.dst_row = (i + 7) % rooms;
+    r.chunks = {16, 16, 16};
+    stage(c, r);
+    specs.push_back(r);
+  }
+  for (auto& r : specs) prepare(c, r);
+  for (auto& r : specs) REQUIRE(c.d->subscribe(r.room));
+  // Interleave the chunks of all rooms, as a batching scheduler would.
+  for (uint32_t k = 0; k < 3; ++k)
+    for (auto& r : specs) {
+      const bool last = k == 2;
+      std::vector<uint32_t> pg(r.src_pages.begin() + 16 * k, r.src_pages.begin() + 16 * (k + 1));
+      auto ok = c.p->send({r.room, pg, last, last ? r.src_slot : no_index, last ? r.src_row : no_index});
+      INFO(ok.message);
+      REQUIRE(ok);
+    }
+  for (auto& r : specs) {
+    auto e = c.d->wait_terminal(r.room, 60s);
+    REQUIRE(e);
+    INFO(e.value.reason);
+    REQUIRE(e.value.status == room_status::success);
+  }
+  for (auto& r : specs) CHECK(client::verify_room(*c.d, r.room, r.dst_pages, r.dst_slot, r.dst_row) == "");
+}

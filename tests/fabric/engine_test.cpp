@@ -1,0 +1,530 @@
+// Contract tests of transport::engine over real libfabric on loopback, for tcp and shm.
+#include <sys/wait.h>
+
+#include <ctime>
+#include <thread>
+
+#include "fabric_test_util.hpp"
+#include "transport/engine.hpp"
+
+using namespace ferry::transport;
+using namespace ferry::test;
+
+namespace {
+
+/// Register one test body for each provider, as separate test cases so a missing provider skips
+/// only its own case.
+#define FERRY_FABRIC_CASE(title, body)                               \
+  TEST_CASE(title " (tcp)", "[fabric][tcp]") { body("tcp"); }        \
+  TEST_CASE(title " (shm)", "[fabric][shm]") { body("shm"); }
+
+/// An initiator and a target engine in this process, with registered buffers and the target
+/// inserted as the initiator's peer.
+struct engine_pair {
+  engine_pair(const std::string& provider, size_t bytes, uint32_t max_inflight = 64)
+      : src(bytes), dst(bytes, 0) {
+    require_provider(provider);
+    fill_pattern(src, 7);
+    initiator = open_engine(provider, max_inflight);
+    target = open_engine(provider);
+    auto s = initiator->register_region(src.data(), src.size());
+    INFO(s.error);
+    REQUIRE(s);
+    src_region = s.value;
+    auto d = target->register_region(dst.data(), dst.size());
+    INFO(d.error);
+    REQUIRE(d);
+    dst_desc = target->describe(d.value);
+    REQUIRE(dst_desc.length == dst.size());
+    auto p = initiator->insert_peer(target->local_address());
+    INFO(p.error);
+    REQUIRE(p);
+    peer = p.value;
+  }
+  void start_both() {
+    imms.attach(target.get());
+    target->start(imms.callback());
+    initiator->start(nullptr);
+  }
+  write_op op(uint64_t src_off, uint64_t dst_off, uint64_t len, uint64_t imm) const {
+    return write_op{src_region, src_off, len, dst_desc.remote_base + dst_off, dst_desc.key, imm};
+  }
+  bool same_bytes(uint64_t src_off, uint64_t dst_off, uint64_t len) const {
+    return std::memcmp(src.data() + src_off, dst.data() + dst_off, len) == 0;
+  }
+
+  std::vector<uint8_t> src, dst;
+  imm_collector imms;
+  std::unique_ptr<engine> initiator, target;  // declared after the buffers: closed before them
+  region_id src_region = 0;
+  region_desc dst_desc;
+  peer_handle peer = 0;
+};
+
+void writes_arrive_with_counted_immediates(const std::string& provider) {
+  engine_pair ep(provider, 4 << 20);
+  ep.start_both();
+
+  // Mixed sizes (inject-sized to 256 KiB), three distinct imm values to be aggregated.
+  const uint64_t sizes[] = {8, 64, 100, 4096, 4097, 65536, 262144};
+  write_batch batch;
+  batch.peer = ep.peer;
+  std::map<uint64_t, uint64_t> expected;
+  uint64_t off = 0;
+  for (int i = 0; i < 42; ++i) {
+    const uint64_t len = sizes[i % 7];
+    const uint64_t imm = 1000 + i % 3;
+    // Source offset differs from the destination so a copy of the wrong range is caught.
+    batch.ops.push_back(ep.op((off * 3) % (1 << 20), off, len, imm));
+    ++expected[imm];
+    off += len + 24;  // gaps stay zero
+  }
+  REQUIRE(off < ep.dst.size());
+  batch_waiter done;
+  batch.done = done.callback();
+  const auto ops = batch.ops;
+  ep.initiator->submit(std::move(batch));
+
+  REQUIRE(done.wait(1));
+  const batch_result r = done.results().at(0);
+  INFO(r.error);
+  CHECK(r.ok);
+  CHECK(r.completed == 42);
+  CHECK(r.failed == 0);
+
+  // A local completion does not mean arrival; the counted immediates do.
+  REQUIRE(ep.imms.wait_total(42));
+  CHECK(ep.imms.counts() == expected);
+  CHECK_FALSE(ep.imms.duplicate_in_batch());
+  for (const auto& o : ops) {
+    CHECK(ep.same_bytes(o.local_offset, o.remote_addr - ep.dst_desc.remote_base, o.length));
+  }
+  // Bytes between the writes were not touched.
+  uint64_t zero_gap = 0;
+  for (const auto& o : ops) {
+    const uint64_t end = o.remote_addr - ep.dst_desc.remote_base + o.length;
+    for (uint64_t i = end; i < end + 24; ++i) zero_gap |= ep.dst[i];
+  }
+  CHECK(zero_gap == 0);
+}
+FERRY_FABRIC_CASE("engine writes arrive and immediates are counted",
+                  writes_arrive_with_counted_immediates)
+
+void backpressure_queues_never_fails(const std::string& provider) {
+  // 1000 writes with 16 in flight: the rest waits in the engine, nothing fails.
+  engine_pair ep(provider, 4 << 20, 16);
+  ep.start_both();
+  write_batch big;
+  big.peer = ep.peer;
+  for (uint64_t i = 0; i < 1000; ++i) big.ops.push_back(ep.op(i * 4096, i * 4096, 4096, i));
+  batch_waiter done;
+  big.done = done.callback();
+  // Small batches from another thread at the same time, into the last 96 KiB.
+  std::thread other([&] {
+    for (uint64_t b = 0; b < 24; ++b) {
+      write_batch small;
+      small.peer = ep.peer;
+      const uint64_t off = (1000 + b) * 4096;
+      small.ops.push_back(ep.op(off, off, 4096, 5000 + b));
+      small.done = done.callback();
+      ep.initiator->submit(std::move(small));
+    }
+  });
+  ep.initiator->submit(std::move(big));
+  other.join();
+
+  REQUIRE(done.wait(25));
+  uint32_t completed = 0;
+  for (const auto& r : done.results()) {
+    INFO(r.error);
+    CHECK(r.ok);
+    CHECK(r.failed == 0);
+    completed += r.completed;
+  }
+  CHECK(completed == 1024);
+  REQUIRE(ep.imms.wait_total(1024));
+  const auto counts = ep.imms.counts();
+  CHECK(counts.size() == 1024);  // every imm distinct, each counted once
+  bool all_once = true;
+  for (const auto& [imm, n] : counts) all_once &= n == 1;
+  CHECK(all_once);
+  CHECK(ep.same_bytes(0, 0, 1024 * 4096));
+}
+FERRY_FABRIC_CASE("engine back-pressure queues a batch larger than max_inflight",
+                  backpressure_queues_never_fails)
+
+void immediates_wait_for_credit(const std::string& provider) {
+  engine_pair ep(provider, 1 << 20);
+  imm_collector manual(/*auto_credit=*/false);
+  ep.target->start(manual.callback());
+  ep.initiator->start(nullptr);
+  batch_waiter done;
+
+  write_batch first;
+  first.peer = ep.peer;
+  for (uint64_t i = 0; i < 10; ++i) first.ops.push_back(ep.op(i * 256, i * 256, 256, 1));
+  first.done = done.callback();
+  ep.initiator->submit(std::move(first));
+  REQUIRE(manual.wait_callbacks(1));
+
+  // Credit withheld: whatever arrives now is aggregated, not delivered.
+  write_batch second;
+  second.peer = ep.peer;
+  for (uint64_t i = 0; i < 20; ++i) second.ops.push_back(ep.op(i * 256, 8192 + i * 256, 256, 2));
+  second.done = done.callback();
+  ep.initiator->submit(std::move(second));
+  REQUIRE(done.wait(2));
+  CHECK(manual.callbacks() == 1);
+
+  // Returning credit releases the aggregate promptly; keep returning until all 30 arrived.
+  const auto deadline = std::chrono::steady_clock::now() + wait_limit;
+  while (manual.total() < 30 && std::chrono::steady_clock::now() < deadline) {
+    const int seen = manual.callbacks();
+    ep.target->return_immediate_credit();
+    REQUIRE(manual.wait_callbacks(seen + 1));
+  }
+  CHECK(manual.total() == 30);
+  CHECK(manual.counts() == std::map<uint64_t, uint64_t>{{1, 10}, {2, 20}});
+  CHECK_FALSE(manual.duplicate_in_batch());
+}
+FERRY_FABRIC_CASE("engine delivers immediates one batch per credit", immediates_wait_for_credit)
+
+void removed_peer_fails_batches(const std::string& provider) {
+  engine_pair ep(provider, 1 << 20);
+  batch_waiter done;
+  auto make = [&](uint64_t imm) {
+    write_batch b;
+    b.peer = ep.peer;
+    b.ops = {ep.op(0, 0, 4096, imm), ep.op(4096, 4096, 4096, imm)};
+    b.done = done.callback();
+    return b;
+  };
+  // Queued before start, then the peer goes away: the queued batch fails.
+  ep.initiator->submit(make(1));
+  ep.initiator->remove_peer(ep.peer);
+  ep.start_both();
+  // Submitted after removal, while running.
+  ep.initiator->submit(make(2));
+  REQUIRE(done.wait(2));
+  for (const auto& r : done.results()) {
+    CHECK_FALSE(r.ok);
+    CHECK(r.completed == 0);
+    CHECK(r.failed == 2);
+    CHECK_THAT(r.error, Catch::Contains("peer removed"));
+  }
+
+  // Re-inserting makes the peer usable again.
+  auto p = ep.initiator->insert_peer(ep.target->local_address());
+  INFO(p.error);
+  REQUIRE(p);
+  write_batch again = make(3);
+  again.peer = p.value;
+  ep.initiator->submit(std::move(again));
+  REQUIRE(done.wait(3));
+  const auto r = done.results().at(2);
+  INFO(r.error);
+  CHECK(r.ok);
+  CHECK(r.completed == 2);
+  REQUIRE(ep.imms.wait_total(2));
+  CHECK(ep.same_bytes(0, 0, 8192));
+}
+FERRY_FABRIC_CASE("engine fails batches for a removed peer", removed_peer_fails_batches)
+
+void invalid_writes_fail_cleanly(const std::string& provider) {
+  engine_pair ep(provider, 1 << 20);
+  ep.start_both();
+  batch_waiter done;
+  write_batch bad;
+  bad.peer = ep.peer;
+  bad.ops = {ep.op(0, 0, 4096, 1), ep.op((1 << 20) - 10, 0, 4096, 1)};  // 2nd leaves the region
+  bad.done = done.callback();
+  ep.initiator->submit(std::move(bad));
+  write_batch unknown;
+  unknown.peer = ep.peer + 12345;
+  unknown.ops = {ep.op(0, 0, 64, 1)};
+  unknown.done = done.callback();
+  ep.initiator->submit(std::move(unknown));
+  write_batch empty;
+  empty.peer = ep.peer;
+  empty.done = done.callback();
+  ep.initiator->submit(std::move(empty));
+  REQUIRE(done.wait(3));
+  const auto results = done.results();
+  int invalid = 0, unknown_peer = 0, empty_ok = 0;
+  for (const auto& r : results) {
+    if (r.error.find("invalid write") != std::string::npos) {
+      ++invalid;
+      CHECK(r.failed == 1);
+      CHECK(r.completed == 1);
+    } else if (r.error.find("unknown peer") != std::string::npos) {
+      ++unknown_peer;
+      CHECK(r.failed == 1);
+    } else if (r.ok && r.completed == 0 && r.failed == 0) {
+      ++empty_ok;
+    }
+  }
+  CHECK(invalid == 1);
+  CHECK(unknown_peer == 1);
+  CHECK(empty_ok == 1);
+}
+FERRY_FABRIC_CASE("engine rejects invalid writes and unknown peers", invalid_writes_fail_cleanly)
+
+void stop_fails_pending(const std::string& provider) {
+  engine_pair ep(provider, 1 << 20);
+  batch_waiter done;
+  write_batch queued;
+  queued.peer = ep.peer;
+  queued.ops = {ep.op(0, 0, 4096, 1)};
+  queued.done = done.callback();
+  ep.initiator->submit(std::move(queued));  // never started: stays queued
+  ep.initiator->stop();
+  REQUIRE(done.wait(1));
+  CHECK_FALSE(done.results()[0].ok);
+  CHECK(done.results()[0].failed == 1);
+  CHECK_THAT(done.results()[0].error, Catch::Contains("engine stopped"));
+
+  // After stop: submit fails at once; stop is idempotent; start is refused.
+  write_batch late;
+  late.peer = ep.peer;
+  late.ops = {ep.op(0, 0, 4096, 1)};
+  late.done = done.callback();
+  ep.initiator->submit(std::move(late));
+  REQUIRE(done.wait(2));
+  CHECK_THAT(done.results()[1].error, Catch::Contains("engine stopped"));
+  ep.initiator->stop();
+  ep.initiator->start(nullptr);
+  ep.initiator->stop();
+
+  // A running engine stops with writes in flight or queued: every batch gets its callback.
+  ep.target->start(nullptr);
+  auto again = open_engine(provider, 4);
+  auto s = again->register_region(ep.src.data(), ep.src.size());
+  REQUIRE(s);
+  auto p = again->insert_peer(ep.target->local_address());
+  REQUIRE(p);
+  again->start(nullptr);
+  batch_waiter many;
+  for (int b = 0; b < 20; ++b) {
+    write_batch wb;
+    wb.peer = p.value;
+    for (uint64_t i = 0; i < 16; ++i) {
+      wb.ops.push_back(write_op{s.value, i * 4096, 4096, ep.dst_desc.remote_base + i * 4096,
+                                ep.dst_desc.key, 9});
+    }
+    wb.done = many.callback();
+    again->submit(std::move(wb));
+  }
+  again->stop();
+  REQUIRE(many.wait(20));
+  for (const auto& r : many.results()) {
+    CHECK(r.completed + r.failed == 16);
+    if (!r.ok) CHECK_THAT(r.error, Catch::Contains("engine stopped"));
+  }
+}
+FERRY_FABRIC_CASE("engine stop fails queued batches", stop_fails_pending)
+
+void idle_engines_use_little_cpu(const std::string& provider) {
+  engine_pair ep(provider, 1 << 20);
+  ep.start_both();
+  // Some traffic first, so the loops have been busy and must back off again.
+  batch_waiter done;
+  write_batch b;
+  b.peer = ep.peer;
+  for (uint64_t i = 0; i < 64; ++i) b.ops.push_back(ep.op(i * 4096, i * 4096, 4096, 1));
+  b.done = done.callback();
+  ep.initiator->submit(std::move(b));
+  REQUIRE(done.wait(1));
+  REQUIRE(ep.imms.wait_total(64));
+
+  auto cpu_now = [] {
+    timespec t{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+  };
+  const double c0 = cpu_now();
+  // A measurement interval, not synchronisation: both progress threads should sleep through it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  const double cpu = cpu_now() - c0;
+  INFO("process CPU while idle for 0.4 s: " << cpu << " s");
+  CHECK(cpu < 0.04);  // under 10 % of one core for two progress threads
+}
+FERRY_FABRIC_CASE("engine progress threads block when idle", idle_engines_use_little_cpu)
+
+// ----- two processes ----------------------------------------------------------------------------
+
+constexpr uint64_t fork_region = 8 << 20;
+constexpr uint64_t fork_writes = 300;
+
+/// Child side: an engine used only as a write target, reporting what arrived.
+[[noreturn]] void fork_target_child(const std::string& provider, int fd) {
+  auto fail = [fd](const std::string& text) {
+    std::string frame = "E" + text;
+    send_frame(fd, frame.data(), static_cast<uint32_t>(frame.size()));
+    ::_exit(1);
+  };
+  engine_config cfg;
+  cfg.provider = provider;
+  auto opened = engine::open(cfg);
+  if (!opened) fail(opened.error);
+  auto& eng = *opened.value;
+  std::vector<uint8_t> region(fork_region, 0);
+  auto reg = eng.register_region(region.data(), region.size());
+  if (!reg) fail(reg.error);
+  imm_collector imms;
+  imms.attach(&eng);
+  eng.start(imms.callback());
+
+  const region_desc desc = eng.describe(reg.value);
+  const std::vector<uint8_t> addr = eng.local_address();
+  std::vector<uint8_t> hello(1 + sizeof desc + addr.size());
+  hello[0] = 'A';
+  std::memcpy(hello.data() + 1, &desc, sizeof desc);
+  std::memcpy(hello.data() + 1 + sizeof desc, addr.data(), addr.size());
+  send_frame(fd, hello.data(), static_cast<uint32_t>(hello.size()));
+
+  if (!imms.wait_total(fork_writes)) fail("timed out waiting for immediates");
+  std::vector<uint8_t> report(1 + 8);
+  report[0] = 'R';
+  const uint64_t sum = fnv1a(region.data(), region.size());
+  std::memcpy(report.data() + 1, &sum, 8);
+  for (const auto& [imm, n] : imms.counts()) {
+    const uint64_t pair[2] = {imm, n};
+    report.insert(report.end(), reinterpret_cast<const uint8_t*>(pair),
+                  reinterpret_cast<const uint8_t*>(pair) + sizeof pair);
+  }
+  send_frame(fd, report.data(), static_cast<uint32_t>(report.size()));
+  std::vector<uint8_t> bye;
+  recv_frame(fd, bye);  // keep the endpoint up until the parent is done with it
+  eng.stop();
+  ::_exit(0);
+}
+
+void two_processes(const std::string& provider) {
+  require_provider(provider);
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  std::fflush(nullptr);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::close(sv[0]);
+    try {
+      fork_target_child(provider, sv[1]);
+    } catch (...) {
+      ::_exit(2);
+    }
+  }
+  ::close(sv[1]);
+  const int fd = sv[0];
+  struct reaper {  // never leave the child behind, whatever REQUIRE does
+    pid_t pid;
+    int fd;
+    ~reaper() {
+      ::close(fd);
+      int status = 0;
+      if (::waitpid(pid, &status, WNOHANG) == 0) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+      }
+    }
+  } reap{child, fd};
+
+  std::vector<uint8_t> frame;
+  REQUIRE(recv_frame(fd, frame));
+  REQUIRE(!frame.empty());
+  if (frame[0] == 'E') FAIL("child: " << std::string(frame.begin() + 1, frame.end()));
+  REQUIRE(frame[0] == 'A');
+  region_desc desc;
+  std::memcpy(&desc, frame.data() + 1, sizeof desc);
+  const std::vector<uint8_t> addr(frame.begin() + 1 + sizeof desc, frame.end());
+  REQUIRE(desc.length == fork_region);
+
+  auto eng = open_engine(provider, 32);
+  std::vector<uint8_t> src(fork_region);
+  fill_pattern(src, 3);
+  auto reg = eng->register_region(src.data(), src.size());
+  REQUIRE(reg);
+  auto peer = eng->insert_peer(addr);
+  INFO(peer.error);
+  REQUIRE(peer);
+  eng->start(nullptr);
+
+  // The expected target image: zeros plus the written ranges.
+  std::vector<uint8_t> expected(fork_region, 0);
+  std::map<uint64_t, uint64_t> expected_imms;
+  batch_waiter done;
+  const uint64_t sizes[] = {64, 4096, 20000, 65536};
+  uint64_t off = 0;
+  for (int b = 0; b < 3; ++b) {  // three requests, each its own imm
+    write_batch batch;
+    batch.peer = peer.value;
+    for (uint64_t i = 0; i < fork_writes / 3; ++i) {
+      const uint64_t len = sizes[i % 4];
+      batch.ops.push_back(
+          write_op{reg.value, off, len, desc.remote_base + off, desc.key, 77 + uint64_t(b)});
+      std::memcpy(expected.data() + off, src.data() + off, len);
+      off += len + 8;
+    }
+    expected_imms[77 + b] = fork_writes / 3;
+    batch.done = done.callback();
+    eng->submit(std::move(batch));
+  }
+  REQUIRE(off <= fork_region);
+  REQUIRE(done.wait(3));
+  for (const auto& r : done.results()) {
+    INFO(r.error);
+    CHECK(r.ok);
+    CHECK(r.completed == fork_writes / 3);
+  }
+
+  REQUIRE(recv_frame(fd, frame));
+  if (frame[0] == 'E') FAIL("child: " << std::string(frame.begin() + 1, frame.end()));
+  REQUIRE(frame[0] == 'R');
+  uint64_t sum = 0;
+  std::memcpy(&sum, frame.data() + 1, 8);
+  std::map<uint64_t, uint64_t> imms;
+  for (size_t at = 9; at + 16 <= frame.size(); at += 16) {
+    uint64_t pair[2];
+    std::memcpy(pair, frame.data() + at, 16);
+    imms[pair[0]] = pair[1];
+  }
+  CHECK(sum == fnv1a(expected.data(), expected.size()));
+  CHECK(imms == expected_imms);
+
+  eng->stop();
+  const char bye = 'B';
+  send_frame(fd, &bye, 1);
+  REQUIRE(wait_eof(fd));
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+FERRY_FABRIC_CASE("engine writes into a separate target process", two_processes)
+
+}  // namespace
+
+TEST_CASE("engine names a missing provider", "[fabric]") {
+  engine_config cfg;
+  cfg.provider = "nope";
+  auto r = engine::open(cfg);
+  REQUIRE_FALSE(r);
+  CHECK_THAT(r.error, Catch::StartsWith("fabric provider 'nope' is not available on this machine "
+                                        "(fi_getinfo: "));
+  CHECK(r.value == nullptr);
+}
+
+TEST_CASE("engine rejects max_inflight_writes of zero", "[fabric]") {
+  engine_config cfg;
+  cfg.max_inflight_writes = 0;
+  auto r = engine::open(cfg);
+  REQUIRE_FALSE(r);
+  CHECK_THAT(r.error, Catch::Contains("max_inflight_writes"));
+}
+
+TEST_CASE("engine reports the provider in use (tcp resolves to rxm)", "[fabric][tcp]") {
+  require_provider("tcp");
+  auto e = open_engine("tcp");
+  CHECK_THAT(e->provider_name(), Catch::StartsWith("tcp"));
+  CHECK_FALSE(e->local_address().empty());
+}

@@ -1,0 +1,236 @@
+#pragma once
+/// Helpers for the [fabric] tests: provider skip, bounded waits on callbacks, memory patterns.
+
+#include <rdma/fabric.h>
+#include <rdma/fi_errno.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "transport/engine.hpp"
+
+namespace ferry::test {
+
+/// Every wait in these tests is bounded by this; exceeding it fails the test.
+inline constexpr std::chrono::seconds wait_limit{20};
+
+/// Exit code ctest reports as SKIPPED (SKIP_RETURN_CODE in tests/CMakeLists.txt).
+inline constexpr int skip_exit_code = 4;
+
+/// Whether libfabric offers an RDM endpoint with RMA for `provider` on this machine.
+inline bool provider_available(const std::string& provider) {
+  fi_info* hints = fi_allocinfo();
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->caps = FI_RMA | FI_MSG | FI_WRITE | FI_REMOTE_WRITE;
+  hints->mode = FI_CONTEXT | FI_CONTEXT2 | FI_RX_CQ_DATA;
+  hints->domain_attr->mr_mode =
+      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  hints->fabric_attr->prov_name = ::strdup(provider.c_str());
+  fi_info* info = nullptr;
+  const int rc = fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints, &info);
+  fi_freeinfo(hints);
+  if (info != nullptr) fi_freeinfo(info);
+  return rc == 0;
+}
+
+/// Skip the running test case (exit code 4) when `provider` is missing. Catch2 v2 has no SKIP,
+/// and ctest runs each TEST_CASE in its own process, so exiting skips exactly this case.
+inline void require_provider(const std::string& provider) {
+  if (provider_available(provider)) return;
+  std::fprintf(stderr, "SKIPPED: libfabric provider '%s' is not available on this machine\n",
+               provider.c_str());
+  std::fflush(nullptr);
+  std::exit(skip_exit_code);
+}
+
+/// Collects batch results delivered on the progress thread.
+class batch_waiter {
+ public:
+  /// A `done` callback recording into this waiter (which must outlive the batch).
+  std::function<void(transport::batch_result)> callback() {
+    return [this](transport::batch_result r) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        results_.push_back(std::move(r));
+      }
+      cv_.notify_all();
+    };
+  }
+  /// Wait until `count` results arrived; false on timeout.
+  bool wait(size_t count) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return cv_.wait_for(lock, wait_limit, [&] { return results_.size() >= count; });
+  }
+  std::vector<transport::batch_result> results() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return results_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<transport::batch_result> results_;
+};
+
+/// Accumulates `immediates` callbacks; by default returns the credit right away.
+class imm_collector {
+ public:
+  explicit imm_collector(bool auto_credit = true) : auto_credit_(auto_credit) {}
+
+  /// Bind to the engine whose credit this collector returns.
+  void attach(transport::engine* e) { engine_ = e; }
+
+  std::function<void(transport::immediate_counts)> callback() {
+    return [this](transport::immediate_counts counts) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        std::map<uint64_t, int> seen;
+        for (const auto& [imm, n] : counts) {
+          if (++seen[imm] > 1) duplicate_in_batch_ = true;  // aggregation must merge these
+          counts_[imm] += n;
+          total_ += n;
+        }
+        ++callbacks_;
+      }
+      cv_.notify_all();
+      if (auto_credit_ && engine_ != nullptr) engine_->return_immediate_credit();
+    };
+  }
+  /// Wait until at least `n` immediates arrived in total; false on timeout.
+  bool wait_total(uint64_t n) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return cv_.wait_for(lock, wait_limit, [&] { return total_ >= n; });
+  }
+  /// Wait until at least `n` callbacks ran; false on timeout.
+  bool wait_callbacks(int n) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return cv_.wait_for(lock, wait_limit, [&] { return callbacks_ >= n; });
+  }
+  std::map<uint64_t, uint64_t> counts() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return counts_;
+  }
+  uint64_t total() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return total_;
+  }
+  int callbacks() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return callbacks_;
+  }
+  bool duplicate_in_batch() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return duplicate_in_batch_;
+  }
+
+ private:
+  bool auto_credit_;
+  transport::engine* engine_ = nullptr;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::map<uint64_t, uint64_t> counts_;
+  uint64_t total_ = 0;
+  int callbacks_ = 0;
+  bool duplicate_in_batch_ = false;
+};
+
+/// Deterministic, position-dependent bytes so misplaced writes are detected.
+inline void fill_pattern(std::vector<uint8_t>& buf, uint32_t seed) {
+  uint64_t x = 0x9E3779B97F4A7C15ull * (seed + 1);
+  for (auto& b : buf) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    b = static_cast<uint8_t>(x);
+  }
+}
+
+/// FNV-1a over a byte range.
+inline uint64_t fnv1a(const uint8_t* p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+/// Open an engine or fail the test with the engine's error text.
+inline std::unique_ptr<transport::engine> open_engine(const std::string& provider,
+                                                      uint32_t max_inflight = 64) {
+  transport::engine_config cfg;
+  cfg.provider = provider;
+  cfg.max_inflight_writes = max_inflight;
+  auto r = transport::engine::open(cfg);
+  INFO(r.error);
+  REQUIRE(r);
+  return std::move(r.value);
+}
+
+// ----- a tiny framed channel over a socketpair, for forked-process tests -----------------------
+
+/// Send one length-prefixed frame; false on error.
+inline bool send_frame(int fd, const void* data, uint32_t len) {
+  auto put = [fd](const void* p, size_t n) {
+    const char* c = static_cast<const char*>(p);
+    while (n > 0) {
+      ssize_t k = ::send(fd, c, n, MSG_NOSIGNAL);
+      if (k <= 0) return false;
+      c += k;
+      n -= static_cast<size_t>(k);
+    }
+    return true;
+  };
+  return put(&len, sizeof len) && put(data, len);
+}
+
+/// Receive one frame within `limit`; false on timeout, EOF or error.
+inline bool recv_frame(int fd, std::vector<uint8_t>& out,
+                       std::chrono::milliseconds limit = wait_limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  auto get = [&](void* p, size_t n) {
+    char* c = static_cast<char*>(p);
+    while (n > 0) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      pollfd pfd{fd, POLLIN, 0};
+      if (left.count() <= 0 || ::poll(&pfd, 1, static_cast<int>(left.count())) <= 0) return false;
+      ssize_t k = ::recv(fd, c, n, 0);
+      if (k <= 0) return false;
+      c += k;
+      n -= static_cast<size_t>(k);
+    }
+    return true;
+  };
+  uint32_t len = 0;
+  if (!get(&len, sizeof len)) return false;
+  out.resize(len);
+  return get(out.data(), len);
+}
+
+/// Wait until the peer closes its end of the socket (child exited); false on timeout.
+inline bool wait_eof(int fd, std::chrono::milliseconds limit = wait_limit) {
+  std::vector<uint8_t> sink;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  char buf[256];
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    pollfd pfd{fd, POLLIN, 0};
+    if (left.count() <= 0 || ::poll(&pfd, 1, static_cast<int>(left.count())) <= 0) return false;
+    ssize_t k = ::recv(fd, buf, sizeof buf, 0);
+    if (k <= 0) return true;
+  }
+}
+
+}  // namespace ferry::test

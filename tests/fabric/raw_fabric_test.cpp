@@ -1,0 +1,96 @@
+// The raw-libfabric benchmark baseline (src/bench/raw_fabric.*) moves the right bytes.
+#include "bench/raw_fabric.hpp"
+
+#include <sys/socket.h>
+#include <sys/wait.h>
+
+#include <csignal>
+
+#include "fabric_test_util.hpp"
+
+using namespace ferry::bench;
+using namespace ferry::test;
+
+namespace {
+
+void raw_target_in_child(const std::string& provider) {
+  require_provider(provider);
+  constexpr uint64_t region = 8 << 20;
+  // Mixed sizes, destination order shuffled against the source, 16 in flight.
+  std::vector<raw_write> writes;
+  const uint64_t sizes[] = {1 << 20, 65536, 4096, 100, 262144};
+  uint64_t dst = 0;
+  for (uint64_t i = 0; i < 40; ++i) {
+    const uint64_t len = sizes[i % 5];
+    if (dst + len > region) break;
+    writes.push_back(raw_write{(i * 7919) % (region - len), dst, len});
+    dst += len;
+  }
+
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  std::fflush(nullptr);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::close(sv[0]);
+    std::vector<uint8_t> target(region, 0);
+    raw_options o;
+    o.provider = provider;
+    o.timeout_ms = 15000;
+    auto r = raw_target(o, sv[1], target.data(), target.size(), writes.size(), true);
+    ::_exit(r.error.empty() ? 0 : 1);
+  }
+  ::close(sv[1]);
+
+  std::vector<uint8_t> source(region);
+  fill_pattern(source, 11);
+  std::vector<uint8_t> expected(region, 0);
+  for (const auto& w : writes) {
+    std::memcpy(expected.data() + w.dst_offset, source.data() + w.src_offset, w.length);
+  }
+  raw_options o;
+  o.provider = provider;
+  o.timeout_ms = 15000;
+  auto r = raw_initiator(o, sv[0], source.data(), source.size(), writes, 16);
+  ::close(sv[0]);
+  int status = 0;
+  if (!r.error.empty()) ::kill(child, SIGKILL);
+  REQUIRE(::waitpid(child, &status, 0) == child);
+
+  INFO(r.error);
+  REQUIRE(r.error.empty());
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(r.target_writes == writes.size());
+  CHECK(r.target_checksum == raw_checksum(expected.data(), expected.size()));
+  CHECK(r.bytes == dst);
+  CHECK(r.seconds > 0);
+}
+
+}  // namespace
+
+TEST_CASE("raw fabric baseline writes into a target process (tcp)", "[fabric][tcp]") {
+  raw_target_in_child("tcp");
+}
+TEST_CASE("raw fabric baseline writes into a target process (shm)", "[fabric][shm]") {
+  raw_target_in_child("shm");
+}
+
+TEST_CASE("raw fabric baseline reports a missing provider to both sides", "[fabric]") {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  raw_options o;
+  o.provider = "nope";
+  o.timeout_ms = 5000;
+  std::vector<uint8_t> buf(4096);
+  // The target fails before publishing and tells the initiator, which must not hang.
+  auto t = raw_target(o, sv[1], buf.data(), buf.size(), 1, false);
+  CHECK_THAT(t.error, Catch::StartsWith("fabric provider 'nope' is not available"));
+  o.provider = "tcp";
+  if (!provider_available("tcp")) return;
+  auto i = raw_initiator(o, sv[0], buf.data(), buf.size(), {raw_write{0, 0, 64}}, 1);
+  CHECK_THAT(i.error, Catch::Contains("fabric provider 'nope' is not available"));
+  ::close(sv[0]);
+  ::close(sv[1]);
+}

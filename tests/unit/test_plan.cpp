@@ -1,0 +1,172 @@
+#include <catch2/catch.hpp>
+
+#include "core/plan.hpp"
+
+using namespace ferry;
+
+namespace {
+pools_config qwen_like(uint64_t pages = 64, uint32_t page_tokens = 1) {
+  pools_config c;
+  c.kv = kv_pool_config{{3, 7}, page_tokens, 2, 256, 2, false, pages};
+  mamba_pool_config m;
+  m.slots = 4;
+  m.layer_ids = {0, 1, 2};
+  m.tensors = {{"conv", {8192, 3}, 2, 0, {2048, 2048, 4096}}, {"temporal", {32, 128, 128}, 4, 0, {}}};
+  c.mamba = m;
+  c.aux = aux_pool_config{8, 5632};
+  return c;
+}
+}  // namespace
+
+TEST_CASE("coalescing splits where either side breaks contiguity", "[unit][plan]") {
+  const std::vector<uint32_t> src{10, 11, 12, 40, 41};
+  const std::vector<uint32_t> dst{7, 8, 9, 10, 11};
+  auto runs = coalesce_runs(src, dst);
+  REQUIRE(runs == std::vector<page_run>{{10, 7, 3}, {40, 10, 2}});
+
+  SECTION("a break on the destination side alone also splits") {
+    const std::vector<uint32_t> s{1, 2, 3};
+    const std::vector<uint32_t> d{5, 6, 9};
+    REQUIRE(coalesce_runs(s, d) == std::vector<page_run>{{1, 5, 2}, {3, 9, 1}});
+  }
+  SECTION("empty lists give no runs") {
+    REQUIRE(coalesce_runs({}, {}).empty());
+  }
+  SECTION("fully contiguous lists give one run") {
+    std::vector<uint32_t> s(4096), d(4096);
+    for (uint32_t i = 0; i < 4096; ++i) s[i] = 100 + i, d[i] = 7 + i;
+    REQUIRE(coalesce_runs(s, d) == std::vector<page_run>{{100, 7, 4096}});
+  }
+}
+
+TEST_CASE("fragmented pages give two writes per layer buffer", "[unit][plan]") {
+  auto cfg = qwen_like();
+  auto layout = make_layout(cfg);
+  const std::vector<uint32_t> src{10, 11, 12, 40, 41};
+  const std::vector<uint32_t> dst{7, 8, 9, 10, 11};
+  std::vector<planned_write> w;
+  plan_kv(layout[pool_kind::kv], layout[pool_kind::kv], coalesce_runs(src, dst), w);
+  const auto& bufs = layout[pool_kind::kv].buffers;
+  REQUIRE(bufs.size() == 4);  // K and V for 2 layers
+  REQUIRE(w.size() == 2 * 4);
+  // First run, first buffer (K of layer 3): pages 10..12 -> 7..9, 1 KiB per page.
+  CHECK(w[0] == planned_write{pool_kind::kv, bufs[0].offset + 10 * 1024, bufs[0].offset + 7 * 1024, 3 * 1024});
+  // Second run, last buffer (V of layer 7).
+  CHECK(w[7] == planned_write{pool_kind::kv, bufs[3].offset + 40 * 1024, bufs[3].offset + 10 * 1024, 2 * 1024});
+}
+
+TEST_CASE("layouts put K then V buffers, tensor-major state, aligned", "[unit][plan]") {
+  auto cfg = qwen_like(64, 16);
+  auto l = make_layout(cfg);
+  const auto& kv = l[pool_kind::kv];
+  REQUIRE(kv.buffers.size() == 4);
+  CHECK(kv.buffers[0].kind == buffer_kind::k);
+  CHECK(kv.buffers[0].layer_id == 3);
+  CHECK(kv.buffers[2].kind == buffer_kind::v);
+  CHECK(kv.buffers[2].layer_id == 3);
+  CHECK(kv.buffers[0].item_bytes == 16 * 1024);
+  for (const auto& b : kv.buffers) CHECK(b.offset % 4096 == 0);
+  const auto& st = l[pool_kind::state];
+  REQUIRE(st.buffers.size() == 6);
+  CHECK(st.buffers[0].item_bytes == 49152);
+  CHECK(st.buffers[3].item_bytes == 2097152);
+  CHECK(st.buffers[3].tensor == 1);
+  CHECK(st.buffers[3].layer_id == 0);
+  CHECK(l[pool_kind::aux].total_bytes == 8 * 5632);
+
+  SECTION("MLA has one buffer per layer") {
+    cfg.kv->mla = true;
+    CHECK(make_layout(cfg)[pool_kind::kv].buffers.size() == 2);
+  }
+}
+
+TEST_CASE("state goes as one slot pair, split into pieces", "[unit][plan]") {
+  auto cfg = qwen_like();
+  auto l = make_layout(cfg);
+  std::vector<planned_write> w;
+  plan_state(l[pool_kind::state], l[pool_kind::state], 1, 3, w);
+  REQUIRE(w.size() == 6);
+  const auto& b = l[pool_kind::state].buffers;
+  CHECK(w[4] == planned_write{pool_kind::state, b[4].offset + 2097152, b[4].offset + 3 * 2097152, 2097152});
+  split_pieces(w, 1 << 20);
+  // 3 conv writes stay whole, 3 temporal writes become 2 pieces each.
+  REQUIRE(w.size() == 9);
+  uint64_t total = 0;
+  for (const auto& x : w) {
+    total += x.length;
+    CHECK(x.length <= (1u << 20));
+  }
+  CHECK(total == 3 * 49152 + 3 * 2097152);
+  CHECK(w[4].src_offset == w[3].src_offset + (1 << 20));
+}
+
+TEST_CASE("index checks name the index, its position and the pool size", "[unit][plan]") {
+  const std::vector<uint32_t> pages{1, 2, 9000};
+  auto e = check_indices(pages, 8192, "dst page", "pages");
+  REQUIRE(e);
+  CHECK(*e == "dst page 9000 (position 2) is outside the pool of 8192 pages");
+  CHECK_FALSE(check_indices(pages, 9001, "dst page", "pages"));
+}
+
+TEST_CASE("chunks map onto the decode page list by position", "[unit][plan]") {
+  chunk_cursor c(10);
+  uint32_t first = 99;
+  REQUIRE_FALSE(c.take(4, false, first));
+  CHECK(first == 0);
+  REQUIRE_FALSE(c.take(3, false, first));
+  CHECK(first == 4);
+  SECTION("overrun is rejected") {
+    auto e = c.take(4, false, first);
+    REQUIRE(e);
+    CHECK(*e == "chunk of 4 pages at position 7 goes beyond the decode's page list of 10 pages");
+  }
+  SECTION("a short last chunk is rejected") {
+    auto e = c.take(2, true, first);
+    REQUIRE(e);
+    CHECK(*e == "last chunk ends at page position 9 but the decode prepared 10 pages");
+  }
+  SECTION("after the last chunk nothing more is accepted") {
+    REQUIRE_FALSE(c.take(3, true, first));
+    CHECK(c.finished());
+    auto e = c.take(0, true, first);
+    REQUIRE(e);
+    CHECK(e->find("the last chunk was already sent") == 0);
+  }
+  SECTION("a zero-page last chunk is fine when all pages were sent") {
+    REQUIRE_FALSE(c.take(3, false, first));
+    REQUIRE_FALSE(c.take(0, true, first));
+    CHECK(first == 10);
+  }
+}
+
+TEST_CASE("commit needs the announced total, in either order", "[unit][plan]") {
+  using st = commit_counter::state;
+  commit_counter a;
+  CHECK(a.add_landed(5) == st::pending);
+  CHECK(a.announce(7) == st::pending);
+  CHECK(a.add_landed(2) == st::complete);
+  commit_counter b;
+  CHECK(b.announce(3) == st::pending);
+  CHECK(b.add_landed(3) == st::complete);
+  commit_counter c;
+  CHECK(c.add_landed(4) == st::pending);
+  CHECK(c.announce(3) == st::overflow);
+}
+
+TEST_CASE("compatibility names the first difference", "[unit][plan]") {
+  auto a = qwen_like();
+  auto b = qwen_like(999);  // pool sizes may differ
+  CHECK_FALSE(first_incompatibility(a, b));
+  CHECK(compatibility_hash(a) == compatibility_hash(b));
+  b.kv->page_tokens = 16;
+  auto e = first_incompatibility(a, b);
+  REQUIRE(e);
+  CHECK(*e == "kv.page_tokens differs: prefill has 1, decode has 16");
+  CHECK(compatibility_hash(a) != compatibility_hash(b));
+  auto c = qwen_like();
+  c.mamba->tensors[1].dtype_bytes = 2;
+  CHECK(*first_incompatibility(a, c) == "mamba.tensors[1].dtype_bytes differs: prefill has 4, decode has 2");
+  auto d = qwen_like();
+  d.aux.reset();
+  CHECK(*first_incompatibility(a, d) == "pool aux is present on prefill but absent on decode");
+}

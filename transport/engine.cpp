@@ -1,0 +1,1000 @@
+#include "transport/engine.hpp"
+
+#include <poll.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_rma.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <list>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "transport/fabric_handles.hpp"
+#include "transport/log.hpp"
+
+namespace ferry::transport {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+/// mr_mode bits the engine knows how to honour (requested in the hints, checked on read-back).
+constexpr uint64_t handled_mr_mode =
+    FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+/// Mode bits the engine supports: its contexts start with an fi_context2, and it can pre-post
+/// receives for providers that consume one per arriving remote CQ data.
+constexpr uint64_t handled_mode = FI_CONTEXT | FI_CONTEXT2 | FI_RX_CQ_DATA;
+
+/// Completions read per fi_cq_read: one batch amortises the provider's progress call.
+constexpr size_t cq_batch = 64;
+/// Receives kept posted when the provider needs FI_RX_CQ_DATA.
+constexpr size_t rx_posted = 256;
+/// Empty polls continue this long before blocking: a burst's next write or completion usually
+/// arrives within microseconds, and a blocking wait costs a wake-up of tens of microseconds.
+constexpr auto spin_budget = std::chrono::microseconds(30);
+/// Upper bound of one blocking wait on the CQ fd; only a safety net against a lost wake-up.
+constexpr auto fd_wait_cap = std::chrono::milliseconds(50);
+/// Without a wait fd the loop sleeps in growing steps: short while traffic was recent (latency),
+/// long when idle (CPU). 1 ms idle steps cost well under 1 % of a core.
+constexpr auto sleep_first = std::chrono::microseconds(20);
+constexpr auto sleep_cap_recent = std::chrono::microseconds(200);
+constexpr auto sleep_cap_idle = std::chrono::milliseconds(1);
+constexpr auto recent_window = std::chrono::milliseconds(20);
+/// How long `stop` waits for posted writes to complete before failing them.
+constexpr auto stop_drain_limit = std::chrono::seconds(2);
+
+const char* const stopped_text = "engine stopped";
+
+bool is_ip_addr_format(uint32_t fmt) {
+  return fmt == FI_SOCKADDR || fmt == FI_SOCKADDR_IN || fmt == FI_SOCKADDR_IN6;
+}
+
+std::string mr_mode_text(uint64_t bits) {
+  static const std::pair<uint64_t, const char*> names[] = {
+      {FI_MR_BASIC, "FI_MR_BASIC"},         {FI_MR_SCALABLE, "FI_MR_SCALABLE"},
+      {FI_MR_LOCAL, "FI_MR_LOCAL"},         {FI_MR_RAW, "FI_MR_RAW"},
+      {FI_MR_VIRT_ADDR, "FI_MR_VIRT_ADDR"}, {FI_MR_ALLOCATED, "FI_MR_ALLOCATED"},
+      {FI_MR_PROV_KEY, "FI_MR_PROV_KEY"},   {FI_MR_MMU_NOTIFY, "FI_MR_MMU_NOTIFY"},
+      {FI_MR_RMA_EVENT, "FI_MR_RMA_EVENT"}, {FI_MR_ENDPOINT, "FI_MR_ENDPOINT"},
+      {FI_MR_HMEM, "FI_MR_HMEM"},           {FI_MR_COLLECTIVE, "FI_MR_COLLECTIVE"}};
+  std::string out;
+  for (const auto& [bit, name] : names) {
+    if ((bits & bit) != 0) out += (out.empty() ? "" : "|") + std::string(name);
+  }
+  return out.empty() ? "0" : out;
+}
+
+/// Per-batch bookkeeping, owned by the engine from `submit` until `done` has run.
+struct batch_state {
+  explicit batch_state(write_batch b) : batch(std::move(b)) {}
+  write_batch batch;
+  size_t next = 0;           ///< index of the next op to post
+  uint32_t outstanding = 0;  ///< posted, not yet completed
+  bool in_pending = false;   ///< still referenced by pending_ (must not finish yet)
+  batch_result result;
+  std::list<std::unique_ptr<batch_state>>::iterator self;  ///< position in live_
+
+  /// Whether every op has been posted or given up on.
+  bool all_posted() const { return next >= batch.ops.size(); }
+  /// Record a failure; the first one names the batch's error.
+  void fail(uint32_t count, const std::string& why) {
+    result.ok = false;
+    result.failed += count;
+    if (result.error.empty()) result.error = why;
+  }
+  /// Give up on the ops not yet posted.
+  void abort_unposted(const std::string& why) {
+    if (all_posted()) return;
+    fail(static_cast<uint32_t>(batch.ops.size() - next), why);
+    next = batch.ops.size();
+  }
+};
+
+/// Context handed to the provider with every operation. FI_CONTEXT/FI_CONTEXT2 let the provider
+/// use the first bytes, so the fi_context2 comes first and stays untouched by us.
+struct op_context {
+  enum class kind : uint8_t { write, receive };
+  fi_context2 provider_scratch{};
+  kind what = kind::write;
+  batch_state* batch = nullptr;
+};
+
+/// A queued request for the progress thread; FIFO order between submissions and commands keeps
+/// e.g. "submit to P, remove P" failing that submission with "peer removed".
+struct work_item {
+  std::unique_ptr<batch_state> batch;  ///< a submission, or
+  std::function<void()> task;          ///< a command to run on the progress thread
+};
+
+/// Run a user callback without letting an exception kill the progress thread.
+template <class F, class... A>
+void invoke_callback(spdlog::logger& log, const char* what, F& f, A&&... args) {
+  if (!f) return;
+  try {
+    f(std::forward<A>(args)...);
+  } catch (const std::exception& e) {
+    log.error("{} callback threw: {}", what, e.what());
+  } catch (...) {
+    log.error("{} callback threw a non-standard exception", what);
+  }
+}
+
+class fabric_engine final : public engine {
+ public:
+  fabric_engine() = default;
+  ~fabric_engine() override { stop(); }
+
+  std::string init(const engine_config& cfg);
+
+  result<region_id> register_region(void* base, uint64_t length) override;
+  region_desc describe(region_id id) const override;
+  std::vector<uint8_t> local_address() const override { return address_; }
+  std::string provider_name() const override { return provider_; }
+
+  void start(std::function<void(immediate_counts)> immediates) override;
+  void stop() override;
+
+  result<peer_handle> insert_peer(const std::vector<uint8_t>& address) override;
+  void remove_peer(peer_handle peer) override;
+
+  void submit(write_batch batch) override;
+  void return_immediate_credit() override;
+
+ private:
+  struct region {
+    void* base = nullptr;
+    uint64_t length = 0;
+    mr_ptr mr;
+    void* desc = nullptr;  ///< fi_mr_desc when the provider wants FI_MR_LOCAL, else null
+    region_desc remote;
+  };
+
+  enum class run_state { idle, running, draining, stopped };
+  enum class wait_kind { fd, sleep };
+
+  std::string open_cq();
+  std::string post_receives(size_t count);
+
+  /// Run `fn` with exclusive use of the fabric objects: on the progress thread if it is running
+  /// (waiting for the result), else directly on the caller's thread.
+  template <class R>
+  R run_exclusive(std::function<R()> fn);
+
+  bool on_progress_thread() const {
+    return progress_thread_id_.load(std::memory_order_acquire) == std::this_thread::get_id();
+  }
+  void wake();
+
+  result<region_id> do_register_region(void* base, uint64_t length);
+  result<peer_handle> do_insert_peer(const std::vector<uint8_t>& address);
+  void do_remove_peer(peer_handle peer);
+
+  void run();
+  bool take_queue();
+  void admit(std::unique_ptr<batch_state> b);
+  bool post_writes();
+  size_t read_completions();
+  void handle_error_entry();
+  void repost_receive(op_context* ctx);
+  void complete_op(op_context* ctx, bool ok, const std::string& why);
+  void maybe_finish(batch_state* b);
+  bool deliver_immediates();
+  void block(bool recent_traffic, clock_type::duration& sleep_step);
+  void drain_and_fail_all();
+
+  engine_config cfg_;
+  std::shared_ptr<spdlog::logger> log_;
+  std::string provider_;
+  std::vector<uint8_t> address_;
+  uint64_t mr_mode_ = 0;
+  bool rx_cq_data_ = false;
+  uint64_t next_requested_key_ = 1;
+
+  // libfabric objects, declared in open order so destruction closes ep, cq, mr, av, domain,
+  // fabric. The op contexts are declared before cq/ep so the provider never outlives them.
+  info_ptr info_;
+  fabric_ptr fabric_;
+  domain_ptr domain_;
+  av_ptr av_;
+  std::deque<region> regions_;  ///< deque: appends keep references stable
+  mutable std::mutex regions_mutex_;
+  std::vector<op_context> write_contexts_;
+  std::vector<op_context> receive_contexts_;
+  cq_ptr cq_;
+  ep_ptr ep_;
+
+  // Waiting.
+  wait_kind wait_kind_ = wait_kind::sleep;
+  int cq_wait_fd_ = -1;  ///< owned by the CQ
+  unique_fd wake_fd_;
+  std::atomic<bool> sleeping_{false};
+
+  // Cross-thread state.
+  std::mutex lifecycle_mutex_;  ///< serialises start/stop
+  std::mutex fabric_mutex_;     ///< held by the progress thread for its lifetime; direct calls
+                                ///< before start / after stop take it to stay exclusive
+  std::mutex queue_mutex_;
+  std::deque<work_item> queue_;  ///< guarded by queue_mutex_
+  run_state state_ = run_state::idle;  ///< guarded by queue_mutex_
+  std::atomic<bool> queue_nonempty_{false};
+  std::atomic<bool> stop_requested_{false};
+  std::atomic<bool> credit_returned_{false};
+  std::atomic<std::thread::id> progress_thread_id_{};
+  std::thread thread_;
+  std::function<void(immediate_counts)> immediates_;
+
+  // Progress-thread state (or the direct caller's under fabric_mutex_).
+  std::unordered_set<fi_addr_t> peers_;
+  std::unordered_set<fi_addr_t> removed_peers_;
+  std::list<std::unique_ptr<batch_state>> live_;  ///< every batch not yet finished
+  std::deque<batch_state*> pending_;              ///< batches with ops left to post, FIFO
+  std::vector<op_context*> free_contexts_;
+  uint32_t inflight_ = 0;
+  bool credit_ = true;
+  immediate_counts imm_batch_;
+  std::unordered_map<uint64_t, size_t> imm_index_;  ///< imm -> position in imm_batch_
+};
+
+// ---------------------------------------------------------------------------------------------
+// Opening
+
+std::string fabric_engine::init(const engine_config& cfg) {
+  cfg_ = cfg;
+  log_ = transport_log();
+  if (cfg.max_inflight_writes == 0) {
+    return "fabric.max_inflight_writes: expected a positive integer, got 0";
+  }
+
+  info_ptr hints(fi_allocinfo());
+  if (!hints) return "fi_allocinfo: out of memory";
+  hints->ep_attr->type = FI_EP_RDM;
+  // FI_MSG keeps ofi_rxm willing to layer over tcp; we never send messages.
+  hints->caps = FI_RMA | FI_MSG | FI_WRITE | FI_REMOTE_WRITE;
+  hints->mode = handled_mode;
+  hints->domain_attr->mr_mode = handled_mr_mode;
+  // Only one thread touches the domain at a time (progress thread, or callers before start),
+  // so the provider may skip its own locking.
+  hints->domain_attr->threading = FI_THREAD_DOMAIN;
+  hints->fabric_attr->prov_name = ::strdup(cfg.provider.c_str());
+
+  fi_info* raw = nullptr;
+  int rc = fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints.get(), &raw);
+  if (rc != 0) {
+    return "fabric provider '" + cfg.provider + "' is not available on this machine (fi_getinfo: " +
+           fi_strerror(-rc) + ")";
+  }
+  info_.reset(raw);
+
+  // IP-addressed providers (tcp, sockets, verbs) bind to the configured interface; others (shm)
+  // name endpoints themselves and get no node.
+  if (is_ip_addr_format(info_->addr_format) && !cfg.address.empty()) {
+    raw = nullptr;
+    rc = fi_getinfo(FI_VERSION(1, 17), cfg.address.c_str(), nullptr, FI_SOURCE, hints.get(), &raw);
+    if (rc != 0) {
+      return "fabric provider '" + cfg.provider + "' cannot bind fabric.address '" + cfg.address +
+             "' (fi_getinfo: " + fi_strerror(-rc) + ")";
+    }
+    info_.reset(raw);
+  }
+
+  fi_info* info = info_.get();
+  provider_ = info->fabric_attr->prov_name ? info->fabric_attr->prov_name : cfg.provider;
+  mr_mode_ = info->domain_attr->mr_mode;
+  if ((mr_mode_ & ~handled_mr_mode) != 0) {
+    return "fabric provider '" + provider_ + "' requires mr_mode " + mr_mode_text(mr_mode_) +
+           ", ferry handles only " + mr_mode_text(handled_mr_mode);
+  }
+  if ((info->mode & ~handled_mode) != 0) {
+    return "fabric provider '" + provider_ + "' requires unsupported mode bits 0x" +
+           std::to_string(info->mode & ~handled_mode);
+  }
+  if (info->domain_attr->cq_data_size < sizeof(uint64_t)) {
+    return "fabric provider '" + provider_ + "' carries " +
+           std::to_string(info->domain_attr->cq_data_size) +
+           " bytes of remote CQ data, ferry needs 8";
+  }
+  rx_cq_data_ = (info->mode & FI_RX_CQ_DATA) != 0;
+
+  fid_fabric* fabric = nullptr;
+  if ((rc = fi_fabric(info->fabric_attr, &fabric, nullptr)) != 0) {
+    return fi_error_text("fi_fabric", rc);
+  }
+  fabric_.reset(fabric);
+
+  fid_domain* domain = nullptr;
+  if ((rc = fi_domain(fabric_.get(), info, &domain, nullptr)) != 0) {
+    return fi_error_text("fi_domain", rc);
+  }
+  domain_.reset(domain);
+
+  fi_av_attr av_attr{};
+  av_attr.type = FI_AV_UNSPEC;
+  av_attr.count = 64;  // a hint only; the AV grows
+  fid_av* av = nullptr;
+  if ((rc = fi_av_open(domain_.get(), &av_attr, &av, nullptr)) != 0) {
+    return fi_error_text("fi_av_open", rc);
+  }
+  av_.reset(av);
+
+  write_contexts_.resize(cfg.max_inflight_writes);
+  free_contexts_.reserve(write_contexts_.size());
+  for (auto& c : write_contexts_) free_contexts_.push_back(&c);
+  if (rx_cq_data_) {
+    receive_contexts_.resize(rx_posted);
+    for (auto& c : receive_contexts_) c.what = op_context::kind::receive;
+  }
+
+  if (auto err = open_cq(); !err.empty()) return err;
+
+  fid_ep* ep = nullptr;
+  if ((rc = fi_endpoint(domain_.get(), info, &ep, nullptr)) != 0) {
+    return fi_error_text("fi_endpoint", rc);
+  }
+  ep_.reset(ep);
+  if ((rc = fi_ep_bind(ep_.get(), &av_->fid, 0)) != 0) return fi_error_text("fi_ep_bind(av)", rc);
+  // FI_RECV too: arriving remote CQ data is reported on the receive side.
+  if ((rc = fi_ep_bind(ep_.get(), &cq_->fid, FI_TRANSMIT | FI_RECV)) != 0) {
+    return fi_error_text("fi_ep_bind(cq)", rc);
+  }
+  if ((rc = fi_enable(ep_.get())) != 0) return fi_error_text("fi_enable", rc);
+
+  size_t len = 0;
+  rc = fi_getname(&ep_->fid, nullptr, &len);
+  if (rc != -FI_ETOOSMALL && rc != 0) return fi_error_text("fi_getname", rc);
+  address_.resize(len);
+  if ((rc = fi_getname(&ep_->fid, address_.data(), &len)) != 0) {
+    return fi_error_text("fi_getname", rc);
+  }
+  address_.resize(len);
+
+  if (rx_cq_data_) {
+    if (auto err = post_receives(receive_contexts_.size()); !err.empty()) return err;
+  }
+
+  wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (wake_fd_.get() < 0) return std::string("eventfd: ") + std::strerror(errno);
+
+  log_->info("opened fabric provider={} fabric={} domain={} mr_mode={} threading={} wait={}{}",
+             provider_, info->fabric_attr->name ? info->fabric_attr->name : "?",
+             info->domain_attr->name ? info->domain_attr->name : "?", mr_mode_text(mr_mode_),
+             static_cast<int>(info->domain_attr->threading),
+             wait_kind_ == wait_kind::fd ? "fd" : "sleep",
+             rx_cq_data_ ? " rx_cq_data=posted-receives" : "");
+  return {};
+}
+
+std::string fabric_engine::open_cq() {
+  fi_cq_attr attr{};
+  attr.format = FI_CQ_FORMAT_DATA;
+  attr.size = std::max<size_t>(1024, 2 * (write_contexts_.size() + receive_contexts_.size()));
+
+  // Preferred: a pollable fd, so the idle loop sleeps in ppoll together with the wake eventfd.
+  // FI_WAIT_UNSPEC is deliberately not used: on shm (1.17) it is a sched_yield loop whose
+  // fi_cq_sread ignores the timeout and burns a core. Without an fd we poll with sleeps.
+  attr.wait_obj = FI_WAIT_FD;
+  fid_cq* cq = nullptr;
+  int rc = fi_cq_open(domain_.get(), &attr, &cq, nullptr);
+  if (rc == 0) {
+    cq_.reset(cq);
+    int fd = -1;
+    rc = fi_control(&cq_->fid, FI_GETWAIT, &fd);
+    if (rc == 0 && fd >= 0) {
+      wait_kind_ = wait_kind::fd;
+      cq_wait_fd_ = fd;
+      return {};
+    }
+    log_->debug("provider={} fi_control(FI_GETWAIT) failed ({}); polling CQ without wait object",
+                provider_, fi_strerror(-rc));
+    cq_.reset();
+  } else {
+    log_->debug("provider={} has no FI_WAIT_FD CQ ({}); polling CQ without wait object",
+                provider_, fi_strerror(-rc));
+  }
+
+  attr.wait_obj = FI_WAIT_NONE;
+  cq = nullptr;
+  if ((rc = fi_cq_open(domain_.get(), &attr, &cq, nullptr)) != 0) {
+    return fi_error_text("fi_cq_open", rc);
+  }
+  cq_.reset(cq);
+  wait_kind_ = wait_kind::sleep;
+  return {};
+}
+
+std::string fabric_engine::post_receives(size_t count) {
+  // Zero-length receives: with FI_RX_CQ_DATA each arriving remote CQ data consumes one.
+  for (size_t i = 0; i < count; ++i) {
+    op_context& c = receive_contexts_[i];
+    ssize_t rc = fi_recv(ep_.get(), nullptr, 0, nullptr, FI_ADDR_UNSPEC, &c.provider_scratch);
+    if (rc != 0) return fi_error_text("fi_recv", rc);
+  }
+  return {};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Control path
+
+template <class R>
+R fabric_engine::run_exclusive(std::function<R()> fn) {
+  if (on_progress_thread()) return fn();  // e.g. called from a callback
+  {
+    std::unique_lock<std::mutex> lock(queue_mutex_);
+    if (state_ == run_state::running) {
+      auto task = std::make_shared<std::packaged_task<R()>>(std::move(fn));
+      std::future<R> f = task->get_future();
+      queue_.push_back(work_item{nullptr, [task] { (*task)(); }});
+      queue_nonempty_.store(true);
+      lock.unlock();
+      wake();
+      return f.get();
+    }
+  }
+  // Not started, or stopping: the progress thread releases fabric_mutex_ once it exits.
+  std::lock_guard<std::mutex> guard(fabric_mutex_);
+  return fn();
+}
+
+result<region_id> fabric_engine::register_region(void* base, uint64_t length) {
+  return run_exclusive<result<region_id>>(
+      [this, base, length] { return do_register_region(base, length); });
+}
+
+result<region_id> fabric_engine::do_register_region(void* base, uint64_t length) {
+  result<region_id> out;
+  if (base == nullptr || length == 0) {
+    out.error = "register_region: expected a non-empty region, got base=" +
+                std::to_string(reinterpret_cast<uintptr_t>(base)) +
+                " length=" + std::to_string(length);
+    return out;
+  }
+  const uint64_t access = FI_WRITE | FI_REMOTE_WRITE | FI_READ | FI_REMOTE_READ;
+  // Without FI_MR_PROV_KEY the application chooses keys, unique per domain.
+  const uint64_t requested_key = (mr_mode_ & FI_MR_PROV_KEY) ? 0 : next_requested_key_++;
+  fid_mr* raw = nullptr;
+  int rc = fi_mr_reg(domain_.get(), base, length, access, 0, requested_key, 0, &raw, nullptr);
+  if (rc != 0) {
+    out.error = fi_error_text("fi_mr_reg", rc) + " (length " + std::to_string(length) + ")";
+    log_->error("{}", out.error);
+    return out;
+  }
+  region r;
+  r.mr.reset(raw);
+  if (mr_mode_ & FI_MR_ENDPOINT) {
+    if ((rc = fi_mr_bind(r.mr.get(), &ep_->fid, 0)) != 0) {
+      out.error = fi_error_text("fi_mr_bind", rc);
+      log_->error("{}", out.error);
+      return out;
+    }
+    if ((rc = fi_mr_enable(r.mr.get())) != 0) {
+      out.error = fi_error_text("fi_mr_enable", rc);
+      log_->error("{}", out.error);
+      return out;
+    }
+  }
+  const uint64_t key = fi_mr_key(r.mr.get());
+  if (key == FI_KEY_NOTAVAIL) {
+    out.error = "fi_mr_key: key not available (provider needs FI_MR_RAW, unsupported)";
+    log_->error("{}", out.error);
+    return out;
+  }
+  r.base = base;
+  r.length = length;
+  r.desc = (mr_mode_ & FI_MR_LOCAL) ? fi_mr_desc(r.mr.get()) : nullptr;
+  r.remote.remote_base = (mr_mode_ & FI_MR_VIRT_ADDR) ? reinterpret_cast<uint64_t>(base) : 0;
+  r.remote.key = key;
+  r.remote.length = length;
+
+  std::lock_guard<std::mutex> lock(regions_mutex_);
+  out.value = static_cast<region_id>(regions_.size());
+  regions_.push_back(std::move(r));
+  log_->debug("registered region={} length={} key={:#x}", out.value, length, key);
+  return out;
+}
+
+region_desc fabric_engine::describe(region_id id) const {
+  std::lock_guard<std::mutex> lock(regions_mutex_);
+  if (id >= regions_.size()) return {};
+  return regions_[id].remote;
+}
+
+result<peer_handle> fabric_engine::insert_peer(const std::vector<uint8_t>& address) {
+  return run_exclusive<result<peer_handle>>([this, &address] { return do_insert_peer(address); });
+}
+
+result<peer_handle> fabric_engine::do_insert_peer(const std::vector<uint8_t>& address) {
+  result<peer_handle> out;
+  if (address.empty()) {
+    out.error = "insert_peer: empty fabric address";
+    return out;
+  }
+  fi_addr_t addr = FI_ADDR_NOTAVAIL;
+  int rc = fi_av_insert(av_.get(), address.data(), 1, &addr, 0, nullptr);
+  if (rc != 1 || addr == FI_ADDR_NOTAVAIL) {
+    out.error = rc < 0 ? fi_error_text("fi_av_insert", rc)
+                       : "fi_av_insert: address of " + std::to_string(address.size()) +
+                             " bytes rejected by provider " + provider_;
+    log_->error("{}", out.error);
+    return out;
+  }
+  peers_.insert(addr);
+  removed_peers_.erase(addr);
+  out.value = addr;
+  log_->debug("inserted peer={}", addr);
+  return out;
+}
+
+void fabric_engine::remove_peer(peer_handle peer) {
+  if (on_progress_thread()) return do_remove_peer(peer);
+  {
+    std::unique_lock<std::mutex> lock(queue_mutex_);
+    if (state_ == run_state::running) {
+      // Asynchronous: the caller must not block on the fabric; FIFO order with submissions
+      // makes everything submitted before this call fail with "peer removed".
+      queue_.push_back(work_item{nullptr, [this, peer] { do_remove_peer(peer); }});
+      queue_nonempty_.store(true);
+      lock.unlock();
+      wake();
+      return;
+    }
+  }
+  std::lock_guard<std::mutex> guard(fabric_mutex_);
+  do_remove_peer(peer);
+}
+
+void fabric_engine::do_remove_peer(peer_handle peer) {
+  const std::string why = "peer removed (peer " + std::to_string(peer) + ")";
+  std::vector<batch_state*> touched;
+  for (batch_state* b : pending_) {
+    if (b->batch.peer == peer) {
+      b->abort_unposted(why);
+      touched.push_back(b);
+    }
+  }
+  std::erase_if(pending_, [](batch_state* b) { return b->all_posted(); });
+  for (batch_state* b : touched) b->in_pending = false;
+  // Posted writes to the peer complete (or fail) through the CQ as the provider decides.
+  for (batch_state* b : touched) maybe_finish(b);
+
+  if (peers_.erase(peer) == 0) {
+    log_->warn("remove_peer: peer={} is not inserted", peer);
+    return;
+  }
+  removed_peers_.insert(peer);
+  fi_addr_t addr = peer;
+  int rc = fi_av_remove(av_.get(), &addr, 1, 0);
+  if (rc != 0) log_->error("{} (peer={})", fi_error_text("fi_av_remove", rc), peer);
+  log_->debug("removed peer={}", peer);
+}
+
+void fabric_engine::submit(write_batch batch) {
+  auto b = std::make_unique<batch_state>(std::move(batch));
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    if (state_ == run_state::idle || state_ == run_state::running) {
+      queue_.push_back(work_item{std::move(b), nullptr});
+      queue_nonempty_.store(true);
+    }
+  }
+  if (b) {
+    // Stopped: nobody will post it; fail here, on the caller's thread.
+    b->abort_unposted(stopped_text);
+    invoke_callback(*log_, "batch_done", b->batch.done, std::move(b->result));
+    return;
+  }
+  wake();
+}
+
+void fabric_engine::return_immediate_credit() {
+  credit_returned_.store(true);
+  wake();
+}
+
+void fabric_engine::wake() {
+  // Pairs with the sleeping_ store / queue re-check in block(): one of the two sides always sees
+  // the other (both seq_cst), so a wake-up is never lost and the common case costs no syscall.
+  if (sleeping_.load()) {
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(wake_fd_.get(), &one, sizeof one);
+  }
+}
+
+void fabric_engine::start(std::function<void(immediate_counts)> immediates) {
+  std::lock_guard<std::mutex> lifecycle(lifecycle_mutex_);
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    if (state_ != run_state::idle) {
+      log_->warn("engine::start called twice or after stop; ignored");
+      return;
+    }
+    state_ = run_state::running;
+  }
+  immediates_ = std::move(immediates);
+  // The thread takes fabric_mutex_ before touching anything; direct callers cannot interleave
+  // because state_ is already running.
+  thread_ = std::thread([this] { run(); });
+}
+
+void fabric_engine::stop() {
+  if (on_progress_thread()) {
+    // From a callback: the thread cannot join itself; it winds down after this iteration and
+    // the destructor joins it.
+    stop_requested_.store(true);
+    return;
+  }
+  std::lock_guard<std::mutex> lifecycle(lifecycle_mutex_);
+  std::deque<work_item> never_started;
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    if (state_ == run_state::idle) {
+      state_ = run_state::stopped;
+      never_started.swap(queue_);
+    }
+  }
+  if (thread_.joinable()) {
+    stop_requested_.store(true);
+    wake();
+    thread_.join();
+  }
+  // Work queued before a start that never came: fail batches, run commands directly.
+  std::lock_guard<std::mutex> guard(fabric_mutex_);
+  for (auto& item : never_started) {
+    if (item.batch) {
+      item.batch->abort_unposted(stopped_text);
+      invoke_callback(*log_, "batch_done", item.batch->batch.done, std::move(item.batch->result));
+    } else if (item.task) {
+      item.task();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Progress thread
+
+void fabric_engine::run() {
+  std::lock_guard<std::mutex> exclusive(fabric_mutex_);
+  progress_thread_id_.store(std::this_thread::get_id(), std::memory_order_release);
+  log_->debug("progress thread started provider={}", provider_);
+
+  auto last_activity = clock_type::now();
+  clock_type::duration sleep_step = sleep_first;
+  while (!stop_requested_.load(std::memory_order_relaxed)) {
+    bool active = take_queue();
+    active |= post_writes();
+    const size_t completions = read_completions();
+    if (completions > 0) {
+      active = true;
+      // Room may have opened for more writes; post before the next read.
+      post_writes();
+    }
+    active |= deliver_immediates();
+
+    const auto now = clock_type::now();
+    if (active) {
+      last_activity = now;
+      sleep_step = sleep_first;
+      continue;
+    }
+    // Spin only right after real activity; a wake-up that finds nothing goes back to sleep.
+    if (now - last_activity < spin_budget) continue;
+    block(now - last_activity < recent_window, sleep_step);
+  }
+  drain_and_fail_all();
+  // Thread ids are reused after join; a later thread must not pass for the progress thread.
+  progress_thread_id_.store(std::thread::id{}, std::memory_order_release);
+  log_->debug("progress thread stopped provider={}", provider_);
+}
+
+bool fabric_engine::take_queue() {
+  if (!queue_nonempty_.load()) return false;
+  std::deque<work_item> items;
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    items.swap(queue_);
+    queue_nonempty_.store(false);
+  }
+  for (auto& item : items) {
+    if (item.batch) {
+      admit(std::move(item.batch));
+    } else if (item.task) {
+      item.task();
+    }
+  }
+  return !items.empty();
+}
+
+void fabric_engine::admit(std::unique_ptr<batch_state> b) {
+  batch_state* raw = b.get();
+  live_.push_back(std::move(b));
+  raw->self = std::prev(live_.end());
+  const peer_handle peer = raw->batch.peer;
+  if (removed_peers_.count(peer) != 0) {
+    raw->abort_unposted("peer removed (peer " + std::to_string(peer) + ")");
+  } else if (peers_.count(peer) == 0) {
+    raw->abort_unposted("unknown peer " + std::to_string(peer) + " (not inserted)");
+  }
+  if (raw->all_posted()) {
+    maybe_finish(raw);  // empty or rejected: done right away
+  } else {
+    raw->in_pending = true;
+    pending_.push_back(raw);
+  }
+}
+
+bool fabric_engine::post_writes() {
+  bool posted_any = false;
+  while (inflight_ < write_contexts_.size() && !pending_.empty()) {
+    batch_state* b = pending_.front();
+    if (b->all_posted()) {
+      pending_.pop_front();
+      b->in_pending = false;
+      maybe_finish(b);
+      continue;
+    }
+    const write_op& op = b->batch.ops[b->next];
+    const region* r = op.local_region < regions_.size() ? &regions_[op.local_region] : nullptr;
+    if (r == nullptr || op.length == 0 || op.local_offset > r->length ||
+        op.length > r->length - op.local_offset) {
+      b->abort_unposted("invalid write: local region " + std::to_string(op.local_region) +
+                        " offset " + std::to_string(op.local_offset) + " length " +
+                        std::to_string(op.length) + " is outside the registered regions");
+      continue;
+    }
+    op_context* ctx = free_contexts_.back();
+    ctx->batch = b;
+    ssize_t rc = fi_writedata(ep_.get(), static_cast<char*>(r->base) + op.local_offset, op.length,
+                              r->desc, op.imm, b->batch.peer, op.remote_addr, op.remote_key,
+                              &ctx->provider_scratch);
+    if (rc == -FI_EAGAIN) break;  // provider queue full: progress the CQ, retry next round
+    if (rc != 0) {
+      const std::string why = fi_error_text("fi_writedata", rc) + " (peer " +
+                              std::to_string(b->batch.peer) + ", length " +
+                              std::to_string(op.length) + ")";
+      log_->error("{}", why);
+      b->abort_unposted(why);
+      continue;
+    }
+    free_contexts_.pop_back();
+    ++inflight_;
+    ++b->outstanding;
+    ++b->next;
+    posted_any = true;
+  }
+  return posted_any;
+}
+
+size_t fabric_engine::read_completions() {
+  fi_cq_data_entry entries[cq_batch];
+  ssize_t n = fi_cq_read(cq_.get(), entries, cq_batch);
+  if (n == -FI_EAGAIN) return 0;
+  if (n == -FI_EAVAIL) {
+    handle_error_entry();
+    return 1;
+  }
+  if (n < 0) {
+    log_->error("{}", fi_error_text("fi_cq_read", n));
+    return 0;
+  }
+  for (ssize_t i = 0; i < n; ++i) {
+    const fi_cq_data_entry& e = entries[i];
+    auto* ctx = static_cast<op_context*>(e.op_context);
+    if ((e.flags & FI_REMOTE_CQ_DATA) != 0) {
+      auto [it, fresh] = imm_index_.try_emplace(e.data, imm_batch_.size());
+      if (fresh) {
+        imm_batch_.emplace_back(e.data, 1);
+      } else {
+        ++imm_batch_[it->second].second;
+      }
+      // Without FI_RX_CQ_DATA the op_context of a remote entry is meaningless.
+      if (rx_cq_data_ && ctx != nullptr) repost_receive(ctx);
+      continue;
+    }
+    if (ctx == nullptr) continue;
+    if (ctx->what == op_context::kind::receive) {
+      repost_receive(ctx);
+    } else {
+      complete_op(ctx, true, {});
+    }
+  }
+  return static_cast<size_t>(n);
+}
+
+void fabric_engine::handle_error_entry() {
+  fi_cq_err_entry err{};
+  ssize_t rc = fi_cq_readerr(cq_.get(), &err, 0);
+  if (rc < 0) {
+    if (rc != -FI_EAGAIN) log_->error("{}", fi_error_text("fi_cq_readerr", rc));
+    return;
+  }
+  char buf[256] = {};
+  const char* prov_text = fi_cq_strerror(cq_.get(), err.prov_errno, err.err_data, buf, sizeof buf);
+  auto* ctx = static_cast<op_context*>(err.op_context);
+  if (ctx != nullptr && ctx->what == op_context::kind::write) {
+    const std::string why = std::string("write completion error: ") + fi_strerror(err.err) +
+                            " (prov_errno " + std::to_string(err.prov_errno) + ": " +
+                            (prov_text ? prov_text : "?") + ")";
+    log_->warn("{} peer={}", why, ctx->batch ? ctx->batch->batch.peer : 0);
+    complete_op(ctx, false, why);
+    return;
+  }
+  if (ctx != nullptr && ctx->what == op_context::kind::receive) {
+    if (err.err != FI_ECANCELED) {
+      log_->warn("receive completion error: {} (prov_errno {}: {})", fi_strerror(err.err),
+                 err.prov_errno, prov_text ? prov_text : "?");
+      repost_receive(ctx);
+    }
+    return;
+  }
+  log_->warn("completion error without context: {} (prov_errno {}: {})", fi_strerror(err.err),
+             err.prov_errno, prov_text ? prov_text : "?");
+}
+
+void fabric_engine::repost_receive(op_context* ctx) {
+  // The consumed receive's own context: a context must never be posted twice at once.
+  ssize_t rc = fi_recv(ep_.get(), nullptr, 0, nullptr, FI_ADDR_UNSPEC, &ctx->provider_scratch);
+  if (rc != 0) log_->error("{}", fi_error_text("fi_recv", rc));
+}
+
+void fabric_engine::complete_op(op_context* ctx, bool ok, const std::string& why) {
+  batch_state* b = ctx->batch;
+  ctx->batch = nullptr;
+  free_contexts_.push_back(ctx);
+  --inflight_;
+  if (b == nullptr) return;
+  --b->outstanding;
+  if (ok) {
+    ++b->result.completed;
+  } else {
+    b->fail(1, why);
+    // First error: do not post the rest of this batch.
+    b->abort_unposted(why);
+  }
+  maybe_finish(b);
+}
+
+void fabric_engine::maybe_finish(batch_state* b) {
+  // A batch aborted while still queued in pending_ is dropped from there lazily (post_writes
+  // checks all_posted() first); it finishes once it has left the queue.
+  if (!b->all_posted() || b->outstanding != 0 || b->in_pending) return;
+  std::unique_ptr<batch_state> owned = std::move(*b->self);
+  live_.erase(b->self);
+  invoke_callback(*log_, "batch_done", owned->batch.done, std::move(owned->result));
+}
+
+bool fabric_engine::deliver_immediates() {
+  if (credit_returned_.load(std::memory_order_relaxed) && credit_returned_.exchange(false)) {
+    credit_ = true;
+  }
+  if (!credit_ || imm_batch_.empty()) return false;
+  credit_ = false;
+  immediate_counts out;
+  out.swap(imm_batch_);
+  imm_index_.clear();
+  invoke_callback(*log_, "immediates", immediates_, std::move(out));
+  return true;
+}
+
+void fabric_engine::block(bool recent_traffic, clock_type::duration& sleep_step) {
+  sleeping_.store(true);
+  // Re-check after announcing sleep: a submitter that missed sleeping_ set its flag first.
+  const bool credit_pending = credit_returned_.load() && !imm_batch_.empty();
+  if (queue_nonempty_.load() || stop_requested_.load() || credit_pending) {
+    sleeping_.store(false);
+    return;
+  }
+
+  pollfd fds[2] = {{wake_fd_.get(), POLLIN, 0}, {cq_wait_fd_, POLLIN, 0}};
+  nfds_t nfds = 1;
+  std::chrono::nanoseconds timeout{};
+  if (wait_kind_ == wait_kind::fd) {
+    // fi_trywait drives pending progress and says whether the fd is armed; if events are
+    // already queued it returns -FI_EAGAIN and we must read the CQ instead of blocking.
+    fid* f = &cq_->fid;
+    int rc = fi_trywait(fabric_.get(), &f, 1);
+    if (rc == -FI_EAGAIN) {
+      sleeping_.store(false);
+      return;
+    }
+    if (rc == 0) {
+      nfds = 2;
+      timeout = fd_wait_cap;
+    } else {
+      log_->debug("{}; sleeping instead", fi_error_text("fi_trywait", rc));
+      timeout = sleep_cap_recent;
+    }
+  } else {
+    timeout = sleep_step;
+    const auto cap = recent_traffic ? clock_type::duration(sleep_cap_recent)
+                                    : clock_type::duration(sleep_cap_idle);
+    sleep_step = std::min<clock_type::duration>(sleep_step * 2, cap);
+  }
+
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
+  ts.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
+  int rc = ::ppoll(fds, nfds, &ts, nullptr);
+  sleeping_.store(false);
+  if (rc < 0 && errno != EINTR) log_->error("ppoll: {}", std::strerror(errno));
+  if (fds[0].revents & POLLIN) {
+    uint64_t value = 0;
+    [[maybe_unused]] ssize_t n = ::read(wake_fd_.get(), &value, sizeof value);
+  }
+}
+
+void fabric_engine::drain_and_fail_all() {
+  // Refuse new work; what is already queued is handled below.
+  std::deque<work_item> items;
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    state_ = run_state::draining;
+    items.swap(queue_);
+    queue_nonempty_.store(false);
+  }
+  for (auto& item : items) {
+    if (item.batch) {
+      admit(std::move(item.batch));
+    } else if (item.task) {
+      item.task();  // insert/remove/register still work while the fabric is open
+    }
+  }
+  for (batch_state* b : pending_) {
+    b->abort_unposted(stopped_text);
+    b->in_pending = false;
+  }
+  std::vector<batch_state*> to_finish(pending_.begin(), pending_.end());
+  pending_.clear();
+  for (batch_state* b : to_finish) maybe_finish(b);
+
+  // Posted writes reference memory the caller may free once done() ran: wait (bounded) for the
+  // provider to finish with them, progressing the CQ.
+  const auto deadline = clock_type::now() + stop_drain_limit;
+  while (inflight_ > 0 && clock_type::now() < deadline) {
+    if (read_completions() == 0) {
+      timespec ts{0, 100000};  // 100 µs: no busy spin on a 2-core machine
+      ::nanosleep(&ts, nullptr);
+    }
+  }
+  if (inflight_ > 0) {
+    log_->warn("stop: {} writes still posted after {} s; failing their batches", inflight_,
+               std::chrono::duration_cast<std::chrono::seconds>(stop_drain_limit).count());
+  }
+  // Whatever is left never completed in time. Their contexts stay reserved (the provider may
+  // still hold them until the endpoint is closed); the engine is not restartable.
+  while (!live_.empty()) {
+    std::unique_ptr<batch_state> owned = std::move(live_.front());
+    live_.pop_front();
+    owned->fail(owned->outstanding, stopped_text);
+    owned->abort_unposted(stopped_text);
+    owned->outstanding = 0;
+    invoke_callback(*log_, "batch_done", owned->batch.done, std::move(owned->result));
+  }
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    state_ = run_state::stopped;
+  }
+}
+
+}  // namespace
+
+result<std::unique_ptr<engine>> engine::open(const engine_config& cfg) {
+  result<std::unique_ptr<engine>> out;
+  auto e = std::make_unique<fabric_engine>();
+  std::string err = e->init(cfg);
+  if (!err.empty()) {
+    transport_log()->error("engine::open provider={}: {}", cfg.provider, err);
+    out.error = std::move(err);
+    return out;
+  }
+  out.value = std::move(e);
+  return out;
+}
+
+}  // namespace ferry::transport
