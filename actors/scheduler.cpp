@@ -104,6 +104,15 @@ std::optional<std::string> check_pages(const daemon_context& ctx, uint64_t room,
   return std::nullopt;
 }
 
+/// Admission: a bounded number of non-terminal rooms per side, so one runaway client cannot
+/// exhaust the daemon for everyone else.
+std::optional<std::string> admission(const scheduler_state& st, const side_rooms& side, const char* name) {
+  const auto limit = st.ctx->config.limits.max_active_rooms;
+  if (side.active.size() < limit) return std::nullopt;
+  return fmt::format("admission refused: {} rooms already active on the {} side (limits.max_active_rooms = {})",
+                     side.active.size(), name, limit);
+}
+
 void notify_subscribers(scheduler_actor* self, const room_entry& e, uint64_t room, room_status s,
                         const std::string& reason) {
   for (auto c : e.subscribers) self->state.ctx->gateway->push(c, proto::event{room, s, reason});
@@ -126,6 +135,7 @@ void on_prepare(scheduler_actor* self, client_request& r) {
     return reply_error(self, r, errc::wrong_role, fmt::format("room {}: prepare is a decode operation; this daemon's role is prefill", p.room));
   if (st.decode.active.count(p.room))
     return reply_error(self, r, errc::duplicate_room, fmt::format("duplicate room {}: it is already active on this decode daemon", p.room));
+  if (auto e = admission(st, st.decode, "decode")) return reply_error(self, r, errc::invalid_request, fmt::format("room {}: {}", p.room, *e));
   if (p.prefill_peer.empty())
     return reply_error(self, r, errc::invalid_request, fmt::format("room {}: prefill_peer is empty", p.room));
   if (auto e = check_pages(*st.ctx, p.room, p.dst_pages, "dst page")) return reply_error(self, r, errc::invalid_request, *e);
@@ -174,6 +184,8 @@ void on_send(scheduler_actor* self, client_request& r) {
       return reply_error(self, r, errc::room_finished,
                          fmt::format("room {} already finished ({}); send after {} is rejected", s.room,
                                      to_string(done->second.status), to_string(done->second.status)));
+    if (auto e = admission(st, st.prefill, "prefill"))
+      return reply_error(self, r, errc::invalid_request, fmt::format("room {}: {}", s.room, *e));
     auto actor = spawn_sender(self, st.ctx, s.room, caf::actor_cast<caf::actor>(self));
     it = st.prefill.active.emplace(s.room, room_entry{actor, {}, room_status::bootstrapping, {}, 0, {}}).first;
   }
@@ -301,6 +313,10 @@ void on_peer_inbound(scheduler_actor* self, peer_inbound& in) {
           if (!st.ctx->serves_prefill()) {
             self->send(in.connection, peer_outbound{caf::make_message(
                                           peer_prepare_ack{p.room, false, "this daemon does not serve the prefill role"})});
+            return;
+          }
+          if (auto e = admission(st, st.prefill, "prefill")) {
+            self->send(in.connection, peer_outbound{caf::make_message(peer_prepare_ack{p.room, false, *e})});
             return;
           }
           auto actor = spawn_sender(self, st.ctx, p.room, caf::actor_cast<caf::actor>(self));

@@ -352,7 +352,7 @@ aux_pool_config parse_aux(const YAML::Node& n) {
 ferry_config parse_root(const YAML::Node& root) {
   ferry_config cfg;
   const section top(root, "",
-                    {"node", "role", "listen", "fabric", "timeouts", "tp", "log", "pools"});
+                    {"node", "role", "listen", "fabric", "timeouts", "limits", "tp", "log", "pools"});
 
   const section node(top.get_or_null("node"), "node", {"name", "instance"});
   node.required_field("name", cfg.node_name);
@@ -376,6 +376,9 @@ ferry_config parse_root(const YAML::Node& root) {
   timeouts.optional_field("handshake_ms", cfg.timeouts.handshake_ms);
   timeouts.optional_field("prepare_wait_ms", cfg.timeouts.prepare_wait_ms);
   timeouts.optional_field("transfer_ms", cfg.timeouts.transfer_ms);
+
+  const section limits(top.get_or_null("limits"), "limits", {"max_active_rooms"});
+  limits.optional_field("max_active_rooms", cfg.limits.max_active_rooms);
 
   const section tp(top.get_or_null("tp"), "tp", {"size", "rank"});
   tp.optional_field("size", cfg.tp.size);
@@ -613,6 +616,8 @@ void validate_all(const ferry_config& cfg) {
   check_range(cfg.timeouts.prepare_wait_ms, 1, 3600000, "timeouts.prepare_wait_ms");
   check_range(cfg.timeouts.transfer_ms, 1, 3600000, "timeouts.transfer_ms");
 
+  check_range(cfg.limits.max_active_rooms, 1, 1u << 20, "limits.max_active_rooms");
+
   check_range(cfg.tp.size, 1, 1024, "tp.size");
   if (cfg.tp.rank >= cfg.tp.size) {
     fail("tp.rank", "expected a rank below tp.size " + std::to_string(cfg.tp.size) + ", got " +
@@ -719,6 +724,10 @@ std::string to_yaml(const ferry_config& cfg) {
   out << YAML::Key << "handshake_ms" << YAML::Value << cfg.timeouts.handshake_ms;
   out << YAML::Key << "prepare_wait_ms" << YAML::Value << cfg.timeouts.prepare_wait_ms;
   out << YAML::Key << "transfer_ms" << YAML::Value << cfg.timeouts.transfer_ms;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "limits" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "max_active_rooms" << YAML::Value << cfg.limits.max_active_rooms;
   out << YAML::EndMap;
 
   out << YAML::Key << "tp" << YAML::Value << YAML::BeginMap;

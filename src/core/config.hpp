@@ -83,6 +83,10 @@ struct timeouts_config {
   uint32_t transfer_ms = 120000;        ///< a room must reach a terminal state within this
 };
 
+struct limits_config {
+  uint32_t max_active_rooms = 4096;     ///< admission: non-terminal rooms per side (prefill, decode)
+};
+
 struct tp_config {
   uint32_t size = 1;
   uint32_t rank = 0;
@@ -100,6 +104,7 @@ struct ferry_config {
   std::string client_listen;            ///< unix socket path for local clients
   fabric_config fabric;
   timeouts_config timeouts;
+  limits_config limits;
   tp_config tp;
   pools_config pools;
   log_config log;

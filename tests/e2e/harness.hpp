@@ -88,6 +88,7 @@ struct shape {
   uint32_t aux_rows = 64;
   uint32_t prepare_wait_ms = 20000;
   uint32_t transfer_ms = 30000;
+  uint32_t max_active_rooms = 4096;
 };
 
 inline std::string make_config(const std::string& name, const std::string& role, uint16_t control,
@@ -100,7 +101,8 @@ inline std::string make_config(const std::string& name, const std::string& role,
     << "\n  client: " << socket << "\nfabric:\n  provider: " << s.provider
     << "\n  max_inflight_writes: 64\n  write_piece_bytes: 262144\n"
     << "timeouts:\n  handshake_ms: 10000\n  prepare_wait_ms: " << s.prepare_wait_ms
-    << "\n  transfer_ms: " << s.transfer_ms << "\nlog:\n  level: info\n"
+    << "\n  transfer_ms: " << s.transfer_ms << "\nlimits:\n  max_active_rooms: " << s.max_active_rooms
+    << "\nlog:\n  level: info\n"
     << "pools:\n  kv:\n    layer_ids: [" << kv_ids.str() << "]\n    page_tokens: " << s.page_tokens
     << "\n    kv_heads: 2\n    head_dim: 256\n    dtype_bytes: 2\n    pages: " << s.pages
     << "\n  mamba:\n    slots: " << s.slots << "\n    layer_ids: [" << m_ids.str() << "]\n    tensors:\n"

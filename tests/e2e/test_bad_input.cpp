@@ -159,3 +159,19 @@ TEST_CASE("incompatible peers fail the room with the first difference", "[e2e][b
   CHECK(e.reason == "peer " + prefill.control() +
                         " lost: peer refused the handshake: incompatible layouts: kv.page_tokens differs: prefill has 1, decode has 16");
 }
+
+TEST_CASE("admission bounds the active rooms per side and frees the place on completion", "[e2e][bad-input]") {
+  shape s;
+  s.max_active_rooms = 2;
+  pair c(s);
+  const auto peer = c.prefill.control();
+  REQUIRE(c.d->prepare({1, peer, {0}, 0, 0}));
+  REQUIRE(c.d->prepare({2, peer, {1}, 1, 1}));
+  CHECK(error_of(c.d->prepare({3, peer, {2}, 2, 2})) ==
+        "room 3: admission refused: 2 rooms already active on the decode side (limits.max_active_rooms = 2)");
+  REQUIRE(c.d->cancel(1));
+  REQUIRE(wait_done(*c.d, 1).status == room_status::failed);
+  REQUIRE(c.d->cancel(2));
+  REQUIRE(wait_done(*c.d, 2).status == room_status::failed);
+  good_request_still_works(c, 4);
+}
