@@ -1,3 +1,15 @@
+// libfabric implementation of transport::engine.
+//
+// Design: after `start`, one progress thread owns every libfabric call. Callers hand it work
+// through one FIFO (submissions and commands in order; commands that return a value wait on a
+// future). Before `start` and after the thread has exited, callers run commands directly under
+// `fabric_mutex_`, which the thread holds for its whole life, so the domain is never used by two
+// threads at once (FI_THREAD_DOMAIN suffices).
+//
+// Waiting: the loop polls while there is activity, keeps polling for `spin_budget` after the last
+// activity, then blocks: in ppoll on the CQ's FI_WAIT_FD fd plus a wake eventfd (after
+// fi_trywait) where the provider has one (tcp;ofi_rxm), else in ppoll on the eventfd alone with
+// a doubling timeout (shm, which has no usable wait object).
 #include "transport/engine.hpp"
 
 #include <poll.h>
@@ -41,14 +53,24 @@ constexpr size_t rx_posted = 256;
 /// Empty polls continue this long before blocking: a burst's next write or completion usually
 /// arrives within microseconds, and a blocking wait costs a wake-up of tens of microseconds.
 constexpr auto spin_budget = std::chrono::microseconds(30);
-/// Upper bound of one blocking wait on the CQ fd; only a safety net against a lost wake-up.
-constexpr auto fd_wait_cap = std::chrono::milliseconds(50);
-/// Without a wait fd the loop sleeps in growing steps: short while traffic was recent (latency),
-/// long when idle (CPU). 1 ms idle steps cost well under 1 % of a core.
+/// Upper bounds of one blocking wait on the CQ fd. The fd does not signal everything the
+/// provider must progress: ofi_rxm runs connection management inside fi_cq_read (at most every
+/// FI_OFI_RXM_CM_PROGRESS_INTERVAL, 10 ms by default), and an initiator blocked on the fd misses
+/// "connected" (measured: first write 63-83 ms with a 50 ms cap, 18-27 ms with 1 ms, raw
+/// busy-polling 30-50 ms). So: short while writes are posted or queued, longer when idle.
+constexpr auto fd_wait_cap_busy = std::chrono::milliseconds(1);
+constexpr auto fd_wait_cap_idle = std::chrono::milliseconds(10);
+/// Without a wait fd (shm) the loop sleeps in doubling steps, capped by how long it has been
+/// idle: short caps keep latency low within a transfer; long ones keep an idle daemon cheap.
+/// A wake-up costs 15-35 µs of CPU on the reference VM (timer + context switch), so 1 ms steps
+/// are 1.5-3.5 % of a core and 4 ms steps under 1 %; the price is that the first write after
+/// a second of silence waits up to 4 ms.
 constexpr auto sleep_first = std::chrono::microseconds(20);
 constexpr auto sleep_cap_recent = std::chrono::microseconds(200);
-constexpr auto sleep_cap_idle = std::chrono::milliseconds(1);
 constexpr auto recent_window = std::chrono::milliseconds(20);
+constexpr auto sleep_cap_warm = std::chrono::milliseconds(1);
+constexpr auto warm_window = std::chrono::seconds(1);
+constexpr auto sleep_cap_cold = std::chrono::milliseconds(4);
 /// How long `stop` waits for posted writes to complete before failing them.
 constexpr auto stop_drain_limit = std::chrono::seconds(2);
 
@@ -188,7 +210,7 @@ class fabric_engine final : public engine {
   void complete_op(op_context* ctx, bool ok, const std::string& why);
   void maybe_finish(batch_state* b);
   bool deliver_immediates();
-  void block(bool recent_traffic, clock_type::duration& sleep_step);
+  void block(clock_type::duration idle_for, clock_type::duration& sleep_step);
   void drain_and_fail_all();
 
   engine_config cfg_;
@@ -223,7 +245,7 @@ class fabric_engine final : public engine {
   std::mutex fabric_mutex_;     ///< held by the progress thread for its lifetime; direct calls
                                 ///< before start / after stop take it to stay exclusive
   std::mutex queue_mutex_;
-  std::deque<work_item> queue_;  ///< guarded by queue_mutex_
+  std::deque<work_item> queue_;        ///< guarded by queue_mutex_
   run_state state_ = run_state::idle;  ///< guarded by queue_mutex_
   std::atomic<bool> queue_nonempty_{false};
   std::atomic<bool> stop_requested_{false};
@@ -239,6 +261,7 @@ class fabric_engine final : public engine {
   std::deque<batch_state*> pending_;              ///< batches with ops left to post, FIFO
   std::vector<op_context*> free_contexts_;
   uint32_t inflight_ = 0;
+  ssize_t last_cq_error_ = 0;
   bool credit_ = true;
   immediate_counts imm_batch_;
   std::unordered_map<uint64_t, size_t> imm_index_;  ///< imm -> position in imm_batch_
@@ -269,8 +292,8 @@ std::string fabric_engine::init(const engine_config& cfg) {
   fi_info* raw = nullptr;
   int rc = fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints.get(), &raw);
   if (rc != 0) {
-    return "fabric provider '" + cfg.provider + "' is not available on this machine (fi_getinfo: " +
-           fi_strerror(-rc) + ")";
+    return "fabric provider '" + cfg.provider +
+           "' is not available on this machine (fi_getinfo: " + fi_strerror(-rc) + ")";
   }
   info_.reset(raw);
 
@@ -396,8 +419,8 @@ std::string fabric_engine::open_cq() {
                 provider_, fi_strerror(-rc));
     cq_.reset();
   } else {
-    log_->debug("provider={} has no FI_WAIT_FD CQ ({}); polling CQ without wait object",
-                provider_, fi_strerror(-rc));
+    log_->debug("provider={} has no FI_WAIT_FD CQ ({}); polling CQ without wait object", provider_,
+                fi_strerror(-rc));
   }
 
   attr.wait_obj = FI_WAIT_NONE;
@@ -685,7 +708,7 @@ void fabric_engine::run() {
     }
     // Spin only right after real activity; a wake-up that finds nothing goes back to sleep.
     if (now - last_activity < spin_budget) continue;
-    block(now - last_activity < recent_window, sleep_step);
+    block(now - last_activity, sleep_step);
   }
   drain_and_fail_all();
   // Thread ids are reused after join; a later thread must not pass for the progress thread.
@@ -750,9 +773,9 @@ bool fabric_engine::post_writes() {
     }
     op_context* ctx = free_contexts_.back();
     ctx->batch = b;
-    ssize_t rc = fi_writedata(ep_.get(), static_cast<char*>(r->base) + op.local_offset, op.length,
-                              r->desc, op.imm, b->batch.peer, op.remote_addr, op.remote_key,
-                              &ctx->provider_scratch);
+    ssize_t rc =
+        fi_writedata(ep_.get(), static_cast<char*>(r->base) + op.local_offset, op.length, r->desc,
+                     op.imm, b->batch.peer, op.remote_addr, op.remote_key, &ctx->provider_scratch);
     if (rc == -FI_EAGAIN) break;  // provider queue full: progress the CQ, retry next round
     if (rc != 0) {
       const std::string why = fi_error_text("fi_writedata", rc) + " (peer " +
@@ -780,9 +803,12 @@ size_t fabric_engine::read_completions() {
     return 1;
   }
   if (n < 0) {
-    log_->error("{}", fi_error_text("fi_cq_read", n));
+    // Once per distinct code: a broken CQ would otherwise log on every loop iteration.
+    if (n != last_cq_error_) log_->error("{}", fi_error_text("fi_cq_read", n));
+    last_cq_error_ = n;
     return 0;
   }
+  last_cq_error_ = 0;
   for (ssize_t i = 0; i < n; ++i) {
     const fi_cq_data_entry& e = entries[i];
     auto* ctx = static_cast<op_context*>(e.op_context);
@@ -821,14 +847,17 @@ void fabric_engine::handle_error_entry() {
     const std::string why = std::string("write completion error: ") + fi_strerror(err.err) +
                             " (prov_errno " + std::to_string(err.prov_errno) + ": " +
                             (prov_text ? prov_text : "?") + ")";
-    log_->warn("{} peer={}", why, ctx->batch ? ctx->batch->batch.peer : 0);
+    // Warn once per batch (its first failure); a dead peer can fail thousands of writes.
+    const bool first = ctx->batch != nullptr && ctx->batch->result.ok;
+    log_->log(first ? spdlog::level::warn : spdlog::level::debug, "{} peer={}", why,
+              ctx->batch ? ctx->batch->batch.peer : 0);
     complete_op(ctx, false, why);
     return;
   }
   if (ctx != nullptr && ctx->what == op_context::kind::receive) {
     if (err.err != FI_ECANCELED) {
-      log_->warn("receive completion error: {} (prov_errno {}: {})", fi_strerror(err.err),
-                 err.prov_errno, prov_text ? prov_text : "?");
+      log_->debug("receive completion error: {} (prov_errno {}: {})", fi_strerror(err.err),
+                  err.prov_errno, prov_text ? prov_text : "?");
       repost_receive(ctx);
     }
     return;
@@ -873,7 +902,14 @@ bool fabric_engine::deliver_immediates() {
   if (credit_returned_.load(std::memory_order_relaxed) && credit_returned_.exchange(false)) {
     credit_ = true;
   }
-  if (!credit_ || imm_batch_.empty()) return false;
+  if (imm_batch_.empty()) return false;
+  if (!immediates_) {
+    // Nobody consumes immediates (a pure initiator): drop them instead of aggregating forever.
+    imm_batch_.clear();
+    imm_index_.clear();
+    return false;
+  }
+  if (!credit_) return false;
   credit_ = false;
   immediate_counts out;
   out.swap(imm_batch_);
@@ -882,7 +918,7 @@ bool fabric_engine::deliver_immediates() {
   return true;
 }
 
-void fabric_engine::block(bool recent_traffic, clock_type::duration& sleep_step) {
+void fabric_engine::block(clock_type::duration idle_for, clock_type::duration& sleep_step) {
   sleeping_.store(true);
   // Re-check after announcing sleep: a submitter that missed sleeping_ set its flag first.
   const bool credit_pending = credit_returned_.load() && !imm_batch_.empty();
@@ -905,15 +941,19 @@ void fabric_engine::block(bool recent_traffic, clock_type::duration& sleep_step)
     }
     if (rc == 0) {
       nfds = 2;
-      timeout = fd_wait_cap;
+      const bool busy = inflight_ > 0 || !pending_.empty();
+      timeout =
+          busy ? clock_type::duration(fd_wait_cap_busy) : clock_type::duration(fd_wait_cap_idle);
     } else {
       log_->debug("{}; sleeping instead", fi_error_text("fi_trywait", rc));
       timeout = sleep_cap_recent;
     }
   } else {
-    timeout = sleep_step;
-    const auto cap = recent_traffic ? clock_type::duration(sleep_cap_recent)
-                                    : clock_type::duration(sleep_cap_idle);
+    const clock_type::duration cap =
+        idle_for < recent_window ? clock_type::duration(sleep_cap_recent)
+        : idle_for < warm_window ? clock_type::duration(sleep_cap_warm)
+                                 : clock_type::duration(sleep_cap_cold);
+    timeout = std::min(sleep_step, cap);
     sleep_step = std::min<clock_type::duration>(sleep_step * 2, cap);
   }
 

@@ -51,7 +51,7 @@ baseline_result run_baseline(const std::string& provider, const std::vector<plan
   if (pid == 0) {
     close(sv[0]);
     void* buf = map_buffer(region);
-    auto r = raw_target(opts, sv[1], buf, region, writes.size(), false);
+    auto r = raw_target(opts, sv[1], buf, region, false);
     _exit(r.error.empty() ? 0 : 1);
   }
   close(sv[1]);

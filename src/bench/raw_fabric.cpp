@@ -42,13 +42,10 @@ std::string fi_text(const char* call, long long rc) {
   return std::string(call) + ": " + fi_strerror(static_cast<int>(rc < 0 ? -rc : rc));
 }
 
-/// Empty CQ polls before waiting: keeps a busy stream from paying a wake-up per completion.
-constexpr auto spin_budget = std::chrono::microseconds(30);
-
 // ----- socket messages -----------------------------------------------------------------------
 
 constexpr uint32_t magic = 0x57415246;  // "FRAW"
-enum class msg_kind : uint32_t { hello = 1, done = 2, error = 3 };
+enum class msg_kind : uint32_t { hello = 1, start = 2, done = 3, error = 4 };
 
 struct msg_header {
   uint32_t magic;
@@ -59,6 +56,9 @@ struct hello_body {
   uint64_t key;
   uint64_t remote_base;
   uint64_t length;
+};
+struct start_body {
+  uint64_t expected;  ///< remote CQ data entries the target is to count
 };
 struct done_body {
   uint64_t writes;
@@ -292,7 +292,7 @@ uint64_t raw_checksum(const void* data, uint64_t length) {
 }
 
 raw_target_result raw_target(const raw_options& options, int fd, void* buffer, uint64_t length,
-                             uint64_t expected_writes, bool checksum) {
+                             bool checksum) {
   raw_target_result out;
   const auto deadline = clock_type::now() + std::chrono::milliseconds(options.timeout_ms);
   raw_endpoint ep;
@@ -304,16 +304,30 @@ raw_target_result raw_target(const raw_options& options, int fd, void* buffer, u
   }
   const std::vector<uint8_t> name = ep.name();
   hello_body hello{fi_mr_key(ep.mr.get()),
-                   (ep.mr_mode & FI_MR_VIRT_ADDR) ? reinterpret_cast<uint64_t>(buffer) : 0,
-                   length};
+                   (ep.mr_mode & FI_MR_VIRT_ADDR) ? reinterpret_cast<uint64_t>(buffer) : 0, length};
   if (auto e = send_msg(fd, msg_kind::hello, &hello, sizeof hello, name.data(), name.size());
       !e.empty()) {
     out.error = e;
     return out;
   }
+  // Writes may already be arriving; their CQ entries wait in the CQ meanwhile.
+  std::string body;
+  if (auto e = recv_msg(fd, msg_kind::start, body, deadline); !e.empty()) {
+    out.error = e;
+    return out;
+  }
+  if (body.size() < sizeof(start_body)) {
+    out.error = "short start message from initiator";
+    send_error(fd, out.error);
+    return out;
+  }
+  start_body start;
+  std::memcpy(&start, body.data(), sizeof start);
+  const uint64_t expected_writes = start.expected;
 
   fi_cq_data_entry entries[64];
   auto last_progress = clock_type::now();
+  uint64_t empty_polls = 0;
   while (out.writes < expected_writes) {
     ssize_t n = fi_cq_read(ep.cq.get(), entries, 64);
     if (n > 0) {
@@ -338,10 +352,17 @@ raw_target_result raw_target(const raw_options& options, int fd, void* buffer, u
                   std::to_string(expected_writes) + " writes";
       break;
     }
-    if (now - last_progress < spin_budget) continue;
-    if (ep.wait(fd)) {
+    bool initiator_spoke = false;
+    if (options.poll_us < 0 || now - last_progress < std::chrono::microseconds(options.poll_us)) {
+      // Busy-polling still notices a failed initiator, without a syscall per poll.
+      if ((++empty_polls & 4095) != 0) continue;
+      pollfd pfd{fd, POLLIN, 0};
+      initiator_spoke = ::poll(&pfd, 1, 0) > 0;
+    } else {
+      initiator_spoke = ep.wait(fd);
+    }
+    if (initiator_spoke) {
       // The initiator only speaks here to report its own failure (or it exited).
-      std::string body;
       out.error = recv_msg(fd, msg_kind::done, body, deadline);
       if (out.error.empty()) out.error = "unexpected message from initiator";
       return out;
@@ -396,6 +417,11 @@ raw_initiator_result raw_initiator(const raw_options& options, int fd, const voi
       return fail("write outside the target buffer");
     }
   }
+  const bool per_write = options.cq_data_per_write;
+  const start_body announce{writes.empty() ? 0 : (per_write ? writes.size() : 1)};
+  if (auto e = send_msg(fd, msg_kind::start, &announce, sizeof announce); !e.empty()) {
+    return fail(e);
+  }
 
   // One fi_context per in-flight write (FI_CONTEXT lets the provider use it).
   std::vector<fi_context> contexts(window);
@@ -412,8 +438,12 @@ raw_initiator_result raw_initiator(const raw_options& options, int fd, const voi
     bool progressed = false;
     while (!free_contexts.empty() && next < writes.size()) {
       const raw_write& w = writes[next];
-      ssize_t r = fi_writedata(ep.ep.get(), src + w.src_offset, w.length, ep.desc, next, peer,
-                               hello.remote_base + w.dst_offset, hello.key, free_contexts.back());
+      void* buf = const_cast<char*>(src + w.src_offset);
+      const uint64_t dst = hello.remote_base + w.dst_offset;
+      ssize_t r = per_write ? fi_writedata(ep.ep.get(), buf, w.length, ep.desc, next, peer, dst,
+                                           hello.key, free_contexts.back())
+                            : fi_write(ep.ep.get(), buf, w.length, ep.desc, peer, dst, hello.key,
+                                       free_contexts.back());
       if (r == -FI_EAGAIN) break;  // progress the CQ, then retry
       if (r != 0) return fail(fi_text("fi_writedata", r));
       free_contexts.pop_back();
@@ -440,13 +470,48 @@ raw_initiator_result raw_initiator(const raw_options& options, int fd, const voi
       continue;
     }
     if (now > deadline) return fail("timed out with " + std::to_string(completed) + " completed");
-    if (now - last_progress < spin_budget) continue;
+    if (options.poll_us < 0 || now - last_progress < std::chrono::microseconds(options.poll_us)) {
+      if (options.poll_us < 0 && !got_done) {
+        pollfd pfd{fd, POLLIN, 0};
+        if (::poll(&pfd, 1, 0) > 0) {
+          if (auto e = recv_msg(fd, msg_kind::done, body, deadline); !e.empty()) {
+            out.error = e;
+            return out;
+          }
+          got_done = true;
+        }
+      }
+      continue;
+    }
     if (ep.wait(got_done ? -1 : fd)) {
       if (auto e = recv_msg(fd, msg_kind::done, body, deadline); !e.empty()) {
         out.error = e;
         return out;
       }
       got_done = true;
+    }
+  }
+
+  if (!per_write && !writes.empty()) {
+    // Commit marker: after every plain write completed locally, re-write the first bytes of the
+    // last one with remote CQ data (see "Commit styles" in the header).
+    const raw_write& w = writes.back();
+    fi_context marker_ctx{};
+    for (;;) {
+      ssize_t r = fi_writedata(ep.ep.get(), const_cast<char*>(src + w.src_offset),
+                               std::min<uint64_t>(w.length, 8), ep.desc, writes.size() - 1, peer,
+                               hello.remote_base + w.dst_offset, hello.key, &marker_ctx);
+      if (r == 0) break;
+      if (r != -FI_EAGAIN) return fail(fi_text("fi_writedata", r));
+      if (fi_cq_read(ep.cq.get(), entries, 64) == -FI_EAVAIL) return fail(ep.cq_error());
+      if (clock_type::now() > deadline) return fail("timed out posting the commit marker");
+    }
+    for (bool marker_done = false; !marker_done;) {
+      ssize_t n = fi_cq_read(ep.cq.get(), entries, 64);
+      if (n == -FI_EAVAIL) return fail(ep.cq_error());
+      for (ssize_t i = 0; i < n; ++i) marker_done |= entries[i].op_context == &marker_ctx;
+      if (clock_type::now() > deadline) return fail("timed out completing the commit marker");
+      if (n == -FI_EAGAIN) ep.wait(-1);
     }
   }
 

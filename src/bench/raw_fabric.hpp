@@ -7,10 +7,21 @@
 /// One calls `raw_target`, the other `raw_initiator`, on the same provider.
 ///
 /// Protocol on the socket (same binary on both ends, native byte order): the target sends a
-/// `hello` (fabric address, region key, remote base, length); the initiator posts its writes,
-/// each carrying remote CQ data; the target counts `expected_writes` arrived remote CQ data
-/// entries, then replies `done` (count and optional checksum of its buffer). Either side sends
-/// `error` with a text instead if it fails, so the other does not wait for its timeout.
+/// `hello` (fabric address, region key, remote base, length); the initiator answers `start`
+/// (how many remote CQ data entries to expect) and posts its writes; the target counts the
+/// arrived remote CQ data entries, then replies `done` (count and optional checksum of its
+/// buffer). Either side sends `error` with a text instead if it fails, so the other does not
+/// wait for its timeout.
+///
+/// Commit styles (`raw_options::cq_data_per_write`):
+/// - true (Ferry's design): every write is an `fi_writedata`; the target counts one entry per
+///   write, so arrival is proven per write.
+/// - false: plain `fi_write`s, then, after all their local completions, one `fi_writedata`
+///   marker (8 bytes re-written at the last write's destination). Valid on tcp (writes on one
+///   connection arrive in order) and shm (a plain write is copied by the initiator before it
+///   completes). It measures shm's fast path: libfabric's shm takes its single-command
+///   CMA path (initiator-side process_vm_writev) only for writes without remote CQ data and
+///   without FI_DELIVERY_COMPLETE; with remote CQ data the target pulls the bytes itself.
 ///
 /// Waiting: providers with an FI_WAIT_FD CQ (tcp) block in poll() on the CQ fd and the socket
 /// when idle; others (shm) poll the CQ and back off with short sleeps. Neither side spins
@@ -34,15 +45,18 @@ struct raw_write {
 
 /// Settings shared by both sides.
 struct raw_options {
-  std::string provider = "tcp";        ///< libfabric provider ("tcp" resolves to tcp;ofi_rxm)
-  std::string address = "127.0.0.1";   ///< bind address for IP providers; ignored by shm
-  int timeout_ms = 30000;              ///< bound on the whole call
+  std::string provider = "tcp";       ///< libfabric provider ("tcp" resolves to tcp;ofi_rxm)
+  std::string address = "127.0.0.1";  ///< bind address for IP providers; ignored by shm
+  int timeout_ms = 30000;             ///< bound on the whole call
+  int poll_us = 30;  ///< empty CQ polls continue this long before waiting; < 0: never wait
+                     ///< (busy-poll: unfair on few cores, often slower there)
+  bool cq_data_per_write = true;  ///< initiator only: see "Commit styles" above
 };
 
 /// What the target saw.
 struct raw_target_result {
   std::string error;      ///< empty = success
-  uint64_t writes = 0;    ///< remote CQ data entries counted
+  uint64_t writes = 0;    ///< remote CQ data entries counted (the initiator's announced count)
   uint64_t checksum = 0;  ///< raw_checksum of the buffer after all writes (if requested)
 };
 
@@ -57,14 +71,15 @@ struct raw_initiator_result {
 };
 
 /// Target side: open an endpoint, register `buffer` (`length` bytes, caller-owned and
-/// preferably pre-faulted), publish it on `fd`, progress the CQ until `expected_writes` remote
-/// CQ data entries arrived, optionally checksum the buffer, and reply `done` on `fd`.
+/// preferably pre-faulted), publish it on `fd`, progress the CQ until the remote CQ data entries
+/// announced by the initiator arrived, optionally checksum the buffer, and reply `done` on `fd`.
 raw_target_result raw_target(const raw_options& options, int fd, void* buffer, uint64_t length,
-                             uint64_t expected_writes, bool checksum);
+                             bool checksum);
 
 /// Initiator side: open an endpoint, register `source` (`length` bytes), read the target's
-/// `hello` from `fd`, post `writes` in order with at most `window` in flight (each with remote
-/// CQ data = its index), wait for all local completions and the target's `done`.
+/// `hello` from `fd`, post `writes` in order with at most `window` in flight (with remote CQ
+/// data = the write's index, per `cq_data_per_write`), wait for all local completions and the
+/// target's `done`. `seconds` runs from the first post to the arrival of `done`.
 raw_initiator_result raw_initiator(const raw_options& options, int fd, const void* source,
                                    uint64_t length, const std::vector<raw_write>& writes,
                                    uint32_t window);

@@ -4,7 +4,7 @@
 #include <ctime>
 #include <thread>
 
-#include "fabric_test_util.hpp"
+#include "harness.hpp"
 #include "transport/engine.hpp"
 
 using namespace ferry::transport;
@@ -14,9 +14,9 @@ namespace {
 
 /// Register one test body for each provider, as separate test cases so a missing provider skips
 /// only its own case.
-#define FERRY_FABRIC_CASE(title, body)                               \
-  TEST_CASE(title " (tcp)", "[fabric][tcp]") { body("tcp"); }        \
-  TEST_CASE(title " (shm)", "[fabric][shm]") { body("shm"); }
+#define FERRY_FABRIC_CASE(title, body)                                  \
+  TEST_CASE("fabric " title " (tcp)", "[fabric][tcp]") { body("tcp"); } \
+  TEST_CASE("fabric " title " (shm)", "[fabric][shm]") { body("shm"); }
 
 /// An initiator and a target engine in this process, with registered buffers and the target
 /// inserted as the initiator's peer.
@@ -62,6 +62,7 @@ struct engine_pair {
 };
 
 void writes_arrive_with_counted_immediates(const std::string& provider) {
+  batch_waiter done;  // declared before the engines: outlives their callbacks
   engine_pair ep(provider, 4 << 20);
   ep.start_both();
 
@@ -80,7 +81,6 @@ void writes_arrive_with_counted_immediates(const std::string& provider) {
     off += len + 24;  // gaps stay zero
   }
   REQUIRE(off < ep.dst.size());
-  batch_waiter done;
   batch.done = done.callback();
   const auto ops = batch.ops;
   ep.initiator->submit(std::move(batch));
@@ -112,12 +112,12 @@ FERRY_FABRIC_CASE("engine writes arrive and immediates are counted",
 
 void backpressure_queues_never_fails(const std::string& provider) {
   // 1000 writes with 16 in flight: the rest waits in the engine, nothing fails.
+  batch_waiter done;
   engine_pair ep(provider, 4 << 20, 16);
   ep.start_both();
   write_batch big;
   big.peer = ep.peer;
   for (uint64_t i = 0; i < 1000; ++i) big.ops.push_back(ep.op(i * 4096, i * 4096, 4096, i));
-  batch_waiter done;
   big.done = done.callback();
   // Small batches from another thread at the same time, into the last 96 KiB.
   std::thread other([&] {
@@ -154,11 +154,11 @@ FERRY_FABRIC_CASE("engine back-pressure queues a batch larger than max_inflight"
                   backpressure_queues_never_fails)
 
 void immediates_wait_for_credit(const std::string& provider) {
-  engine_pair ep(provider, 1 << 20);
   imm_collector manual(/*auto_credit=*/false);
+  batch_waiter done;
+  engine_pair ep(provider, 1 << 20);
   ep.target->start(manual.callback());
   ep.initiator->start(nullptr);
-  batch_waiter done;
 
   write_batch first;
   first.peer = ep.peer;
@@ -190,8 +190,8 @@ void immediates_wait_for_credit(const std::string& provider) {
 FERRY_FABRIC_CASE("engine delivers immediates one batch per credit", immediates_wait_for_credit)
 
 void removed_peer_fails_batches(const std::string& provider) {
-  engine_pair ep(provider, 1 << 20);
   batch_waiter done;
+  engine_pair ep(provider, 1 << 20);
   auto make = [&](uint64_t imm) {
     write_batch b;
     b.peer = ep.peer;
@@ -231,9 +231,9 @@ void removed_peer_fails_batches(const std::string& provider) {
 FERRY_FABRIC_CASE("engine fails batches for a removed peer", removed_peer_fails_batches)
 
 void invalid_writes_fail_cleanly(const std::string& provider) {
+  batch_waiter done;
   engine_pair ep(provider, 1 << 20);
   ep.start_both();
-  batch_waiter done;
   write_batch bad;
   bad.peer = ep.peer;
   bad.ops = {ep.op(0, 0, 4096, 1), ep.op((1 << 20) - 10, 0, 4096, 1)};  // 2nd leaves the region
@@ -270,8 +270,8 @@ void invalid_writes_fail_cleanly(const std::string& provider) {
 FERRY_FABRIC_CASE("engine rejects invalid writes and unknown peers", invalid_writes_fail_cleanly)
 
 void stop_fails_pending(const std::string& provider) {
+  batch_waiter done, many;
   engine_pair ep(provider, 1 << 20);
-  batch_waiter done;
   write_batch queued;
   queued.peer = ep.peer;
   queued.ops = {ep.op(0, 0, 4096, 1)};
@@ -296,14 +296,14 @@ void stop_fails_pending(const std::string& provider) {
   ep.initiator->stop();
 
   // A running engine stops with writes in flight or queued: every batch gets its callback.
-  ep.target->start(nullptr);
+  ep.imms.attach(ep.target.get());
+  ep.target->start(ep.imms.callback());
   auto again = open_engine(provider, 4);
   auto s = again->register_region(ep.src.data(), ep.src.size());
   REQUIRE(s);
   auto p = again->insert_peer(ep.target->local_address());
   REQUIRE(p);
   again->start(nullptr);
-  batch_waiter many;
   for (int b = 0; b < 20; ++b) {
     write_batch wb;
     wb.peer = p.value;
@@ -316,18 +316,26 @@ void stop_fails_pending(const std::string& provider) {
   }
   again->stop();
   REQUIRE(many.wait(20));
+  uint32_t completed = 0;
   for (const auto& r : many.results()) {
     CHECK(r.completed + r.failed == 16);
     if (!r.ok) CHECK_THAT(r.error, Catch::Contains("engine stopped"));
+    completed += r.completed;
   }
+  // shm's same-process fast path shares the peer's region mapping, and inject-sized writes
+  // complete locally before the target processed them: let the target see every write and
+  // close it before its in-process peer (separate processes map the region themselves).
+  REQUIRE(ep.imms.wait_total(completed));
+  ep.target.reset();
+  again.reset();
 }
 FERRY_FABRIC_CASE("engine stop fails queued batches", stop_fails_pending)
 
 void idle_engines_use_little_cpu(const std::string& provider) {
+  batch_waiter done;
   engine_pair ep(provider, 1 << 20);
   ep.start_both();
   // Some traffic first, so the loops have been busy and must back off again.
-  batch_waiter done;
   write_batch b;
   b.peer = ep.peer;
   for (uint64_t i = 0; i < 64; ++i) b.ops.push_back(ep.op(i * 4096, i * 4096, 4096, 1));
@@ -341,12 +349,20 @@ void idle_engines_use_little_cpu(const std::string& provider) {
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     return t.tv_sec + t.tv_nsec * 1e-9;
   };
-  const double c0 = cpu_now();
-  // A measurement interval, not synchronisation: both progress threads should sleep through it.
-  std::this_thread::sleep_for(std::chrono::milliseconds(400));
-  const double cpu = cpu_now() - c0;
-  INFO("process CPU while idle for 0.4 s: " << cpu << " s");
-  CHECK(cpu < 0.04);  // under 10 % of one core for two progress threads
+  // Measurement intervals, not synchronisation: both progress threads should sleep through
+  // them. A spinning thread would burn about 0.4 s of CPU per interval.
+  const auto interval = std::chrono::milliseconds(400);
+  double c0 = cpu_now();
+  std::this_thread::sleep_for(interval);
+  const double warm = cpu_now() - c0;
+  INFO("process CPU during 0.4 s right after traffic: " << warm << " s");
+  CHECK(warm < 0.08);  // under 20 % of one core for two progress threads (measured 2-8 %)
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));  // now idle for over 1 s
+  c0 = cpu_now();
+  std::this_thread::sleep_for(interval);
+  const double cold = cpu_now() - c0;
+  INFO("process CPU during 0.4 s after 1.1 s idle: " << cold << " s");
+  CHECK(cold < 0.03);  // under 7.5 % of one core for two threads (measured 1-2.5 %)
 }
 FERRY_FABRIC_CASE("engine progress threads block when idle", idle_engines_use_little_cpu)
 
@@ -439,6 +455,7 @@ void two_processes(const std::string& provider) {
   const std::vector<uint8_t> addr(frame.begin() + 1 + sizeof desc, frame.end());
   REQUIRE(desc.length == fork_region);
 
+  batch_waiter done;  // outlives the engine's callbacks
   auto eng = open_engine(provider, 32);
   std::vector<uint8_t> src(fork_region);
   fill_pattern(src, 3);
@@ -452,7 +469,6 @@ void two_processes(const std::string& provider) {
   // The expected target image: zeros plus the written ranges.
   std::vector<uint8_t> expected(fork_region, 0);
   std::map<uint64_t, uint64_t> expected_imms;
-  batch_waiter done;
   const uint64_t sizes[] = {64, 4096, 20000, 65536};
   uint64_t off = 0;
   for (int b = 0; b < 3; ++b) {  // three requests, each its own imm
@@ -504,7 +520,7 @@ FERRY_FABRIC_CASE("engine writes into a separate target process", two_processes)
 
 }  // namespace
 
-TEST_CASE("engine names a missing provider", "[fabric]") {
+TEST_CASE("fabric engine names a missing provider", "[fabric]") {
   engine_config cfg;
   cfg.provider = "nope";
   auto r = engine::open(cfg);
@@ -514,7 +530,7 @@ TEST_CASE("engine names a missing provider", "[fabric]") {
   CHECK(r.value == nullptr);
 }
 
-TEST_CASE("engine rejects max_inflight_writes of zero", "[fabric]") {
+TEST_CASE("fabric engine rejects max_inflight_writes of zero", "[fabric]") {
   engine_config cfg;
   cfg.max_inflight_writes = 0;
   auto r = engine::open(cfg);
@@ -522,7 +538,7 @@ TEST_CASE("engine rejects max_inflight_writes of zero", "[fabric]") {
   CHECK_THAT(r.error, Catch::Contains("max_inflight_writes"));
 }
 
-TEST_CASE("engine reports the provider in use (tcp resolves to rxm)", "[fabric][tcp]") {
+TEST_CASE("fabric engine reports the provider in use (tcp resolves to rxm)", "[fabric][tcp]") {
   require_provider("tcp");
   auto e = open_engine("tcp");
   CHECK_THAT(e->provider_name(), Catch::StartsWith("tcp"));

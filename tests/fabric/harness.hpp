@@ -1,9 +1,9 @@
 #pragma once
 /// Helpers for the [fabric] tests: provider skip, bounded waits on callbacks, memory patterns.
 
+#include <poll.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_errno.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -62,10 +62,9 @@ class batch_waiter {
   /// A `done` callback recording into this waiter (which must outlive the batch).
   std::function<void(transport::batch_result)> callback() {
     return [this](transport::batch_result r) {
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        results_.push_back(std::move(r));
-      }
+      // Notify under the lock: the waiter may destroy this object as soon as it sees the result.
+      std::lock_guard<std::mutex> lock(mutex_);
+      results_.push_back(std::move(r));
       cv_.notify_all();
     };
   }
@@ -104,9 +103,11 @@ class imm_collector {
           total_ += n;
         }
         ++callbacks_;
+        // Return credit before waking the test thread, which may then tear the engine down;
+        // notify under the lock for the same reason as batch_waiter.
+        if (auto_credit_ && engine_ != nullptr) engine_->return_immediate_credit();
+        cv_.notify_all();
       }
-      cv_.notify_all();
-      if (auto_credit_ && engine_ != nullptr) engine_->return_immediate_credit();
     };
   }
   /// Wait until at least `n` immediates arrived in total; false on timeout.

@@ -1,19 +1,18 @@
 // The raw-libfabric benchmark baseline (src/bench/raw_fabric.*) moves the right bytes.
-#include "bench/raw_fabric.hpp"
-
 #include <sys/socket.h>
 #include <sys/wait.h>
 
 #include <csignal>
 
-#include "fabric_test_util.hpp"
+#include "bench/raw_fabric.hpp"
+#include "harness.hpp"
 
 using namespace ferry::bench;
 using namespace ferry::test;
 
 namespace {
 
-void raw_target_in_child(const std::string& provider) {
+void raw_target_in_child(const std::string& provider, bool cq_data_per_write) {
   require_provider(provider);
   constexpr uint64_t region = 8 << 20;
   // Mixed sizes, destination order shuffled against the source, 16 in flight.
@@ -38,7 +37,7 @@ void raw_target_in_child(const std::string& provider) {
     raw_options o;
     o.provider = provider;
     o.timeout_ms = 15000;
-    auto r = raw_target(o, sv[1], target.data(), target.size(), writes.size(), true);
+    auto r = raw_target(o, sv[1], target.data(), target.size(), true);
     ::_exit(r.error.empty() ? 0 : 1);
   }
   ::close(sv[1]);
@@ -52,6 +51,7 @@ void raw_target_in_child(const std::string& provider) {
   raw_options o;
   o.provider = provider;
   o.timeout_ms = 15000;
+  o.cq_data_per_write = cq_data_per_write;
   auto r = raw_initiator(o, sv[0], source.data(), source.size(), writes, 16);
   ::close(sv[0]);
   int status = 0;
@@ -62,7 +62,7 @@ void raw_target_in_child(const std::string& provider) {
   REQUIRE(r.error.empty());
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
-  CHECK(r.target_writes == writes.size());
+  CHECK(r.target_writes == (cq_data_per_write ? writes.size() : 1));
   CHECK(r.target_checksum == raw_checksum(expected.data(), expected.size()));
   CHECK(r.bytes == dst);
   CHECK(r.seconds > 0);
@@ -71,10 +71,12 @@ void raw_target_in_child(const std::string& provider) {
 }  // namespace
 
 TEST_CASE("raw fabric baseline writes into a target process (tcp)", "[fabric][tcp]") {
-  raw_target_in_child("tcp");
+  SECTION("remote CQ data on every write") { raw_target_in_child("tcp", true); }
+  SECTION("plain writes and a final marker") { raw_target_in_child("tcp", false); }
 }
 TEST_CASE("raw fabric baseline writes into a target process (shm)", "[fabric][shm]") {
-  raw_target_in_child("shm");
+  SECTION("remote CQ data on every write") { raw_target_in_child("shm", true); }
+  SECTION("plain writes and a final marker") { raw_target_in_child("shm", false); }
 }
 
 TEST_CASE("raw fabric baseline reports a missing provider to both sides", "[fabric]") {
@@ -85,7 +87,7 @@ TEST_CASE("raw fabric baseline reports a missing provider to both sides", "[fabr
   o.timeout_ms = 5000;
   std::vector<uint8_t> buf(4096);
   // The target fails before publishing and tells the initiator, which must not hang.
-  auto t = raw_target(o, sv[1], buf.data(), buf.size(), 1, false);
+  auto t = raw_target(o, sv[1], buf.data(), buf.size(), false);
   CHECK_THAT(t.error, Catch::StartsWith("fabric provider 'nope' is not available"));
   o.provider = "tcp";
   if (!provider_available("tcp")) return;

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Benchmark matrix behind docs/performance.md: for each provider and KV page size, start a
+# prefill/decode ferryd pair from configs/ (page size rewritten, same KV bytes), run ferry-bench
+# with its raw-fabric baseline in the same run, and stop the pair.
+#
+#   scripts/bench.sh                          full matrix (tcp, shm) x (page 1, 16, 64)
+#   PROVIDERS=shm PAGES=16 scripts/bench.sh --fragmentation 0.5 --repeat 3
+# Extra arguments go to ferry-bench (defaults: 4096-token prompts, 16 requests, concurrency 4,
+# 5 repeats). Assumes a built tree (scripts/build.sh).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${FERRY_BUILD_DIR:-$root/build}
+providers=${PROVIDERS:-"tcp shm"}
+pages=${PAGES:-"1 16 64"}
+work=$(mktemp -d /tmp/ferry-bench-XXXXXX)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+start() {  # start NAME PROVIDER PAGE_TOKENS
+  local name=$1 provider=$2 page=$3
+  sed -e "s/provider: tcp/provider: $provider/" -e "s/page_tokens: 1 /page_tokens: $page /" \
+      -e "s/pages: 20480/pages: $((20480 / page))/" "$root/configs/$name.yaml" >"$work/$name.yaml"
+  rm -f "$work/$name.ready"; mkfifo "$work/$name.ready"
+  "$build/src/ferryd" --config "$work/$name.yaml" --ready-fd 3 3>"$work/$name.ready" >"$work/$name.log" 2>&1 &
+  pids+=($!)
+  local line=""
+  read -r -t 30 line <"$work/$name.ready" || true
+  [ "$line" = "ready" ] || { echo "bench: $name did not start:" >&2; cat "$work/$name.log" >&2; exit 1; }
+}
+
+for provider in $providers; do
+  for page in $pages; do
+    echo "=== provider $provider, page_tokens $page ==="
+    start prefill "$provider" "$page"
+    start decode "$provider" "$page"
+    "$build/src/ferry-bench" --prefill-socket /tmp/ferry-prefill.sock --decode-socket /tmp/ferry-decode.sock \
+      --prompt-tokens 4096 --requests 16 --concurrency 4 --repeat 5 "$@"
+    for pid in "${pids[@]}"; do kill -TERM "$pid"; done
+    for pid in "${pids[@]}"; do wait "$pid" || true; done
+    pids=()
+  done
+done
