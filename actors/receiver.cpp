@@ -23,7 +23,7 @@ struct receiver_state {
   caf::actor connection;
   proto::prepare prep;
   uint64_t token = 0;
-  room_status status = room_status::bootstrapping;
+  room_state state;
   commit_counter commit;
   uint64_t bytes = 0;
 };
@@ -32,15 +32,14 @@ using receiver_actor = caf::stateful_actor<receiver_state>;
 
 void set_status(receiver_actor* self, room_status s, std::string reason = {}) {
   auto& st = self->state;
-  if (st.status == s || is_terminal(st.status)) return;
-  st.status = s;
+  if (!(s == room_status::failed ? st.state.fail() : st.state.advance(s))) return;
   caf::anon_send(st.scheduler, room_update{st.prep.room, true, s, reason, s == room_status::success ? st.bytes : 0});
   if (is_terminal(s)) self->quit();
 }
 
 void fail(receiver_actor* self, const std::string& reason, bool tell_peer) {
   auto& st = self->state;
-  if (is_terminal(st.status)) return;
+  if (is_terminal(st.state.status())) return;
   st.ctx->log_room->warn("room={} peer={} failed: {}", st.prep.room, st.prep.prefill_peer, reason);
   if (tell_peer)
     self->send(st.connection, peer_outbound{caf::make_message(peer_outcome{st.prep.room, false, false, reason})});
@@ -97,7 +96,7 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
       [=](cancel_atom) { fail(self, "cancelled by client", true); },
       [=](peer_down& d) { fail(self, fmt::format("peer {} lost: {}", d.address, d.reason), false); },
       [=](deadline_msg& d) {
-        fail(self, fmt::format("timed out in {} after {} ms ({} landed, {} announced)", to_string(self->state.status),
+        fail(self, fmt::format("timed out in {} after {} ms ({} landed, {} announced)", to_string(self->state.state.status()),
                                d.ms, self->state.commit.landed(),
                                self->state.commit.expected() ? std::to_string(*self->state.commit.expected()) : "none"),
              true);

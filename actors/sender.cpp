@@ -27,7 +27,7 @@ struct sender_state {
   context_ptr ctx;
   caf::actor scheduler;
   uint64_t room = 0;
-  room_status status = room_status::bootstrapping;
+  room_state state;
   std::optional<peer_prepare> prep;
   peer_info_ptr peer;
   caf::actor connection;
@@ -46,15 +46,14 @@ using sender_actor = caf::stateful_actor<sender_state>;
 
 void set_status(sender_actor* self, room_status s, std::string reason = {}) {
   auto& st = self->state;
-  if (st.status == s || is_terminal(st.status)) return;
-  st.status = s;
+  if (!(s == room_status::failed ? st.state.fail() : st.state.advance(s))) return;
   caf::anon_send(st.scheduler, room_update{st.room, false, s, reason, s == room_status::success ? st.bytes : 0});
   if (is_terminal(s)) self->quit();
 }
 
 void fail(sender_actor* self, const std::string& reason, bool tell_peer) {
   auto& st = self->state;
-  if (is_terminal(st.status)) return;
+  if (is_terminal(st.state.status())) return;
   st.ctx->log_room->warn("room={} peer={} failed: {}", st.room, st.peer_name(), reason);
   if (tell_peer && st.connection && st.prep)
     self->send(st.connection, peer_outbound{caf::make_message(peer_outcome{st.room, true, false, reason})});
@@ -166,7 +165,7 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
                                 st.peer_name(), st.prep->dst_pages.size(), st.prep->dst_state_slot, st.prep->dst_aux_row);
         self->send(st.connection, peer_outbound{caf::make_message(peer_prepare_ack{st.room, true, {}})});
         set_status(self, room_status::waiting_for_input);
-        while (!st.queued.empty() && !is_terminal(st.status)) {
+        while (!st.queued.empty() && !is_terminal(st.state.status())) {
           auto req = std::move(st.queued.front());
           st.queued.pop_front();
           if (auto e = post_chunk(self, std::get<proto::send>(req.msg))) fail(self, *e, true);
@@ -190,7 +189,7 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
       [=](deadline_msg& d) {
         auto& st = self->state;
         if (d.what == "transfer" || !st.prep)
-          fail(self, fmt::format("timed out in {} after {} ms ({})", to_string(st.status), d.ms, d.what), true);
+          fail(self, fmt::format("timed out in {} after {} ms ({})", to_string(st.state.status()), d.ms, d.what), true);
       },
   };
 }

@@ -4,9 +4,9 @@
 # with its raw-fabric baseline in the same run, and stop the pair.
 #
 #   scripts/bench.sh                          full matrix (tcp, shm) x (page 1, 16, 64)
-#   PROVIDERS=shm PAGES=16 scripts/bench.sh --fragmentation 0.5 --repeat 3
-# Extra arguments go to ferry-bench (defaults: 4096-token prompts, 16 requests, concurrency 4,
-# 5 repeats). Assumes a built tree (scripts/build.sh).
+#   PROVIDERS=shm PAGES=1 CONCURRENCY=2 scripts/bench.sh --fragmentation 0.5
+# Environment: PROVIDERS, PAGES, TOKENS (4096), REQUESTS (16), CONCURRENCY (4), REPEAT (5).
+# Extra arguments go to ferry-bench. Assumes a built tree (scripts/build.sh).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${FERRY_BUILD_DIR:-$root/build}
@@ -39,7 +39,8 @@ for provider in $providers; do
     start prefill "$provider" "$page"
     start decode "$provider" "$page"
     "$build/src/ferry-bench" --prefill-socket /tmp/ferry-prefill.sock --decode-socket /tmp/ferry-decode.sock \
-      --prompt-tokens 4096 --requests 16 --concurrency 4 --repeat 5 "$@"
+      --prompt-tokens "${TOKENS:-4096}" --requests "${REQUESTS:-16}" --concurrency "${CONCURRENCY:-4}" \
+      --repeat "${REPEAT:-5}" "$@"
     for pid in "${pids[@]}"; do kill -TERM "$pid"; done
     for pid in "${pids[@]}"; do wait "$pid" || true; done
     pids=()

@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include "core/plan.hpp"
+#include "core/status.hpp"
 
 using namespace ferry;
 
@@ -169,4 +170,28 @@ TEST_CASE("compatibility names the first difference", "[unit][plan]") {
   auto d = qwen_like();
   d.aux.reset();
   CHECK(*first_incompatibility(a, d) == "pool aux is present on prefill but absent on decode");
+}
+
+TEST_CASE("room statuses only increase; Failed interrupts; terminal is final", "[unit][status]") {
+  room_state s;
+  CHECK(s.status() == room_status::bootstrapping);
+  CHECK(s.advance(room_status::waiting_for_input));
+  CHECK(s.advance(room_status::transferring));
+  // A prepare ack that arrives after the first landed write must not move the room backwards.
+  CHECK_FALSE(s.advance(room_status::waiting_for_input));
+  CHECK(s.status() == room_status::transferring);
+  CHECK_FALSE(s.advance(room_status::transferring));
+  CHECK_FALSE(s.advance(room_status::failed));  // failing goes through fail()
+  CHECK(s.advance(room_status::success));
+  CHECK_FALSE(s.fail());
+  CHECK(s.status() == room_status::success);
+
+  room_state f;
+  CHECK(f.fail());
+  CHECK_FALSE(f.advance(room_status::success));
+  CHECK_FALSE(f.fail());
+  CHECK(f.status() == room_status::failed);
+
+  room_state skip;  // a zero-write room may jump straight to Success
+  CHECK(skip.advance(room_status::success));
 }
