@@ -66,7 +66,16 @@ struct scheduler_state {
 using scheduler_actor = caf::stateful_actor<scheduler_state>;
 
 void reply_error(scheduler_actor* self, const client_request& r, errc code, std::string text) {
-  self->state.ctx->log_sched->info("client conn={} request rejected: {}", r.conn, text);
+  // Request-related lines carry room= and peer= (the prefill peer a prepare names, else "-").
+  std::string room = "-", peer = "-";
+  std::visit(
+      [&](const auto& m) {
+        if constexpr (requires { m.room; }) room = std::to_string(m.room);
+        if constexpr (requires { m.prefill_peer; }) peer = m.prefill_peer;
+      },
+      r.msg);
+  self->state.ctx->log_sched->info("room={} peer={} client conn={} {} rejected: {}", room, peer, r.conn,
+                                   proto::to_string(proto::type_of(r.msg)), text);
   self->state.ctx->gateway->reply(r.conn, r.seq, proto::error{code, std::move(text)});
 }
 

@@ -12,25 +12,13 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${FERRY_BUILD_DIR:-$root/build}
 providers=${PROVIDERS:-"tcp shm"}
 pages=${PAGES:-"1 16 64"}
-work=$(mktemp -d /tmp/ferry-bench-XXXXXX)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source "$root/scripts/pair-lib.sh"
 
-start() {  # start NAME PROVIDER PAGE_TOKENS
+start() {  # start NAME PROVIDER PAGE_TOKENS: the configs/ daemon with another provider and page size
   local name=$1 provider=$2 page=$3
   sed -e "s/provider: tcp/provider: $provider/" -e "s/page_tokens: 1 /page_tokens: $page /" \
-      -e "s/pages: 20480/pages: $((20480 / page))/" "$root/configs/$name.yaml" >"$work/$name.yaml"
-  rm -f "$work/$name.ready"; mkfifo "$work/$name.ready"
-  "$build/src/ferryd" --config "$work/$name.yaml" --ready-fd 3 3>"$work/$name.ready" >"$work/$name.log" 2>&1 &
-  pids+=($!)
-  local line=""
-  read -r -t 30 line <"$work/$name.ready" || true
-  [ "$line" = "ready" ] || { echo "bench: $name did not start:" >&2; cat "$work/$name.log" >&2; exit 1; }
+      -e "s/pages: 20480/pages: $((20480 / page))/" "$root/configs/$name.yaml" >"$ferry_work/$name.yaml"
+  ferry_start "$name" "$ferry_work/$name.yaml"
 }
 
 for provider in $providers; do
@@ -41,8 +29,6 @@ for provider in $providers; do
     "$build/src/ferry-bench" --prefill-socket /tmp/ferry-prefill.sock --decode-socket /tmp/ferry-decode.sock \
       --prompt-tokens "${TOKENS:-4096}" --requests "${REQUESTS:-16}" --concurrency "${CONCURRENCY:-4}" \
       --repeat "${REPEAT:-5}" "$@"
-    for pid in "${pids[@]}"; do kill -TERM "$pid"; done
-    for pid in "${pids[@]}"; do wait "$pid" || true; done
-    pids=()
+    ferry_stop_all || echo "bench: a daemon did not exit cleanly" >&2
   done
 done
