@@ -32,6 +32,7 @@
 #include <unordered_set>
 
 #include "transport/fabric_handles.hpp"
+#include "transport/peer_queues.hpp"
 #include "transport/log.hpp"
 
 namespace ferry::transport {
@@ -258,7 +259,8 @@ class fabric_engine final : public engine {
   std::unordered_set<fi_addr_t> peers_;
   std::unordered_set<fi_addr_t> removed_peers_;
   std::list<std::unique_ptr<batch_state>> live_;  ///< every batch not yet finished
-  std::deque<batch_state*> pending_;              ///< batches with ops left to post, FIFO
+  peer_queues<batch_state*> pending_;  ///< batches with ops left to post: FIFO per peer,
+                                       ///< peers served round-robin one write at a time
   std::vector<op_context*> free_contexts_;
   uint32_t inflight_ = 0;
   ssize_t last_cq_error_ = 0;
@@ -576,13 +578,13 @@ void fabric_engine::remove_peer(peer_handle peer) {
 void fabric_engine::do_remove_peer(peer_handle peer) {
   const std::string why = "peer removed (peer " + std::to_string(peer) + ")";
   std::vector<batch_state*> touched;
-  for (batch_state* b : pending_) {
+  pending_.for_each([&](batch_state* b) {
     if (b->batch.peer == peer) {
       b->abort_unposted(why);
       touched.push_back(b);
     }
-  }
-  std::erase_if(pending_, [](batch_state* b) { return b->all_posted(); });
+  });
+  pending_.erase_if([](batch_state* b) { return b->all_posted(); });
   for (batch_state* b : touched) b->in_pending = false;
   // Posted writes to the peer complete (or fail) through the CQ as the provider decides.
   for (batch_state* b : touched) maybe_finish(b);
@@ -748,7 +750,7 @@ void fabric_engine::admit(std::unique_ptr<batch_state> b) {
     maybe_finish(raw);  // empty or rejected: done right away
   } else {
     raw->in_pending = true;
-    pending_.push_back(raw);
+    pending_.push(peer, raw);
   }
 }
 
@@ -790,6 +792,7 @@ bool fabric_engine::post_writes() {
     ++b->outstanding;
     ++b->next;
     posted_any = true;
+    pending_.next_turn();
   }
   return posted_any;
 }
@@ -985,12 +988,11 @@ void fabric_engine::drain_and_fail_all() {
       item.task();  // insert/remove/register still work while the fabric is open
     }
   }
-  for (batch_state* b : pending_) {
+  std::vector<batch_state*> to_finish = pending_.take_all();
+  for (batch_state* b : to_finish) {
     b->abort_unposted(stopped_text);
     b->in_pending = false;
   }
-  std::vector<batch_state*> to_finish(pending_.begin(), pending_.end());
-  pending_.clear();
   for (batch_state* b : to_finish) maybe_finish(b);
 
   // Posted writes reference memory the caller may free once done() ran: wait (bounded) for the
