@@ -175,3 +175,13 @@ TEST_CASE("admission bounds the active rooms per side and frees the place on com
   REQUIRE(wait_done(*c.d, 2).status == room_status::failed);
   good_request_still_works(c, 4);
 }
+
+TEST_CASE("a prepare naming an address where no ferryd listens fails the room with the reason", "[e2e][bad-input]") {
+  pair c;
+  const auto dead = "127.0.0.1:" + std::to_string(free_port());
+  REQUIRE(c.d->prepare({70, dead, {1}, 0, 0}));
+  auto e = wait_done(*c.d, 70);
+  CHECK(e.status == room_status::failed);
+  CHECK(e.reason.rfind("peer " + dead + " lost: cannot connect to " + dead + ": ", 0) == 0);
+  good_request_still_works(c, 71);
+}
