@@ -70,7 +70,7 @@ struct client_gateway::impl {
     if (want == c.want_write) return;
     c.want_write = want;
     epoll_event ev{};
-    ev.events = EPOLLIN | (want ? EPOLLOUT : 0);
+    ev.events = want ? (EPOLLIN | EPOLLOUT) : EPOLLIN;
     ev.data.u64 = id;
     epoll_ctl(epoll_fd, EPOLL_CTL_MOD, c.fd, &ev);
   }

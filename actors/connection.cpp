@@ -98,7 +98,7 @@ void finish(connection_actor* self, const std::string& reason) {
   if (st.done) return;
   st.done = true;
   st.ctx->log_peer->warn("peer={} connection closed: {}", st.address, reason);
-  self->send(st.scheduler, peer_down{st.address, caf::actor_cast<caf::actor>(self), reason});
+  self->send(st.scheduler, peer_down{st.address, caf::actor_cast<caf::actor>(self), reason, st.info != nullptr});
   if (st.info) st.ctx->engine->remove_peer(st.info->fabric_peer);
   self->quit();
 }

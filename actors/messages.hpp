@@ -190,6 +190,7 @@ struct peer_down {
   std::string address;
   caf::actor connection;
   std::string reason;
+  bool was_connected = false;  ///< false: the connect or handshake itself failed
 };
 
 /// Room actor -> Connection: deliver to the peer.

@@ -235,12 +235,14 @@ std::string info_text(scheduler_state& st, proto::info_topic topic) {
         << "\ndecode_bytes_received: " << st.decode.bytes << "\nstray_writes: " << st.stray_writes << "\n";
       break;
     case proto::info_topic::rooms:
+      if (st.prefill.active.empty() && st.decode.active.empty()) o << "no active rooms\n";
       for (auto* side : {&st.prefill, &st.decode})
         for (const auto& [room, e] : side->active)
           o << "room=" << room << " side=" << (side == &st.decode ? "decode" : "prefill") << " status=" << to_string(e.status)
             << " peer=" << (e.peer.empty() ? "-" : e.peer) << "\n";
       break;
     case proto::info_topic::peers:
+      if (st.connections.empty() && st.outbound.empty()) o << "no peers\n";
       for (const auto& [conn, info] : st.connections)
         if (info) o << "peer=" << info->address << " node=" << info->node << " instance=" << info->instance << "\n";
       for (const auto& [addr, conn] : st.outbound)

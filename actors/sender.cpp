@@ -185,7 +185,8 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
         }
       },
       [=](cancel_atom) { fail(self, "cancelled by client", true); },
-      [=](peer_down& d) { fail(self, fmt::format("peer {} lost: {}", d.address, d.reason), false); },
+      [=](peer_down& d) { fail(self, d.was_connected ? fmt::format("peer {} lost: {}", d.address, d.reason)
+                                                  : fmt::format("could not use peer {}: {}", d.address, d.reason), false); },
       [=](deadline_msg& d) {
         auto& st = self->state;
         if (d.what == "transfer" || !st.prep)

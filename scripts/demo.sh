@@ -17,7 +17,7 @@ provider=${FERRY_PROVIDER:-tcp}
 for name in prefill decode; do
   sed "s/provider: tcp/provider: $provider/" "$root/configs/$name.yaml" >"$ferry_work/$name.yaml"
   ferry_start "$name" "$ferry_work/$name.yaml"
-  echo "demo: $name ready (log: $ferry_work/$name.log)"
+  echo "demo: $name ready"
 done
 
 "$build/src/ferry-bench" --prefill-socket /tmp/ferry-prefill.sock --decode-socket /tmp/ferry-decode.sock \

@@ -179,8 +179,9 @@ outcome<none> client::map_pools() {
 uint8_t* client::pool(pool_kind k) const { return pools_[static_cast<int>(k)].data(); }
 
 uint8_t* client::item(pool_kind k, size_t buffer, uint64_t index) const {
-  const auto& b = hello_.pools[static_cast<int>(k)].layout.buffers.at(buffer);
-  return pool(k) + b.offset + index * b.item_bytes;
+  const auto& buffers = hello_.pools[static_cast<int>(k)].layout.buffers;
+  if (!pool(k) || buffer >= buffers.size() || index >= buffers[buffer].items) return nullptr;
+  return pool(k) + buffers[buffer].offset + index * buffers[buffer].item_bytes;
 }
 
 }  // namespace ferry::client

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <iostream>
+#include <thread>
 
 #include "ferry/client.hpp"
 #include "ferry/workload.hpp"
@@ -57,6 +58,8 @@ int main(int argc, char** argv) {
   auto* rooms = app.add_subcommand("rooms", "active rooms");
   auto* peers = app.add_subcommand("peers", "connected peers");
   auto* hello = app.add_subcommand("pools", "pool names and layouts the daemon hands to clients");
+  auto* ready = app.add_subcommand("wait-ready", "wait until the daemon accepts clients (for scripts)");
+  ready->add_option("--timeout-ms", timeout_ms, "give up after this long")->capture_default_str();
   auto* prepare = app.add_subcommand("prepare", "decode side: where a room's bytes must land");
   auto* send = app.add_subcommand("send", "prefill side: send one chunk of a room");
   auto* poll = app.add_subcommand("poll", "status of a room");
@@ -91,6 +94,20 @@ int main(int argc, char** argv) {
     std::cerr << "ferryctl: bad --pages '" << pages_text << "': " << e.what() << "\n";
     return 1;
   }
+  if (*ready) {
+    // Retry the connect until the daemon has created its pools and socket, bounded in time.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (;;) {
+      auto c = client::client::connect(socket, "ferryctl");
+      if (c) {
+        std::cout << fmt::format("{} ({}) is ready\n", c.value->daemon().node, c.value->daemon().role);
+        return 0;
+      }
+      if (std::chrono::steady_clock::now() >= deadline)
+        return std::cerr << "ferryctl: not ready after " << timeout_ms << " ms: " << c.message << "\n", 1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
   auto conn = client::client::connect(socket, "ferryctl");
   if (!conn) {
     std::cerr << "ferryctl: " << conn.message << "\n";
@@ -112,9 +129,19 @@ int main(int argc, char** argv) {
     for (int k = 0; k < pool_kind_count; ++k) {
       const auto& p = d.pools[k];
       if (!p.present) continue;
-      std::cout << fmt::format("pool {}: {} {} bytes, {} buffers of {} x {} bytes\n", to_string(static_cast<pool_kind>(k)),
-                               p.shm_name, p.layout.total_bytes, p.layout.buffers.size(), p.layout.buffers[0].items,
-                               p.layout.buffers[0].item_bytes);
+      std::cout << fmt::format("pool {}: {} ({} bytes)\n", to_string(static_cast<pool_kind>(k)), p.shm_name,
+                               p.layout.total_bytes);
+      // One line per run of buffers of the same shape (K, V, each state tensor, aux).
+      const auto& b = p.layout.buffers;
+      for (size_t i = 0; i < b.size();) {
+        size_t j = i;
+        while (j < b.size() && b[j].kind == b[i].kind && b[j].tensor == b[i].tensor && b[j].item_bytes == b[i].item_bytes) ++j;
+        static constexpr const char* kinds[] = {"K", "V", "KV", "state tensor", "aux"};
+        auto what = b[i].kind == buffer_kind::state ? fmt::format("state tensor {}", b[i].tensor)
+                                                    : std::string(kinds[static_cast<int>(b[i].kind)]);
+        std::cout << fmt::format("  {}: {} buffer(s) of {} x {} bytes\n", what, j - i, b[i].items, b[i].item_bytes);
+        i = j;
+      }
     }
     return 0;
   }
@@ -143,8 +170,9 @@ int main(int argc, char** argv) {
   }
   if (auto m = c.map_pools(); !m) return std::cerr << "ferryctl: " << m.message << "\n", 1;
   if (*fill) {
-    client::fill_kv(c, room, pages, first_position);
-    if (slot != no_index || row != no_index) client::fill_state_and_aux(c, room, slot, row);
+    auto err = client::fill_kv(c, room, pages, first_position);
+    if (err.empty()) err = client::fill_state_and_aux(c, room, slot, row);
+    if (!err.empty()) return std::cerr << "ferryctl: fill failed: " << err << "\n", 1;
     std::cout << fmt::format("room {}: pattern written to {} pages{}\n", room, pages.size(),
                              slot != no_index ? ", state slot and aux row" : "");
     return 0;

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <iostream>
+#include <optional>
 
 #include "actors/daemon.hpp"
 #include "core/config.hpp"
@@ -19,26 +20,25 @@ int main(int argc, char** argv) {
   app.footer("Example: ferryd --config configs/decode.yaml");
   CLI11_PARSE(app, argc, argv);
 
-  if (!check_path.empty()) {
-    auto r = ferry::load_config_file(check_path);
-    if (!r) {
-      std::cerr << "ferryd: invalid config: " << r.error->what << "\n";
-      return 1;
-    }
-    std::cout << ferry::to_yaml(*r.config);
-    return 0;
-  }
-  if (config_path.empty()) {
+  if (config_path.empty() && check_path.empty()) {
     std::cerr << "ferryd: --config FILE is required (or --check-config FILE); see --help\n";
     return 1;
   }
-  auto r = ferry::load_config_file(config_path);
-  if (!r) {
-    std::cerr << "ferryd: invalid config: " << r.error->what << "\n";
+  auto r = ferry::parse_config_file(check_path.empty() ? config_path : check_path);
+  std::optional<ferry::config_error> err = r.error;
+  if (r) {
+    if (!log_level.empty()) r.config->log.level = log_level;  // validated like log.level
+    err = ferry::validate_config(*r.config);
+  }
+  if (err) {
+    std::cerr << "ferryd: invalid config: " << err->what << "\n";
     return 1;
   }
-  auto cfg = *r.config;
-  if (!log_level.empty()) cfg.log.level = log_level;
+  if (!check_path.empty()) {
+    std::cout << ferry::to_yaml(*r.config);
+    return 0;
+  }
+  const auto& cfg = *r.config;
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [%n] %v");
   spdlog::set_level(spdlog::level::from_str(cfg.log.level));
   return ferry::run_daemon(cfg, ready_fd);

@@ -222,9 +222,9 @@ inline std::vector<uint32_t> range(uint32_t first, uint32_t count) {
 
 /// Fill the source and clear the destination of a room.
 inline void stage(pair& c, const room_spec& r) {
-  client::fill_kv(*c.p, r.room, r.src_pages, 0);
-  client::fill_state_and_aux(*c.p, r.room, r.src_slot, r.src_row);
-  client::clear_room(*c.d, r.dst_pages, r.dst_slot, r.dst_row);
+  REQUIRE(client::fill_kv(*c.p, r.room, r.src_pages, 0) == "");
+  REQUIRE(client::fill_state_and_aux(*c.p, r.room, r.src_slot, r.src_row) == "");
+  REQUIRE(client::clear_room(*c.d, r.dst_pages, r.dst_slot, r.dst_row) == "");
 }
 
 inline void prepare(pair& c, const room_spec& r) {

@@ -25,7 +25,7 @@ std::string error_of(const client::outcome<client::none>& o) {
 
 }  // namespace
 
-TEST_CASE("bad client requests get errors naming the problem; the daemon keeps serving", "[e2e][bad-input]") {
+TEST_CASE("bad client requests get errors naming the problem, and the daemon keeps serving", "[e2e][bad-input]") {
   pair c;
   const auto peer = c.prefill.control();
 
@@ -62,7 +62,7 @@ TEST_CASE("bad client requests get errors naming the problem; the daemon keeps s
     CHECK(error_of(c.p->send({5, {1}, false, 0, no_index})) == "room 5: state slot and aux row go only with the last chunk");
   }
   SECTION("aux row that does not carry the room id") {
-    client::clear_room(*c.p, {}, 0, 3);
+    REQUIRE(client::clear_room(*c.p, {}, 0, 3) == "");
     CHECK(error_of(c.p->send({5, {}, true, 0, 3})) == "room 5: src aux row 3 carries room id 0, expected 5");
   }
   SECTION("duplicate room") {
@@ -82,7 +82,7 @@ TEST_CASE("bad client requests get errors naming the problem; the daemon keeps s
   }
   SECTION("send after Success") {
     good_request_still_works(c, 900);
-    client::fill_state_and_aux(*c.p, 900, 0, 0);
+    REQUIRE(client::fill_state_and_aux(*c.p, 900, 0, 0) == "");
     auto o = c.p->send({900, {}, true, 0, 0});
     REQUIRE_FALSE(o);
     CHECK(o.code == errc::room_finished);
@@ -107,6 +107,14 @@ TEST_CASE("bad client requests get errors naming the problem; the daemon keeps s
     CHECK(client::verify_room(*c.d, 60, r.dst_pages, 0, 0).find("kv buffer 0 (layer 3) page 0 (position 0) differs at byte 0") !=
           std::string::npos);
     REQUIRE(c.d->cancel(60));
+  }
+  SECTION("the client library refuses indices outside the mapped pools, touching nothing") {
+    const std::vector<uint32_t> pages{1, 4096};
+    CHECK(client::fill_kv(*c.p, 1, pages, 0) == "kv page 4096 (position 1) is outside the pool of 4096 pages");
+    CHECK(client::fill_state_and_aux(*c.p, 1, 8, 0) == "state slot 8 is outside the pool of 8 slots");
+    CHECK(client::fill_state_and_aux(*c.p, 1, 0, 64) == "aux row 64 is outside the pool of 64 rows");
+    CHECK(client::verify_room(*c.d, 1, pages, 0, 0) == "kv page 4096 (position 1) is outside the pool of 4096 pages");
+    CHECK(c.p->item(pool_kind::state, 0, 8) == nullptr);
   }
   SECTION("wrong role") {
     CHECK(error_of(c.p->prepare({5, peer, {1}, 0, 0})) == "room 5: prepare is a decode operation; this daemon's role is prefill");
@@ -156,8 +164,8 @@ TEST_CASE("incompatible peers fail the room with the first difference", "[e2e][b
   REQUIRE(d->prepare({3, prefill.control(), {1}, 0, 0}));
   auto e = wait_done(*d, 3);
   CHECK(e.status == room_status::failed);
-  CHECK(e.reason == "peer " + prefill.control() +
-                        " lost: peer refused the handshake: incompatible layouts: kv.page_tokens differs: prefill has 1, decode has 16");
+  CHECK(e.reason == "could not use peer " + prefill.control() +
+                        ": peer refused the handshake: incompatible layouts: kv.page_tokens differs: prefill has 1, decode has 16");
 }
 
 TEST_CASE("admission bounds the active rooms per side and frees the place on completion", "[e2e][bad-input]") {
@@ -182,6 +190,6 @@ TEST_CASE("a prepare naming an address where no ferryd listens fails the room wi
   REQUIRE(c.d->prepare({70, dead, {1}, 0, 0}));
   auto e = wait_done(*c.d, 70);
   CHECK(e.status == room_status::failed);
-  CHECK(e.reason.rfind("peer " + dead + " lost: cannot connect to " + dead + ": ", 0) == 0);
+  CHECK(e.reason.rfind("could not use peer " + dead + ": cannot connect to " + dead + ": ", 0) == 0);
   good_request_still_works(c, 71);
 }

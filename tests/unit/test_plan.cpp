@@ -172,7 +172,7 @@ TEST_CASE("compatibility names the first difference", "[unit][plan]") {
   CHECK(*first_incompatibility(a, d) == "pool aux is present on prefill but absent on decode");
 }
 
-TEST_CASE("room statuses only increase; Failed interrupts; terminal is final", "[unit][status]") {
+TEST_CASE("room statuses only increase, Failed interrupts, terminal is final", "[unit][status]") {
   room_state s;
   CHECK(s.status() == room_status::bootstrapping);
   CHECK(s.advance(room_status::waiting_for_input));

@@ -63,7 +63,8 @@ class client {
   outcome<none> map_pools();
   /// Base address of a mapped pool (nullptr when absent or not mapped).
   uint8_t* pool(pool_kind k) const;
-  /// Address of item `index` of buffer `buffer` in pool `k`.
+  /// Address of item `index` of buffer `buffer` in pool `k`; nullptr when the pool is absent or
+  /// not mapped, or the buffer or index is out of range.
   uint8_t* item(pool_kind k, size_t buffer, uint64_t index) const;
 
   /// Send raw bytes (for tests of malformed input) and read the next reply frame.
