@@ -11,9 +11,8 @@
 /// connection is closed, since the stream cannot be resynchronised. A client that stops reading
 /// is disconnected once its unsent output exceeds `max_output_bytes`.
 
-#include <caf/all.hpp>
-
 #include <atomic>
+#include <caf/all.hpp>
 #include <cstdint>
 #include <memory>
 #include <mutex>

@@ -10,8 +10,9 @@
 // room messages from the remote go to the local Scheduler for routing. Messages from rooms that
 // arrive before the handshake completes are queued.
 
-#include <caf/io/all.hpp>
 #include <fmt/format.h>
+
+#include <caf/io/all.hpp>
 
 #include "actors/actors.hpp"
 
@@ -53,15 +54,18 @@ peer_hello make_hello(const daemon_context& ctx, caf::actor self) {
 
 /// Validate a peer's hello; `we_decode` says which side we are on this link. The error names the
 /// first problem.
-std::variant<std::shared_ptr<peer_info>, std::string> validate_peer(const daemon_context& ctx, const peer_hello& h,
-                                                                    bool we_decode, const std::string& address) {
+std::variant<std::shared_ptr<peer_info>, std::string> validate_peer(const daemon_context& ctx,
+                                                                    const peer_hello& h,
+                                                                    bool we_decode,
+                                                                    const std::string& address) {
   if (h.version != peer_protocol_version)
-    return fmt::format("peer protocol version {} is not supported (this daemon speaks {})", h.version,
-                       peer_protocol_version);
+    return fmt::format("peer protocol version {} is not supported (this daemon speaks {})",
+                       h.version, peer_protocol_version);
   if (we_decode && h.role == "decode")
     return fmt::format("peer {} has role decode; a prepare must name a prefill daemon", h.node);
   if (!we_decode && h.role == "prefill")
-    return fmt::format("peer {} has role prefill; only a decode daemon may connect to send prepares", h.node);
+    return fmt::format(
+        "peer {} has role prefill; only a decode daemon may connect to send prepares", h.node);
   auto parsed = parse_config_text(h.config_yaml);
   if (!parsed) return "peer config could not be read: " + parsed.error->what;
   auto info = std::make_shared<peer_info>();
@@ -75,10 +79,14 @@ std::variant<std::shared_ptr<peer_info>, std::string> validate_peer(const daemon
   const auto& dst = we_decode ? ctx.config.pools : info->pools;
   if (auto e = first_incompatibility(src, dst)) return "incompatible layouts: " + *e;
   if (ctx.config.tp.size != h.tp_size)
-    return fmt::format("tensor-parallel size differs: this daemon has {}, peer {} has {} (TP mismatch is not supported yet)",
-                       ctx.config.tp.size, h.node, h.tp_size);
+    return fmt::format(
+        "tensor-parallel size differs: this daemon has {}, peer {} has {} (TP mismatch is not "
+        "supported yet)",
+        ctx.config.tp.size, h.node, h.tp_size);
   info->layout = make_layout(info->pools);
-  if (h.regions.size() != pool_kind_count) return fmt::format("peer sent {} memory regions, expected {}", h.regions.size(), pool_kind_count);
+  if (h.regions.size() != pool_kind_count)
+    return fmt::format("peer sent {} memory regions, expected {}", h.regions.size(),
+                       pool_kind_count);
   for (int k = 0; k < pool_kind_count; ++k) {
     const auto& r = h.regions[k];
     const auto& p = info->layout.pools[k];
@@ -98,7 +106,8 @@ void finish(connection_actor* self, const std::string& reason) {
   if (st.done) return;
   st.done = true;
   st.ctx->log_peer->warn("peer={} connection closed: {}", st.address, reason);
-  self->send(st.scheduler, peer_down{st.address, caf::actor_cast<caf::actor>(self), reason, st.info != nullptr});
+  self->send(st.scheduler,
+             peer_down{st.address, caf::actor_cast<caf::actor>(self), reason, st.info != nullptr});
   if (st.info) st.ctx->engine->remove_peer(st.info->fabric_peer);
   self->quit();
 }
@@ -108,7 +117,8 @@ void become_ready(connection_actor* self, std::shared_ptr<peer_info> info, caf::
   st.info = std::move(info);
   st.remote = std::move(remote);
   self->monitor(st.remote);
-  st.ctx->log_peer->info("peer={} connected: node {} instance {}", st.address, st.info->node, st.info->instance);
+  st.ctx->log_peer->info("peer={} connected: node {} instance {}", st.address, st.info->node,
+                         st.info->instance);
   self->send(st.scheduler, peer_ready{st.address, st.info, {}});
   for (auto& m : st.queued) self->send(st.remote, std::move(m));
   st.queued.clear();
@@ -117,12 +127,14 @@ void become_ready(connection_actor* self, std::shared_ptr<peer_info> info, caf::
 /// Behaviour shared by both directions once constructed.
 caf::behavior relay(connection_actor* self, bool outbound) {
   self->set_down_handler([=](caf::down_msg& dm) {
-    if (dm.source == self->state.remote) finish(self, "peer went down: " + self->system().render(dm.reason));
+    if (dm.source == self->state.remote)
+      finish(self, "peer went down: " + self->system().render(dm.reason));
   });
   auto inbound = [=](caf::message m) {
     auto& st = self->state;
     if (!st.info) return;  // not from a validated peer
-    self->send(st.scheduler, peer_inbound{st.info, caf::actor_cast<caf::actor>(self), std::move(m)});
+    self->send(st.scheduler,
+               peer_inbound{st.info, caf::actor_cast<caf::actor>(self), std::move(m)});
   };
   return {
       [=](peer_outbound& o) {
@@ -149,12 +161,14 @@ caf::behavior relay(connection_actor* self, bool outbound) {
       },
       [=](peer_refused& r) { finish(self, "peer refused the handshake: " + r.reason); },
       [=](deadline_msg& d) {
-        if (!self->state.info) finish(self, fmt::format("handshake did not complete within {} ms", d.ms));
+        if (!self->state.info)
+          finish(self, fmt::format("handshake did not complete within {} ms", d.ms));
       },
   };
 }
 
-caf::behavior outbound_behavior(connection_actor* self, context_ptr ctx, std::string address, caf::actor scheduler) {
+caf::behavior outbound_behavior(connection_actor* self, context_ptr ctx, std::string address,
+                                caf::actor scheduler) {
   auto& st = self->state;
   st.ctx = std::move(ctx);
   st.address = address;
@@ -165,12 +179,14 @@ caf::behavior outbound_behavior(connection_actor* self, context_ptr ctx, std::st
   int port = 0;
   if (colon != std::string::npos) port = std::atoi(address.c_str() + colon + 1);
   if (colon == std::string::npos || port <= 0 || port > 65535) {
-    self->send(self, peer_refused{fmt::format("bad peer address '{}': expected host:port", address)});
+    self->send(self,
+               peer_refused{fmt::format("bad peer address '{}': expected host:port", address)});
     return relay(self, true);
   }
   auto host = address.substr(0, colon);
   auto mm = self->system().middleman().actor_handle();
-  self->request(mm, std::chrono::milliseconds(ms), caf::connect_atom::value, host, static_cast<uint16_t>(port))
+  self->request(mm, std::chrono::milliseconds(ms), caf::connect_atom::value, host,
+                static_cast<uint16_t>(port))
       .then(
           [=](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>&) {
             if (!ptr) {
@@ -178,15 +194,18 @@ caf::behavior outbound_behavior(connection_actor* self, context_ptr ctx, std::st
               return;
             }
             auto remote_scheduler = caf::actor_cast<caf::actor>(ptr);
-            self->send(remote_scheduler, make_hello(*self->state.ctx, caf::actor_cast<caf::actor>(self)));
+            self->send(remote_scheduler,
+                       make_hello(*self->state.ctx, caf::actor_cast<caf::actor>(self)));
           },
           [=](caf::error& err) {
-            finish(self, fmt::format("cannot connect to {}: {}", self->state.address, self->system().render(err)));
+            finish(self, fmt::format("cannot connect to {}: {}", self->state.address,
+                                     self->system().render(err)));
           });
   return relay(self, true);
 }
 
-caf::behavior inbound_behavior(connection_actor* self, context_ptr ctx, peer_hello hello, caf::actor scheduler) {
+caf::behavior inbound_behavior(connection_actor* self, context_ptr ctx, peer_hello hello,
+                               caf::actor scheduler) {
   auto& st = self->state;
   st.ctx = std::move(ctx);
   st.scheduler = std::move(scheduler);
@@ -206,14 +225,16 @@ caf::behavior inbound_behavior(connection_actor* self, context_ptr ctx, peer_hel
 
 }  // namespace
 
-caf::actor spawn_outbound_connection(caf::event_based_actor* parent, context_ptr ctx, std::string address,
-                                     caf::actor scheduler) {
-  return parent->spawn<caf::monitored>(outbound_behavior, std::move(ctx), std::move(address), std::move(scheduler));
+caf::actor spawn_outbound_connection(caf::event_based_actor* parent, context_ptr ctx,
+                                     std::string address, caf::actor scheduler) {
+  return parent->spawn<caf::monitored>(outbound_behavior, std::move(ctx), std::move(address),
+                                       std::move(scheduler));
 }
 
-caf::actor spawn_inbound_connection(caf::event_based_actor* parent, context_ptr ctx, peer_hello hello,
-                                    caf::actor scheduler) {
-  return parent->spawn<caf::monitored>(inbound_behavior, std::move(ctx), std::move(hello), std::move(scheduler));
+caf::actor spawn_inbound_connection(caf::event_based_actor* parent, context_ptr ctx,
+                                    peer_hello hello, caf::actor scheduler) {
+  return parent->spawn<caf::monitored>(inbound_behavior, std::move(ctx), std::move(hello),
+                                       std::move(scheduler));
 }
 
 }  // namespace ferry

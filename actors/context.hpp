@@ -19,10 +19,10 @@ class client_gateway;
 
 struct daemon_context {
   ferry_config config;
-  std::string instance;                               ///< resolved instance id
-  std::string config_yaml;                            ///< effective config, sent to peers
+  std::string instance;     ///< resolved instance id
+  std::string config_yaml;  ///< effective config, sent to peers
   node_layout layout;
-  std::array<shm_region, pool_kind_count> pools;      ///< mapped pools (empty when absent)
+  std::array<shm_region, pool_kind_count> pools;  ///< mapped pools (empty when absent)
   std::array<transport::region_id, pool_kind_count> regions{};
   std::unique_ptr<transport::engine> engine;
   std::shared_ptr<client_gateway> gateway;

@@ -1,12 +1,11 @@
 #include "actors/daemon.hpp"
 
-#include <caf/io/all.hpp>
 #include <fmt/format.h>
 #include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
-
 #include <unistd.h>
 
+#include <caf/io/all.hpp>
 #include <random>
 
 #include "actors/actors.hpp"
@@ -54,7 +53,8 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
   ctx->log_sched = make_logger("scheduler");
   ctx->log_room = make_logger("room");
   ctx->log_peer = make_logger("peer");
-  log->info("starting node={} instance={} role={}", cfg.node_name, ctx->instance, to_string(cfg.role));
+  log->info("starting node={} instance={} role={}", cfg.node_name, ctx->instance,
+            to_string(cfg.role));
   log->info("effective config:\n{}", ctx->config_yaml);
 
   // Block the stop signals in every thread; main waits for them with sigwait.
@@ -64,7 +64,8 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  auto opened = transport::engine::open({cfg.fabric.provider, cfg.fabric.address, cfg.fabric.max_inflight_writes});
+  auto opened = transport::engine::open(
+      {cfg.fabric.provider, cfg.fabric.address, cfg.fabric.max_inflight_writes});
   if (!opened) {
     log->error("{}", opened.error);
     return 2;
@@ -74,7 +75,8 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
     const auto& pool = ctx->layout.pools[k];
     if (!pool.present) continue;
     std::string err;
-    auto name = fmt::format("/ferry.{}.{}.{}", cfg.node_name, ctx->instance, to_string(static_cast<pool_kind>(k)));
+    auto name = fmt::format("/ferry.{}.{}.{}", cfg.node_name, ctx->instance,
+                            to_string(static_cast<pool_kind>(k)));
     ctx->pools[k] = shm_region::create(name, pool.total_bytes, err);
     if (!ctx->pools[k]) {
       log->error("pool {}: {}", to_string(static_cast<pool_kind>(k)), err);
@@ -82,13 +84,13 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
     }
     auto reg = ctx->engine->register_region(ctx->pools[k].data(), pool.total_bytes);
     if (!reg) {
-      log->error("pool {}: memory registration of {} bytes failed: {}", to_string(static_cast<pool_kind>(k)),
-                 pool.total_bytes, reg.error);
+      log->error("pool {}: memory registration of {} bytes failed: {}",
+                 to_string(static_cast<pool_kind>(k)), pool.total_bytes, reg.error);
       return 2;
     }
     ctx->regions[k] = reg.value;
-    log->info("pool {}: {} ({} bytes, {} buffers)", to_string(static_cast<pool_kind>(k)), name, pool.total_bytes,
-              pool.buffers.size());
+    log->info("pool {}: {} ({} bytes, {} buffers)", to_string(static_cast<pool_kind>(k)), name,
+              pool.total_bytes, pool.buffers.size());
   }
   std::string err;
   ctx->gateway = client_gateway::listen(cfg.client_listen, err);
@@ -107,13 +109,16 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
     auto port = static_cast<uint16_t>(std::stoi(cfg.control_listen.substr(colon + 1)));
     auto published = sys.middleman().publish(scheduler, port, host.c_str(), true);
     if (!published) {
-      log->error("cannot listen for peers on {}: {}", cfg.control_listen, sys.render(published.error()));
+      log->error("cannot listen for peers on {}: {}", cfg.control_listen,
+                 sys.render(published.error()));
       rc = 2;
     } else {
-      ctx->engine->start([scheduler](transport::immediate_counts c) { caf::anon_send(scheduler, immediates_msg{std::move(c)}); });
+      ctx->engine->start([scheduler](transport::immediate_counts c) {
+        caf::anon_send(scheduler, immediates_msg{std::move(c)});
+      });
       ctx->gateway->start(scheduler);
-      log->info("ready: provider {}, peers on {}, clients on {}", ctx->engine->provider_name(), cfg.control_listen,
-                cfg.client_listen);
+      log->info("ready: provider {}, peers on {}, clients on {}", ctx->engine->provider_name(),
+                cfg.control_listen, cfg.client_listen);
       if (ready_fd >= 0) {
         [[maybe_unused]] auto n = write(ready_fd, "ready\n", 6);
         close(ready_fd);

@@ -11,7 +11,6 @@
 /// Bulk bytes never travel in messages: they move by RMA writes; messages carry descriptors.
 
 #include <caf/all.hpp>
-
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -53,8 +52,8 @@ struct peer_hello {
   std::string role;
   uint32_t tp_size = 1;
   uint32_t tp_rank = 0;
-  std::string config_yaml;           ///< the sender's effective config; pools give the layout
-  uint64_t compat_hash = 0;          ///< compatibility_hash(pools)
+  std::string config_yaml;   ///< the sender's effective config; pools give the layout
+  uint64_t compat_hash = 0;  ///< compatibility_hash(pools)
   std::vector<uint8_t> fabric_address;
   std::vector<peer_region> regions;  ///< indexed by pool_kind
   caf::actor connection;             ///< the sender's Connection actor
@@ -77,7 +76,7 @@ typename Inspector::result_type inspect(Inspector& f, peer_refused& x) {
 /// Decode -> prefill: where room `room` must land. Exactly one destination slot and aux row.
 struct peer_prepare {
   uint64_t room = 0;
-  uint64_t token = 0;                ///< immediate data every write of this room must carry
+  uint64_t token = 0;  ///< immediate data every write of this room must carry
   std::vector<uint32_t> dst_pages;
   uint32_t dst_state_slot = no_index;
   uint32_t dst_aux_row = no_index;
@@ -129,7 +128,7 @@ typename Inspector::result_type inspect(Inspector& f, peer_outcome& x) {
 
 /// What a daemon knows of a connected peer; shared read-only by its rooms.
 struct peer_info {
-  std::string address;               ///< control address (connecting side) or node/instance
+  std::string address;  ///< control address (connecting side) or node/instance
   std::string node;
   std::string instance;
   pools_config pools;
@@ -168,13 +167,13 @@ struct room_update {
   bool decode_side = false;
   room_status status = room_status::failed;
   std::string reason;
-  uint64_t bytes = 0;   ///< bytes moved (set with Success)
+  uint64_t bytes = 0;  ///< bytes moved (set with Success)
 };
 
 /// Connection -> Scheduler: the handshake finished (ok) or failed.
 struct peer_ready {
   std::string address;
-  peer_info_ptr info;               ///< null on failure
+  peer_info_ptr info;  ///< null on failure
   std::string error;
 };
 
@@ -182,7 +181,7 @@ struct peer_ready {
 struct peer_inbound {
   peer_info_ptr from;
   caf::actor connection;
-  caf::message msg;                 ///< one of the peer_* room messages
+  caf::message msg;  ///< one of the peer_* room messages
 };
 
 /// Connection -> Scheduler: the peer went away.

@@ -33,7 +33,8 @@ using receiver_actor = caf::stateful_actor<receiver_state>;
 void set_status(receiver_actor* self, room_status s, std::string reason = {}) {
   auto& st = self->state;
   if (!(s == room_status::failed ? st.state.fail() : st.state.advance(s))) return;
-  caf::anon_send(st.scheduler, room_update{st.prep.room, true, s, reason, s == room_status::success ? st.bytes : 0});
+  caf::anon_send(st.scheduler, room_update{st.prep.room, true, s, reason,
+                                           s == room_status::success ? st.bytes : 0});
   if (is_terminal(s)) self->quit();
 }
 
@@ -42,36 +43,43 @@ void fail(receiver_actor* self, const std::string& reason, bool tell_peer) {
   if (is_terminal(st.state.status())) return;
   st.ctx->log_room->warn("room={} peer={} failed: {}", st.prep.room, st.prep.prefill_peer, reason);
   if (tell_peer)
-    self->send(st.connection, peer_outbound{caf::make_message(peer_outcome{st.prep.room, false, false, reason})});
+    self->send(st.connection,
+               peer_outbound{caf::make_message(peer_outcome{st.prep.room, false, false, reason})});
   set_status(self, room_status::failed, reason);
 }
 
 void evaluate(receiver_actor* self, commit_counter::state c) {
   auto& st = self->state;
   switch (c) {
-    case commit_counter::state::pending: return;
+    case commit_counter::state::pending:
+      return;
     case commit_counter::state::overflow:
-      fail(self, fmt::format("{} writes landed but the prefill announced {}", st.commit.landed(), *st.commit.expected()), true);
+      fail(self,
+           fmt::format("{} writes landed but the prefill announced {}", st.commit.landed(),
+                       *st.commit.expected()),
+           true);
       return;
     case commit_counter::state::complete:
-      st.ctx->log_room->debug("room={} peer={} committed: {} writes, {} bytes", st.prep.room, st.prep.prefill_peer,
-                              st.commit.landed(), st.bytes);
-      self->send(st.connection, peer_outbound{caf::make_message(peer_outcome{st.prep.room, false, true, {}})});
+      st.ctx->log_room->debug("room={} peer={} committed: {} writes, {} bytes", st.prep.room,
+                              st.prep.prefill_peer, st.commit.landed(), st.bytes);
+      self->send(st.connection,
+                 peer_outbound{caf::make_message(peer_outcome{st.prep.room, false, true, {}})});
       set_status(self, room_status::success);
       return;
   }
 }
 
-caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::prepare prep, uint64_t token,
-                                caf::actor connection, caf::actor scheduler) {
+caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::prepare prep,
+                                uint64_t token, caf::actor connection, caf::actor scheduler) {
   auto& st = self->state;
   st.ctx = std::move(ctx);
   st.prep = std::move(prep);
   st.token = token;
   st.connection = std::move(connection);
   st.scheduler = std::move(scheduler);
-  self->send(st.connection, peer_outbound{caf::make_message(
-                                peer_prepare{st.prep.room, token, st.prep.dst_pages, st.prep.state_slot, st.prep.aux_row})});
+  self->send(st.connection,
+             peer_outbound{caf::make_message(peer_prepare{st.prep.room, token, st.prep.dst_pages,
+                                                          st.prep.state_slot, st.prep.aux_row})});
   const auto ms = st.ctx->config.timeouts.transfer_ms;
   self->delayed_send(self, std::chrono::milliseconds(ms), deadline_msg{"transfer", ms});
   return {
@@ -94,12 +102,19 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
         if (!o.ok) fail(self, "prefill reported: " + o.reason, false);
       },
       [=](cancel_atom) { fail(self, "cancelled by client", true); },
-      [=](peer_down& d) { fail(self, d.was_connected ? fmt::format("peer {} lost: {}", d.address, d.reason)
-                                                  : fmt::format("could not use peer {}: {}", d.address, d.reason), false); },
+      [=](peer_down& d) {
+        fail(self,
+             d.was_connected ? fmt::format("peer {} lost: {}", d.address, d.reason)
+                             : fmt::format("could not use peer {}: {}", d.address, d.reason),
+             false);
+      },
       [=](deadline_msg& d) {
-        fail(self, fmt::format("timed out in {} after {} ms ({} landed, {} announced)", to_string(self->state.state.status()),
-                               d.ms, self->state.commit.landed(),
-                               self->state.commit.expected() ? std::to_string(*self->state.commit.expected()) : "none"),
+        fail(self,
+             fmt::format("timed out in {} after {} ms ({} landed, {} announced)",
+                         to_string(self->state.state.status()), d.ms, self->state.commit.landed(),
+                         self->state.commit.expected()
+                             ? std::to_string(*self->state.commit.expected())
+                             : "none"),
              true);
       },
   };
@@ -107,10 +122,10 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
 
 }  // namespace
 
-caf::actor spawn_receiver(caf::event_based_actor* parent, context_ptr ctx, proto::prepare prep, uint64_t token,
-                          caf::actor connection, caf::actor scheduler) {
-  return parent->spawn<caf::monitored>(receiver_behavior, std::move(ctx), std::move(prep), token, std::move(connection),
-                                       std::move(scheduler));
+caf::actor spawn_receiver(caf::event_based_actor* parent, context_ptr ctx, proto::prepare prep,
+                          uint64_t token, caf::actor connection, caf::actor scheduler) {
+  return parent->spawn<caf::monitored>(receiver_behavior, std::move(ctx), std::move(prep), token,
+                                       std::move(connection), std::move(scheduler));
 }
 
 }  // namespace ferry

@@ -43,8 +43,10 @@ struct side_rooms {
 
   void finish(uint64_t room, room_status s, std::string reason) {
     active.erase(room);
-    if (finished.emplace(room, finished_room{s, std::move(reason)}).second) finished_order.push_back(room);
-    else finished[room] = finished_room{s, finished[room].reason};
+    if (finished.emplace(room, finished_room{s, std::move(reason)}).second)
+      finished_order.push_back(room);
+    else
+      finished[room] = finished_room{s, finished[room].reason};
     while (finished_order.size() > history_limit) {
       finished.erase(finished_order.front());
       finished_order.pop_front();
@@ -56,9 +58,9 @@ struct scheduler_state {
   static inline const char* name = "ferry.scheduler";
   context_ptr ctx;
   side_rooms prefill, decode;
-  std::unordered_map<uint64_t, uint64_t> token_room;         // decode: immediate -> room
+  std::unordered_map<uint64_t, uint64_t> token_room;  // decode: immediate -> room
   uint64_t next_token = 1;
-  std::unordered_map<std::string, caf::actor> outbound;      // by control address
+  std::unordered_map<std::string, caf::actor> outbound;       // by control address
   std::unordered_map<caf::actor, peer_info_ptr> connections;  // every live connection
   uint64_t stray_writes = 0;                                  // immediates of unknown rooms
 };
@@ -74,40 +76,49 @@ void reply_error(scheduler_actor* self, const client_request& r, errc code, std:
         if constexpr (requires { m.prefill_peer; }) peer = m.prefill_peer;
       },
       r.msg);
-  self->state.ctx->log_sched->info("room={} peer={} client conn={} {} rejected: {}", room, peer, r.conn,
-                                   proto::to_string(proto::type_of(r.msg)), text);
+  self->state.ctx->log_sched->info("room={} peer={} client conn={} {} rejected: {}", room, peer,
+                                   r.conn, proto::to_string(proto::type_of(r.msg)), text);
   self->state.ctx->gateway->reply(r.conn, r.seq, proto::error{code, std::move(text)});
 }
 
 /// Checks shared by prepare and the last send: exactly one state slot and one aux row when the
 /// pools exist, none when they do not.
-std::optional<std::string> check_slot_and_row(const daemon_context& ctx, uint64_t room, const char* side,
-                                              uint32_t slot, uint32_t row) {
+std::optional<std::string> check_slot_and_row(const daemon_context& ctx, uint64_t room,
+                                              const char* side, uint32_t slot, uint32_t row) {
   const auto& l = ctx.layout;
   if (l[pool_kind::state].present) {
     const auto slots = ctx.config.pools.mamba->slots;
     if (slot == no_index)
-      return fmt::format("mamba requires single state index: room {} got {}=none (exactly one {} state slot is required)",
-                         room, side, side);
+      return fmt::format(
+          "mamba requires single state index: room {} got {}=none (exactly one {} state slot is "
+          "required)",
+          room, side, side);
     if (slot >= slots)
-      return fmt::format("room {}: {} state slot {} is outside the pool of {} slots", room, side, slot, slots);
+      return fmt::format("room {}: {} state slot {} is outside the pool of {} slots", room, side,
+                         slot, slots);
   } else if (slot != no_index) {
-    return fmt::format("room {}: {} state slot {} given but this daemon has no mamba pool", room, side, slot);
+    return fmt::format("room {}: {} state slot {} given but this daemon has no mamba pool", room,
+                       side, slot);
   }
   if (l[pool_kind::aux].present) {
     const auto rows = ctx.config.pools.aux->rows;
-    if (row == no_index) return fmt::format("room {}: exactly one {} aux row is required", room, side);
-    if (row >= rows) return fmt::format("room {}: {} aux row {} is outside the pool of {} rows", room, side, row, rows);
+    if (row == no_index)
+      return fmt::format("room {}: exactly one {} aux row is required", room, side);
+    if (row >= rows)
+      return fmt::format("room {}: {} aux row {} is outside the pool of {} rows", room, side, row,
+                         rows);
   } else if (row != no_index) {
-    return fmt::format("room {}: {} aux row {} given but this daemon has no aux pool", room, side, row);
+    return fmt::format("room {}: {} aux row {} given but this daemon has no aux pool", room, side,
+                       row);
   }
   return std::nullopt;
 }
 
-std::optional<std::string> check_pages(const daemon_context& ctx, uint64_t room, const std::vector<uint32_t>& pages,
-                                       const char* what) {
+std::optional<std::string> check_pages(const daemon_context& ctx, uint64_t room,
+                                       const std::vector<uint32_t>& pages, const char* what) {
   if (pages.empty()) return std::nullopt;
-  if (!ctx.config.pools.kv) return fmt::format("room {}: {}s given but this daemon has no kv pool", room, what);
+  if (!ctx.config.pools.kv)
+    return fmt::format("room {}: {}s given but this daemon has no kv pool", room, what);
   if (auto e = check_indices(pages, ctx.config.pools.kv->pages, what, "pages"))
     return fmt::format("room {}: {}", room, *e);
   return std::nullopt;
@@ -115,11 +126,13 @@ std::optional<std::string> check_pages(const daemon_context& ctx, uint64_t room,
 
 /// Admission: a bounded number of non-terminal rooms per side, so one runaway client cannot
 /// exhaust the daemon for everyone else.
-std::optional<std::string> admission(const scheduler_state& st, const side_rooms& side, const char* name) {
+std::optional<std::string> admission(const scheduler_state& st, const side_rooms& side,
+                                     const char* name) {
   const auto limit = st.ctx->config.limits.max_active_rooms;
   if (side.active.size() < limit) return std::nullopt;
-  return fmt::format("admission refused: {} rooms already active on the {} side (limits.max_active_rooms = {})",
-                     side.active.size(), name, limit);
+  return fmt::format(
+      "admission refused: {} rooms already active on the {} side (limits.max_active_rooms = {})",
+      side.active.size(), name, limit);
 }
 
 void notify_subscribers(scheduler_actor* self, const room_entry& e, uint64_t room, room_status s,
@@ -141,13 +154,21 @@ void on_prepare(scheduler_actor* self, client_request& r) {
   auto& st = self->state;
   auto& p = std::get<proto::prepare>(r.msg);
   if (!st.ctx->serves_decode())
-    return reply_error(self, r, errc::wrong_role, fmt::format("room {}: prepare is a decode operation; this daemon's role is prefill", p.room));
+    return reply_error(
+        self, r, errc::wrong_role,
+        fmt::format("room {}: prepare is a decode operation; this daemon's role is prefill",
+                    p.room));
   if (st.decode.active.count(p.room))
-    return reply_error(self, r, errc::duplicate_room, fmt::format("duplicate room {}: it is already active on this decode daemon", p.room));
-  if (auto e = admission(st, st.decode, "decode")) return reply_error(self, r, errc::invalid_request, fmt::format("room {}: {}", p.room, *e));
+    return reply_error(
+        self, r, errc::duplicate_room,
+        fmt::format("duplicate room {}: it is already active on this decode daemon", p.room));
+  if (auto e = admission(st, st.decode, "decode"))
+    return reply_error(self, r, errc::invalid_request, fmt::format("room {}: {}", p.room, *e));
   if (p.prefill_peer.empty())
-    return reply_error(self, r, errc::invalid_request, fmt::format("room {}: prefill_peer is empty", p.room));
-  if (auto e = check_pages(*st.ctx, p.room, p.dst_pages, "dst page")) return reply_error(self, r, errc::invalid_request, *e);
+    return reply_error(self, r, errc::invalid_request,
+                       fmt::format("room {}: prefill_peer is empty", p.room));
+  if (auto e = check_pages(*st.ctx, p.room, p.dst_pages, "dst page"))
+    return reply_error(self, r, errc::invalid_request, *e);
   if (auto e = check_slot_and_row(*st.ctx, p.room, "dst", p.state_slot, p.aux_row))
     return reply_error(self, r, errc::invalid_request, *e);
   const uint64_t token = st.next_token++;
@@ -155,7 +176,8 @@ void on_prepare(scheduler_actor* self, client_request& r) {
   auto room = p.room;
   auto peer = p.prefill_peer;
   st.ctx->log_sched->debug("room={} peer={} prepare: {} pages", room, peer, p.dst_pages.size());
-  auto actor = spawn_receiver(self, st.ctx, std::move(p), token, conn, caf::actor_cast<caf::actor>(self));
+  auto actor =
+      spawn_receiver(self, st.ctx, std::move(p), token, conn, caf::actor_cast<caf::actor>(self));
   st.decode.finished.erase(room);  // a reused id starts a new incarnation
   st.decode.active[room] = room_entry{actor, conn, room_status::bootstrapping, peer, token, {}};
   st.token_room[token] = room;
@@ -167,36 +189,46 @@ void on_send(scheduler_actor* self, client_request& r) {
   const auto& s = std::get<proto::send>(r.msg);
   const auto& ctx = *st.ctx;
   if (!ctx.serves_prefill())
-    return reply_error(self, r, errc::wrong_role, fmt::format("room {}: send is a prefill operation; this daemon's role is decode", s.room));
-  if (auto e = check_pages(ctx, s.room, s.src_pages, "src page")) return reply_error(self, r, errc::invalid_request, *e);
+    return reply_error(
+        self, r, errc::wrong_role,
+        fmt::format("room {}: send is a prefill operation; this daemon's role is decode", s.room));
+  if (auto e = check_pages(ctx, s.room, s.src_pages, "src page"))
+    return reply_error(self, r, errc::invalid_request, *e);
   if (s.last) {
     if (auto e = check_slot_and_row(ctx, s.room, "src", s.state_slot, s.aux_row))
       return reply_error(self, r, errc::invalid_request, *e);
     if (ctx.layout[pool_kind::aux].present) {
       // The aux row carries the room id: a wrong row would deliver another request's metadata.
       uint64_t stored = 0;
-      std::memcpy(&stored, ctx.pools[static_cast<int>(pool_kind::aux)].data() + ctx.layout[pool_kind::aux].buffers[0].offset +
-                               uint64_t{s.aux_row} * ctx.config.pools.aux->row_bytes,
+      std::memcpy(&stored,
+                  ctx.pools[static_cast<int>(pool_kind::aux)].data() +
+                      ctx.layout[pool_kind::aux].buffers[0].offset +
+                      uint64_t{s.aux_row} * ctx.config.pools.aux->row_bytes,
                   sizeof(stored));
       if (stored != s.room)
         return reply_error(self, r, errc::invalid_request,
-                           fmt::format("room {}: src aux row {} carries room id {}, expected {}", s.room, s.aux_row, stored, s.room));
+                           fmt::format("room {}: src aux row {} carries room id {}, expected {}",
+                                       s.room, s.aux_row, stored, s.room));
     }
   } else if (s.state_slot != no_index || s.aux_row != no_index) {
-    return reply_error(self, r, errc::invalid_request,
-                       fmt::format("room {}: state slot and aux row go only with the last chunk", s.room));
+    return reply_error(
+        self, r, errc::invalid_request,
+        fmt::format("room {}: state slot and aux row go only with the last chunk", s.room));
   }
   auto it = st.prefill.active.find(s.room);
   if (it == st.prefill.active.end()) {
     auto done = st.prefill.finished.find(s.room);
     if (done != st.prefill.finished.end())
-      return reply_error(self, r, errc::room_finished,
-                         fmt::format("room {} already finished ({}); send after {} is rejected", s.room,
-                                     to_string(done->second.status), to_string(done->second.status)));
+      return reply_error(
+          self, r, errc::room_finished,
+          fmt::format("room {} already finished ({}); send after {} is rejected", s.room,
+                      to_string(done->second.status), to_string(done->second.status)));
     if (auto e = admission(st, st.prefill, "prefill"))
       return reply_error(self, r, errc::invalid_request, fmt::format("room {}: {}", s.room, *e));
     auto actor = spawn_sender(self, st.ctx, s.room, caf::actor_cast<caf::actor>(self));
-    it = st.prefill.active.emplace(s.room, room_entry{actor, {}, room_status::bootstrapping, {}, 0, {}}).first;
+    it = st.prefill.active
+             .emplace(s.room, room_entry{actor, {}, room_status::bootstrapping, {}, 0, {}})
+             .first;
   }
   self->send(it->second.actor, std::move(r));
 }
@@ -209,7 +241,8 @@ void on_poll(scheduler_actor* self, client_request& r, uint64_t room) {
   }
   for (auto* side : {&st.decode, &st.prefill}) {
     if (auto it = side->finished.find(room); it != side->finished.end())
-      return st.ctx->gateway->reply(r.conn, r.seq, proto::poll_reply{room, it->second.status, it->second.reason});
+      return st.ctx->gateway->reply(r.conn, r.seq,
+                                    proto::poll_reply{room, it->second.status, it->second.reason});
   }
   reply_error(self, r, errc::unknown_room, fmt::format("unknown room {}", room));
 }
@@ -225,28 +258,37 @@ std::string info_text(scheduler_state& st, proto::info_topic topic) {
   std::ostringstream o;
   switch (topic) {
     case proto::info_topic::status:
-      o << "node: " << c.node_name << "\ninstance: " << st.ctx->instance << "\nrole: " << to_string(c.role)
-        << "\nprovider: " << st.ctx->engine->provider_name() << "\ncontrol: " << c.control_listen
-        << "\nclient: " << c.client_listen << "\nclients: " << st.ctx->gateway->connections()
-        << "\npeers: " << st.connections.size() << "\nprefill_rooms_active: " << st.prefill.active.size()
-        << "\nprefill_rooms_succeeded: " << st.prefill.succeeded << "\nprefill_rooms_failed: " << st.prefill.failed
-        << "\nprefill_bytes_sent: " << st.prefill.bytes << "\ndecode_rooms_active: " << st.decode.active.size()
-        << "\ndecode_rooms_succeeded: " << st.decode.succeeded << "\ndecode_rooms_failed: " << st.decode.failed
-        << "\ndecode_bytes_received: " << st.decode.bytes << "\nstray_writes: " << st.stray_writes << "\n";
+      o << "node: " << c.node_name << "\ninstance: " << st.ctx->instance
+        << "\nrole: " << to_string(c.role) << "\nprovider: " << st.ctx->engine->provider_name()
+        << "\ncontrol: " << c.control_listen << "\nclient: " << c.client_listen
+        << "\nclients: " << st.ctx->gateway->connections() << "\npeers: " << st.connections.size()
+        << "\nprefill_rooms_active: " << st.prefill.active.size()
+        << "\nprefill_rooms_succeeded: " << st.prefill.succeeded
+        << "\nprefill_rooms_failed: " << st.prefill.failed
+        << "\nprefill_bytes_sent: " << st.prefill.bytes
+        << "\ndecode_rooms_active: " << st.decode.active.size()
+        << "\ndecode_rooms_succeeded: " << st.decode.succeeded
+        << "\ndecode_rooms_failed: " << st.decode.failed
+        << "\ndecode_bytes_received: " << st.decode.bytes << "\nstray_writes: " << st.stray_writes
+        << "\n";
       break;
     case proto::info_topic::rooms:
       if (st.prefill.active.empty() && st.decode.active.empty()) o << "no active rooms\n";
       for (auto* side : {&st.prefill, &st.decode})
         for (const auto& [room, e] : side->active)
-          o << "room=" << room << " side=" << (side == &st.decode ? "decode" : "prefill") << " status=" << to_string(e.status)
-            << " peer=" << (e.peer.empty() ? "-" : e.peer) << "\n";
+          o << "room=" << room << " side=" << (side == &st.decode ? "decode" : "prefill")
+            << " status=" << to_string(e.status) << " peer=" << (e.peer.empty() ? "-" : e.peer)
+            << "\n";
       break;
     case proto::info_topic::peers:
       if (st.connections.empty() && st.outbound.empty()) o << "no peers\n";
       for (const auto& [conn, info] : st.connections)
-        if (info) o << "peer=" << info->address << " node=" << info->node << " instance=" << info->instance << "\n";
+        if (info)
+          o << "peer=" << info->address << " node=" << info->node << " instance=" << info->instance
+            << "\n";
       for (const auto& [addr, conn] : st.outbound)
-        if (!st.connections.count(conn) || !st.connections[conn]) o << "peer=" << addr << " connecting\n";
+        if (!st.connections.count(conn) || !st.connections[conn])
+          o << "peer=" << addr << " connecting\n";
       break;
   }
   return o.str();
@@ -259,9 +301,10 @@ void on_client(scheduler_actor* self, client_request& r) {
         using T = std::decay_t<decltype(m)>;
         if constexpr (std::is_same_v<T, proto::hello>) {
           if (m.version != proto::protocol_version)
-            return reply_error(self, r, errc::unsupported_version,
-                               fmt::format("client protocol version {} is not supported (ferryd speaks {})", m.version,
-                                           proto::protocol_version));
+            return reply_error(
+                self, r, errc::unsupported_version,
+                fmt::format("client protocol version {} is not supported (ferryd speaks {})",
+                            m.version, proto::protocol_version));
           proto::hello_reply h;
           h.node = st.ctx->config.node_name;
           h.instance = st.ctx->instance;
@@ -286,7 +329,8 @@ void on_client(scheduler_actor* self, client_request& r) {
           auto* e = find_active(st, m.room);
           if (!e) {
             if (st.decode.finished.count(m.room) || st.prefill.finished.count(m.room))
-              return reply_error(self, r, errc::room_finished, fmt::format("room {} already finished", m.room));
+              return reply_error(self, r, errc::room_finished,
+                                 fmt::format("room {} already finished", m.room));
             return reply_error(self, r, errc::unknown_room, fmt::format("unknown room {}", m.room));
           }
           self->send(e->actor, cancel_atom::value);
@@ -301,7 +345,8 @@ void on_client(scheduler_actor* self, client_request& r) {
           for (auto* side : {&st.decode, &st.prefill})
             if (auto it = side->finished.find(m.room); it != side->finished.end()) {
               st.ctx->gateway->reply(r.conn, r.seq, proto::ok{});
-              st.ctx->gateway->push(r.conn, proto::event{m.room, it->second.status, it->second.reason});
+              st.ctx->gateway->push(r.conn,
+                                    proto::event{m.room, it->second.status, it->second.reason});
               return;
             }
           reply_error(self, r, errc::unknown_room, fmt::format("unknown room {}", m.room));
@@ -309,7 +354,8 @@ void on_client(scheduler_actor* self, client_request& r) {
           st.ctx->gateway->reply(r.conn, r.seq, proto::info_reply{info_text(st, m.topic)});
         } else {
           reply_error(self, r, errc::malformed_frame,
-                      fmt::format("{} is a reply type; clients may not send it", proto::to_string(proto::type_of(r.msg))));
+                      fmt::format("{} is a reply type; clients may not send it",
+                                  proto::to_string(proto::type_of(r.msg))));
         }
       },
       r.msg);
@@ -322,31 +368,38 @@ void on_peer_inbound(scheduler_actor* self, peer_inbound& in) {
         auto it = st.prefill.active.find(p.room);
         if (it == st.prefill.active.end()) {
           if (!st.ctx->serves_prefill()) {
-            self->send(in.connection, peer_outbound{caf::make_message(
-                                          peer_prepare_ack{p.room, false, "this daemon does not serve the prefill role"})});
+            self->send(in.connection,
+                       peer_outbound{caf::make_message(peer_prepare_ack{
+                           p.room, false, "this daemon does not serve the prefill role"})});
             return;
           }
           if (auto e = admission(st, st.prefill, "prefill")) {
-            self->send(in.connection, peer_outbound{caf::make_message(peer_prepare_ack{p.room, false, *e})});
+            self->send(in.connection,
+                       peer_outbound{caf::make_message(peer_prepare_ack{p.room, false, *e})});
             return;
           }
           auto actor = spawn_sender(self, st.ctx, p.room, caf::actor_cast<caf::actor>(self));
           st.prefill.finished.erase(p.room);
-          it = st.prefill.active.emplace(p.room, room_entry{actor, {}, room_status::bootstrapping, {}, 0, {}}).first;
+          it = st.prefill.active
+                   .emplace(p.room, room_entry{actor, {}, room_status::bootstrapping, {}, 0, {}})
+                   .first;
         }
         it->second.connection = in.connection;
         it->second.peer = in.from->address;
         self->send(it->second.actor, sender_prepare{std::move(p), in.from, in.connection});
       },
       [&](peer_prepare_ack& a) {
-        if (auto it = st.decode.active.find(a.room); it != st.decode.active.end()) self->send(it->second.actor, a);
+        if (auto it = st.decode.active.find(a.room); it != st.decode.active.end())
+          self->send(it->second.actor, a);
       },
       [&](peer_announce& a) {
-        if (auto it = st.decode.active.find(a.room); it != st.decode.active.end()) self->send(it->second.actor, a);
+        if (auto it = st.decode.active.find(a.room); it != st.decode.active.end())
+          self->send(it->second.actor, a);
       },
       [&](peer_outcome& o) {
         auto& side = o.to_decode ? st.decode : st.prefill;
-        if (auto it = side.active.find(o.room); it != side.active.end()) self->send(it->second.actor, o);
+        if (auto it = side.active.find(o.room); it != side.active.end())
+          self->send(it->second.actor, o);
       },
   });
 }
@@ -390,7 +443,8 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
         auto& st = self->state;
         for (auto [token, count] : m.counts) {
           auto t = st.token_room.find(token);
-          auto r = t == st.token_room.end() ? st.decode.active.end() : st.decode.active.find(t->second);
+          auto r =
+              t == st.token_room.end() ? st.decode.active.end() : st.decode.active.find(t->second);
           if (r == st.decode.active.end()) {
             st.stray_writes += count;  // a late write of a room that already ended
             continue;
@@ -407,8 +461,9 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
         it->second.status = u.status;
         notify_subscribers(self, it->second, u.room, u.status, u.reason);
         if (!is_terminal(u.status)) return;
-        st.ctx->log_sched->info("room={} peer={} side={} {}{}{}", u.room, it->second.peer, u.decode_side ? "decode" : "prefill",
-                                to_string(u.status), u.reason.empty() ? "" : ": ", u.reason);
+        st.ctx->log_sched->info("room={} peer={} side={} {}{}{}", u.room, it->second.peer,
+                                u.decode_side ? "decode" : "prefill", to_string(u.status),
+                                u.reason.empty() ? "" : ": ", u.reason);
         if (u.status == room_status::success) {
           ++side.succeeded;
           side.bytes += u.bytes;
@@ -420,7 +475,8 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
         side.finish(u.room, u.status, u.reason);
       },
       [=](peer_hello& h) {
-        auto conn = spawn_inbound_connection(self, self->state.ctx, std::move(h), caf::actor_cast<caf::actor>(self));
+        auto conn = spawn_inbound_connection(self, self->state.ctx, std::move(h),
+                                             caf::actor_cast<caf::actor>(self));
         self->state.connections.emplace(conn, nullptr);
       },
       [=](peer_ready& p) {
@@ -442,6 +498,8 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
 
 }  // namespace
 
-caf::actor spawn_scheduler(caf::actor_system& sys, context_ptr ctx) { return sys.spawn(scheduler_behavior, std::move(ctx)); }
+caf::actor spawn_scheduler(caf::actor_system& sys, context_ptr ctx) {
+  return sys.spawn(scheduler_behavior, std::move(ctx));
+}
 
 }  // namespace ferry

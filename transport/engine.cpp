@@ -32,8 +32,8 @@
 #include <unordered_set>
 
 #include "transport/fabric_handles.hpp"
-#include "transport/peer_queues.hpp"
 #include "transport/log.hpp"
+#include "transport/peer_queues.hpp"
 
 namespace ferry::transport {
 namespace {
@@ -259,8 +259,8 @@ class fabric_engine final : public engine {
   std::unordered_set<fi_addr_t> peers_;
   std::unordered_set<fi_addr_t> removed_peers_;
   std::list<std::unique_ptr<batch_state>> live_;  ///< every batch not yet finished
-  peer_queues<batch_state*> pending_;  ///< batches with ops left to post: FIFO per peer,
-                                       ///< peers served round-robin one write at a time
+  peer_queues<batch_state*> pending_;             ///< batches with ops left to post: FIFO per peer,
+                                                  ///< peers served round-robin one write at a time
   std::vector<op_context*> free_contexts_;
   uint32_t inflight_ = 0;
   ssize_t last_cq_error_ = 0;

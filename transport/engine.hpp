@@ -53,19 +53,19 @@ using region_id = uint32_t;
 /// One one-sided write with immediate data.
 struct write_op {
   region_id local_region = 0;
-  uint64_t local_offset = 0;   ///< offset inside the local region
+  uint64_t local_offset = 0;  ///< offset inside the local region
   uint64_t length = 0;
-  uint64_t remote_addr = 0;    ///< remote region's remote_base + offset
+  uint64_t remote_addr = 0;  ///< remote region's remote_base + offset
   uint64_t remote_key = 0;
-  uint64_t imm = 0;            ///< remote CQ data delivered to the target
+  uint64_t imm = 0;  ///< remote CQ data delivered to the target
 };
 
 /// Outcome of a batch: all writes locally completed, or the first error.
 struct batch_result {
   bool ok = true;
-  uint32_t completed = 0;   ///< writes locally completed successfully
-  uint32_t failed = 0;      ///< writes that completed with an error or were never posted
-  std::string error;        ///< first error: the libfabric call, fi_strerror text, and context
+  uint32_t completed = 0;  ///< writes locally completed successfully
+  uint32_t failed = 0;     ///< writes that completed with an error or were never posted
+  std::string error;       ///< first error: the libfabric call, fi_strerror text, and context
 };
 
 /// A group of writes to one peer; `done` runs once on the progress thread when every write has

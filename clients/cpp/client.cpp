@@ -26,23 +26,28 @@ client::~client() {
   if (fd_ >= 0) close(fd_);
 }
 
-outcome<std::unique_ptr<client>> client::connect(const std::string& socket_path, const std::string& name,
+outcome<std::unique_ptr<client>> client::connect(const std::string& socket_path,
+                                                 const std::string& name,
                                                  std::chrono::milliseconds timeout) {
   std::unique_ptr<client> c(new client());
   c->timeout_ = timeout;
   sockaddr_un addr{};
   if (socket_path.size() >= sizeof(addr.sun_path))
-    return fail<std::unique_ptr<client>>(errc::invalid_request, "socket path is too long: " + socket_path);
+    return fail<std::unique_ptr<client>>(errc::invalid_request,
+                                         "socket path is too long: " + socket_path);
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, socket_path.c_str(), sizeof(addr.sun_path) - 1);
   c->fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (c->fd_ < 0 || ::connect(c->fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)
     return fail<std::unique_ptr<client>>(
-        errc::peer_unreachable, fmt::format("cannot connect to ferryd at '{}': {}", socket_path, std::strerror(errno)));
+        errc::peer_unreachable,
+        fmt::format("cannot connect to ferryd at '{}': {}", socket_path, std::strerror(errno)));
   auto r = c->request(proto::hello{proto::protocol_version, name});
   if (!r) return fail<std::unique_ptr<client>>(r.code, r.message);
   auto* h = std::get_if<proto::hello_reply>(&r.value);
-  if (!h) return fail<std::unique_ptr<client>>(errc::malformed_frame, "ferryd answered hello with an unexpected message");
+  if (!h)
+    return fail<std::unique_ptr<client>>(errc::malformed_frame,
+                                         "ferryd answered hello with an unexpected message");
   c->hello_ = std::move(*h);
   c->timeout_ = std::chrono::seconds(30);
   outcome<std::unique_ptr<client>> o;
@@ -54,13 +59,16 @@ outcome<proto::message> client::read_frame(std::chrono::steady_clock::time_point
   std::vector<uint8_t> buf(64 * 1024);
   for (;;) {
     if (auto d = reader_.next()) {
-      if (!d->msg) return fail<proto::message>(d->code, "cannot decode ferryd's reply: " + d->error);
+      if (!d->msg)
+        return fail<proto::message>(d->code, "cannot decode ferryd's reply: " + d->error);
       outcome<proto::message> o;
       o.value = std::move(*d->msg);
       return o;
     }
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return fail<proto::message>(errc::timed_out, "timed out waiting for ferryd");
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0)
+      return fail<proto::message>(errc::timed_out, "timed out waiting for ferryd");
     pollfd p{fd_, POLLIN, 0};
     int n = ::poll(&p, 1, static_cast<int>(left.count()));
     if (n < 0 && errno == EINTR) continue;
@@ -69,18 +77,22 @@ outcome<proto::message> client::read_frame(std::chrono::steady_clock::time_point
     if (got == 0) return fail<proto::message>(errc::peer_lost, "ferryd closed the connection");
     if (got < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
-      return fail<proto::message>(errc::peer_lost, std::string("reading from ferryd failed: ") + std::strerror(errno));
+      return fail<proto::message>(
+          errc::peer_lost, std::string("reading from ferryd failed: ") + std::strerror(errno));
     }
     reader_.feed(std::span<const uint8_t>(buf.data(), static_cast<size_t>(got)));
   }
 }
 
-outcome<proto::message> client::raw_exchange(const std::vector<uint8_t>& bytes, std::chrono::milliseconds timeout) {
+outcome<proto::message> client::raw_exchange(const std::vector<uint8_t>& bytes,
+                                             std::chrono::milliseconds timeout) {
   size_t off = 0;
   while (off < bytes.size()) {
     ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return fail<proto::message>(errc::peer_lost, std::string("writing to ferryd failed: ") + std::strerror(errno));
+    if (n <= 0)
+      return fail<proto::message>(errc::peer_lost,
+                                  std::string("writing to ferryd failed: ") + std::strerror(errno));
     off += static_cast<size_t>(n);
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -99,7 +111,8 @@ outcome<proto::message> client::request(const proto::message& m) {
   const uint32_t seq = next_seq_++;
   auto r = raw_exchange(proto::encode(m, seq), timeout_);
   if (!r) return r;
-  if (auto* e = std::get_if<proto::error>(&r.value)) return fail<proto::message>(e->code, e->message);
+  if (auto* e = std::get_if<proto::error>(&r.value))
+    return fail<proto::message>(e->code, e->message);
   return r;
 }
 
@@ -107,7 +120,9 @@ outcome<none> client::expect_ok(const proto::message& m) {
   auto r = request(m);
   if (!r) return fail<none>(r.code, r.message);
   if (!std::holds_alternative<proto::ok>(r.value))
-    return fail<none>(errc::malformed_frame, fmt::format("expected ok, got {}", proto::to_string(proto::type_of(r.value))));
+    return fail<none>(
+        errc::malformed_frame,
+        fmt::format("expected ok, got {}", proto::to_string(proto::type_of(r.value))));
   return {};
 }
 

@@ -11,7 +11,7 @@
 namespace ferry::bench {
 
 struct baseline_result {
-  double gbps = 0;     ///< 10^9 bytes per second
+  double gbps = 0;  ///< 10^9 bytes per second
   double seconds = 0;
   uint64_t bytes = 0;
   std::string provider;

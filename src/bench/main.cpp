@@ -173,9 +173,11 @@ int main(int argc, char** argv) {
     plans[c].src = make_pages(c * region, region, pages_per_req, o.fragmentation, 1000 + c);
     plans[c].dst = make_pages((o.concurrency - 1 - c) * region, region, pages_per_req,
                               o.fragmentation, 2000 + c);
-    if (auto e = client::fill_kv(p, pattern_key(c), plans[c].src, 0); !e.empty()) return fail("fill: " + e);
-    if (auto e = client::fill_state_and_aux(p, pattern_key(c), has_state ? c : no_index, has_aux ? c : no_index,
-                               0); !e.empty())
+    if (auto e = client::fill_kv(p, pattern_key(c), plans[c].src, 0); !e.empty())
+      return fail("fill: " + e);
+    if (auto e = client::fill_state_and_aux(p, pattern_key(c), has_state ? c : no_index,
+                                            has_aux ? c : no_index, 0);
+        !e.empty())
       return fail("fill: " + e);
   }
   std::vector<uint32_t> chunks;
@@ -241,7 +243,9 @@ int main(int argc, char** argv) {
         room[c] = next_room++;
         if (has_aux) std::memcpy(p.item(pool_kind::aux, 0, c), &room[c], 8);
         if (o.verify)
-          if (auto e = client::clear_room(d, plans[c].dst, has_state ? c : no_index, has_aux ? c : no_index); !e.empty())
+          if (auto e = client::clear_room(d, plans[c].dst, has_state ? c : no_index,
+                                          has_aux ? c : no_index);
+              !e.empty())
             return fail("clear: " + e);
         auto r = d.prepare(
             {room[c], ph.control, plans[c].dst, has_state ? c : no_index, has_aux ? c : no_index});

@@ -351,8 +351,8 @@ aux_pool_config parse_aux(const YAML::Node& n) {
 
 ferry_config parse_root(const YAML::Node& root) {
   ferry_config cfg;
-  const section top(root, "",
-                    {"node", "role", "listen", "fabric", "timeouts", "limits", "tp", "log", "pools"});
+  const section top(
+      root, "", {"node", "role", "listen", "fabric", "timeouts", "limits", "tp", "log", "pools"});
 
   const section node(top.get_or_null("node"), "node", {"name", "instance"});
   node.required_field("name", cfg.node_name);

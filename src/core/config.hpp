@@ -19,12 +19,12 @@ enum class node_role { prefill, decode, both };
 
 /// One transferable state tensor of a Mamba (or other recurrent) layer, per slot.
 struct state_tensor_config {
-  std::string name;                   ///< e.g. "conv", "temporal"
-  std::vector<uint64_t> shape;        ///< per-slot shape at this rank's TP, e.g. [8192, 3]
-  uint32_t dtype_bytes = 0;           ///< 2 for bf16, 4 for fp32
-  uint32_t slice_axis = 0;            ///< index into `shape` of the TP-sliced axis
-  std::vector<uint64_t> shard_groups; ///< full (unsharded) sub-block sizes along the sliced axis,
-                                      ///< e.g. GDN conv [2048, 2048, 4096]; empty = one block
+  std::string name;                    ///< e.g. "conv", "temporal"
+  std::vector<uint64_t> shape;         ///< per-slot shape at this rank's TP, e.g. [8192, 3]
+  uint32_t dtype_bytes = 0;            ///< 2 for bf16, 4 for fp32
+  uint32_t slice_axis = 0;             ///< index into `shape` of the TP-sliced axis
+  std::vector<uint64_t> shard_groups;  ///< full (unsharded) sub-block sizes along the sliced axis,
+                                       ///< e.g. GDN conv [2048, 2048, 4096]; empty = one block
 
   /// Bytes of one slot of this tensor for one layer.
   uint64_t slot_bytes() const;
@@ -36,13 +36,13 @@ struct state_tensor_config {
 
 /// Paged KV pool: K and V buffers per attention layer (one buffer per layer for MLA).
 struct kv_pool_config {
-  std::vector<uint32_t> layer_ids;    ///< global model layer ids of the attention layers
-  uint32_t page_tokens = 1;           ///< tokens per page (SGLang CUDA default 1)
-  uint32_t kv_heads = 0;              ///< KV heads held by this rank
+  std::vector<uint32_t> layer_ids;  ///< global model layer ids of the attention layers
+  uint32_t page_tokens = 1;         ///< tokens per page (SGLang CUDA default 1)
+  uint32_t kv_heads = 0;            ///< KV heads held by this rank
   uint32_t head_dim = 0;
   uint32_t dtype_bytes = 2;
-  bool mla = false;                   ///< true: one buffer per layer, no K/V split
-  uint64_t pages = 0;                 ///< pages per buffer
+  bool mla = false;    ///< true: one buffer per layer, no K/V split
+  uint64_t pages = 0;  ///< pages per buffer
 
   /// Bytes of one page of one layer buffer (K or V).
   uint64_t page_bytes() const;
@@ -71,20 +71,20 @@ struct pools_config {
 };
 
 struct fabric_config {
-  std::string provider = "tcp";         ///< any libfabric provider name: tcp, shm, verbs, efa...
-  std::string address = "127.0.0.1";    ///< interface address the endpoint binds to (if used)
-  uint32_t max_inflight_writes = 64;    ///< credit bound on posted, uncompleted writes
-  uint64_t write_piece_bytes = 1 << 20; ///< large state tensors are split into pieces this size
+  std::string provider = "tcp";          ///< any libfabric provider name: tcp, shm, verbs, efa...
+  std::string address = "127.0.0.1";     ///< interface address the endpoint binds to (if used)
+  uint32_t max_inflight_writes = 64;     ///< credit bound on posted, uncompleted writes
+  uint64_t write_piece_bytes = 1 << 20;  ///< large state tensors are split into pieces this size
 };
 
 struct timeouts_config {
-  uint32_t handshake_ms = 10000;        ///< connect + handshake with a peer
-  uint32_t prepare_wait_ms = 30000;     ///< a send waits this long for its room's prepare
-  uint32_t transfer_ms = 120000;        ///< a room must reach a terminal state within this
+  uint32_t handshake_ms = 10000;     ///< connect + handshake with a peer
+  uint32_t prepare_wait_ms = 30000;  ///< a send waits this long for its room's prepare
+  uint32_t transfer_ms = 120000;     ///< a room must reach a terminal state within this
 };
 
 struct limits_config {
-  uint32_t max_active_rooms = 4096;     ///< admission: non-terminal rooms per side (prefill, decode)
+  uint32_t max_active_rooms = 4096;  ///< admission: non-terminal rooms per side (prefill, decode)
 };
 
 struct tp_config {
@@ -93,15 +93,15 @@ struct tp_config {
 };
 
 struct log_config {
-  std::string level = "info";           ///< trace, debug, info, warn, error
+  std::string level = "info";  ///< trace, debug, info, warn, error
 };
 
 struct ferry_config {
   std::string node_name;
-  std::string instance = "auto";        ///< "auto": a random id chosen at each start
+  std::string instance = "auto";  ///< "auto": a random id chosen at each start
   node_role role = node_role::both;
   std::string control_listen = "127.0.0.1:7400";  ///< host:port for peer daemons (CAF)
-  std::string client_listen;            ///< unix socket path for local clients
+  std::string client_listen;                      ///< unix socket path for local clients
   fabric_config fabric;
   timeouts_config timeouts;
   limits_config limits;

@@ -9,25 +9,25 @@ namespace ferry {
 enum class errc : uint16_t {
   ok = 0,
   // config (100s)
-  config_invalid = 100,        ///< a config key has a bad value or is unknown
+  config_invalid = 100,  ///< a config key has a bad value or is unknown
   // fabric (200s)
-  fabric_unavailable = 200,    ///< provider missing or endpoint could not be opened
-  fabric_write_failed = 201,   ///< a posted write completed with an error
+  fabric_unavailable = 200,   ///< provider missing or endpoint could not be opened
+  fabric_write_failed = 201,  ///< a posted write completed with an error
   // peer / protocol (300s)
-  peer_unreachable = 300,      ///< connect or handshake with a peer daemon failed
-  peer_incompatible = 301,     ///< layouts differ between the two daemons
-  peer_lost = 302,             ///< an established peer connection went down
-  malformed_frame = 310,       ///< a client frame could not be decoded
-  frame_too_large = 311,       ///< a client frame exceeds the size limit
-  unsupported_version = 312,   ///< client protocol version not supported
+  peer_unreachable = 300,     ///< connect or handshake with a peer daemon failed
+  peer_incompatible = 301,    ///< layouts differ between the two daemons
+  peer_lost = 302,            ///< an established peer connection went down
+  malformed_frame = 310,      ///< a client frame could not be decoded
+  frame_too_large = 311,      ///< a client frame exceeds the size limit
+  unsupported_version = 312,  ///< client protocol version not supported
   // request (400s)
-  invalid_request = 400,       ///< a field of a request is out of range or inconsistent
-  duplicate_room = 401,        ///< a non-terminal room with this id already exists
-  unknown_room = 402,          ///< no room with this id is known
-  room_finished = 403,         ///< the room already reached a terminal state
-  wrong_role = 404,            ///< operation not served by this daemon's role
-  timed_out = 405,             ///< a bounded wait expired
-  cancelled = 406,             ///< cancelled by a client or the peer
+  invalid_request = 400,  ///< a field of a request is out of range or inconsistent
+  duplicate_room = 401,   ///< a non-terminal room with this id already exists
+  unknown_room = 402,     ///< no room with this id is known
+  room_finished = 403,    ///< the room already reached a terminal state
+  wrong_role = 404,       ///< operation not served by this daemon's role
+  timed_out = 405,        ///< a bounded wait expired
+  cancelled = 406,        ///< cancelled by a client or the peer
   // internal (500s)
   internal = 500,
 };
@@ -36,11 +36,23 @@ enum class errc : uint16_t {
 const char* to_string(errc e);
 
 /// All values, for exhaustiveness tests.
-inline constexpr errc all_errc[] = {
-    errc::ok,           errc::config_invalid,  errc::fabric_unavailable, errc::fabric_write_failed,
-    errc::peer_unreachable, errc::peer_incompatible, errc::peer_lost,     errc::malformed_frame,
-    errc::frame_too_large,  errc::unsupported_version, errc::invalid_request, errc::duplicate_room,
-    errc::unknown_room,     errc::room_finished,   errc::wrong_role,         errc::timed_out,
-    errc::cancelled,        errc::internal};
+inline constexpr errc all_errc[] = {errc::ok,
+                                    errc::config_invalid,
+                                    errc::fabric_unavailable,
+                                    errc::fabric_write_failed,
+                                    errc::peer_unreachable,
+                                    errc::peer_incompatible,
+                                    errc::peer_lost,
+                                    errc::malformed_frame,
+                                    errc::frame_too_large,
+                                    errc::unsupported_version,
+                                    errc::invalid_request,
+                                    errc::duplicate_room,
+                                    errc::unknown_room,
+                                    errc::room_finished,
+                                    errc::wrong_role,
+                                    errc::timed_out,
+                                    errc::cancelled,
+                                    errc::internal};
 
 }  // namespace ferry

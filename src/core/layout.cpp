@@ -29,9 +29,12 @@ uint64_t fnv1a(const std::string& s) {
 
 const char* to_string(pool_kind k) {
   switch (k) {
-    case pool_kind::kv: return "kv";
-    case pool_kind::state: return "state";
-    case pool_kind::aux: return "aux";
+    case pool_kind::kv:
+      return "kv";
+    case pool_kind::state:
+      return "state";
+    case pool_kind::aux:
+      return "aux";
   }
   return "?";
 }
@@ -43,10 +46,13 @@ node_layout make_layout(const pools_config& cfg) {
     pool.present = true;
     const auto& kv = *cfg.kv;
     if (kv.mla) {
-      for (auto id : kv.layer_ids) add_buffer(pool, {0, kv.page_bytes(), kv.pages, id, 0, buffer_kind::kv});
+      for (auto id : kv.layer_ids)
+        add_buffer(pool, {0, kv.page_bytes(), kv.pages, id, 0, buffer_kind::kv});
     } else {
-      for (auto id : kv.layer_ids) add_buffer(pool, {0, kv.page_bytes(), kv.pages, id, 0, buffer_kind::k});
-      for (auto id : kv.layer_ids) add_buffer(pool, {0, kv.page_bytes(), kv.pages, id, 0, buffer_kind::v});
+      for (auto id : kv.layer_ids)
+        add_buffer(pool, {0, kv.page_bytes(), kv.pages, id, 0, buffer_kind::k});
+      for (auto id : kv.layer_ids)
+        add_buffer(pool, {0, kv.page_bytes(), kv.pages, id, 0, buffer_kind::v});
     }
   }
   if (cfg.mamba) {
@@ -72,8 +78,8 @@ std::optional<std::string> first_incompatibility(const pools_config& s, const po
   };
   auto presence = [](const char* pool, bool a, bool b) -> std::optional<std::string> {
     if (a == b) return std::nullopt;
-    return fmt::format("pool {} is {} on prefill but {} on decode", pool,
-                       a ? "present" : "absent", b ? "present" : "absent");
+    return fmt::format("pool {} is {} on prefill but {} on decode", pool, a ? "present" : "absent",
+                       b ? "present" : "absent");
   };
   if (auto e = presence("kv", s.kv.has_value(), d.kv.has_value())) return e;
   if (s.kv) {
@@ -83,20 +89,23 @@ std::optional<std::string> first_incompatibility(const pools_config& s, const po
     if (auto e = differ("kv.mla", a.mla, b.mla)) return e;
     if (auto e = differ("kv.kv_heads", a.kv_heads, b.kv_heads)) return e;
     if (auto e = differ("kv.head_dim", a.head_dim, b.head_dim)) return e;
-    if (auto e = differ("kv.layer_ids", fmt::format("{}", a.layer_ids), fmt::format("{}", b.layer_ids)))
+    if (auto e =
+            differ("kv.layer_ids", fmt::format("{}", a.layer_ids), fmt::format("{}", b.layer_ids)))
       return e;
   }
   if (auto e = presence("mamba", s.mamba.has_value(), d.mamba.has_value())) return e;
   if (s.mamba) {
     const auto &a = *s.mamba, &b = *d.mamba;
-    if (auto e = differ("mamba.layer_ids", fmt::format("{}", a.layer_ids), fmt::format("{}", b.layer_ids)))
+    if (auto e = differ("mamba.layer_ids", fmt::format("{}", a.layer_ids),
+                        fmt::format("{}", b.layer_ids)))
       return e;
     if (auto e = differ("mamba.tensors count", a.tensors.size(), b.tensors.size())) return e;
     for (size_t t = 0; t < a.tensors.size(); ++t) {
       const auto &x = a.tensors[t], &y = b.tensors[t];
       auto key = [&](const char* f) { return fmt::format("mamba.tensors[{}].{}", t, f); };
       if (auto e = differ(key("name").c_str(), x.name, y.name)) return e;
-      if (auto e = differ(key("shape").c_str(), fmt::format("{}", x.shape), fmt::format("{}", y.shape)))
+      if (auto e =
+              differ(key("shape").c_str(), fmt::format("{}", x.shape), fmt::format("{}", y.shape)))
         return e;
       if (auto e = differ(key("dtype_bytes").c_str(), x.dtype_bytes, y.dtype_bytes)) return e;
       if (auto e = differ(key("slice_axis").c_str(), x.slice_axis, y.slice_axis)) return e;

@@ -26,11 +26,11 @@ const char* to_string(pool_kind k);
 enum class buffer_kind : uint8_t { k = 0, v = 1, kv = 2, state = 3, aux = 4 };
 
 struct buffer_layout {
-  uint64_t offset = 0;       ///< from the pool base
-  uint64_t item_bytes = 0;   ///< one page (KV), one slot (state) or one row (aux)
-  uint64_t items = 0;        ///< pages, slots or rows
-  uint32_t layer_id = 0;     ///< global layer id (0 for aux)
-  uint32_t tensor = 0;       ///< state tensor index (0 otherwise)
+  uint64_t offset = 0;      ///< from the pool base
+  uint64_t item_bytes = 0;  ///< one page (KV), one slot (state) or one row (aux)
+  uint64_t items = 0;       ///< pages, slots or rows
+  uint32_t layer_id = 0;    ///< global layer id (0 for aux)
+  uint32_t tensor = 0;      ///< state tensor index (0 otherwise)
   buffer_kind kind = buffer_kind::aux;
 };
 

@@ -28,7 +28,8 @@ void plan_kv(const pool_layout& src, const pool_layout& dst, std::span<const pag
       const auto& s = src.buffers[b];
       const auto& d = dst.buffers[b];
       out.push_back({pool_kind::kv, s.offset + uint64_t{run.src} * s.item_bytes,
-                     d.offset + uint64_t{run.dst} * d.item_bytes, uint64_t{run.count} * s.item_bytes});
+                     d.offset + uint64_t{run.dst} * d.item_bytes,
+                     uint64_t{run.count} * s.item_bytes});
     }
 }
 
@@ -60,8 +61,8 @@ void split_pieces(std::vector<planned_write>& writes, uint64_t piece_bytes) {
   out.reserve(writes.size() + extra);
   for (const auto& w : writes)
     for (uint64_t off = 0; off < w.length; off += piece_bytes)
-      out.push_back({w.pool, w.src_offset + off, w.dst_offset + off,
-                     std::min(piece_bytes, w.length - off)});
+      out.push_back(
+          {w.pool, w.src_offset + off, w.dst_offset + off, std::min(piece_bytes, w.length - off)});
   writes = std::move(out);
 }
 
@@ -83,9 +84,8 @@ std::optional<std::string> chunk_cursor::take(uint32_t n, bool last, uint32_t& f
         "chunk of {} pages at position {} goes beyond the decode's page list of {} pages", n,
         position_, dst_pages_);
   if (last && position_ + n != dst_pages_)
-    return fmt::format(
-        "last chunk ends at page position {} but the decode prepared {} pages", position_ + n,
-        dst_pages_);
+    return fmt::format("last chunk ends at page position {} but the decode prepared {} pages",
+                       position_ + n, dst_pages_);
   first_position = position_;
   position_ += n;
   finished_ = last;

@@ -69,7 +69,8 @@ class reader {
     uint32_t n = 0;
     if (!num(n, field)) return false;
     if (n > max_string_bytes) {
-      error_ = fmt::format("field '{}' is {} bytes, above the limit of {}", field, n, max_string_bytes);
+      error_ =
+          fmt::format("field '{}' is {} bytes, above the limit of {}", field, n, max_string_bytes);
       return false;
     }
     if (in_.size() - pos_ < n) return fail(field, n);
@@ -202,11 +203,13 @@ bool decode_body(reader& r, info& m) {
   return true;
 }
 bool decode_body(reader&, ok&) { return true; }
-bool decode_body(reader& r, error& m) { return r.num(m.code, "code") && r.str(m.message, "message"); }
+bool decode_body(reader& r, error& m) {
+  return r.num(m.code, "code") && r.str(m.message, "message");
+}
 bool decode_body(reader& r, hello_reply& m) {
   if (!(r.num(m.version, "version") && r.str(m.node, "node") && r.str(m.instance, "instance") &&
-        r.str(m.role, "role") && r.str(m.control, "control") && r.num(m.tp_size, "tp_size") && r.num(m.tp_rank, "tp_rank") &&
-        r.num(m.page_tokens, "page_tokens")))
+        r.str(m.role, "role") && r.str(m.control, "control") && r.num(m.tp_size, "tp_size") &&
+        r.num(m.tp_rank, "tp_rank") && r.num(m.page_tokens, "page_tokens")))
     return false;
   for (auto& p : m.pools) {
     uint32_t n = 0;
@@ -260,28 +263,41 @@ decoded decode_as(std::span<const uint8_t> body, uint32_t seq, msg_type t) {
 
 msg_type type_of(const message& m) {
   static constexpr msg_type types[] = {
-      msg_type::hello, msg_type::prepare,     msg_type::send,       msg_type::poll,
-      msg_type::cancel, msg_type::subscribe,  msg_type::info,       msg_type::ok,
-      msg_type::error, msg_type::hello_reply, msg_type::poll_reply, msg_type::info_reply,
+      msg_type::hello,  msg_type::prepare,     msg_type::send,       msg_type::poll,
+      msg_type::cancel, msg_type::subscribe,   msg_type::info,       msg_type::ok,
+      msg_type::error,  msg_type::hello_reply, msg_type::poll_reply, msg_type::info_reply,
       msg_type::event};
   return types[m.index()];
 }
 
 const char* to_string(msg_type t) {
   switch (t) {
-    case msg_type::hello: return "hello";
-    case msg_type::prepare: return "prepare";
-    case msg_type::send: return "send";
-    case msg_type::poll: return "poll";
-    case msg_type::cancel: return "cancel";
-    case msg_type::subscribe: return "subscribe";
-    case msg_type::info: return "info";
-    case msg_type::ok: return "ok";
-    case msg_type::error: return "error";
-    case msg_type::hello_reply: return "hello_reply";
-    case msg_type::poll_reply: return "poll_reply";
-    case msg_type::info_reply: return "info_reply";
-    case msg_type::event: return "event";
+    case msg_type::hello:
+      return "hello";
+    case msg_type::prepare:
+      return "prepare";
+    case msg_type::send:
+      return "send";
+    case msg_type::poll:
+      return "poll";
+    case msg_type::cancel:
+      return "cancel";
+    case msg_type::subscribe:
+      return "subscribe";
+    case msg_type::info:
+      return "info";
+    case msg_type::ok:
+      return "ok";
+    case msg_type::error:
+      return "error";
+    case msg_type::hello_reply:
+      return "hello_reply";
+    case msg_type::poll_reply:
+      return "poll_reply";
+    case msg_type::info_reply:
+      return "info_reply";
+    case msg_type::event:
+      return "event";
   }
   return "unknown";
 }
@@ -302,19 +318,32 @@ std::vector<uint8_t> encode(const message& m, uint32_t seq) {
 
 decoded decode(uint16_t type, uint32_t seq, std::span<const uint8_t> body) {
   switch (static_cast<msg_type>(type)) {
-    case msg_type::hello: return decode_as<hello>(body, seq, msg_type::hello);
-    case msg_type::prepare: return decode_as<prepare>(body, seq, msg_type::prepare);
-    case msg_type::send: return decode_as<send>(body, seq, msg_type::send);
-    case msg_type::poll: return decode_as<poll>(body, seq, msg_type::poll);
-    case msg_type::cancel: return decode_as<cancel>(body, seq, msg_type::cancel);
-    case msg_type::subscribe: return decode_as<subscribe>(body, seq, msg_type::subscribe);
-    case msg_type::info: return decode_as<info>(body, seq, msg_type::info);
-    case msg_type::ok: return decode_as<ok>(body, seq, msg_type::ok);
-    case msg_type::error: return decode_as<error>(body, seq, msg_type::error);
-    case msg_type::hello_reply: return decode_as<hello_reply>(body, seq, msg_type::hello_reply);
-    case msg_type::poll_reply: return decode_as<poll_reply>(body, seq, msg_type::poll_reply);
-    case msg_type::info_reply: return decode_as<info_reply>(body, seq, msg_type::info_reply);
-    case msg_type::event: return decode_as<event>(body, seq, msg_type::event);
+    case msg_type::hello:
+      return decode_as<hello>(body, seq, msg_type::hello);
+    case msg_type::prepare:
+      return decode_as<prepare>(body, seq, msg_type::prepare);
+    case msg_type::send:
+      return decode_as<send>(body, seq, msg_type::send);
+    case msg_type::poll:
+      return decode_as<poll>(body, seq, msg_type::poll);
+    case msg_type::cancel:
+      return decode_as<cancel>(body, seq, msg_type::cancel);
+    case msg_type::subscribe:
+      return decode_as<subscribe>(body, seq, msg_type::subscribe);
+    case msg_type::info:
+      return decode_as<info>(body, seq, msg_type::info);
+    case msg_type::ok:
+      return decode_as<ok>(body, seq, msg_type::ok);
+    case msg_type::error:
+      return decode_as<error>(body, seq, msg_type::error);
+    case msg_type::hello_reply:
+      return decode_as<hello_reply>(body, seq, msg_type::hello_reply);
+    case msg_type::poll_reply:
+      return decode_as<poll_reply>(body, seq, msg_type::poll_reply);
+    case msg_type::info_reply:
+      return decode_as<info_reply>(body, seq, msg_type::info_reply);
+    case msg_type::event:
+      return decode_as<event>(body, seq, msg_type::event);
   }
   decoded out;
   out.seq = seq;
@@ -335,7 +364,8 @@ std::optional<decoded> frame_reader::next() {
   const size_t avail = buf_.size() - pos_;
   if (avail < 4) return std::nullopt;
   const uint8_t* p = buf_.data() + pos_;
-  const uint32_t len = uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+  const uint32_t len =
+      uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
   if (len > max_frame_bytes) {
     decoded d;
     d.code = errc::frame_too_large;
@@ -352,7 +382,8 @@ std::optional<decoded> frame_reader::next() {
   }
   if (avail < 4 + size_t{len}) return std::nullopt;
   const uint16_t type = static_cast<uint16_t>(p[4] | p[5] << 8);
-  const uint32_t seq = uint32_t{p[8]} | uint32_t{p[9]} << 8 | uint32_t{p[10]} << 16 | uint32_t{p[11]} << 24;
+  const uint32_t seq =
+      uint32_t{p[8]} | uint32_t{p[9]} << 8 | uint32_t{p[10]} << 16 | uint32_t{p[11]} << 24;
   auto body = std::span<const uint8_t>(p + header_bytes, len - (header_bytes - 4));
   pos_ += 4 + size_t{len};
   auto out = decode(type, seq, body);

@@ -60,8 +60,8 @@ struct send {
   uint64_t room = 0;
   std::vector<uint32_t> src_pages;
   bool last = false;
-  uint32_t state_slot = no_index;   ///< exactly one source Mamba slot (last chunk only)
-  uint32_t aux_row = no_index;      ///< source aux row (last chunk only)
+  uint32_t state_slot = no_index;  ///< exactly one source Mamba slot (last chunk only)
+  uint32_t aux_row = no_index;     ///< source aux row (last chunk only)
 };
 struct poll {
   uint64_t room = 0;
@@ -85,7 +85,7 @@ struct error {
 };
 struct pool_info {
   bool present = false;
-  std::string shm_name;   ///< POSIX shm object to map (shm_open)
+  std::string shm_name;  ///< POSIX shm object to map (shm_open)
   pool_layout layout;
 };
 struct hello_reply {
@@ -93,7 +93,7 @@ struct hello_reply {
   std::string node;
   std::string instance;
   std::string role;
-  std::string control;    ///< the daemon's control address (what a decode prepare names)
+  std::string control;  ///< the daemon's control address (what a decode prepare names)
   uint32_t tp_size = 1;
   uint32_t tp_rank = 0;
   uint32_t page_tokens = 0;  ///< tokens per KV page (0 without a kv pool)

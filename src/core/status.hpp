@@ -18,11 +18,16 @@ enum class room_status : uint8_t {
 /// "Failed", "Bootstrapping", "WaitingForInput", "Transferring", "Success".
 constexpr const char* to_string(room_status s) {
   switch (s) {
-    case room_status::failed: return "Failed";
-    case room_status::bootstrapping: return "Bootstrapping";
-    case room_status::waiting_for_input: return "WaitingForInput";
-    case room_status::transferring: return "Transferring";
-    case room_status::success: return "Success";
+    case room_status::failed:
+      return "Failed";
+    case room_status::bootstrapping:
+      return "Bootstrapping";
+    case room_status::waiting_for_input:
+      return "WaitingForInput";
+    case room_status::transferring:
+      return "Transferring";
+    case room_status::success:
+      return "Success";
   }
   return "Unknown";
 }

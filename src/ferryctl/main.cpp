@@ -1,8 +1,8 @@
 // ferryctl: inspect a ferryd and drive its client operations from the shell.
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <iostream>
 #include <thread>
 
@@ -21,10 +21,12 @@ std::vector<uint32_t> parse_pages(const std::string& text) {
     auto end = text.find(',', pos);
     auto part = text.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
     auto dash = part.find('-');
-    if (part.empty()) throw CLI::ValidationError("--pages", "empty entry in page list '" + text + "'");
+    if (part.empty())
+      throw CLI::ValidationError("--pages", "empty entry in page list '" + text + "'");
     uint64_t a = std::stoull(part.substr(0, dash));
     uint64_t b = dash == std::string::npos ? a : std::stoull(part.substr(dash + 1));
-    if (b < a || b - a > (1u << 24)) throw CLI::ValidationError("--pages", "bad range '" + part + "'");
+    if (b < a || b - a > (1u << 24))
+      throw CLI::ValidationError("--pages", "bad range '" + part + "'");
     for (uint64_t i = a; i <= b; ++i) out.push_back(static_cast<uint32_t>(i));
     if (end == std::string::npos) break;
     pos = end + 1;
@@ -37,7 +39,8 @@ int report(const client::outcome<client::none>& r, const std::string& what) {
     std::cout << what << ": ok\n";
     return 0;
   }
-  std::cerr << "ferryctl: " << what << " failed [" << to_string(r.code) << "]: " << r.message << "\n";
+  std::cerr << "ferryctl: " << what << " failed [" << to_string(r.code) << "]: " << r.message
+            << "\n";
   return 1;
 }
 
@@ -58,18 +61,22 @@ int main(int argc, char** argv) {
   auto* rooms = app.add_subcommand("rooms", "active rooms");
   auto* peers = app.add_subcommand("peers", "connected peers");
   auto* hello = app.add_subcommand("pools", "pool names and layouts the daemon hands to clients");
-  auto* ready = app.add_subcommand("wait-ready", "wait until the daemon accepts clients (for scripts)");
+  auto* ready =
+      app.add_subcommand("wait-ready", "wait until the daemon accepts clients (for scripts)");
   ready->add_option("--timeout-ms", timeout_ms, "give up after this long")->capture_default_str();
   auto* prepare = app.add_subcommand("prepare", "decode side: where a room's bytes must land");
   auto* send = app.add_subcommand("send", "prefill side: send one chunk of a room");
   auto* poll = app.add_subcommand("poll", "status of a room");
   auto* cancel = app.add_subcommand("cancel", "cancel a room");
   auto* wait = app.add_subcommand("wait", "subscribe and print status events until the room ends");
-  auto* fill = app.add_subcommand("fill", "write the test pattern of a room into this daemon's source pools");
-  auto* verify = app.add_subcommand("verify", "check a room's destination bytes against the test pattern");
+  auto* fill = app.add_subcommand(
+      "fill", "write the test pattern of a room into this daemon's source pools");
+  auto* verify =
+      app.add_subcommand("verify", "check a room's destination bytes against the test pattern");
   for (auto* c : {prepare, send, poll, cancel, wait, fill, verify})
     c->add_option("-r,--room", room, "room id")->required();
-  for (auto* c : {prepare, send, fill, verify}) c->add_option("-p,--pages", pages_text, "page list, e.g. 0-15,40,41");
+  for (auto* c : {prepare, send, fill, verify})
+    c->add_option("-p,--pages", pages_text, "page list, e.g. 0-15,40,41");
   for (auto* c : {prepare, send, fill, verify}) {
     c->add_option("--state-slot", slot, "the one Mamba state slot");
     c->add_option("--aux-row", row, "the aux row");
@@ -80,10 +87,12 @@ int main(int argc, char** argv) {
   wait->add_option("--timeout-ms", timeout_ms, "give up after this long")->capture_default_str();
   app.footer(
       "Examples:\n"
-      "  ferryctl -s /tmp/ferry-decode.sock prepare -r 7 --peer 127.0.0.1:7401 -p 100-163 --state-slot 2 --aux-row 2\n"
+      "  ferryctl -s /tmp/ferry-decode.sock prepare -r 7 --peer 127.0.0.1:7401 -p 100-163 "
+      "--state-slot 2 --aux-row 2\n"
       "  ferryctl -s /tmp/ferry-prefill.sock fill -r 7 -p 0-63 --state-slot 1 --aux-row 1\n"
       "  ferryctl -s /tmp/ferry-prefill.sock send -r 7 -p 0-63 --last --state-slot 1 --aux-row 1\n"
-      "  ferryctl -s /tmp/ferry-decode.sock wait -r 7 && ferryctl -s /tmp/ferry-decode.sock verify -r 7 -p 100-163 "
+      "  ferryctl -s /tmp/ferry-decode.sock wait -r 7 && ferryctl -s /tmp/ferry-decode.sock verify "
+      "-r 7 -p 100-163 "
       "--state-slot 2 --aux-row 2");
   CLI11_PARSE(app, argc, argv);
 
@@ -100,11 +109,14 @@ int main(int argc, char** argv) {
     for (;;) {
       auto c = client::client::connect(socket, "ferryctl");
       if (c) {
-        std::cout << fmt::format("{} ({}) is ready\n", c.value->daemon().node, c.value->daemon().role);
+        std::cout << fmt::format("{} ({}) is ready\n", c.value->daemon().node,
+                                 c.value->daemon().role);
         return 0;
       }
       if (std::chrono::steady_clock::now() >= deadline)
-        return std::cerr << "ferryctl: not ready after " << timeout_ms << " ms: " << c.message << "\n", 1;
+        return std::cerr << "ferryctl: not ready after " << timeout_ms << " ms: " << c.message
+                         << "\n",
+               1;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
@@ -125,46 +137,58 @@ int main(int argc, char** argv) {
   if (*peers) return print_info(proto::info_topic::peers);
   if (*hello) {
     const auto& d = c.daemon();
-    std::cout << fmt::format("node {} instance {} role {} tp {}/{}\n", d.node, d.instance, d.role, d.tp_rank, d.tp_size);
+    std::cout << fmt::format("node {} instance {} role {} tp {}/{}\n", d.node, d.instance, d.role,
+                             d.tp_rank, d.tp_size);
     for (int k = 0; k < pool_kind_count; ++k) {
       const auto& p = d.pools[k];
       if (!p.present) continue;
-      std::cout << fmt::format("pool {}: {} ({} bytes)\n", to_string(static_cast<pool_kind>(k)), p.shm_name,
-                               p.layout.total_bytes);
+      std::cout << fmt::format("pool {}: {} ({} bytes)\n", to_string(static_cast<pool_kind>(k)),
+                               p.shm_name, p.layout.total_bytes);
       // One line per run of buffers of the same shape (K, V, each state tensor, aux).
       const auto& b = p.layout.buffers;
       for (size_t i = 0; i < b.size();) {
         size_t j = i;
-        while (j < b.size() && b[j].kind == b[i].kind && b[j].tensor == b[i].tensor && b[j].item_bytes == b[i].item_bytes) ++j;
+        while (j < b.size() && b[j].kind == b[i].kind && b[j].tensor == b[i].tensor &&
+               b[j].item_bytes == b[i].item_bytes)
+          ++j;
         static constexpr const char* kinds[] = {"K", "V", "KV", "state tensor", "aux"};
-        auto what = b[i].kind == buffer_kind::state ? fmt::format("state tensor {}", b[i].tensor)
-                                                    : std::string(kinds[static_cast<int>(b[i].kind)]);
-        std::cout << fmt::format("  {}: {} buffer(s) of {} x {} bytes\n", what, j - i, b[i].items, b[i].item_bytes);
+        auto what = b[i].kind == buffer_kind::state
+                        ? fmt::format("state tensor {}", b[i].tensor)
+                        : std::string(kinds[static_cast<int>(b[i].kind)]);
+        std::cout << fmt::format("  {}: {} buffer(s) of {} x {} bytes\n", what, j - i, b[i].items,
+                                 b[i].item_bytes);
         i = j;
       }
     }
     return 0;
   }
-  if (*prepare) return report(c.prepare({room, peer, pages, slot, row}), fmt::format("prepare room {}", room));
-  if (*send) return report(c.send({room, pages, last, slot, row}), fmt::format("send room {}", room));
+  if (*prepare)
+    return report(c.prepare({room, peer, pages, slot, row}), fmt::format("prepare room {}", room));
+  if (*send)
+    return report(c.send({room, pages, last, slot, row}), fmt::format("send room {}", room));
   if (*cancel) return report(c.cancel(room), fmt::format("cancel room {}", room));
   if (*poll) {
     auto r = c.poll(room);
-    if (!r) return std::cerr << "ferryctl: poll failed [" << to_string(r.code) << "]: " << r.message << "\n", 1;
-    std::cout << fmt::format("room {}: {} ({}){}{}\n", room, to_string(r.value.status), static_cast<int>(r.value.status),
-                             r.value.reason.empty() ? "" : ": ", r.value.reason);
+    if (!r)
+      return std::cerr << "ferryctl: poll failed [" << to_string(r.code) << "]: " << r.message
+                       << "\n",
+             1;
+    std::cout << fmt::format("room {}: {} ({}){}{}\n", room, to_string(r.value.status),
+                             static_cast<int>(r.value.status), r.value.reason.empty() ? "" : ": ",
+                             r.value.reason);
     return 0;
   }
   if (*wait) {
     if (auto s = c.subscribe(room); !s) return report(s, fmt::format("subscribe room {}", room));
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (;;) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
       auto e = c.next_event(std::max(left, std::chrono::milliseconds(1)));
       if (!e) return std::cerr << "ferryctl: " << e.message << "\n", 1;
       if (e.value.room != room) continue;
-      std::cout << fmt::format("room {}: {}{}{}\n", room, to_string(e.value.status), e.value.reason.empty() ? "" : ": ",
-                               e.value.reason);
+      std::cout << fmt::format("room {}: {}{}{}\n", room, to_string(e.value.status),
+                               e.value.reason.empty() ? "" : ": ", e.value.reason);
       if (is_terminal(e.value.status)) return e.value.status == room_status::success ? 0 : 1;
     }
   }

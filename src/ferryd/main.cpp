@@ -1,8 +1,8 @@
 // ferryd: the Ferry transfer daemon. See README.md and docs/architecture.md.
 
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include <CLI/CLI.hpp>
 #include <iostream>
 #include <optional>
 
@@ -10,10 +10,13 @@
 #include "core/config.hpp"
 
 int main(int argc, char** argv) {
-  CLI::App app{"ferryd: moves KV pages, Mamba state and aux rows between prefill and decode workers"};
+  CLI::App app{
+      "ferryd: moves KV pages, Mamba state and aux rows between prefill and decode workers"};
   std::string config_path, check_path, log_level;
-  app.add_option("-c,--config", config_path, "YAML config file to run with")->check(CLI::ExistingFile);
-  app.add_option("--check-config", check_path, "validate a config file, print the effective config, and exit");
+  app.add_option("-c,--config", config_path, "YAML config file to run with")
+      ->check(CLI::ExistingFile);
+  app.add_option("--check-config", check_path,
+                 "validate a config file, print the effective config, and exit");
   app.add_option("--log-level", log_level, "override log.level: trace, debug, info, warn, error");
   int ready_fd = -1;
   app.add_option("--ready-fd", ready_fd, "write 'ready' to this file descriptor once serving");

@@ -97,18 +97,22 @@ inline std::string make_config(const std::string& name, const std::string& role,
   for (uint32_t i = 0; i < s.kv_layers; ++i) kv_ids << (i ? ", " : "") << 4 * i + 3;
   for (uint32_t i = 0; i < s.mamba_layers; ++i) m_ids << (i ? ", " : "") << 4 * i;
   std::ostringstream y;
-  y << "node:\n  name: " << name << "\nrole: " << role << "\nlisten:\n  control: 127.0.0.1:" << control
-    << "\n  client: " << socket << "\nfabric:\n  provider: " << s.provider
+  y << "node:\n  name: " << name << "\nrole: " << role
+    << "\nlisten:\n  control: 127.0.0.1:" << control << "\n  client: " << socket
+    << "\nfabric:\n  provider: " << s.provider
     << "\n  max_inflight_writes: 64\n  write_piece_bytes: 262144\n"
     << "timeouts:\n  handshake_ms: 10000\n  prepare_wait_ms: " << s.prepare_wait_ms
-    << "\n  transfer_ms: " << s.transfer_ms << "\nlimits:\n  max_active_rooms: " << s.max_active_rooms
-    << "\nlog:\n  level: info\n"
+    << "\n  transfer_ms: " << s.transfer_ms
+    << "\nlimits:\n  max_active_rooms: " << s.max_active_rooms << "\nlog:\n  level: info\n"
     << "pools:\n  kv:\n    layer_ids: [" << kv_ids.str() << "]\n    page_tokens: " << s.page_tokens
     << "\n    kv_heads: 2\n    head_dim: 256\n    dtype_bytes: 2\n    pages: " << s.pages
-    << "\n  mamba:\n    slots: " << s.slots << "\n    layer_ids: [" << m_ids.str() << "]\n    tensors:\n"
-    << "      - name: conv\n        shape: [8192, 3]\n        dtype_bytes: 2\n        slice_axis: 0\n"
+    << "\n  mamba:\n    slots: " << s.slots << "\n    layer_ids: [" << m_ids.str()
+    << "]\n    tensors:\n"
+    << "      - name: conv\n        shape: [8192, 3]\n        dtype_bytes: 2\n        slice_axis: "
+       "0\n"
     << "        shard_groups: [2048, 2048, 4096]\n"
-    << "      - name: temporal\n        shape: " << s.temporal_shape << "\n        dtype_bytes: 4\n        slice_axis: 0\n"
+    << "      - name: temporal\n        shape: " << s.temporal_shape
+    << "\n        dtype_bytes: 4\n        slice_axis: 0\n"
     << "  aux:\n    rows: " << s.aux_rows << "\n    row_bytes: 5632\n";
   return y.str();
 }
@@ -132,7 +136,8 @@ class daemon_proc {
       dup2(log_fd, 2);
       dup2(ready[1], 3);  // dup2 clears O_CLOEXEC on the copy
       auto path = bin("ferryd");
-      execl(path.c_str(), "ferryd", "--config", config_.c_str(), "--ready-fd", "3", static_cast<char*>(nullptr));
+      execl(path.c_str(), "ferryd", "--config", config_.c_str(), "--ready-fd", "3",
+            static_cast<char*>(nullptr));
       _exit(127);
     }
     close(ready[1]);
@@ -198,7 +203,8 @@ struct pair {
   std::unique_ptr<client::client> p;  // prefill client
   std::unique_ptr<client::client> d;  // decode client
 
-  explicit pair(shape sh = {}) : s(sh), prefill(dir, "prefill-0", "prefill", s), decode(dir, "decode-0", "decode", s) {
+  explicit pair(shape sh = {})
+      : s(sh), prefill(dir, "prefill-0", "prefill", s), decode(dir, "decode-0", "decode", s) {
     p = prefill.connect();
     d = decode.connect();
   }
@@ -234,13 +240,15 @@ inline void prepare(pair& c, const room_spec& r) {
 }
 
 inline void send_chunks(pair& c, const room_spec& r) {
-  auto chunks = r.chunks.empty() ? std::vector<uint32_t>{static_cast<uint32_t>(r.src_pages.size())} : r.chunks;
+  auto chunks = r.chunks.empty() ? std::vector<uint32_t>{static_cast<uint32_t>(r.src_pages.size())}
+                                 : r.chunks;
   uint32_t pos = 0;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const bool last = i + 1 == chunks.size();
     std::vector<uint32_t> pages(r.src_pages.begin() + pos, r.src_pages.begin() + pos + chunks[i]);
     pos += chunks[i];
-    auto ok = c.p->send({r.room, pages, last, last ? r.src_slot : no_index, last ? r.src_row : no_index});
+    auto ok =
+        c.p->send({r.room, pages, last, last ? r.src_slot : no_index, last ? r.src_row : no_index});
     INFO(ok.message);
     REQUIRE(ok);
   }
@@ -255,6 +263,22 @@ inline proto::event wait_done(client::client& c, uint64_t room) {
   INFO(e.message);
   REQUIRE(e);
   return e.value;
+}
+
+/// Subscribe and wait (bounded) until the room reaches at least `status` on that daemon.
+inline void wait_status(client::client& c, uint64_t room, room_status status) {
+  auto s = c.subscribe(room);
+  INFO(s.message);
+  REQUIRE(s);
+  for (;;) {
+    auto e = c.next_event(30s);
+    INFO(e.message);
+    REQUIRE(e);
+    if (e.value.room != room) continue;
+    INFO(e.value.reason);
+    REQUIRE(e.value.status != room_status::failed);
+    if (e.value.status >= status) return;
+  }
 }
 
 /// Run a room end to end and check statuses on both sides and every destination byte.

@@ -25,7 +25,8 @@ std::string error_of(const client::outcome<client::none>& o) {
 
 }  // namespace
 
-TEST_CASE("bad client requests get errors naming the problem, and the daemon keeps serving", "[e2e][bad-input]") {
+TEST_CASE("bad client requests get errors naming the problem, and the daemon keeps serving",
+          "[e2e][bad-input]") {
   pair c;
   const auto peer = c.prefill.control();
 
@@ -38,13 +39,16 @@ TEST_CASE("bad client requests get errors naming the problem, and the daemon kee
           "room 5: src page 4100 (position 0) is outside the pool of 4096 pages");
   }
   SECTION("state slot outside the pool") {
-    CHECK(error_of(c.d->prepare({5, peer, {1}, 8, 0})) == "room 5: dst state slot 8 is outside the pool of 8 slots");
+    CHECK(error_of(c.d->prepare({5, peer, {1}, 8, 0})) ==
+          "room 5: dst state slot 8 is outside the pool of 8 slots");
   }
   SECTION("zero state slots on either side") {
     CHECK(error_of(c.d->prepare({5, peer, {1}, no_index, 0})) ==
-          "mamba requires single state index: room 5 got dst=none (exactly one dst state slot is required)");
+          "mamba requires single state index: room 5 got dst=none (exactly one dst state slot is "
+          "required)");
     CHECK(error_of(c.p->send({5, {}, true, no_index, 0})) ==
-          "mamba requires single state index: room 5 got src=none (exactly one src state slot is required)");
+          "mamba requires single state index: room 5 got src=none (exactly one src state slot is "
+          "required)");
   }
   SECTION("several state slots cannot be expressed: extra bytes are rejected") {
     auto frame = proto::encode(proto::send{5, {}, true, 1, 0}, 99);
@@ -59,18 +63,21 @@ TEST_CASE("bad client requests get errors naming the problem, and the daemon kee
     CHECK(e->message == "malformed send frame: 4 unexpected bytes after the last field");
   }
   SECTION("state slot or aux row on a non-last chunk") {
-    CHECK(error_of(c.p->send({5, {1}, false, 0, no_index})) == "room 5: state slot and aux row go only with the last chunk");
+    CHECK(error_of(c.p->send({5, {1}, false, 0, no_index})) ==
+          "room 5: state slot and aux row go only with the last chunk");
   }
   SECTION("aux row that does not carry the room id") {
     REQUIRE(client::clear_room(*c.p, {}, 0, 3) == "");
-    CHECK(error_of(c.p->send({5, {}, true, 0, 3})) == "room 5: src aux row 3 carries room id 0, expected 5");
+    CHECK(error_of(c.p->send({5, {}, true, 0, 3})) ==
+          "room 5: src aux row 3 carries room id 0, expected 5");
   }
   SECTION("duplicate room") {
     room_spec r;
     r.room = 77;
     r.dst_pages = range(0, 4);
     prepare(c, r);
-    CHECK(error_of(c.d->prepare({77, peer, {9}, 1, 1})) == "duplicate room 77: it is already active on this decode daemon");
+    CHECK(error_of(c.d->prepare({77, peer, {9}, 1, 1})) ==
+          "duplicate room 77: it is already active on this decode daemon");
     REQUIRE(c.d->cancel(77));
   }
   SECTION("unknown room") {
@@ -95,29 +102,31 @@ TEST_CASE("bad client requests get errors naming the problem, and the daemon kee
     r.dst_pages = range(0, 4);
     stage(c, r);
     prepare(c, r);
-    REQUIRE(c.d->subscribe(r.room));
     // Wait until the prefill knows the prepare, so the overrun is caught synchronously.
-    auto e = c.d->next_event(10s);
-    while (e && e.value.status == room_status::bootstrapping) e = c.d->next_event(10s);
-    REQUIRE(e);
-    REQUIRE(e.value.status == room_status::waiting_for_input);
+    wait_status(*c.d, r.room, room_status::waiting_for_input);
     CHECK(error_of(c.p->send({60, r.src_pages, false, no_index, no_index})) ==
           "room 60: chunk of 6 pages at position 0 goes beyond the decode's page list of 4 pages");
     // Nothing was written: the destination is still zero.
-    CHECK(client::verify_room(*c.d, 60, r.dst_pages, 0, 0).find("kv buffer 0 (layer 3) page 0 (position 0) differs at byte 0") !=
+    CHECK(client::verify_room(*c.d, 60, r.dst_pages, 0, 0)
+              .find("kv buffer 0 (layer 3) page 0 (position 0) differs at byte 0") !=
           std::string::npos);
     REQUIRE(c.d->cancel(60));
   }
   SECTION("the client library refuses indices outside the mapped pools, touching nothing") {
     const std::vector<uint32_t> pages{1, 4096};
-    CHECK(client::fill_kv(*c.p, 1, pages, 0) == "kv page 4096 (position 1) is outside the pool of 4096 pages");
-    CHECK(client::fill_state_and_aux(*c.p, 1, 8, 0) == "state slot 8 is outside the pool of 8 slots");
-    CHECK(client::fill_state_and_aux(*c.p, 1, 0, 64) == "aux row 64 is outside the pool of 64 rows");
-    CHECK(client::verify_room(*c.d, 1, pages, 0, 0) == "kv page 4096 (position 1) is outside the pool of 4096 pages");
+    CHECK(client::fill_kv(*c.p, 1, pages, 0) ==
+          "kv page 4096 (position 1) is outside the pool of 4096 pages");
+    CHECK(client::fill_state_and_aux(*c.p, 1, 8, 0) ==
+          "state slot 8 is outside the pool of 8 slots");
+    CHECK(client::fill_state_and_aux(*c.p, 1, 0, 64) ==
+          "aux row 64 is outside the pool of 64 rows");
+    CHECK(client::verify_room(*c.d, 1, pages, 0, 0) ==
+          "kv page 4096 (position 1) is outside the pool of 4096 pages");
     CHECK(c.p->item(pool_kind::state, 0, 8) == nullptr);
   }
   SECTION("wrong role") {
-    CHECK(error_of(c.p->prepare({5, peer, {1}, 0, 0})) == "room 5: prepare is a decode operation; this daemon's role is prefill");
+    CHECK(error_of(c.p->prepare({5, peer, {1}, 0, 0})) ==
+          "room 5: prepare is a decode operation; this daemon's role is prefill");
   }
   SECTION("malformed frame keeps the connection usable") {
     auto frame = proto::encode(proto::poll{1}, 5);
@@ -131,7 +140,8 @@ TEST_CASE("bad client requests get errors naming the problem, and the daemon kee
     std::vector<uint8_t> frame{0x00, 0x00, 0x00, 0x7f, 1, 0, 0, 0, 0, 0, 0, 0};
     auto r = c.d->raw_exchange(frame);
     REQUIRE(r);
-    CHECK(std::get<proto::error>(r.value).message == "frame of 2130706432 bytes exceeds the limit of 16777216 bytes");
+    CHECK(std::get<proto::error>(r.value).message ==
+          "frame of 2130706432 bytes exceeds the limit of 16777216 bytes");
     CHECK_FALSE(c.d->info(proto::info_topic::status));  // closed
     c.d = c.decode.connect();
   }
@@ -165,31 +175,45 @@ TEST_CASE("incompatible peers fail the room with the first difference", "[e2e][b
   auto e = wait_done(*d, 3);
   CHECK(e.status == room_status::failed);
   CHECK(e.reason == "could not use peer " + prefill.control() +
-                        ": peer refused the handshake: incompatible layouts: kv.page_tokens differs: prefill has 1, decode has 16");
+                        ": peer refused the handshake: incompatible layouts: kv.page_tokens "
+                        "differs: prefill has 1, decode has 16");
 }
 
-TEST_CASE("admission bounds the active rooms per side and frees the place on completion", "[e2e][bad-input]") {
+TEST_CASE("admission bounds the active rooms per side and frees the place on completion",
+          "[e2e][bad-input]") {
   shape s;
   s.max_active_rooms = 2;
   pair c(s);
   const auto peer = c.prefill.control();
   REQUIRE(c.d->prepare({1, peer, {0}, 0, 0}));
   REQUIRE(c.d->prepare({2, peer, {1}, 1, 1}));
+  // WaitingForInput on the decode means the prefill accepted the prepare and holds the room too.
+  wait_status(*c.d, 1, room_status::waiting_for_input);
+  wait_status(*c.d, 2, room_status::waiting_for_input);
   CHECK(error_of(c.d->prepare({3, peer, {2}, 2, 2})) ==
-        "room 3: admission refused: 2 rooms already active on the decode side (limits.max_active_rooms = 2)");
+        "room 3: admission refused: 2 rooms already active on the decode side "
+        "(limits.max_active_rooms = 2)");
   REQUIRE(c.d->cancel(1));
-  REQUIRE(wait_done(*c.d, 1).status == room_status::failed);
   REQUIRE(c.d->cancel(2));
-  REQUIRE(wait_done(*c.d, 2).status == room_status::failed);
+  // The decode's prepares created rooms on the prefill too; the cancel reaches them
+  // asynchronously, so wait until both sides have freed their places.
+  for (uint64_t room : {1, 2}) {
+    REQUIRE(wait_done(*c.d, room).status == room_status::failed);
+    auto p = wait_done(*c.p, room);
+    CHECK(p.status == room_status::failed);
+    CHECK(p.reason == "decode reported: cancelled by client");
+  }
   good_request_still_works(c, 4);
 }
 
-TEST_CASE("a prepare naming an address where no ferryd listens fails the room with the reason", "[e2e][bad-input]") {
+TEST_CASE("a prepare naming an address where no ferryd listens fails the room with the reason",
+          "[e2e][bad-input]") {
   pair c;
   const auto dead = "127.0.0.1:" + std::to_string(free_port());
   REQUIRE(c.d->prepare({70, dead, {1}, 0, 0}));
   auto e = wait_done(*c.d, 70);
   CHECK(e.status == room_status::failed);
-  CHECK(e.reason.rfind("could not use peer " + dead + ": cannot connect to " + dead + ": ", 0) == 0);
+  CHECK(e.reason.rfind("could not use peer " + dead + ": cannot connect to " + dead + ": ", 0) ==
+        0);
   good_request_still_works(c, 71);
 }

@@ -135,7 +135,8 @@ TEST_CASE("64 concurrent rooms all commit with their own bytes", "[e2e]") {
     for (auto& r : specs) {
       const bool last = k == 2;
       std::vector<uint32_t> pg(r.src_pages.begin() + 16 * k, r.src_pages.begin() + 16 * (k + 1));
-      auto ok = c.p->send({r.room, pg, last, last ? r.src_slot : no_index, last ? r.src_row : no_index});
+      auto ok =
+          c.p->send({r.room, pg, last, last ? r.src_slot : no_index, last ? r.src_row : no_index});
       INFO(ok.message);
       REQUIRE(ok);
     }
@@ -145,5 +146,6 @@ TEST_CASE("64 concurrent rooms all commit with their own bytes", "[e2e]") {
     INFO(e.value.reason);
     REQUIRE(e.value.status == room_status::success);
   }
-  for (auto& r : specs) CHECK(client::verify_room(*c.d, r.room, r.dst_pages, r.dst_slot, r.dst_row) == "");
+  for (auto& r : specs)
+    CHECK(client::verify_room(*c.d, r.room, r.dst_pages, r.dst_slot, r.dst_row) == "");
 }

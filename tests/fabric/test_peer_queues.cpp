@@ -28,7 +28,8 @@ std::vector<std::string> drain(peer_queues<std::pair<std::string, int>*>& q) {
 
 }  // namespace
 
-TEST_CASE("fabric: a small batch to one peer is not stuck behind a large batch to another", "[unit][fabric]") {
+TEST_CASE("fabric: a small batch to one peer is not stuck behind a large batch to another",
+          "[unit][fabric]") {
   peer_queues<std::pair<std::string, int>*> q;
   std::pair<std::string, int> big{"big to A", 1000}, small{"small to B", 1};
   q.push(1, &big);

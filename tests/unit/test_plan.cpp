@@ -12,7 +12,8 @@ pools_config qwen_like(uint64_t pages = 64, uint32_t page_tokens = 1) {
   mamba_pool_config m;
   m.slots = 4;
   m.layer_ids = {0, 1, 2};
-  m.tensors = {{"conv", {8192, 3}, 2, 0, {2048, 2048, 4096}}, {"temporal", {32, 128, 128}, 4, 0, {}}};
+  m.tensors = {{"conv", {8192, 3}, 2, 0, {2048, 2048, 4096}},
+               {"temporal", {32, 128, 128}, 4, 0, {}}};
   c.mamba = m;
   c.aux = aux_pool_config{8, 5632};
   return c;
@@ -30,9 +31,7 @@ TEST_CASE("coalescing splits where either side breaks contiguity", "[unit][plan]
     const std::vector<uint32_t> d{5, 6, 9};
     REQUIRE(coalesce_runs(s, d) == std::vector<page_run>{{1, 5, 2}, {3, 9, 1}});
   }
-  SECTION("empty lists give no runs") {
-    REQUIRE(coalesce_runs({}, {}).empty());
-  }
+  SECTION("empty lists give no runs") { REQUIRE(coalesce_runs({}, {}).empty()); }
   SECTION("fully contiguous lists give one run") {
     std::vector<uint32_t> s(4096), d(4096);
     for (uint32_t i = 0; i < 4096; ++i) s[i] = 100 + i, d[i] = 7 + i;
@@ -51,9 +50,11 @@ TEST_CASE("fragmented pages give two writes per layer buffer", "[unit][plan]") {
   REQUIRE(bufs.size() == 4);  // K and V for 2 layers
   REQUIRE(w.size() == 2 * 4);
   // First run, first buffer (K of layer 3): pages 10..12 -> 7..9, 1 KiB per page.
-  CHECK(w[0] == planned_write{pool_kind::kv, bufs[0].offset + 10 * 1024, bufs[0].offset + 7 * 1024, 3 * 1024});
+  CHECK(w[0] == planned_write{pool_kind::kv, bufs[0].offset + 10 * 1024, bufs[0].offset + 7 * 1024,
+                              3 * 1024});
   // Second run, last buffer (V of layer 7).
-  CHECK(w[7] == planned_write{pool_kind::kv, bufs[3].offset + 40 * 1024, bufs[3].offset + 10 * 1024, 2 * 1024});
+  CHECK(w[7] == planned_write{pool_kind::kv, bufs[3].offset + 40 * 1024, bufs[3].offset + 10 * 1024,
+                              2 * 1024});
 }
 
 TEST_CASE("layouts put K then V buffers, tensor-major state, aligned", "[unit][plan]") {
@@ -88,7 +89,8 @@ TEST_CASE("state goes as one slot pair, split into pieces", "[unit][plan]") {
   plan_state(l[pool_kind::state], l[pool_kind::state], 1, 3, w);
   REQUIRE(w.size() == 6);
   const auto& b = l[pool_kind::state].buffers;
-  CHECK(w[4] == planned_write{pool_kind::state, b[4].offset + 2097152, b[4].offset + 3 * 2097152, 2097152});
+  CHECK(w[4] ==
+        planned_write{pool_kind::state, b[4].offset + 2097152, b[4].offset + 3 * 2097152, 2097152});
   split_pieces(w, 1 << 20);
   // 3 conv writes stay whole, 3 temporal writes become 2 pieces each.
   REQUIRE(w.size() == 9);
@@ -166,7 +168,8 @@ TEST_CASE("compatibility names the first difference", "[unit][plan]") {
   CHECK(compatibility_hash(a) != compatibility_hash(b));
   auto c = qwen_like();
   c.mamba->tensors[1].dtype_bytes = 2;
-  CHECK(*first_incompatibility(a, c) == "mamba.tensors[1].dtype_bytes differs: prefill has 4, decode has 2");
+  CHECK(*first_incompatibility(a, c) ==
+        "mamba.tensors[1].dtype_bytes differs: prefill has 4, decode has 2");
   auto d = qwen_like();
   d.aux.reset();
   CHECK(*first_incompatibility(a, d) == "pool aux is present on prefill but absent on decode");

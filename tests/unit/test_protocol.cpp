@@ -67,7 +67,8 @@ TEST_CASE("frames split across reads are reassembled", "[unit][protocol]") {
   CHECK_FALSE(r.next());
 }
 
-TEST_CASE("a second state slot in a send frame is rejected, not read as a list", "[unit][protocol]") {
+TEST_CASE("a second state slot in a send frame is rejected, not read as a list",
+          "[unit][protocol]") {
   auto bytes = encode(send{5, {}, true, 1, 0}, 3);
   // Append a second u32 "slot" to the body and fix the length: what a batched caller would send.
   for (int i = 0; i < 4; ++i) bytes.push_back(2);
@@ -95,11 +96,10 @@ TEST_CASE("malformed and oversized frames get errors naming the problem", "[unit
   SECTION("truncated field") {
     auto bytes = encode(prepare{1, "x", {1, 2, 3}, 0, 0}, 1);
     auto d = decode(2, 1, std::span<const uint8_t>(bytes).subspan(12, 20));
-    CHECK(d.error == "malformed prepare frame: field 'dst_pages' claims 3 entries but only 3 bytes remain");
+    CHECK(d.error ==
+          "malformed prepare frame: field 'dst_pages' claims 3 entries but only 3 bytes remain");
   }
-  SECTION("unknown type") {
-    CHECK(decode(77, 1, {}).error == "unknown message type 77");
-  }
+  SECTION("unknown type") { CHECK(decode(77, 1, {}).error == "unknown message type 77"); }
   SECTION("bad bool") {
     auto bytes = encode(send{5, {}, true, 1, 0}, 3);
     bytes[12 + 8 + 4] = 7;  // the 'last' byte

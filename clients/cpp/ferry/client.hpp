@@ -36,9 +36,9 @@ struct none {};
 class client {
  public:
   /// Connect to the ferryd at `socket_path`, say hello, and keep its pool description.
-  static outcome<std::unique_ptr<client>> connect(const std::string& socket_path,
-                                                  const std::string& name = "ferry-client",
-                                                  std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  static outcome<std::unique_ptr<client>> connect(
+      const std::string& socket_path, const std::string& name = "ferry-client",
+      std::chrono::milliseconds timeout = std::chrono::seconds(10));
   ~client();
   client(const client&) = delete;
   client& operator=(const client&) = delete;
@@ -68,8 +68,9 @@ class client {
   uint8_t* item(pool_kind k, size_t buffer, uint64_t index) const;
 
   /// Send raw bytes (for tests of malformed input) and read the next reply frame.
-  outcome<proto::message> raw_exchange(const std::vector<uint8_t>& bytes,
-                                       std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  outcome<proto::message> raw_exchange(
+      const std::vector<uint8_t>& bytes,
+      std::chrono::milliseconds timeout = std::chrono::seconds(10));
   /// Default wait for a reply.
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
 
