@@ -35,6 +35,8 @@ struct finished_room {
   std::string reason;
 };
 
+/// Rooms of one side. A room id may be reused after its terminal state: lookups check `active`
+/// first, and the new incarnation's outcome overwrites the old one in `finished`.
 struct side_rooms {
   std::unordered_map<uint64_t, room_entry> active;
   std::unordered_map<uint64_t, finished_room> finished;
@@ -43,10 +45,8 @@ struct side_rooms {
 
   void finish(uint64_t room, room_status s, std::string reason) {
     active.erase(room);
-    if (finished.emplace(room, finished_room{s, std::move(reason)}).second)
+    if (finished.insert_or_assign(room, finished_room{s, std::move(reason)}).second)
       finished_order.push_back(room);
-    else
-      finished[room] = finished_room{s, finished[room].reason};
     while (finished_order.size() > history_limit) {
       finished.erase(finished_order.front());
       finished_order.pop_front();
@@ -178,7 +178,6 @@ void on_prepare(scheduler_actor* self, client_request& r) {
   st.ctx->log_sched->debug("room={} peer={} prepare: {} pages", room, peer, p.dst_pages.size());
   auto actor =
       spawn_receiver(self, st.ctx, std::move(p), token, conn, caf::actor_cast<caf::actor>(self));
-  st.decode.finished.erase(room);  // a reused id starts a new incarnation
   st.decode.active[room] = room_entry{actor, conn, room_status::bootstrapping, peer, token, {}};
   st.token_room[token] = room;
   st.ctx->gateway->reply(r.conn, r.seq, proto::ok{});
@@ -379,7 +378,6 @@ void on_peer_inbound(scheduler_actor* self, peer_inbound& in) {
             return;
           }
           auto actor = spawn_sender(self, st.ctx, p.room, caf::actor_cast<caf::actor>(self));
-          st.prefill.finished.erase(p.room);
           it = st.prefill.active
                    .emplace(p.room, room_entry{actor, {}, room_status::bootstrapping, {}, 0, {}})
                    .first;
@@ -410,8 +408,14 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
     auto& st = self->state;
     auto who = caf::actor_cast<caf::actor>(dm.source);
     if (st.connections.erase(who)) {
+      // Normally a Connection reports peer_down before it ends (and is erased then); reaching
+      // here means it ended abnormally, so fail its rooms now rather than at their deadline.
       for (auto it = st.outbound.begin(); it != st.outbound.end();)
         it = it->second == who ? st.outbound.erase(it) : std::next(it);
+      const auto reason = "connection actor ended: " + self->system().render(dm.reason);
+      for (auto* side : {&st.prefill, &st.decode})
+        for (auto& [room, e] : side->active)
+          if (e.connection == who) self->send(e.actor, peer_down{e.peer, who, reason, true});
       return;
     }
     // A room actor that ended without reporting a terminal status (e.g. an exception) fails its
