@@ -164,6 +164,10 @@ outcome<proto::event> client::next_event(std::chrono::milliseconds timeout) {
   return o;
 }
 
+void client::discard_events(uint64_t room) {
+  std::erase_if(events_, [room](const proto::event& e) { return e.room == room; });
+}
+
 outcome<proto::event> client::wait_terminal(uint64_t room, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {

@@ -267,6 +267,7 @@ inline proto::event wait_done(client::client& c, uint64_t room) {
 
 /// Subscribe and wait (bounded) until the room reaches at least `status` on that daemon.
 inline void wait_status(client::client& c, uint64_t room, room_status status) {
+  c.discard_events(room);  // the subscription pushes the current status first
   auto s = c.subscribe(room);
   INFO(s.message);
   REQUIRE(s);

@@ -56,6 +56,8 @@ class client {
 
   /// The next pushed event (buffered or read now), or errc::timed_out.
   outcome<proto::event> next_event(std::chrono::milliseconds timeout);
+  /// Drop the buffered events of `room` (e.g. of an earlier incarnation of a reused id).
+  void discard_events(uint64_t room);
   /// Wait for a terminal event of `room` (subscribe first); other rooms' events are kept.
   outcome<proto::event> wait_terminal(uint64_t room, std::chrono::milliseconds timeout);
 
