@@ -107,7 +107,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
   app.add_flag("--verify", o.verify, "check every destination byte of every request");
-  app.add_flag("!--no-baseline", o.baseline, "skip the raw-fabric baseline");
+  bool no_baseline = false;
+  app.add_flag("--no-baseline", no_baseline, "skip the raw-fabric baseline");
   app.add_option("--provider", o.provider,
                  "libfabric provider of the baseline (default: the daemons' provider)");
   app.add_option("--piece-bytes", o.piece_bytes,
@@ -122,6 +123,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--room-base", o.room_base, "first room id (default: time-based)");
   CLI11_PARSE(app, argc, argv);
+  o.baseline = !no_baseline;
   if (o.room_base == 0)
     o.room_base =
         static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) &
