@@ -431,6 +431,12 @@ raw_initiator_result raw_initiator(const raw_options& options, int fd, const voi
   fi_cq_data_entry entries[64];
   size_t next = 0, completed = 0;
   bool got_done = false;  // the target's `done` may overtake our last local completions
+  // The target's "done" (all writes counted) may arrive while we still post or progress.
+  auto receive_done = [&] {
+    out.error = recv_msg(fd, msg_kind::done, body, deadline);
+    got_done = out.error.empty();
+    return got_done;
+  };
   auto last_progress = clock_type::now();
   const auto start = clock_type::now();
   const char* src = static_cast<const char*>(source);
@@ -474,21 +480,13 @@ raw_initiator_result raw_initiator(const raw_options& options, int fd, const voi
       if (options.poll_us < 0 && !got_done) {
         pollfd pfd{fd, POLLIN, 0};
         if (::poll(&pfd, 1, 0) > 0) {
-          if (auto e = recv_msg(fd, msg_kind::done, body, deadline); !e.empty()) {
-            out.error = e;
-            return out;
-          }
-          got_done = true;
+          if (!receive_done()) return out;
         }
       }
       continue;
     }
     if (ep.wait(got_done ? -1 : fd)) {
-      if (auto e = recv_msg(fd, msg_kind::done, body, deadline); !e.empty()) {
-        out.error = e;
-        return out;
-      }
-      got_done = true;
+      if (!receive_done()) return out;
     }
   }
 
@@ -520,11 +518,7 @@ raw_initiator_result raw_initiator(const raw_options& options, int fd, const voi
   while (!got_done) {
     pollfd pfd{fd, POLLIN, 0};
     if (::poll(&pfd, 1, 0) > 0) {
-      if (auto e = recv_msg(fd, msg_kind::done, body, deadline); !e.empty()) {
-        out.error = e;
-        return out;
-      }
-      got_done = true;
+      if (!receive_done()) return out;
       break;
     }
     if (clock_type::now() > deadline) return fail("timed out waiting for the target's done");
