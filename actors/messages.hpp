@@ -192,6 +192,13 @@ struct peer_down {
   bool was_connected = false;  ///< false: the connect or handshake itself failed
 };
 
+/// The failure reason a room reports when its peer connection ends.
+inline std::string describe(const peer_down& d) {
+  return (d.was_connected ? "peer " + d.address + " lost: "
+                          : "could not use peer " + d.address + ": ") +
+         d.reason;
+}
+
 /// Room actor -> Connection: deliver to the peer.
 struct peer_outbound {
   caf::message msg;
@@ -213,6 +220,7 @@ struct landed_msg {
 struct deadline_msg {
   std::string what;
   uint32_t ms = 0;
+  bool ends_at_prepare = false;  ///< the wait is over once the decode's prepare has arrived
 };
 
 /// Scheduler -> room: a client cancelled the room.

@@ -102,12 +102,7 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
         if (!o.ok) fail(self, "prefill reported: " + o.reason, false);
       },
       [=](cancel_atom) { fail(self, "cancelled by client", true); },
-      [=](peer_down& d) {
-        fail(self,
-             d.was_connected ? fmt::format("peer {} lost: {}", d.address, d.reason)
-                             : fmt::format("could not use peer {}: {}", d.address, d.reason),
-             false);
-      },
+      [=](peer_down& d) { fail(self, describe(d), false); },
       [=](deadline_msg& d) {
         fail(self,
              fmt::format("timed out in {} after {} ms ({} landed, {} announced)",

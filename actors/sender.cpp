@@ -160,7 +160,7 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
   st.room = room;
   const auto& t = st.ctx->config.timeouts;
   self->delayed_send(self, std::chrono::milliseconds(t.prepare_wait_ms),
-                     deadline_msg{"waiting for the decode's prepare", t.prepare_wait_ms});
+                     deadline_msg{"waiting for the decode's prepare", t.prepare_wait_ms, true});
   self->delayed_send(self, std::chrono::milliseconds(t.transfer_ms),
                      deadline_msg{"transfer", t.transfer_ms});
   return {
@@ -204,15 +204,10 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
         }
       },
       [=](cancel_atom) { fail(self, "cancelled by client", true); },
-      [=](peer_down& d) {
-        fail(self,
-             d.was_connected ? fmt::format("peer {} lost: {}", d.address, d.reason)
-                             : fmt::format("could not use peer {}: {}", d.address, d.reason),
-             false);
-      },
+      [=](peer_down& d) { fail(self, describe(d), false); },
       [=](deadline_msg& d) {
         auto& st = self->state;
-        if (d.what == "transfer" || !st.prep)
+        if (!d.ends_at_prepare || !st.prep)
           fail(self,
                fmt::format("timed out in {} after {} ms ({})", to_string(st.state.status()), d.ms,
                            d.what),
