@@ -25,11 +25,14 @@ caf::actor spawn_outbound_connection(caf::event_based_actor* parent, context_ptr
 caf::actor spawn_inbound_connection(caf::event_based_actor* parent, context_ptr ctx,
                                     peer_hello hello, caf::actor scheduler);
 
-/// Prefill-side room. `first` is either a client send (no prepare yet) or a sender_prepare.
+/// Prefill-side room, created by the first client send or the first decode prepare; it waits
+/// for the prepares of every decode rank it feeds (max(1, Pd/Ps)).
 caf::actor spawn_sender(caf::event_based_actor* parent, context_ptr ctx, uint64_t room,
                         caf::actor scheduler);
-/// Decode-side room, created by a client prepare.
+/// Decode-side room, created by a client prepare; `connections` has one Connection per named
+/// prefill peer, in the order of `prep.prefill_peers`.
 caf::actor spawn_receiver(caf::event_based_actor* parent, context_ptr ctx, proto::prepare prep,
-                          uint64_t token, caf::actor connection, caf::actor scheduler);
+                          uint64_t token, std::vector<caf::actor> connections,
+                          caf::actor scheduler);
 
 }  // namespace ferry

@@ -27,6 +27,8 @@ struct connection_state {
   caf::actor remote;
   peer_info_ptr info;
   std::vector<caf::message> queued;
+  std::vector<caf::response_promise> waiting;  // info requests before the handshake finished
+  std::string failure;                         // why the connection ended (once done)
   bool done = false;
 };
 
@@ -39,6 +41,8 @@ peer_hello make_hello(const daemon_context& ctx, caf::actor self) {
   h.role = to_string(ctx.config.role);
   h.tp_size = ctx.config.tp.size;
   h.tp_rank = ctx.config.tp.rank;
+  h.pp_size = ctx.config.pp.size;
+  h.pp_rank = ctx.config.pp.rank;
   h.config_yaml = ctx.config_yaml;
   h.compat_hash = compatibility_hash(ctx.config.pools);
   h.fabric_address = ctx.engine->local_address();
@@ -47,6 +51,10 @@ peer_hello make_hello(const daemon_context& ctx, caf::actor self) {
     if (!ctx.layout.pools[k].present) continue;
     auto d = ctx.engine->describe(ctx.regions[k]);
     h.regions[k] = {true, d.remote_base, d.key, d.length};
+  }
+  if (ctx.staging) {
+    auto d = ctx.engine->describe(ctx.staging->region);
+    h.staging = {true, d.remote_base, d.key, d.length};
   }
   h.connection = std::move(self);
   return h;
@@ -75,14 +83,26 @@ std::variant<std::shared_ptr<peer_info>, std::string> validate_peer(const daemon
   info->pools = parsed.config->pools;
   if (compatibility_hash(info->pools) != h.compat_hash)
     return "peer compatibility hash does not match its own layout (corrupted handshake)";
-  const auto& src = we_decode ? info->pools : ctx.config.pools;
-  const auto& dst = we_decode ? ctx.config.pools : info->pools;
-  if (auto e = first_incompatibility(src, dst)) return "incompatible layouts: " + *e;
-  if (ctx.config.tp.size != h.tp_size)
+  // The geometry a peer declares must be consistent with its own config.
+  auto parsed_cfg = *parsed.config;
+  if (parsed_cfg.tp.size != h.tp_size || parsed_cfg.tp.rank != h.tp_rank ||
+      parsed_cfg.pp.size != h.pp_size || parsed_cfg.pp.rank != h.pp_rank)
+    return "peer declared a TP/PP position that differs from its config (corrupted handshake)";
+  info->schema = schema_of(parsed_cfg);
+  const auto mine = schema_of(ctx.config);
+  auto plan = we_decode ? make_link_plan(info->schema, mine) : make_link_plan(mine, info->schema);
+  if (auto* e = std::get_if<std::string>(&plan)) {
+    const auto& src = we_decode ? info->schema : mine;
+    const auto& dst = we_decode ? mine : info->schema;
+    if (src.tp_size == dst.tp_size && src.pp_size == dst.pp_size)
+      return "incompatible layouts: " + *e;
     return fmt::format(
-        "tensor-parallel size differs: this daemon has {}, peer {} has {} (TP mismatch is not "
-        "supported yet)",
-        ctx.config.tp.size, h.node, h.tp_size);
+        "incompatible layouts (prefill TP {} rank {} PP {} stage {}, decode TP {} rank {} PP {} "
+        "stage {}): {}",
+        src.tp_size, src.tp_rank, src.pp_size, src.pp_rank, dst.tp_size, dst.tp_rank, dst.pp_size,
+        dst.pp_rank, *e);
+  }
+  info->link = std::make_shared<link_plan>(std::get<link_plan>(std::move(plan)));
   info->layout = make_layout(info->pools);
   if (h.regions.size() != pool_kind_count)
     return fmt::format("peer sent {} memory regions, expected {}", h.regions.size(),
@@ -95,6 +115,7 @@ std::variant<std::shared_ptr<peer_info>, std::string> validate_peer(const daemon
                          to_string(static_cast<pool_kind>(k)), r.length, p.total_bytes);
   }
   info->regions = h.regions;
+  info->staging = h.staging;
   auto handle = ctx.engine->insert_peer(h.fabric_address);
   if (!handle) return "cannot add the peer's fabric address: " + handle.error;
   info->fabric_peer = handle.value;
@@ -105,6 +126,9 @@ void finish(connection_actor* self, const std::string& reason) {
   auto& st = self->state;
   if (st.done) return;
   st.done = true;
+  st.failure = reason;
+  for (auto& rp : st.waiting) rp.deliver(peer_lookup{nullptr, reason});
+  st.waiting.clear();
   st.ctx->log_peer->warn("peer={} connection closed: {}", st.address, reason);
   self->send(st.scheduler,
              peer_down{st.address, caf::actor_cast<caf::actor>(self), reason, st.info != nullptr});
@@ -117,8 +141,10 @@ void become_ready(connection_actor* self, std::shared_ptr<peer_info> info, caf::
   st.info = std::move(info);
   st.remote = std::move(remote);
   self->monitor(st.remote);
-  st.ctx->log_peer->info("peer={} connected: node {} instance {}", st.address, st.info->node,
-                         st.info->instance);
+  st.ctx->log_peer->info("peer={} connected: node {} instance {}; link {}", st.address,
+                         st.info->node, st.info->instance, st.info->link->describe());
+  for (auto& rp : st.waiting) rp.deliver(peer_lookup{st.info, {}});
+  st.waiting.clear();
   self->send(st.scheduler, peer_ready{st.address, st.info, {}});
   for (auto& m : st.queued) self->send(st.remote, std::move(m));
   st.queued.clear();
@@ -137,6 +163,14 @@ caf::behavior relay(connection_actor* self, bool outbound) {
                peer_inbound{st.info, caf::actor_cast<caf::actor>(self), std::move(m)});
   };
   return {
+      [=](info_atom) -> caf::result<peer_lookup> {
+        auto& st = self->state;
+        if (st.info) return peer_lookup{st.info, {}};
+        if (st.done) return peer_lookup{nullptr, st.failure};
+        auto rp = self->make_response_promise();
+        st.waiting.push_back(rp);
+        return caf::delegated<peer_lookup>();
+      },
       [=](peer_outbound& o) {
         auto& st = self->state;
         if (st.remote)

@@ -10,12 +10,27 @@
 
 #include "core/config.hpp"
 #include "core/layout.hpp"
+#include "core/plan.hpp"
+#include "core/range_allocator.hpp"
 #include "core/shm_region.hpp"
 #include "transport/engine.hpp"
 
 namespace ferry {
 
 class client_gateway;
+
+/// Registered bounce memory for head-sliced KV (fabric.staging_bytes): packed source slices on
+/// the prefill side, the rooms' landing areas on the decode side.
+struct staging_area {
+  uint8_t* data = nullptr;
+  uint64_t bytes = 0;
+  transport::region_id region = 0;
+  range_allocator ranges;
+  explicit staging_area(uint64_t size) : bytes(size), ranges(size) {}
+  staging_area(const staging_area&) = delete;
+  staging_area& operator=(const staging_area&) = delete;
+  ~staging_area();
+};
 
 struct daemon_context {
   ferry_config config;
@@ -24,9 +39,21 @@ struct daemon_context {
   node_layout layout;
   std::array<shm_region, pool_kind_count> pools;  ///< mapped pools (empty when absent)
   std::array<transport::region_id, pool_kind_count> regions{};
+  std::unique_ptr<staging_area> staging;  ///< null when fabric.staging_bytes is 0; declared
+                                          ///< before the engine so it outlives its registration
   std::unique_ptr<transport::engine> engine;
   std::shared_ptr<client_gateway> gateway;
   std::shared_ptr<spdlog::logger> log_sched, log_room, log_peer;
+
+  /// Base address of a local memory space (pool or staging).
+  uint8_t* base(space s) const {
+    if (s == space::staging) return staging ? staging->data : nullptr;
+    return pools[static_cast<int>(s)].data();
+  }
+  /// Registered region id of a local memory space.
+  transport::region_id region(space s) const {
+    return s == space::staging ? staging->region : regions[static_cast<int>(s)];
+  }
 
   bool serves_decode() const { return config.role != node_role::prefill; }
   bool serves_prefill() const { return config.role != node_role::decode; }

@@ -5,6 +5,11 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <unistd.h>
 
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include <caf/io/all.hpp>
 #include <random>
 
@@ -20,6 +25,10 @@ std::shared_ptr<spdlog::logger> make_logger(const std::string& name) {
   l->set_level(def->level());
   spdlog::register_logger(l);
   return l;
+}
+
+staging_area::~staging_area() {
+  if (data) munmap(data, bytes);
 }
 
 namespace {
@@ -91,6 +100,24 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
     ctx->regions[k] = reg.value;
     log->info("pool {}: {} ({} bytes, {} buffers)", to_string(static_cast<pool_kind>(k)), name,
               pool.total_bytes, pool.buffers.size());
+  }
+  if (cfg.fabric.staging_bytes) {
+    auto st = std::make_unique<staging_area>(cfg.fabric.staging_bytes);
+    void* mem = mmap(nullptr, cfg.fabric.staging_bytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mem == MAP_FAILED) {
+      log->error("fabric.staging_bytes: cannot map {} bytes: {}", cfg.fabric.staging_bytes,
+                 std::strerror(errno));
+      return 2;
+    }
+    st->data = static_cast<uint8_t*>(mem);
+    auto reg = ctx->engine->register_region(st->data, st->bytes);
+    if (!reg) {
+      log->error("staging: memory registration of {} bytes failed: {}", st->bytes, reg.error);
+      return 2;
+    }
+    st->region = reg.value;
+    ctx->staging = std::move(st);
   }
   std::string err;
   ctx->gateway = client_gateway::listen(cfg.client_listen, err);

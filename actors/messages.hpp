@@ -17,7 +17,9 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "core/geometry.hpp"
 #include "core/layout.hpp"
+#include "core/plan.hpp"
 #include "core/protocol.hpp"
 #include "core/status.hpp"
 #include "transport/engine.hpp"
@@ -25,7 +27,10 @@
 namespace ferry {
 
 /// Version of the daemon-to-daemon handshake; bumped on any change of the peer_* types.
-inline constexpr uint32_t peer_protocol_version = 1;
+inline constexpr uint32_t peer_protocol_version = 2;
+
+/// "No staging" in peer_prepare::dst_staging.
+inline constexpr uint64_t no_staging = ~uint64_t{0};
 
 // ---------------------------------------------------------------------------------------------
 // Between daemons
@@ -52,16 +57,20 @@ struct peer_hello {
   std::string role;
   uint32_t tp_size = 1;
   uint32_t tp_rank = 0;
+  uint32_t pp_size = 1;
+  uint32_t pp_rank = 0;
   std::string config_yaml;   ///< the sender's effective config; pools give the layout
   uint64_t compat_hash = 0;  ///< compatibility_hash(pools)
   std::vector<uint8_t> fabric_address;
   std::vector<peer_region> regions;  ///< indexed by pool_kind
+  peer_region staging;               ///< bounce region for head-sliced KV (may be absent)
   caf::actor connection;             ///< the sender's Connection actor
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, peer_hello& x) {
   return f(caf::meta::type_name("peer_hello"), x.version, x.node, x.instance, x.role, x.tp_size,
-           x.tp_rank, x.config_yaml, x.compat_hash, x.fabric_address, x.regions, x.connection);
+           x.tp_rank, x.pp_size, x.pp_rank, x.config_yaml, x.compat_hash, x.fabric_address,
+           x.regions, x.staging, x.connection);
 }
 
 /// The accepting side refused the handshake (version, compatibility, role).
@@ -80,11 +89,14 @@ struct peer_prepare {
   std::vector<uint32_t> dst_pages;
   uint32_t dst_state_slot = no_index;
   uint32_t dst_aux_row = no_index;
+  /// Offset in the decode's staging region reserved for this room's head-sliced KV from this
+  /// prefill rank (link kv_mode::unpack), or no_staging: write each token's slice directly.
+  uint64_t dst_staging = no_staging;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, peer_prepare& x) {
   return f(caf::meta::type_name("peer_prepare"), x.room, x.token, x.dst_pages, x.dst_state_slot,
-           x.dst_aux_row);
+           x.dst_aux_row, x.dst_staging);
 }
 
 /// Prefill -> decode: the prepare was accepted (ok) or refused with a reason.
@@ -134,9 +146,25 @@ struct peer_info {
   pools_config pools;
   node_layout layout;
   std::vector<peer_region> regions;
+  peer_region staging;
   transport::peer_handle fabric_peer = 0;
+  rank_schema schema;                    ///< the peer's pools and TP/PP position
+  std::shared_ptr<const link_plan> link;  ///< prefill -> decode plan for this pair, validated at
+                                          ///< handshake (whichever side we are)
+
+  /// Remote region of a space at the peer.
+  const peer_region& region(space s) const {
+    return s == space::staging ? staging : regions[static_cast<int>(s)];
+  }
 };
 using peer_info_ptr = std::shared_ptr<const peer_info>;
+
+/// Connection -> room: the peer's description once the handshake is done, or why it failed.
+struct peer_lookup {
+  peer_info_ptr info;
+  std::string error;
+};
+using info_atom = caf::atom_constant<caf::atom("info")>;
 
 /// A decoded client request, with where to send the reply.
 struct client_request {
@@ -204,12 +232,6 @@ struct peer_outbound {
   caf::message msg;
 };
 
-/// Sender creation data: the prepare and the peer it came from.
-struct sender_prepare {
-  peer_prepare prepare;
-  peer_info_ptr peer;
-  caf::actor connection;
-};
 
 /// Decode side: writes that landed for this room (aggregated).
 struct landed_msg {
@@ -241,6 +263,6 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_ready)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_inbound)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_down)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_outbound)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::sender_prepare)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_lookup)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::landed_msg)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::deadline_msg)

@@ -1,14 +1,18 @@
 // Receiver: one per room on the decode side.
 //
-// Life: Bootstrapping (prepare sent towards the prefill peer, connecting if needed) ->
-// WaitingForInput (the prefill accepted the prepare) -> Transferring (first write landed) ->
-// Success (landed writes == announced total) | Failed (prefill refused or failed, peer lost,
-// more writes than announced, cancel, deadline).
+// Life: Bootstrapping (waiting for the named prefill peers' handshakes, then prepares sent to the
+// ranks the geometry selects) -> WaitingForInput (every selected prefill rank accepted) ->
+// Transferring (first write landed) -> Success (every selected rank announced, and the landed
+// writes equal the sum of their totals; head-sliced KV unpacked from staging) | Failed (prefill
+// refused or failed, a peer lost, more writes than announced, cancel, deadline).
 //
 // Success is never inferred from a local event: only the counted remote-CQ-data immediates,
-// which the fabric reports after each payload is placed, against the sender's announced total.
+// which the fabric reports after each payload is placed, against the senders' announced totals.
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cstring>
 
 #include "actors/actors.hpp"
 #include "core/plan.hpp"
@@ -16,16 +20,37 @@
 namespace ferry {
 namespace {
 
+/// One prefill rank this room receives from.
+struct source_link {
+  peer_info_ptr peer;
+  caf::actor connection;
+  std::optional<uint64_t> staging;  // this room's landing area for head-sliced KV
+  bool accepted = false;
+  std::optional<uint64_t> announced;
+};
+
 struct receiver_state {
   static inline const char* name = "ferry.receiver";
   context_ptr ctx;
   caf::actor scheduler;
-  caf::actor connection;
+  std::vector<caf::actor> connections;  // one per named peer
+  std::vector<peer_info_ptr> named;     // handshake results, by named position
+  size_t looked_up = 0;
+  std::vector<source_link> links;  // the selected prefill ranks
   proto::prepare prep;
   uint64_t token = 0;
   room_state state;
   commit_counter commit;
   uint64_t bytes = 0;
+
+  std::string peers() const { return fmt::format("{}", fmt::join(prep.prefill_peers, ",")); }
+  void release_staging() {
+    for (auto& l : links)
+      if (l.staging) {
+        ctx->staging->ranges.release(*l.staging);
+        l.staging.reset();
+      }
+  }
 };
 
 using receiver_actor = caf::stateful_actor<receiver_state>;
@@ -38,14 +63,34 @@ void set_status(receiver_actor* self, room_status s, std::string reason = {}) {
   if (is_terminal(s)) self->quit();
 }
 
-void fail(receiver_actor* self, const std::string& reason, bool tell_peer) {
+void tell_links(receiver_actor* self, const peer_outcome& o) {
+  for (const auto& l : self->state.links)
+    self->send(l.connection, peer_outbound{caf::make_message(o)});
+}
+
+void fail(receiver_actor* self, const std::string& reason, bool tell_peers) {
   auto& st = self->state;
   if (is_terminal(st.state.status())) return;
-  st.ctx->log_room->warn("room={} peer={} failed: {}", st.prep.room, st.prep.prefill_peer, reason);
-  if (tell_peer)
-    self->send(st.connection,
-               peer_outbound{caf::make_message(peer_outcome{st.prep.room, false, false, reason})});
+  st.ctx->log_room->warn("room={} peer={} failed: {}", st.prep.room, st.peers(), reason);
+  if (tell_peers) tell_links(self, peer_outcome{st.prep.room, false, false, reason});
+  // Note: a late write of this room may still land in its staging range after release; the
+  // drain-before-release rule for failed rooms is part of the cancellation work (issue 4).
+  st.release_staging();
   set_status(self, room_status::failed, reason);
+}
+
+/// Scatter head-sliced KV from the room's staging into its pages (links in unpack mode).
+void unpack(receiver_actor* self) {
+  auto& st = self->state;
+  std::vector<planned_copy> copies;
+  for (const auto& l : st.links) {
+    if (!l.staging) continue;
+    copies.clear();
+    plan_unpack(*l.peer->link, st.ctx->layout, st.prep.dst_pages, *l.staging, copies);
+    for (const auto& c : copies)
+      std::memcpy(st.ctx->base(c.to) + c.to_offset, st.ctx->base(c.from) + c.from_offset,
+                  c.length);
+  }
 }
 
 void evaluate(receiver_actor* self, commit_counter::state c) {
@@ -55,61 +100,137 @@ void evaluate(receiver_actor* self, commit_counter::state c) {
       return;
     case commit_counter::state::overflow:
       fail(self,
-           fmt::format("{} writes landed but the prefill announced {}", st.commit.landed(),
+           fmt::format("{} writes landed but the prefill ranks announced {}", st.commit.landed(),
                        *st.commit.expected()),
            true);
       return;
     case commit_counter::state::complete:
+      unpack(self);
+      st.release_staging();
       st.ctx->log_room->debug("room={} peer={} committed: {} writes, {} bytes", st.prep.room,
-                              st.prep.prefill_peer, st.commit.landed(), st.bytes);
-      self->send(st.connection,
-                 peer_outbound{caf::make_message(peer_outcome{st.prep.room, false, true, {}})});
+                              st.peers(), st.commit.landed(), st.bytes);
+      tell_links(self, peer_outcome{st.prep.room, false, true, {}});
       set_status(self, room_status::success);
       return;
   }
 }
 
+source_link* link_of(receiver_actor* self, const caf::actor& connection) {
+  for (auto& l : self->state.links)
+    if (l.connection == connection) return &l;
+  return nullptr;
+}
+
+/// Every named peer finished its handshake: pick the ranks the geometry needs, reserve staging
+/// for head-sliced KV, and send them the prepare.
+void start(receiver_actor* self) {
+  auto& st = self->state;
+  std::vector<rank_schema> schemas;
+  for (const auto& p : st.named) schemas.push_back(p->schema);
+  auto chosen = select_prefill_peers(schema_of(st.ctx->config), schemas);
+  if (auto* e = std::get_if<std::string>(&chosen)) return fail(self, *e, false);
+  for (size_t i : std::get<0>(chosen)) {
+    source_link l{st.named[i], st.connections[i], std::nullopt, false, std::nullopt};
+    const auto need = l.peer->link->unpack_staging_bytes(st.prep.dst_pages.size());
+    if (need && st.ctx->staging && l.peer->staging.present) l.staging = st.ctx->staging->ranges.allocate(need);
+    if (need && !l.staging)
+      st.ctx->log_room->info(
+          "room={} peer={} no staging for {} bytes of head-sliced KV; falling back to one write "
+          "per token",
+          st.prep.room, l.peer->address, need);
+    st.links.push_back(std::move(l));
+  }
+  for (const auto& l : st.links) {
+    st.ctx->log_room->debug("room={} peer={} prepare: {} pages; {}", st.prep.room, l.peer->address,
+                            st.prep.dst_pages.size(), l.peer->link->describe());
+    self->send(l.connection, peer_outbound{caf::make_message(peer_prepare{
+                                 st.prep.room, st.token, st.prep.dst_pages, st.prep.state_slot,
+                                 st.prep.aux_row, l.staging.value_or(no_staging)})});
+  }
+}
+
+void on_peer(receiver_actor* self, peer_inbound& in) {
+  auto& st = self->state;
+  auto* l = link_of(self, in.connection);
+  if (!l) return;  // not a rank this room prepared (cannot happen unless a peer misbehaves)
+  in.msg.apply({
+      [&](peer_prepare_ack& a) {
+        if (!a.ok)
+          return fail(self, fmt::format("prefill {} refused the prepare: {}", l->peer->address,
+                                        a.reason),
+                      true);
+        l->accepted = true;
+        for (const auto& x : st.links)
+          if (!x.accepted) return;
+        set_status(self, room_status::waiting_for_input);
+      },
+      [&](peer_announce& a) {
+        if (l->announced) return fail(self, "prefill " + l->peer->address + " announced twice", true);
+        l->announced = a.total_writes;
+        st.bytes += a.total_bytes;
+        set_status(self, room_status::transferring);
+        uint64_t total = 0;
+        for (const auto& x : st.links) {
+          if (!x.announced) return;
+          total += *x.announced;
+        }
+        evaluate(self, st.commit.announce(total));
+      },
+      [&](peer_outcome& o) {
+        if (!o.ok) fail(self, fmt::format("prefill {} reported: {}", l->peer->address, o.reason), true);
+      },
+  });
+}
+
 caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::prepare prep,
-                                uint64_t token, caf::actor connection, caf::actor scheduler) {
+                                uint64_t token, std::vector<caf::actor> connections,
+                                caf::actor scheduler) {
   auto& st = self->state;
   st.ctx = std::move(ctx);
   st.prep = std::move(prep);
   st.token = token;
-  st.connection = std::move(connection);
+  st.connections = std::move(connections);
   st.scheduler = std::move(scheduler);
-  self->send(st.connection,
-             peer_outbound{caf::make_message(peer_prepare{st.prep.room, token, st.prep.dst_pages,
-                                                          st.prep.state_slot, st.prep.aux_row})});
-  const auto ms = st.ctx->config.timeouts.transfer_ms;
-  self->delayed_send(self, std::chrono::milliseconds(ms), deadline_msg{"transfer", ms});
+  st.named.resize(st.connections.size());
+  const auto& t = st.ctx->config.timeouts;
+  self->delayed_send(self, std::chrono::milliseconds(t.transfer_ms),
+                     deadline_msg{"transfer", t.transfer_ms});
+  // Learn every named peer's geometry (its handshake may still be running).
+  for (size_t i = 0; i < st.connections.size(); ++i)
+    self->request(st.connections[i], std::chrono::milliseconds(t.handshake_ms + 1000),
+                  info_atom::value)
+        .then(
+            [=](peer_lookup& r) {
+              auto& st = self->state;
+              if (is_terminal(st.state.status())) return;
+              if (!r.info)
+                return fail(self,
+                            fmt::format("could not use peer {}: {}", st.prep.prefill_peers[i],
+                                        r.error),
+                            false);
+              st.named[i] = std::move(r.info);
+              if (++st.looked_up == st.named.size()) start(self);
+            },
+            [=](caf::error& e) {
+              fail(self,
+                   fmt::format("could not use peer {}: {}", self->state.prep.prefill_peers[i],
+                               self->system().render(e)),
+                   false);
+            });
   return {
-      [=](peer_prepare_ack& a) {
-        if (a.ok)
-          set_status(self, room_status::waiting_for_input);
-        else
-          fail(self, "prefill refused the prepare: " + a.reason, false);
-      },
+      [=](peer_inbound& in) { on_peer(self, in); },
       [=](landed_msg& l) {
         set_status(self, room_status::transferring);
         evaluate(self, self->state.commit.add_landed(l.count));
       },
-      [=](peer_announce& a) {
-        self->state.bytes = a.total_bytes;
-        set_status(self, room_status::transferring);
-        evaluate(self, self->state.commit.announce(a.total_writes));
-      },
-      [=](peer_outcome& o) {
-        if (!o.ok) fail(self, "prefill reported: " + o.reason, false);
-      },
       [=](cancel_atom) { fail(self, "cancelled by client", true); },
-      [=](peer_down& d) { fail(self, describe(d), false); },
+      [=](peer_down& d) { fail(self, describe(d), true); },
       [=](deadline_msg& d) {
+        auto& st = self->state;
         fail(self,
              fmt::format("timed out in {} after {} ms ({} landed, {} announced)",
-                         to_string(self->state.state.status()), d.ms, self->state.commit.landed(),
-                         self->state.commit.expected()
-                             ? std::to_string(*self->state.commit.expected())
-                             : "none"),
+                         to_string(st.state.status()), d.ms, st.commit.landed(),
+                         st.commit.expected() ? std::to_string(*st.commit.expected()) : "none"),
              true);
       },
   };
@@ -118,9 +239,10 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
 }  // namespace
 
 caf::actor spawn_receiver(caf::event_based_actor* parent, context_ptr ctx, proto::prepare prep,
-                          uint64_t token, caf::actor connection, caf::actor scheduler) {
+                          uint64_t token, std::vector<caf::actor> connections,
+                          caf::actor scheduler) {
   return parent->spawn<caf::monitored>(receiver_behavior, std::move(ctx), std::move(prep), token,
-                                       std::move(connection), std::move(scheduler));
+                                       std::move(connections), std::move(scheduler));
 }
 
 }  // namespace ferry

@@ -6,6 +6,9 @@
 // subscribed clients.
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
 
 #include <deque>
 #include <sstream>
@@ -23,7 +26,7 @@ constexpr size_t history_limit = 65536;
 
 struct room_entry {
   caf::actor actor;
-  caf::actor connection;
+  std::vector<caf::actor> connections;  // the peers the room exchanges messages with
   room_status status = room_status::bootstrapping;
   std::string peer;
   uint64_t token = 0;
@@ -73,7 +76,8 @@ void reply_error(scheduler_actor* self, const client_request& r, errc code, std:
   std::visit(
       [&](const auto& m) {
         if constexpr (requires { m.room; }) room = std::to_string(m.room);
-        if constexpr (requires { m.prefill_peer; }) peer = m.prefill_peer;
+        if constexpr (requires { m.prefill_peers; })
+          peer = fmt::format("{}", fmt::join(m.prefill_peers, ","));
       },
       r.msg);
   self->state.ctx->log_sched->info("room={} peer={} client conn={} {} rejected: {}", room, peer,
@@ -164,21 +168,32 @@ void on_prepare(scheduler_actor* self, client_request& r) {
         fmt::format("duplicate room {}: it is already active on this decode daemon", p.room));
   if (auto e = admission(st, st.decode, "decode"))
     return reply_error(self, r, errc::invalid_request, fmt::format("room {}: {}", p.room, *e));
-  if (p.prefill_peer.empty())
+  if (p.prefill_peers.empty())
     return reply_error(self, r, errc::invalid_request,
-                       fmt::format("room {}: prefill_peer is empty", p.room));
+                       fmt::format("room {}: no prefill peer named", p.room));
+  for (size_t i = 0; i < p.prefill_peers.size(); ++i) {
+    if (p.prefill_peers[i].empty())
+      return reply_error(self, r, errc::invalid_request,
+                         fmt::format("room {}: prefill peer {} is empty", p.room, i));
+    for (size_t j = 0; j < i; ++j)
+      if (p.prefill_peers[j] == p.prefill_peers[i])
+        return reply_error(self, r, errc::invalid_request,
+                           fmt::format("room {}: prefill peer {} is named twice", p.room,
+                                       p.prefill_peers[i]));
+  }
   if (auto e = check_pages(*st.ctx, p.room, p.dst_pages, "dst page"))
     return reply_error(self, r, errc::invalid_request, *e);
   if (auto e = check_slot_and_row(*st.ctx, p.room, "dst", p.state_slot, p.aux_row))
     return reply_error(self, r, errc::invalid_request, *e);
   const uint64_t token = st.next_token++;
-  auto conn = connection_for(self, p.prefill_peer);
+  std::vector<caf::actor> conns;
+  for (const auto& addr : p.prefill_peers) conns.push_back(connection_for(self, addr));
   auto room = p.room;
-  auto peer = p.prefill_peer;
+  auto peer = fmt::format("{}", fmt::join(p.prefill_peers, ","));
   st.ctx->log_sched->debug("room={} peer={} prepare: {} pages", room, peer, p.dst_pages.size());
   auto actor =
-      spawn_receiver(self, st.ctx, std::move(p), token, conn, caf::actor_cast<caf::actor>(self));
-  st.decode.active[room] = room_entry{actor, conn, room_status::bootstrapping, peer, token, {}};
+      spawn_receiver(self, st.ctx, std::move(p), token, conns, caf::actor_cast<caf::actor>(self));
+  st.decode.active[room] = room_entry{actor, conns, room_status::bootstrapping, peer, token, {}};
   st.token_room[token] = room;
   st.ctx->gateway->reply(r.conn, r.seq, proto::ok{});
 }
@@ -312,6 +327,7 @@ void on_client(scheduler_actor* self, client_request& r) {
           h.tp_size = st.ctx->config.tp.size;
           h.tp_rank = st.ctx->config.tp.rank;
           h.page_tokens = st.ctx->config.pools.kv ? st.ctx->config.pools.kv->page_tokens : 0;
+          h.config_yaml = st.ctx->config_yaml;
           for (int k = 0; k < pool_kind_count; ++k) {
             h.pools[k].present = st.ctx->layout.pools[k].present;
             h.pools[k].shm_name = st.ctx->pools[k].name();
@@ -362,43 +378,39 @@ void on_client(scheduler_actor* self, client_request& r) {
 
 void on_peer_inbound(scheduler_actor* self, peer_inbound& in) {
   auto& st = self->state;
+  // Room messages go to the room actor with the connection they came from, so a room fed by
+  // several peers knows which one spoke.
+  auto forward = [&](side_rooms& side, uint64_t room) {
+    if (auto it = side.active.find(room); it != side.active.end())
+      self->send(it->second.actor, std::move(in));
+  };
   in.msg.apply({
       [&](peer_prepare& p) {
+        auto refuse = [&](std::string why) {
+          self->send(in.connection,
+                     peer_outbound{caf::make_message(peer_prepare_ack{p.room, false, why})});
+        };
         auto it = st.prefill.active.find(p.room);
         if (it == st.prefill.active.end()) {
-          if (!st.ctx->serves_prefill()) {
-            self->send(in.connection,
-                       peer_outbound{caf::make_message(peer_prepare_ack{
-                           p.room, false, "this daemon does not serve the prefill role"})});
-            return;
-          }
-          if (auto e = admission(st, st.prefill, "prefill")) {
-            self->send(in.connection,
-                       peer_outbound{caf::make_message(peer_prepare_ack{p.room, false, *e})});
-            return;
-          }
+          if (!st.ctx->serves_prefill())
+            return refuse("this daemon does not serve the prefill role");
+          if (auto e = admission(st, st.prefill, "prefill")) return refuse(*e);
           auto actor = spawn_sender(self, st.ctx, p.room, caf::actor_cast<caf::actor>(self));
           it = st.prefill.active
                    .emplace(p.room, room_entry{actor, {}, room_status::bootstrapping, {}, 0, {}})
                    .first;
         }
-        it->second.connection = in.connection;
-        it->second.peer = in.from->address;
-        self->send(it->second.actor, sender_prepare{std::move(p), in.from, in.connection});
+        auto& e = it->second;
+        if (std::find(e.connections.begin(), e.connections.end(), in.connection) ==
+            e.connections.end()) {
+          e.connections.push_back(in.connection);
+          e.peer += (e.peer.empty() ? "" : ",") + in.from->address;
+        }
+        self->send(e.actor, std::move(in));
       },
-      [&](peer_prepare_ack& a) {
-        if (auto it = st.decode.active.find(a.room); it != st.decode.active.end())
-          self->send(it->second.actor, a);
-      },
-      [&](peer_announce& a) {
-        if (auto it = st.decode.active.find(a.room); it != st.decode.active.end())
-          self->send(it->second.actor, a);
-      },
-      [&](peer_outcome& o) {
-        auto& side = o.to_decode ? st.decode : st.prefill;
-        if (auto it = side.active.find(o.room); it != side.active.end())
-          self->send(it->second.actor, o);
-      },
+      [&](peer_prepare_ack& a) { forward(st.decode, a.room); },
+      [&](peer_announce& a) { forward(st.decode, a.room); },
+      [&](peer_outcome& o) { forward(o.to_decode ? st.decode : st.prefill, o.room); },
   });
 }
 
@@ -415,7 +427,8 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
       const auto reason = "connection actor ended: " + self->system().render(dm.reason);
       for (auto* side : {&st.prefill, &st.decode})
         for (auto& [room, e] : side->active)
-          if (e.connection == who) self->send(e.actor, peer_down{e.peer, who, reason, true});
+          if (std::count(e.connections.begin(), e.connections.end(), who))
+            self->send(e.actor, peer_down{e.peer, who, reason, true});
       return;
     }
     // A room actor that ended without reporting a terminal status (e.g. an exception) fails its
@@ -492,7 +505,8 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
         auto& st = self->state;
         for (auto* side : {&st.prefill, &st.decode})
           for (auto& [room, e] : side->active)
-            if (e.connection == d.connection) self->send(e.actor, d);
+            if (std::count(e.connections.begin(), e.connections.end(), d.connection))
+              self->send(e.actor, d);
         st.connections.erase(d.connection);
         for (auto it = st.outbound.begin(); it != st.outbound.end();)
           it = it->second == d.connection ? st.outbound.erase(it) : std::next(it);

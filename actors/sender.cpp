@@ -1,17 +1,21 @@
 // Sender: one per room on the prefill side.
 //
-// Life: Bootstrapping (client chunks arrived before the decode's prepare; queued, bounded by
-// timeouts.prepare_wait_ms) -> WaitingForInput (prepare known) -> Transferring (first writes
-// posted) -> Success (the decode counted every write) | Failed (bad chunk, write error, peer
-// failure or loss, cancel, deadline).
+// Life: Bootstrapping (client chunks arrived before the decode prepares; queued, bounded by
+// timeouts.prepare_wait_ms) -> WaitingForInput (every decode rank this prefill rank feeds has
+// prepared: max(1, Pd/Ps) of them) -> Transferring (first writes posted) -> Success (every decode
+// rank counted every write) | Failed (bad chunk, write error, peer failure or loss, cancel,
+// deadline).
 //
-// Each chunk is planned against the decode's page list by position, coalesced into runs, and
-// posted as one transport batch. The last chunk adds the one state slot pair and the aux row, and
-// is followed by the announcement of the room's total write count.
+// Each chunk is planned for each decode rank with the link plan cached at handshake: its page
+// list by position, coalesced into runs, head-sliced KV packed into staging when the decode holds
+// a slice of our heads. The last chunk adds the one state slot pair and the aux row, and is
+// followed by each rank's announcement of its total write count.
 
 #include <fmt/format.h>
 
+#include <cstring>
 #include <deque>
+#include <unordered_map>
 
 #include "actors/actors.hpp"
 #include "actors/client_gateway.hpp"
@@ -22,24 +26,37 @@ namespace {
 
 constexpr size_t max_queued_chunks = 4096;
 
+/// One decode rank this room goes to.
+struct decode_link {
+  peer_info_ptr peer;
+  caf::actor connection;
+  peer_prepare prep;
+  chunk_cursor cursor;
+  uint64_t writes = 0;
+  uint64_t bytes = 0;
+  bool committed = false;
+};
+
 struct sender_state {
   static inline const char* name = "ferry.sender";
   context_ptr ctx;
   caf::actor scheduler;
   uint64_t room = 0;
   room_state state;
-  std::optional<peer_prepare> prep;
-  peer_info_ptr peer;
-  caf::actor connection;
-  chunk_cursor cursor;
-  std::deque<client_request> queued;  // chunks that arrived before the prepare
-  uint64_t writes = 0;
-  uint64_t bytes = 0;
+  std::vector<decode_link> links;
+  uint32_t expected_links = 0;        // known from the first prepare's geometry
+  std::deque<client_request> queued;  // chunks that arrived before every prepare
   uint64_t next_batch = 1;
-  bool announced = false;
-  std::vector<planned_write> scratch;
+  std::unordered_map<uint64_t, uint64_t> batch_staging;  // batch -> packed staging offset
+  std::vector<planned_write> writes;
+  std::vector<planned_copy> copies;
 
-  std::string peer_name() const { return peer ? peer->address : std::string("?"); }
+  bool ready() const { return expected_links && links.size() == expected_links; }
+  std::string peer_name() const {
+    std::string s;
+    for (const auto& l : links) s += (s.empty() ? "" : ",") + l.peer->address;
+    return s.empty() ? "?" : s;
+  }
 };
 
 using sender_actor = caf::stateful_actor<sender_state>;
@@ -47,17 +64,24 @@ using sender_actor = caf::stateful_actor<sender_state>;
 void set_status(sender_actor* self, room_status s, std::string reason = {}) {
   auto& st = self->state;
   if (!(s == room_status::failed ? st.state.fail() : st.state.advance(s))) return;
+  uint64_t bytes = 0;
+  for (const auto& l : st.links) bytes += l.bytes;
   caf::anon_send(st.scheduler,
-                 room_update{st.room, false, s, reason, s == room_status::success ? st.bytes : 0});
-  if (is_terminal(s)) self->quit();
+                 room_update{st.room, false, s, reason, s == room_status::success ? bytes : 0});
+  if (!is_terminal(s)) return;
+  // Packed staging is free once the room ends: on success every write has landed; after a
+  // failure a late read only corrupts this failed room's own destination.
+  for (auto& [batch, offset] : st.batch_staging) st.ctx->staging->ranges.release(offset);
+  st.batch_staging.clear();
+  self->quit();
 }
 
-void fail(sender_actor* self, const std::string& reason, bool tell_peer) {
+void fail(sender_actor* self, const std::string& reason) {
   auto& st = self->state;
   if (is_terminal(st.state.status())) return;
   st.ctx->log_room->warn("room={} peer={} failed: {}", st.room, st.peer_name(), reason);
-  if (tell_peer && st.connection && st.prep)
-    self->send(st.connection,
+  for (const auto& l : st.links)
+    self->send(l.connection,
                peer_outbound{caf::make_message(peer_outcome{st.room, true, false, reason})});
   for (auto& q : st.queued)
     st.ctx->gateway->reply(
@@ -67,58 +91,86 @@ void fail(sender_actor* self, const std::string& reason, bool tell_peer) {
   set_status(self, room_status::failed, reason);
 }
 
-/// Plan and post one chunk; returns an error (nothing posted) when the chunk does not fit the
-/// decode's page list.
-std::optional<std::string> post_chunk(sender_actor* self, const proto::send& chunk) {
+/// Plan and post one chunk to one decode rank.
+void post_link(sender_actor* self, decode_link& l, const proto::send& chunk, uint32_t first) {
   auto& st = self->state;
   const auto& ctx = *st.ctx;
-  uint32_t first = 0;
-  if (auto e = st.cursor.take(static_cast<uint32_t>(chunk.src_pages.size()), chunk.last, first))
-    return e;
-  auto& w = st.scratch;
+  const auto& link = *l.peer->link;
+  auto& w = st.writes;
+  auto& copies = st.copies;
   w.clear();
-  const auto& src = ctx.layout;
-  const auto& dst = st.peer->layout;
+  copies.clear();
+  std::optional<uint64_t> packed;
   if (!chunk.src_pages.empty()) {
     auto dst_pages =
-        std::span<const uint32_t>(st.prep->dst_pages).subspan(first, chunk.src_pages.size());
-    auto runs = coalesce_runs(chunk.src_pages, dst_pages);
-    plan_kv(src[pool_kind::kv], dst[pool_kind::kv], runs, w);
-  }
-  if (chunk.last) {
-    if (src[pool_kind::state].present)
-      plan_state(src[pool_kind::state], dst[pool_kind::state], chunk.state_slot,
-                 st.prep->dst_state_slot, w);
-    if (src[pool_kind::aux].present)
-      plan_aux(src[pool_kind::aux], dst[pool_kind::aux], chunk.aux_row, st.prep->dst_aux_row, w);
-  }
-  split_pieces(w, ctx.config.fabric.write_piece_bytes);
-  if (!w.empty()) {
-    transport::write_batch batch;
-    batch.peer = st.peer->fabric_peer;
-    batch.ops.reserve(w.size());
-    for (const auto& p : w) {
-      const auto pool = static_cast<int>(p.pool);
-      const auto& region = st.peer->regions[pool];
-      batch.ops.push_back({ctx.regions[pool], p.src_offset, p.length,
-                           region.remote_base + p.dst_offset, region.key, st.prep->token});
-      st.bytes += p.length;
+        std::span<const uint32_t>(l.prep.dst_pages).subspan(first, chunk.src_pages.size());
+    auto runs = coalesce_runs(chunk.src_pages, dst_pages, first);
+    staging_use su;
+    su.room_pages = static_cast<uint32_t>(l.prep.dst_pages.size());
+    if (l.prep.dst_staging != no_staging) su.dst = l.prep.dst_staging;
+    if (const auto need = pack_bytes(link, runs); need && ctx.staging) {
+      packed = ctx.staging->ranges.allocate(need);
+      if (!packed)
+        ctx.log_room->debug("room={} no staging for {} packed bytes; one write per token",
+                            st.room, need);
+      su.src = packed;
     }
-    st.writes += w.size();
-    const uint64_t id = st.next_batch++;
-    caf::actor me = caf::actor_cast<caf::actor>(self);
-    batch.done = [me, id](transport::batch_result r) {
-      caf::anon_send(me, batch_done_msg{id, std::move(r)});
-    };
-    ctx.engine->submit(std::move(batch));
-    set_status(self, room_status::transferring);
+    plan_kv_chunk(link, ctx.layout, l.peer->layout, runs, su, copies, w);
   }
-  st.ctx->log_room->debug("room={} peer={} chunk pages={} last={} writes={}", st.room,
-                          st.peer_name(), chunk.src_pages.size(), chunk.last, w.size());
   if (chunk.last) {
-    st.announced = true;
-    self->send(st.connection,
-               peer_outbound{caf::make_message(peer_announce{st.room, st.writes, st.bytes})});
+    if (ctx.layout[pool_kind::state].present)
+      plan_state_link(link, ctx.layout, l.peer->layout, chunk.state_slot, l.prep.dst_state_slot,
+                      w);
+    if (ctx.layout[pool_kind::aux].present)
+      plan_aux_link(link, ctx.layout, l.peer->layout, chunk.aux_row, l.prep.dst_aux_row, w);
+  }
+  for (const auto& c : copies)
+    std::memcpy(ctx.base(c.to) + c.to_offset, ctx.base(c.from) + c.from_offset, c.length);
+  split_pieces(w, ctx.config.fabric.write_piece_bytes);
+  if (w.empty()) {
+    if (packed) ctx.staging->ranges.release(*packed);
+    return;
+  }
+  transport::write_batch batch;
+  batch.peer = l.peer->fabric_peer;
+  batch.ops.reserve(w.size());
+  for (const auto& p : w) {
+    const auto& region = l.peer->region(p.dst);
+    batch.ops.push_back({ctx.region(p.src), p.src_offset, p.length,
+                         region.remote_base + p.dst_offset, region.key, l.prep.token});
+    l.bytes += p.length;
+  }
+  l.writes += w.size();
+  const uint64_t id = st.next_batch++;
+  if (packed) st.batch_staging[id] = *packed;
+  caf::actor me = caf::actor_cast<caf::actor>(self);
+  batch.done = [me, id](transport::batch_result r) {
+    caf::anon_send(me, batch_done_msg{id, std::move(r)});
+  };
+  ctx.engine->submit(std::move(batch));
+  set_status(self, room_status::transferring);
+}
+
+/// Plan and post one chunk to every decode rank; returns an error (nothing posted) when the
+/// chunk does not fit the decode's page list.
+std::optional<std::string> post_chunk(sender_actor* self, const proto::send& chunk) {
+  auto& st = self->state;
+  const auto n = static_cast<uint32_t>(chunk.src_pages.size());
+  // Every rank prepared the same number of pages and saw the same chunks, so one check holds
+  // for all cursors.
+  uint32_t first = 0;
+  auto probe = st.links.front().cursor;
+  if (auto e = probe.take(n, chunk.last, first)) return e;
+  for (auto& l : st.links) {
+    l.cursor.take(n, chunk.last, first);
+    post_link(self, l, chunk, first);
+  }
+  st.ctx->log_room->debug("room={} peer={} chunk pages={} last={}", st.room, st.peer_name(), n,
+                          chunk.last);
+  if (chunk.last) {
+    for (const auto& l : st.links)
+      self->send(l.connection, peer_outbound{caf::make_message(
+                                   peer_announce{st.room, l.writes, l.bytes})});
     // A room with no writes at all (no pages, no state, no aux pool) commits on the announcement.
     set_status(self, room_status::transferring);
   }
@@ -128,7 +180,7 @@ std::optional<std::string> post_chunk(sender_actor* self, const proto::send& chu
 void handle_chunk(sender_actor* self, client_request& req) {
   auto& st = self->state;
   const auto& chunk = std::get<proto::send>(req.msg);
-  if (!st.prep) {
+  if (!st.ready()) {
     if (st.queued.size() >= max_queued_chunks) {
       st.ctx->gateway->reply(
           req.conn, req.seq,
@@ -152,6 +204,87 @@ void handle_chunk(sender_actor* self, client_request& req) {
   st.ctx->gateway->reply(req.conn, req.seq, proto::ok{});
 }
 
+/// Why a decode rank's prepare cannot join this room, or nullopt.
+std::optional<std::string> check_prepare(const sender_state& st, const peer_inbound& in,
+                                         const peer_prepare& p) {
+  const auto& mine = st.ctx->config.tp;
+  const auto& peer = in.from->schema;
+  if (!in.from->link->in_group)
+    return fmt::format(
+        "decode TP rank {} of {} (PP stage {}) does not receive from this prefill (TP rank {} of "
+        "{}, PP stage {})",
+        peer.tp_rank, peer.tp_size, peer.pp_rank, mine.rank, mine.size, st.ctx->config.pp.rank);
+  for (const auto& l : st.links) {
+    if (l.connection == in.connection)
+      return fmt::format("duplicate room {}: already prepared", p.room);
+    if (l.prep.dst_pages.size() != p.dst_pages.size())
+      return fmt::format("room {}: decode ranks prepared different page counts ({} and {})",
+                         p.room, l.prep.dst_pages.size(), p.dst_pages.size());
+  }
+  const auto expected = decode_ranks_per_prefill(mine.size, peer.tp_size);
+  if (st.expected_links && st.expected_links != expected)
+    return fmt::format("room {}: decode ranks of different TP sizes prepared it", p.room);
+  if (st.ready())
+    return fmt::format("room {}: all {} decode ranks already prepared", p.room, expected);
+  if (p.dst_staging != no_staging) {
+    const auto need = in.from->link->unpack_staging_bytes(p.dst_pages.size());
+    if (!need || !in.from->staging.present || p.dst_staging > in.from->staging.length ||
+        in.from->staging.length - p.dst_staging < need)
+      return fmt::format("room {}: staging offset {} ({} bytes) is outside the decode's staging "
+                         "region of {} bytes",
+                         p.room, p.dst_staging, need, in.from->staging.length);
+  }
+  return std::nullopt;
+}
+
+void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p) {
+  auto& st = self->state;
+  if (auto e = check_prepare(st, in, p)) {
+    self->send(in.connection,
+               peer_outbound{caf::make_message(peer_prepare_ack{p.room, false, *e})});
+    return;
+  }
+  st.expected_links = decode_ranks_per_prefill(st.ctx->config.tp.size, in.from->schema.tp_size);
+  decode_link l;
+  l.peer = in.from;
+  l.connection = in.connection;
+  l.cursor = chunk_cursor(static_cast<uint32_t>(p.dst_pages.size()));
+  l.prep = std::move(p);
+  st.ctx->log_room->debug("room={} peer={} prepared: {} dst pages, state slot {}, aux row {}; {}",
+                          st.room, l.peer->address, l.prep.dst_pages.size(),
+                          l.prep.dst_state_slot, l.prep.dst_aux_row, l.peer->link->describe());
+  self->send(l.connection,
+             peer_outbound{caf::make_message(peer_prepare_ack{st.room, true, {}})});
+  st.links.push_back(std::move(l));
+  if (!st.ready()) return;
+  set_status(self, room_status::waiting_for_input);
+  while (!st.queued.empty() && !is_terminal(st.state.status())) {
+    auto req = std::move(st.queued.front());
+    st.queued.pop_front();
+    if (auto e = post_chunk(self, std::get<proto::send>(req.msg))) fail(self, *e);
+  }
+}
+
+void on_peer(sender_actor* self, peer_inbound& in) {
+  auto& st = self->state;
+  in.msg.apply({
+      [&](peer_prepare& p) { on_prepare(self, in, p); },
+      [&](peer_outcome& o) {
+        decode_link* l = nullptr;
+        for (auto& x : st.links)
+          if (x.connection == in.connection) l = &x;
+        if (!l) return;
+        if (!o.ok) return fail(self, fmt::format("decode {} reported: {}", l->peer->address, o.reason));
+        l->committed = true;
+        st.ctx->log_room->debug("room={} peer={} committed: {} writes, {} bytes", st.room,
+                                l->peer->address, l->writes, l->bytes);
+        for (const auto& x : st.links)
+          if (!x.committed) return;
+        set_status(self, room_status::success);
+      },
+  });
+}
+
 caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room,
                               caf::actor scheduler) {
   auto& st = self->state;
@@ -165,53 +298,22 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
                      deadline_msg{"transfer", t.transfer_ms});
   return {
       [=](client_request& req) { handle_chunk(self, req); },
-      [=](sender_prepare& sp) {
-        auto& st = self->state;
-        if (st.prep) {
-          self->send(
-              sp.connection,
-              peer_outbound{caf::make_message(peer_prepare_ack{
-                  st.room, false, fmt::format("duplicate room {}: already prepared", st.room)})});
-          return;
-        }
-        st.peer = std::move(sp.peer);
-        st.connection = std::move(sp.connection);
-        st.prep = std::move(sp.prepare);
-        st.cursor = chunk_cursor(static_cast<uint32_t>(st.prep->dst_pages.size()));
-        st.ctx->log_room->debug("room={} peer={} prepared: {} dst pages, state slot {}, aux row {}",
-                                st.room, st.peer_name(), st.prep->dst_pages.size(),
-                                st.prep->dst_state_slot, st.prep->dst_aux_row);
-        self->send(st.connection,
-                   peer_outbound{caf::make_message(peer_prepare_ack{st.room, true, {}})});
-        set_status(self, room_status::waiting_for_input);
-        while (!st.queued.empty() && !is_terminal(st.state.status())) {
-          auto req = std::move(st.queued.front());
-          st.queued.pop_front();
-          if (auto e = post_chunk(self, std::get<proto::send>(req.msg))) fail(self, *e, true);
-        }
-      },
+      [=](peer_inbound& in) { on_peer(self, in); },
       [=](batch_done_msg& d) {
-        if (!d.result.ok) fail(self, "write failed: " + d.result.error, true);
-      },
-      [=](peer_outcome& o) {
         auto& st = self->state;
-        if (o.ok) {
-          st.ctx->log_room->debug("room={} peer={} committed: {} writes, {} bytes", st.room,
-                                  st.peer_name(), st.writes, st.bytes);
-          set_status(self, room_status::success);
-        } else {
-          fail(self, "decode reported: " + o.reason, false);
+        if (auto it = st.batch_staging.find(d.batch); it != st.batch_staging.end()) {
+          st.ctx->staging->ranges.release(it->second);
+          st.batch_staging.erase(it);
         }
+        if (!d.result.ok) fail(self, "write failed: " + d.result.error);
       },
-      [=](cancel_atom) { fail(self, "cancelled by client", true); },
-      [=](peer_down& d) { fail(self, describe(d), false); },
+      [=](cancel_atom) { fail(self, "cancelled by client"); },
+      [=](peer_down& d) { fail(self, describe(d)); },
       [=](deadline_msg& d) {
         auto& st = self->state;
-        if (!d.ends_at_prepare || !st.prep)
-          fail(self,
-               fmt::format("timed out in {} after {} ms ({})", to_string(st.state.status()), d.ms,
-                           d.what),
-               true);
+        if (!d.ends_at_prepare || !st.ready())
+          fail(self, fmt::format("timed out in {} after {} ms ({})", to_string(st.state.status()),
+                                 d.ms, d.what));
       },
   };
 }

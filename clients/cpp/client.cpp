@@ -49,6 +49,7 @@ outcome<std::unique_ptr<client>> client::connect(const std::string& socket_path,
     return fail<std::unique_ptr<client>>(errc::malformed_frame,
                                          "ferryd answered hello with an unexpected message");
   c->hello_ = std::move(*h);
+  if (auto parsed = parse_config_text(c->hello_.config_yaml)) c->config_ = *parsed.config;
   c->timeout_ = std::chrono::seconds(30);
   outcome<std::unique_ptr<client>> o;
   o.value = std::move(c);

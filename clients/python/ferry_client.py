@@ -2,7 +2,7 @@
 
     from ferry_client import Client
     c = Client("/tmp/ferry-decode.sock")          # connects and says hello
-    c.prepare(room=7, prefill_peer="127.0.0.1:7401", dst_pages=[5, 6, 7], state_slot=2, aux_row=2)
+    c.prepare(room=7, prefill_peers=["127.0.0.1:7401"], dst_pages=[5, 6, 7], state_slot=2, aux_row=2)
     c.subscribe(7); ev = c.wait_terminal(7, timeout=30)   # Event(room, status, reason)
     c.pool("kv")[off:off + n]                      # memoryview of the mapped pool
 
@@ -17,7 +17,7 @@ import struct
 import time
 from collections import namedtuple
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 NO_INDEX = 0xFFFFFFFF
 STATUS = {0: "Failed", 1: "Bootstrapping", 2: "WaitingForInput", 3: "Transferring", 4: "Success"}
 FAILED, BOOTSTRAPPING, WAITING_FOR_INPUT, TRANSFERRING, SUCCESS = range(5)
@@ -84,6 +84,7 @@ class Client:
         self.version = r.take("H")
         self.node, self.instance, self.role, self.control = r.str(), r.str(), r.str(), r.str()
         self.tp_size, self.tp_rank, self.page_tokens = r.take("III")
+        self.config_yaml = r.str()  # the daemon's effective config (pools, TP/PP geometry)
         self.pools = {}
         for kind in POOLS:
             present = r.take("B") == 1
@@ -146,9 +147,15 @@ class Client:
         return Event(room, status, r.str())
 
     # --- operations ---
-    def prepare(self, room, prefill_peer, dst_pages, state_slot=None, aux_row=None):
-        """Decode side: where room's bytes land. Exactly one state slot (an int), one aux row."""
-        body = struct.pack("<Q", room) + _str(prefill_peer) + _u32_list(dst_pages)
+    def prepare(self, room, prefill_peers, dst_pages, state_slot=None, aux_row=None):
+        """Decode side: where room's bytes land. Exactly one state slot (an int), one aux row.
+
+        prefill_peers: the prefill ferryd control address "host:port", or a list of them (every
+        rank of the prefill instance; ferryd picks the ranks this decode rank needs)."""
+        if isinstance(prefill_peers, str):
+            prefill_peers = [prefill_peers]
+        body = struct.pack("<Q", room) + struct.pack("<I", len(prefill_peers))
+        body += b"".join(_str(p) for p in prefill_peers) + _u32_list(dst_pages)
         self._request(PREPARE, body + struct.pack("<II", _index(state_slot), _index(aux_row)), OK)
 
     def send(self, room, src_pages, last=False, state_slot=None, aux_row=None):

@@ -1,5 +1,6 @@
-// ferry-bench: drive a request workload through a running prefill/decode ferryd pair and, in the
-// same run, measure a raw-fabric baseline (plain fi_writedata of the same write sizes between two
+// ferry-bench: drive a request workload through running prefill and decode ferryds (one per
+// rank: several --prefill-socket / --decode-socket for TP or PP geometries) and, in the same
+// run, measure a raw-fabric baseline (plain fi_writedata of the same write sizes between two
 // processes of this benchmark), then report both and their ratio.
 //
 // Closed loop in waves: `concurrency` rooms are prepared, sent and committed together; each
@@ -16,6 +17,7 @@
 #include <random>
 
 #include "bench/baseline.hpp"
+#include "core/geometry.hpp"
 #include "core/plan.hpp"
 #include "ferry/client.hpp"
 #include "ferry/workload.hpp"
@@ -26,8 +28,8 @@ using clock_type = std::chrono::steady_clock;
 namespace {
 
 struct options {
-  std::string prefill_socket = "/tmp/ferry-prefill.sock";
-  std::string decode_socket = "/tmp/ferry-decode.sock";
+  std::vector<std::string> prefill_sockets{"/tmp/ferry-prefill.sock"};
+  std::vector<std::string> decode_sockets{"/tmp/ferry-decode.sock"};
   uint32_t prompt_tokens = 4096;
   uint32_t requests = 32;
   uint32_t concurrency = 4;
@@ -85,10 +87,16 @@ int main(int argc, char** argv) {
   options o;
   CLI::App app{
       "ferry-bench: Ferry request throughput and commit latency against a raw-fabric baseline"};
-  app.add_option("--prefill-socket", o.prefill_socket, "client socket of the prefill ferryd")
-      ->capture_default_str();
-  app.add_option("--decode-socket", o.decode_socket, "client socket of the decode ferryd")
-      ->capture_default_str();
+  app.add_option("--prefill-socket", o.prefill_sockets,
+                 "client socket of a prefill ferryd; repeat (or comma-separate) for every "
+                 "prefill rank of a TP/PP geometry")
+      ->capture_default_str()
+      ->delimiter(',');
+  app.add_option("--decode-socket", o.decode_sockets,
+                 "client socket of a decode ferryd; repeat (or comma-separate) for every decode "
+                 "rank")
+      ->capture_default_str()
+      ->delimiter(',');
   app.add_option("--prompt-tokens", o.prompt_tokens, "tokens per request")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -129,43 +137,61 @@ int main(int argc, char** argv) {
         static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) &
         0x7fff'ffff'0000'0000ull;
 
-  auto pc = client::client::connect(o.prefill_socket, "ferry-bench");
-  if (!pc) return fail(pc.message);
-  auto dc = client::client::connect(o.decode_socket, "ferry-bench");
-  if (!dc) return fail(dc.message);
-  auto& p = *pc.value;
-  auto& d = *dc.value;
-  if (auto m = p.map_pools(); !m) return fail(m.message);
-  if (auto m = d.map_pools(); !m) return fail(m.message);
+  // One client per rank; every prefill rank uses the same page lists and slots (as TP ranks of
+  // one engine do), and so does every decode rank.
+  std::vector<std::unique_ptr<client::client>> prefills, decodes;
+  for (auto* side : {&prefills, &decodes})
+    for (const auto& path : side == &prefills ? o.prefill_sockets : o.decode_sockets) {
+      auto c = client::client::connect(path, "ferry-bench");
+      if (!c) return fail(c.message);
+      if (auto m = c.value->map_pools(); !m) return fail(m.message);
+      if (!c.value->config()) return fail(path + ": the daemon sent no readable config");
+      side->push_back(std::move(c.value));
+    }
+  auto& p = *prefills[0];
+  auto& d = *decodes[0];
   const auto& ph = p.daemon();
   const auto& dh = d.daemon();
   const auto kv = static_cast<int>(pool_kind::kv);
   const auto st = static_cast<int>(pool_kind::state);
   const auto ax = static_cast<int>(pool_kind::aux);
-  if (!ph.pools[kv].present || !dh.pools[kv].present) return fail("both daemons need a kv pool");
+  auto all_have = [&](int k) {
+    for (auto* side : {&prefills, &decodes})
+      for (const auto& c : *side)
+        if (!c->daemon().pools[k].present) return false;
+    return true;
+  };
+  auto min_items = [&](int k) {
+    uint64_t n = ~0ull;
+    for (auto* side : {&prefills, &decodes})
+      for (const auto& c : *side) n = std::min(n, c->daemon().pools[k].layout.buffers[0].items);
+    return n;
+  };
+  if (!all_have(kv)) return fail("every daemon needs a kv pool");
 
   auto info = p.info(proto::info_topic::status);
   const uint32_t page_tokens = ph.page_tokens;
   const uint32_t pages_per_req = (o.prompt_tokens + page_tokens - 1) / page_tokens;
   const uint32_t region =
       pages_per_req + static_cast<uint32_t>(pages_per_req * o.fragmentation * 2) + 1;
-  const uint64_t src_pool_pages = ph.pools[kv].layout.buffers[0].items;
-  const uint64_t dst_pool_pages = dh.pools[kv].layout.buffers[0].items;
-  if (uint64_t{region} * o.concurrency > std::min(src_pool_pages, dst_pool_pages))
+  const uint64_t pool_pages = min_items(kv);
+  if (uint64_t{region} * o.concurrency > pool_pages)
     return fail(fmt::format(
-        "{} rooms x {} pages (with fragmentation slack) do not fit the kv pools ({} and {} pages)",
-        o.concurrency, region, src_pool_pages, dst_pool_pages));
-  const bool has_state = ph.pools[st].present && dh.pools[st].present;
-  const bool has_aux = ph.pools[ax].present && dh.pools[ax].present;
-  const uint64_t slots = has_state ? std::min(ph.pools[st].layout.buffers[0].items,
-                                              dh.pools[st].layout.buffers[0].items)
-                                   : ~0ull;
-  const uint64_t rows =
-      has_aux ? std::min(ph.pools[ax].layout.buffers[0].items, dh.pools[ax].layout.buffers[0].items)
-              : ~0ull;
+        "{} rooms x {} pages (with fragmentation slack) do not fit the kv pools ({} pages)",
+        o.concurrency, region, pool_pages));
+  const bool has_state = all_have(st);
+  const bool has_aux = all_have(ax);
+  const uint64_t slots = has_state ? min_items(st) : ~0ull;
+  const uint64_t rows = has_aux ? min_items(ax) : ~0ull;
   if (o.concurrency > slots || o.concurrency > rows)
     return fail(fmt::format("--concurrency {} exceeds the state slots ({}) or aux rows ({})",
                             o.concurrency, slots, rows));
+  std::vector<std::string> prefill_controls;
+  std::vector<rank_schema> prefill_schemas;
+  for (const auto& c : prefills) {
+    prefill_controls.push_back(c->daemon().control);
+    prefill_schemas.push_back(schema_of(*c->config()));
+  }
 
   struct slot_plan {
     std::vector<uint32_t> src, dst;
@@ -175,12 +201,14 @@ int main(int argc, char** argv) {
     plans[c].src = make_pages(c * region, region, pages_per_req, o.fragmentation, 1000 + c);
     plans[c].dst = make_pages((o.concurrency - 1 - c) * region, region, pages_per_req,
                               o.fragmentation, 2000 + c);
-    if (auto e = client::fill_kv(p, pattern_key(c), plans[c].src, 0); !e.empty())
-      return fail("fill: " + e);
-    if (auto e = client::fill_state_and_aux(p, pattern_key(c), has_state ? c : no_index,
-                                            has_aux ? c : no_index, 0);
-        !e.empty())
-      return fail("fill: " + e);
+    for (auto& pc : prefills) {
+      if (auto e = client::fill_kv(*pc, pattern_key(c), plans[c].src, 0); !e.empty())
+        return fail("fill: " + e);
+      if (auto e = client::fill_state_and_aux(*pc, pattern_key(c), has_state ? c : no_index,
+                                              has_aux ? c : no_index, 0);
+          !e.empty())
+        return fail("fill: " + e);
+    }
   }
   std::vector<uint32_t> chunks;
   const uint32_t chunk_pages =
@@ -191,23 +219,31 @@ int main(int argc, char** argv) {
   }
   if (chunks.empty()) chunks.push_back(0);
 
-  // Bytes and writes of one request, from the same planner ferryd uses.
+  // Bytes and writes of one request over every (prefill rank, decode rank) link, from the same
+  // planner ferryd uses (with staging for head-sliced KV, as ferryd uses when it has room).
   std::vector<planned_write> one;
-  {
-    node_layout sl, dl;
-    for (int k = 0; k < pool_kind_count; ++k)
-      sl.pools[k] = ph.pools[k].layout, dl.pools[k] = dh.pools[k].layout;
-    auto runs = coalesce_runs(plans[0].src, plans[0].dst);
-    plan_kv(sl[pool_kind::kv], dl[pool_kind::kv], runs, one);
-    if (has_state) plan_state(sl[pool_kind::state], dl[pool_kind::state], 0, 0, one);
-    if (has_aux) plan_aux(sl[pool_kind::aux], dl[pool_kind::aux], 0, 0, one);
-    split_pieces(one, o.piece_bytes);
+  for (const auto& dc : decodes) {
+    const auto ds = schema_of(*dc->config());
+    auto chosen = select_prefill_peers(ds, prefill_schemas);
+    if (auto* e = std::get_if<std::string>(&chosen)) return fail("geometry: " + *e);
+    for (size_t i : std::get<0>(chosen)) {
+      auto plan = make_link_plan(prefill_schemas[i], ds);
+      if (auto* e = std::get_if<std::string>(&plan)) return fail("geometry: " + *e);
+      const auto& link = std::get<link_plan>(plan);
+      const auto sl = make_layout(prefill_schemas[i].pools), dl = make_layout(ds.pools);
+      std::vector<planned_copy> pack;
+      staging_use su{uint64_t{0}, uint64_t{0}, pages_per_req};
+      plan_kv_chunk(link, sl, dl, coalesce_runs(plans[0].src, plans[0].dst), su, pack, one);
+      if (has_state) plan_state_link(link, sl, dl, 0, 0, one);
+      if (has_aux) plan_aux_link(link, sl, dl, 0, 0, one);
+    }
   }
+  split_pieces(one, o.piece_bytes);
   uint64_t req_bytes = 0, kv_bytes = 0, state_bytes = 0;
   for (const auto& w : one) {
     req_bytes += w.length;
-    if (w.pool == pool_kind::kv) kv_bytes += w.length;
-    if (w.pool == pool_kind::state) state_bytes += w.length;
+    if (w.dst == space::kv || (w.dst == space::staging && w.src == space::kv)) kv_bytes += w.length;
+    if (w.dst == space::state) state_bytes += w.length;
   }
   std::string provider = o.provider;
   if (provider.empty() && info) {
@@ -217,16 +253,12 @@ int main(int argc, char** argv) {
       provider = provider.substr(0, provider.find(';'));
     }
   }
-  std::cout << fmt::format("ferry-bench: {} -> {} over {}\n", ph.node, dh.node, provider);
-  std::cout << fmt::format(
-      "workload: {} requests x {} tokens ({} pages), concurrency {}, {} chunk(s), fragmentation "
-      "{:.2f}\n",
-      o.requests, o.prompt_tokens, pages_per_req, o.concurrency, chunks.size(), o.fragmentation);
-  std::cout << fmt::format(
-      "per request: {:.1f} MiB KV + {:.1f} MiB state + {} B aux = {:.1f} MiB in {} writes\n",
-      kv_bytes / 1048576.0, state_bytes / 1048576.0, req_bytes - kv_bytes - state_bytes,
-      req_bytes / 1048576.0, one.size());
-
+  auto geometry_text = [](const ferry_config& c) {
+    return fmt::format("TP{}{}", c.tp.size, c.pp.size > 1 ? fmt::format(" PP{}", c.pp.size) : "");
+  };
+  std::cout << fmt::format("ferry-bench: {} ({}, {} daemon(s)) -> {} ({}, {} daemon(s)) over {}\n",
+                           ph.node, geometry_text(*p.config()), prefills.size(), dh.node,
+                           geometry_text(*d.config()), decodes.size(), provider);
   // --- Ferry runs and raw baselines, interleaved so both see the same machine state ---
   std::vector<double> latencies_ms, ferry_runs, raw_runs;
   uint32_t done = 0, failed = 0, verified = 0;
@@ -243,16 +275,19 @@ int main(int argc, char** argv) {
       std::vector<clock_type::time_point> started(n);
       for (uint32_t c = 0; c < n; ++c) {
         room[c] = next_room++;
-        if (has_aux) std::memcpy(p.item(pool_kind::aux, 0, c), &room[c], 8);
-        if (o.verify)
-          if (auto e = client::clear_room(d, plans[c].dst, has_state ? c : no_index,
-                                          has_aux ? c : no_index);
-              !e.empty())
-            return fail("clear: " + e);
-        auto r = d.prepare(
-            {room[c], ph.control, plans[c].dst, has_state ? c : no_index, has_aux ? c : no_index});
-        if (!r) return fail("prepare: " + r.message);
-        if (auto s = d.subscribe(room[c]); !s) return fail("subscribe: " + s.message);
+        if (has_aux)
+          for (auto& pc : prefills) std::memcpy(pc->item(pool_kind::aux, 0, c), &room[c], 8);
+        for (auto& dc : decodes) {
+          if (o.verify)
+            if (auto e = client::clear_room(*dc, plans[c].dst, has_state ? c : no_index,
+                                            has_aux ? c : no_index);
+                !e.empty())
+              return fail("clear: " + e);
+          auto r = dc->prepare({room[c], prefill_controls, plans[c].dst,
+                                has_state ? c : no_index, has_aux ? c : no_index});
+          if (!r) return fail("prepare: " + r.message);
+          if (auto s = dc->subscribe(room[c]); !s) return fail("subscribe: " + s.message);
+        }
       }
       const auto wave_start = clock_type::now();
       for (uint32_t k = 0, pos = 0; k < chunks.size(); pos += chunks[k], ++k) {
@@ -261,38 +296,55 @@ int main(int argc, char** argv) {
           if (k == 0) started[c] = clock_type::now();
           std::vector<uint32_t> pg(plans[c].src.begin() + pos,
                                    plans[c].src.begin() + pos + chunks[k]);
-          auto r = p.send({room[c], std::move(pg), last, last && has_state ? c : no_index,
-                           last && has_aux ? c : no_index});
-          if (!r) return fail("send: " + r.message);
+          for (auto& pc : prefills) {
+            auto r = pc->send({room[c], pg, last, last && has_state ? c : no_index,
+                               last && has_aux ? c : no_index});
+            if (!r) return fail("send: " + r.message);
+          }
         }
       }
+      // A request is done when every decode rank reports a terminal status for it.
       clock_type::time_point wave_end = wave_start;
-      for (uint32_t left = n; left > 0;) {
-        auto e = d.next_event(std::chrono::seconds(120));
-        if (!e) return fail("waiting for commits: " + e.message);
-        if (!is_terminal(e.value.status)) continue;
-        auto it = std::find(room.begin(), room.end(), e.value.room);
-        if (it == room.end()) continue;
-        const auto now = clock_type::now();
-        wave_end = now;
-        --left;
-        const auto c = static_cast<size_t>(it - room.begin());
-        if (e.value.status == room_status::success) {
+      std::vector<uint32_t> pending(n, static_cast<uint32_t>(decodes.size()));
+      std::vector<bool> ok(n, true);
+      std::vector<clock_type::time_point> finished(n);
+      for (auto& dc : decodes)
+        for (uint32_t left = n; left > 0;) {
+          auto e = dc->next_event(std::chrono::seconds(120));
+          if (!e) return fail("waiting for commits: " + e.message);
+          if (!is_terminal(e.value.status)) continue;
+          auto it = std::find(room.begin(), room.end(), e.value.room);
+          if (it == room.end()) continue;
+          const auto c = static_cast<size_t>(it - room.begin());
+          --left;
+          --pending[c];
+          finished[c] = std::max(finished[c], clock_type::now());
+          if (e.value.status != room_status::success) {
+            ok[c] = false;
+            if (first_failure.empty())
+              first_failure = fmt::format("room {}: {}", e.value.room, e.value.reason);
+          }
+        }
+      for (uint32_t c = 0; c < n; ++c) {
+        wave_end = std::max(wave_end, finished[c]);
+        if (ok[c]) {
           ++done;
           ++run_done;
           latencies_ms.push_back(
-              std::chrono::duration<double, std::milli>(now - started[c]).count());
+              std::chrono::duration<double, std::milli>(finished[c] - started[c]).count());
         } else {
           ++failed;
-          if (first_failure.empty())
-            first_failure = fmt::format("room {}: {}", e.value.room, e.value.reason);
         }
       }
       transfer_s += std::chrono::duration<double>(wave_end - wave_start).count();
       if (o.verify)
         for (uint32_t c = 0; c < n; ++c) {
-          auto err = client::verify_room(d, pattern_key(c), room[c], plans[c].dst,
-                                         has_state ? c : no_index, has_aux ? c : no_index);
+          std::string err;
+          for (size_t r = 0; r < decodes.size() && err.empty(); ++r) {
+            err = client::verify_room(*decodes[r], pattern_key(c), room[c], plans[c].dst,
+                                      has_state ? c : no_index, has_aux ? c : no_index);
+            if (!err.empty()) err = fmt::format("decode rank {}: {}", r, err);
+          }
           if (err.empty())
             ++verified;
           else if (first_failure.empty())

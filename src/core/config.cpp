@@ -29,13 +29,21 @@ uint64_t state_tensor_config::slot_bytes() const {
 uint64_t state_tensor_config::sliced_dim() const {
   // An out-of-range axis is a validation error; return 0 rather than read past the vector so
   // callers holding an unvalidated config cannot crash here.
-  return slice_axis < shape.size() ? shape[slice_axis] : 0;
+  return slice_axis && *slice_axis < shape.size() ? shape[*slice_axis] : 0;
 }
 
 uint64_t state_tensor_config::outer_count() const {
   uint64_t count = 1;
-  for (size_t i = 0; i < slice_axis && i < shape.size(); ++i) count *= shape[i];
+  if (!slice_axis) return count;
+  for (size_t i = 0; i < *slice_axis && i < shape.size(); ++i) count *= shape[i];
   return count;
+}
+
+uint64_t state_tensor_config::unit_bytes() const {
+  uint64_t bytes = dtype_bytes;
+  if (!slice_axis) return bytes;
+  for (size_t i = *slice_axis + 1; i < shape.size(); ++i) bytes *= shape[i];
+  return bytes;
 }
 
 uint64_t kv_pool_config::page_bytes() const {
@@ -217,6 +225,13 @@ void read(const YAML::Node& n, const std::string& path, bool& out) {
 }
 
 template <class T>
+void read(const YAML::Node& n, const std::string& path, std::optional<T>& out) {
+  T value{};
+  read(n, path, value);
+  out = value;
+}
+
+template <class T>
 void read(const YAML::Node& n, const std::string& path, std::vector<T>& out) {
   if (!n.IsSequence()) fail(path, "expected a list, got " + describe(n));
   out.clear();
@@ -301,11 +316,13 @@ node_role parse_role(const YAML::Node& n, const std::string& path) {
 kv_pool_config parse_kv(const YAML::Node& n) {
   const section s(
       n, "pools.kv",
-      {"layer_ids", "page_tokens", "kv_heads", "head_dim", "dtype_bytes", "mla", "pages"});
+      {"layer_ids", "page_tokens", "kv_heads", "total_heads", "head_dim", "dtype_bytes", "mla",
+       "pages"});
   kv_pool_config kv;
   s.required_field("layer_ids", kv.layer_ids);
   s.optional_field("page_tokens", kv.page_tokens);
   s.required_field("kv_heads", kv.kv_heads);
+  s.optional_field("total_heads", kv.total_heads);
   s.required_field("head_dim", kv.head_dim);
   s.optional_field("dtype_bytes", kv.dtype_bytes);
   s.optional_field("mla", kv.mla);
@@ -352,7 +369,8 @@ aux_pool_config parse_aux(const YAML::Node& n) {
 ferry_config parse_root(const YAML::Node& root) {
   ferry_config cfg;
   const section top(
-      root, "", {"node", "role", "listen", "fabric", "timeouts", "limits", "tp", "log", "pools"});
+      root, "",
+      {"node", "role", "listen", "fabric", "timeouts", "limits", "tp", "pp", "log", "pools"});
 
   const section node(top.get_or_null("node"), "node", {"name", "instance"});
   node.required_field("name", cfg.node_name);
@@ -365,11 +383,13 @@ ferry_config parse_root(const YAML::Node& root) {
   listen.required_field("client", cfg.client_listen);
 
   const section fabric(top.get_or_null("fabric"), "fabric",
-                       {"provider", "address", "max_inflight_writes", "write_piece_bytes"});
+                       {"provider", "address", "max_inflight_writes", "write_piece_bytes",
+                        "staging_bytes"});
   fabric.optional_field("provider", cfg.fabric.provider);
   fabric.optional_field("address", cfg.fabric.address);
   fabric.optional_field("max_inflight_writes", cfg.fabric.max_inflight_writes);
   fabric.optional_field("write_piece_bytes", cfg.fabric.write_piece_bytes);
+  fabric.optional_field("staging_bytes", cfg.fabric.staging_bytes);
 
   const section timeouts(top.get_or_null("timeouts"), "timeouts",
                          {"handshake_ms", "prepare_wait_ms", "transfer_ms"});
@@ -383,6 +403,10 @@ ferry_config parse_root(const YAML::Node& root) {
   const section tp(top.get_or_null("tp"), "tp", {"size", "rank"});
   tp.optional_field("size", cfg.tp.size);
   tp.optional_field("rank", cfg.tp.rank);
+
+  const section pp(top.get_or_null("pp"), "pp", {"size", "rank"});
+  pp.optional_field("size", cfg.pp.size);
+  pp.optional_field("rank", cfg.pp.rank);
 
   const section log(top.get_or_null("log"), "log", {"level"});
   log.optional_field("level", cfg.log.level);
@@ -496,13 +520,15 @@ void validate_tensor(const state_tensor_config& t, const std::string& path, uint
     check_positive(t.shape[j], path + ".shape[" + std::to_string(j) + "]");
   }
   check_dtype(t.dtype_bytes, path + ".dtype_bytes");
-  if (t.slice_axis >= t.shape.size()) {
+  if (t.slice_axis && *t.slice_axis >= t.shape.size()) {
     const size_t dims = t.shape.size();
     fail(path + ".slice_axis", "expected an axis index below " + std::to_string(dims) +
                                    " (shape has " + std::to_string(dims) +
                                    (dims == 1 ? " dim" : " dims") + "), got " +
-                                   std::to_string(t.slice_axis));
+                                   std::to_string(*t.slice_axis));
   }
+  if (!t.shard_groups.empty() && !t.slice_axis)
+    fail(path + ".shard_groups", "expected slice_axis to be given with shard_groups");
   if (!t.shard_groups.empty()) {
     uint64_t sum = 0;
     for (size_t j = 0; j < t.shard_groups.size(); ++j) {
@@ -511,11 +537,11 @@ void validate_tensor(const state_tensor_config& t, const std::string& path, uint
     }
     // Groups are unsharded sizes while shape is per rank, so they must cover the sliced axis of
     // all ranks together.
-    const uint64_t sliced = t.shape[t.slice_axis];
+    const uint64_t sliced = t.shape[*t.slice_axis];
     const uint64_t expected = sat_mul(sliced, tp_size);
     if (sum != expected) {
       fail(path + ".shard_groups",
-           "expected entries summing to shape[" + std::to_string(t.slice_axis) +
+           "expected entries summing to shape[" + std::to_string(*t.slice_axis) +
                "] x tp.size = " + std::to_string(sliced) + " x " + std::to_string(tp_size) + " = " +
                bytes_text(expected) + ", got a sum of " + bytes_text(sum));
     }
@@ -534,6 +560,18 @@ void validate_pools(const ferry_config& cfg) {
     check_layer_ids(kv.layer_ids, "pools.kv.layer_ids");
     check_positive(kv.page_tokens, "pools.kv.page_tokens");
     check_positive(kv.kv_heads, "pools.kv.kv_heads");
+    if (kv.total_heads != 0 && !kv.mla) {
+      // Heads split evenly over TP ranks, or each rank holds one head replicated tp/total times.
+      const uint32_t tp = cfg.tp.size, total = kv.total_heads;
+      const bool ok = tp <= total ? total % tp == 0 && kv.kv_heads == total / tp
+                                  : tp % total == 0 && kv.kv_heads == 1;
+      if (!ok)
+        fail("pools.kv.total_heads",
+             "expected heads that divide evenly over tp.size " + std::to_string(tp) +
+                 " (kv_heads = total_heads / tp.size, or kv_heads 1 with tp.size a multiple of "
+                 "total_heads), got total_heads " +
+                 std::to_string(total) + " with kv_heads " + std::to_string(kv.kv_heads));
+    }
     check_positive(kv.head_dim, "pools.kv.head_dim");
     check_dtype(kv.dtype_bytes, "pools.kv.dtype_bytes");
     check_positive(kv.pages, "pools.kv.pages");
@@ -611,6 +649,8 @@ void validate_all(const ferry_config& cfg) {
   if (cfg.fabric.address.empty()) fail("fabric.address", "expected an address, got \"\"");
   check_range(cfg.fabric.max_inflight_writes, 1, 65536, "fabric.max_inflight_writes");
   check_range(cfg.fabric.write_piece_bytes, 4096, uint64_t{1} << 30, "fabric.write_piece_bytes");
+  if (cfg.fabric.staging_bytes != 0)
+    check_range(cfg.fabric.staging_bytes, 1 << 20, uint64_t{1} << 40, "fabric.staging_bytes");
 
   check_range(cfg.timeouts.handshake_ms, 1, 3600000, "timeouts.handshake_ms");
   check_range(cfg.timeouts.prepare_wait_ms, 1, 3600000, "timeouts.prepare_wait_ms");
@@ -622,6 +662,12 @@ void validate_all(const ferry_config& cfg) {
   if (cfg.tp.rank >= cfg.tp.size) {
     fail("tp.rank", "expected a rank below tp.size " + std::to_string(cfg.tp.size) + ", got " +
                         std::to_string(cfg.tp.rank));
+  }
+
+  check_range(cfg.pp.size, 1, 1024, "pp.size");
+  if (cfg.pp.rank >= cfg.pp.size) {
+    fail("pp.rank", "expected a rank below pp.size " + std::to_string(cfg.pp.size) + ", got " +
+                        std::to_string(cfg.pp.rank));
   }
 
   const std::string& level = cfg.log.level;
@@ -718,6 +764,7 @@ std::string to_yaml(const ferry_config& cfg) {
   out << YAML::Key << "address" << YAML::Value << cfg.fabric.address;
   out << YAML::Key << "max_inflight_writes" << YAML::Value << cfg.fabric.max_inflight_writes;
   out << YAML::Key << "write_piece_bytes" << YAML::Value << cfg.fabric.write_piece_bytes;
+  out << YAML::Key << "staging_bytes" << YAML::Value << cfg.fabric.staging_bytes;
   out << YAML::EndMap;
 
   out << YAML::Key << "timeouts" << YAML::Value << YAML::BeginMap;
@@ -735,6 +782,11 @@ std::string to_yaml(const ferry_config& cfg) {
   out << YAML::Key << "rank" << YAML::Value << cfg.tp.rank;
   out << YAML::EndMap;
 
+  out << YAML::Key << "pp" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "size" << YAML::Value << cfg.pp.size;
+  out << YAML::Key << "rank" << YAML::Value << cfg.pp.rank;
+  out << YAML::EndMap;
+
   out << YAML::Key << "log" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "level" << YAML::Value << cfg.log.level;
   out << YAML::EndMap;
@@ -747,6 +799,7 @@ std::string to_yaml(const ferry_config& cfg) {
     emit_ids(out, kv.layer_ids);
     out << YAML::Key << "page_tokens" << YAML::Value << kv.page_tokens;
     out << YAML::Key << "kv_heads" << YAML::Value << kv.kv_heads;
+    if (kv.total_heads) out << YAML::Key << "total_heads" << YAML::Value << kv.total_heads;
     out << YAML::Key << "head_dim" << YAML::Value << kv.head_dim;
     out << YAML::Key << "dtype_bytes" << YAML::Value << kv.dtype_bytes;
     out << YAML::Key << "mla" << YAML::Value << kv.mla;
@@ -766,9 +819,11 @@ std::string to_yaml(const ferry_config& cfg) {
       out << YAML::Key << "shape" << YAML::Value;
       emit_dims(out, t.shape);
       out << YAML::Key << "dtype_bytes" << YAML::Value << t.dtype_bytes;
-      out << YAML::Key << "slice_axis" << YAML::Value << t.slice_axis;
-      out << YAML::Key << "shard_groups" << YAML::Value;
-      emit_dims(out, t.shard_groups);
+      if (t.slice_axis) out << YAML::Key << "slice_axis" << YAML::Value << *t.slice_axis;
+      if (!t.shard_groups.empty()) {
+        out << YAML::Key << "shard_groups" << YAML::Value;
+        emit_dims(out, t.shard_groups);
+      }
       out << YAML::EndMap;
     }
     out << YAML::EndSeq;

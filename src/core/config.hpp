@@ -22,16 +22,20 @@ struct state_tensor_config {
   std::string name;                    ///< e.g. "conv", "temporal"
   std::vector<uint64_t> shape;         ///< per-slot shape at this rank's TP, e.g. [8192, 3]
   uint32_t dtype_bytes = 0;            ///< 2 for bf16, 4 for fp32
-  uint32_t slice_axis = 0;             ///< index into `shape` of the TP-sliced axis
+  /// Index into `shape` of the TP-sliced axis. Absent: the slicing is unknown, so the tensor can
+  /// move only between equal TP sizes (a mismatch is refused, never copied whole).
+  std::optional<uint32_t> slice_axis;
   std::vector<uint64_t> shard_groups;  ///< full (unsharded) sub-block sizes along the sliced axis,
                                        ///< e.g. GDN conv [2048, 2048, 4096]; empty = one block
 
   /// Bytes of one slot of this tensor for one layer.
   uint64_t slot_bytes() const;
-  /// Length of the sliced axis at this rank (shape[slice_axis]).
+  /// Length of the sliced axis at this rank (shape[slice_axis]; 0 without a slice axis).
   uint64_t sliced_dim() const;
   /// Product of the dims before the sliced axis (1 unless e.g. Kimi conv [K-1, dim]).
   uint64_t outer_count() const;
+  /// Bytes of one unit of the sliced axis: product of the dims after it times dtype_bytes.
+  uint64_t unit_bytes() const;
 };
 
 /// Paged KV pool: K and V buffers per attention layer (one buffer per layer for MLA).
@@ -43,11 +47,18 @@ struct kv_pool_config {
   uint32_t dtype_bytes = 2;
   bool mla = false;    ///< true: one buffer per layer, no K/V split
   uint64_t pages = 0;  ///< pages per buffer
+  /// KV heads of the whole model; 0 means kv_heads x tp.size. Needed when heads are replicated
+  /// (tp.size > total heads, e.g. Qwen3-Next's 2 heads at TP4: kv_heads 1, total_heads 2).
+  uint32_t total_heads = 0;
 
   /// Bytes of one page of one layer buffer (K or V).
   uint64_t page_bytes() const;
   /// Number of layer buffers: 2 per layer, or 1 per layer for MLA.
   uint32_t buffer_count() const;
+  /// Total KV heads of the model for a daemon at TP size `tp_size`.
+  uint32_t model_heads(uint32_t tp_size) const {
+    return total_heads ? total_heads : kv_heads * tp_size;
+  }
 };
 
 /// Mamba state pool: `slots` slots; every layer in `layer_ids` holds every tensor in `tensors`.
@@ -75,6 +86,9 @@ struct fabric_config {
   std::string address = "127.0.0.1";     ///< interface address the endpoint binds to (if used)
   uint32_t max_inflight_writes = 64;     ///< credit bound on posted, uncompleted writes
   uint64_t write_piece_bytes = 1 << 20;  ///< large state tensors are split into pieces this size
+  /// Registered bounce memory for head-sliced KV under a TP mismatch (pack at the source,
+  /// unpack at the destination); 0 disables it (then one write per token and layer).
+  uint64_t staging_bytes = 256ull << 20;
 };
 
 struct timeouts_config {
@@ -88,6 +102,12 @@ struct limits_config {
 };
 
 struct tp_config {
+  uint32_t size = 1;
+  uint32_t rank = 0;
+};
+
+/// Pipeline stage; the layers a stage holds are its pools' layer_ids.
+struct pp_config {
   uint32_t size = 1;
   uint32_t rank = 0;
 };
@@ -106,6 +126,7 @@ struct ferry_config {
   timeouts_config timeouts;
   limits_config limits;
   tp_config tp;
+  pp_config pp;
   pools_config pools;
   log_config log;
 };

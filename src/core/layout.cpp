@@ -71,66 +71,16 @@ node_layout make_layout(const pools_config& cfg) {
   return out;
 }
 
-std::optional<std::string> first_incompatibility(const pools_config& s, const pools_config& d) {
-  auto differ = [](const char* what, const auto& a, const auto& b) -> std::optional<std::string> {
-    if (a == b) return std::nullopt;
-    return fmt::format("{} differs: prefill has {}, decode has {}", what, a, b);
-  };
-  auto presence = [](const char* pool, bool a, bool b) -> std::optional<std::string> {
-    if (a == b) return std::nullopt;
-    return fmt::format("pool {} is {} on prefill but {} on decode", pool, a ? "present" : "absent",
-                       b ? "present" : "absent");
-  };
-  if (auto e = presence("kv", s.kv.has_value(), d.kv.has_value())) return e;
-  if (s.kv) {
-    const auto &a = *s.kv, &b = *d.kv;
-    if (auto e = differ("kv.page_tokens", a.page_tokens, b.page_tokens)) return e;
-    if (auto e = differ("kv.dtype_bytes", a.dtype_bytes, b.dtype_bytes)) return e;
-    if (auto e = differ("kv.mla", a.mla, b.mla)) return e;
-    if (auto e = differ("kv.kv_heads", a.kv_heads, b.kv_heads)) return e;
-    if (auto e = differ("kv.head_dim", a.head_dim, b.head_dim)) return e;
-    if (auto e =
-            differ("kv.layer_ids", fmt::format("{}", a.layer_ids), fmt::format("{}", b.layer_ids)))
-      return e;
-  }
-  if (auto e = presence("mamba", s.mamba.has_value(), d.mamba.has_value())) return e;
-  if (s.mamba) {
-    const auto &a = *s.mamba, &b = *d.mamba;
-    if (auto e = differ("mamba.layer_ids", fmt::format("{}", a.layer_ids),
-                        fmt::format("{}", b.layer_ids)))
-      return e;
-    if (auto e = differ("mamba.tensors count", a.tensors.size(), b.tensors.size())) return e;
-    for (size_t t = 0; t < a.tensors.size(); ++t) {
-      const auto &x = a.tensors[t], &y = b.tensors[t];
-      auto key = [&](const char* f) { return fmt::format("mamba.tensors[{}].{}", t, f); };
-      if (auto e = differ(key("name").c_str(), x.name, y.name)) return e;
-      if (auto e =
-              differ(key("shape").c_str(), fmt::format("{}", x.shape), fmt::format("{}", y.shape)))
-        return e;
-      if (auto e = differ(key("dtype_bytes").c_str(), x.dtype_bytes, y.dtype_bytes)) return e;
-      if (auto e = differ(key("slice_axis").c_str(), x.slice_axis, y.slice_axis)) return e;
-      if (auto e = differ(key("shard_groups").c_str(), fmt::format("{}", x.shard_groups),
-                          fmt::format("{}", y.shard_groups)))
-        return e;
-    }
-  }
-  if (auto e = presence("aux", s.aux.has_value(), d.aux.has_value())) return e;
-  if (s.aux) {
-    if (auto e = differ("aux.row_bytes", s.aux->row_bytes, d.aux->row_bytes)) return e;
-  }
-  return std::nullopt;
-}
-
 uint64_t compatibility_hash(const pools_config& c) {
   std::string s;
   if (c.kv)
-    s += fmt::format("kv:{}:{}:{}:{}:{}:{};", c.kv->page_tokens, c.kv->dtype_bytes, c.kv->mla,
-                     c.kv->kv_heads, c.kv->head_dim, c.kv->layer_ids);
+    s += fmt::format("kv:{}:{}:{}:{}:{}:{}:{};", c.kv->page_tokens, c.kv->dtype_bytes, c.kv->mla,
+                     c.kv->kv_heads, c.kv->total_heads, c.kv->head_dim, c.kv->layer_ids);
   if (c.mamba) {
     s += fmt::format("mamba:{};", c.mamba->layer_ids);
     for (const auto& t : c.mamba->tensors)
-      s += fmt::format("t:{}:{}:{}:{}:{};", t.name, t.shape, t.dtype_bytes, t.slice_axis,
-                       t.shard_groups);
+      s += fmt::format("t:{}:{}:{}:{}:{};", t.name, t.shape, t.dtype_bytes,
+                       t.slice_axis ? int64_t{*t.slice_axis} : -1, t.shard_groups);
   }
   if (c.aux) s += fmt::format("aux:{};", c.aux->row_bytes);
   return fnv1a(s);

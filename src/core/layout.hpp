@@ -48,13 +48,8 @@ struct node_layout {
 
 node_layout make_layout(const pools_config& cfg);
 
-/// The first difference between two daemons' pool schemas that makes an equal-TP transfer
-/// impossible (page size, dtype, heads, layer ids, tensor shapes and order, row bytes), as text
-/// naming the field and both values; nullopt when compatible. Pool *sizes* (pages, slots, rows)
-/// may differ.
-std::optional<std::string> first_incompatibility(const pools_config& src, const pools_config& dst);
-
-/// A stable 64-bit hash of the schema fields compared by `first_incompatibility`.
+/// A stable 64-bit hash of a pool schema: a peer sends it with its config so the receiver can
+/// tell a corrupted handshake from a real difference.
 uint64_t compatibility_hash(const pools_config& cfg);
 
 }  // namespace ferry

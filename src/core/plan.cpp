@@ -4,7 +4,8 @@
 
 namespace ferry {
 
-std::vector<page_run> coalesce_runs(std::span<const uint32_t> src, std::span<const uint32_t> dst) {
+std::vector<page_run> coalesce_runs(std::span<const uint32_t> src, std::span<const uint32_t> dst,
+                                    uint32_t first_position) {
   std::vector<page_run> runs;
   const size_t n = std::min(src.size(), dst.size());
   for (size_t i = 0; i < n; ++i) {
@@ -15,40 +16,110 @@ std::vector<page_run> coalesce_runs(std::span<const uint32_t> src, std::span<con
         continue;
       }
     }
-    runs.push_back({src[i], dst[i], 1});
+    runs.push_back({src[i], dst[i], 1, first_position + static_cast<uint32_t>(i)});
   }
   return runs;
 }
 
-void plan_kv(const pool_layout& src, const pool_layout& dst, std::span<const page_run> runs,
-             std::vector<planned_write>& out) {
-  // Buffers are paired by index: the compatibility check guarantees identical buffer lists.
+const char* to_string(space s) {
+  switch (s) {
+    case space::kv:
+      return "kv";
+    case space::state:
+      return "state";
+    case space::aux:
+      return "aux";
+    case space::staging:
+      return "staging";
+  }
+  return "?";
+}
+
+uint64_t pack_bytes(const link_plan& link, std::span<const page_run> runs) {
+  if (link.kv != kv_mode::pack) return 0;
+  uint64_t tokens = 0;
+  for (const auto& r : runs) tokens += uint64_t{r.count} * link.page_tokens;
+  return tokens * link.row.length * link.kv_buffers.size();
+}
+
+void plan_kv_chunk(const link_plan& link, const node_layout& src, const node_layout& dst,
+                   std::span<const page_run> runs, const staging_use& staging,
+                   std::vector<planned_copy>& pack, std::vector<planned_write>& writes) {
+  if (link.kv == kv_mode::none) return;
+  const auto& sp = src[pool_kind::kv];
+  const auto& dp = dst[pool_kind::kv];
+  const uint64_t pt = link.page_tokens, len = link.row.length;
+  const bool packed = link.kv == kv_mode::pack && staging.src;
+  const bool unpacked = link.kv == kv_mode::unpack && staging.dst;
+  uint64_t cursor = staging.src.value_or(0);
   for (const auto& run : runs)
-    for (size_t b = 0; b < src.buffers.size(); ++b) {
-      const auto& s = src.buffers[b];
-      const auto& d = dst.buffers[b];
-      out.push_back({pool_kind::kv, s.offset + uint64_t{run.src} * s.item_bytes,
-                     d.offset + uint64_t{run.dst} * d.item_bytes,
-                     uint64_t{run.count} * s.item_bytes});
+    for (size_t i = 0; i < link.kv_buffers.size(); ++i) {
+      const auto& pair = link.kv_buffers[i];
+      const uint64_t s0 = sp.buffers[pair.src].offset + uint64_t{run.src} * link.src_page_bytes;
+      const uint64_t d0 = dp.buffers[pair.dst].offset + uint64_t{run.dst} * link.dst_page_bytes;
+      const uint64_t tokens = run.count * pt;
+      if (link.kv == kv_mode::whole_pages) {
+        writes.push_back({space::kv, space::kv, s0, d0, run.count * link.src_page_bytes});
+      } else if (packed) {
+        // The decode row is the slice: gather it from every source token, write the run once.
+        for (uint64_t t = 0; t < tokens; ++t)
+          pack.push_back(
+              {space::kv, space::staging, s0 + t * link.src_row_bytes + link.row.src,
+               cursor + t * len, len});
+        writes.push_back({space::staging, space::kv, cursor, d0, tokens * len});
+        cursor += tokens * len;
+      } else if (unpacked) {
+        // The source row is the slice: whole source runs land in the room's staging, ordered
+        // [buffer pair][position][token], and the decode scatters them on commit.
+        const uint64_t at =
+            *staging.dst + ((i * staging.room_pages + run.position) * pt) * len;
+        writes.push_back({space::kv, space::staging, s0, at, tokens * len});
+      } else {
+        for (uint64_t t = 0; t < tokens; ++t)
+          writes.push_back({space::kv, space::kv, s0 + t * link.src_row_bytes + link.row.src,
+                            d0 + t * link.dst_row_bytes + link.row.dst, len});
+      }
     }
 }
 
-void plan_state(const pool_layout& src, const pool_layout& dst, uint32_t src_slot,
-                uint32_t dst_slot, std::vector<planned_write>& out) {
-  for (size_t b = 0; b < src.buffers.size(); ++b) {
-    const auto& s = src.buffers[b];
-    const auto& d = dst.buffers[b];
-    out.push_back({pool_kind::state, s.offset + uint64_t{src_slot} * s.item_bytes,
-                   d.offset + uint64_t{dst_slot} * d.item_bytes, s.item_bytes});
+void plan_state_link(const link_plan& link, const node_layout& src, const node_layout& dst,
+                     uint32_t src_slot, uint32_t dst_slot, std::vector<planned_write>& out) {
+  const auto& sp = src[pool_kind::state];
+  const auto& dp = dst[pool_kind::state];
+  for (const auto& pair : link.state_buffers) {
+    const auto& s = sp.buffers[pair.src];
+    const auto& d = dp.buffers[pair.dst];
+    const uint64_t s0 = s.offset + uint64_t{src_slot} * s.item_bytes;
+    const uint64_t d0 = d.offset + uint64_t{dst_slot} * d.item_bytes;
+    for (const auto& seg : link.state_segments[pair.tensor])
+      out.push_back({space::state, space::state, s0 + seg.src, d0 + seg.dst, seg.length});
   }
 }
 
-void plan_aux(const pool_layout& src, const pool_layout& dst, uint32_t src_row, uint32_t dst_row,
-              std::vector<planned_write>& out) {
-  const auto& s = src.buffers.at(0);
-  const auto& d = dst.buffers.at(0);
-  out.push_back({pool_kind::aux, s.offset + uint64_t{src_row} * s.item_bytes,
+void plan_aux_link(const link_plan& link, const node_layout& src, const node_layout& dst,
+                   uint32_t src_row, uint32_t dst_row, std::vector<planned_write>& out) {
+  if (!link.aux) return;
+  const auto& s = src[pool_kind::aux].buffers.at(0);
+  const auto& d = dst[pool_kind::aux].buffers.at(0);
+  out.push_back({space::aux, space::aux, s.offset + uint64_t{src_row} * s.item_bytes,
                  d.offset + uint64_t{dst_row} * d.item_bytes, s.item_bytes});
+}
+
+void plan_unpack(const link_plan& link, const node_layout& dst,
+                 std::span<const uint32_t> dst_pages, uint64_t staging,
+                 std::vector<planned_copy>& out) {
+  if (link.kv != kv_mode::unpack) return;
+  const auto& dp = dst[pool_kind::kv];
+  const uint64_t pt = link.page_tokens, len = link.row.length;
+  uint64_t at = staging;
+  for (const auto& pair : link.kv_buffers) {
+    const uint64_t base = dp.buffers[pair.dst].offset;
+    for (uint32_t page : dst_pages) {
+      const uint64_t d0 = base + uint64_t{page} * link.dst_page_bytes + link.row.dst;
+      for (uint64_t t = 0; t < pt; ++t, at += len)
+        out.push_back({space::staging, space::kv, at, d0 + t * link.dst_row_bytes, len});
+    }
+  }
 }
 
 void split_pieces(std::vector<planned_write>& writes, uint64_t piece_bytes) {
@@ -62,7 +133,8 @@ void split_pieces(std::vector<planned_write>& writes, uint64_t piece_bytes) {
   for (const auto& w : writes)
     for (uint64_t off = 0; off < w.length; off += piece_bytes)
       out.push_back(
-          {w.pool, w.src_offset + off, w.dst_offset + off, std::min(piece_bytes, w.length - off)});
+          {w.src, w.dst, w.src_offset + off, w.dst_offset + off,
+           std::min(piece_bytes, w.length - off)});
   writes = std::move(out);
 }
 

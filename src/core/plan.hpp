@@ -1,12 +1,15 @@
 #pragma once
 /// Transfer planning: which byte ranges of the prefill pools go where in the decode pools.
-/// Pure functions of the two layouts and the page/slot/row indices; no I/O.
+/// Pure functions of a link plan (core/geometry.hpp), the two layouts and the page/slot/row
+/// indices; no I/O.
 ///
-/// Equal-TP rules (this release):
 /// - KV: source and destination page lists are paired by position and split into runs where
-///   *both* sides step by one; each run becomes one write per layer buffer.
-/// - State: one (source slot, destination slot) pair; one write per (tensor, layer) buffer.
-/// - Aux: one (source row, destination row) pair; one write.
+///   *both* sides step by one. Per run and KV buffer pair: one write of whole pages (same heads),
+///   or, under a TP mismatch, one packed write (pack at the source) or one write into the
+///   decode's staging (unpack at the destination); without staging, one write per token.
+/// - State: one (source slot, destination slot) pair; per (tensor, layer) buffer pair one write
+///   per segment of the link (one segment at equal TP).
+/// - Aux: one (source row, destination row) pair; one write, from one prefill rank.
 /// Any write longer than `piece_bytes` is split into pieces so many can be in flight.
 
 #include <cstdint>
@@ -15,41 +18,82 @@
 #include <string>
 #include <vector>
 
+#include "core/geometry.hpp"
 #include "core/layout.hpp"
 
 namespace ferry {
 
-/// A run of `count` pages, contiguous on both sides.
+/// A run of `count` pages, contiguous on both sides; `position` is the index of its first page
+/// in the decode's page list of the room.
 struct page_run {
   uint32_t src = 0;
   uint32_t dst = 0;
   uint32_t count = 0;
+  uint32_t position = 0;
   bool operator==(const page_run&) const = default;
 };
 
-/// Split position-paired page lists into maximal runs contiguous on both sides.
-/// Precondition: src.size() == dst.size(). Example: src [10,11,12,40,41], dst [7,8,9,10,11]
-/// gives {10→7 ×3}, {40→10 ×2}.
-std::vector<page_run> coalesce_runs(std::span<const uint32_t> src, std::span<const uint32_t> dst);
+/// Split position-paired page lists into maximal runs contiguous on both sides; `first_position`
+/// is the position of src[0] in the room. Precondition: src.size() == dst.size().
+/// Example: src [10,11,12,40,41], dst [7,8,9,10,11] gives {10→7 ×3 @0}, {40→10 ×2 @3}.
+std::vector<page_run> coalesce_runs(std::span<const uint32_t> src, std::span<const uint32_t> dst,
+                                    uint32_t first_position = 0);
 
-/// One planned write: offsets are relative to the source and destination pool bases.
+/// Memory a planned operation addresses; offsets are relative to the space's base. `staging` is
+/// the daemon's registered bounce region.
+enum class space : uint8_t { kv = 0, state = 1, aux = 2, staging = 3 };
+inline constexpr int space_count = 4;
+const char* to_string(space s);
+
+/// One RMA write from prefill memory to decode memory.
 struct planned_write {
-  pool_kind pool = pool_kind::kv;
+  space src = space::kv;
+  space dst = space::kv;
   uint64_t src_offset = 0;
   uint64_t dst_offset = 0;
   uint64_t length = 0;
   bool operator==(const planned_write&) const = default;
 };
 
-/// Append one write per run per KV layer buffer.
-void plan_kv(const pool_layout& src, const pool_layout& dst, std::span<const page_run> runs,
-             std::vector<planned_write>& out);
-/// Append one write per state buffer (tensor × layer) for the single slot pair.
-void plan_state(const pool_layout& src, const pool_layout& dst, uint32_t src_slot,
-                uint32_t dst_slot, std::vector<planned_write>& out);
-/// Append the aux row write.
-void plan_aux(const pool_layout& src, const pool_layout& dst, uint32_t src_row, uint32_t dst_row,
-              std::vector<planned_write>& out);
+/// One local copy within a daemon (packing at the prefill, unpacking at the decode).
+struct planned_copy {
+  space from = space::kv;
+  space to = space::staging;
+  uint64_t from_offset = 0;
+  uint64_t to_offset = 0;
+  uint64_t length = 0;
+  bool operator==(const planned_copy&) const = default;
+};
+
+/// Staging a chunk may use: `src` is where packed bytes go at the prefill (kv_mode::pack);
+/// `dst` is the room's staging offset at the decode (kv_mode::unpack), laid out
+/// [kv buffer pair][page position][token][row slice] over `room_pages` positions. nullopt: no
+/// staging, so a sliced row goes out as one write per token.
+struct staging_use {
+  std::optional<uint64_t> src;
+  std::optional<uint64_t> dst;
+  uint32_t room_pages = 0;
+};
+
+/// Source staging bytes packing these runs needs (0 unless the link packs).
+uint64_t pack_bytes(const link_plan& link, std::span<const page_run> runs);
+
+/// Plan the KV of a chunk: local copies to do first (packing), then the writes.
+void plan_kv_chunk(const link_plan& link, const node_layout& src, const node_layout& dst,
+                   std::span<const page_run> runs, const staging_use& staging,
+                   std::vector<planned_copy>& pack, std::vector<planned_write>& writes);
+/// Append the writes of the single state slot pair (one per segment per buffer pair).
+void plan_state_link(const link_plan& link, const node_layout& src, const node_layout& dst,
+                     uint32_t src_slot, uint32_t dst_slot, std::vector<planned_write>& out);
+/// Append the aux row write when the link carries aux.
+void plan_aux_link(const link_plan& link, const node_layout& src, const node_layout& dst,
+                   uint32_t src_row, uint32_t dst_row, std::vector<planned_write>& out);
+/// Decode side, kv_mode::unpack: the copies from the room's staging (at `staging`) into its
+/// pages, to run once every write of the link has landed.
+void plan_unpack(const link_plan& link, const node_layout& dst,
+                 std::span<const uint32_t> dst_pages, uint64_t staging,
+                 std::vector<planned_copy>& out);
+
 /// Split every write longer than `piece_bytes` into consecutive pieces (in place, order kept).
 void split_pieces(std::vector<planned_write>& writes, uint64_t piece_bytes);
 

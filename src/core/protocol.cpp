@@ -32,6 +32,10 @@ class writer {
     num(static_cast<uint32_t>(s.size()));
     out_.insert(out_.end(), s.begin(), s.end());
   }
+  void str_list(const std::vector<std::string>& v) {
+    num(static_cast<uint32_t>(v.size()));
+    for (const auto& x : v) str(x);
+  }
   void u32_list(const std::vector<uint32_t>& v) {
     num(static_cast<uint32_t>(v.size()));
     for (auto x : v) num(x);
@@ -78,6 +82,19 @@ class reader {
     pos_ += n;
     return true;
   }
+  bool str_list(std::vector<std::string>& v, const char* field) {
+    uint32_t n = 0;
+    if (!num(n, field)) return false;
+    if (n > max_list_strings) {
+      error_ = fmt::format("field '{}' has {} entries, above the limit of {}", field, n,
+                           max_list_strings);
+      return false;
+    }
+    v.resize(n);
+    for (auto& x : v)
+      if (!str(x, field)) return false;
+    return true;
+  }
   bool u32_list(std::vector<uint32_t>& v, const char* field) {
     uint32_t n = 0;
     if (!num(n, field)) return false;
@@ -121,7 +138,7 @@ void encode_body(writer& w, const hello& m) {
 }
 void encode_body(writer& w, const prepare& m) {
   w.num(m.room);
-  w.str(m.prefill_peer);
+  w.str_list(m.prefill_peers);
   w.u32_list(m.dst_pages);
   w.num(m.state_slot);
   w.num(m.aux_row);
@@ -151,6 +168,7 @@ void encode_body(writer& w, const hello_reply& m) {
   w.num(m.tp_size);
   w.num(m.tp_rank);
   w.num(m.page_tokens);
+  w.str(m.config_yaml);
   for (const auto& p : m.pools) {
     w.num(static_cast<uint8_t>(p.present));
     w.str(p.shm_name);
@@ -182,7 +200,7 @@ bool decode_body(reader& r, hello& m) {
   return r.num(m.version, "version") && r.str(m.client_name, "client_name");
 }
 bool decode_body(reader& r, prepare& m) {
-  return r.num(m.room, "room") && r.str(m.prefill_peer, "prefill_peer") &&
+  return r.num(m.room, "room") && r.str_list(m.prefill_peers, "prefill_peers") &&
          r.u32_list(m.dst_pages, "dst_pages") && r.num(m.state_slot, "state_slot") &&
          r.num(m.aux_row, "aux_row");
 }
@@ -209,7 +227,7 @@ bool decode_body(reader& r, error& m) {
 bool decode_body(reader& r, hello_reply& m) {
   if (!(r.num(m.version, "version") && r.str(m.node, "node") && r.str(m.instance, "instance") &&
         r.str(m.role, "role") && r.str(m.control, "control") && r.num(m.tp_size, "tp_size") &&
-        r.num(m.tp_rank, "tp_rank") && r.num(m.page_tokens, "page_tokens")))
+        r.num(m.tp_rank, "tp_rank") && r.num(m.page_tokens, "page_tokens") && r.str(m.config_yaml, "config_yaml")))
     return false;
   for (auto& p : m.pools) {
     uint32_t n = 0;

@@ -21,10 +21,11 @@
 
 namespace ferry::proto {
 
-inline constexpr uint16_t protocol_version = 1;
+inline constexpr uint16_t protocol_version = 2;
 inline constexpr uint32_t max_frame_bytes = 16u << 20;  ///< limit on the length field
 inline constexpr uint32_t header_bytes = 12;            ///< length + type + flags + seq
 inline constexpr uint32_t max_string_bytes = 64u << 10;
+inline constexpr uint32_t max_list_strings = 256;  ///< e.g. prefill peers of one prepare
 
 enum class msg_type : uint16_t {
   hello = 1,
@@ -50,7 +51,10 @@ struct hello {
 /// Decode side: where this room's bytes must land.
 struct prepare {
   uint64_t room = 0;
-  std::string prefill_peer;         ///< the prefill ferryd's control address "host:port"
+  /// Control addresses "host:port" of the prefill ferryds to receive from: the ranks this
+  /// decode rank needs (ferryd picks them by the geometry declared at handshake, so naming every
+  /// rank of the prefill instance is fine).
+  std::vector<std::string> prefill_peers;
   std::vector<uint32_t> dst_pages;  ///< destination KV pages, in token order
   uint32_t state_slot = no_index;   ///< exactly one destination Mamba slot
   uint32_t aux_row = no_index;      ///< destination aux row
@@ -97,6 +101,7 @@ struct hello_reply {
   uint32_t tp_size = 1;
   uint32_t tp_rank = 0;
   uint32_t page_tokens = 0;  ///< tokens per KV page (0 without a kv pool)
+  std::string config_yaml;   ///< the daemon's effective config (geometry of pools and ranks)
   pool_info pools[pool_kind_count];
 };
 struct poll_reply {

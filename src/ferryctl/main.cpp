@@ -52,7 +52,8 @@ int main(int argc, char** argv) {
   std::string socket = "/tmp/ferry-decode.sock";
   app.add_option("-s,--socket", socket, "ferryd client socket")->capture_default_str();
   uint64_t room = 0;
-  std::string pages_text, peer;
+  std::string pages_text;
+  std::vector<std::string> prefill_peers;
   uint32_t slot = no_index, row = no_index, first_position = 0;
   bool last = false;
   int timeout_ms = 30000;
@@ -81,7 +82,12 @@ int main(int argc, char** argv) {
     c->add_option("--state-slot", slot, "the one Mamba state slot");
     c->add_option("--aux-row", row, "the aux row");
   }
-  prepare->add_option("--peer", peer, "prefill ferryd control address host:port")->required();
+  prepare
+      ->add_option("--peer", prefill_peers,
+                   "prefill ferryd control address host:port; repeat or comma-separate to name "
+                   "every prefill rank (ferryd picks the ones this rank needs)")
+      ->required()
+      ->delimiter(',');
   send->add_flag("--last", last, "this is the last chunk (carries state slot and aux row)");
   fill->add_option("--first-position", first_position, "request position of the first page");
   wait->add_option("--timeout-ms", timeout_ms, "give up after this long")->capture_default_str();
@@ -163,7 +169,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (*prepare)
-    return report(c.prepare({room, peer, pages, slot, row}), fmt::format("prepare room {}", room));
+    return report(c.prepare({room, prefill_peers, pages, slot, row}), fmt::format("prepare room {}", room));
   if (*send)
     return report(c.send({room, pages, last, slot, row}), fmt::format("send room {}", room));
   if (*cancel) return report(c.cancel(room), fmt::format("cancel room {}", room));

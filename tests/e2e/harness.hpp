@@ -234,7 +234,7 @@ inline void stage(pair& c, const room_spec& r) {
 }
 
 inline void prepare(pair& c, const room_spec& r) {
-  auto ok = c.d->prepare({r.room, c.prefill.control(), r.dst_pages, r.dst_slot, r.dst_row});
+  auto ok = c.d->prepare({r.room, {c.prefill.control()}, r.dst_pages, r.dst_slot, r.dst_row});
   INFO(ok.message);
   REQUIRE(ok);
 }

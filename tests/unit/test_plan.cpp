@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include "core/geometry.hpp"
 #include "core/plan.hpp"
 #include "core/status.hpp"
 
@@ -12,11 +13,27 @@ pools_config qwen_like(uint64_t pages = 64, uint32_t page_tokens = 1) {
   mamba_pool_config m;
   m.slots = 4;
   m.layer_ids = {0, 1, 2};
-  m.tensors = {{"conv", {8192, 3}, 2, 0, {2048, 2048, 4096}},
-               {"temporal", {32, 128, 128}, 4, 0, {}}};
+  m.tensors = {{"conv", {8192, 3}, 2, 0u, {2048, 2048, 4096}},
+               {"temporal", {32, 128, 128}, 4, 0u, {}}};
   c.mamba = m;
   c.aux = aux_pool_config{8, 5632};
   return c;
+}
+
+/// The equal-geometry link of a config with itself.
+link_plan same_link(const pools_config& c) {
+  rank_schema s{c};
+  return std::get<link_plan>(make_link_plan(s, s));
+}
+
+/// Qwen3-Next at TP `tp`, rank `rank`: 2 KV heads, GDN conv and temporal state.
+rank_schema qwen_rank(uint32_t tp, uint32_t rank) {
+  auto c = qwen_like();
+  c.kv->kv_heads = tp <= 2 ? 2 / tp : 1;
+  c.kv->total_heads = 2;
+  c.mamba->tensors[0].shape[0] = 8192 / tp;
+  c.mamba->tensors[1].shape[0] = 32 / tp;
+  return {c, tp, rank};
 }
 }  // namespace
 
@@ -24,18 +41,18 @@ TEST_CASE("coalescing splits where either side breaks contiguity", "[unit][plan]
   const std::vector<uint32_t> src{10, 11, 12, 40, 41};
   const std::vector<uint32_t> dst{7, 8, 9, 10, 11};
   auto runs = coalesce_runs(src, dst);
-  REQUIRE(runs == std::vector<page_run>{{10, 7, 3}, {40, 10, 2}});
+  REQUIRE(runs == std::vector<page_run>{{10, 7, 3, 0}, {40, 10, 2, 3}});
 
   SECTION("a break on the destination side alone also splits") {
     const std::vector<uint32_t> s{1, 2, 3};
     const std::vector<uint32_t> d{5, 6, 9};
-    REQUIRE(coalesce_runs(s, d) == std::vector<page_run>{{1, 5, 2}, {3, 9, 1}});
+    REQUIRE(coalesce_runs(s, d, 4) == std::vector<page_run>{{1, 5, 2, 4}, {3, 9, 1, 6}});
   }
   SECTION("empty lists give no runs") { REQUIRE(coalesce_runs({}, {}).empty()); }
   SECTION("fully contiguous lists give one run") {
     std::vector<uint32_t> s(4096), d(4096);
     for (uint32_t i = 0; i < 4096; ++i) s[i] = 100 + i, d[i] = 7 + i;
-    REQUIRE(coalesce_runs(s, d) == std::vector<page_run>{{100, 7, 4096}});
+    REQUIRE(coalesce_runs(s, d) == std::vector<page_run>{{100, 7, 4096, 0}});
   }
 }
 
@@ -45,16 +62,20 @@ TEST_CASE("fragmented pages give two writes per layer buffer", "[unit][plan]") {
   const std::vector<uint32_t> src{10, 11, 12, 40, 41};
   const std::vector<uint32_t> dst{7, 8, 9, 10, 11};
   std::vector<planned_write> w;
-  plan_kv(layout[pool_kind::kv], layout[pool_kind::kv], coalesce_runs(src, dst), w);
+  std::vector<planned_copy> pack;
+  const auto link = same_link(cfg);
+  CHECK(link.kv == kv_mode::whole_pages);
+  plan_kv_chunk(link, layout, layout, coalesce_runs(src, dst), {}, pack, w);
+  CHECK(pack.empty());
   const auto& bufs = layout[pool_kind::kv].buffers;
   REQUIRE(bufs.size() == 4);  // K and V for 2 layers
   REQUIRE(w.size() == 2 * 4);
   // First run, first buffer (K of layer 3): pages 10..12 -> 7..9, 1 KiB per page.
-  CHECK(w[0] == planned_write{pool_kind::kv, bufs[0].offset + 10 * 1024, bufs[0].offset + 7 * 1024,
-                              3 * 1024});
+  CHECK(w[0] == planned_write{space::kv, space::kv, bufs[0].offset + 10 * 1024,
+                              bufs[0].offset + 7 * 1024, 3 * 1024});
   // Second run, last buffer (V of layer 7).
-  CHECK(w[7] == planned_write{pool_kind::kv, bufs[3].offset + 40 * 1024, bufs[3].offset + 10 * 1024,
-                              2 * 1024});
+  CHECK(w[7] == planned_write{space::kv, space::kv, bufs[3].offset + 40 * 1024,
+                              bufs[3].offset + 10 * 1024, 2 * 1024});
 }
 
 TEST_CASE("layouts put K then V buffers, tensor-major state, aligned", "[unit][plan]") {
@@ -86,11 +107,12 @@ TEST_CASE("state goes as one slot pair, split into pieces", "[unit][plan]") {
   auto cfg = qwen_like();
   auto l = make_layout(cfg);
   std::vector<planned_write> w;
-  plan_state(l[pool_kind::state], l[pool_kind::state], 1, 3, w);
+  plan_state_link(same_link(cfg), l, l, 1, 3, w);
   REQUIRE(w.size() == 6);
   const auto& b = l[pool_kind::state].buffers;
   CHECK(w[4] ==
-        planned_write{pool_kind::state, b[4].offset + 2097152, b[4].offset + 3 * 2097152, 2097152});
+        planned_write{space::state, space::state, b[4].offset + 2097152,
+                      b[4].offset + 3 * 2097152, 2097152});
   split_pieces(w, 1 << 20);
   // 3 conv writes stay whole, 3 temporal writes become 2 pieces each.
   REQUIRE(w.size() == 9);
@@ -159,20 +181,104 @@ TEST_CASE("commit needs the announced total, in either order", "[unit][plan]") {
 TEST_CASE("compatibility names the first difference", "[unit][plan]") {
   auto a = qwen_like();
   auto b = qwen_like(999);  // pool sizes may differ
-  CHECK_FALSE(first_incompatibility(a, b));
+  auto error = [](const pools_config& x, const pools_config& y) {
+    auto r = make_link_plan(rank_schema{x}, rank_schema{y});
+    return std::holds_alternative<std::string>(r) ? std::get<std::string>(r) : std::string();
+  };
+  CHECK(error(a, b).empty());
   CHECK(compatibility_hash(a) == compatibility_hash(b));
   b.kv->page_tokens = 16;
-  auto e = first_incompatibility(a, b);
-  REQUIRE(e);
-  CHECK(*e == "kv.page_tokens differs: prefill has 1, decode has 16");
+  CHECK(error(a, b) == "kv.page_tokens differs: prefill has 1, decode has 16");
   CHECK(compatibility_hash(a) != compatibility_hash(b));
   auto c = qwen_like();
   c.mamba->tensors[1].dtype_bytes = 2;
-  CHECK(*first_incompatibility(a, c) ==
-        "mamba.tensors[1].dtype_bytes differs: prefill has 4, decode has 2");
+  CHECK(error(a, c) == "mamba.tensors[1] (temporal) dtype_bytes differs: prefill has 4, decode has 2");
   auto d = qwen_like();
   d.aux.reset();
-  CHECK(*first_incompatibility(a, d) == "pool aux is present on prefill but absent on decode");
+  CHECK(error(a, d) == "pool aux is present on the prefill but absent on the decode");
+  auto e = qwen_like();
+  e.kv->layer_ids = {3, 11};
+  CHECK(error(a, e) == "prefill kv layer 7 has no counterpart on the decode (decode layers [3, 11])");
+}
+
+TEST_CASE("rank mapping follows the scatter and gather table", "[unit][geometry]") {
+  CHECK(prefill_ranks_for(2, 2, 1) == std::vector<uint32_t>{1});
+  CHECK(prefill_ranks_for(1, 4, 3) == std::vector<uint32_t>{0});
+  CHECK(prefill_ranks_for(2, 8, 5) == std::vector<uint32_t>{1});
+  CHECK(prefill_ranks_for(4, 2, 1) == std::vector<uint32_t>{2, 3});
+  CHECK(decode_ranks_per_prefill(1, 4) == 4);
+  CHECK(decode_ranks_per_prefill(4, 2) == 1);
+  // Qwen3-Next: 2 KV heads. TP4 replicates each head twice; TP1 -> TP4 gives decode ranks 0,1
+  // head 0 and ranks 2,3 head 1 (the GQA rule MoRI gets wrong).
+  CHECK(kv_heads_of(2, 4, 1) == unit_range{0, 1});
+  CHECK(kv_heads_of(2, 4, 2) == unit_range{1, 1});
+  CHECK(kv_heads_of(16, 4, 1) == unit_range{4, 4});
+}
+
+TEST_CASE("Qwen3-Next TP1 -> TP4: head slices and GDN conv sub-blocks", "[unit][geometry]") {
+  for (uint32_t d = 0; d < 4; ++d) {
+    CAPTURE(d);
+    auto r = make_link_plan(qwen_rank(1, 0), qwen_rank(4, d));
+    REQUIRE(std::holds_alternative<link_plan>(r));
+    const auto& l = std::get<link_plan>(r);
+    CHECK(l.in_group);
+    CHECK(l.kv == kv_mode::pack);  // the decode row (one head) is a slice of the prefill row
+    CHECK(l.row == segment{d / 2 * 512, 0, 512});
+    CHECK(l.aux == (d == 0 ? true : true));  // one prefill rank: it sends aux to every rank
+  }
+  // Decode rank 1, conv [8192, 3] bf16 split [2048, 2048, 4096]: q [512,1024) -> [0,512),
+  // k [2560,3072) -> [512,1024), v [5120,6144) -> [1024,2048); 6 bytes per channel.
+  const auto l = std::get<link_plan>(make_link_plan(qwen_rank(1, 0), qwen_rank(4, 1)));
+  CHECK(l.state_segments[0] == std::vector<segment>{{512 * 6, 0, 512 * 6},
+                                                    {2560 * 6, 512 * 6, 512 * 6},
+                                                    {5120 * 6, 1024 * 6, 1024 * 6}});
+  // Temporal [32, 128, 128] fp32 on heads: rank 1 gets heads [8, 16), 64 KiB each.
+  CHECK(l.state_segments[1] == std::vector<segment>{{8 * 65536, 0, 8 * 65536}});
+}
+
+TEST_CASE("Qwen3-Next TP4 -> TP2: one replica sends KV, every rank its state", "[unit][geometry]") {
+  for (uint32_t p = 0; p < 4; ++p) {
+    CAPTURE(p);
+    const auto l = std::get<link_plan>(make_link_plan(qwen_rank(4, p), qwen_rank(2, p / 2)));
+    CHECK(l.in_group);
+    // Ranks 0 and 1 both hold head 0; only rank 0 sends it. Heads are whole on both sides.
+    CHECK(l.kv == (p % 2 == 0 ? kv_mode::whole_pages : kv_mode::none));
+    CHECK(l.aux == (p % 2 == 0));
+    // conv [2048, 3] per prefill rank -> [4096, 3] per decode rank, three sub-blocks.
+    REQUIRE(l.state_segments[0].size() == 3);
+    CHECK(l.state_segments[0][0] == segment{0, (p % 2) * 512 * 6, 512 * 6});
+    CHECK(l.state_segments[1] == std::vector<segment>{{0, (p % 2) * 8 * 65536, 8 * 65536}});
+    const auto other = std::get<link_plan>(make_link_plan(qwen_rank(4, p), qwen_rank(2, 1 - p / 2)));
+    CHECK_FALSE(other.in_group);
+  }
+}
+
+TEST_CASE("geometry errors name the tensor and the numbers", "[unit][geometry]") {
+  auto text = [](const rank_schema& s, const rank_schema& d) {
+    auto r = make_link_plan(s, d);
+    return std::holds_alternative<std::string>(r) ? std::get<std::string>(r) : std::string();
+  };
+  auto d = qwen_rank(4, 0);
+  auto s = qwen_rank(1, 0);
+  s.pools.mamba->tensors[0].slice_axis.reset();
+  s.pools.mamba->tensors[0].shard_groups.clear();
+  d.pools.mamba->tensors[0].slice_axis.reset();
+  d.pools.mamba->tensors[0].shard_groups.clear();
+  CHECK(text(s, d) ==
+        "mamba.tensors[0] (conv) has no slice_axis: it cannot be re-sliced from prefill TP 1 to "
+        "decode TP 4 (refusing a whole-slot copy)");
+  CHECK(text(s, qwen_rank(1, 0)).find("slicing differs") != std::string::npos);
+  auto equal = s;
+  CHECK(text(s, equal).empty());  // equal TP needs no slicing metadata
+
+  auto odd_s = qwen_rank(1, 0), odd_d = qwen_rank(8, 0);
+  odd_s.pools.mamba->tensors[0].shard_groups = {2044, 2052, 4096};
+  odd_d.pools.mamba->tensors[0].shard_groups = {2044, 2052, 4096};
+  CHECK(text(odd_s, odd_d) ==
+        "mamba.tensors[0] (conv) does not divide evenly: shard group of 2044 over prefill TP 1 "
+        "and decode TP 8");
+  CHECK(text(qwen_rank(2, 0), qwen_rank(3, 0)) ==
+        "TP sizes do not divide: prefill TP 2 and decode TP 3");
 }
 
 TEST_CASE("room statuses only increase, Failed interrupts, terminal is final", "[unit][status]") {

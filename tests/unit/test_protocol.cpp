@@ -20,13 +20,13 @@ decoded roundtrip(const message& m, uint32_t seq = 7) {
 }  // namespace
 
 TEST_CASE("every message round-trips", "[unit][protocol]") {
-  prepare p{42, "127.0.0.1:7401", {7, 8, 9}, 3, 5};
+  prepare p{42, {"127.0.0.1:7401", "127.0.0.1:7411"}, {7, 8, 9}, 3, 5};
   auto d = roundtrip(p);
   REQUIRE(d.error.empty());
   CHECK(d.seq == 7);
   auto q = std::get<prepare>(*d.msg);
   CHECK(q.room == 42);
-  CHECK(q.prefill_peer == "127.0.0.1:7401");
+  CHECK(q.prefill_peers == std::vector<std::string>{"127.0.0.1:7401", "127.0.0.1:7411"});
   CHECK(q.dst_pages == std::vector<uint32_t>{7, 8, 9});
   CHECK(q.state_slot == 3);
   CHECK(q.aux_row == 5);
@@ -94,8 +94,8 @@ TEST_CASE("malformed and oversized frames get errors naming the problem", "[unit
     CHECK(d->error == "frame of 2147483647 bytes exceeds the limit of 16777216 bytes");
   }
   SECTION("truncated field") {
-    auto bytes = encode(prepare{1, "x", {1, 2, 3}, 0, 0}, 1);
-    auto d = decode(2, 1, std::span<const uint8_t>(bytes).subspan(12, 20));
+    auto bytes = encode(prepare{1, {"x"}, {1, 2, 3}, 0, 0}, 1);
+    auto d = decode(2, 1, std::span<const uint8_t>(bytes).subspan(12, 24));
     CHECK(d.error ==
           "malformed prepare frame: field 'dst_pages' claims 3 entries but only 3 bytes remain");
   }

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/config.hpp"
 #include "core/protocol.hpp"
 #include "core/shm_region.hpp"
 
@@ -45,6 +46,9 @@ class client {
 
   /// The daemon's hello reply: node, role, pool names and layouts.
   const proto::hello_reply& daemon() const { return hello_; }
+  /// The daemon's effective config (pools, TP/PP geometry), parsed from its hello reply;
+  /// nullptr if it could not be read.
+  const ferry_config* config() const { return config_ ? &*config_ : nullptr; }
 
   outcome<none> prepare(const proto::prepare& p);
   outcome<none> send(const proto::send& s);
@@ -88,6 +92,7 @@ class client {
   proto::frame_reader reader_;
   std::deque<proto::event> events_;
   proto::hello_reply hello_;
+  std::optional<ferry_config> config_;
   shm_region pools_[pool_kind_count];
 };
 
