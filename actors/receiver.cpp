@@ -212,6 +212,11 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
               if (++st.looked_up == st.named.size()) start(self);
             },
             [=](caf::error& e) {
+              // A Connection that already ended cannot answer; its peer_down, which the
+              // Scheduler forwards to this room, carries the real reason.
+              if (e.category() == caf::atom("system") &&
+                  e.code() == static_cast<uint8_t>(caf::sec::request_receiver_down))
+                return;
               fail(self,
                    fmt::format("could not use peer {}: {}", self->state.prep.prefill_peers[i],
                                self->system().render(e)),

@@ -84,34 +84,50 @@ struct shape {
   uint32_t kv_layers = 4;
   uint32_t slots = 8;
   uint32_t mamba_layers = 3;
-  std::string temporal_shape = "[8, 128, 128]";
+  uint32_t temporal_heads = 8;  ///< unsharded; the rank holds temporal_heads / tp_size
   uint32_t aux_rows = 64;
   uint32_t prepare_wait_ms = 20000;
   uint32_t transfer_ms = 30000;
   uint32_t max_active_rooms = 4096;
+  uint64_t staging_bytes = 64ull << 20;
+  // Geometry: 2 KV heads in the model (Qwen3-Next), conv and temporal state sliced by TP.
+  uint32_t tp_size = 1, tp_rank = 0, pp_size = 1, pp_rank = 0;
+  std::vector<uint32_t> kv_layer_ids;     ///< empty: kv_layers ids 3, 7, 11, ...
+  std::vector<uint32_t> mamba_layer_ids;  ///< empty: mamba_layers ids 0, 4, 8, ...
 };
 
 inline std::string make_config(const std::string& name, const std::string& role, uint16_t control,
                                const std::string& socket, const shape& s) {
   std::ostringstream kv_ids, m_ids;
-  for (uint32_t i = 0; i < s.kv_layers; ++i) kv_ids << (i ? ", " : "") << 4 * i + 3;
-  for (uint32_t i = 0; i < s.mamba_layers; ++i) m_ids << (i ? ", " : "") << 4 * i;
+  auto ids = [](std::ostringstream& o, const std::vector<uint32_t>& given, uint32_t n,
+                uint32_t first) {
+    if (given.empty())
+      for (uint32_t i = 0; i < n; ++i) o << (i ? ", " : "") << 4 * i + first;
+    for (size_t i = 0; i < given.size(); ++i) o << (i ? ", " : "") << given[i];
+  };
+  ids(kv_ids, s.kv_layer_ids, s.kv_layers, 3);
+  ids(m_ids, s.mamba_layer_ids, s.mamba_layers, 0);
+  const uint32_t kv_heads = s.tp_size <= 2 ? 2 / s.tp_size : 1;
   std::ostringstream y;
   y << "node:\n  name: " << name << "\nrole: " << role
     << "\nlisten:\n  control: 127.0.0.1:" << control << "\n  client: " << socket
     << "\nfabric:\n  provider: " << s.provider
-    << "\n  max_inflight_writes: 64\n  write_piece_bytes: 262144\n"
+    << "\n  max_inflight_writes: 64\n  write_piece_bytes: 262144\n  staging_bytes: "
+    << s.staging_bytes << "\n"
+    << "tp:\n  size: " << s.tp_size << "\n  rank: " << s.tp_rank << "\npp:\n  size: " << s.pp_size
+    << "\n  rank: " << s.pp_rank << "\n"
     << "timeouts:\n  handshake_ms: 10000\n  prepare_wait_ms: " << s.prepare_wait_ms
     << "\n  transfer_ms: " << s.transfer_ms
     << "\nlimits:\n  max_active_rooms: " << s.max_active_rooms << "\nlog:\n  level: info\n"
     << "pools:\n  kv:\n    layer_ids: [" << kv_ids.str() << "]\n    page_tokens: " << s.page_tokens
-    << "\n    kv_heads: 2\n    head_dim: 256\n    dtype_bytes: 2\n    pages: " << s.pages
+    << "\n    kv_heads: " << kv_heads
+    << "\n    total_heads: 2\n    head_dim: 256\n    dtype_bytes: 2\n    pages: " << s.pages
     << "\n  mamba:\n    slots: " << s.slots << "\n    layer_ids: [" << m_ids.str()
     << "]\n    tensors:\n"
-    << "      - name: conv\n        shape: [8192, 3]\n        dtype_bytes: 2\n        slice_axis: "
-       "0\n"
+    << "      - name: conv\n        shape: [" << 8192 / s.tp_size
+    << ", 3]\n        dtype_bytes: 2\n        slice_axis: 0\n"
     << "        shard_groups: [2048, 2048, 4096]\n"
-    << "      - name: temporal\n        shape: " << s.temporal_shape
+    << "      - name: temporal\n        shape: [" << s.temporal_heads / s.tp_size << ", 128, 128]"
     << "\n        dtype_bytes: 4\n        slice_axis: 0\n"
     << "  aux:\n    rows: " << s.aux_rows << "\n    row_bytes: 5632\n";
   return y.str();

@@ -113,7 +113,7 @@ TEST_CASE("a send whose prepare never comes fails after the bounded wait", "[e2e
 TEST_CASE("64 concurrent rooms all commit with their own bytes", "[e2e]") {
   shape s;
   s.slots = 64;
-  s.temporal_shape = "[2, 128, 128]";
+  s.temporal_heads = 2;
   pair c(s);
   constexpr uint32_t rooms = 64, pages = 48;
   std::vector<room_spec> specs;
