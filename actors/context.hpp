@@ -4,6 +4,12 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <caf/all.hpp>
+#include <mutex>
+#include <optional>
+#include <vector>
+
 #include <array>
 #include <memory>
 #include <string>
@@ -19,17 +25,52 @@ namespace ferry {
 
 class client_gateway;
 
+/// Sent to an actor waiting for staging when some was released.
+using staging_atom = caf::atom_constant<caf::atom("staging")>;
+
 /// Registered bounce memory for head-sliced KV (fabric.staging_bytes): packed source slices on
-/// the prefill side, the rooms' landing areas on the decode side.
+/// the prefill side, the rooms' landing areas on the decode side. Thread-safe. Back-pressure,
+/// not failure: an actor that finds it full is woken (staging_atom) at the next release.
 struct staging_area {
   uint8_t* data = nullptr;
   uint64_t bytes = 0;
   transport::region_id region = 0;
-  range_allocator ranges;
-  explicit staging_area(uint64_t size) : bytes(size), ranges(size) {}
+
+  explicit staging_area(uint64_t size) : bytes(size), ranges_(size) {}
   staging_area(const staging_area&) = delete;
   staging_area& operator=(const staging_area&) = delete;
   ~staging_area();
+
+  /// Allocate, or register `waiter` for a wake-up at the next release and return nullopt.
+  std::optional<uint64_t> allocate_or_wait(uint64_t n, const caf::actor& waiter) {
+    std::lock_guard lock(mutex_);
+    if (auto at = ranges_.allocate(n)) return at;
+    if (std::find(waiters_.begin(), waiters_.end(), waiter) == waiters_.end())
+      waiters_.push_back(waiter);
+    ++waits_;
+    return std::nullopt;
+  }
+  void release(uint64_t offset) {
+    std::vector<caf::actor> wake;
+    {
+      std::lock_guard lock(mutex_);
+      ranges_.release(offset);
+      wake.swap(waiters_);
+    }
+    for (auto& w : wake) caf::anon_send(w, staging_atom::value);
+  }
+  uint64_t in_use() const { return ranges_.in_use(); }
+  /// Allocations that had to wait for a release (back-pressure events).
+  uint64_t waits() {
+    std::lock_guard lock(mutex_);
+    return waits_;
+  }
+
+ private:
+  std::mutex mutex_;
+  range_allocator ranges_;
+  std::vector<caf::actor> waiters_;
+  uint64_t waits_ = 0;
 };
 
 struct daemon_context {

@@ -37,6 +37,9 @@ struct receiver_state {
   std::vector<peer_info_ptr> named;     // handshake results, by named position
   size_t looked_up = 0;
   std::vector<source_link> links;  // the selected prefill ranks
+  std::optional<uint64_t> staging;  // one block for every unpack link of the room
+  uint64_t staging_need = 0;
+  bool prepared = false;  // prepares sent
   proto::prepare prep;
   uint64_t token = 0;
   room_state state;
@@ -45,11 +48,9 @@ struct receiver_state {
 
   std::string peers() const { return fmt::format("{}", fmt::join(prep.prefill_peers, ",")); }
   void release_staging() {
-    for (auto& l : links)
-      if (l.staging) {
-        ctx->staging->ranges.release(*l.staging);
-        l.staging.reset();
-      }
+    for (auto& l : links) l.staging.reset();
+    if (staging) ctx->staging->release(*staging);
+    staging.reset();
   }
 };
 
@@ -121,25 +122,28 @@ source_link* link_of(receiver_actor* self, const caf::actor& connection) {
   return nullptr;
 }
 
-/// Every named peer finished its handshake: pick the ranks the geometry needs, reserve staging
-/// for head-sliced KV, and send them the prepare.
-void start(receiver_actor* self) {
+/// Reserve one staging block for every link whose KV lands sliced (kv_mode::unpack), then send
+/// the prepares. When staging is full the room waits (Bootstrapping, under its deadline) and is
+/// woken by the next release; a room too large for the whole area falls back to one write per
+/// token.
+void reserve_and_prepare(receiver_actor* self) {
   auto& st = self->state;
-  std::vector<rank_schema> schemas;
-  for (const auto& p : st.named) schemas.push_back(p->schema);
-  auto chosen = select_prefill_peers(schema_of(st.ctx->config), schemas);
-  if (auto* e = std::get_if<std::string>(&chosen)) return fail(self, *e, false);
-  for (size_t i : std::get<0>(chosen)) {
-    source_link l{st.named[i], st.connections[i], std::nullopt, false, std::nullopt};
-    const auto need = l.peer->link->unpack_staging_bytes(st.prep.dst_pages.size());
-    if (need && st.ctx->staging && l.peer->staging.present) l.staging = st.ctx->staging->ranges.allocate(need);
-    if (need && !l.staging)
-      st.ctx->log_room->info(
-          "room={} peer={} no staging for {} bytes of head-sliced KV; falling back to one write "
-          "per token",
-          st.prep.room, l.peer->address, need);
-    st.links.push_back(std::move(l));
+  if (st.prepared || is_terminal(st.state.status())) return;
+  if (st.staging_need && !st.staging) {
+    st.staging = st.ctx->staging->allocate_or_wait(st.staging_need, caf::actor_cast<caf::actor>(self));
+    if (!st.staging) {
+      st.ctx->log_room->debug("room={} waiting for {} bytes of staging", st.prep.room,
+                              st.staging_need);
+      return;
+    }
+    uint64_t at = *st.staging;
+    for (auto& l : st.links)
+      if (const auto need = l.peer->link->unpack_staging_bytes(st.prep.dst_pages.size())) {
+        l.staging = at;
+        at += need;
+      }
   }
+  st.prepared = true;
   for (const auto& l : st.links) {
     st.ctx->log_room->debug("room={} peer={} prepare: {} pages; {}", st.prep.room, l.peer->address,
                             st.prep.dst_pages.size(), l.peer->link->describe());
@@ -147,6 +151,28 @@ void start(receiver_actor* self) {
                                  st.prep.room, st.token, st.prep.dst_pages, st.prep.state_slot,
                                  st.prep.aux_row, l.staging.value_or(no_staging)})});
   }
+}
+
+/// Every named peer finished its handshake: pick the ranks the geometry needs.
+void start(receiver_actor* self) {
+  auto& st = self->state;
+  std::vector<rank_schema> schemas;
+  for (const auto& p : st.named) schemas.push_back(p->schema);
+  auto chosen = select_prefill_peers(schema_of(st.ctx->config), schemas);
+  if (auto* e = std::get_if<std::string>(&chosen)) return fail(self, *e, false);
+  uint64_t need = 0;
+  for (size_t i : std::get<0>(chosen)) {
+    st.links.push_back({st.named[i], st.connections[i], std::nullopt, false, std::nullopt});
+    need += st.named[i]->link->unpack_staging_bytes(st.prep.dst_pages.size());
+  }
+  if (need && (!st.ctx->staging || need > st.ctx->staging->bytes))
+    st.ctx->log_room->info(
+        "room={} head-sliced KV needs {} bytes of staging but fabric.staging_bytes is {}; one "
+        "write per token instead",
+        st.prep.room, need, st.ctx->staging ? st.ctx->staging->bytes : 0);
+  else
+    st.staging_need = need;
+  reserve_and_prepare(self);
 }
 
 void on_peer(receiver_actor* self, peer_inbound& in) {
@@ -228,14 +254,23 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
         set_status(self, room_status::transferring);
         evaluate(self, self->state.commit.add_landed(l.count));
       },
+      [=](staging_atom) { reserve_and_prepare(self); },
       [=](cancel_atom) { fail(self, "cancelled by client", true); },
-      [=](peer_down& d) { fail(self, describe(d), true); },
+      [=](peer_down& d) {
+        // Once the ranks are selected, a named peer the geometry left out does not matter.
+        auto& st = self->state;
+        if (!st.links.empty() && !link_of(self, d.connection)) return;
+        fail(self, describe(d), true);
+      },
       [=](deadline_msg& d) {
         auto& st = self->state;
         fail(self,
-             fmt::format("timed out in {} after {} ms ({} landed, {} announced)",
+             fmt::format("timed out in {} after {} ms ({} landed, {} announced{})",
                          to_string(st.state.status()), d.ms, st.commit.landed(),
-                         st.commit.expected() ? std::to_string(*st.commit.expected()) : "none"),
+                         st.commit.expected() ? std::to_string(*st.commit.expected()) : "none",
+                         st.staging_need && !st.staging
+                             ? fmt::format("; waiting for {} bytes of staging", st.staging_need)
+                             : ""),
              true);
       },
   };

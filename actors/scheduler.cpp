@@ -284,7 +284,9 @@ std::string info_text(scheduler_state& st, proto::info_topic topic) {
         << "\ndecode_rooms_succeeded: " << st.decode.succeeded
         << "\ndecode_rooms_failed: " << st.decode.failed
         << "\ndecode_bytes_received: " << st.decode.bytes << "\nstray_writes: " << st.stray_writes
-        << "\n";
+        << "\nstaging_bytes: " << (st.ctx->staging ? st.ctx->staging->bytes : 0)
+        << "\nstaging_in_use: " << (st.ctx->staging ? st.ctx->staging->in_use() : 0)
+        << "\nstaging_waits: " << (st.ctx->staging ? st.ctx->staging->waits() : 0) << "\n";
       break;
     case proto::info_topic::rooms:
       if (st.prefill.active.empty() && st.decode.active.empty()) o << "no active rooms\n";

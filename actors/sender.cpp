@@ -32,6 +32,7 @@ struct decode_link {
   caf::actor connection;
   peer_prepare prep;
   chunk_cursor cursor;
+  std::deque<pack_job> jobs;  // head-sliced KV waiting for staging (kv_mode::pack)
   uint64_t writes = 0;
   uint64_t bytes = 0;
   bool committed = false;
@@ -48,6 +49,9 @@ struct sender_state {
   std::deque<client_request> queued;  // chunks that arrived before every prepare
   uint64_t next_batch = 1;
   std::unordered_map<uint64_t, uint64_t> batch_staging;  // batch -> packed staging offset
+  uint32_t batches_in_flight = 0;
+  bool last_posted = false;  // the last chunk was planned
+  bool announced = false;
   std::vector<planned_write> writes;
   std::vector<planned_copy> copies;
 
@@ -71,7 +75,7 @@ void set_status(sender_actor* self, room_status s, std::string reason = {}) {
   if (!is_terminal(s)) return;
   // Packed staging is free once the room ends: on success every write has landed; after a
   // failure a late read only corrupts this failed room's own destination.
-  for (auto& [batch, offset] : st.batch_staging) st.ctx->staging->ranges.release(offset);
+  for (auto& [batch, offset] : st.batch_staging) st.ctx->staging->release(offset);
   st.batch_staging.clear();
   self->quit();
 }
@@ -91,44 +95,17 @@ void fail(sender_actor* self, const std::string& reason) {
   set_status(self, room_status::failed, reason);
 }
 
-/// Plan and post one chunk to one decode rank.
-void post_link(sender_actor* self, decode_link& l, const proto::send& chunk, uint32_t first) {
+/// Copy planned local copies, then post `w` (split into pieces) to link `l` as one batch whose
+/// completion releases `staging` (if any).
+void submit(sender_actor* self, decode_link& l, std::optional<uint64_t> staging) {
   auto& st = self->state;
   const auto& ctx = *st.ctx;
-  const auto& link = *l.peer->link;
   auto& w = st.writes;
-  auto& copies = st.copies;
-  w.clear();
-  copies.clear();
-  std::optional<uint64_t> packed;
-  if (!chunk.src_pages.empty()) {
-    auto dst_pages =
-        std::span<const uint32_t>(l.prep.dst_pages).subspan(first, chunk.src_pages.size());
-    auto runs = coalesce_runs(chunk.src_pages, dst_pages, first);
-    staging_use su;
-    su.room_pages = static_cast<uint32_t>(l.prep.dst_pages.size());
-    if (l.prep.dst_staging != no_staging) su.dst = l.prep.dst_staging;
-    if (const auto need = pack_bytes(link, runs); need && ctx.staging) {
-      packed = ctx.staging->ranges.allocate(need);
-      if (!packed)
-        ctx.log_room->debug("room={} no staging for {} packed bytes; one write per token",
-                            st.room, need);
-      su.src = packed;
-    }
-    plan_kv_chunk(link, ctx.layout, l.peer->layout, runs, su, copies, w);
-  }
-  if (chunk.last) {
-    if (ctx.layout[pool_kind::state].present)
-      plan_state_link(link, ctx.layout, l.peer->layout, chunk.state_slot, l.prep.dst_state_slot,
-                      w);
-    if (ctx.layout[pool_kind::aux].present)
-      plan_aux_link(link, ctx.layout, l.peer->layout, chunk.aux_row, l.prep.dst_aux_row, w);
-  }
-  for (const auto& c : copies)
+  for (const auto& c : st.copies)
     std::memcpy(ctx.base(c.to) + c.to_offset, ctx.base(c.from) + c.from_offset, c.length);
   split_pieces(w, ctx.config.fabric.write_piece_bytes);
   if (w.empty()) {
-    if (packed) ctx.staging->ranges.release(*packed);
+    if (staging) ctx.staging->release(*staging);
     return;
   }
   transport::write_batch batch;
@@ -142,13 +119,96 @@ void post_link(sender_actor* self, decode_link& l, const proto::send& chunk, uin
   }
   l.writes += w.size();
   const uint64_t id = st.next_batch++;
-  if (packed) st.batch_staging[id] = *packed;
+  if (staging) st.batch_staging[id] = *staging;
+  ++st.batches_in_flight;
   caf::actor me = caf::actor_cast<caf::actor>(self);
   batch.done = [me, id](transport::batch_result r) {
     caf::anon_send(me, batch_done_msg{id, std::move(r)});
   };
   ctx.engine->submit(std::move(batch));
   set_status(self, room_status::transferring);
+}
+
+/// Bytes of staging one packed batch may use: small enough that many rooms pack at once.
+uint64_t pack_slice_bytes(const daemon_context& ctx) {
+  return std::min<uint64_t>(4u << 20, ctx.staging->bytes / 8);
+}
+
+/// Pack and post queued head-sliced KV while staging lasts. When it is full, the room waits
+/// for its own batches to complete or, with none in flight, for any release (staging_atom).
+void pump(sender_actor* self) {
+  auto& st = self->state;
+  const auto& ctx = *st.ctx;
+  for (auto& l : st.links) {
+    const auto& link = *l.peer->link;
+    while (!l.jobs.empty() && !is_terminal(st.state.status())) {
+      uint64_t tokens = 0;
+      size_t n = 0;
+      const uint64_t budget = pack_slice_bytes(ctx) / link.row.length;
+      while (n < l.jobs.size() && (n == 0 || tokens + l.jobs[n].tokens <= budget))
+        tokens += l.jobs[n++].tokens;
+      auto at = ctx.staging->allocate_or_wait(tokens * link.row.length,
+                                              caf::actor_cast<caf::actor>(self));
+      if (!at) return;  // resumed by batch_done or staging_atom
+      st.copies.clear();
+      st.writes.clear();
+      for (uint64_t cursor = *at; n > 0; --n) {
+        expand_pack_job(link, l.jobs.front(), cursor, st.copies, st.writes);
+        cursor += l.jobs.front().tokens * link.row.length;
+        l.jobs.pop_front();
+      }
+      submit(self, l, at);
+    }
+  }
+}
+
+/// After the last chunk and once nothing waits for staging: tell every decode rank its total.
+void maybe_announce(sender_actor* self) {
+  auto& st = self->state;
+  if (!st.last_posted || st.announced || is_terminal(st.state.status())) return;
+  for (const auto& l : st.links)
+    if (!l.jobs.empty()) return;
+  st.announced = true;
+  for (const auto& l : st.links)
+    self->send(l.connection,
+               peer_outbound{caf::make_message(peer_announce{st.room, l.writes, l.bytes})});
+  // A room with no writes at all (no pages, no state, no aux pool) commits on the announcement.
+  set_status(self, room_status::transferring);
+}
+
+/// Plan one chunk for one decode rank: whole pages, writes into the decode's staging, or
+/// direct per-token writes go out now; packed slices queue for staging.
+void post_link(sender_actor* self, decode_link& l, const proto::send& chunk, uint32_t first) {
+  auto& st = self->state;
+  const auto& ctx = *st.ctx;
+  const auto& link = *l.peer->link;
+  st.writes.clear();
+  st.copies.clear();
+  if (!chunk.src_pages.empty()) {
+    auto dst_pages =
+        std::span<const uint32_t>(l.prep.dst_pages).subspan(first, chunk.src_pages.size());
+    auto runs = coalesce_runs(chunk.src_pages, dst_pages, first);
+    if (link.kv == kv_mode::pack && ctx.staging) {
+      std::vector<pack_job> jobs;
+      plan_pack_jobs(link, ctx.layout, l.peer->layout, runs,
+                     std::max<uint64_t>(1, pack_slice_bytes(ctx) / link.row.length), jobs);
+      l.jobs.insert(l.jobs.end(), jobs.begin(), jobs.end());
+    } else {
+      staging_use su;
+      su.room_pages = static_cast<uint32_t>(l.prep.dst_pages.size());
+      if (l.prep.dst_staging != no_staging) su.dst = l.prep.dst_staging;
+      plan_kv_chunk(link, ctx.layout, l.peer->layout, runs, su, st.copies, st.writes);
+    }
+  }
+  if (chunk.last) {
+    if (ctx.layout[pool_kind::state].present)
+      plan_state_link(link, ctx.layout, l.peer->layout, chunk.state_slot, l.prep.dst_state_slot,
+                      st.writes);
+    if (ctx.layout[pool_kind::aux].present)
+      plan_aux_link(link, ctx.layout, l.peer->layout, chunk.aux_row, l.prep.dst_aux_row,
+                    st.writes);
+  }
+  submit(self, l, std::nullopt);
 }
 
 /// Plan and post one chunk to every decode rank; returns an error (nothing posted) when the
@@ -167,13 +227,9 @@ std::optional<std::string> post_chunk(sender_actor* self, const proto::send& chu
   }
   st.ctx->log_room->debug("room={} peer={} chunk pages={} last={}", st.room, st.peer_name(), n,
                           chunk.last);
-  if (chunk.last) {
-    for (const auto& l : st.links)
-      self->send(l.connection, peer_outbound{caf::make_message(
-                                   peer_announce{st.room, l.writes, l.bytes})});
-    // A room with no writes at all (no pages, no state, no aux pool) commits on the announcement.
-    set_status(self, room_status::transferring);
-  }
+  st.last_posted = chunk.last;
+  pump(self);
+  maybe_announce(self);
   return std::nullopt;
 }
 
@@ -273,7 +329,12 @@ void on_peer(sender_actor* self, peer_inbound& in) {
         decode_link* l = nullptr;
         for (auto& x : st.links)
           if (x.connection == in.connection) l = &x;
-        if (!l) return;
+        if (!l) {
+          // A decode rank of this room's group failed before its prepare arrived.
+          if (!o.ok && in.from->link->in_group)
+            fail(self, fmt::format("decode {} reported: {}", in.from->address, o.reason));
+          return;
+        }
         if (!o.ok) return fail(self, fmt::format("decode {} reported: {}", l->peer->address, o.reason));
         l->committed = true;
         st.ctx->log_room->debug("room={} peer={} committed: {} writes, {} bytes", st.room,
@@ -301,11 +362,18 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
       [=](peer_inbound& in) { on_peer(self, in); },
       [=](batch_done_msg& d) {
         auto& st = self->state;
+        --st.batches_in_flight;
         if (auto it = st.batch_staging.find(d.batch); it != st.batch_staging.end()) {
-          st.ctx->staging->ranges.release(it->second);
+          st.ctx->staging->release(it->second);
           st.batch_staging.erase(it);
         }
-        if (!d.result.ok) fail(self, "write failed: " + d.result.error);
+        if (!d.result.ok) return fail(self, "write failed: " + d.result.error);
+        pump(self);
+        maybe_announce(self);
+      },
+      [=](staging_atom) {
+        pump(self);
+        maybe_announce(self);
       },
       [=](cancel_atom) { fail(self, "cancelled by client"); },
       [=](peer_down& d) { fail(self, describe(d)); },

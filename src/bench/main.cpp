@@ -259,6 +259,14 @@ int main(int argc, char** argv) {
   std::cout << fmt::format("ferry-bench: {} ({}, {} daemon(s)) -> {} ({}, {} daemon(s)) over {}\n",
                            ph.node, geometry_text(*p.config()), prefills.size(), dh.node,
                            geometry_text(*d.config()), decodes.size(), provider);
+  std::cout << fmt::format(
+      "workload: {} requests x {} tokens ({} pages), concurrency {}, {} chunk(s), fragmentation "
+      "{:.2f}\n",
+      o.requests, o.prompt_tokens, pages_per_req, o.concurrency, chunks.size(), o.fragmentation);
+  std::cout << fmt::format(
+      "per request: {:.1f} MiB KV + {:.1f} MiB state + {} B aux = {:.1f} MiB in {} writes\n",
+      kv_bytes / 1048576.0, state_bytes / 1048576.0, req_bytes - kv_bytes - state_bytes,
+      req_bytes / 1048576.0, one.size());
   // --- Ferry runs and raw baselines, interleaved so both see the same machine state ---
   std::vector<double> latencies_ms, ferry_runs, raw_runs;
   uint32_t done = 0, failed = 0, verified = 0;

@@ -255,11 +255,11 @@ uint64_t link_plan::unpack_staging_bytes(uint64_t pages) const {
 
 std::string link_plan::describe() const {
   if (!in_group) return "not in this decode rank's group";
-  size_t segs = 0;
-  for (const auto& s : state_segments) segs += s.size();
+  std::vector<size_t> segs;
+  for (const auto& s : state_segments) segs.push_back(s.size());
   return fmt::format(
-      "kv {} ({} buffers, {} of {} row bytes at src+{} dst+{}), state {} buffers x {} segments, "
-      "aux {}",
+      "kv {} ({} buffers, {} of {} row bytes at src+{} dst+{}), state {} buffers with {} "
+      "segments per tensor, aux {}",
       to_string(kv), kv_buffers.size(), row.length, src_row_bytes, row.src, row.dst,
       state_buffers.size(), segs, aux ? "yes" : "no");
 }

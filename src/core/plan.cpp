@@ -42,6 +42,35 @@ uint64_t pack_bytes(const link_plan& link, std::span<const page_run> runs) {
   return tokens * link.row.length * link.kv_buffers.size();
 }
 
+void plan_pack_jobs(const link_plan& link, const node_layout& src, const node_layout& dst,
+                    std::span<const page_run> runs, uint64_t max_tokens,
+                    std::vector<pack_job>& out) {
+  if (link.kv != kv_mode::pack) return;
+  max_tokens = std::max<uint64_t>(max_tokens, 1);
+  const auto& sp = src[pool_kind::kv];
+  const auto& dp = dst[pool_kind::kv];
+  for (const auto& run : runs)
+    for (const auto& pair : link.kv_buffers) {
+      const uint64_t s0 = sp.buffers[pair.src].offset + uint64_t{run.src} * link.src_page_bytes +
+                          link.row.src;
+      const uint64_t d0 = dp.buffers[pair.dst].offset + uint64_t{run.dst} * link.dst_page_bytes;
+      const uint64_t tokens = uint64_t{run.count} * link.page_tokens;
+      // The decode row is exactly the slice, so the destination of a run is contiguous.
+      for (uint64_t t = 0; t < tokens; t += max_tokens)
+        out.push_back({s0 + t * link.src_row_bytes, d0 + t * link.row.length,
+                       std::min(max_tokens, tokens - t)});
+    }
+}
+
+void expand_pack_job(const link_plan& link, const pack_job& job, uint64_t staging,
+                     std::vector<planned_copy>& copies, std::vector<planned_write>& writes) {
+  const uint64_t len = link.row.length;
+  for (uint64_t t = 0; t < job.tokens; ++t)
+    copies.push_back({space::kv, space::staging, job.src_offset + t * link.src_row_bytes,
+                      staging + t * len, len});
+  writes.push_back({space::staging, space::kv, staging, job.dst_offset, job.tokens * len});
+}
+
 void plan_kv_chunk(const link_plan& link, const node_layout& src, const node_layout& dst,
                    std::span<const page_run> runs, const staging_use& staging,
                    std::vector<planned_copy>& pack, std::vector<planned_write>& writes) {
@@ -62,11 +91,8 @@ void plan_kv_chunk(const link_plan& link, const node_layout& src, const node_lay
         writes.push_back({space::kv, space::kv, s0, d0, run.count * link.src_page_bytes});
       } else if (packed) {
         // The decode row is the slice: gather it from every source token, write the run once.
-        for (uint64_t t = 0; t < tokens; ++t)
-          pack.push_back(
-              {space::kv, space::staging, s0 + t * link.src_row_bytes + link.row.src,
-               cursor + t * len, len});
-        writes.push_back({space::staging, space::kv, cursor, d0, tokens * len});
+        const pack_job job{s0 + link.row.src, d0, tokens};
+        expand_pack_job(link, job, cursor, pack, writes);
         cursor += tokens * len;
       } else if (unpacked) {
         // The source row is the slice: whole source runs land in the room's staging, ordered

@@ -75,6 +75,25 @@ struct staging_use {
   uint32_t room_pages = 0;
 };
 
+/// Packing work for one contiguous destination range (kv_mode::pack): `tokens` row slices of
+/// `link.row.length` bytes, the first at `src_offset` in the source kv space and each next one
+/// `link.src_row_bytes` further, go to `dst_offset` in the decode's kv space as one write.
+struct pack_job {
+  uint64_t src_offset = 0;
+  uint64_t dst_offset = 0;
+  uint64_t tokens = 0;
+  bool operator==(const pack_job&) const = default;
+};
+
+/// Append the pack jobs of these runs (kv_mode::pack only), each at most `max_tokens` tokens so
+/// a bounded staging area can carry them a slice at a time.
+void plan_pack_jobs(const link_plan& link, const node_layout& src, const node_layout& dst,
+                    std::span<const page_run> runs, uint64_t max_tokens,
+                    std::vector<pack_job>& out);
+/// The copies into staging at `staging` and the one write of a pack job.
+void expand_pack_job(const link_plan& link, const pack_job& job, uint64_t staging,
+                     std::vector<planned_copy>& copies, std::vector<planned_write>& writes);
+
 /// Source staging bytes packing these runs needs (0 unless the link packs).
 uint64_t pack_bytes(const link_plan& link, std::span<const page_run> runs);
 

@@ -37,52 +37,61 @@ struct cluster {
     return out;
   }
 
-  /// Every prefill rank fills its shard of room `r`; every decode rank clears, prepares naming
-  /// `peers` (default: every prefill rank); every prefill rank sends in `r.chunks`; then every
-  /// rank on both sides must report Success and every decode byte must match.
-  void run(const room_spec& r, std::vector<std::string> peers = {}) {
+  /// Every prefill rank fills its shard of each room; every decode rank clears, prepares naming
+  /// `peers` (default: every prefill rank); every prefill rank sends each room in its chunks;
+  /// all rooms are in flight together. Then every rank on both sides must report Success and
+  /// every decode byte must match.
+  void run_many(const std::vector<room_spec>& rooms, std::vector<std::string> peers = {}) {
     if (peers.empty()) peers = prefill_controls();
-    for (auto& c : p) {
-      REQUIRE(client::fill_kv(*c, r.room, r.src_pages, 0) == "");
-      REQUIRE(client::fill_state_and_aux(*c, r.room, r.src_slot, r.src_row) == "");
-    }
-    for (auto& c : d) {
-      REQUIRE(client::clear_room(*c, r.dst_pages, r.dst_slot, r.dst_row) == "");
-      auto ok = c->prepare({r.room, peers, r.dst_pages, r.dst_slot, r.dst_row});
-      INFO(ok.message);
-      REQUIRE(ok);
-    }
-    auto chunks = r.chunks.empty()
-                      ? std::vector<uint32_t>{static_cast<uint32_t>(r.src_pages.size())}
-                      : r.chunks;
-    uint32_t pos = 0;
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      const bool last = i + 1 == chunks.size();
-      std::vector<uint32_t> pages(r.src_pages.begin() + pos,
-                                  r.src_pages.begin() + pos + chunks[i]);
-      pos += chunks[i];
+    for (const auto& r : rooms) {
       for (auto& c : p) {
-        auto ok = c->send(
-            {r.room, pages, last, last ? r.src_slot : no_index, last ? r.src_row : no_index});
+        REQUIRE(client::fill_kv(*c, r.room, r.src_pages, 0) == "");
+        REQUIRE(client::fill_state_and_aux(*c, r.room, r.src_slot, r.src_row) == "");
+      }
+      for (auto& c : d) {
+        REQUIRE(client::clear_room(*c, r.dst_pages, r.dst_slot, r.dst_row) == "");
+        auto ok = c->prepare({r.room, peers, r.dst_pages, r.dst_slot, r.dst_row});
         INFO(ok.message);
         REQUIRE(ok);
       }
     }
-    for (size_t i = 0; i < d.size(); ++i) {
-      auto e = wait_done(*d[i], r.room);
-      INFO("decode rank " << i << ": " << e.reason);
-      REQUIRE(e.status == room_status::success);
+    for (const auto& r : rooms) {
+      auto chunks = r.chunks.empty()
+                        ? std::vector<uint32_t>{static_cast<uint32_t>(r.src_pages.size())}
+                        : r.chunks;
+      uint32_t pos = 0;
+      for (size_t i = 0; i < chunks.size(); ++i) {
+        const bool last = i + 1 == chunks.size();
+        std::vector<uint32_t> pages(r.src_pages.begin() + pos,
+                                    r.src_pages.begin() + pos + chunks[i]);
+        pos += chunks[i];
+        for (auto& c : p) {
+          auto ok = c->send(
+              {r.room, pages, last, last ? r.src_slot : no_index, last ? r.src_row : no_index});
+          INFO(ok.message);
+          REQUIRE(ok);
+        }
+      }
     }
-    for (size_t i = 0; i < p.size(); ++i) {
-      auto e = wait_done(*p[i], r.room);
-      INFO("prefill rank " << i << ": " << e.reason);
-      REQUIRE(e.status == room_status::success);
-    }
-    for (size_t i = 0; i < d.size(); ++i) {
-      INFO("decode rank " << i);
-      CHECK(client::verify_room(*d[i], r.room, r.dst_pages, r.dst_slot, r.dst_row) == "");
+    for (const auto& r : rooms) {
+      INFO("room " << r.room);
+      for (size_t i = 0; i < d.size(); ++i) {
+        auto e = wait_done(*d[i], r.room);
+        INFO("decode rank " << i << ": " << e.reason);
+        REQUIRE(e.status == room_status::success);
+      }
+      for (size_t i = 0; i < p.size(); ++i) {
+        auto e = wait_done(*p[i], r.room);
+        INFO("prefill rank " << i << ": " << e.reason);
+        REQUIRE(e.status == room_status::success);
+      }
+      for (size_t i = 0; i < d.size(); ++i) {
+        INFO("decode rank " << i);
+        CHECK(client::verify_room(*d[i], r.room, r.dst_pages, r.dst_slot, r.dst_row) == "");
+      }
     }
   }
+  void run(const room_spec& r, std::vector<std::string> peers = {}) { run_many({r}, peers); }
 };
 
 std::vector<shape> ranks(shape s, uint32_t tp) {
@@ -107,6 +116,12 @@ room_spec fragmented_room(uint64_t id, uint32_t pages) {
   r.src_slot = 1, r.dst_slot = 6;
   r.src_row = 2, r.dst_row = 9;
   return r;
+}
+
+std::string status_of(client::client& c) {
+  auto s = c.info(proto::info_topic::status);
+  REQUIRE(s);
+  return s.value;
 }
 
 shape small() {
@@ -182,4 +197,31 @@ TEST_CASE("a decode rank naming too few prefill ranks fails with the missing ran
         "is that rank");
   // The daemons keep serving: the full set of peers works.
   c.run(fragmented_room(32, 60));
+}
+
+TEST_CASE("rooms larger than the staging area wait for it instead of failing", "[e2e][geometry]") {
+  // 1 MiB of staging (the minimum). Packing (TP 1 -> 2) goes out in 128 KiB slices; landing
+  // (TP 2 -> 1) needs one block per room, so concurrent rooms take turns.
+  auto s = small();
+  s.staging_bytes = 1 << 20;
+  auto room = [](uint64_t id, uint32_t pages, uint32_t slot, uint32_t dst_first) {
+    room_spec r;
+    r.room = id;
+    r.src_pages = range(slot * 1100, pages);  // disjoint sources: rooms are filled up front
+    r.dst_pages = range(dst_first, pages);
+    r.src_slot = r.dst_slot = r.src_row = r.dst_row = slot;
+    return r;
+  };
+  SECTION("pack: 2 MiB of sliced KV per decode rank through 1 MiB") {
+    cluster c(ranks(s, 1), ranks(s, 2));
+    c.run_many({room(51, 1024, 1, 2000), room(52, 1024, 2, 3050)});
+    CHECK_THAT(status_of(*c.p[0]), Catch::Contains("staging_in_use: 0\n"));
+    CHECK_THAT(status_of(*c.p[0]), !Catch::Contains("staging_waits: 0\n"));
+  }
+  SECTION("unpack: three rooms of 0.75 MiB each through 1 MiB") {
+    cluster c(ranks(s, 2), ranks(s, 1));
+    c.run_many({room(61, 192, 1, 2000), room(62, 192, 2, 2300), room(63, 192, 3, 2600)});
+    CHECK_THAT(status_of(*c.d[0]), Catch::Contains("staging_in_use: 0\n"));
+    CHECK_THAT(status_of(*c.d[0]), !Catch::Contains("staging_waits: 0\n"));
+  }
 }

@@ -224,7 +224,7 @@ TEST_CASE("Qwen3-Next TP1 -> TP4: head slices and GDN conv sub-blocks", "[unit][
     CHECK(l.in_group);
     CHECK(l.kv == kv_mode::pack);  // the decode row (one head) is a slice of the prefill row
     CHECK(l.row == segment{d / 2 * 512, 0, 512});
-    CHECK(l.aux == (d == 0 ? true : true));  // one prefill rank: it sends aux to every rank
+    CHECK(l.aux);  // the only prefill rank sends the aux row to every decode rank
   }
   // Decode rank 1, conv [8192, 3] bf16 split [2048, 2048, 4096]: q [512,1024) -> [0,512),
   // k [2560,3072) -> [512,1024), v [5120,6144) -> [1024,2048); 6 bytes per channel.
