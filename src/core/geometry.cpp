@@ -343,6 +343,27 @@ std::variant<std::vector<size_t>, std::string> select_prefill_peers(
   // same layers).
   auto cover = [&](const char* pool, const std::vector<uint32_t>* dst_ids,
                    auto ids_of) -> std::optional<std::string> {
+    // The TP ranks of a stage hold the same layers (each its own heads or channels of them).
+    std::map<uint32_t, size_t> first_of_stage;
+    for (size_t i : chosen) {
+      auto [it, fresh] = first_of_stage.emplace(named[i].pp_rank, i);
+      if (fresh) continue;
+      const auto* a = ids_of(named[it->second]);
+      const auto* b = ids_of(named[i]);
+      const std::vector<uint32_t> none;
+      const auto& x = a ? *a : none;
+      const auto& y = b ? *b : none;
+      const std::set<uint32_t> xs(x.begin(), x.end()), ys(y.begin(), y.end());
+      for (auto [has, lacks, rank_has, rank_lacks] :
+           {std::tuple{&xs, &ys, named[it->second].tp_rank, named[i].tp_rank},
+            std::tuple{&ys, &xs, named[i].tp_rank, named[it->second].tp_rank}})
+        for (uint32_t id : *has)
+          if (!lacks->count(id))
+            return fmt::format(
+                "prefill TP rank {} of PP stage {} does not hold {} layer {}, which TP rank {} of "
+                "the same stage holds",
+                rank_lacks, named[i].pp_rank, pool, id, rank_has);
+    }
     std::map<uint32_t, uint32_t> holder;  // layer -> stage
     for (size_t i : chosen) {
       const auto* ids = ids_of(named[i]);

@@ -66,9 +66,10 @@ struct planned_copy {
 };
 
 /// Staging a chunk may use: `src` is where packed bytes go at the prefill (kv_mode::pack);
-/// `dst` is the room's staging offset at the decode (kv_mode::unpack), laid out
-/// [kv buffer pair][page position][token][row slice] over `room_pages` positions. nullopt: no
-/// staging, so a sliced row goes out as one write per token.
+/// `dst` is this link's staging range in the room at the decode (kv_mode::unpack; each link of
+/// a gathering room has its own), laid out [kv buffer pair][page position][token][row slice]
+/// over `room_pages` positions. nullopt: no staging, so a sliced row goes out as one write per
+/// token.
 struct staging_use {
   std::optional<uint64_t> src;
   std::optional<uint64_t> dst;
