@@ -188,7 +188,8 @@ void post_link(sender_actor* self, decode_link& l, const proto::send& chunk, uin
     auto dst_pages =
         std::span<const uint32_t>(l.prep.dst_pages).subspan(first, chunk.src_pages.size());
     auto runs = coalesce_runs(chunk.src_pages, dst_pages, first);
-    if (link.kv == kv_mode::pack && ctx.staging) {
+    // Pack through staging unless one token's slice would not even fit a slice of it.
+    if (link.kv == kv_mode::pack && ctx.staging && link.row.length <= pack_slice_bytes(ctx)) {
       std::vector<pack_job> jobs;
       plan_pack_jobs(link, ctx.layout, l.peer->layout, runs,
                      std::max<uint64_t>(1, pack_slice_bytes(ctx) / link.row.length), jobs);

@@ -95,7 +95,7 @@ def main():
                 check("a prepare without a state slot is refused",
                       e.message.startswith("mamba requires single state index: room 42 got dst=none"), e.message)
 
-            d.prepare(room, pctl, dst, state_slot=2, aux_row=3)
+            d.prepare(room, [pctl], dst, state_slot=2, aux_row=3)  # a list of prefill ranks
             d.subscribe(room)
             p.send(room, src[:3])
             p.send(room, src[3:], last=True, state_slot=1, aux_row=2)
