@@ -35,7 +35,8 @@ struct receiver_state {
   caf::actor scheduler;
   std::vector<caf::actor> connections;  // one per named peer
   std::vector<peer_info_ptr> named;     // handshake results, by named position
-  size_t looked_up = 0;
+  std::vector<std::string> unusable;    // why a named peer could not be used ("" = fine)
+  size_t looked_up = 0;                 // named peers resolved either way
   std::vector<source_link> links;  // the selected prefill ranks
   std::optional<uint64_t> staging;  // one block for every unpack link of the room
   uint64_t staging_need = 0;
@@ -153,15 +154,28 @@ void reserve_and_prepare(receiver_actor* self) {
   }
 }
 
-/// Every named peer finished its handshake: pick the ranks the geometry needs.
+/// Every named peer finished its handshake or failed: pick the ranks the geometry needs among
+/// the usable ones. A peer that could not be used matters only if the geometry needs it.
 void start(receiver_actor* self) {
   auto& st = self->state;
   std::vector<rank_schema> schemas;
-  for (const auto& p : st.named) schemas.push_back(p->schema);
+  std::vector<size_t> usable;
+  std::string first_unusable;
+  for (size_t i = 0; i < st.named.size(); ++i) {
+    if (st.named[i]) {
+      schemas.push_back(st.named[i]->schema);
+      usable.push_back(i);
+    } else if (first_unusable.empty()) {
+      first_unusable = st.unusable[i];
+    }
+  }
+  if (usable.empty()) return fail(self, first_unusable, false);
   auto chosen = select_prefill_peers(schema_of(st.ctx->config), schemas);
-  if (auto* e = std::get_if<std::string>(&chosen)) return fail(self, *e, false);
+  if (auto* e = std::get_if<std::string>(&chosen))
+    return fail(self, first_unusable.empty() ? *e : *e + " (" + first_unusable + ")", false);
   uint64_t need = 0;
-  for (size_t i : std::get<0>(chosen)) {
+  for (size_t k : std::get<0>(chosen)) {
+    const size_t i = usable[k];
     st.links.push_back({st.named[i], st.connections[i], std::nullopt, false, std::nullopt});
     need += st.named[i]->link->unpack_staging_bytes(st.prep.dst_pages.size());
   }
@@ -173,6 +187,14 @@ void start(receiver_actor* self) {
   else
     st.staging_need = need;
   reserve_and_prepare(self);
+}
+
+/// Named peer `i` cannot be used (its handshake failed or its connection ended).
+void resolve_unusable(receiver_actor* self, size_t i, std::string why) {
+  auto& st = self->state;
+  if (is_terminal(st.state.status()) || !st.unusable[i].empty()) return;
+  st.unusable[i] = std::move(why);
+  if (++st.looked_up == st.named.size()) start(self);
 }
 
 void on_peer(receiver_actor* self, peer_inbound& in) {
@@ -218,6 +240,7 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
   st.connections = std::move(connections);
   st.scheduler = std::move(scheduler);
   st.named.resize(st.connections.size());
+  st.unusable.resize(st.connections.size());
   const auto& t = st.ctx->config.timeouts;
   self->delayed_send(self, std::chrono::milliseconds(t.transfer_ms),
                      deadline_msg{"transfer", t.transfer_ms});
@@ -227,15 +250,16 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
                   info_atom::value)
         .then(
             [=](peer_lookup& r) {
-              auto& st = self->state;
-              if (is_terminal(st.state.status())) return;
-              if (!r.info)
-                return fail(self,
-                            fmt::format("could not use peer {}: {}", st.prep.prefill_peers[i],
-                                        r.error),
-                            false);
-              st.named[i] = std::move(r.info);
-              if (++st.looked_up == st.named.size()) start(self);
+              if (r.info) {
+                auto& st = self->state;
+                if (st.named[i] || !st.unusable[i].empty()) return;
+                st.named[i] = std::move(r.info);
+                if (++st.looked_up == st.named.size()) start(self);
+                return;
+              }
+              resolve_unusable(self, i,
+                               fmt::format("could not use peer {}: {}",
+                                           self->state.prep.prefill_peers[i], r.error));
             },
             [=](caf::error& e) {
               // A Connection that already ended cannot answer; its peer_down, which the
@@ -243,10 +267,10 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
               if (e.category() == caf::atom("system") &&
                   e.code() == static_cast<uint8_t>(caf::sec::request_receiver_down))
                 return;
-              fail(self,
-                   fmt::format("could not use peer {}: {}", self->state.prep.prefill_peers[i],
-                               self->system().render(e)),
-                   false);
+              resolve_unusable(self, i,
+                               fmt::format("could not use peer {}: {}",
+                                           self->state.prep.prefill_peers[i],
+                                           self->system().render(e)));
             });
   return {
       [=](peer_inbound& in) { on_peer(self, in); },
@@ -257,9 +281,22 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
       [=](staging_atom) { reserve_and_prepare(self); },
       [=](cancel_atom) { fail(self, "cancelled by client", true); },
       [=](peer_down& d) {
-        // Once the ranks are selected, a named peer the geometry left out does not matter.
         auto& st = self->state;
-        if (!st.links.empty() && !link_of(self, d.connection)) return;
+        if (st.looked_up < st.named.size()) {
+          // Before selection: this named peer is out; whether that matters is decided once
+          // every named peer is resolved.
+          for (size_t i = 0; i < st.connections.size(); ++i)
+            if (st.connections[i] == d.connection) {
+              if (st.named[i]) {
+                st.named[i].reset();
+                --st.looked_up;
+              }
+              resolve_unusable(self, i, describe(d));
+            }
+          return;
+        }
+        // After selection, a named peer the geometry left out does not matter.
+        if (!link_of(self, d.connection)) return;
         fail(self, describe(d), true);
       },
       [=](deadline_msg& d) {

@@ -225,3 +225,22 @@ TEST_CASE("rooms larger than the staging area wait for it instead of failing", "
     CHECK_THAT(status_of(*c.d[0]), !Catch::Contains("staging_waits: 0\n"));
   }
 }
+
+TEST_CASE("a named peer the geometry does not need may be unreachable", "[e2e][geometry]") {
+  cluster c(ranks(small(), 2), ranks(small(), 2));
+  const auto dead = "127.0.0.1:" + std::to_string(free_port());
+  auto peers = c.prefill_controls();
+  peers.push_back(dead);
+  c.run(fragmented_room(71, 40), peers);  // each decode rank needs one prefill rank only
+
+  SECTION("but a needed one fails the room, naming it") {
+    // Depending on whether the decode has noticed the stop yet, the room fails at selection
+    // ("needs prefill TP rank 1 ... (could not use peer ...)") or when the connection drops
+    // ("peer ... lost"); both name the peer.
+    c.prefill[1]->stop();
+    REQUIRE(c.d[1]->prepare({72, c.prefill_controls(), {1}, 0, 0}));
+    auto e = wait_done(*c.d[1], 72);
+    CHECK(e.status == room_status::failed);
+    CHECK_THAT(e.reason, Catch::Contains(c.prefill[1]->control()));
+  }
+}
