@@ -175,6 +175,11 @@ void on_prepare(scheduler_actor* self, client_request& r) {
     if (p.prefill_peers[i].empty())
       return reply_error(self, r, errc::invalid_request,
                          fmt::format("room {}: prefill peer {} is empty", p.room, i));
+    if (!valid_host_port(p.prefill_peers[i]))
+      return reply_error(self, r, errc::invalid_request,
+                         fmt::format("room {}: prefill peer {} '{}' is not host:port (a port in "
+                                     "1..65535)",
+                                     p.room, i, p.prefill_peers[i]));
     for (size_t j = 0; j < i; ++j)
       if (p.prefill_peers[j] == p.prefill_peers[i])
         return reply_error(self, r, errc::invalid_request,
@@ -301,7 +306,9 @@ std::string info_text(scheduler_state& st, proto::info_topic topic) {
       for (const auto& [conn, info] : st.connections)
         if (info)
           o << "peer=" << info->address << " node=" << info->node << " instance=" << info->instance
-            << "\n";
+            << " tp=" << info->schema.tp_rank << "/" << info->schema.tp_size
+            << " pp=" << info->schema.pp_rank << "/" << info->schema.pp_size << " link: "
+            << info->link->describe() << "\n";
       for (const auto& [addr, conn] : st.outbound)
         if (!st.connections.count(conn) || !st.connections[conn])
           o << "peer=" << addr << " connecting\n";

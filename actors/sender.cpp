@@ -261,28 +261,39 @@ void handle_chunk(sender_actor* self, client_request& req) {
   st.ctx->gateway->reply(req.conn, req.seq, proto::ok{});
 }
 
-/// Why a decode rank's prepare cannot join this room, or nullopt.
+/// Why a decode rank's prepare cannot join this room, or nullopt. `fatal`: the room cannot
+/// succeed any more (its decode ranks disagree), so it fails with this reason.
 std::optional<std::string> check_prepare(const sender_state& st, const peer_inbound& in,
-                                         const peer_prepare& p) {
+                                         const peer_prepare& p, bool& fatal) {
   const auto& mine = st.ctx->config.tp;
   const auto& peer = in.from->schema;
+  fatal = false;
   if (!in.from->link->in_group)
     return fmt::format(
         "decode TP rank {} of {} (PP stage {}) does not receive from this prefill (TP rank {} of "
         "{}, PP stage {})",
         peer.tp_rank, peer.tp_size, peer.pp_rank, mine.rank, mine.size, st.ctx->config.pp.rank);
-  for (const auto& l : st.links) {
+  for (const auto& l : st.links)
     if (l.connection == in.connection)
       return fmt::format("duplicate room {}: already prepared", p.room);
-    if (l.prep.dst_pages.size() != p.dst_pages.size())
-      return fmt::format("room {}: decode ranks prepared different page counts ({} and {})",
-                         p.room, l.prep.dst_pages.size(), p.dst_pages.size());
-  }
-  const auto expected = decode_ranks_per_prefill(mine.size, peer.tp_size);
-  if (st.expected_links && st.expected_links != expected)
-    return fmt::format("room {}: decode ranks of different TP sizes prepared it", p.room);
   if (st.ready())
-    return fmt::format("room {}: all {} decode ranks already prepared", p.room, expected);
+    return fmt::format("room {}: all {} decode ranks already prepared", p.room,
+                       st.expected_links);
+  fatal = true;
+  for (const auto& l : st.links) {
+    if (l.prep.dst_pages.size() != p.dst_pages.size())
+      return fmt::format(
+          "room {}: decode ranks prepared different page counts: {} prepared {} pages, {} "
+          "prepared {}",
+          p.room, l.peer->address, l.prep.dst_pages.size(), in.from->address,
+          p.dst_pages.size());
+    if (l.peer->schema.tp_size != peer.tp_size)
+      return fmt::format("room {}: decode ranks of different TP sizes prepared it: {} has TP {}, "
+                         "{} has TP {}",
+                         p.room, l.peer->address, l.peer->schema.tp_size, in.from->address,
+                         peer.tp_size);
+  }
+  fatal = false;
   if (p.dst_staging != no_staging) {
     const auto need = in.from->link->unpack_staging_bytes(p.dst_pages.size());
     if (!need || !in.from->staging.present || p.dst_staging > in.from->staging.length ||
@@ -296,9 +307,11 @@ std::optional<std::string> check_prepare(const sender_state& st, const peer_inbo
 
 void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p) {
   auto& st = self->state;
-  if (auto e = check_prepare(st, in, p)) {
+  bool fatal = false;
+  if (auto e = check_prepare(st, in, p, fatal)) {
     self->send(in.connection,
                peer_outbound{caf::make_message(peer_prepare_ack{p.room, false, *e})});
+    if (fatal) fail(self, *e);
     return;
   }
   st.expected_links = decode_ranks_per_prefill(st.ctx->config.tp.size, in.from->schema.tp_size);

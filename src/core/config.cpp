@@ -535,6 +535,12 @@ void validate_tensor(const state_tensor_config& t, const std::string& path, uint
       check_positive(t.shard_groups[j], path + ".shard_groups[" + std::to_string(j) + "]");
       sum = sat_add(sum, t.shard_groups[j]);
     }
+    for (size_t j = 0; j < t.shard_groups.size(); ++j)
+      if (t.shard_groups[j] % tp_size != 0)
+        fail(path + ".shard_groups[" + std::to_string(j) + "]",
+             "expected a multiple of tp.size " + std::to_string(tp_size) +
+                 " (each rank holds an equal share of every group), got " +
+                 std::to_string(t.shard_groups[j]));
     // Groups are unsharded sizes while shape is per rank, so they must cover the sliced axis of
     // all ranks together.
     const uint64_t sliced = t.shape[*t.slice_axis];
@@ -696,6 +702,13 @@ void emit_dims(YAML::Emitter& out, const std::vector<uint64_t>& dims) {
 // ---------------------------------------------------------------------------------------------
 // Public entry points
 // ---------------------------------------------------------------------------------------------
+
+bool valid_host_port(std::string_view address) { return is_host_port(address); }
+
+void fill_derived(ferry_config& cfg) {
+  if (cfg.pools.kv && !cfg.pools.kv->mla && cfg.pools.kv->total_heads == 0)
+    cfg.pools.kv->total_heads = cfg.pools.kv->model_heads(cfg.tp.size);
+}
 
 config_result parse_config_text(const std::string& yaml_text) {
   return parse_text(yaml_text, "config");

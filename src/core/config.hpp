@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ferry {
@@ -151,9 +152,15 @@ config_result parse_config_file(const std::string& path);
 std::optional<config_error> validate_config(const ferry_config& cfg);
 /// Parse then validate.
 config_result load_config_file(const std::string& path);
+/// Fill values derived from others (pools.kv.total_heads = kv_heads x tp.size when absent), so
+/// the effective config states them. Call after a successful validation.
+void fill_derived(ferry_config& cfg);
 /// The effective config (with defaults filled in) as YAML, for `--check-config` and the log.
 std::string to_yaml(const ferry_config& cfg);
 
 const char* to_string(node_role r);
+
+/// True for "host:port" with a port in 1..65535 (host a name, IPv4, or bracketed IPv6).
+bool valid_host_port(std::string_view address);
 
 }  // namespace ferry

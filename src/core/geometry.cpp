@@ -60,7 +60,12 @@ std::optional<std::string> plan_kv(const rank_schema& s, const rank_schema& d,
   if (auto e = differ("kv.head_dim", a.head_dim, b.head_dim)) return e;
   const uint32_t H = a.model_heads(s.tp_size);
   if (!a.mla) {
-    if (auto e = differ("kv total heads", H, b.model_heads(d.tp_size))) return e;
+    if (H != b.model_heads(d.tp_size))
+      return fmt::format(
+          "kv total heads differ: prefill has {} (kv_heads {} x TP {}{}), decode has {} (kv_heads "
+          "{} x TP {}{}); set pools.kv.total_heads on the side whose heads are replicated",
+          H, a.kv_heads, s.tp_size, a.total_heads ? ", total_heads given" : "",
+          b.model_heads(d.tp_size), b.kv_heads, d.tp_size, b.total_heads ? ", total_heads given" : "");
     for (auto [side, p, heads] : {std::tuple{"prefill", s.tp_size, a.kv_heads},
                                   std::tuple{"decode", d.tp_size, b.kv_heads}}) {
       if (!(divides(p, H) || divides(H, p)))
@@ -332,7 +337,7 @@ std::variant<std::vector<size_t>, std::string> select_prefill_peers(
       if (hits.empty())
         return fmt::format(
             "decode TP rank {} of {} needs prefill TP rank {} of {} in PP stage {} of {}, but no "
-            "named peer is that rank",
+            "usable named peer is that rank",
             d.tp_rank, d.tp_size, r, ps, stage, pp);
       if (hits.size() > 1)
         return fmt::format("prefill TP rank {} PP stage {} is named {} times", r, stage,

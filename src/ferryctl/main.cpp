@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
   app.add_option("-s,--socket", socket, "ferryd client socket")->capture_default_str();
   uint64_t room = 0;
   std::string pages_text;
-  std::vector<std::string> prefill_peers;
+  std::vector<std::string> peer_args, prefill_peers;
   uint32_t slot = no_index, row = no_index, first_position = 0;
   bool last = false;
   int timeout_ms = 30000;
@@ -82,12 +82,15 @@ int main(int argc, char** argv) {
     c->add_option("--state-slot", slot, "the one Mamba state slot");
     c->add_option("--aux-row", row, "the aux row");
   }
+  // One value per occurrence, split on commas here so an empty entry reaches ferryd (which
+  // names it) instead of CLI11 swallowing the next option as a peer.
   prepare
-      ->add_option("--peer", prefill_peers,
+      ->add_option("--peer", peer_args,
                    "prefill ferryd control address host:port; repeat or comma-separate to name "
                    "every prefill rank (ferryd picks the ones this rank needs)")
       ->required()
-      ->delimiter(',');
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   send->add_flag("--last", last, "this is the last chunk (carries state slot and aux row)");
   fill->add_option("--first-position", first_position, "request position of the first page");
   wait->add_option("--timeout-ms", timeout_ms, "give up after this long")->capture_default_str();
@@ -167,6 +170,12 @@ int main(int argc, char** argv) {
       }
     }
     return 0;
+  }
+  for (const auto& arg : peer_args) {
+    size_t start = 0;
+    for (size_t comma; (comma = arg.find(',', start)) != std::string::npos; start = comma + 1)
+      prefill_peers.push_back(arg.substr(start, comma - start));
+    prefill_peers.push_back(arg.substr(start));
   }
   if (*prepare)
     return report(c.prepare({room, prefill_peers, pages, slot, row}), fmt::format("prepare room {}", room));

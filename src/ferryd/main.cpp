@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
     std::cerr << "ferryd: invalid config: " << err->what << "\n";
     return 1;
   }
+  ferry::fill_derived(*r.config);
   if (!check_path.empty()) {
     std::cout << ferry::to_yaml(*r.config);
     return 0;

@@ -180,8 +180,8 @@ TEST_CASE("PP 2 -> 1: layers paired by global id from both prefill stages, byte-
     auto e = wait_done(*c.d[0], 22);
     CHECK(e.status == room_status::failed);
     CHECK(e.reason ==
-          fmt::format("decode TP rank 0 of 1 needs prefill TP rank 0 of 1 in PP stage 1 of 2, but "
-                      "no named peer is that rank"));
+          "decode TP rank 0 of 1 needs prefill TP rank 0 of 1 in PP stage 1 of 2, but no usable "
+          "named peer is that rank");
   }
 }
 
@@ -193,8 +193,11 @@ TEST_CASE("a decode rank naming too few prefill ranks fails with the missing ran
   auto e = wait_done(*c.d[0], 31);
   CHECK(e.status == room_status::failed);
   CHECK(e.reason ==
-        "decode TP rank 0 of 1 needs prefill TP rank 1 of 2 in PP stage 0 of 1, but no named peer "
-        "is that rank");
+        "decode TP rank 0 of 1 needs prefill TP rank 1 of 2 in PP stage 0 of 1, but no usable named "
+        "peer is that rank");
+  // A peer that is not an address at all is refused at once, naming it.
+  auto bad = c.d[0]->prepare({33, {c.prefill[0]->control(), "notanaddress"}, {1}, 0, 0});
+  CHECK(bad.message == "room 33: prefill peer 1 'notanaddress' is not host:port (a port in 1..65535)");
   // The daemons keep serving: the full set of peers works.
   c.run(fragmented_room(32, 60));
 }
@@ -243,4 +246,20 @@ TEST_CASE("a named peer the geometry does not need may be unreachable", "[e2e][g
     CHECK(e.status == room_status::failed);
     CHECK_THAT(e.reason, Catch::Contains(c.prefill[1]->control()));
   }
+}
+
+TEST_CASE("decode ranks that prepare different page counts fail the room on every rank",
+          "[e2e][geometry]") {
+  cluster c(ranks(small(), 1), ranks(small(), 2));
+  const auto peers = c.prefill_controls();
+  REQUIRE(c.d[0]->prepare({81, peers, range(10, 64), 0, 0}));
+  REQUIRE(c.d[1]->prepare({81, peers, range(10, 63), 0, 0}));
+  for (auto* cl : {c.d[0].get(), c.d[1].get(), c.p[0].get()}) {
+    auto e = wait_done(*cl, 81);
+    CHECK(e.status == room_status::failed);
+    CHECK_THAT(e.reason, Catch::Contains("room 81: decode ranks prepared different page counts: ") &&
+                             Catch::Contains("prepared 64") &&
+                             Catch::Contains("prepared 63"));
+  }
+  c.run(fragmented_room(82, 30));  // and the next room is fine
 }

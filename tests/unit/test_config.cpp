@@ -378,6 +378,15 @@ TEST_CASE("validation errors name the key and the value seen", "[unit][config]")
     const ferry_config cfg = parse_ok(yaml);
     REQUIRE_FALSE(validate_config(cfg));
   }
+  SECTION("shard groups must split evenly over this rank's TP size") {
+    std::string yaml = replace(base_yaml, "size: 1", "size: 2");
+    yaml = replace(yaml, "[8192, 3]", "[4096, 3]");
+    yaml = replace(yaml, "[32, 128, 128]", "[16, 128, 128]");
+    yaml = replace(yaml, "[2048, 2048, 4096]", "[2047, 2049, 4096]");
+    REQUIRE(validate_error(yaml) ==
+            "pools.mamba.tensors[0].shard_groups[0]: expected a multiple of tp.size 2 (each rank "
+            "holds an equal share of every group), got 2047");
+  }
   SECTION("shard group entry") {
     REQUIRE(validate_error(replace(base_yaml, "[2048, 2048, 4096]", "[2048, 0, 4096]")) ==
             "pools.mamba.tensors[0].shard_groups[1]: expected a positive integer, got 0");
