@@ -5,6 +5,8 @@
 #
 #   scripts/bench-geometry.sh                      geometries 1:1 1:2 2:1 2:2 on tcp
 #   GEOMETRIES="1:1 1:4" PROVIDER=shm scripts/bench-geometry.sh --verify
+#   GEOMETRIES="pp2:1" scripts/bench-geometry.sh    prefill in 2 PP stages (layers 0-23, 24-47)
+#                                                   into one decode holding all 48 layers
 # Environment: GEOMETRIES, PROVIDER (tcp), TOKENS (4096), REQUESTS (16), CONCURRENCY (4),
 # REPEAT (3), STAGING (fabric.staging_bytes, default from configs/). Extra arguments go to
 # ferry-bench. Assumes a built tree (scripts/build.sh).
@@ -35,7 +37,39 @@ start_rank() {
   ferry_start "$role-$rank" "$cfg"
 }
 
+# start_stage RANK PORT: a TP1 prefill holding PP stage RANK of 2 (global layers 0-23 or 24-47).
+start_stage() {
+  local rank=$1 port=$2 cfg="$ferry_work/prefill-$1.yaml"
+  python3 - "$root/configs/prefill.yaml" "$rank" >"$cfg" <<'PY'
+import re, sys
+text, rank = open(sys.argv[1]).read(), int(sys.argv[2])
+lo, hi = 24 * rank, 24 * rank + 24
+def keep(m):
+    ids = [int(x) for x in re.findall(r"\d+", m.group(2)) if lo <= int(x) < hi]
+    return m.group(1) + "[" + ", ".join(map(str, ids)) + "]"
+text = re.sub(r"(layer_ids: )\[([^\]]*)\]", keep, text, flags=re.S)
+text = text.replace("tp:\n", "pp:\n  size: 2\n  rank: %d\ntp:\n" % rank, 1)
+print(text, end="")
+PY
+  sed -i -e "s/provider: tcp/provider: $provider/" -e "s/name: prefill-0/name: prefill-$rank/" \
+      -e "s|control: 127.0.0.1:[0-9]*|control: 127.0.0.1:$port|" \
+      -e "s|client: /tmp/ferry-prefill.sock|client: $ferry_work/prefill-$rank.sock|" "$cfg"
+  ferry_start "prefill-$rank" "$cfg"
+}
+
 for g in $geometries; do
+  if [ "$g" = "pp2:1" ]; then
+    echo "=== Qwen3-Next prefill PP2 -> decode PP1 over $provider ==="
+    start_stage 0 7451
+    start_stage 1 7452
+    start_rank decode 1 0 7471
+    "$build/src/ferry-bench" --prefill-socket "$ferry_work/prefill-0.sock,$ferry_work/prefill-1.sock" \
+      --decode-socket "$ferry_work/decode-0.sock" \
+      --prompt-tokens "${TOKENS:-4096}" --requests "${REQUESTS:-16}" --concurrency "${CONCURRENCY:-4}" \
+      --repeat "${REPEAT:-3}" "$@"
+    ferry_stop_all || echo "bench: a daemon did not exit cleanly" >&2
+    continue
+  fi
   ptp=${g%%:*} dtp=${g##*:}
   echo "=== Qwen3-Next prefill TP$ptp -> decode TP$dtp over $provider ==="
   psock=() dsock=()
