@@ -248,6 +248,13 @@ struct deadline_msg {
 /// Scheduler -> room: a client cancelled the room.
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 
+/// Room -> itself: continue packing (Sender) or unpacking (Receiver) head-sliced KV. Copies run
+/// on the actor in quanta of `copy_quantum_bytes`, so other messages (and other rooms on the
+/// same worker) get their turn between quanta.
+using pump_atom = caf::atom_constant<caf::atom("pump")>;
+using unpack_atom = caf::atom_constant<caf::atom("unpack")>;
+inline constexpr uint64_t copy_quantum_bytes = 8u << 20;
+
 /// Register the serialized types on an actor system config (both daemons must do this).
 void add_ferry_message_types(caf::actor_system_config& cfg);
 

@@ -39,6 +39,8 @@ struct receiver_state {
   size_t looked_up = 0;                 // named peers resolved either way
   std::vector<source_link> links;  // the selected prefill ranks
   std::optional<uint64_t> staging;  // one block for every unpack link of the room
+  std::vector<planned_copy> unpack;  // on commit: staging -> pages, done in quanta
+  size_t unpacked = 0;
   uint64_t staging_need = 0;
   bool prepared = false;  // prepares sent
   proto::prepare prep;
@@ -81,18 +83,31 @@ void fail(receiver_actor* self, const std::string& reason, bool tell_peers) {
   set_status(self, room_status::failed, reason);
 }
 
-/// Scatter head-sliced KV from the room's staging into its pages (links in unpack mode).
-void unpack(receiver_actor* self) {
+void succeed(receiver_actor* self) {
   auto& st = self->state;
-  std::vector<planned_copy> copies;
-  for (const auto& l : st.links) {
-    if (!l.staging) continue;
-    copies.clear();
-    plan_unpack(*l.peer->link, st.ctx->layout, st.prep.dst_pages, *l.staging, copies);
-    for (const auto& c : copies)
-      std::memcpy(st.ctx->base(c.to) + c.to_offset, st.ctx->base(c.from) + c.from_offset,
-                  c.length);
+  st.release_staging();
+  st.ctx->log_room->debug("room={} peer={} committed: {} writes, {} bytes", st.prep.room,
+                          st.peers(), st.commit.landed(), st.bytes);
+  tell_links(self, peer_outcome{st.prep.room, false, true, {}});
+  set_status(self, room_status::success);
+}
+
+/// Scatter head-sliced KV from the room's staging into its pages (links in unpack mode), one
+/// quantum per message; Success once the last copy is done.
+void unpack_step(receiver_actor* self) {
+  auto& st = self->state;
+  if (is_terminal(st.state.status())) return;
+  uint64_t copied = 0;
+  for (; st.unpacked < st.unpack.size() && copied < copy_quantum_bytes; ++st.unpacked) {
+    const auto& c = st.unpack[st.unpacked];
+    std::memcpy(st.ctx->base(c.to) + c.to_offset, st.ctx->base(c.from) + c.from_offset,
+                c.length);
+    copied += c.length;
   }
+  if (st.unpacked < st.unpack.size())
+    self->send(self, unpack_atom::value);
+  else
+    succeed(self);
 }
 
 void evaluate(receiver_actor* self, commit_counter::state c) {
@@ -107,12 +122,10 @@ void evaluate(receiver_actor* self, commit_counter::state c) {
            true);
       return;
     case commit_counter::state::complete:
-      unpack(self);
-      st.release_staging();
-      st.ctx->log_room->debug("room={} peer={} committed: {} writes, {} bytes", st.prep.room,
-                              st.peers(), st.commit.landed(), st.bytes);
-      tell_links(self, peer_outcome{st.prep.room, false, true, {}});
-      set_status(self, room_status::success);
+      for (const auto& l : st.links)
+        if (l.staging)
+          plan_unpack(*l.peer->link, st.ctx->layout, st.prep.dst_pages, *l.staging, st.unpack);
+      unpack_step(self);
       return;
   }
 }
@@ -279,6 +292,7 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
         evaluate(self, self->state.commit.add_landed(l.count));
       },
       [=](staging_atom) { reserve_and_prepare(self); },
+      [=](unpack_atom) { unpack_step(self); },
       [=](cancel_atom) { fail(self, "cancelled by client", true); },
       [=](peer_down& d) {
         auto& st = self->state;

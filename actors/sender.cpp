@@ -50,7 +50,8 @@ struct sender_state {
   uint64_t next_batch = 1;
   std::unordered_map<uint64_t, uint64_t> batch_staging;  // batch -> packed staging offset
   uint32_t batches_in_flight = 0;
-  bool last_posted = false;  // the last chunk was planned
+  bool last_posted = false;     // the last chunk was planned
+  bool pump_scheduled = false;  // a pump_atom to self is on its way
   bool announced = false;
   std::vector<planned_write> writes;
   std::vector<planned_copy> copies;
@@ -136,9 +137,11 @@ uint64_t pack_slice_bytes(const daemon_context& ctx) {
 
 /// Pack and post queued head-sliced KV while staging lasts. When it is full, the room waits
 /// for its own batches to complete or, with none in flight, for any release (staging_atom).
+/// After a quantum of copying it yields (pump_atom to itself).
 void pump(sender_actor* self) {
   auto& st = self->state;
   const auto& ctx = *st.ctx;
+  uint64_t copied = 0;
   for (auto& l : st.links) {
     const auto& link = *l.peer->link;
     while (!l.jobs.empty() && !is_terminal(st.state.status())) {
@@ -157,7 +160,13 @@ void pump(sender_actor* self) {
         cursor += l.jobs.front().tokens * link.row.length;
         l.jobs.pop_front();
       }
+      copied += tokens * link.row.length;
       submit(self, l, at);
+      if (copied >= copy_quantum_bytes && !l.jobs.empty()) {
+        if (!st.pump_scheduled) self->send(self, pump_atom::value);
+        st.pump_scheduled = true;
+        return;
+      }
     }
   }
 }
@@ -386,6 +395,11 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
         maybe_announce(self);
       },
       [=](staging_atom) {
+        pump(self);
+        maybe_announce(self);
+      },
+      [=](pump_atom) {
+        self->state.pump_scheduled = false;
         pump(self);
         maybe_announce(self);
       },
