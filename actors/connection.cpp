@@ -74,8 +74,11 @@ std::variant<std::shared_ptr<peer_info>, std::string> validate_peer(const daemon
   if (!we_decode && h.role == "prefill")
     return fmt::format(
         "peer {} has role prefill; only a decode daemon may connect to send prepares", h.node);
+  // A peer's config is input like any other: it must pass the same validation as our own
+  // before any size or count from it reaches the planner.
   auto parsed = parse_config_text(h.config_yaml);
   if (!parsed) return "peer config could not be read: " + parsed.error->what;
+  if (auto e = validate_config(*parsed.config)) return "peer config is invalid: " + e->what;
   auto info = std::make_shared<peer_info>();
   info->address = address;
   info->node = h.node;

@@ -303,6 +303,28 @@ std::optional<std::string> check_prepare(const sender_state& st, const peer_inbo
                          peer.tp_size);
   }
   fatal = false;
+  // The decode named these indices; check them against the layout it declared before any write
+  // is planned, so a buggy or hostile peer gets a refusal, not writes outside its pools.
+  const auto& dl = in.from->layout;
+  if (!p.dst_pages.empty()) {
+    if (!dl[pool_kind::kv].present) return fmt::format("room {}: pages named but the decode has no kv pool", p.room);
+    if (auto e = check_indices(p.dst_pages, dl[pool_kind::kv].buffers[0].items, "decode dst page",
+                               "pages"))
+      return fmt::format("room {}: {}", p.room, *e);
+  }
+  if (p.dst_state_slot != no_index &&
+      (!dl[pool_kind::state].present || p.dst_state_slot >= dl[pool_kind::state].buffers[0].items))
+    return fmt::format("room {}: decode dst state slot {} is outside its mamba pool", p.room,
+                       p.dst_state_slot);
+  if (p.dst_aux_row != no_index &&
+      (!dl[pool_kind::aux].present || p.dst_aux_row >= dl[pool_kind::aux].buffers[0].items))
+    return fmt::format("room {}: decode dst aux row {} is outside its aux pool", p.room,
+                       p.dst_aux_row);
+  if (st.ctx->layout[pool_kind::state].present && p.dst_state_slot == no_index)
+    return fmt::format(
+        "mamba requires single state index: room {} got dst=none from the decode", p.room);
+  if (st.ctx->layout[pool_kind::aux].present && p.dst_aux_row == no_index)
+    return fmt::format("room {}: the decode named no aux row", p.room);
   if (p.dst_staging != no_staging) {
     const auto need = in.from->link->unpack_staging_bytes(p.dst_pages.size());
     if (!need || !in.from->staging.present || p.dst_staging > in.from->staging.length ||

@@ -218,3 +218,17 @@ TEST_CASE("a prepare naming an address where no ferryd listens fails the room wi
         0);
   good_request_still_works(c, 71);
 }
+
+TEST_CASE("only the daemon's user may connect to its socket or map its pools", "[e2e][security]") {
+  pair c;
+  struct stat sb {};
+  REQUIRE(stat(c.decode.socket().c_str(), &sb) == 0);
+  CHECK(S_ISSOCK(sb.st_mode));
+  CHECK((sb.st_mode & 0077) == 0);  // no group or other access
+  for (const auto& pool : c.d->daemon().pools) {
+    if (!pool.present) continue;
+    INFO(pool.shm_name);
+    REQUIRE(stat(("/dev/shm" + pool.shm_name).c_str(), &sb) == 0);
+    CHECK((sb.st_mode & 0077) == 0);
+  }
+}

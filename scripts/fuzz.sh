@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Build the libFuzzer targets with clang (ASan + UBSan) in build-fuzz and run each one for a
+# bounded time from seeds made of configs/, keeping the corpus in build-fuzz/corpus/.
+#
+#   scripts/fuzz.sh                        every target, FUZZ_SECONDS (20) each
+#   FUZZ_SECONDS=600 scripts/fuzz.sh fuzz_config
+# A crash, leak or sanitizer report fails the script and leaves the input in build-fuzz/crash-*.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${FERRY_FUZZ_DIR:-$root/build-fuzz}
+seconds=${FUZZ_SECONDS:-20}
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(fuzz_protocol fuzz_config fuzz_geometry)
+
+CXX=clang++ cmake -S "$root" -B "$build" -DFERRY_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build "$build" -j2 --target fuzzers
+
+seeds="$build/seeds"
+mkdir -p "$seeds/fuzz_protocol" "$seeds/fuzz_config" "$seeds/fuzz_geometry"
+cp "$root"/configs/*.yaml "$seeds/fuzz_config/"
+{ cat "$root/configs/prefill.yaml"; printf '\n---8<---\n'; cat "$root/configs/decode.yaml"; } \
+  >"$seeds/fuzz_geometry/pair.yaml"
+# A hello frame (type 1, seq 1, version 2, name "x"), sliced 7 bytes at a time.
+printf '\x06\x09\x00\x00\x00\x01\x00\x00\x00\x01\x00\x00\x00\x02\x00\x01\x00\x00\x00x' \
+  >"$seeds/fuzz_protocol/hello.bin"
+
+status=0
+for t in "${targets[@]}"; do
+  corpus="$build/corpus/$t"
+  mkdir -p "$corpus"
+  echo "=== $t: ${seconds} s"
+  if ! "$build/tests/fuzz/$t" -max_total_time="$seconds" -rss_limit_mb=2048 -print_final_stats=1 \
+      -artifact_prefix="$build/crash-$t-" "$corpus" "$seeds/$t" 2>"$build/$t.log"; then
+    echo "fuzz: $t failed; see $build/$t.log and $build/crash-$t-*" >&2
+    tail -30 "$build/$t.log" >&2
+    status=1
+  fi
+  grep -E "^stat::number_of_executed_units|^stat::peak_rss_mb|DONE" "$build/$t.log" | tr '\n' ' '
+  echo
+done
+exit $status
