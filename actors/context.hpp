@@ -5,14 +5,13 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <caf/all.hpp>
+#include <memory>
 #include <mutex>
 #include <optional>
-#include <vector>
-
-#include <array>
-#include <memory>
 #include <string>
+#include <vector>
 
 #include "core/config.hpp"
 #include "core/layout.hpp"

@@ -3,14 +3,12 @@
 #include <fmt/format.h>
 #include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
-#include <sys/mman.h>
-
+#include <caf/io/all.hpp>
 #include <cerrno>
 #include <cstring>
-
-#include <caf/io/all.hpp>
 #include <random>
 
 #include "actors/actors.hpp"

@@ -148,7 +148,7 @@ struct peer_info {
   std::vector<peer_region> regions;
   peer_region staging;
   transport::peer_handle fabric_peer = 0;
-  rank_schema schema;                    ///< the peer's pools and TP/PP position
+  rank_schema schema;                     ///< the peer's pools and TP/PP position
   std::shared_ptr<const link_plan> link;  ///< prefill -> decode plan for this pair, validated at
                                           ///< handshake (whichever side we are)
 
@@ -231,7 +231,6 @@ inline std::string describe(const peer_down& d) {
 struct peer_outbound {
   caf::message msg;
 };
-
 
 /// Decode side: writes that landed for this room (aggregated).
 struct landed_msg {

@@ -37,9 +37,9 @@ struct receiver_state {
   std::vector<peer_info_ptr> named;     // handshake results, by named position
   std::vector<std::string> unusable;    // why a named peer could not be used ("" = fine)
   size_t looked_up = 0;                 // named peers resolved either way
-  std::vector<source_link> links;  // the selected prefill ranks
-  std::optional<uint64_t> staging;  // one block for every unpack link of the room
-  std::vector<planned_copy> unpack;  // on commit: staging -> pages, done in quanta
+  std::vector<source_link> links;       // the selected prefill ranks
+  std::optional<uint64_t> staging;      // one block for every unpack link of the room
+  std::vector<planned_copy> unpack;     // on commit: staging -> pages, done in quanta
   size_t unpacked = 0;
   uint64_t staging_need = 0;
   bool prepared = false;  // prepares sent
@@ -100,8 +100,7 @@ void unpack_step(receiver_actor* self) {
   uint64_t copied = 0;
   for (; st.unpacked < st.unpack.size() && copied < copy_quantum_bytes; ++st.unpacked) {
     const auto& c = st.unpack[st.unpacked];
-    std::memcpy(st.ctx->base(c.to) + c.to_offset, st.ctx->base(c.from) + c.from_offset,
-                c.length);
+    std::memcpy(st.ctx->base(c.to) + c.to_offset, st.ctx->base(c.from) + c.from_offset, c.length);
     copied += c.length;
   }
   if (st.unpacked < st.unpack.size())
@@ -144,7 +143,8 @@ void reserve_and_prepare(receiver_actor* self) {
   auto& st = self->state;
   if (st.prepared || is_terminal(st.state.status())) return;
   if (st.staging_need && !st.staging) {
-    st.staging = st.ctx->staging->allocate_or_wait(st.staging_need, caf::actor_cast<caf::actor>(self));
+    st.staging =
+        st.ctx->staging->allocate_or_wait(st.staging_need, caf::actor_cast<caf::actor>(self));
     if (!st.staging) {
       st.ctx->log_room->debug("room={} waiting for {} bytes of staging", st.prep.room,
                               st.staging_need);
@@ -217,8 +217,8 @@ void on_peer(receiver_actor* self, peer_inbound& in) {
   in.msg.apply({
       [&](peer_prepare_ack& a) {
         if (!a.ok)
-          return fail(self, fmt::format("prefill {} refused the prepare: {}", l->peer->address,
-                                        a.reason),
+          return fail(self,
+                      fmt::format("prefill {} refused the prepare: {}", l->peer->address, a.reason),
                       true);
         l->accepted = true;
         for (const auto& x : st.links)
@@ -226,7 +226,8 @@ void on_peer(receiver_actor* self, peer_inbound& in) {
         set_status(self, room_status::waiting_for_input);
       },
       [&](peer_announce& a) {
-        if (l->announced) return fail(self, "prefill " + l->peer->address + " announced twice", true);
+        if (l->announced)
+          return fail(self, "prefill " + l->peer->address + " announced twice", true);
         l->announced = a.total_writes;
         st.bytes += a.total_bytes;
         set_status(self, room_status::transferring);
@@ -238,7 +239,8 @@ void on_peer(receiver_actor* self, peer_inbound& in) {
         evaluate(self, st.commit.announce(total));
       },
       [&](peer_outcome& o) {
-        if (!o.ok) fail(self, fmt::format("prefill {} reported: {}", l->peer->address, o.reason), true);
+        if (!o.ok)
+          fail(self, fmt::format("prefill {} reported: {}", l->peer->address, o.reason), true);
       },
   });
 }
@@ -280,10 +282,10 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
               if (e.category() == caf::atom("system") &&
                   e.code() == static_cast<uint8_t>(caf::sec::request_receiver_down))
                 return;
-              resolve_unusable(self, i,
-                               fmt::format("could not use peer {}: {}",
-                                           self->state.prep.prefill_peers[i],
-                                           self->system().render(e)));
+              resolve_unusable(
+                  self, i,
+                  fmt::format("could not use peer {}: {}", self->state.prep.prefill_peers[i],
+                              self->system().render(e)));
             });
   return {
       [=](peer_inbound& in) { on_peer(self, in); },

@@ -9,7 +9,6 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-
 #include <deque>
 #include <sstream>
 #include <unordered_map>
@@ -182,9 +181,9 @@ void on_prepare(scheduler_actor* self, client_request& r) {
                                      p.room, i, p.prefill_peers[i]));
     for (size_t j = 0; j < i; ++j)
       if (p.prefill_peers[j] == p.prefill_peers[i])
-        return reply_error(self, r, errc::invalid_request,
-                           fmt::format("room {}: prefill peer {} is named twice", p.room,
-                                       p.prefill_peers[i]));
+        return reply_error(
+            self, r, errc::invalid_request,
+            fmt::format("room {}: prefill peer {} is named twice", p.room, p.prefill_peers[i]));
   }
   if (auto e = check_pages(*st.ctx, p.room, p.dst_pages, "dst page"))
     return reply_error(self, r, errc::invalid_request, *e);
@@ -307,8 +306,8 @@ std::string info_text(scheduler_state& st, proto::info_topic topic) {
         if (info)
           o << "peer=" << info->address << " node=" << info->node << " instance=" << info->instance
             << " tp=" << info->schema.tp_rank << "/" << info->schema.tp_size
-            << " pp=" << info->schema.pp_rank << "/" << info->schema.pp_size << " link: "
-            << info->link->describe() << "\n";
+            << " pp=" << info->schema.pp_rank << "/" << info->schema.pp_size
+            << " link: " << info->link->describe() << "\n";
       for (const auto& [addr, conn] : st.outbound)
         if (!st.connections.count(conn) || !st.connections[conn])
           o << "peer=" << addr << " connecting\n";

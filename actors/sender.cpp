@@ -215,8 +215,7 @@ void post_link(sender_actor* self, decode_link& l, const proto::send& chunk, uin
       plan_state_link(link, ctx.layout, l.peer->layout, chunk.state_slot, l.prep.dst_state_slot,
                       st.writes);
     if (ctx.layout[pool_kind::aux].present)
-      plan_aux_link(link, ctx.layout, l.peer->layout, chunk.aux_row, l.prep.dst_aux_row,
-                    st.writes);
+      plan_aux_link(link, ctx.layout, l.peer->layout, chunk.aux_row, l.prep.dst_aux_row, st.writes);
   }
   submit(self, l, std::nullopt);
 }
@@ -286,28 +285,27 @@ std::optional<std::string> check_prepare(const sender_state& st, const peer_inbo
     if (l.connection == in.connection)
       return fmt::format("duplicate room {}: already prepared", p.room);
   if (st.ready())
-    return fmt::format("room {}: all {} decode ranks already prepared", p.room,
-                       st.expected_links);
+    return fmt::format("room {}: all {} decode ranks already prepared", p.room, st.expected_links);
   fatal = true;
   for (const auto& l : st.links) {
     if (l.prep.dst_pages.size() != p.dst_pages.size())
       return fmt::format(
           "room {}: decode ranks prepared different page counts: {} prepared {} pages, {} "
           "prepared {}",
-          p.room, l.peer->address, l.prep.dst_pages.size(), in.from->address,
-          p.dst_pages.size());
+          p.room, l.peer->address, l.prep.dst_pages.size(), in.from->address, p.dst_pages.size());
     if (l.peer->schema.tp_size != peer.tp_size)
-      return fmt::format("room {}: decode ranks of different TP sizes prepared it: {} has TP {}, "
-                         "{} has TP {}",
-                         p.room, l.peer->address, l.peer->schema.tp_size, in.from->address,
-                         peer.tp_size);
+      return fmt::format(
+          "room {}: decode ranks of different TP sizes prepared it: {} has TP {}, "
+          "{} has TP {}",
+          p.room, l.peer->address, l.peer->schema.tp_size, in.from->address, peer.tp_size);
   }
   fatal = false;
   // The decode named these indices; check them against the layout it declared before any write
   // is planned, so a buggy or hostile peer gets a refusal, not writes outside its pools.
   const auto& dl = in.from->layout;
   if (!p.dst_pages.empty()) {
-    if (!dl[pool_kind::kv].present) return fmt::format("room {}: pages named but the decode has no kv pool", p.room);
+    if (!dl[pool_kind::kv].present)
+      return fmt::format("room {}: pages named but the decode has no kv pool", p.room);
     if (auto e = check_indices(p.dst_pages, dl[pool_kind::kv].buffers[0].items, "decode dst page",
                                "pages"))
       return fmt::format("room {}: {}", p.room, *e);
@@ -321,17 +319,18 @@ std::optional<std::string> check_prepare(const sender_state& st, const peer_inbo
     return fmt::format("room {}: decode dst aux row {} is outside its aux pool", p.room,
                        p.dst_aux_row);
   if (st.ctx->layout[pool_kind::state].present && p.dst_state_slot == no_index)
-    return fmt::format(
-        "mamba requires single state index: room {} got dst=none from the decode", p.room);
+    return fmt::format("mamba requires single state index: room {} got dst=none from the decode",
+                       p.room);
   if (st.ctx->layout[pool_kind::aux].present && p.dst_aux_row == no_index)
     return fmt::format("room {}: the decode named no aux row", p.room);
   if (p.dst_staging != no_staging) {
     const auto need = in.from->link->unpack_staging_bytes(p.dst_pages.size());
     if (!need || !in.from->staging.present || p.dst_staging > in.from->staging.length ||
         in.from->staging.length - p.dst_staging < need)
-      return fmt::format("room {}: staging offset {} ({} bytes) is outside the decode's staging "
-                         "region of {} bytes",
-                         p.room, p.dst_staging, need, in.from->staging.length);
+      return fmt::format(
+          "room {}: staging offset {} ({} bytes) is outside the decode's staging "
+          "region of {} bytes",
+          p.room, p.dst_staging, need, in.from->staging.length);
   }
   return std::nullopt;
 }
@@ -352,10 +351,9 @@ void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p) {
   l.cursor = chunk_cursor(static_cast<uint32_t>(p.dst_pages.size()));
   l.prep = std::move(p);
   st.ctx->log_room->debug("room={} peer={} prepared: {} dst pages, state slot {}, aux row {}; {}",
-                          st.room, l.peer->address, l.prep.dst_pages.size(),
-                          l.prep.dst_state_slot, l.prep.dst_aux_row, l.peer->link->describe());
-  self->send(l.connection,
-             peer_outbound{caf::make_message(peer_prepare_ack{st.room, true, {}})});
+                          st.room, l.peer->address, l.prep.dst_pages.size(), l.prep.dst_state_slot,
+                          l.prep.dst_aux_row, l.peer->link->describe());
+  self->send(l.connection, peer_outbound{caf::make_message(peer_prepare_ack{st.room, true, {}})});
   st.links.push_back(std::move(l));
   if (!st.ready()) return;
   set_status(self, room_status::waiting_for_input);
@@ -380,7 +378,8 @@ void on_peer(sender_actor* self, peer_inbound& in) {
             fail(self, fmt::format("decode {} reported: {}", in.from->address, o.reason));
           return;
         }
-        if (!o.ok) return fail(self, fmt::format("decode {} reported: {}", l->peer->address, o.reason));
+        if (!o.ok)
+          return fail(self, fmt::format("decode {} reported: {}", l->peer->address, o.reason));
         l->committed = true;
         st.ctx->log_room->debug("room={} peer={} committed: {} writes, {} bytes", st.room,
                                 l->peer->address, l->writes, l->bytes);

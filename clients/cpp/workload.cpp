@@ -82,7 +82,8 @@ std::pair<uint64_t, uint64_t> head_geometry(const geometry& g) {
   const uint64_t head_bytes = uint64_t{kv.head_dim} * kv.dtype_bytes;
   if (kv.mla) return {0, head_bytes * kv.kv_heads};
   const uint32_t total = kv.model_heads(g.tp);
-  const uint64_t first = g.tp <= total ? uint64_t{g.rank} * (total / g.tp) : g.rank / (g.tp / total);
+  const uint64_t first =
+      g.tp <= total ? uint64_t{g.rank} * (total / g.tp) : g.rank / (g.tp / total);
   return {first, head_bytes};
 }
 
@@ -100,7 +101,8 @@ void for_each_kv_unit(const client& c, const geometry& g, uint64_t key, size_t b
   for (uint64_t t = 0; t < kv.page_tokens; ++t)
     for (uint64_t h = 0; h * unit < row; ++h)
       if (!f(item.subspan(t * row + h * unit, unit),
-             unit_seed(key, kv_pool, (uint64_t{static_cast<uint8_t>(buf.kind)} << 32) | buf.layer_id,
+             unit_seed(key, kv_pool,
+                       (uint64_t{static_cast<uint8_t>(buf.kind)} << 32) | buf.layer_id,
                        position * kv.page_tokens + t, first_head + h),
              t, first_head + h))
         return;
@@ -110,8 +112,8 @@ void for_each_kv_unit(const client& c, const geometry& g, uint64_t key, size_t b
 /// unit per (outer row, global channel) of the sliced axis, or the whole slot without slicing
 /// metadata; until f returns false.
 template <class F>
-void for_each_state_unit(const client& c, const geometry& g, uint64_t key, size_t b,
-                         uint32_t slot, F&& f) {
+void for_each_state_unit(const client& c, const geometry& g, uint64_t key, size_t b, uint32_t slot,
+                         F&& f) {
   const auto& buf = layout_of(c, pool_kind::state).buffers[b];
   const auto& t = g.cfg->pools.mamba->tensors.at(buf.tensor);
   auto item = item_span(c, pool_kind::state, b, slot);
@@ -213,8 +215,8 @@ std::string verify_room(const client& c, uint64_t key, uint64_t room,
             if (at < 0) return true;
             bad = fmt::format(
                 "room {}: state tensor {} layer {} slot {} row {} channel {} differs at byte {}",
-                room, g.cfg->pools.mamba->tensors[l.buffers[b].tensor].name,
-                l.buffers[b].layer_id, state_slot, o, channel, at);
+                room, g.cfg->pools.mamba->tensors[l.buffers[b].tensor].name, l.buffers[b].layer_id,
+                state_slot, o, channel, at);
             return false;
           });
     if (!bad.empty()) return bad;

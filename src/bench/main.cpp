@@ -291,8 +291,8 @@ int main(int argc, char** argv) {
                                             has_aux ? c : no_index);
                 !e.empty())
               return fail("clear: " + e);
-          auto r = dc->prepare({room[c], prefill_controls, plans[c].dst,
-                                has_state ? c : no_index, has_aux ? c : no_index});
+          auto r = dc->prepare({room[c], prefill_controls, plans[c].dst, has_state ? c : no_index,
+                                has_aux ? c : no_index});
           if (!r) return fail("prepare: " + r.message);
           if (auto s = dc->subscribe(room[c]); !s) return fail("subscribe: " + s.message);
         }

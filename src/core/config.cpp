@@ -314,10 +314,9 @@ node_role parse_role(const YAML::Node& n, const std::string& path) {
 }
 
 kv_pool_config parse_kv(const YAML::Node& n) {
-  const section s(
-      n, "pools.kv",
-      {"layer_ids", "page_tokens", "kv_heads", "total_heads", "head_dim", "dtype_bytes", "mla",
-       "pages"});
+  const section s(n, "pools.kv",
+                  {"layer_ids", "page_tokens", "kv_heads", "total_heads", "head_dim", "dtype_bytes",
+                   "mla", "pages"});
   kv_pool_config kv;
   s.required_field("layer_ids", kv.layer_ids);
   s.optional_field("page_tokens", kv.page_tokens);
@@ -382,9 +381,9 @@ ferry_config parse_root(const YAML::Node& root) {
   listen.optional_field("control", cfg.control_listen);
   listen.required_field("client", cfg.client_listen);
 
-  const section fabric(top.get_or_null("fabric"), "fabric",
-                       {"provider", "address", "max_inflight_writes", "write_piece_bytes",
-                        "staging_bytes"});
+  const section fabric(
+      top.get_or_null("fabric"), "fabric",
+      {"provider", "address", "max_inflight_writes", "write_piece_bytes", "staging_bytes"});
   fabric.optional_field("provider", cfg.fabric.provider);
   fabric.optional_field("address", cfg.fabric.address);
   fabric.optional_field("max_inflight_writes", cfg.fabric.max_inflight_writes);

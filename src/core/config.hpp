@@ -20,9 +20,9 @@ enum class node_role { prefill, decode, both };
 
 /// One transferable state tensor of a Mamba (or other recurrent) layer, per slot.
 struct state_tensor_config {
-  std::string name;                    ///< e.g. "conv", "temporal"
-  std::vector<uint64_t> shape;         ///< per-slot shape at this rank's TP, e.g. [8192, 3]
-  uint32_t dtype_bytes = 0;            ///< 2 for bf16, 4 for fp32
+  std::string name;             ///< e.g. "conv", "temporal"
+  std::vector<uint64_t> shape;  ///< per-slot shape at this rank's TP, e.g. [8192, 3]
+  uint32_t dtype_bytes = 0;     ///< 2 for bf16, 4 for fp32
   /// Index into `shape` of the TP-sliced axis. Absent: the slicing is unknown, so the tensor can
   /// move only between equal TP sizes (a mismatch is refused, never copied whole).
   std::optional<uint32_t> slice_axis;

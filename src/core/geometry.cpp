@@ -65,7 +65,8 @@ std::optional<std::string> plan_kv(const rank_schema& s, const rank_schema& d,
           "kv total heads differ: prefill has {} (kv_heads {} x TP {}{}), decode has {} (kv_heads "
           "{} x TP {}{}); set pools.kv.total_heads on the side whose heads are replicated",
           H, a.kv_heads, s.tp_size, a.total_heads ? ", total_heads given" : "",
-          b.model_heads(d.tp_size), b.kv_heads, d.tp_size, b.total_heads ? ", total_heads given" : "");
+          b.model_heads(d.tp_size), b.kv_heads, d.tp_size,
+          b.total_heads ? ", total_heads given" : "");
     for (auto [side, p, heads] : {std::tuple{"prefill", s.tp_size, a.kv_heads},
                                   std::tuple{"decode", d.tp_size, b.kv_heads}}) {
       if (!(divides(p, H) || divides(H, p)))
@@ -140,8 +141,8 @@ std::optional<std::string> plan_state(const rank_schema& s, const rank_schema& d
     const auto& y = b.tensors[t];
     const auto key = fmt::format("mamba.tensors[{}] ({})", t, x.name);
     if (x.name != y.name)
-      return fmt::format("mamba.tensors[{}].name differs: prefill has {}, decode has {}", t,
-                         x.name, y.name);
+      return fmt::format("mamba.tensors[{}].name differs: prefill has {}, decode has {}", t, x.name,
+                         y.name);
     if (x.dtype_bytes != y.dtype_bytes)
       return fmt::format("{} dtype_bytes differs: prefill has {}, decode has {}", key,
                          x.dtype_bytes, y.dtype_bytes);
@@ -152,8 +153,8 @@ std::optional<std::string> plan_state(const rank_schema& s, const rank_schema& d
           key, x.slice_axis ? std::to_string(*x.slice_axis) : "none", dims_text(x.shard_groups),
           y.slice_axis ? std::to_string(*y.slice_axis) : "none", dims_text(y.shard_groups));
     if (x.shape.size() != y.shape.size())
-      return fmt::format("{} shape differs: prefill has {}, decode has {}", key,
-                         dims_text(x.shape), dims_text(y.shape));
+      return fmt::format("{} shape differs: prefill has {}, decode has {}", key, dims_text(x.shape),
+                         dims_text(y.shape));
     if (same_tp) {
       if (x.shape != y.shape)
         return fmt::format("{} shape differs: prefill has {}, decode has {}", key,
@@ -173,16 +174,16 @@ std::optional<std::string> plan_state(const rank_schema& s, const rank_schema& d
                            key, axis, dims_text(x.shape), dims_text(y.shape));
     const uint64_t full = x.shape[axis] * s.tp_size;
     if (y.shape[axis] * d.tp_size != full)
-      return fmt::format(
-          "{} full size differs: prefill {} x TP {} = {}, decode {} x TP {} = {}", key,
-          x.shape[axis], s.tp_size, full, y.shape[axis], d.tp_size, y.shape[axis] * d.tp_size);
+      return fmt::format("{} full size differs: prefill {} x TP {} = {}, decode {} x TP {} = {}",
+                         key, x.shape[axis], s.tp_size, full, y.shape[axis], d.tp_size,
+                         y.shape[axis] * d.tp_size);
     const std::vector<uint64_t> groups =
         x.shard_groups.empty() ? std::vector<uint64_t>{full} : x.shard_groups;
     for (auto g : groups)
       if (g % s.tp_size != 0 || g % d.tp_size != 0)
         return fmt::format(
-            "{} does not divide evenly: shard group of {} over prefill TP {} and decode TP {}",
-            key, g, s.tp_size, d.tp_size);
+            "{} does not divide evenly: shard group of {} over prefill TP {} and decode TP {}", key,
+            g, s.tp_size, d.tp_size);
     std::vector<segment> segs;
     if (plan.in_group) {
       const uint64_t unit = x.unit_bytes();
@@ -211,8 +212,8 @@ std::optional<std::string> plan_state(const rank_schema& s, const rank_schema& d
     const int j = find_buffer(dp, buffer_kind::state, sb.layer_id, sb.tensor);
     if (j < 0)
       return fmt::format(
-          "prefill mamba layer {} has no counterpart on the decode (decode layers {})",
-          sb.layer_id, b.layer_ids);
+          "prefill mamba layer {} has no counterpart on the decode (decode layers {})", sb.layer_id,
+          b.layer_ids);
     plan.state_buffers.push_back({i, static_cast<uint32_t>(j), sb.tensor});
   }
   return std::nullopt;
@@ -386,15 +387,13 @@ std::variant<std::vector<size_t>, std::string> select_prefill_peers(
         return fmt::format("decode {} layer {} is not held by any named prefill stage", pool, id);
     return std::nullopt;
   };
-  if (auto e = cover("kv", d.pools.kv ? &d.pools.kv->layer_ids : nullptr,
-                     [](const rank_schema& r) {
-                       return r.pools.kv ? &r.pools.kv->layer_ids : nullptr;
-                     }))
+  if (auto e = cover("kv", d.pools.kv ? &d.pools.kv->layer_ids : nullptr, [](const rank_schema& r) {
+        return r.pools.kv ? &r.pools.kv->layer_ids : nullptr;
+      }))
     return *e;
-  if (auto e = cover("mamba", d.pools.mamba ? &d.pools.mamba->layer_ids : nullptr,
-                     [](const rank_schema& r) {
-                       return r.pools.mamba ? &r.pools.mamba->layer_ids : nullptr;
-                     }))
+  if (auto e = cover(
+          "mamba", d.pools.mamba ? &d.pools.mamba->layer_ids : nullptr,
+          [](const rank_schema& r) { return r.pools.mamba ? &r.pools.mamba->layer_ids : nullptr; }))
     return *e;
   return chosen;
 }

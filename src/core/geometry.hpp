@@ -97,7 +97,7 @@ struct link_plan {
   uint64_t src_row_bytes = 0, dst_row_bytes = 0;  ///< one token of one KV buffer
   segment row;                                    ///< the slice of a token row that moves
 
-  std::vector<buffer_pair> state_buffers;           ///< paired by (tensor, global layer id)
+  std::vector<buffer_pair> state_buffers;            ///< paired by (tensor, global layer id)
   std::vector<std::vector<segment>> state_segments;  ///< per tensor: segments within a slot
 
   bool aux = false;  ///< this link carries the aux row

@@ -51,8 +51,8 @@ void plan_pack_jobs(const link_plan& link, const node_layout& src, const node_la
   const auto& dp = dst[pool_kind::kv];
   for (const auto& run : runs)
     for (const auto& pair : link.kv_buffers) {
-      const uint64_t s0 = sp.buffers[pair.src].offset + uint64_t{run.src} * link.src_page_bytes +
-                          link.row.src;
+      const uint64_t s0 =
+          sp.buffers[pair.src].offset + uint64_t{run.src} * link.src_page_bytes + link.row.src;
       const uint64_t d0 = dp.buffers[pair.dst].offset + uint64_t{run.dst} * link.dst_page_bytes;
       const uint64_t tokens = uint64_t{run.count} * link.page_tokens;
       // The decode row is exactly the slice, so the destination of a run is contiguous.
@@ -97,8 +97,7 @@ void plan_kv_chunk(const link_plan& link, const node_layout& src, const node_lay
       } else if (unpacked) {
         // The source row is the slice: whole source runs land in the room's staging, ordered
         // [buffer pair][position][token], and the decode scatters them on commit.
-        const uint64_t at =
-            *staging.dst + ((i * staging.room_pages + run.position) * pt) * len;
+        const uint64_t at = *staging.dst + ((i * staging.room_pages + run.position) * pt) * len;
         writes.push_back({space::kv, space::staging, s0, at, tokens * len});
       } else {
         for (uint64_t t = 0; t < tokens; ++t)
@@ -131,9 +130,8 @@ void plan_aux_link(const link_plan& link, const node_layout& src, const node_lay
                  d.offset + uint64_t{dst_row} * d.item_bytes, s.item_bytes});
 }
 
-void plan_unpack(const link_plan& link, const node_layout& dst,
-                 std::span<const uint32_t> dst_pages, uint64_t staging,
-                 std::vector<planned_copy>& out) {
+void plan_unpack(const link_plan& link, const node_layout& dst, std::span<const uint32_t> dst_pages,
+                 uint64_t staging, std::vector<planned_copy>& out) {
   if (link.kv != kv_mode::unpack) return;
   const auto& dp = dst[pool_kind::kv];
   const uint64_t pt = link.page_tokens, len = link.row.length;
@@ -158,9 +156,8 @@ void split_pieces(std::vector<planned_write>& writes, uint64_t piece_bytes) {
   out.reserve(writes.size() + extra);
   for (const auto& w : writes)
     for (uint64_t off = 0; off < w.length; off += piece_bytes)
-      out.push_back(
-          {w.src, w.dst, w.src_offset + off, w.dst_offset + off,
-           std::min(piece_bytes, w.length - off)});
+      out.push_back({w.src, w.dst, w.src_offset + off, w.dst_offset + off,
+                     std::min(piece_bytes, w.length - off)});
   writes = std::move(out);
 }
 

@@ -110,9 +110,8 @@ void plan_aux_link(const link_plan& link, const node_layout& src, const node_lay
                    uint32_t src_row, uint32_t dst_row, std::vector<planned_write>& out);
 /// Decode side, kv_mode::unpack: the copies from the room's staging (at `staging`) into its
 /// pages, to run once every write of the link has landed.
-void plan_unpack(const link_plan& link, const node_layout& dst,
-                 std::span<const uint32_t> dst_pages, uint64_t staging,
-                 std::vector<planned_copy>& out);
+void plan_unpack(const link_plan& link, const node_layout& dst, std::span<const uint32_t> dst_pages,
+                 uint64_t staging, std::vector<planned_copy>& out);
 
 /// Split every write longer than `piece_bytes` into consecutive pieces (in place, order kept).
 void split_pieces(std::vector<planned_write>& writes, uint64_t piece_bytes);

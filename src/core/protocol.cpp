@@ -227,7 +227,8 @@ bool decode_body(reader& r, error& m) {
 bool decode_body(reader& r, hello_reply& m) {
   if (!(r.num(m.version, "version") && r.str(m.node, "node") && r.str(m.instance, "instance") &&
         r.str(m.role, "role") && r.str(m.control, "control") && r.num(m.tp_size, "tp_size") &&
-        r.num(m.tp_rank, "tp_rank") && r.num(m.page_tokens, "page_tokens") && r.str(m.config_yaml, "config_yaml")))
+        r.num(m.tp_rank, "tp_rank") && r.num(m.page_tokens, "page_tokens") &&
+        r.str(m.config_yaml, "config_yaml")))
     return false;
   for (auto& p : m.pools) {
     uint32_t n = 0;

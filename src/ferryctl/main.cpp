@@ -178,7 +178,8 @@ int main(int argc, char** argv) {
     prefill_peers.push_back(arg.substr(start));
   }
   if (*prepare)
-    return report(c.prepare({room, prefill_peers, pages, slot, row}), fmt::format("prepare room {}", room));
+    return report(c.prepare({room, prefill_peers, pages, slot, row}),
+                  fmt::format("prepare room {}", room));
   if (*send)
     return report(c.send({room, pages, last, slot, row}), fmt::format("send room {}", room));
   if (*cancel) return report(c.cancel(room), fmt::format("cancel room {}", room));

@@ -192,12 +192,14 @@ TEST_CASE("a decode rank naming too few prefill ranks fails with the missing ran
   REQUIRE(ok);
   auto e = wait_done(*c.d[0], 31);
   CHECK(e.status == room_status::failed);
-  CHECK(e.reason ==
-        "decode TP rank 0 of 1 needs prefill TP rank 1 of 2 in PP stage 0 of 1, but no usable named "
-        "peer is that rank");
+  CHECK(
+      e.reason ==
+      "decode TP rank 0 of 1 needs prefill TP rank 1 of 2 in PP stage 0 of 1, but no usable named "
+      "peer is that rank");
   // A peer that is not an address at all is refused at once, naming it.
   auto bad = c.d[0]->prepare({33, {c.prefill[0]->control(), "notanaddress"}, {1}, 0, 0});
-  CHECK(bad.message == "room 33: prefill peer 1 'notanaddress' is not host:port (a port in 1..65535)");
+  CHECK(bad.message ==
+        "room 33: prefill peer 1 'notanaddress' is not host:port (a port in 1..65535)");
   // The daemons keep serving: the full set of peers works.
   c.run(fragmented_room(32, 60));
 }
@@ -257,9 +259,9 @@ TEST_CASE("decode ranks that prepare different page counts fail the room on ever
   for (auto* cl : {c.d[0].get(), c.d[1].get(), c.p[0].get()}) {
     auto e = wait_done(*cl, 81);
     CHECK(e.status == room_status::failed);
-    CHECK_THAT(e.reason, Catch::Contains("room 81: decode ranks prepared different page counts: ") &&
-                             Catch::Contains("prepared 64") &&
-                             Catch::Contains("prepared 63"));
+    CHECK_THAT(e.reason,
+               Catch::Contains("room 81: decode ranks prepared different page counts: ") &&
+                   Catch::Contains("prepared 64") && Catch::Contains("prepared 63"));
   }
   c.run(fragmented_room(82, 30));  // and the next room is fine
 }

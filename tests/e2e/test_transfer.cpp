@@ -171,7 +171,8 @@ TEST_CASE("a room id may be reused after its terminal state", "[e2e]") {
   send_chunks(c, again);
   REQUIRE(wait_done(*c.d, again.room).status == room_status::success);
   REQUIRE(wait_done(*c.p, again.room).status == room_status::success);
-  CHECK(client::verify_room(*c.d, again.room, again.dst_pages, again.dst_slot, again.dst_row) == "");
+  CHECK(client::verify_room(*c.d, again.room, again.dst_pages, again.dst_slot, again.dst_row) ==
+        "");
   auto p = c.d->poll(500);
   REQUIRE(p);
   CHECK(p.value.status == room_status::success);

@@ -110,9 +110,8 @@ TEST_CASE("state goes as one slot pair, split into pieces", "[unit][plan]") {
   plan_state_link(same_link(cfg), l, l, 1, 3, w);
   REQUIRE(w.size() == 6);
   const auto& b = l[pool_kind::state].buffers;
-  CHECK(w[4] ==
-        planned_write{space::state, space::state, b[4].offset + 2097152,
-                      b[4].offset + 3 * 2097152, 2097152});
+  CHECK(w[4] == planned_write{space::state, space::state, b[4].offset + 2097152,
+                              b[4].offset + 3 * 2097152, 2097152});
   split_pieces(w, 1 << 20);
   // 3 conv writes stay whole, 3 temporal writes become 2 pieces each.
   REQUIRE(w.size() == 9);
@@ -192,13 +191,15 @@ TEST_CASE("compatibility names the first difference", "[unit][plan]") {
   CHECK(compatibility_hash(a) != compatibility_hash(b));
   auto c = qwen_like();
   c.mamba->tensors[1].dtype_bytes = 2;
-  CHECK(error(a, c) == "mamba.tensors[1] (temporal) dtype_bytes differs: prefill has 4, decode has 2");
+  CHECK(error(a, c) ==
+        "mamba.tensors[1] (temporal) dtype_bytes differs: prefill has 4, decode has 2");
   auto d = qwen_like();
   d.aux.reset();
   CHECK(error(a, d) == "pool aux is present on the prefill but absent on the decode");
   auto e = qwen_like();
   e.kv->layer_ids = {3, 11};
-  CHECK(error(a, e) == "prefill kv layer 7 has no counterpart on the decode (decode layers [3, 11])");
+  CHECK(error(a, e) ==
+        "prefill kv layer 7 has no counterpart on the decode (decode layers [3, 11])");
 }
 
 TEST_CASE("rank mapping follows the scatter and gather table", "[unit][geometry]") {
@@ -248,7 +249,8 @@ TEST_CASE("Qwen3-Next TP4 -> TP2: one replica sends KV, every rank its state", "
     REQUIRE(l.state_segments[0].size() == 3);
     CHECK(l.state_segments[0][0] == segment{0, (p % 2) * 512 * 6, 512 * 6});
     CHECK(l.state_segments[1] == std::vector<segment>{{0, (p % 2) * 8 * 65536, 8 * 65536}});
-    const auto other = std::get<link_plan>(make_link_plan(qwen_rank(4, p), qwen_rank(2, 1 - p / 2)));
+    const auto other =
+        std::get<link_plan>(make_link_plan(qwen_rank(4, p), qwen_rank(2, 1 - p / 2)));
     CHECK_FALSE(other.in_group);
   }
 }
