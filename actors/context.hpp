@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <caf/all.hpp>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -89,6 +90,10 @@ struct daemon_context {
   uint8_t* base(space s) const {
     if (s == space::staging) return staging ? staging->data : nullptr;
     return pools[static_cast<int>(s)].data();
+  }
+  /// Do one planned local copy (packing at a prefill, unpacking at a decode).
+  void copy(const planned_copy& c) const {
+    std::memcpy(base(c.to) + c.to_offset, base(c.from) + c.from_offset, c.length);
   }
   /// Registered region id of a local memory space.
   transport::region_id region(space s) const {

@@ -12,8 +12,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <cstring>
-
 #include "actors/actors.hpp"
 #include "core/plan.hpp"
 
@@ -100,7 +98,7 @@ void unpack_step(receiver_actor* self) {
   uint64_t copied = 0;
   for (; st.unpacked < st.unpack.size() && copied < copy_quantum_bytes; ++st.unpacked) {
     const auto& c = st.unpack[st.unpacked];
-    std::memcpy(st.ctx->base(c.to) + c.to_offset, st.ctx->base(c.from) + c.from_offset, c.length);
+    st.ctx->copy(c);
     copied += c.length;
   }
   if (st.unpacked < st.unpack.size())

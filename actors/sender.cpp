@@ -13,7 +13,6 @@
 
 #include <fmt/format.h>
 
-#include <cstring>
 #include <deque>
 #include <unordered_map>
 
@@ -49,9 +48,8 @@ struct sender_state {
   std::deque<client_request> queued;  // chunks that arrived before every prepare
   uint64_t next_batch = 1;
   std::unordered_map<uint64_t, uint64_t> batch_staging;  // batch -> packed staging offset
-  uint32_t batches_in_flight = 0;
-  bool last_posted = false;     // the last chunk was planned
-  bool pump_scheduled = false;  // a pump_atom to self is on its way
+  bool last_posted = false;                              // the last chunk was planned
+  bool pump_scheduled = false;                           // a pump_atom to self is on its way
   bool announced = false;
   std::vector<planned_write> writes;
   std::vector<planned_copy> copies;
@@ -102,8 +100,7 @@ void submit(sender_actor* self, decode_link& l, std::optional<uint64_t> staging)
   auto& st = self->state;
   const auto& ctx = *st.ctx;
   auto& w = st.writes;
-  for (const auto& c : st.copies)
-    std::memcpy(ctx.base(c.to) + c.to_offset, ctx.base(c.from) + c.from_offset, c.length);
+  for (const auto& c : st.copies) ctx.copy(c);
   split_pieces(w, ctx.config.fabric.write_piece_bytes);
   if (w.empty()) {
     if (staging) ctx.staging->release(*staging);
@@ -121,7 +118,6 @@ void submit(sender_actor* self, decode_link& l, std::optional<uint64_t> staging)
   l.writes += w.size();
   const uint64_t id = st.next_batch++;
   if (staging) st.batch_staging[id] = *staging;
-  ++st.batches_in_flight;
   caf::actor me = caf::actor_cast<caf::actor>(self);
   batch.done = [me, id](transport::batch_result r) {
     caf::anon_send(me, batch_done_msg{id, std::move(r)});
@@ -135,8 +131,8 @@ uint64_t pack_slice_bytes(const daemon_context& ctx) {
   return std::min<uint64_t>(4u << 20, ctx.staging->bytes / 8);
 }
 
-/// Pack and post queued head-sliced KV while staging lasts. When it is full, the room waits
-/// for its own batches to complete or, with none in flight, for any release (staging_atom).
+/// Pack and post queued head-sliced KV while staging lasts. When it is full, the room resumes
+/// on its next batch completion or staging release (staging_atom), whichever comes first.
 /// After a quantum of copying it yields (pump_atom to itself).
 void pump(sender_actor* self) {
   auto& st = self->state;
@@ -201,7 +197,7 @@ void post_link(sender_actor* self, decode_link& l, const proto::send& chunk, uin
     if (link.kv == kv_mode::pack && ctx.staging && link.row.length <= pack_slice_bytes(ctx)) {
       std::vector<pack_job> jobs;
       plan_pack_jobs(link, ctx.layout, l.peer->layout, runs,
-                     std::max<uint64_t>(1, pack_slice_bytes(ctx) / link.row.length), jobs);
+                     pack_slice_bytes(ctx) / link.row.length, jobs);
       l.jobs.insert(l.jobs.end(), jobs.begin(), jobs.end());
     } else {
       staging_use su;
@@ -406,7 +402,6 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
       [=](peer_inbound& in) { on_peer(self, in); },
       [=](batch_done_msg& d) {
         auto& st = self->state;
-        --st.batches_in_flight;
         if (auto it = st.batch_staging.find(d.batch); it != st.batch_staging.end()) {
           st.ctx->staging->release(it->second);
           st.batch_staging.erase(it);

@@ -76,7 +76,8 @@ std::string geometry_of(const client& c, geometry& g) {
 }
 
 /// Global index of the first KV head this rank holds, and the bytes of one head (or of the
-/// whole row for MLA, which is replicated).
+/// whole row for MLA, which is replicated). Written from the ownership rule on purpose rather
+/// than calling core/geometry, so verification does not trust the planner's own code.
 std::pair<uint64_t, uint64_t> head_geometry(const geometry& g) {
   const auto& kv = *g.cfg->pools.kv;
   const uint64_t head_bytes = uint64_t{kv.head_dim} * kv.dtype_bytes;

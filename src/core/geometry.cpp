@@ -42,10 +42,8 @@ void push_segment(std::vector<segment>& out, segment s) {
 
 std::string dims_text(const std::vector<uint64_t>& v) { return fmt::format("{}", v); }
 
-using plan_result = std::variant<link_plan, std::string>;
-
-/// KV part of a link. `leader` is true when this prefill rank is the first of the decode
-/// rank's group (MLA and replicated heads are sent by the lowest rank holding them).
+/// KV part of a link: compatibility, buffer pairing by layer id, and the row slice. MLA KV and
+/// replicated heads are sent by the lowest prefill rank of the decode rank's group holding them.
 std::optional<std::string> plan_kv(const rank_schema& s, const rank_schema& d,
                                    const node_layout& sl, const node_layout& dl, link_plan& plan) {
   const auto& a = *s.pools.kv;
