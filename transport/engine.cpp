@@ -17,6 +17,7 @@
 #include <rdma/fi_eq.h>
 #include <rdma/fi_rma.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -24,9 +25,11 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <future>
 #include <list>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -76,6 +79,26 @@ constexpr auto sleep_cap_cold = std::chrono::milliseconds(4);
 constexpr auto stop_drain_limit = std::chrono::seconds(2);
 
 const char* const stopped_text = "engine stopped";
+
+/// Attempts at finding a key the provider accepts (a random 64-bit key practically never
+/// collides; a provider with a 1- or 2-byte key space can run out).
+constexpr int key_attempts = 64;
+
+/// 64 unpredictable bits from the kernel CSPRNG (keys must not be derivable from other keys a
+/// peer has seen, which rules out a seeded PRNG such as mt19937_64).
+uint64_t random_u64() {
+  uint64_t v = 0;
+  for (int tries = 0; tries < 8; ++tries) {
+    const ssize_t n = ::getrandom(&v, sizeof v, 0);
+    if (n == static_cast<ssize_t>(sizeof v)) return v;
+    if (n < 0 && errno != EINTR) break;
+  }
+  // getrandom unavailable (ENOSYS in an old sandbox): random_device reads the same pool.
+  static std::mutex m;
+  static std::random_device rd;
+  std::lock_guard<std::mutex> lock(m);
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
 
 bool is_ip_addr_format(uint32_t fmt) {
   return fmt == FI_SOCKADDR || fmt == FI_SOCKADDR_IN || fmt == FI_SOCKADDR_IN6;
@@ -129,6 +152,7 @@ struct op_context {
   fi_context2 provider_scratch{};
   kind what = kind::write;
   batch_state* batch = nullptr;
+  region_id source = 0;  ///< local region of a posted write (its MR stays open until completion)
 };
 
 /// A queued request for the progress thread; FIFO order between submissions and commands keeps
@@ -158,7 +182,8 @@ class fabric_engine final : public engine {
 
   std::string init(const engine_config& cfg);
 
-  result<region_id> register_region(void* base, uint64_t length) override;
+  result<region_id> register_region(void* base, uint64_t length, region_access access) override;
+  result<bool> deregister_region(region_id id) override;
   region_desc describe(region_id id) const override;
   std::vector<uint8_t> local_address() const override { return address_; }
   std::string provider_name() const override { return provider_; }
@@ -176,9 +201,11 @@ class fabric_engine final : public engine {
   struct region {
     void* base = nullptr;
     uint64_t length = 0;
-    mr_ptr mr;
-    void* desc = nullptr;  ///< fi_mr_desc when the provider wants FI_MR_LOCAL, else null
-    region_desc remote;
+    mr_ptr mr;                  ///< null once closed
+    void* desc = nullptr;       ///< fi_mr_desc when the provider wants FI_MR_LOCAL, else null
+    region_desc remote;         ///< zeroed by deregistration
+    bool deregistered = false;  ///< no new writes from it; describe() is empty
+    uint32_t posted = 0;        ///< writes posted from it, not yet completed
   };
 
   enum class run_state { idle, running, draining, stopped };
@@ -197,7 +224,10 @@ class fabric_engine final : public engine {
   }
   void wake();
 
-  result<region_id> do_register_region(void* base, uint64_t length);
+  result<region_id> do_register_region(void* base, uint64_t length, region_access access);
+  result<bool> do_deregister_region(region_id id);
+  std::string close_region_mr(region_id id);
+  result<uint64_t> choose_key() const;
   result<peer_handle> do_insert_peer(const std::vector<uint8_t>& address);
   void do_remove_peer(peer_handle peer);
 
@@ -220,7 +250,10 @@ class fabric_engine final : public engine {
   std::vector<uint8_t> address_;
   uint64_t mr_mode_ = 0;
   bool rx_cq_data_ = false;
-  uint64_t next_requested_key_ = 1;
+  uint64_t key_mask_ = ~uint64_t{0};  ///< keys the domain can carry (mr_key_size bytes)
+  /// Every key this engine has registered, live or closed: a new registration never reuses the
+  /// key of a closed one, so a fenced peer's stale key cannot match it.
+  std::unordered_set<uint64_t> issued_keys_;
 
   // libfabric objects, declared in open order so destruction closes ep, cq, mr, av, domain,
   // fabric. The op contexts are declared before cq/ep so the provider never outlives them.
@@ -328,6 +361,9 @@ std::string fabric_engine::init(const engine_config& cfg) {
            " bytes of remote CQ data, ferry needs 8";
   }
   rx_cq_data_ = (info->mode & FI_RX_CQ_DATA) != 0;
+  // Application-chosen keys must fit the domain's key size (0 = not reported: assume 8 bytes).
+  const size_t key_size = info->domain_attr->mr_key_size;
+  if (key_size > 0 && key_size < sizeof(uint64_t)) key_mask_ = (uint64_t{1} << (8 * key_size)) - 1;
 
   fid_fabric* fabric = nullptr;
   if ((rc = fi_fabric(info->fabric_attr, &fabric, nullptr)) != 0) {
@@ -468,12 +504,29 @@ R fabric_engine::run_exclusive(std::function<R()> fn) {
   return fn();
 }
 
-result<region_id> fabric_engine::register_region(void* base, uint64_t length) {
+result<region_id> fabric_engine::register_region(void* base, uint64_t length,
+                                                 region_access access) {
   return run_exclusive<result<region_id>>(
-      [this, base, length] { return do_register_region(base, length); });
+      [this, base, length, access] { return do_register_region(base, length, access); });
 }
 
-result<region_id> fabric_engine::do_register_region(void* base, uint64_t length) {
+result<uint64_t> fabric_engine::choose_key() const {
+  result<uint64_t> out;
+  for (int i = 0; i < key_attempts; ++i) {
+    const uint64_t key = random_u64() & key_mask_;
+    // 0 is what an unset key looks like; FI_KEY_NOTAVAIL is reserved.
+    if (key == 0 || key == FI_KEY_NOTAVAIL || issued_keys_.count(key) != 0) continue;
+    out.value = key;
+    return out;
+  }
+  out.error = "register_region: no unused memory key after " + std::to_string(key_attempts) +
+              " random draws (key space of " + std::to_string(key_mask_) + ", " +
+              std::to_string(issued_keys_.size()) + " keys issued)";
+  return out;
+}
+
+result<region_id> fabric_engine::do_register_region(void* base, uint64_t length,
+                                                    region_access access) {
   result<region_id> out;
   if (base == nullptr || length == 0) {
     out.error = "register_region: expected a non-empty region, got base=" +
@@ -481,11 +534,35 @@ result<region_id> fabric_engine::do_register_region(void* base, uint64_t length)
                 " length=" + std::to_string(length);
     return out;
   }
-  const uint64_t access = FI_WRITE | FI_REMOTE_WRITE | FI_READ | FI_REMOTE_READ;
-  // Without FI_MR_PROV_KEY the application chooses keys, unique per domain.
-  const uint64_t requested_key = (mr_mode_ & FI_MR_PROV_KEY) ? 0 : next_requested_key_++;
+  // Least privilege: FI_WRITE lets the region be the source of our writes (FI_READ the sink of
+  // reads, kept for providers that check it on local descriptors); only a remote_write region
+  // accepts peers' writes. No FI_REMOTE_READ: the engine issues no reads. (tcp;ofi_rxm and shm
+  // on 1.17 enforce exactly these bits: see tests/fabric/test_fencing.cpp.)
+  uint64_t flags = FI_WRITE | FI_READ;
+  if (access == region_access::remote_write) flags |= FI_REMOTE_WRITE;
+  const bool prov_key = (mr_mode_ & FI_MR_PROV_KEY) != 0;
+
   fid_mr* raw = nullptr;
-  int rc = fi_mr_reg(domain_.get(), base, length, access, 0, requested_key, 0, &raw, nullptr);
+  int rc = 0;
+  for (int attempt = 0;; ++attempt) {
+    // Without FI_MR_PROV_KEY the application chooses keys, unique per domain: random ones, so
+    // a peer cannot guess the key of a registration it was not given.
+    uint64_t requested_key = 0;
+    if (!prov_key) {
+      auto key = choose_key();
+      if (!key) {
+        out.error = key.error;
+        log_->error("{}", out.error);
+        return out;
+      }
+      requested_key = key.value;
+    }
+    raw = nullptr;
+    rc = fi_mr_reg(domain_.get(), base, length, flags, 0, requested_key, 0, &raw, nullptr);
+    // -FI_ENOKEY: the key is taken in this domain (not by us): draw another.
+    if (rc == -FI_ENOKEY && !prov_key && attempt + 1 < key_attempts) continue;
+    break;
+  }
   if (rc != 0) {
     out.error = fi_error_text("fi_mr_reg", rc) + " (length " + std::to_string(length) + ")";
     log_->error("{}", out.error);
@@ -511,6 +588,12 @@ result<region_id> fabric_engine::do_register_region(void* base, uint64_t length)
     log_->error("{}", out.error);
     return out;
   }
+  if (prov_key && issued_keys_.count(key) != 0) {
+    // The provider recycled the key of a closed registration: a fenced peer holding the old
+    // key could write into this one. Nothing in the contract lets us prevent it here.
+    log_->warn("provider {} reissued memory key {:#x} of a closed registration", provider_, key);
+  }
+  issued_keys_.insert(key);
   r.base = base;
   r.length = length;
   r.desc = (mr_mode_ & FI_MR_LOCAL) ? fi_mr_desc(r.mr.get()) : nullptr;
@@ -521,14 +604,66 @@ result<region_id> fabric_engine::do_register_region(void* base, uint64_t length)
   std::lock_guard<std::mutex> lock(regions_mutex_);
   out.value = static_cast<region_id>(regions_.size());
   regions_.push_back(std::move(r));
-  log_->debug("registered region={} length={} key={:#x}", out.value, length, key);
+  log_->debug("registered region={} length={} access={} key={:#x}", out.value, length,
+              access == region_access::remote_write ? "remote_write" : "local", key);
   return out;
+}
+
+result<bool> fabric_engine::deregister_region(region_id id) {
+  return run_exclusive<result<bool>>([this, id] { return do_deregister_region(id); });
+}
+
+result<bool> fabric_engine::do_deregister_region(region_id id) {
+  result<bool> out;
+  if (id >= regions_.size()) {
+    out.error = "deregister_region: unknown region " + std::to_string(id) + " (never registered)";
+    log_->warn("{}", out.error);
+    return out;
+  }
+  region& r = regions_[id];
+  if (r.deregistered) {
+    log_->warn("deregister_region: region {} is already deregistered; ignored", id);
+    out.value = false;
+    return out;
+  }
+  {
+    std::lock_guard<std::mutex> lock(regions_mutex_);
+    r.deregistered = true;
+    r.remote = region_desc{};
+  }
+  out.value = true;
+  // Posted writes from this region hold its local descriptor where the provider needs one;
+  // closing the MR under them is undefined. Without FI_MR_LOCAL the provider reads the memory
+  // directly and the MR only admits remote writes: close it now, which is the fence.
+  if ((mr_mode_ & FI_MR_LOCAL) != 0 && r.posted > 0) {
+    log_->debug("deregistered region={}; MR closes after its {} posted writes complete", id,
+                r.posted);
+    return out;
+  }
+  out.error = close_region_mr(id);
+  return out;
+}
+
+std::string fabric_engine::close_region_mr(region_id id) {
+  region& r = regions_[id];
+  if (!r.mr) return {};
+  fid_mr* mr = r.mr.release();
+  const int rc = fi_close(&mr->fid);
+  if (rc != 0) {
+    // The provider still knows the key: writes with it keep landing. Loud, and surfaced.
+    const std::string why = fi_error_text("fi_close(mr)", rc) + " (region " + std::to_string(id) +
+                            "): the registration stays open in the provider";
+    log_->error("{}", why);
+    return why;
+  }
+  log_->debug("deregistered region={} (MR closed)", id);
+  return {};
 }
 
 region_desc fabric_engine::describe(region_id id) const {
   std::lock_guard<std::mutex> lock(regions_mutex_);
   if (id >= regions_.size()) return {};
-  return regions_[id].remote;
+  return regions_[id].remote;  // zeroed on deregistration
 }
 
 result<peer_handle> fabric_engine::insert_peer(const std::vector<uint8_t>& address) {
@@ -765,7 +900,12 @@ bool fabric_engine::post_writes() {
       continue;
     }
     const write_op& op = b->batch.ops[b->next];
-    const region* r = op.local_region < regions_.size() ? &regions_[op.local_region] : nullptr;
+    region* r = op.local_region < regions_.size() ? &regions_[op.local_region] : nullptr;
+    if (r != nullptr && r->deregistered) {
+      b->abort_unposted("invalid write: local region " + std::to_string(op.local_region) +
+                        " is deregistered");
+      continue;
+    }
     if (r == nullptr || op.length == 0 || op.local_offset > r->length ||
         op.length > r->length - op.local_offset) {
       b->abort_unposted("invalid write: local region " + std::to_string(op.local_region) +
@@ -775,6 +915,7 @@ bool fabric_engine::post_writes() {
     }
     op_context* ctx = free_contexts_.back();
     ctx->batch = b;
+    ctx->source = op.local_region;
     ssize_t rc =
         fi_writedata(ep_.get(), static_cast<char*>(r->base) + op.local_offset, op.length, r->desc,
                      op.imm, b->batch.peer, op.remote_addr, op.remote_key, &ctx->provider_scratch);
@@ -788,6 +929,7 @@ bool fabric_engine::post_writes() {
       continue;
     }
     free_contexts_.pop_back();
+    ++r->posted;
     ++inflight_;
     ++b->outstanding;
     ++b->next;
@@ -880,6 +1022,8 @@ void fabric_engine::complete_op(op_context* ctx, bool ok, const std::string& why
   ctx->batch = nullptr;
   free_contexts_.push_back(ctx);
   --inflight_;
+  region& r = regions_[ctx->source];
+  if (--r.posted == 0 && r.deregistered && r.mr) close_region_mr(ctx->source);  // deferred close
   if (b == nullptr) return;
   --b->outstanding;
   if (ok) {
@@ -1026,8 +1170,28 @@ void fabric_engine::drain_and_fail_all() {
 
 }  // namespace
 
+/// The shm provider names its files /dev/shm/<pid>:<domain>:<endpoint> and reuses one that
+/// exists. A file left by a crashed process whose pid we now have would be mapped as ours (seen:
+/// SIGBUS), so remove every file with our own pid's prefix before opening: no live process can
+/// own it.
+void remove_stale_shm_files() {
+  const std::string prefix = std::to_string(getpid()) + ":";
+  std::error_code ec;
+  for (const auto& f : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const auto name = f.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) {
+      std::filesystem::remove(f.path(), ec);
+      transport_log()->warn(
+          "removed stale shm provider file {} (left by an earlier process "
+          "with this pid)",
+          f.path().string());
+    }
+  }
+}
+
 result<std::unique_ptr<engine>> engine::open(const engine_config& cfg) {
   result<std::unique_ptr<engine>> out;
+  if (cfg.provider == "shm") remove_stale_shm_files();
   auto e = std::make_unique<fabric_engine>();
   std::string err = e->init(cfg);
   if (!err.empty()) {

@@ -2,9 +2,12 @@
 /// Ferry's data-plane transport: one libfabric `FI_EP_RDM` endpoint per daemon, driven by one
 /// progress thread that owns every libfabric call after start-up.
 ///
-/// Threading: `open`, `register_region` and `local_address` are called before `start` from one
-/// thread. After `start`, `insert_peer`, `remove_peer`, `submit` and `return_immediate_credit` are
-/// thread-safe and never block on the fabric: they queue work for the progress thread and wake it.
+/// Threading: `open` and `local_address` are called before `start` from one thread.
+/// `register_region`, `deregister_region`, `describe`, `insert_peer`, `remove_peer`, `submit` and
+/// `return_immediate_credit` are thread-safe before and after `start`; after `start`, the calls
+/// that touch the fabric (register, deregister, insert) run on the progress thread and the caller
+/// waits for that (a control-path call, never for a write); `remove_peer`, `submit` and
+/// `return_immediate_credit` never block on the fabric: they queue work and wake the thread.
 /// Callbacks (`batch_done`, `immediates`) run on the progress thread; they must be cheap and
 /// non-blocking (e.g. one `caf::anon_send`).
 ///
@@ -18,7 +21,15 @@
 /// immediates arriving meanwhile are aggregated into the next batch, never dropped.
 ///
 /// Lifetimes: a submitted batch is owned by the engine until its `batch_done` callback has run;
-/// the submitter may die meanwhile. Registered regions must outlive the engine.
+/// the submitter may die meanwhile. Registered memory must outlive the engine. After
+/// `deregister_region` it may be freed once (a) no batch of this engine that uses it as a
+/// source is pending and (b) for a remote_write region, no write a peer started before the
+/// close can still be placed (tcp: until that peer's connection is gone; see below).
+///
+/// Fencing: each registration has its own remote key; `deregister_region` closes it, after which
+/// the fabric rejects writes carrying that key (see `deregister_region` for the exact guarantee).
+/// Keys are random where the application chooses them (no FI_MR_PROV_KEY), so a peer cannot
+/// derive another registration's key from its own.
 
 #include <cstdint>
 #include <functional>
@@ -47,8 +58,14 @@ struct region_desc {
 /// Opaque handle of a peer endpoint inserted into the address vector.
 using peer_handle = uint64_t;
 
-/// Local region handle returned by `register_region`.
+/// Local region handle returned by `register_region`. Never reused, also after deregistration.
 using region_id = uint32_t;
+
+/// What a registration allows (least privilege: the engine never asks for FI_REMOTE_READ).
+enum class region_access : uint8_t {
+  local,         ///< FI_READ|FI_WRITE: a local source of writes; not remotely writable
+  remote_write,  ///< also FI_REMOTE_WRITE: peers holding its key may write into it
+};
 
 /// One one-sided write with immediate data.
 struct write_op {
@@ -95,9 +112,30 @@ class engine {
 
   virtual ~engine() = default;
 
-  /// Register [base, base+length) for local writes and remote writes into it. Once per pool.
-  virtual result<region_id> register_region(void* base, uint64_t length) = 0;
-  /// Description of a registered region for peers (remote_base, key, length).
+  /// Register [base, base+length) as a source of local writes and, with `remote_write`, as a
+  /// target of remote writes. Each call yields a new registration with its own key, also for
+  /// memory that is already registered (one registration per peer fences peers separately).
+  /// Works before and after `start`. The default (remote_write) is the pre-fencing behaviour
+  /// for existing callers; pass the access explicitly. (Default argument of a virtual: it binds
+  /// to the static type; the override declares none, so call it through `engine`.)
+  virtual result<region_id> register_region(void* base, uint64_t length,
+                                            region_access access = region_access::remote_write) = 0;
+  /// Close a registration. From its return on, `describe(id)` is empty, batches using `id` as a
+  /// local source fail ("local region N is deregistered"), and a write whose header reaches
+  /// the target later is rejected there (nothing placed, no immediate). Safe while peers write.
+  /// NOT fenced: a write the provider accepted before the close. tcp streams a write into
+  /// memory across progress calls and finishes it after the close -- however late, e.g. when
+  /// the writer was SIGSTOPped mid-write and resumes -- and delivers its immediate; shm (CMA)
+  /// copies a write in one progress call, so it lands wholly before the close or not at all.
+  /// The initiator of a rejected write is not told (tcp: its write completes OK, the target
+  /// drops the connection; shm: writes <= 4096 B complete OK, larger ones never complete);
+  /// see tests/fabric/test_fencing.cpp. Where the provider needs local descriptors
+  /// (FI_MR_LOCAL) and posted writes still use the region as a source, the MR is closed as soon
+  /// as they complete. Returns true if this call closed the registration, false (and logs a
+  /// warning) if it was already closed; an error for an id never issued or a failed fi_close.
+  virtual result<bool> deregister_region(region_id id) = 0;
+  /// Description of a registered region for peers (remote_base, key, length); all zero for an
+  /// unknown or deregistered region.
   virtual region_desc describe(region_id id) const = 0;
   /// This endpoint's fabric address (fi_getname), to send to peers.
   virtual std::vector<uint8_t> local_address() const = 0;

@@ -115,6 +115,15 @@ class imm_collector {
     std::unique_lock<std::mutex> lock(mutex_);
     return cv_.wait_for(lock, wait_limit, [&] { return total_ >= n; });
   }
+  /// Wait until at least `n` immediates carrying `imm` arrived; false on timeout.
+  bool wait_count(uint64_t imm, uint64_t n,
+                  std::chrono::milliseconds limit = std::chrono::milliseconds(wait_limit)) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return cv_.wait_for(lock, limit, [&] {
+      auto it = counts_.find(imm);
+      return (it == counts_.end() ? 0 : it->second) >= n;
+    });
+  }
   /// Wait until at least `n` callbacks ran; false on timeout.
   bool wait_callbacks(int n) {
     std::unique_lock<std::mutex> lock(mutex_);

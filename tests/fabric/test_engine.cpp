@@ -412,6 +412,8 @@ constexpr uint64_t fork_writes = 300;
   std::vector<uint8_t> bye;
   recv_frame(fd, bye);  // keep the endpoint up until the parent is done with it
   eng.stop();
+  // _exit skips destructors: close the endpoint first, or shm leaves its /dev/shm region behind.
+  opened.value.reset();
   ::_exit(0);
 }
 
