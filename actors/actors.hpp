@@ -19,8 +19,11 @@ namespace ferry {
 caf::actor spawn_scheduler(caf::actor_system& sys, context_ptr ctx);
 
 /// Outbound connection to the peer daemon at `address` ("host:port"); reports to `scheduler`.
+/// With `known_down` it fails at once with that reason (a peer declared unresponsive moments
+/// ago is not contacted again until timeouts.heartbeat_ms x heartbeat_misses has passed).
 caf::actor spawn_outbound_connection(caf::event_based_actor* parent, context_ptr ctx,
-                                     std::string address, caf::actor scheduler);
+                                     std::string address, caf::actor scheduler,
+                                     std::string known_down = {});
 /// Inbound connection answering the handshake `hello` a peer sent to our Scheduler.
 caf::actor spawn_inbound_connection(caf::event_based_actor* parent, context_ptr ctx,
                                     peer_hello hello, caf::actor scheduler);

@@ -9,12 +9,25 @@
 // Once ready, room messages from local rooms (`peer_outbound`) go to the remote Connection, and
 // room messages from the remote go to the local Scheduler for routing. Messages from rooms that
 // arrive before the handshake completes are queued.
+//
+// Authentication: with a cluster secret (security.cluster_secret_file) the hellos carry nonces,
+// the accepting side's hello carries its proof, and the connecting side answers `peer_auth`
+// with its own; the accepting side becomes ready only then (core/auth.hpp).
+//
+// Fencing: a daemon that receives writes registers its pools and staging anew for each peer
+// connection (its own remote keys), and closes those registrations when the connection ends,
+// so a peer declared dead, hung or restarted can never land a late write afterwards.
+//
+// Liveness: both sides send a heartbeat every timeouts.heartbeat_ms; a peer from which nothing
+// arrived for heartbeat_ms x heartbeat_misses is declared dead (a SIGSTOPped or partitioned
+// peer, whose TCP connection CAF still believes open).
 
 #include <fmt/format.h>
 
 #include <caf/io/all.hpp>
 
 #include "actors/actors.hpp"
+#include "core/auth.hpp"
 
 namespace ferry {
 namespace {
@@ -30,11 +43,66 @@ struct connection_state {
   std::vector<caf::response_promise> waiting;  // info requests before the handshake finished
   std::string failure;                         // why the connection ended (once done)
   bool done = false;
+  bytes nonce;                         // ours, when a cluster secret is configured
+  bytes peer_nonce;                    // the accepting side keeps the connecting one's
+  std::shared_ptr<peer_info> pending;  // accepting side: validated, awaiting peer_auth
+  caf::actor pending_remote;
+  std::vector<transport::region_id> fence;  // this peer's own registrations
+  std::vector<peer_region> regions;         // as described to this peer, by pool kind
+  peer_region staging;
+  std::chrono::steady_clock::time_point last_heard;
 };
 
 using connection_actor = caf::stateful_actor<connection_state>;
 
-peer_hello make_hello(const daemon_context& ctx, caf::actor self) {
+/// Describe our pools (and staging) to this peer. A daemon that receives writes registers them
+/// for this peer alone (remote-writable, fresh keys); otherwise the daemon's own local-only
+/// registrations are described. Returns an error text on failure.
+std::string register_for_peer(connection_state& st) {
+  const auto& ctx = *st.ctx;
+  auto describe = [&](void* base, uint64_t length, transport::region_id global,
+                      peer_region& out) -> std::string {
+    transport::region_id id = global;
+    if (ctx.serves_decode()) {
+      auto reg = ctx.engine->register_region(base, length, transport::region_access::remote_write);
+      if (!reg) return "memory registration for the peer failed: " + reg.error;
+      st.fence.push_back(reg.value);
+      id = reg.value;
+    }
+    auto d = ctx.engine->describe(id);
+    out = {true, d.remote_base, d.key, d.length};
+    return {};
+  };
+  st.regions.assign(pool_kind_count, peer_region{});
+  for (int k = 0; k < pool_kind_count; ++k) {
+    if (!ctx.layout.pools[k].present) continue;
+    if (auto e = describe(ctx.pools[k].data(), ctx.layout.pools[k].total_bytes, ctx.regions[k],
+                          st.regions[k]);
+        !e.empty())
+      return e;
+  }
+  if (ctx.staging)
+    if (auto e = describe(ctx.staging->data, ctx.staging->bytes, ctx.staging->region, st.staging);
+        !e.empty())
+      return e;
+  return {};
+}
+
+/// Close this peer's registrations: from here on no write of it can land.
+void close_fence(connection_state& st) {
+  for (auto id : st.fence)
+    if (auto r = st.ctx->engine->deregister_region(id); !r)
+      st.ctx->log_peer->error("peer={} closing its registration {} failed: {}", st.address, id,
+                              r.error);
+  st.fence.clear();
+}
+
+std::string identity(const std::string& node, const std::string& instance) {
+  return node + "/" + instance;
+}
+
+peer_hello make_hello(const connection_state& st, caf::actor self) {
+  const auto& ctx = *st.ctx;
   peer_hello h;
   h.node = ctx.config.node_name;
   h.instance = ctx.instance;
@@ -46,17 +114,10 @@ peer_hello make_hello(const daemon_context& ctx, caf::actor self) {
   h.config_yaml = ctx.config_yaml;
   h.compat_hash = compatibility_hash(ctx.config.pools);
   h.fabric_address = ctx.engine->local_address();
-  h.regions.resize(pool_kind_count);
-  for (int k = 0; k < pool_kind_count; ++k) {
-    if (!ctx.layout.pools[k].present) continue;
-    auto d = ctx.engine->describe(ctx.regions[k]);
-    h.regions[k] = {true, d.remote_base, d.key, d.length};
-  }
-  if (ctx.staging) {
-    auto d = ctx.engine->describe(ctx.staging->region);
-    h.staging = {true, d.remote_base, d.key, d.length};
-  }
+  h.regions = st.regions;
+  h.staging = st.staging;
   h.connection = std::move(self);
+  h.nonce = st.nonce;
   return h;
 }
 
@@ -125,7 +186,7 @@ std::variant<std::shared_ptr<peer_info>, std::string> validate_peer(const daemon
   return info;
 }
 
-void finish(connection_actor* self, const std::string& reason) {
+void finish(connection_actor* self, const std::string& reason, bool unresponsive = false) {
   auto& st = self->state;
   if (st.done) return;
   st.done = true;
@@ -133,17 +194,41 @@ void finish(connection_actor* self, const std::string& reason) {
   for (auto& rp : st.waiting) rp.deliver(peer_lookup{nullptr, reason});
   st.waiting.clear();
   st.ctx->log_peer->warn("peer={} connection closed: {}", st.address, reason);
-  self->send(st.scheduler,
-             peer_down{st.address, caf::actor_cast<caf::actor>(self), reason, st.info != nullptr});
-  if (st.info) st.ctx->engine->remove_peer(st.info->fabric_peer);
+  close_fence(st);
+  if (st.pending) st.ctx->engine->remove_peer(st.pending->fabric_peer);
+  // The Scheduler removes the peer's fabric address once it has told the rooms, so a room
+  // learns why (this message) before its writes fail with "peer removed".
+  self->send(st.scheduler, peer_down{st.address, caf::actor_cast<caf::actor>(self), reason,
+                                     st.info != nullptr, true, unresponsive});
   self->quit();
+}
+
+void tick(connection_actor* self) {
+  auto& st = self->state;
+  if (st.done) return;
+  const auto& t = st.ctx->config.timeouts;
+  const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::steady_clock::now() - st.last_heard)
+                          .count();
+  if (silent > int64_t{t.heartbeat_ms} * t.heartbeat_misses)
+    return finish(self,
+                  fmt::format("peer unresponsive: nothing heard for {} ms (timeouts."
+                              "heartbeat_ms {} x heartbeat_misses {})",
+                              silent, t.heartbeat_ms, t.heartbeat_misses),
+                  true);
+  self->send(st.remote, heartbeat_atom::value);
+  self->delayed_send(self, std::chrono::milliseconds(t.heartbeat_ms), tick_atom::value);
 }
 
 void become_ready(connection_actor* self, std::shared_ptr<peer_info> info, caf::actor remote) {
   auto& st = self->state;
   st.info = std::move(info);
+  st.pending.reset();
   st.remote = std::move(remote);
   self->monitor(st.remote);
+  st.last_heard = std::chrono::steady_clock::now();
+  self->delayed_send(self, std::chrono::milliseconds(st.ctx->config.timeouts.heartbeat_ms),
+                     tick_atom::value);
   st.ctx->log_peer->info("peer={} connected: node {} instance {}; link {}", st.address,
                          st.info->node, st.info->instance, st.info->link->describe());
   for (auto& rp : st.waiting) rp.deliver(peer_lookup{st.info, {}});
@@ -161,7 +246,15 @@ caf::behavior relay(connection_actor* self, bool outbound) {
   });
   auto inbound = [=](caf::message m) {
     auto& st = self->state;
-    if (!st.info) return;  // not from a validated peer
+    if (st.done) return;
+    if (!st.info) {
+      // Only a peer that skipped the handshake or authentication sends room messages now.
+      if (self->current_sender() == caf::actor_cast<caf::strong_actor_ptr>(st.pending_remote))
+        finish(self, "peer sent a room message before it authenticated");
+      return;
+    }
+    if (self->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(st.remote)) return;
+    st.last_heard = std::chrono::steady_clock::now();
     self->send(st.scheduler,
                peer_inbound{st.info, caf::actor_cast<caf::actor>(self), std::move(m)});
   };
@@ -185,16 +278,63 @@ caf::behavior relay(connection_actor* self, bool outbound) {
       [=](peer_prepare_ack& m) { inbound(caf::make_message(std::move(m))); },
       [=](peer_announce& m) { inbound(caf::make_message(std::move(m))); },
       [=](peer_outcome& m) { inbound(caf::make_message(std::move(m))); },
+      [=](peer_drained& m) { inbound(caf::make_message(std::move(m))); },
+      [=](heartbeat_atom) {
+        auto& st = self->state;
+        if (st.info && self->current_sender() == caf::actor_cast<caf::strong_actor_ptr>(st.remote))
+          st.last_heard = std::chrono::steady_clock::now();
+      },
+      [=](tick_atom) { tick(self); },
+      [=](unusable_atom, const std::string& why) { finish(self, why); },
+      [=](replaced_atom, const std::string& instance) {
+        auto& st = self->state;
+        finish(self, fmt::format("peer restarted: instance {} replaced by {}",
+                                 st.info ? st.info->instance : "?", instance));
+      },
       [=](peer_hello& h) {
         auto& st = self->state;
-        if (!outbound || st.info) return;  // only the outbound side waits for the answer
-        auto v = validate_peer(*st.ctx, h, true, st.address);
-        if (auto* e = std::get_if<std::string>(&v)) {
-          if (h.connection) self->send(h.connection, peer_refused{*e});
-          finish(self, "handshake failed: " + *e);
-          return;
+        if (!outbound || st.info || st.done) return;  // only the outbound side awaits an answer
+        const auto& secret = st.ctx->cluster_secret;
+        auto refuse = [&](const std::string& e) {
+          if (h.connection) self->send(h.connection, peer_refused{e});
+          finish(self, "handshake failed: " + e);
+        };
+        if (!secret.empty()) {
+          if (h.proof.empty())
+            return refuse(fmt::format(
+                "peer {} did not prove the cluster secret (is its security.cluster_secret_file "
+                "set?)",
+                identity(h.node, h.instance)));
+          if (!proofs_equal(h.proof, auth_proof(secret, "ferry-accept", st.nonce, h.nonce,
+                                                identity(h.node, h.instance))))
+            return refuse(
+                fmt::format("peer {} failed the cluster-secret challenge (different "
+                            "secrets?)",
+                            identity(h.node, h.instance)));
         }
+        auto v = validate_peer(*st.ctx, h, true, st.address);
+        if (auto* e = std::get_if<std::string>(&v)) return refuse(*e);
+        if (!secret.empty())
+          self->send(h.connection,
+                     peer_auth{auth_proof(secret, "ferry-connect", h.nonce, st.nonce,
+                                          identity(st.ctx->config.node_name, st.ctx->instance))});
         become_ready(self, std::get<0>(std::move(v)), h.connection);
+      },
+      [=](peer_auth& a) {
+        auto& st = self->state;
+        if (outbound || !st.pending || st.done) return;
+        if (self->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(st.pending_remote))
+          return;
+        const auto expected =
+            auth_proof(st.ctx->cluster_secret, "ferry-connect", st.nonce, st.peer_nonce,
+                       identity(st.pending->node, st.pending->instance));
+        if (!proofs_equal(a.proof, expected)) {
+          const std::string e = "peer failed the cluster-secret challenge (different secrets?)";
+          self->send(st.pending_remote, peer_refused{e});
+          return finish(self, "handshake failed: " + e);
+        }
+        auto info = std::move(st.pending);
+        become_ready(self, std::move(info), st.pending_remote);
       },
       [=](peer_refused& r) { finish(self, "peer refused the handshake: " + r.reason); },
       [=](deadline_msg& d) {
@@ -205,14 +345,23 @@ caf::behavior relay(connection_actor* self, bool outbound) {
 }
 
 caf::behavior outbound_behavior(connection_actor* self, context_ptr ctx, std::string address,
-                                caf::actor scheduler) {
+                                caf::actor scheduler, std::string known_down) {
   auto& st = self->state;
   st.ctx = std::move(ctx);
   st.address = address;
   st.scheduler = std::move(scheduler);
   const auto colon = address.rfind(':');
   const auto ms = st.ctx->config.timeouts.handshake_ms;
-  self->delayed_send(self, std::chrono::milliseconds(ms), deadline_msg{"handshake", ms});
+  self->delayed_send(self, std::chrono::milliseconds(ms), deadline_msg{"handshake", ms, {}});
+  if (!known_down.empty()) {
+    self->send(self, unusable_atom::value, std::move(known_down));
+    return relay(self, true);
+  }
+  if (!st.ctx->cluster_secret.empty()) st.nonce = random_bytes(auth_nonce_bytes);
+  if (auto e = register_for_peer(st); !e.empty()) {
+    self->send(self, peer_refused{e});
+    return relay(self, true);
+  }
   int port = 0;
   if (colon != std::string::npos) port = std::atoi(address.c_str() + colon + 1);
   if (colon == std::string::npos || port <= 0 || port > 65535) {
@@ -232,7 +381,7 @@ caf::behavior outbound_behavior(connection_actor* self, context_ptr ctx, std::st
             }
             auto remote_scheduler = caf::actor_cast<caf::actor>(ptr);
             self->send(remote_scheduler,
-                       make_hello(*self->state.ctx, caf::actor_cast<caf::actor>(self)));
+                       make_hello(self->state, caf::actor_cast<caf::actor>(self)));
           },
           [=](caf::error& err) {
             finish(self, fmt::format("cannot connect to {}: {}", self->state.address,
@@ -246,26 +395,53 @@ caf::behavior inbound_behavior(connection_actor* self, context_ptr ctx, peer_hel
   auto& st = self->state;
   st.ctx = std::move(ctx);
   st.scheduler = std::move(scheduler);
-  st.address = fmt::format("{}/{}", hello.node, hello.instance);
-  auto v = validate_peer(*st.ctx, hello, false, st.address);
-  if (auto* e = std::get_if<std::string>(&v)) {
-    st.ctx->log_peer->warn("peer={} refused: {}", st.address, *e);
-    if (hello.connection) self->send(hello.connection, peer_refused{*e});
+  st.address = identity(hello.node, hello.instance);
+  const auto& secret = st.ctx->cluster_secret;
+  auto refuse = [&](const std::string& e) {
+    st.ctx->log_peer->warn("peer={} refused: {}", st.address, e);
+    if (hello.connection) self->send(hello.connection, peer_refused{e});
+    close_fence(st);
     st.done = true;
     self->quit();
     return relay(self, false);
+  };
+  if (!secret.empty() && hello.nonce.size() != auth_nonce_bytes)
+    return refuse(
+        "this daemon requires peers to prove the cluster secret, and the peer offered no "
+        "challenge (set security.cluster_secret_file on both sides)");
+  if (secret.empty() && !hello.nonce.empty())
+    return refuse(
+        "the peer requires a cluster secret but this daemon has none (set "
+        "security.cluster_secret_file on both sides)");
+  auto v = validate_peer(*st.ctx, hello, false, st.address);
+  if (auto* e = std::get_if<std::string>(&v)) return refuse(*e);
+  if (auto e = register_for_peer(st); !e.empty()) return refuse(e);
+  auto h = make_hello(st, caf::actor_cast<caf::actor>(self));
+  if (secret.empty()) {
+    self->send(hello.connection, std::move(h));
+    become_ready(self, std::get<0>(std::move(v)), hello.connection);
+    return relay(self, false);
   }
-  self->send(hello.connection, make_hello(*st.ctx, caf::actor_cast<caf::actor>(self)));
-  become_ready(self, std::get<0>(std::move(v)), hello.connection);
+  st.peer_nonce = hello.nonce;
+  st.nonce = random_bytes(auth_nonce_bytes);
+  h.nonce = st.nonce;
+  h.proof = auth_proof(secret, "ferry-accept", st.peer_nonce, st.nonce,
+                       identity(st.ctx->config.node_name, st.ctx->instance));
+  self->send(hello.connection, std::move(h));
+  st.pending = std::get<0>(std::move(v));
+  st.pending_remote = hello.connection;
+  const auto ms = st.ctx->config.timeouts.handshake_ms;
+  self->delayed_send(self, std::chrono::milliseconds(ms), deadline_msg{"handshake", ms, {}});
   return relay(self, false);
 }
 
 }  // namespace
 
 caf::actor spawn_outbound_connection(caf::event_based_actor* parent, context_ptr ctx,
-                                     std::string address, caf::actor scheduler) {
+                                     std::string address, caf::actor scheduler,
+                                     std::string known_down) {
   return parent->spawn<caf::monitored>(outbound_behavior, std::move(ctx), std::move(address),
-                                       std::move(scheduler));
+                                       std::move(scheduler), std::move(known_down));
 }
 
 caf::actor spawn_inbound_connection(caf::event_based_actor* parent, context_ptr ctx,

@@ -75,8 +75,9 @@ struct staging_area {
 
 struct daemon_context {
   ferry_config config;
-  std::string instance;     ///< resolved instance id
-  std::string config_yaml;  ///< effective config, sent to peers
+  std::string instance;        ///< resolved instance id
+  std::string config_yaml;     ///< effective config, sent to peers
+  std::string cluster_secret;  ///< empty: peers are not authenticated
   node_layout layout;
   std::array<shm_region, pool_kind_count> pools;  ///< mapped pools (empty when absent)
   std::array<transport::region_id, pool_kind_count> regions{};

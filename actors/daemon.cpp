@@ -13,6 +13,7 @@
 
 #include "actors/actors.hpp"
 #include "actors/client_gateway.hpp"
+#include "core/auth.hpp"
 
 namespace ferry {
 
@@ -63,6 +64,17 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
   log->info("starting node={} instance={} role={}", cfg.node_name, ctx->instance,
             to_string(cfg.role));
   log->info("effective config:\n{}", ctx->config_yaml);
+  if (!cfg.security.cluster_secret_file.empty()) {
+    auto secret = read_secret_file(cfg.security.cluster_secret_file);
+    if (!secret.error.empty()) {
+      log->error("{}", secret.error);
+      return 2;
+    }
+    ctx->cluster_secret = std::move(secret.secret);
+    log->info("peers must prove the cluster secret ({})", cfg.security.cluster_secret_file);
+  } else {
+    log->warn("security.cluster_secret_file is not set: peers are not authenticated");
+  }
 
   // Block the stop signals in every thread; main waits for them with sigwait.
   sigset_t stop_signals;
@@ -89,7 +101,10 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
       log->error("pool {}: {}", to_string(static_cast<pool_kind>(k)), err);
       return 2;
     }
-    auto reg = ctx->engine->register_region(ctx->pools[k].data(), pool.total_bytes);
+    // Local access only: peers write through their own per-connection registrations
+    // (actors/connection.cpp), which are closed when a peer is lost.
+    auto reg = ctx->engine->register_region(ctx->pools[k].data(), pool.total_bytes,
+                                            transport::region_access::local);
     if (!reg) {
       log->error("pool {}: memory registration of {} bytes failed: {}",
                  to_string(static_cast<pool_kind>(k)), pool.total_bytes, reg.error);
@@ -109,7 +124,7 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
       return 2;
     }
     st->data = static_cast<uint8_t*>(mem);
-    auto reg = ctx->engine->register_region(st->data, st->bytes);
+    auto reg = ctx->engine->register_region(st->data, st->bytes, transport::region_access::local);
     if (!reg) {
       log->error("staging: memory registration of {} bytes failed: {}", st->bytes, reg.error);
       return 2;

@@ -13,6 +13,8 @@ void add_ferry_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<peer_prepare_ack>("ferry::peer_prepare_ack");
   cfg.add_message_type<peer_announce>("ferry::peer_announce");
   cfg.add_message_type<peer_outcome>("ferry::peer_outcome");
+  cfg.add_message_type<peer_drained>("ferry::peer_drained");
+  cfg.add_message_type<peer_auth>("ferry::peer_auth");
 }
 
 }  // namespace ferry

@@ -13,6 +13,7 @@
 #include <caf/all.hpp>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,7 +28,7 @@
 namespace ferry {
 
 /// Version of the daemon-to-daemon handshake; bumped on any change of the peer_* types.
-inline constexpr uint32_t peer_protocol_version = 2;
+inline constexpr uint32_t peer_protocol_version = 3;
 
 /// "No staging" in peer_prepare::dst_staging.
 inline constexpr uint64_t no_staging = ~uint64_t{0};
@@ -65,12 +66,27 @@ struct peer_hello {
   std::vector<peer_region> regions;  ///< indexed by pool_kind
   peer_region staging;               ///< bounce region for head-sliced KV (may be absent)
   caf::actor connection;             ///< the sender's Connection actor
+  /// Challenge-response with the cluster secret (security.cluster_secret): each side sends a
+  /// fresh nonce; the accepting side's hello carries its proof over both nonces, and the
+  /// connecting side answers with `peer_auth`. Both empty when no secret is configured.
+  std::vector<uint8_t> nonce;
+  std::vector<uint8_t> proof;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, peer_hello& x) {
   return f(caf::meta::type_name("peer_hello"), x.version, x.node, x.instance, x.role, x.tp_size,
            x.tp_rank, x.pp_size, x.pp_rank, x.config_yaml, x.compat_hash, x.fabric_address,
-           x.regions, x.staging, x.connection);
+           x.regions, x.staging, x.connection, x.nonce, x.proof);
+}
+
+/// Connecting side -> accepting side, after it verified the accepting side's proof: its own
+/// proof of the cluster secret. The accepting side takes no room message before it.
+struct peer_auth {
+  std::vector<uint8_t> proof;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, peer_auth& x) {
+  return f(caf::meta::type_name("peer_auth"), x.proof);
 }
 
 /// The accepting side refused the handshake (version, compatibility, role).
@@ -99,40 +115,66 @@ typename Inspector::result_type inspect(Inspector& f, peer_prepare& x) {
            x.dst_aux_row, x.dst_staging);
 }
 
+// Every room message after the prepare carries the prepare's `token`: the epoch of that room
+// incarnation. A room id may be reused once its room is terminal; a late message (or write) of
+// an earlier incarnation carries an older token and is ignored.
+
 /// Prefill -> decode: the prepare was accepted (ok) or refused with a reason.
 struct peer_prepare_ack {
   uint64_t room = 0;
+  uint64_t token = 0;
   bool ok = true;
   std::string reason;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, peer_prepare_ack& x) {
-  return f(caf::meta::type_name("peer_prepare_ack"), x.room, x.ok, x.reason);
+  return f(caf::meta::type_name("peer_prepare_ack"), x.room, x.token, x.ok, x.reason);
 }
 
 /// Prefill -> decode: every write of the room has been posted; `total_writes` will land.
 struct peer_announce {
   uint64_t room = 0;
+  uint64_t token = 0;
   uint64_t total_writes = 0;
   uint64_t total_bytes = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, peer_announce& x) {
-  return f(caf::meta::type_name("peer_announce"), x.room, x.total_writes, x.total_bytes);
+  return f(caf::meta::type_name("peer_announce"), x.room, x.token, x.total_writes, x.total_bytes);
 }
 
 /// Decode -> prefill: the room committed (every write landed) or failed with a reason.
 /// Prefill -> decode with ok=false: the prefill side failed or cancelled the room.
 struct peer_outcome {
   uint64_t room = 0;
+  uint64_t token = 0;
   bool to_decode = false;  ///< which side's room it concerns (both roles may share a room id)
   bool ok = false;
   std::string reason;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, peer_outcome& x) {
-  return f(caf::meta::type_name("peer_outcome"), x.room, x.to_decode, x.ok, x.reason);
+  return f(caf::meta::type_name("peer_outcome"), x.room, x.token, x.to_decode, x.ok, x.reason);
 }
+
+/// Prefill -> decode, after the prefill's room failed (for any reason, on either side): every
+/// write it posted for the room has completed locally, so no more will be posted. `completed`
+/// writes succeeded locally and will land (the decode counts their immediates before it lets
+/// the room's pages and slot go); `failed` writes completed with an error or were never posted.
+struct peer_drained {
+  uint64_t room = 0;
+  uint64_t token = 0;
+  uint64_t completed = 0;
+  uint64_t failed = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, peer_drained& x) {
+  return f(caf::meta::type_name("peer_drained"), x.room, x.token, x.completed, x.failed);
+}
+
+/// Connection <-> Connection liveness: sent every timeouts.heartbeat_ms by both sides; a peer
+/// from which nothing arrived for heartbeat_ms x heartbeat_misses is declared dead.
+using heartbeat_atom = caf::atom_constant<caf::atom("heartbeat")>;
 
 // ---------------------------------------------------------------------------------------------
 // Inside a daemon (local only)
@@ -218,6 +260,8 @@ struct peer_down {
   caf::actor connection;
   std::string reason;
   bool was_connected = false;  ///< false: the connect or handshake itself failed
+  bool fenced = false;  ///< the peer's memory registrations are closed: no write of it can land
+  bool unresponsive = false;  ///< declared dead by the heartbeat (hung or partitioned)
 };
 
 /// The failure reason a room reports when its peer connection ends.
@@ -232,20 +276,38 @@ struct peer_outbound {
   caf::message msg;
 };
 
-/// Decode side: writes that landed for this room (aggregated).
+/// Decode side: writes that landed for this room (aggregated), by the token (link) they carry.
 struct landed_msg {
+  uint64_t token = 0;
   uint64_t count = 0;
 };
 
-/// A room's bounded wait expired; `what` names the wait for the failure reason.
+/// A room's bounded wait expired; `what` names the wait for the failure reason. `state`: the
+/// deadline of one status (it expires only if the room is still in it); nullopt: the bound of
+/// the whole room, or of its drain once failed.
 struct deadline_msg {
   std::string what;
   uint32_t ms = 0;
-  bool ends_at_prepare = false;  ///< the wait is over once the decode's prepare has arrived
+  std::optional<room_status> state;
 };
 
-/// Scheduler -> room: a client cancelled the room.
+/// Scheduler -> room, with the reason: a client cancelled the room, or the connection that
+/// created it closed (hello.cancel_on_disconnect).
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+
+/// Room -> itself: the drain of a failed room (timeouts.drain_ms) is over.
+using drain_atom = caf::atom_constant<caf::atom("drain")>;
+
+/// Connection -> itself: time to send a heartbeat and check the peer's.
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+
+/// Scheduler -> Connection, with the new instance id: the same peer node completed a handshake
+/// as a new instance, so this connection belongs to a process that is gone.
+using replaced_atom = caf::atom_constant<caf::atom("replaced")>;
+
+/// Connection -> itself, with the reason: the peer is known to be unusable (declared
+/// unresponsive moments ago), so fail at once instead of waiting for a handshake to time out.
+using unusable_atom = caf::atom_constant<caf::atom("unusable")>;
 
 /// Room -> itself: continue packing (Sender) or unpacking (Receiver) head-sliced KV. Copies run
 /// on the actor in quanta of `copy_quantum_bytes`, so other messages (and other rooms on the

@@ -4,10 +4,19 @@
 // ranks the geometry selects) -> WaitingForInput (every selected prefill rank accepted) ->
 // Transferring (first write landed) -> Success (every selected rank announced, and the landed
 // writes equal the sum of their totals; head-sliced KV unpacked from staging) | Failed (prefill
-// refused or failed, a peer lost, more writes than announced, cancel, deadline).
+// refused or failed, a peer lost, more writes than announced, cancel, deadline). Each
+// non-terminal status has its own deadline (timeouts.<status>_ms) besides the room's
+// (timeouts.transfer_ms).
 //
 // Success is never inferred from a local event: only the counted remote-CQ-data immediates,
 // which the fabric reports after each payload is placed, against the senders' announced totals.
+//
+// Failed means "the pages, slot, row and staging of this room may be reused". So once prepares
+// went out, a failing room first drains: every selected prefill rank reports `peer_drained`
+// (how many of its writes completed) and the room waits until that many have landed; a rank
+// whose connection ended is fenced (its memory registrations are closed, so nothing of it can
+// land any more). timeouts.drain_ms bounds the wait. Each link has its own token (immediate
+// value, and epoch of the room incarnation), so landed writes are counted per rank.
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -22,9 +31,14 @@ namespace {
 struct source_link {
   peer_info_ptr peer;
   caf::actor connection;
+  uint64_t token = 0;               // the immediate its writes carry
   std::optional<uint64_t> staging;  // this room's landing area for head-sliced KV
   bool accepted = false;
+  bool refused = false;  // refused the prepare: it never writes
+  bool fenced = false;   // its connection ended and its registrations are closed
   std::optional<uint64_t> announced;
+  std::optional<uint64_t> drained;  // writes it completed, once its room failed
+  uint64_t landed = 0;
 };
 
 struct receiver_state {
@@ -42,8 +56,10 @@ struct receiver_state {
   uint64_t staging_need = 0;
   bool prepared = false;  // prepares sent
   proto::prepare prep;
-  uint64_t token = 0;
+  uint64_t token = 0;  // link to named peer i uses token + i
   room_state state;
+  bool failing = false;  // failed; draining the prefill ranks' writes before reporting Failed
+  std::string fail_reason;
   commit_counter commit;
   uint64_t bytes = 0;
 
@@ -57,28 +73,74 @@ struct receiver_state {
 
 using receiver_actor = caf::stateful_actor<receiver_state>;
 
+/// Arm the deadline of status `s` (it fires only if the room is still in `s` by then).
+void arm_state_deadline(receiver_actor* self, room_status s) {
+  const auto& t = self->state.ctx->config.timeouts;
+  switch (s) {
+    case room_status::bootstrapping:
+      self->delayed_send(self, std::chrono::milliseconds(t.bootstrapping_ms),
+                         deadline_msg{"waiting for the prefill peers, staging and their acceptance",
+                                      t.bootstrapping_ms, s});
+      return;
+    case room_status::waiting_for_input:
+      self->delayed_send(self, std::chrono::milliseconds(t.waiting_for_input_ms),
+                         deadline_msg{"waiting for the first write", t.waiting_for_input_ms, s});
+      return;
+    case room_status::transferring:
+      self->delayed_send(self, std::chrono::milliseconds(t.transferring_ms),
+                         deadline_msg{"waiting for the remaining writes", t.transferring_ms, s});
+      return;
+    default:
+      return;
+  }
+}
+
 void set_status(receiver_actor* self, room_status s, std::string reason = {}) {
   auto& st = self->state;
+  if (st.failing && s != room_status::failed) return;
   if (!(s == room_status::failed ? st.state.fail() : st.state.advance(s))) return;
   caf::anon_send(st.scheduler, room_update{st.prep.room, true, s, reason,
                                            s == room_status::success ? st.bytes : 0});
-  if (is_terminal(s)) self->quit();
+  if (is_terminal(s))
+    self->quit();
+  else
+    arm_state_deadline(self, s);
 }
 
-void tell_links(receiver_actor* self, const peer_outcome& o) {
+void tell_links(receiver_actor* self, bool ok, const std::string& reason) {
   for (const auto& l : self->state.links)
-    self->send(l.connection, peer_outbound{caf::make_message(o)});
+    self->send(l.connection, peer_outbound{caf::make_message(
+                                 peer_outcome{self->state.prep.room, l.token, false, ok, reason})});
+}
+
+/// Report Failed once no write of the room can land any more: every prefill rank refused,
+/// is fenced, or drained and all of its completed writes landed. `note` (the drain deadline
+/// passed) reports it regardless.
+void finish_drain(receiver_actor* self, const std::string& note = {}) {
+  auto& st = self->state;
+  if (!st.failing || is_terminal(st.state.status())) return;
+  if (note.empty())
+    for (const auto& l : st.links)
+      if (!l.refused && !l.fenced && (!l.drained || l.landed < *l.drained)) return;
+  st.release_staging();
+  set_status(self, room_status::failed, st.fail_reason + note);
 }
 
 void fail(receiver_actor* self, const std::string& reason, bool tell_peers) {
   auto& st = self->state;
-  if (is_terminal(st.state.status())) return;
+  if (is_terminal(st.state.status()) || st.failing) return;
+  st.failing = true;
+  st.fail_reason = reason;
   st.ctx->log_room->warn("room={} peer={} failed: {}", st.prep.room, st.peers(), reason);
-  if (tell_peers) tell_links(self, peer_outcome{st.prep.room, false, false, reason});
-  // Note: a late write of this room may still land in its staging range after release; the
-  // drain-before-release rule for failed rooms is part of the cancellation work (issue 4).
-  st.release_staging();
-  set_status(self, room_status::failed, reason);
+  if (!st.prepared) {
+    // No prepare went out: no prefill rank can write into this room.
+    for (auto& l : st.links) l.refused = true;
+  } else {
+    if (tell_peers) tell_links(self, false, reason);
+    const auto ms = st.ctx->config.timeouts.drain_ms;
+    self->delayed_send(self, std::chrono::milliseconds(ms), drain_atom::value);
+  }
+  finish_drain(self);
 }
 
 void succeed(receiver_actor* self) {
@@ -86,7 +148,7 @@ void succeed(receiver_actor* self) {
   st.release_staging();
   st.ctx->log_room->debug("room={} peer={} committed: {} writes, {} bytes", st.prep.room,
                           st.peers(), st.commit.landed(), st.bytes);
-  tell_links(self, peer_outcome{st.prep.room, false, true, {}});
+  tell_links(self, true, {});
   set_status(self, room_status::success);
 }
 
@@ -94,7 +156,7 @@ void succeed(receiver_actor* self) {
 /// quantum per message; Success once the last copy is done.
 void unpack_step(receiver_actor* self) {
   auto& st = self->state;
-  if (is_terminal(st.state.status())) return;
+  if (is_terminal(st.state.status()) || st.failing) return;
   uint64_t copied = 0;
   for (; st.unpacked < st.unpack.size() && copied < copy_quantum_bytes; ++st.unpacked) {
     const auto& c = st.unpack[st.unpacked];
@@ -139,7 +201,7 @@ source_link* link_of(receiver_actor* self, const caf::actor& connection) {
 /// token.
 void reserve_and_prepare(receiver_actor* self) {
   auto& st = self->state;
-  if (st.prepared || is_terminal(st.state.status())) return;
+  if (st.prepared || is_terminal(st.state.status()) || st.failing) return;
   if (st.staging_need && !st.staging) {
     st.staging =
         st.ctx->staging->allocate_or_wait(st.staging_need, caf::actor_cast<caf::actor>(self));
@@ -160,7 +222,7 @@ void reserve_and_prepare(receiver_actor* self) {
     st.ctx->log_room->debug("room={} peer={} prepare: {} pages; {}", st.prep.room, l.peer->address,
                             st.prep.dst_pages.size(), l.peer->link->describe());
     self->send(l.connection, peer_outbound{caf::make_message(peer_prepare{
-                                 st.prep.room, st.token, st.prep.dst_pages, st.prep.state_slot,
+                                 st.prep.room, l.token, st.prep.dst_pages, st.prep.state_slot,
                                  st.prep.aux_row, l.staging.value_or(no_staging)})});
   }
 }
@@ -187,7 +249,11 @@ void start(receiver_actor* self) {
   uint64_t need = 0;
   for (size_t k : std::get<0>(chosen)) {
     const size_t i = usable[k];
-    st.links.push_back({st.named[i], st.connections[i], std::nullopt, false, std::nullopt});
+    source_link l;
+    l.peer = st.named[i];
+    l.connection = st.connections[i];
+    l.token = st.token + i;
+    st.links.push_back(std::move(l));
     need += st.named[i]->link->unpack_staging_bytes(st.prep.dst_pages.size());
   }
   if (need && (!st.ctx->staging || need > st.ctx->staging->bytes))
@@ -214,6 +280,9 @@ void on_peer(receiver_actor* self, peer_inbound& in) {
   if (!l) return;  // not a rank this room prepared (cannot happen unless a peer misbehaves)
   in.msg.apply({
       [&](peer_prepare_ack& a) {
+        if (a.token != l->token) return;  // not this incarnation's
+        if (!a.ok) l->refused = true;
+        if (st.failing) return finish_drain(self);
         if (!a.ok)
           return fail(self,
                       fmt::format("prefill {} refused the prepare: {}", l->peer->address, a.reason),
@@ -224,6 +293,7 @@ void on_peer(receiver_actor* self, peer_inbound& in) {
         set_status(self, room_status::waiting_for_input);
       },
       [&](peer_announce& a) {
+        if (a.token != l->token || st.failing) return;
         if (l->announced)
           return fail(self, "prefill " + l->peer->address + " announced twice", true);
         l->announced = a.total_writes;
@@ -237,8 +307,16 @@ void on_peer(receiver_actor* self, peer_inbound& in) {
         evaluate(self, st.commit.announce(total));
       },
       [&](peer_outcome& o) {
+        if (o.token != l->token) return;
         if (!o.ok)
           fail(self, fmt::format("prefill {} reported: {}", l->peer->address, o.reason), true);
+      },
+      [&](peer_drained& d) {
+        if (d.token != l->token || l->drained) return;
+        l->drained = d.completed;
+        // A prefill rank's room may fail (and drain) before this one hears of it.
+        fail(self, fmt::format("prefill {} failed the room", l->peer->address), true);
+        finish_drain(self);
       },
   });
 }
@@ -255,8 +333,9 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
   st.named.resize(st.connections.size());
   st.unusable.resize(st.connections.size());
   const auto& t = st.ctx->config.timeouts;
+  arm_state_deadline(self, room_status::bootstrapping);
   self->delayed_send(self, std::chrono::milliseconds(t.transfer_ms),
-                     deadline_msg{"transfer", t.transfer_ms});
+                     deadline_msg{"the whole room (timeouts.transfer_ms)", t.transfer_ms, {}});
   // Learn every named peer's geometry (its handshake may still be running).
   for (size_t i = 0; i < st.connections.size(); ++i)
     self->request(st.connections[i], std::chrono::milliseconds(t.handshake_ms + 1000),
@@ -287,13 +366,17 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
             });
   return {
       [=](peer_inbound& in) { on_peer(self, in); },
-      [=](landed_msg& l) {
+      [=](landed_msg& m) {
+        auto& st = self->state;
+        for (auto& l : st.links)
+          if (l.token == m.token) l.landed += m.count;
+        if (st.failing) return finish_drain(self);
         set_status(self, room_status::transferring);
-        evaluate(self, self->state.commit.add_landed(l.count));
+        evaluate(self, st.commit.add_landed(m.count));
       },
       [=](staging_atom) { reserve_and_prepare(self); },
       [=](unpack_atom) { unpack_step(self); },
-      [=](cancel_atom) { fail(self, "cancelled by client", true); },
+      [=](cancel_atom, const std::string& why) { fail(self, why, true); },
       [=](peer_down& d) {
         auto& st = self->state;
         if (st.looked_up < st.named.size()) {
@@ -310,14 +393,30 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
           return;
         }
         // After selection, a named peer the geometry left out does not matter.
-        if (!link_of(self, d.connection)) return;
+        auto* l = link_of(self, d.connection);
+        if (!l) return;
+        l->fenced = d.fenced;
         fail(self, describe(d), true);
+        finish_drain(self);
+      },
+      [=](drain_atom) {
+        auto& st = self->state;
+        std::string waiting;
+        for (const auto& l : st.links)
+          if (!l.refused && !l.fenced && (!l.drained || l.landed < *l.drained))
+            waiting += fmt::format(
+                "{}{} ({})", waiting.empty() ? "" : ", ", l.peer->address,
+                l.drained ? fmt::format("{} of {} drained writes landed", l.landed, *l.drained)
+                          : "no drain report");
+        finish_drain(self, fmt::format("; drain incomplete after {} ms (timeouts.drain_ms): {}",
+                                       st.ctx->config.timeouts.drain_ms, waiting));
       },
       [=](deadline_msg& d) {
         auto& st = self->state;
+        if (d.state && *d.state != st.state.status()) return;  // that status is over
         fail(self,
-             fmt::format("timed out in {} after {} ms ({} landed, {} announced{})",
-                         to_string(st.state.status()), d.ms, st.commit.landed(),
+             fmt::format("timed out in {} after {} ms ({}: {} landed, {} announced{})",
+                         to_string(st.state.status()), d.ms, d.what, st.commit.landed(),
                          st.commit.expected() ? std::to_string(*st.commit.expected()) : "none",
                          st.staging_need && !st.staging
                              ? fmt::format("; waiting for {} bytes of staging", st.staging_need)

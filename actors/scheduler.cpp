@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
@@ -28,8 +29,10 @@ struct room_entry {
   std::vector<caf::actor> connections;  // the peers the room exchanges messages with
   room_status status = room_status::bootstrapping;
   std::string peer;
-  uint64_t token = 0;
+  uint64_t token = 0;   // decode: first token of the room's links (one per named peer)
+  uint32_t tokens = 0;  // decode: how many
   std::vector<uint64_t> subscribers;  // client connections
+  std::optional<uint64_t> owner;      // client connection whose close cancels the room
 };
 
 struct finished_room {
@@ -60,12 +63,25 @@ struct scheduler_state {
   static inline const char* name = "ferry.scheduler";
   context_ptr ctx;
   side_rooms prefill, decode;
-  std::unordered_map<uint64_t, uint64_t> token_room;  // decode: immediate -> room
+  /// Decode: token (immediate value and epoch of one link of one room incarnation) -> room.
+  /// Tokens are never reused in a daemon's life, so a late message or write of an ended room
+  /// finds nothing here.
+  std::unordered_map<uint64_t, uint64_t> token_room;
   uint64_t next_token = 1;
   std::unordered_map<std::string, caf::actor> outbound;       // by control address
   std::unordered_map<caf::actor, peer_info_ptr> connections;  // every live connection
   uint64_t stray_writes = 0;                                  // immediates of unknown rooms
+  std::unordered_set<uint64_t> owning_clients;  // said hello with cancel_on_disconnect
+  /// Outbound peers declared unresponsive: why, and until when new rooms fail at once.
+  std::unordered_map<std::string, std::pair<std::string, std::chrono::steady_clock::time_point>>
+      unresponsive;
 };
+
+/// The connection that created a room owns it if its hello asked for that.
+std::optional<uint64_t> owner_of(const scheduler_state& st, const client_request& r) {
+  if (st.owning_clients.count(r.conn)) return r.conn;
+  return std::nullopt;
+}
 
 using scheduler_actor = caf::stateful_actor<scheduler_state>;
 
@@ -147,7 +163,17 @@ caf::actor connection_for(scheduler_actor* self, const std::string& address) {
   auto& st = self->state;
   auto it = st.outbound.find(address);
   if (it != st.outbound.end()) return it->second;
-  auto conn = spawn_outbound_connection(self, st.ctx, address, caf::actor_cast<caf::actor>(self));
+  std::string known_down;
+  if (auto u = st.unresponsive.find(address); u != st.unresponsive.end()) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        u->second.second - std::chrono::steady_clock::now());
+    if (left.count() > 0)
+      known_down = fmt::format("{} (not retried for another {} ms)", u->second.first, left.count());
+    else
+      st.unresponsive.erase(u);
+  }
+  auto conn = spawn_outbound_connection(self, st.ctx, address, caf::actor_cast<caf::actor>(self),
+                                        std::move(known_down));
   st.outbound.emplace(address, conn);
   st.connections.emplace(conn, nullptr);
   return conn;
@@ -189,7 +215,9 @@ void on_prepare(scheduler_actor* self, client_request& r) {
     return reply_error(self, r, errc::invalid_request, *e);
   if (auto e = check_slot_and_row(*st.ctx, p.room, "dst", p.state_slot, p.aux_row))
     return reply_error(self, r, errc::invalid_request, *e);
-  const uint64_t token = st.next_token++;
+  const uint64_t token = st.next_token;
+  const auto tokens = static_cast<uint32_t>(p.prefill_peers.size());
+  st.next_token += tokens;
   std::vector<caf::actor> conns;
   for (const auto& addr : p.prefill_peers) conns.push_back(connection_for(self, addr));
   auto room = p.room;
@@ -197,8 +225,9 @@ void on_prepare(scheduler_actor* self, client_request& r) {
   st.ctx->log_sched->debug("room={} peer={} prepare: {} pages", room, peer, p.dst_pages.size());
   auto actor =
       spawn_receiver(self, st.ctx, std::move(p), token, conns, caf::actor_cast<caf::actor>(self));
-  st.decode.active[room] = room_entry{actor, conns, room_status::bootstrapping, peer, token, {}};
-  st.token_room[token] = room;
+  st.decode.active[room] = room_entry{
+      actor, conns, room_status::bootstrapping, peer, token, tokens, {}, owner_of(st, r)};
+  for (uint32_t i = 0; i < tokens; ++i) st.token_room[token + i] = room;
   st.ctx->gateway->reply(r.conn, r.seq, proto::ok{});
 }
 
@@ -245,9 +274,10 @@ void on_send(scheduler_actor* self, client_request& r) {
       return reply_error(self, r, errc::invalid_request, fmt::format("room {}: {}", s.room, *e));
     auto actor = spawn_sender(self, st.ctx, s.room, caf::actor_cast<caf::actor>(self));
     it = st.prefill.active
-             .emplace(s.room, room_entry{actor, {}, room_status::bootstrapping, {}, 0, {}})
+             .emplace(s.room, room_entry{actor, {}, room_status::bootstrapping, {}, 0, 0, {}, {}})
              .first;
   }
+  if (!it->second.owner) it->second.owner = owner_of(st, r);
   self->send(it->second.actor, std::move(r));
 }
 
@@ -327,6 +357,7 @@ void on_client(scheduler_actor* self, client_request& r) {
                 self, r, errc::unsupported_version,
                 fmt::format("client protocol version {} is not supported (ferryd speaks {})",
                             m.version, proto::protocol_version));
+          if (m.cancel_on_disconnect) st.owning_clients.insert(r.conn);
           proto::hello_reply h;
           h.node = st.ctx->config.node_name;
           h.instance = st.ctx->instance;
@@ -356,7 +387,7 @@ void on_client(scheduler_actor* self, client_request& r) {
                                  fmt::format("room {} already finished", m.room));
             return reply_error(self, r, errc::unknown_room, fmt::format("unknown room {}", m.room));
           }
-          self->send(e->actor, cancel_atom::value);
+          self->send(e->actor, cancel_atom::value, std::string("cancelled by client"));
           st.ctx->gateway->reply(r.conn, r.seq, proto::ok{});
         } else if constexpr (std::is_same_v<T, proto::subscribe>) {
           if (auto* e = find_active(st, m.room)) {
@@ -392,11 +423,16 @@ void on_peer_inbound(scheduler_actor* self, peer_inbound& in) {
     if (auto it = side.active.find(room); it != side.active.end())
       self->send(it->second.actor, std::move(in));
   };
+  // Decode rooms are found by token: it names the room incarnation, not just its id.
+  auto to_decode = [&](uint64_t token) {
+    if (auto t = st.token_room.find(token); t != st.token_room.end()) forward(st.decode, t->second);
+  };
   in.msg.apply({
       [&](peer_prepare& p) {
         auto refuse = [&](std::string why) {
-          self->send(in.connection,
-                     peer_outbound{caf::make_message(peer_prepare_ack{p.room, false, why})});
+          self->send(
+              in.connection,
+              peer_outbound{caf::make_message(peer_prepare_ack{p.room, p.token, false, why})});
         };
         auto it = st.prefill.active.find(p.room);
         if (it == st.prefill.active.end()) {
@@ -405,7 +441,7 @@ void on_peer_inbound(scheduler_actor* self, peer_inbound& in) {
           if (auto e = admission(st, st.prefill, "prefill")) return refuse(*e);
           auto actor = spawn_sender(self, st.ctx, p.room, caf::actor_cast<caf::actor>(self));
           it = st.prefill.active
-                   .emplace(p.room, room_entry{actor, {}, room_status::bootstrapping, {}, 0, {}})
+                   .emplace(p.room, room_entry{actor, {}, room_status::bootstrapping, {}, 0, 0, {}, {}})
                    .first;
         }
         auto& e = it->second;
@@ -416,9 +452,15 @@ void on_peer_inbound(scheduler_actor* self, peer_inbound& in) {
         }
         self->send(e.actor, std::move(in));
       },
-      [&](peer_prepare_ack& a) { forward(st.decode, a.room); },
-      [&](peer_announce& a) { forward(st.decode, a.room); },
-      [&](peer_outcome& o) { forward(o.to_decode ? st.decode : st.prefill, o.room); },
+      [&](peer_prepare_ack& a) { to_decode(a.token); },
+      [&](peer_announce& a) { to_decode(a.token); },
+      [&](peer_drained& d) { to_decode(d.token); },
+      [&](peer_outcome& o) {
+        if (o.to_decode)
+          to_decode(o.token);
+        else
+          forward(st.prefill, o.room);
+      },
   });
 }
 
@@ -427,9 +469,11 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& st = self->state;
     auto who = caf::actor_cast<caf::actor>(dm.source);
-    if (st.connections.erase(who)) {
+    if (auto c = st.connections.find(who); c != st.connections.end()) {
       // Normally a Connection reports peer_down before it ends (and is erased then); reaching
       // here means it ended abnormally, so fail its rooms now rather than at their deadline.
+      if (c->second) st.ctx->engine->remove_peer(c->second->fabric_peer);
+      st.connections.erase(c);
       for (auto it = st.outbound.begin(); it != st.outbound.end();)
         it = it->second == who ? st.outbound.erase(it) : std::next(it);
       const auto reason = "connection actor ended: " + self->system().render(dm.reason);
@@ -446,7 +490,8 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
         if (e.actor == who) {
           auto reason = "internal error: room actor ended: " + self->system().render(dm.reason);
           notify_subscribers(self, e, room, room_status::failed, reason);
-          if (side == &st.decode) st.token_room.erase(e.token);
+          if (side == &st.decode)
+            for (uint32_t i = 0; i < e.tokens; ++i) st.token_room.erase(e.token + i);
           ++side->failed;
           side->finish(room, room_status::failed, reason);
           return;
@@ -461,8 +506,21 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
   return {
       [=](client_request& r) { on_client(self, r); },
       [=](client_gone& g) {
-        for (auto* side : {&self->state.prefill, &self->state.decode})
-          for (auto& [room, e] : side->active) std::erase(e.subscribers, g.conn);
+        auto& st = self->state;
+        st.owning_clients.erase(g.conn);
+        for (auto* side : {&st.prefill, &st.decode})
+          for (auto& [room, e] : side->active) {
+            std::erase(e.subscribers, g.conn);
+            if (e.owner == g.conn) {
+              st.ctx->log_sched->info(
+                  "room={} peer={} its client (conn={}) disconnected; "
+                  "cancelling it",
+                  room, e.peer.empty() ? "-" : e.peer, g.conn);
+              self->send(e.actor, cancel_atom::value,
+                         std::string("cancelled: its client disconnected"));
+              e.owner.reset();
+            }
+          }
       },
       [=](immediates_msg& m) {
         auto& st = self->state;
@@ -474,7 +532,7 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
             st.stray_writes += count;  // a late write of a room that already ended
             continue;
           }
-          self->send(r->second.actor, landed_msg{count});
+          self->send(r->second.actor, landed_msg{token, count});
         }
         st.ctx->engine->return_immediate_credit();
       },
@@ -495,7 +553,9 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
         } else {
           ++side.failed;
         }
-        if (u.decode_side) st.token_room.erase(it->second.token);
+        if (u.decode_side)
+          for (uint32_t i = 0; i < it->second.tokens; ++i)
+            st.token_room.erase(it->second.token + i);
         self->demonitor(it->second.actor);
         side.finish(u.room, u.status, u.reason);
       },
@@ -505,8 +565,16 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
         self->state.connections.emplace(conn, nullptr);
       },
       [=](peer_ready& p) {
+        auto& st = self->state;
         auto conn = caf::actor_cast<caf::actor>(self->current_sender());
-        self->state.connections[conn] = p.info;
+        st.connections[conn] = p.info;
+        // The same node as a new instance: any connection to its old instance belongs to a
+        // process that is gone (restarted while its connection still looked open). End it, so
+        // its rooms fail now and its registrations are fenced.
+        for (auto& [other, info] : st.connections)
+          if (other != conn && info && info->node == p.info->node &&
+              info->instance != p.info->instance)
+            self->send(other, replaced_atom::value, p.info->instance);
       },
       [=](peer_inbound& in) { on_peer_inbound(self, in); },
       [=](peer_down& d) {
@@ -515,6 +583,15 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
           for (auto& [room, e] : side->active)
             if (std::count(e.connections.begin(), e.connections.end(), d.connection))
               self->send(e.actor, d);
+        if (auto it = st.connections.find(d.connection); it != st.connections.end() && it->second)
+          st.ctx->engine->remove_peer(it->second->fabric_peer);
+        if (d.unresponsive) {
+          const auto& t = st.ctx->config.timeouts;
+          st.unresponsive[d.address] = {
+              d.reason,
+              std::chrono::steady_clock::now() +
+                  std::chrono::milliseconds(uint64_t{t.heartbeat_ms} * t.heartbeat_misses)};
+        }
         st.connections.erase(d.connection);
         for (auto it = st.outbound.begin(); it != st.outbound.end();)
           it = it->second == d.connection ? st.outbound.erase(it) : std::next(it);

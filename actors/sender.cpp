@@ -1,10 +1,16 @@
 // Sender: one per room on the prefill side.
 //
-// Life: Bootstrapping (client chunks arrived before the decode prepares; queued, bounded by
-// timeouts.prepare_wait_ms) -> WaitingForInput (every decode rank this prefill rank feeds has
-// prepared: max(1, Pd/Ps) of them) -> Transferring (first writes posted) -> Success (every decode
-// rank counted every write) | Failed (bad chunk, write error, peer failure or loss, cancel,
-// deadline).
+// Life: Bootstrapping (client chunks arrived before the decode prepares; queued) ->
+// WaitingForInput (every decode rank this prefill rank feeds has prepared: max(1, Pd/Ps) of
+// them) -> Transferring (first writes posted) -> Success (every decode rank counted every write)
+// | Failed (bad chunk, write error, peer failure or loss, cancel, deadline). Each non-terminal
+// status has its own deadline (timeouts.<status>_ms) besides the room's (timeouts.transfer_ms).
+//
+// Failure drains: the room stops planning, tells its decode ranks at once, and reports Failed
+// only when every write batch it posted has completed locally (or timeouts.drain_ms passed), so
+// the client never reuses source pages that a write still reads. Each decode rank then gets
+// `peer_drained` with the number of writes that completed, which it waits to see land before it
+// lets its own pages go.
 //
 // Each chunk is planned for each decode rank with the link plan cached at handshake: its page
 // list by position, coalesced into runs, head-sliced KV packed into staging when the decode holds
@@ -34,6 +40,8 @@ struct decode_link {
   std::deque<pack_job> jobs;  // head-sliced KV waiting for staging (kv_mode::pack)
   uint64_t writes = 0;
   uint64_t bytes = 0;
+  uint64_t completed = 0;  // writes completed locally (they land at the decode)
+  uint64_t failed = 0;     // writes that failed or were never posted
   bool committed = false;
 };
 
@@ -47,10 +55,12 @@ struct sender_state {
   uint32_t expected_links = 0;        // known from the first prepare's geometry
   std::deque<client_request> queued;  // chunks that arrived before every prepare
   uint64_t next_batch = 1;
-  std::unordered_map<uint64_t, uint64_t> batch_staging;  // batch -> packed staging offset
-  bool last_posted = false;                              // the last chunk was planned
-  bool pump_scheduled = false;                           // a pump_atom to self is on its way
+  std::unordered_map<uint64_t, size_t> batch_link;  // batch in flight -> index in links
+  bool last_posted = false;                         // the last chunk was planned
+  bool pump_scheduled = false;                      // a pump_atom to self is on its way
   bool announced = false;
+  bool failing = false;  // failed; draining the batches in flight before reporting Failed
+  std::string fail_reason;
   std::vector<planned_write> writes;
   std::vector<planned_copy> copies;
 
@@ -64,34 +74,80 @@ struct sender_state {
 
 using sender_actor = caf::stateful_actor<sender_state>;
 
+/// Arm the deadline of status `s` (it fires only if the room is still in `s` by then).
+void arm_state_deadline(sender_actor* self, room_status s) {
+  const auto& t = self->state.ctx->config.timeouts;
+  switch (s) {
+    case room_status::bootstrapping:
+      self->delayed_send(self, std::chrono::milliseconds(t.bootstrapping_ms),
+                         deadline_msg{"waiting for the decode's prepare", t.bootstrapping_ms, s});
+      return;
+    case room_status::waiting_for_input:
+      self->delayed_send(
+          self, std::chrono::milliseconds(t.waiting_for_input_ms),
+          deadline_msg{"waiting for the client's first chunk", t.waiting_for_input_ms, s});
+      return;
+    case room_status::transferring:
+      self->delayed_send(
+          self, std::chrono::milliseconds(t.transferring_ms),
+          deadline_msg{"waiting for the last chunk and the decode's commit", t.transferring_ms, s});
+      return;
+    default:
+      return;
+  }
+}
+
 void set_status(sender_actor* self, room_status s, std::string reason = {}) {
   auto& st = self->state;
+  if (st.failing && s != room_status::failed) return;
   if (!(s == room_status::failed ? st.state.fail() : st.state.advance(s))) return;
   uint64_t bytes = 0;
   for (const auto& l : st.links) bytes += l.bytes;
   caf::anon_send(st.scheduler,
                  room_update{st.room, false, s, reason, s == room_status::success ? bytes : 0});
-  if (!is_terminal(s)) return;
-  // Packed staging is free once the room ends: on success every write has landed; after a
-  // failure a late read only corrupts this failed room's own destination.
-  for (auto& [batch, offset] : st.batch_staging) st.ctx->staging->release(offset);
-  st.batch_staging.clear();
-  self->quit();
+  if (is_terminal(s))
+    self->quit();
+  else
+    arm_state_deadline(self, s);
+}
+
+/// Report Failed once nothing is in flight any more (or with `note` when the drain deadline
+/// passed first); tell each decode rank how many of its writes completed.
+void finish_drain(sender_actor* self, const std::string& note = {}) {
+  auto& st = self->state;
+  if (!st.failing || is_terminal(st.state.status())) return;
+  if (!st.batch_link.empty() && note.empty()) return;
+  if (note.empty())
+    for (const auto& l : st.links)
+      self->send(l.connection, peer_outbound{caf::make_message(
+                                   peer_drained{st.room, l.prep.token, l.completed, l.failed})});
+  set_status(self, room_status::failed, st.fail_reason + note);
 }
 
 void fail(sender_actor* self, const std::string& reason) {
   auto& st = self->state;
-  if (is_terminal(st.state.status())) return;
+  if (is_terminal(st.state.status()) || st.failing) return;
+  st.failing = true;
+  st.fail_reason = reason;
   st.ctx->log_room->warn("room={} peer={} failed: {}", st.room, st.peer_name(), reason);
-  for (const auto& l : st.links)
-    self->send(l.connection,
-               peer_outbound{caf::make_message(peer_outcome{st.room, true, false, reason})});
+  for (auto& l : st.links) {
+    l.jobs.clear();
+    self->send(
+        l.connection,
+        peer_outbound{caf::make_message(peer_outcome{st.room, l.prep.token, true, false, reason})});
+  }
   for (auto& q : st.queued)
     st.ctx->gateway->reply(
         q.conn, q.seq,
         proto::error{errc::cancelled, fmt::format("room {} failed: {}", st.room, reason)});
   st.queued.clear();
-  set_status(self, room_status::failed, reason);
+  if (!st.batch_link.empty()) {
+    const auto ms = st.ctx->config.timeouts.drain_ms;
+    st.ctx->log_room->debug("room={} draining {} write batches (up to {} ms)", st.room,
+                            st.batch_link.size(), ms);
+    self->delayed_send(self, std::chrono::milliseconds(ms), drain_atom::value);
+  }
+  finish_drain(self);
 }
 
 /// Copy planned local copies, then post `w` (split into pieces) to link `l` as one batch whose
@@ -108,6 +164,7 @@ void submit(sender_actor* self, decode_link& l, std::optional<uint64_t> staging)
   }
   transport::write_batch batch;
   batch.peer = l.peer->fabric_peer;
+  const size_t link_index = static_cast<size_t>(&l - st.links.data());
   batch.ops.reserve(w.size());
   for (const auto& p : w) {
     const auto& region = l.peer->region(p.dst);
@@ -117,9 +174,13 @@ void submit(sender_actor* self, decode_link& l, std::optional<uint64_t> staging)
   }
   l.writes += w.size();
   const uint64_t id = st.next_batch++;
-  if (staging) st.batch_staging[id] = *staging;
+  st.batch_link[id] = link_index;
   caf::actor me = caf::actor_cast<caf::actor>(self);
-  batch.done = [me, id](transport::batch_result r) {
+  // Packed staging is released by the completion itself: once every write of the batch has
+  // completed locally nothing reads it any more, whether or not this room still exists.
+  staging_area* area = staging ? ctx.staging.get() : nullptr;
+  batch.done = [me, id, area, at = staging.value_or(0)](transport::batch_result r) {
+    if (area) area->release(at);
     caf::anon_send(me, batch_done_msg{id, std::move(r)});
   };
   ctx.engine->submit(std::move(batch));
@@ -175,8 +236,9 @@ void maybe_announce(sender_actor* self) {
     if (!l.jobs.empty()) return;
   st.announced = true;
   for (const auto& l : st.links)
-    self->send(l.connection,
-               peer_outbound{caf::make_message(peer_announce{st.room, l.writes, l.bytes})});
+    self->send(
+        l.connection,
+        peer_outbound{caf::make_message(peer_announce{st.room, l.prep.token, l.writes, l.bytes})});
   // A room with no writes at all (no pages, no state, no aux pool) commits on the announcement.
   set_status(self, room_status::transferring);
 }
@@ -241,6 +303,13 @@ std::optional<std::string> post_chunk(sender_actor* self, const proto::send& chu
 void handle_chunk(sender_actor* self, client_request& req) {
   auto& st = self->state;
   const auto& chunk = std::get<proto::send>(req.msg);
+  if (st.failing) {
+    st.ctx->gateway->reply(
+        req.conn, req.seq,
+        proto::error{errc::cancelled, fmt::format("room {} failed: {} (its writes are draining)",
+                                                  st.room, st.fail_reason)});
+    return;
+  }
   if (!st.ready()) {
     if (st.queued.size() >= max_queued_chunks) {
       st.ctx->gateway->reply(
@@ -334,9 +403,12 @@ std::optional<std::string> check_prepare(const sender_state& st, const peer_inbo
 void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p) {
   auto& st = self->state;
   bool fatal = false;
-  if (auto e = check_prepare(st, in, p, fatal)) {
+  auto e = st.failing ? std::optional<std::string>(fmt::format("room {} failed on the prefill: {}",
+                                                               p.room, st.fail_reason))
+                      : check_prepare(st, in, p, fatal);
+  if (e) {
     self->send(in.connection,
-               peer_outbound{caf::make_message(peer_prepare_ack{p.room, false, *e})});
+               peer_outbound{caf::make_message(peer_prepare_ack{p.room, p.token, false, *e})});
     if (fatal) fail(self, *e);
     return;
   }
@@ -349,7 +421,8 @@ void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p) {
   st.ctx->log_room->debug("room={} peer={} prepared: {} dst pages, state slot {}, aux row {}; {}",
                           st.room, l.peer->address, l.prep.dst_pages.size(), l.prep.dst_state_slot,
                           l.prep.dst_aux_row, l.peer->link->describe());
-  self->send(l.connection, peer_outbound{caf::make_message(peer_prepare_ack{st.room, true, {}})});
+  self->send(l.connection,
+             peer_outbound{caf::make_message(peer_prepare_ack{st.room, l.prep.token, true, {}})});
   st.links.push_back(std::move(l));
   if (!st.ready()) return;
   set_status(self, room_status::waiting_for_input);
@@ -374,6 +447,7 @@ void on_peer(sender_actor* self, peer_inbound& in) {
             fail(self, fmt::format("decode {} reported: {}", in.from->address, o.reason));
           return;
         }
+        if (o.token != l->prep.token) return;  // an earlier incarnation of this room id
         if (!o.ok)
           return fail(self, fmt::format("decode {} reported: {}", l->peer->address, o.reason));
         l->committed = true;
@@ -393,20 +467,25 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
   st.scheduler = std::move(scheduler);
   st.room = room;
   const auto& t = st.ctx->config.timeouts;
-  self->delayed_send(self, std::chrono::milliseconds(t.prepare_wait_ms),
-                     deadline_msg{"waiting for the decode's prepare", t.prepare_wait_ms, true});
+  arm_state_deadline(self, room_status::bootstrapping);
   self->delayed_send(self, std::chrono::milliseconds(t.transfer_ms),
-                     deadline_msg{"transfer", t.transfer_ms});
+                     deadline_msg{"the whole room (timeouts.transfer_ms)", t.transfer_ms, {}});
   return {
       [=](client_request& req) { handle_chunk(self, req); },
       [=](peer_inbound& in) { on_peer(self, in); },
       [=](batch_done_msg& d) {
         auto& st = self->state;
-        if (auto it = st.batch_staging.find(d.batch); it != st.batch_staging.end()) {
-          st.ctx->staging->release(it->second);
-          st.batch_staging.erase(it);
+        std::string to = "?";
+        if (auto it = st.batch_link.find(d.batch); it != st.batch_link.end()) {
+          auto& l = st.links[it->second];
+          l.completed += d.result.completed;
+          l.failed += d.result.failed;
+          to = l.peer->address;
+          st.batch_link.erase(it);
         }
-        if (!d.result.ok) return fail(self, "write failed: " + d.result.error);
+        if (st.failing) return finish_drain(self);
+        if (!d.result.ok)
+          return fail(self, fmt::format("write to decode {} failed: {}", to, d.result.error));
         pump(self);
         maybe_announce(self);
       },
@@ -419,13 +498,19 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
         pump(self);
         maybe_announce(self);
       },
-      [=](cancel_atom) { fail(self, "cancelled by client"); },
+      [=](cancel_atom, const std::string& why) { fail(self, why); },
       [=](peer_down& d) { fail(self, describe(d)); },
       [=](deadline_msg& d) {
         auto& st = self->state;
-        if (!d.ends_at_prepare || !st.ready())
-          fail(self, fmt::format("timed out in {} after {} ms ({})", to_string(st.state.status()),
-                                 d.ms, d.what));
+        if (d.state && *d.state != st.state.status()) return;  // that status is over
+        fail(self, fmt::format("timed out in {} after {} ms ({})", to_string(st.state.status()),
+                               d.ms, d.what));
+      },
+      [=](drain_atom) {
+        auto& st = self->state;
+        finish_drain(self, fmt::format("; {} write batches were still in flight after the {} ms "
+                                       "drain (timeouts.drain_ms)",
+                                       st.batch_link.size(), st.ctx->config.timeouts.drain_ms));
       },
   };
 }

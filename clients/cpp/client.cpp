@@ -28,7 +28,8 @@ client::~client() {
 
 outcome<std::unique_ptr<client>> client::connect(const std::string& socket_path,
                                                  const std::string& name,
-                                                 std::chrono::milliseconds timeout) {
+                                                 std::chrono::milliseconds timeout,
+                                                 bool cancel_on_disconnect) {
   std::unique_ptr<client> c(new client());
   c->timeout_ = timeout;
   sockaddr_un addr{};
@@ -42,7 +43,7 @@ outcome<std::unique_ptr<client>> client::connect(const std::string& socket_path,
     return fail<std::unique_ptr<client>>(
         errc::peer_unreachable,
         fmt::format("cannot connect to ferryd at '{}': {}", socket_path, std::strerror(errno)));
-  auto r = c->request(proto::hello{proto::protocol_version, name});
+  auto r = c->request(proto::hello{proto::protocol_version, name, cancel_on_disconnect});
   if (!r) return fail<std::unique_ptr<client>>(r.code, r.message);
   auto* h = std::get_if<proto::hello_reply>(&r.value);
   if (!h)

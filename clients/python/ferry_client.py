@@ -17,7 +17,7 @@ import struct
 import time
 from collections import namedtuple
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 NO_INDEX = 0xFFFFFFFF
 STATUS = {0: "Failed", 1: "Bootstrapping", 2: "WaitingForInput", 3: "Transferring", 4: "Success"}
 FAILED, BOOTSTRAPPING, WAITING_FOR_INPUT, TRANSFERRING, SUCCESS = range(5)
@@ -71,7 +71,9 @@ class _Reader:
 
 
 class Client:
-    def __init__(self, socket_path, name="ferry-python", timeout=30.0):
+    def __init__(self, socket_path, name="ferry-python", timeout=30.0, cancel_on_disconnect=True):
+        """Connect and say hello. With cancel_on_disconnect (the default) the rooms this
+        connection creates are cancelled by ferryd when it closes."""
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
         self.sock.connect(socket_path)
@@ -80,7 +82,8 @@ class Client:
         self.buf = bytearray()
         self.events = []
         self.maps = {}
-        r = self._request(HELLO, struct.pack("<H", PROTOCOL_VERSION) + _str(name), HELLO_REPLY)
+        r = self._request(HELLO, struct.pack("<H", PROTOCOL_VERSION) + _str(name) +
+                          struct.pack("<B", 1 if cancel_on_disconnect else 0), HELLO_REPLY)
         self.version = r.take("H")
         self.node, self.instance, self.role, self.control = r.str(), r.str(), r.str(), r.str()
         self.tp_size, self.tp_rank, self.page_tokens = r.take("III")

@@ -258,6 +258,8 @@ class section {
       const std::string name = key.IsScalar() ? key.Scalar() : describe(key);
       bool known = false;
       for (std::string_view k : keys) known = known || (key.IsScalar() && k == name);
+      if (!known && name == "prepare_wait_ms" && path_ == "timeouts")
+        fail(child(name), "unknown key (renamed to timeouts.bootstrapping_ms)");
       if (!known) fail(child(name), "unknown key");
       // yaml-cpp accepts repeated keys and keeps the first; a repeat is almost always an edit
       // mistake, so refuse it instead of silently ignoring the later value.
@@ -367,9 +369,9 @@ aux_pool_config parse_aux(const YAML::Node& n) {
 
 ferry_config parse_root(const YAML::Node& root) {
   ferry_config cfg;
-  const section top(
-      root, "",
-      {"node", "role", "listen", "fabric", "timeouts", "limits", "tp", "pp", "log", "pools"});
+  const section top(root, "",
+                    {"node", "role", "listen", "fabric", "timeouts", "limits", "security", "tp",
+                     "pp", "log", "pools"});
 
   const section node(top.get_or_null("node"), "node", {"name", "instance"});
   node.required_field("name", cfg.node_name);
@@ -390,11 +392,21 @@ ferry_config parse_root(const YAML::Node& root) {
   fabric.optional_field("write_piece_bytes", cfg.fabric.write_piece_bytes);
   fabric.optional_field("staging_bytes", cfg.fabric.staging_bytes);
 
-  const section timeouts(top.get_or_null("timeouts"), "timeouts",
-                         {"handshake_ms", "prepare_wait_ms", "transfer_ms"});
+  const section timeouts(
+      top.get_or_null("timeouts"), "timeouts",
+      {"handshake_ms", "bootstrapping_ms", "waiting_for_input_ms", "transferring_ms", "transfer_ms",
+       "drain_ms", "heartbeat_ms", "heartbeat_misses"});
   timeouts.optional_field("handshake_ms", cfg.timeouts.handshake_ms);
-  timeouts.optional_field("prepare_wait_ms", cfg.timeouts.prepare_wait_ms);
+  timeouts.optional_field("bootstrapping_ms", cfg.timeouts.bootstrapping_ms);
+  timeouts.optional_field("waiting_for_input_ms", cfg.timeouts.waiting_for_input_ms);
+  timeouts.optional_field("transferring_ms", cfg.timeouts.transferring_ms);
   timeouts.optional_field("transfer_ms", cfg.timeouts.transfer_ms);
+  timeouts.optional_field("drain_ms", cfg.timeouts.drain_ms);
+  timeouts.optional_field("heartbeat_ms", cfg.timeouts.heartbeat_ms);
+  timeouts.optional_field("heartbeat_misses", cfg.timeouts.heartbeat_misses);
+
+  const section security(top.get_or_null("security"), "security", {"cluster_secret_file"});
+  security.optional_field("cluster_secret_file", cfg.security.cluster_secret_file);
 
   const section limits(top.get_or_null("limits"), "limits", {"max_active_rooms"});
   limits.optional_field("max_active_rooms", cfg.limits.max_active_rooms);
@@ -658,8 +670,13 @@ void validate_all(const ferry_config& cfg) {
     check_range(cfg.fabric.staging_bytes, 1 << 20, uint64_t{1} << 40, "fabric.staging_bytes");
 
   check_range(cfg.timeouts.handshake_ms, 1, 3600000, "timeouts.handshake_ms");
-  check_range(cfg.timeouts.prepare_wait_ms, 1, 3600000, "timeouts.prepare_wait_ms");
+  check_range(cfg.timeouts.bootstrapping_ms, 1, 3600000, "timeouts.bootstrapping_ms");
+  check_range(cfg.timeouts.waiting_for_input_ms, 1, 3600000, "timeouts.waiting_for_input_ms");
+  check_range(cfg.timeouts.transferring_ms, 1, 3600000, "timeouts.transferring_ms");
   check_range(cfg.timeouts.transfer_ms, 1, 3600000, "timeouts.transfer_ms");
+  check_range(cfg.timeouts.drain_ms, 1, 600000, "timeouts.drain_ms");
+  check_range(cfg.timeouts.heartbeat_ms, 10, 600000, "timeouts.heartbeat_ms");
+  check_range(cfg.timeouts.heartbeat_misses, 1, 1000, "timeouts.heartbeat_misses");
 
   check_range(cfg.limits.max_active_rooms, 1, 1u << 20, "limits.max_active_rooms");
 
@@ -781,9 +798,20 @@ std::string to_yaml(const ferry_config& cfg) {
 
   out << YAML::Key << "timeouts" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "handshake_ms" << YAML::Value << cfg.timeouts.handshake_ms;
-  out << YAML::Key << "prepare_wait_ms" << YAML::Value << cfg.timeouts.prepare_wait_ms;
+  out << YAML::Key << "bootstrapping_ms" << YAML::Value << cfg.timeouts.bootstrapping_ms;
+  out << YAML::Key << "waiting_for_input_ms" << YAML::Value << cfg.timeouts.waiting_for_input_ms;
+  out << YAML::Key << "transferring_ms" << YAML::Value << cfg.timeouts.transferring_ms;
   out << YAML::Key << "transfer_ms" << YAML::Value << cfg.timeouts.transfer_ms;
+  out << YAML::Key << "drain_ms" << YAML::Value << cfg.timeouts.drain_ms;
+  out << YAML::Key << "heartbeat_ms" << YAML::Value << cfg.timeouts.heartbeat_ms;
+  out << YAML::Key << "heartbeat_misses" << YAML::Value << cfg.timeouts.heartbeat_misses;
   out << YAML::EndMap;
+
+  if (!cfg.security.cluster_secret_file.empty()) {
+    out << YAML::Key << "security" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "cluster_secret_file" << YAML::Value << cfg.security.cluster_secret_file;
+    out << YAML::EndMap;
+  }
 
   out << YAML::Key << "limits" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "max_active_rooms" << YAML::Value << cfg.limits.max_active_rooms;

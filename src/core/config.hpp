@@ -93,9 +93,16 @@ struct fabric_config {
 };
 
 struct timeouts_config {
-  uint32_t handshake_ms = 10000;     ///< connect + handshake with a peer
-  uint32_t prepare_wait_ms = 30000;  ///< a send waits this long for its room's prepare
-  uint32_t transfer_ms = 120000;     ///< a room must reach a terminal state within this
+  uint32_t handshake_ms = 10000;  ///< connect + handshake with a peer
+  /// Per-state bounds, each counted from entering the state (either side of a room):
+  uint32_t bootstrapping_ms = 30000;      ///< prefill: the decode's prepares; decode: peers,
+                                          ///< staging and the prefill's acceptance
+  uint32_t waiting_for_input_ms = 60000;  ///< prefill: the client's chunks; decode: first write
+  uint32_t transferring_ms = 60000;       ///< first write to commit
+  uint32_t transfer_ms = 120000;  ///< a room must reach a terminal state within this, overall
+  uint32_t drain_ms = 2000;       ///< after a failure, in-flight writes must drain within this
+  uint32_t heartbeat_ms = 1000;   ///< connected peers exchange a heartbeat this often
+  uint32_t heartbeat_misses = 3;  ///< a peer silent for heartbeat_ms x misses is declared dead
 };
 
 struct limits_config {
@@ -117,6 +124,12 @@ struct log_config {
   std::string level = "info";  ///< trace, debug, info, warn, error
 };
 
+struct security_config {
+  /// File holding the cluster secret peers prove at handshake (challenge-response); empty: peers
+  /// are not authenticated. The file must not be readable by group or others.
+  std::string cluster_secret_file;
+};
+
 struct ferry_config {
   std::string node_name;
   std::string instance = "auto";  ///< "auto": a random id chosen at each start
@@ -126,6 +139,7 @@ struct ferry_config {
   fabric_config fabric;
   timeouts_config timeouts;
   limits_config limits;
+  security_config security;
   tp_config tp;
   pp_config pp;
   pools_config pools;

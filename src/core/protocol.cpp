@@ -135,6 +135,7 @@ class reader {
 void encode_body(writer& w, const hello& m) {
   w.num(m.version);
   w.str(m.client_name);
+  w.num(static_cast<uint8_t>(m.cancel_on_disconnect));
 }
 void encode_body(writer& w, const prepare& m) {
   w.num(m.room);
@@ -197,7 +198,12 @@ void encode_body(writer& w, const event& m) {
 }
 
 bool decode_body(reader& r, hello& m) {
-  return r.num(m.version, "version") && r.str(m.client_name, "client_name");
+  uint8_t cancel = 0;
+  if (!(r.num(m.version, "version") && r.str(m.client_name, "client_name") &&
+        r.num(cancel, "cancel_on_disconnect")))
+    return false;
+  m.cancel_on_disconnect = cancel != 0;
+  return true;
 }
 bool decode_body(reader& r, prepare& m) {
   return r.num(m.room, "room") && r.str_list(m.prefill_peers, "prefill_peers") &&

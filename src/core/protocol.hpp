@@ -21,7 +21,7 @@
 
 namespace ferry::proto {
 
-inline constexpr uint16_t protocol_version = 2;
+inline constexpr uint16_t protocol_version = 3;
 inline constexpr uint32_t max_frame_bytes = 16u << 20;  ///< limit on the length field
 inline constexpr uint32_t header_bytes = 12;            ///< length + type + flags + seq
 inline constexpr uint32_t max_string_bytes = 64u << 10;
@@ -47,6 +47,10 @@ enum class msg_type : uint16_t {
 struct hello {
   uint16_t version = protocol_version;
   std::string client_name;
+  /// Rooms this connection creates (a decode prepare, a prefill room's first send) are
+  /// cancelled when it closes. Libraries set it; ferryctl, whose commands each use their own
+  /// connection, does not.
+  bool cancel_on_disconnect = true;
 };
 /// Decode side: where this room's bytes must land.
 struct prepare {

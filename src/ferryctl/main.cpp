@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
     // Retry the connect until the daemon has created its pools and socket, bounded in time.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (;;) {
-      auto c = client::client::connect(socket, "ferryctl");
+      auto c = client::client::connect(socket, "ferryctl", std::chrono::seconds(10), false);
       if (c) {
         std::cout << fmt::format("{} ({}) is ready\n", c.value->daemon().node,
                                  c.value->daemon().role);
@@ -129,7 +129,8 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
-  auto conn = client::client::connect(socket, "ferryctl");
+  // Each ferryctl command is its own connection: its rooms must outlive it.
+  auto conn = client::client::connect(socket, "ferryctl", std::chrono::seconds(10), false);
   if (!conn) {
     std::cerr << "ferryctl: " << conn.message << "\n";
     return 1;

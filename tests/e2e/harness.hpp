@@ -87,7 +87,13 @@ struct shape {
   uint32_t mamba_layers = 3;
   uint32_t temporal_heads = 8;  ///< unsharded; the rank holds temporal_heads / tp_size
   uint32_t aux_rows = 64;
-  uint32_t prepare_wait_ms = 20000;
+  uint32_t bootstrapping_ms = 20000;
+  uint32_t waiting_for_input_ms = 60000;
+  uint32_t transferring_ms = 60000;
+  uint32_t drain_ms = 2000;
+  uint32_t heartbeat_ms = 1000;
+  uint32_t heartbeat_misses = 3;
+  std::string secret_file;  ///< security.cluster_secret_file (empty: none)
   uint32_t transfer_ms = 30000;
   uint32_t max_active_rooms = 4096;
   uint64_t staging_bytes = 64ull << 20;
@@ -117,9 +123,13 @@ inline std::string make_config(const std::string& name, const std::string& role,
     << s.staging_bytes << "\n"
     << "tp:\n  size: " << s.tp_size << "\n  rank: " << s.tp_rank << "\npp:\n  size: " << s.pp_size
     << "\n  rank: " << s.pp_rank << "\n"
-    << "timeouts:\n  handshake_ms: 10000\n  prepare_wait_ms: " << s.prepare_wait_ms
+    << "timeouts:\n  handshake_ms: 10000\n  bootstrapping_ms: " << s.bootstrapping_ms
+    << "\n  waiting_for_input_ms: " << s.waiting_for_input_ms
+    << "\n  transferring_ms: " << s.transferring_ms << "\n  drain_ms: " << s.drain_ms
+    << "\n  heartbeat_ms: " << s.heartbeat_ms << "\n  heartbeat_misses: " << s.heartbeat_misses
     << "\n  transfer_ms: " << s.transfer_ms
     << "\nlimits:\n  max_active_rooms: " << s.max_active_rooms << "\nlog:\n  level: info\n"
+    << (s.secret_file.empty() ? "" : "security:\n  cluster_secret_file: " + s.secret_file + "\n")
     << "pools:\n  kv:\n    layer_ids: [" << kv_ids.str() << "]\n    page_tokens: " << s.page_tokens
     << "\n    kv_heads: " << kv_heads
     << "\n    total_heads: 2\n    head_dim: 256\n    dtype_bytes: 2\n    pages: " << s.pages
@@ -143,12 +153,36 @@ class daemon_proc {
     config_ = (dir.path / (name + ".yaml")).string();
     log_ = (dir.path / (name + ".log")).string();
     std::ofstream(config_) << make_config(name, role, control_port_, socket_, s);
+    start();
+  }
+  ~daemon_proc() { stop(); }
+
+  /// Start again with the same config (same addresses; a new instance id), after stop/kill.
+  void restart() {
+    REQUIRE(pid_ <= 0);
+    start();
+  }
+
+  /// Send a signal (SIGSTOP, SIGCONT, SIGKILL...); after SIGKILL the process is reaped.
+  void signal(int sig) {
+    REQUIRE(pid_ > 0);
+    REQUIRE(::kill(pid_, sig) == 0);
+    if (sig == SIGKILL) {
+      int st = 0;
+      waitpid(pid_, &st, 0);
+      pid_ = -1;
+      exit_status_ = -1;
+    }
+  }
+
+ private:
+  void start() {
     int ready[2];
     REQUIRE(pipe2(ready, O_CLOEXEC) == 0);
     pid_ = fork();
     REQUIRE(pid_ >= 0);
     if (pid_ == 0) {
-      int log_fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int log_fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       dup2(log_fd, 1);
       dup2(log_fd, 2);
       dup2(ready[1], 3);  // dup2 clears O_CLOEXEC on the copy
@@ -165,15 +199,16 @@ class daemon_proc {
     close(ready[0]);
     if (got <= 0) {
       stop();
-      FAIL("ferryd " << name << " did not become ready; log:\n" << log_text());
+      FAIL("ferryd " << name_ << " did not become ready; log:\n" << log_text());
     }
   }
-  ~daemon_proc() { stop(); }
 
+ public:
   /// Stop with SIGTERM; returns the exit status (or -1 when it had to be killed).
   int stop() {
     if (pid_ <= 0) return exit_status_;
     kill(pid_, SIGTERM);
+    kill(pid_, SIGCONT);  // a SIGSTOPped daemon must run to handle it
     int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid_, 0));
     pollfd p{pidfd, POLLIN, 0};
     if (pidfd < 0 || ::poll(&p, 1, 15000) <= 0) kill(pid_, SIGKILL);

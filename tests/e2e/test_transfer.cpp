@@ -98,7 +98,7 @@ TEST_CASE("a send that arrives before its prepare waits for it", "[e2e]") {
 
 TEST_CASE("a send whose prepare never comes fails after the bounded wait", "[e2e]") {
   shape s;
-  s.prepare_wait_ms = 300;
+  s.bootstrapping_ms = 300;
   pair c(s);
   room_spec r;
   r.room = 56;
@@ -165,8 +165,8 @@ TEST_CASE("a room id may be reused after its terminal state", "[e2e]") {
   again.src_row = 4, again.dst_row = 5;
   stage(c, again);
   prepare(c, again);
-  // Until epochs exist (issue 4), a send for a reused id is only told apart from a late send of
-  // the old incarnation once the prefill holds the new prepare: wait for that first.
+  // On the prefill, a send for a reused id is told apart from a late send of the old
+  // incarnation once it holds the new prepare: wait for that first.
   wait_status(*c.d, again.room, room_status::waiting_for_input);
   send_chunks(c, again);
   REQUIRE(wait_done(*c.d, again.room).status == room_status::success);

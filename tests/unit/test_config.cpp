@@ -103,7 +103,9 @@ void require_equal(const ferry_config& a, const ferry_config& b) {
   REQUIRE(a.fabric.max_inflight_writes == b.fabric.max_inflight_writes);
   REQUIRE(a.fabric.write_piece_bytes == b.fabric.write_piece_bytes);
   REQUIRE(a.timeouts.handshake_ms == b.timeouts.handshake_ms);
-  REQUIRE(a.timeouts.prepare_wait_ms == b.timeouts.prepare_wait_ms);
+  REQUIRE(a.timeouts.bootstrapping_ms == b.timeouts.bootstrapping_ms);
+  REQUIRE(a.timeouts.drain_ms == b.timeouts.drain_ms);
+  REQUIRE(a.timeouts.heartbeat_ms == b.timeouts.heartbeat_ms);
   REQUIRE(a.timeouts.transfer_ms == b.timeouts.transfer_ms);
   REQUIRE(a.tp.size == b.tp.size);
   REQUIRE(a.tp.rank == b.tp.rank);
@@ -217,7 +219,7 @@ pools:
   REQUIRE(cfg.fabric.max_inflight_writes == 64);
   REQUIRE(cfg.fabric.write_piece_bytes == 1048576);
   REQUIRE(cfg.timeouts.handshake_ms == 10000);
-  REQUIRE(cfg.timeouts.prepare_wait_ms == 30000);
+  REQUIRE(cfg.timeouts.bootstrapping_ms == 30000);
   REQUIRE(cfg.timeouts.transfer_ms == 120000);
   REQUIRE(cfg.tp.size == 1);
   REQUIRE(cfg.tp.rank == 0);
@@ -445,6 +447,18 @@ TEST_CASE("validation errors name the key and the value seen", "[unit][config]")
   SECTION("timeout") {
     REQUIRE(validate_error(base_yaml + "timeouts: {transfer_ms: 3600001}\n") ==
             "timeouts.transfer_ms: expected an integer in 1..3600000, got 3600001");
+    REQUIRE(validate_error(base_yaml + "timeouts: {waiting_for_input_ms: 0}\n") ==
+            "timeouts.waiting_for_input_ms: expected an integer in 1..3600000, got 0");
+    REQUIRE(validate_error(base_yaml + "timeouts: {heartbeat_ms: 5}\n") ==
+            "timeouts.heartbeat_ms: expected an integer in 10..600000, got 5");
+    REQUIRE(validate_error(base_yaml + "timeouts: {heartbeat_misses: 0}\n") ==
+            "timeouts.heartbeat_misses: expected an integer in 1..1000, got 0");
+    REQUIRE(validate_error(base_yaml + "timeouts: {drain_ms: 0}\n") ==
+            "timeouts.drain_ms: expected an integer in 1..600000, got 0");
+  }
+  SECTION("a renamed timeout names its new key") {
+    REQUIRE(parse_error(base_yaml + "timeouts: {prepare_wait_ms: 100}\n") ==
+            "timeouts.prepare_wait_ms: unknown key (renamed to timeouts.bootstrapping_ms)");
   }
   SECTION("tp rank") {
     REQUIRE(validate_error(replace(base_yaml, "size: 1", "size: 2\n  rank: 2")) ==

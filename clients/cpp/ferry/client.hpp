@@ -36,10 +36,13 @@ struct none {};
 
 class client {
  public:
-  /// Connect to the ferryd at `socket_path`, say hello, and keep its pool description.
+  /// Connect to the ferryd at `socket_path`, say hello, and keep its pool description. With
+  /// `cancel_on_disconnect` (the default) the rooms this connection creates are cancelled when
+  /// it closes, so a crashed engine leaks nothing.
   static outcome<std::unique_ptr<client>> connect(
       const std::string& socket_path, const std::string& name = "ferry-client",
-      std::chrono::milliseconds timeout = std::chrono::seconds(10));
+      std::chrono::milliseconds timeout = std::chrono::seconds(10),
+      bool cancel_on_disconnect = true);
   ~client();
   client(const client&) = delete;
   client& operator=(const client&) = delete;

@@ -1,0 +1,93 @@
+#include "core/auth.hpp"
+
+#include <fcntl.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+namespace ferry {
+
+bytes random_bytes(size_t n) {
+  bytes out(n);
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = getrandom(out.data() + got, n - got, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throw std::runtime_error(std::string("getrandom: ") + std::strerror(errno));
+    got += static_cast<size_t>(r);
+  }
+  return out;
+}
+
+bytes auth_proof(std::string_view secret, std::string_view label, const bytes& a, const bytes& b,
+                 std::string_view c) {
+  // Length-prefix each field so no two different inputs concatenate to the same message.
+  bytes msg;
+  auto put = [&](const void* p, size_t n) {
+    for (int i = 0; i < 4; ++i) msg.push_back(static_cast<uint8_t>(n >> (8 * i)));
+    msg.insert(msg.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + n);
+  };
+  put(label.data(), label.size());
+  put(a.data(), a.size());
+  put(b.data(), b.size());
+  put(c.data(), c.size());
+  return hmac_sha256(secret, msg);
+}
+
+bytes hmac_sha256(std::string_view key, const bytes& message) {
+  bytes out(EVP_MAX_MD_SIZE);
+  unsigned int len = 0;
+  if (!HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), message.data(), message.size(),
+            out.data(), &len))
+    throw std::runtime_error("HMAC-SHA256 failed");
+  out.resize(len);
+  return out;
+}
+
+bool proofs_equal(const bytes& x, const bytes& y) {
+  return x.size() == y.size() && !x.empty() && CRYPTO_memcmp(x.data(), y.data(), x.size()) == 0;
+}
+
+secret_result read_secret_file(const std::string& path) {
+  secret_result r;
+  const std::string what = "security.cluster_secret_file '" + path + "': ";
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    r.error = what + std::strerror(errno);
+    return r;
+  }
+  struct stat sb {};
+  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    close(fd);
+    r.error = what + "not a regular file";
+    return r;
+  }
+  if (sb.st_mode & (S_IRWXG | S_IRWXO)) {
+    close(fd);
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(sb.st_mode & 07777));
+    r.error = what + "mode " + mode + " lets group or others access it; chmod 600 it";
+    return r;
+  }
+  char buf[4096];
+  ssize_t n = 0;
+  while ((n = read(fd, buf, sizeof buf)) > 0 && r.secret.size() < 65536)
+    r.secret.append(buf, static_cast<size_t>(n));
+  close(fd);
+  if (!r.secret.empty() && r.secret.back() == '\n') r.secret.pop_back();
+  if (r.secret.size() < min_secret_bytes) {
+    r.error = what + "holds " + std::to_string(r.secret.size()) + " bytes; at least " +
+              std::to_string(min_secret_bytes) + " are required";
+    r.secret.clear();
+  }
+  return r;
+}
+
+}  // namespace ferry

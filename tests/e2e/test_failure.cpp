@@ -1,0 +1,435 @@
+// Failure semantics on loopback, with real daemons: cancel with drain and immediate reuse of the
+// pages, hung (SIGSTOPped) and killed peers in both directions, restarts, per-state deadlines
+// and the cluster secret. Every scenario asserts the terminal states and reasons on both sides,
+// that nothing stays held, and the bytes of the rooms that must succeed. Detection bounds are
+// asserted loosely (they are liveness properties, not benchmarks).
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+
+#include "harness.hpp"
+
+using namespace ferry;
+using namespace ferry::test;
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+/// A room big and fragmented enough that many writes are still in flight when its first write
+/// has landed: 2048 single-page runs per buffer, sent in two chunks.
+room_spec big_room(uint64_t id) {
+  room_spec r;
+  r.room = id;
+  for (uint32_t i = 0; i < 2048; ++i) {
+    r.src_pages.push_back(2 * i);
+    r.dst_pages.push_back(4095 - 2 * i);
+  }
+  r.chunks = {1024, 1024};
+  r.src_slot = 1, r.dst_slot = 5;
+  r.src_row = 2, r.dst_row = 7;
+  return r;
+}
+
+void stage_on(client::client& p, client::client& d, const room_spec& r) {
+  REQUIRE(client::fill_kv(p, r.room, r.src_pages, 0) == "");
+  REQUIRE(client::fill_state_and_aux(p, r.room, r.src_slot, r.src_row) == "");
+  REQUIRE(client::clear_room(d, r.dst_pages, r.dst_slot, r.dst_row) == "");
+}
+
+void prepare_on(client::client& d, const std::string& peer, const room_spec& r) {
+  auto ok = d.prepare({r.room, {peer}, r.dst_pages, r.dst_slot, r.dst_row});
+  INFO(ok.message);
+  REQUIRE(ok);
+}
+
+/// Send chunk `k` of the room (the last one carries the slot and row).
+void send_chunk(client::client& p, const room_spec& r, size_t k) {
+  uint32_t pos = 0;
+  for (size_t i = 0; i < k; ++i) pos += r.chunks[i];
+  const bool last = k + 1 == r.chunks.size();
+  std::vector<uint32_t> pages(r.src_pages.begin() + pos, r.src_pages.begin() + pos + r.chunks[k]);
+  auto ok =
+      p.send({r.room, pages, last, last ? r.src_slot : no_index, last ? r.src_row : no_index});
+  INFO(ok.message);
+  REQUIRE(ok);
+}
+
+void run_on(client::client& p, client::client& d, const std::string& peer, const room_spec& r) {
+  stage_on(p, d, r);
+  prepare_on(d, peer, r);
+  for (size_t k = 0; k < r.chunks.size(); ++k) send_chunk(p, r, k);
+  auto de = wait_done(d, r.room);
+  INFO(de.reason);
+  REQUIRE(de.status == room_status::success);
+  auto pe = wait_done(p, r.room);
+  INFO(pe.reason);
+  REQUIRE(pe.status == room_status::success);
+  CHECK(client::verify_room(d, r.room, r.dst_pages, r.dst_slot, r.dst_row) == "");
+}
+
+std::string status_of(client::client& c) {
+  auto s = c.info(proto::info_topic::status);
+  INFO(s.message);
+  REQUIRE(s);
+  return s.value;
+}
+
+/// Nothing of any room is held any more on this daemon.
+void check_nothing_held(client::client& c) {
+  const auto s = status_of(c);
+  INFO(s);
+  CHECK_THAT(s, Catch::Contains("prefill_rooms_active: 0\n"));
+  CHECK_THAT(s, Catch::Contains("decode_rooms_active: 0\n"));
+  CHECK_THAT(s, Catch::Contains("staging_in_use: 0\n"));
+}
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+/// Three daemons on loopback: two prefills and one decode (a second prefill to serve the room
+/// that reuses the pages while the first is hung or dead).
+struct trio {
+  temp_dir dir;
+  shape s;
+  daemon_proc p1, p2, d;
+  std::unique_ptr<client::client> c1, c2, cd;
+  explicit trio(shape sh)
+      : s(sh),
+        p1(dir, "prefill-1", "prefill", s),
+        p2(dir, "prefill-2", "prefill", s),
+        d(dir, "decode-0", "decode", s) {
+    c1 = p1.connect();
+    c2 = p2.connect();
+    cd = d.connect();
+  }
+};
+
+shape fast_liveness() {
+  shape s;
+  s.heartbeat_ms = 200;
+  s.heartbeat_misses = 3;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a room cancelled mid-transfer drains, and its pages reused at once get only the new bytes",
+    "[e2e][failure]") {
+  pair c;
+  auto a = big_room(701);
+  stage(c, a);
+  prepare(c, a);
+  send_chunk(*c.p, a, 0);
+  wait_status(*c.d, a.room, room_status::transferring);
+
+  SECTION("cancelled by the decode client") {
+    REQUIRE(c.d->cancel(a.room));
+    auto de = wait_done(*c.d, a.room);
+    CHECK(de.status == room_status::failed);
+    CHECK(de.reason == "cancelled by client");
+    auto pe = wait_done(*c.p, a.room);
+    CHECK(pe.status == room_status::failed);
+    CHECK_THAT(pe.reason, Catch::Contains("reported: cancelled by client"));
+  }
+  SECTION("cancelled by the prefill client") {
+    REQUIRE(c.p->cancel(a.room));
+    auto pe = wait_done(*c.p, a.room);
+    CHECK(pe.status == room_status::failed);
+    CHECK(pe.reason == "cancelled by client");
+    auto de = wait_done(*c.d, a.room);
+    CHECK(de.status == room_status::failed);
+    CHECK_THAT(de.reason, Catch::Contains("reported: cancelled by client"));
+    // Its remaining chunk is refused with the reason, not queued.
+    auto late = c.p->send({a.room, {}, true, a.src_slot, a.src_row});
+    CHECK_FALSE(late);
+  }
+  // Every write of the old room that will ever land has landed before Failed was reported:
+  // none arrives afterwards (a late write would be counted as stray).
+  CHECK_THAT(status_of(*c.d), Catch::Contains("stray_writes: 0\n"));
+  check_nothing_held(*c.d);
+  check_nothing_held(*c.p);
+
+  // The very same destination pages, slot and row, at once, for a new room.
+  auto b = big_room(702);
+  b.src_pages = range(0, 2048);
+  run_and_verify(c, b);
+  CHECK_THAT(status_of(*c.d), Catch::Contains("stray_writes: 0\n"));
+}
+
+TEST_CASE("a room cancelled while waiting for input fails on both sides and holds nothing",
+          "[e2e][failure]") {
+  pair c;
+  auto a = big_room(711);
+  stage(c, a);
+  prepare(c, a);
+  wait_status(*c.d, a.room, room_status::waiting_for_input);
+  REQUIRE(c.d->cancel(a.room));
+  CHECK(wait_done(*c.d, a.room).status == room_status::failed);
+  CHECK(wait_done(*c.p, a.room).status == room_status::failed);
+  check_nothing_held(*c.d);
+  check_nothing_held(*c.p);
+}
+
+TEST_CASE("each non-terminal state has its own deadline, and the other side is told",
+          "[e2e][failure]") {
+  SECTION("decode WaitingForInput: the prefill never sends") {
+    shape s;
+    s.waiting_for_input_ms = 300;
+    pair c(s);
+    auto a = big_room(721);
+    stage(c, a);
+    prepare(c, a);
+    auto de = wait_done(*c.d, a.room);
+    CHECK(de.status == room_status::failed);
+    CHECK(de.reason ==
+          "timed out in WaitingForInput after 300 ms (waiting for the first write: 0 landed, none "
+          "announced)");
+    auto pe = wait_done(*c.p, a.room);
+    CHECK(pe.status == room_status::failed);
+    CHECK_THAT(pe.reason, Catch::Contains("timed out in WaitingForInput after 300 ms"));
+    check_nothing_held(*c.d);
+  }
+  SECTION("Transferring: the last chunk never comes") {
+    shape s;
+    s.transferring_ms = 500;
+    pair c(s);
+    auto a = big_room(722);
+    stage(c, a);
+    prepare(c, a);
+    send_chunk(*c.p, a, 0);
+    auto pe = wait_done(*c.p, a.room);
+    CHECK(pe.status == room_status::failed);
+    CHECK(pe.reason ==
+          "timed out in Transferring after 500 ms (waiting for the last chunk and the decode's "
+          "commit)");
+    auto de = wait_done(*c.d, a.room);
+    CHECK(de.status == room_status::failed);
+    CHECK_THAT(de.reason, Catch::Contains("timed out in Transferring"));
+    CHECK_THAT(status_of(*c.d), Catch::Contains("stray_writes: 0\n"));
+    check_nothing_held(*c.d);
+    check_nothing_held(*c.p);
+  }
+}
+
+TEST_CASE("a hung prefill is declared dead within the heartbeat bound and fenced",
+          "[e2e][failure]") {
+  trio t(fast_liveness());
+  auto a = big_room(731);
+  stage_on(*t.c1, *t.cd, a);
+  prepare_on(*t.cd, t.p1.control(), a);
+  send_chunk(*t.c1, a, 0);
+  wait_status(*t.cd, a.room, room_status::transferring);
+
+  t.p1.signal(SIGSTOP);
+  const auto t0 = clock_type::now();
+  auto de = wait_done(*t.cd, a.room);
+  const double detected = seconds_since(t0);
+  CHECK(de.status == room_status::failed);
+  CHECK_THAT(de.reason, Catch::Contains("unresponsive: nothing heard for"));
+  // 3 x 200 ms of silence, one more tick, then the fence: well under the 2 s drain bound.
+  CHECK(detected < 5.0);
+  check_nothing_held(*t.cd);
+
+  // New rooms naming the hung prefill fail at once instead of waiting for a handshake timeout.
+  auto c = big_room(733);
+  c.dst_pages = range(0, 8);
+  c.chunks = {8};
+  prepare_on(*t.cd, t.p1.control(), c);
+  const auto t1 = clock_type::now();
+  auto ce = wait_done(*t.cd, c.room);
+  CHECK(seconds_since(t1) < 1.0);
+  CHECK(ce.status == room_status::failed);
+  CHECK_THAT(ce.reason, Catch::Contains("unresponsive") && Catch::Contains("not retried"));
+
+  // Another prefill reuses the same pages, slot and row at once.
+  auto b = big_room(732);
+  run_on(*t.c2, *t.cd, t.p2.control(), b);
+
+  // The hung prefill resumes with writes of the old room still queued: the fabric rejects them
+  // (its registrations at the decode are closed), so the new room keeps exactly its bytes.
+  t.p1.signal(SIGCONT);
+  auto pe = wait_done(*t.c1, a.room);
+  CHECK(pe.status == room_status::failed);
+  CHECK(client::verify_room(*t.cd, b.room, b.dst_pages, b.dst_slot, b.dst_row) == "");
+  CHECK_THAT(status_of(*t.cd), Catch::Contains("stray_writes: 0\n"));
+  check_nothing_held(*t.c1);
+}
+
+TEST_CASE("a killed prefill fails the decode's rooms at once, and restarted it serves new rooms",
+          "[e2e][failure]") {
+  trio t(fast_liveness());
+  auto a = big_room(741);
+  stage_on(*t.c1, *t.cd, a);
+  prepare_on(*t.cd, t.p1.control(), a);
+  send_chunk(*t.c1, a, 0);
+  wait_status(*t.cd, a.room, room_status::transferring);
+  // An unrelated room from the other prefill, in flight at the same time.
+  auto other = big_room(742);
+  for (uint32_t i = 0; i < 2048; ++i) other.dst_pages[i] = 2 * i;  // disjoint from room 741's
+  other.dst_slot = 6, other.dst_row = 8;
+  stage_on(*t.c2, *t.cd, other);
+  prepare_on(*t.cd, t.p2.control(), other);
+  send_chunk(*t.c2, other, 0);
+
+  t.p1.signal(SIGKILL);
+  const auto t0 = clock_type::now();
+  auto de = wait_done(*t.cd, a.room);
+  CHECK(seconds_since(t0) < 5.0);
+  CHECK(de.status == room_status::failed);
+  CHECK_THAT(de.reason, Catch::Contains("lost"));
+
+  // The other room is unaffected.
+  send_chunk(*t.c2, other, 1);
+  auto oe = wait_done(*t.cd, other.room);
+  INFO(oe.reason);
+  CHECK(oe.status == room_status::success);
+  CHECK(client::verify_room(*t.cd, other.room, other.dst_pages, other.dst_slot, other.dst_row) ==
+        "");
+  check_nothing_held(*t.cd);
+
+  // Same address, new instance: it handshakes again and serves the reused pages.
+  t.p1.restart();
+  t.c1 = t.p1.connect();
+  auto b = big_room(743);
+  run_on(*t.c1, *t.cd, t.p1.control(), b);
+  auto peers = t.cd->info(proto::info_topic::peers);
+  REQUIRE(peers);
+  CHECK_THAT(peers.value, Catch::Contains("node=prefill-1"));
+}
+
+TEST_CASE("a dead or hung decode fails the prefill's rooms for it, not the others",
+          "[e2e][failure]") {
+  shape s = fast_liveness();
+  temp_dir dir;
+  daemon_proc p(dir, "prefill-0", "prefill", s);
+  daemon_proc d1(dir, "decode-1", "decode", s);
+  daemon_proc d2(dir, "decode-2", "decode", s);
+  auto cp = p.connect();
+  auto c1 = d1.connect();
+  auto c2 = d2.connect();
+  auto a = big_room(751);
+  auto b = big_room(752);
+  for (uint32_t i = 0; i < 2048; ++i) b.src_pages[i] = 2 * i + 1;  // disjoint from a's sources
+  stage_on(*cp, *c1, a);
+  stage_on(*cp, *c2, b);
+  prepare_on(*c1, p.control(), a);
+  prepare_on(*c2, p.control(), b);
+  send_chunk(*cp, a, 0);
+  send_chunk(*cp, b, 0);
+  wait_status(*cp, a.room, room_status::transferring);
+
+  std::string expect;
+  SECTION("killed") {
+    d1.signal(SIGKILL);
+    expect = "lost";
+  }
+  SECTION("hung") {
+    d1.signal(SIGSTOP);
+    expect = "unresponsive";
+  }
+  const auto t0 = clock_type::now();
+  auto pe = wait_done(*cp, a.room);
+  CHECK(seconds_since(t0) < 8.0);  // detection, then at most the 2 s drain bound
+  CHECK(pe.status == room_status::failed);
+  CHECK_THAT(pe.reason, Catch::Contains(expect));
+
+  send_chunk(*cp, b, 1);
+  auto be = wait_done(*c2, b.room);
+  INFO(be.reason);
+  CHECK(be.status == room_status::success);
+  CHECK(wait_done(*cp, b.room).status == room_status::success);
+  CHECK(client::verify_room(*c2, b.room, b.dst_pages, b.dst_slot, b.dst_row) == "");
+  check_nothing_held(*cp);
+}
+
+TEST_CASE("peers prove the cluster secret at handshake", "[e2e][failure][security]") {
+  temp_dir secrets;
+  auto write_secret = [&](const std::string& name, const std::string& text) {
+    auto path = (secrets.path / name).string();
+    std::ofstream(path) << text << "\n";
+    REQUIRE(chmod(path.c_str(), 0600) == 0);
+    return path;
+  };
+  const auto good = write_secret("good", "correct horse battery staple");
+  const auto other = write_secret("other", "a different secret of the cluster");
+  shape ps, ds;
+  std::string expect;
+  SECTION("same secret: the room succeeds") { ps.secret_file = ds.secret_file = good; }
+  SECTION("different secrets") {
+    ps.secret_file = good;
+    ds.secret_file = other;
+    expect = "failed the cluster-secret challenge (different secrets?)";
+  }
+  SECTION("only the prefill has one") {
+    ps.secret_file = good;
+    expect =
+        "this daemon requires peers to prove the cluster secret, and the peer offered no "
+        "challenge";
+  }
+  SECTION("only the decode has one") {
+    ds.secret_file = good;
+    expect = "the peer requires a cluster secret but this daemon has none";
+  }
+  temp_dir dir;
+  daemon_proc p(dir, "prefill-0", "prefill", ps);
+  daemon_proc d(dir, "decode-0", "decode", ds);
+  auto cp = p.connect();
+  auto cd = d.connect();
+  room_spec r;
+  r.room = 761;
+  r.src_pages = range(0, 8);
+  r.dst_pages = range(8, 8);
+  r.chunks = {8};
+  if (expect.empty()) {
+    run_on(*cp, *cd, p.control(), r);
+  } else {
+    stage_on(*cp, *cd, r);
+    prepare_on(*cd, p.control(), r);
+    auto de = wait_done(*cd, r.room);
+    CHECK(de.status == room_status::failed);
+    CHECK_THAT(de.reason, Catch::Contains(expect));
+    check_nothing_held(*cd);
+  }
+}
+
+TEST_CASE("a client's rooms are cancelled when it disconnects, unless it said otherwise",
+          "[e2e][failure]") {
+  pair c;
+  auto a = big_room(771);
+  stage(c, a);
+  SECTION("a library client (cancel_on_disconnect, the default)") {
+    {
+      auto owner = c.decode.connect();
+      prepare_on(*owner, c.prefill.control(), a);
+      send_chunk(*c.p, a, 0);
+      wait_status(*c.d, a.room, room_status::transferring);
+      REQUIRE(c.d->subscribe(a.room));
+    }  // the engine process "crashes": its connection closes
+    auto de = c.d->wait_terminal(a.room, 60s);
+    REQUIRE(de);
+    CHECK(de.value.status == room_status::failed);
+    CHECK(de.value.reason == "cancelled: its client disconnected");
+    auto pe = wait_done(*c.p, a.room);
+    CHECK(pe.status == room_status::failed);
+    CHECK_THAT(pe.reason, Catch::Contains("cancelled: its client disconnected"));
+    CHECK_THAT(status_of(*c.d), Catch::Contains("stray_writes: 0\n"));
+    check_nothing_held(*c.d);
+    check_nothing_held(*c.p);
+  }
+  SECTION("a ferryctl-style client (each command its own connection)") {
+    {
+      auto cli = client::client::connect(c.decode.socket(), "cli", 10s, false);
+      REQUIRE(cli);
+      prepare_on(*cli.value, c.prefill.control(), a);
+    }
+    send_chunk(*c.p, a, 0);
+    send_chunk(*c.p, a, 1);
+    auto de = wait_done(*c.d, a.room);
+    INFO(de.reason);
+    CHECK(de.status == room_status::success);
+    CHECK(client::verify_room(*c.d, a.room, a.dst_pages, a.dst_slot, a.dst_row) == "");
+  }
+}
