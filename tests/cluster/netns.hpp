@@ -35,6 +35,12 @@ namespace ferry::test::netns {
 
 using namespace std::chrono_literals;
 
+/// Set when an assertion of the running test case failed (by the listener in main.cpp).
+inline bool& test_failed() {
+  static bool failed = false;
+  return failed;
+}
+
 /// Outcome of one command: exit code (-1: killed by a signal or by the bound; 127: not found).
 struct run_result {
   int code = -1;
