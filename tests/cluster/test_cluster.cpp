@@ -4,6 +4,8 @@
 // unix client socket on the shared filesystem. Without the right to make namespaces every test
 // reports skipped (exit code 4), naming why.
 
+#include <sys/mman.h>
+
 #include <cctype>
 
 #include "netns.hpp"
@@ -58,15 +60,18 @@ struct node {
   std::string control() const { return proc->control(); }
 };
 
+/// The tcp provider and a cluster of `hosts` hosts, or the test process ends as skipped.
+std::unique_ptr<netns::cluster> require_cluster(size_t hosts) {
+  require_provider("tcp");  // first: an early exit must leave nothing behind
+  return netns::require_cluster(hosts);
+}
+
 struct fixture {
-  std::unique_ptr<netns::cluster> net;
+  std::unique_ptr<netns::cluster> net;  // first: made (or skipped) before the directories
   temp_dir dir;
   temp_dir restart_dir;  ///< files of restarted daemons, so the first one's log stays readable
 
-  explicit fixture(size_t hosts) {
-    require_provider("tcp");  // before anything exists that an early exit would leave behind
-    net = netns::require_cluster(hosts);
-  }
+  explicit fixture(size_t hosts) : net(require_cluster(hosts)) {}
 
   /// Start a daemon inside host `h`'s namespace, bound to the host's 198.18 address.
   node start(size_t h, const std::string& name, const std::string& role, bool restart = false) {
@@ -173,6 +178,14 @@ std::string ferryctl(const node& n, const std::vector<std::string>& args) {
   INFO(r.describe());
   REQUIRE(r.ok());
   return r.out;
+}
+
+/// kill -9 the daemon (reaped later by its stop()). Its pools, which it can no longer unlink,
+/// are unlinked here (the client keeps its mapping) so repeated runs do not fill /dev/shm.
+void kill9(node& n) {
+  REQUIRE(kill(n.proc->pid(), SIGKILL) == 0);
+  for (const auto& pool : n.c->daemon().pools)
+    if (pool.present) shm_unlink(pool.shm_name.c_str());
 }
 
 /// Wait for the terminal event of a room that must fail because a peer died; returns the reason.
@@ -287,7 +300,7 @@ TEST_CASE("kill -9 of the prefill daemon mid-transfer fails its rooms on both de
   REQUIRE(!old_instance.empty());
 
   const auto t0 = std::chrono::steady_clock::now();
-  REQUIRE(kill(p0.proc->pid(), SIGKILL) == 0);
+  kill9(p0);
   const auto ra = expect_failed(*d0, a.room);
   const auto rb = expect_failed(*d1, b.room);
   const double took = seconds_since(t0);
@@ -344,7 +357,7 @@ TEST_CASE("kill -9 of a decode daemon mid-transfer fails the prefill's room for 
   REQUIRE(!instance.empty());
 
   const auto t0 = std::chrono::steady_clock::now();
-  REQUIRE(kill(d0.proc->pid(), SIGKILL) == 0);
+  kill9(d0);
   const auto reason = expect_failed(*p, a.room);
   const double took = seconds_since(t0);
   // The prefill knows an inbound decode by node/instance.
