@@ -114,7 +114,8 @@ inline std::string make_config(const std::string& name, const std::string& role,
   std::ostringstream y;
   y << "node:\n  name: " << name << "\nrole: " << role
     << "\nlisten:\n  control: " << s.host << ":" << control << "\n  client: " << socket
-    << "\nfabric:\n  provider: " << s.provider << "\n  address: " << s.host
+    << "\nfabric:\n  provider: " << s.provider
+    << (s.host == "127.0.0.1" ? "" : "\n  address: " + s.host)  // else the default, as before
     << "\n  max_inflight_writes: 64\n  write_piece_bytes: 262144\n  staging_bytes: "
     << s.staging_bytes << "\n"
     << "tp:\n  size: " << s.tp_size << "\n  rank: " << s.tp_rank << "\npp:\n  size: " << s.pp_size
