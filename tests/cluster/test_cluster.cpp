@@ -307,6 +307,7 @@ TEST_CASE("kill -9 of the prefill daemon mid-transfer fails its rooms on both de
   CHECK_THAT(ra, Catch::Contains("198.18.0.1:7400"));
   CHECK_THAT(rb, Catch::Contains("198.18.0.1:7400"));
   INFO("decode rooms failed " << took << " s after the kill: " << ra);
+  std::cerr << "cluster: decode rooms failed " << took << " s after prefill-0's kill\n";
   CHECK(took < std::chrono::duration<double>(peer_loss_bound).count());
   CHECK(p0.proc->stop() == -1);  // reaped; it died of the signal
 
@@ -363,6 +364,7 @@ TEST_CASE("kill -9 of a decode daemon mid-transfer fails the prefill's room for 
   // The prefill knows an inbound decode by node/instance.
   check_names_peer(reason, "decode-0/" + instance);
   INFO("prefill room failed " << took << " s after the kill: " << reason);
+  std::cerr << "cluster: prefill room failed " << took << " s after decode-0's kill\n";
   CHECK(took < std::chrono::duration<double>(peer_loss_bound).count());
   CHECK(d0.proc->stop() == -1);
 
