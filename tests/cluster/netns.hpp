@@ -247,8 +247,7 @@ class cluster {
   }
 
  private:
-  explicit cluster(std::string prefix)
-      : prefix_(std::move(prefix)), switch_ns_(prefix_ + "sw") {}
+  explicit cluster(std::string prefix) : prefix_(std::move(prefix)), switch_ns_(prefix_ + "sw") {}
 
   static std::string port(size_t i) {
     std::string p = "p";  // (not "p" + ...: GCC 12 warns -Wrestrict on that, wrongly)

@@ -32,8 +32,8 @@ inline std::string without_config(const std::string& log) {
   std::string out, line;
   bool in_config = false;
   while (std::getline(in, line)) {
-    const bool stamped = line.size() > 4 && std::isdigit(static_cast<unsigned char>(line[0])) &&
-                         line[4] == '-';
+    const bool stamped =
+        line.size() > 4 && std::isdigit(static_cast<unsigned char>(line[0])) && line[4] == '-';
     if (stamped) in_config = line.find("effective config:") != std::string::npos;
     if (!in_config || stamped) out += line + "\n";
   }
@@ -211,8 +211,10 @@ void check_names_peer(const std::string& reason, const std::string& peer) {
   }
   const char* strict = std::getenv("FERRY_CLUSTER_STRICT");
   if (!(strict && std::string(strict) == "1") && reason.rfind("write failed: ", 0) == 0) {
-    WARN("known issue: the room failed through its write completion before the peer-down, "
-         "and the reason does not name " << peer << ": " << reason);
+    WARN(
+        "known issue: the room failed through its write completion before the peer-down, "
+        "and the reason does not name "
+        << peer << ": " << reason);
     return;
   }
   FAIL_CHECK("the reason does not name the lost peer " << peer);
@@ -224,7 +226,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-TEST_CASE("the prefill host moves a room to each decode host across the veth links",
+TEST_CASE("cluster: the prefill host moves a room to each decode host across the veth links",
           "[cluster]") {
   fixture f(3);
   auto p = f.start(0, "prefill-0", "prefill");
@@ -270,9 +272,10 @@ TEST_CASE("the prefill host moves a room to each decode host across the veth lin
   for (auto* n : {&p, &d0, &d1}) expect_idle(**n, "host " + std::to_string(n->host));
 }
 
-TEST_CASE("kill -9 of the prefill daemon mid-transfer fails its rooms on both decode hosts, "
-          "which keep serving, and its restart serves again",
-          "[cluster]") {
+TEST_CASE(
+    "cluster: kill -9 of the prefill daemon mid-transfer fails its rooms on both decode hosts, "
+    "which keep serving, and its restart serves again",
+    "[cluster]") {
   // Hosts: 0 prefill-0 (killed), 1 decode-0, 2 decode-1, 3 prefill-1 (unrelated, survives).
   fixture f(4);
   auto p0 = f.start(0, "prefill-0", "prefill");
@@ -336,7 +339,7 @@ TEST_CASE("kill -9 of the prefill daemon mid-transfer fails its rooms on both de
   CHECK(field(status_of(*d1), "decode_rooms_failed") == "1");
 }
 
-TEST_CASE("kill -9 of a decode daemon mid-transfer fails the prefill's room for it only",
+TEST_CASE("cluster: kill -9 of a decode daemon mid-transfer fails the prefill's room for it only",
           "[cluster]") {
   // Hosts: 0 prefill-0, 1 decode-0 (killed, then restarted), 2 decode-1.
   fixture f(3);
@@ -384,7 +387,7 @@ TEST_CASE("kill -9 of a decode daemon mid-transfer fails the prefill's room for 
   CHECK(field(status_of(*p), "prefill_rooms_failed") == "1");
 }
 
-TEST_CASE("a host's link flaps: pulled and plugged back, the cluster carries a room again",
+TEST_CASE("cluster: a host's link flaps (pulled, plugged back) and the next room succeeds",
           "[cluster]") {
   // Exercises the fixture's link control; what a flap does to rooms in flight is for the
   // heartbeat work (issue 4) to define.

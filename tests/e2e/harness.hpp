@@ -111,11 +111,12 @@ inline std::string make_config(const std::string& name, const std::string& role,
   ids(kv_ids, s.kv_layer_ids, s.kv_layers, 3);
   ids(m_ids, s.mamba_layer_ids, s.mamba_layers, 0);
   const uint32_t kv_heads = s.tp_size <= 2 ? 2 / s.tp_size : 1;
+  const std::string control_at = s.host + ":" + std::to_string(control);
+  // fabric.address only off loopback, so a loopback daemon's config text is as before
+  const std::string fabric_at = s.host == "127.0.0.1" ? "" : "\n  address: " + s.host;
   std::ostringstream y;
-  y << "node:\n  name: " << name << "\nrole: " << role
-    << "\nlisten:\n  control: " << s.host << ":" << control << "\n  client: " << socket
-    << "\nfabric:\n  provider: " << s.provider
-    << (s.host == "127.0.0.1" ? "" : "\n  address: " + s.host)  // else the default, as before
+  y << "node:\n  name: " << name << "\nrole: " << role << "\nlisten:\n  control: " << control_at
+    << "\n  client: " << socket << "\nfabric:\n  provider: " << s.provider << fabric_at
     << "\n  max_inflight_writes: 64\n  write_piece_bytes: 262144\n  staging_bytes: "
     << s.staging_bytes << "\n"
     << "tp:\n  size: " << s.tp_size << "\n  rank: " << s.tp_rank << "\npp:\n  size: " << s.pp_size
@@ -164,7 +165,8 @@ class daemon_proc {
       dup2(log_fd, 1);
       dup2(log_fd, 2);
       dup2(ready[1], 3);  // dup2 clears O_CLOEXEC on the copy
-      if (!netns_path.empty()) {  // join the host's namespace; same pid, nothing in between
+      // Join the host's namespace: same pid, nothing in between.
+      if (!netns_path.empty()) {
         int ns = open(netns_path.c_str(), O_RDONLY | O_CLOEXEC);
         if (ns < 0 || setns(ns, CLONE_NEWNET) != 0) {
           dprintf(2, "cannot enter %s: %s\n", netns_path.c_str(), strerror(errno));
