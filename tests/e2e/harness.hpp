@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <rdma/fabric.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -80,6 +81,7 @@ struct temp_dir {
 /// so many tests can run quickly on two cores.
 struct shape {
   std::string provider = "tcp";
+  std::string host = "127.0.0.1";  ///< listen.control host and fabric.address (tests/cluster)
   uint32_t page_tokens = 1;
   uint32_t pages = 4096;
   uint32_t kv_layers = 4;
@@ -116,9 +118,11 @@ inline std::string make_config(const std::string& name, const std::string& role,
   ids(m_ids, s.mamba_layer_ids, s.mamba_layers, 0);
   const uint32_t kv_heads = s.tp_size <= 2 ? 2 / s.tp_size : 1;
   std::ostringstream y;
-  y << "node:\n  name: " << name << "\nrole: " << role
-    << "\nlisten:\n  control: 127.0.0.1:" << control << "\n  client: " << socket
-    << "\nfabric:\n  provider: " << s.provider
+  const std::string control_at = s.host + ":" + std::to_string(control);
+  // fabric.address only off loopback, so a loopback daemon's config text is as before
+  const std::string fabric_at = s.host == "127.0.0.1" ? "" : "\n  address: " + s.host;
+  y << "node:\n  name: " << name << "\nrole: " << role << "\nlisten:\n  control: " << control_at
+    << "\n  client: " << socket << "\nfabric:\n  provider: " << s.provider << fabric_at
     << "\n  max_inflight_writes: 64\n  write_piece_bytes: 262144\n  staging_bytes: "
     << s.staging_bytes << "\n"
     << "tp:\n  size: " << s.tp_size << "\n  rank: " << s.tp_rank << "\npp:\n  size: " << s.pp_size
@@ -144,11 +148,22 @@ inline std::string make_config(const std::string& name, const std::string& role,
   return y.str();
 }
 
+/// Where a daemon runs (tests/cluster): inside the network namespace `netns` (a name under
+/// /run/netns; "" = the test's own), on a fixed control port (0 = a free one).
+struct placement {
+  std::string netns;
+  uint16_t control_port = 0;
+};
+
 /// A ferryd child process; stopped with SIGTERM (then SIGKILL after a bound) on destruction.
 class daemon_proc {
  public:
-  daemon_proc(const temp_dir& dir, const std::string& name, const std::string& role, const shape& s)
-      : name_(name), control_port_(free_port()) {
+  daemon_proc(const temp_dir& dir, const std::string& name, const std::string& role, const shape& s,
+              const placement& at = {})
+      : name_(name),
+        host_(s.host),
+        netns_path_(at.netns.empty() ? "" : "/run/netns/" + at.netns),
+        control_port_(at.control_port ? at.control_port : free_port()) {
     socket_ = (dir.path / (name + ".sock")).string();
     config_ = (dir.path / (name + ".yaml")).string();
     log_ = (dir.path / (name + ".log")).string();
@@ -186,6 +201,15 @@ class daemon_proc {
       dup2(log_fd, 1);
       dup2(log_fd, 2);
       dup2(ready[1], 3);  // dup2 clears O_CLOEXEC on the copy
+      // Join the host's namespace: same pid, nothing in between.
+      if (!netns_path_.empty()) {
+        int ns = open(netns_path_.c_str(), O_RDONLY | O_CLOEXEC);
+        if (ns < 0 || setns(ns, CLONE_NEWNET) != 0) {
+          dprintf(2, "cannot enter %s: %s\n", netns_path_.c_str(), strerror(errno));
+          _exit(126);
+        }
+        close(ns);
+      }
       auto path = bin("ferryd");
       execl(path.c_str(), "ferryd", "--config", config_.c_str(), "--ready-fd", "3",
             static_cast<char*>(nullptr));
@@ -236,11 +260,12 @@ class daemon_proc {
   }
 
   const std::string& socket() const { return socket_; }
-  std::string control() const { return "127.0.0.1:" + std::to_string(control_port_); }
+  std::string control() const { return host_ + ":" + std::to_string(control_port_); }
+  uint16_t control_port() const { return control_port_; }
   pid_t pid() const { return pid_; }
 
  private:
-  std::string name_, socket_, config_, log_;
+  std::string name_, host_, netns_path_, socket_, config_, log_;
   uint16_t control_port_;
   pid_t pid_ = -1;
   int exit_status_ = -1;
