@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -98,6 +99,8 @@ struct shape {
   std::string secret_file;  ///< security.cluster_secret_file (empty: none)
   uint32_t transfer_ms = 30000;
   uint32_t max_active_rooms = 4096;
+  uint32_t max_clients = 1024;
+  uint32_t client_frame_ms = 10000;
   uint64_t staging_bytes = 64ull << 20;
   // Geometry: 2 KV heads in the model (Qwen3-Next), conv and temporal state sliced by TP.
   uint32_t tp_size = 1, tp_rank = 0, pp_size = 1, pp_rank = 0;
@@ -132,7 +135,9 @@ inline std::string make_config(const std::string& name, const std::string& role,
     << "\n  transferring_ms: " << s.transferring_ms << "\n  drain_ms: " << s.drain_ms
     << "\n  heartbeat_ms: " << s.heartbeat_ms << "\n  heartbeat_misses: " << s.heartbeat_misses
     << "\n  transfer_ms: " << s.transfer_ms
-    << "\nlimits:\n  max_active_rooms: " << s.max_active_rooms << "\nlog:\n  level: info\n"
+    << "\nlimits:\n  max_active_rooms: " << s.max_active_rooms
+    << "\n  max_clients: " << s.max_clients << "\n  client_frame_ms: " << s.client_frame_ms
+    << "\nlog:\n  level: info\n"
     << (s.secret_file.empty() ? "" : "security:\n  cluster_secret_file: " + s.secret_file + "\n")
     << "pools:\n  kv:\n    layer_ids: [" << kv_ids.str() << "]\n    page_tokens: " << s.page_tokens
     << "\n    kv_heads: " << kv_heads
