@@ -105,34 +105,6 @@ room_spec make_room(uint64_t id, uint32_t src_first, uint32_t dst_first, uint32_
   return r;
 }
 
-void stage(client::client& p, client::client& d, const room_spec& r) {
-  REQUIRE(client::fill_kv(p, r.room, r.src_pages, 0) == "");
-  REQUIRE(client::fill_state_and_aux(p, r.room, r.src_slot, r.src_row) == "");
-  REQUIRE(client::clear_room(d, r.dst_pages, r.dst_slot, r.dst_row) == "");
-}
-
-void prepare(client::client& d, const std::string& prefill, const room_spec& r) {
-  auto ok = d.prepare({r.room, {prefill}, r.dst_pages, r.dst_slot, r.dst_row});
-  INFO(ok.message);
-  REQUIRE(ok);
-}
-
-/// Send chunk `k` of the room's chunks (the last one carries the slot and the row).
-void send_chunk(client::client& p, const room_spec& r, size_t k) {
-  uint32_t pos = 0;
-  for (size_t i = 0; i < k; ++i) pos += r.chunks[i];
-  const bool last = k + 1 == r.chunks.size();
-  std::vector<uint32_t> pages(r.src_pages.begin() + pos, r.src_pages.begin() + pos + r.chunks[k]);
-  auto ok =
-      p.send({r.room, pages, last, last ? r.src_slot : no_index, last ? r.src_row : no_index});
-  INFO("room " << r.room << " chunk " << k << ": " << ok.message);
-  REQUIRE(ok);
-}
-
-void send_rest(client::client& p, const room_spec& r, size_t from) {
-  for (size_t k = from; k < r.chunks.size(); ++k) send_chunk(p, r, k);
-}
-
 /// Success on the decode and the prefill, and every destination byte as the pattern says.
 void expect_success(node& p, node& d, const room_spec& r) {
   INFO("room " << r.room);
@@ -143,21 +115,6 @@ void expect_success(node& p, node& d, const room_spec& r) {
   INFO("prefill: " << pe.reason);
   REQUIRE(pe.status == room_status::success);
   CHECK(client::verify_room(*d, r.room, r.dst_pages, r.dst_slot, r.dst_row) == "");
-}
-
-std::string status_of(client::client& c) {
-  auto s = c.info(proto::info_topic::status);
-  INFO(s.message);
-  REQUIRE(s);
-  return s.value;
-}
-
-/// The value of `key: value` in an info text ("" when absent).
-std::string field(const std::string& text, const std::string& key) {
-  auto at = ("\n" + text).find("\n" + key + ": ");
-  if (at == std::string::npos) return "";
-  auto begin = at + key.size() + 2;
-  return text.substr(begin, text.find('\n', begin) - begin);
 }
 
 /// No room left active and no staging held. Staging is given back by the room actors after
@@ -461,12 +418,13 @@ TEST_CASE(
     expect_success(p1, d, *x);
   }
 
-  // prefill-0 resumes with writes of the old rooms queued: the decodes' fences reject them.
+  // prefill-0 resumes with writes of the old rooms queued: the decodes' fences reject them
+  // (all but the rest of a write tcp had begun to receive, which must then be reported).
   REQUIRE(kill(p0.proc->pid(), SIGCONT) == 0);
   CHECK(expect_failed(*p0, a.room) != "");
   CHECK(expect_failed(*p0, b.room) != "");
-  CHECK(client::verify_room(*d0, a2.room, a2.dst_pages, a2.dst_slot, a2.dst_row) == "");
-  CHECK(client::verify_room(*d1, b2.room, b2.dst_pages, b2.dst_slot, b2.dst_row) == "");
+  check_exact_or_loud(*d0, *d0.proc, a2);
+  check_exact_or_loud(*d1, *d1.proc, b2);
   for (auto* n : {&p0, &p1, &d0, &d1}) expect_idle(**n, "host " + std::to_string(n->host));
 }
 
