@@ -26,6 +26,7 @@
 
 #include <fmt/format.h>
 #include <poll.h>
+#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -659,13 +660,22 @@ void soak::anomaly(const std::string& what) {
 void soak::progress(clock_type::time_point now) {
   const double t = std::chrono::duration<double>(now - t0_).count();
   const double dt = std::chrono::duration<double>(now - last_progress_).count();
+  // The decode's count of writes that arrived for a room already ended (docs/reliability.md 3).
+  std::string stray = "?";
+  if (sides_[decode].up) {
+    if (auto st = sides_[decode].c->info(proto::info_topic::status))
+      stray = std::to_string(status_field(st.value, "stray_writes"));
+    else
+      conn_error(decode, st.code, st.message);
+  }
   fmt::print(
       "[{:7.1f}s] started={} success={} cancelled={} peer_failed={} restarted={} timed_out={} "
-      "other={} lost={} corrupted={} in_flight={} rate={:.0f}/s (last {:.0f}/s)\n",
+      "other={} lost={} corrupted={} in_flight={} rate={:.0f}/s (last {:.0f}/s) "
+      "decode_stray_writes={}\n",
       t, started_, outcome_[k_success], outcome_[k_cancelled], outcome_[k_peer_failed],
       outcome_[k_restarted], outcome_[k_timed_out], outcome_[k_other], outcome_[k_lost],
       corrupted_, rooms_.size(), t > 0 ? started_ / t : 0.0,
-      dt > 0 ? (started_ - last_started_) / dt : 0.0);
+      dt > 0 ? (started_ - last_started_) / dt : 0.0, stray);
   std::fflush(stdout);
   last_started_ = started_;
   last_progress_ = now;
@@ -863,6 +873,11 @@ int soak::run() {
   fmt::print("  room ids          {} in the pool, {} quarantined (lost rooms)\n", ids_.capacity(),
              quarantined_ids_);
   fmt::print("  anomalies         {}\n", anomalies_);
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  fmt::print("  ferry-soak cpu    {:.1f} s user + {:.1f} s system\n",
+             ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6,
+             ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6);
   for (auto s : {prefill, decode}) {
     if (!err[s].empty()) {
       fmt::print("  {} status     unavailable: {}\n", side_names[s], err[s]);
