@@ -102,11 +102,18 @@ class free_list {
   std::vector<uint8_t> taken_;
 };
 
-enum kind : int { k_success, k_cancelled, k_peer_failed, k_restarted, k_timed_out, k_other, k_lost };
+enum kind : int {
+  k_success,
+  k_cancelled,
+  k_peer_failed,
+  k_restarted,
+  k_timed_out,
+  k_other,
+  k_lost
+};
 constexpr int kind_count = 7;
-constexpr const char* kind_names[kind_count] = {"success",   "cancelled", "peer_failed",
-                                                "restarted", "timed_out", "other",
-                                                "lost"};
+constexpr const char* kind_names[kind_count] = {
+    "success", "cancelled", "peer_failed", "restarted", "timed_out", "other", "lost"};
 
 /// The kind of a Failed reason (the daemons' texts; docs/reliability.md).
 kind classify(const std::string& reason) {
@@ -242,7 +249,7 @@ class soak {
   uint64_t outcome_[kind_count] = {};
   uint64_t side_kind_[2][kind_count] = {};
   uint64_t corrupted_ = 0, verified_ = 0, quarantined_ids_ = 0;
-  uint64_t late_[3] = {};  // late prefill lookups: unknown there, already ended, followed
+  uint64_t late_[3] = {};     // late prefill lookups: unknown there, already ended, followed
   uint64_t cancels_[4] = {};  // accepted, too late (finished), unknown room, refused otherwise
   uint64_t sends_ = 0, sends_after_failure_ = 0, ignored_events_ = 0, anomalies_ = 0;
   uint64_t disconnect_rooms_[2] = {};
@@ -322,9 +329,10 @@ void soak::process_down(side_id s) {
     ids.push_back(id);
   }
   disconnect_rooms_[s] += n;
-  fmt::print("[{:7.1f}s] {} connection lost ({}); {} rooms in flight there count as failed by "
-             "restart; reconnecting\n",
-             t, side_names[s], d.down_reason, n);
+  fmt::print(
+      "[{:7.1f}s] {} connection lost ({}); {} rooms in flight there count as failed by "
+      "restart; reconnecting\n",
+      t, side_names[s], d.down_reason, n);
   std::fflush(stdout);
   // The decode died: the prefill must still report its terminal state for every such room.
   if (s == decode)
@@ -691,9 +699,9 @@ void soak::progress(clock_type::time_point now) {
       "other={} lost={} corrupted={} in_flight={} rate={:.0f}/s (last {:.0f}/s) "
       "decode_stray_writes={}\n",
       t, started_, outcome_[k_success], outcome_[k_cancelled], outcome_[k_peer_failed],
-      outcome_[k_restarted], outcome_[k_timed_out], outcome_[k_other], outcome_[k_lost],
-      corrupted_, rooms_.size(), t > 0 ? started_ / t : 0.0,
-      dt > 0 ? (started_ - last_started_) / dt : 0.0, stray);
+      outcome_[k_restarted], outcome_[k_timed_out], outcome_[k_other], outcome_[k_lost], corrupted_,
+      rooms_.size(), t > 0 ? started_ / t : 0.0, dt > 0 ? (started_ - last_started_) / dt : 0.0,
+      stray);
   std::fflush(stdout);
   last_started_ = started_;
   last_progress_ = now;
@@ -724,8 +732,8 @@ std::string soak::final_status(side_id s, std::string& text) {
       return "status failed: " + st.message;
     }
     text = st.value;
-    const auto active = status_field(text, "prefill_rooms_active") +
-                        status_field(text, "decode_rooms_active");
+    const auto active =
+        status_field(text, "prefill_rooms_active") + status_field(text, "decode_rooms_active");
     if ((active == 0 && status_field(text, "staging_in_use") <= 0) || clock_type::now() > until)
       return "";
     pollfd p{d.c->native_handle(), POLLIN, 0};
@@ -779,9 +787,9 @@ int soak::run() {
       "ferry-soak: {} ({}) -> {} ({}), prefill control {}; {} s at {} rooms/s, concurrency {}, "
       "1..{} pages, 1..{} chunks, {}% cancelled, {} room ids reused, seed {}; a room must be "
       "terminal within {} ms on the decode, {} ms on the prefill\n",
-      P.c->daemon().node, P.instance, D.c->daemon().node, D.instance, prefill_control_,
-      o_.seconds, o_.rate, o_.concurrency, o_.max_pages, o_.max_chunks, o_.cancel_percent,
-      ids_.size(), o_.seed, bound(decode).count(), bound(prefill).count());
+      P.c->daemon().node, P.instance, D.c->daemon().node, D.instance, prefill_control_, o_.seconds,
+      o_.rate, o_.concurrency, o_.max_pages, o_.max_chunks, o_.cancel_percent, ids_.size(), o_.seed,
+      bound(decode).count(), bound(prefill).count());
   std::fflush(stdout);
 
   t0_ = last_progress_ = clock_type::now();
@@ -854,11 +862,14 @@ int soak::run() {
   // --- the daemons after the drain ---
   std::string text[2], err[2];
   for (auto s : {prefill, decode}) err[s] = final_status(s, text[s]);
-  auto field = [&](side_id s, const char* k) { return err[s].empty() ? status_field(text[s], k) : -1; };
+  auto field = [&](side_id s, const char* k) {
+    return err[s].empty() ? status_field(text[s], k) : -1;
+  };
   const int64_t stray = field(decode, "stray_writes");
   const int64_t p_active = field(prefill, "prefill_rooms_active");
   const int64_t d_active = field(decode, "decode_rooms_active");
-  const int64_t staging = std::max(field(prefill, "staging_in_use"), field(decode, "staging_in_use"));
+  const int64_t staging =
+      std::max(field(prefill, "staging_in_use"), field(decode, "staging_in_use"));
 
   uint64_t lost = outcome_[k_lost];
   std::cout << "\nferry-soak summary\n";
@@ -867,7 +878,8 @@ int soak::run() {
   fmt::print("  rooms started     {} ({:.1f}/s achieved, target {}/s); {} prepares refused\n",
              started_, run_s > 0 ? started_ / run_s : 0.0, o_.rate, prepare_refused_);
   fmt::print("  outcome by kind   ");
-  for (int k = 0; k < kind_count; ++k) fmt::print("{}{}={}", k ? " " : "", kind_names[k], outcome_[k]);
+  for (int k = 0; k < kind_count; ++k)
+    fmt::print("{}{}={}", k ? " " : "", kind_names[k], outcome_[k]);
   fmt::print("\n  lost              {}\n", lost);
   fmt::print("  corrupted         {} ({} Success rooms verified byte-exact)\n", corrupted_,
              verified_);
@@ -886,10 +898,11 @@ int soak::run() {
              cancels_[0], cancels_[1], cancels_[2], cancels_[3]);
   fmt::print("  sends             {} ({} refused because the room had already failed)\n", sends_,
              sends_after_failure_);
-  fmt::print("  restarts seen     prefill {} (instances {}), decode {} (instances {}); rooms "
-             "failed by restart: prefill side {}, decode side {}\n",
-             P.reconnects, P.instances, D.reconnects, D.instances, disconnect_rooms_[prefill],
-             disconnect_rooms_[decode]);
+  fmt::print(
+      "  restarts seen     prefill {} (instances {}), decode {} (instances {}); rooms "
+      "failed by restart: prefill side {}, decode side {}\n",
+      P.reconnects, P.instances, D.reconnects, D.instances, disconnect_rooms_[prefill],
+      disconnect_rooms_[decode]);
   fmt::print("  room ids          {} in the pool, {} quarantined (lost rooms)\n", ids_.capacity(),
              quarantined_ids_);
   fmt::print("  anomalies         {}\n", anomalies_);
@@ -966,7 +979,8 @@ int main(int argc, char** argv) {
   app.add_option("--seconds", o.seconds, "how long to start rooms; the rooms in flight then drain")
       ->capture_default_str()
       ->check(CLI::Range(0.1, 86400.0));
-  app.add_option("--rate", o.rate, "target rooms started per second (the achieved rate is reported)")
+  app.add_option("--rate", o.rate,
+                 "target rooms started per second (the achieved rate is reported)")
       ->capture_default_str()
       ->check(CLI::Range(0.01, 1e6));
   app.add_option("--concurrency", o.concurrency, "rooms in flight at most")
