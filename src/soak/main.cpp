@@ -519,8 +519,10 @@ void soak::send_chunk(room& r) {
   }
   r.stop_sending = true;
   if (conn_error(prefill, ok.code, ok.message)) return;
-  if (ok.code == errc::room_finished) {
-    ++sends_after_failure_;  // the room failed meanwhile (a peer, a cancel): an engine stops
+  // The room failed meanwhile (a peer, a cancel): room_finished once it is terminal, cancelled
+  // while its writes drain. An engine stops sending either way.
+  if (ok.code == errc::room_finished || ok.code == errc::cancelled) {
+    ++sends_after_failure_;
     return;
   }
   anomaly(fmt::format("room {}: send of chunk {} refused: {}", r.id, r.chunks_sent, ok.message));
