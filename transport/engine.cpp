@@ -1204,3 +1204,22 @@ result<std::unique_ptr<engine>> engine::open(const engine_config& cfg) {
 }
 
 }  // namespace ferry::transport
+
+#if defined(__SANITIZE_ADDRESS__)
+#define FERRY_LSAN_HOOK 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FERRY_LSAN_HOOK 1
+#endif
+#endif
+#ifdef FERRY_LSAN_HOOK
+// LeakSanitizer suppressions compiled into every sanitized binary that links the engine (tests,
+// ferryd, tools), so they hold however the binary is started. One entry, for a leak inside
+// libfabric 1.17 that Ferry cannot reach: the tcp provider fi_dupinfo()s a connection request's
+// fi_info while progress runs (seen under fi_trywait), and when the endpoint is closed before
+// rxm has consumed that request the copy is never freed. It shows under CPU load, about one run
+// in 40, in "fabric engine stop fails queued batches (tcp)". Ferry never calls fi_dupinfo, so
+// the entry cannot hide a leak of Ferry's own; leaks reachable only from the suppressed block are
+// not reported either.
+extern "C" const char* __lsan_default_suppressions() { return "leak:fi_dupinfo\n"; }
+#endif
