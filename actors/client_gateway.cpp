@@ -1,6 +1,7 @@
 #include "actors/client_gateway.hpp"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -9,9 +10,12 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <unordered_map>
 
 #include "actors/context.hpp"
@@ -31,6 +35,8 @@ struct client_gateway::impl {
   int wake_fd = -1;
   std::string path;
   caf::actor scheduler;
+  uint32_t max_clients = 1024;
+  std::chrono::milliseconds frame_limit{10000};
   std::atomic<bool> stopping{false};
   std::shared_ptr<spdlog::logger> log;
 
@@ -40,6 +46,8 @@ struct client_gateway::impl {
     std::vector<uint8_t> out;
     size_t out_pos = 0;
     bool want_write = false;
+    /// Since when a started frame is incomplete (nullopt: no partial frame buffered).
+    std::optional<std::chrono::steady_clock::time_point> partial_since;
   };
   std::unordered_map<uint64_t, connection> conns;  // gateway thread only
   uint64_t next_id = first_conn_id;
@@ -103,10 +111,13 @@ struct client_gateway::impl {
   }
 };
 
-std::shared_ptr<client_gateway> client_gateway::listen(const std::string& path, std::string& err) {
+std::shared_ptr<client_gateway> client_gateway::listen(const std::string& path, std::string& err,
+                                                       uint32_t max_clients, uint32_t frame_ms) {
   std::shared_ptr<client_gateway> g(new client_gateway());
   g->impl_ = std::make_unique<impl>();
   auto& im = *g->impl_;
+  im.max_clients = max_clients;
+  im.frame_limit = std::chrono::milliseconds(frame_ms);
   im.log = make_logger("client");
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
@@ -175,7 +186,18 @@ void client_gateway::run() {
   std::vector<uint8_t> rbuf(256 * 1024);
   std::vector<std::pair<uint64_t, std::vector<uint8_t>>> outbox;
   while (!im.stopping.load()) {
-    int n = epoll_wait(im.epoll_fd, events.data(), static_cast<int>(events.size()), -1);
+    // Wake up in time for the earliest incomplete-frame deadline, if any.
+    int wait_ms = -1;
+    const auto now = std::chrono::steady_clock::now();
+    for (const auto& [id, c] : im.conns)
+      if (c.partial_since) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              *c.partial_since + im.frame_limit - now)
+                              .count();
+        const int ms = static_cast<int>(std::clamp<int64_t>(left + 1, 0, 1000));
+        wait_ms = wait_ms < 0 ? ms : std::min(wait_ms, ms);
+      }
+    int n = epoll_wait(im.epoll_fd, events.data(), static_cast<int>(events.size()), wait_ms);
     if (n < 0 && errno == EINTR) continue;
     for (int i = 0; i < n; ++i) {
       const uint64_t key = events[i].data.u64;
@@ -183,6 +205,19 @@ void client_gateway::run() {
         for (;;) {
           int fd = accept4(im.listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
           if (fd < 0) break;
+          if (im.conns.size() >= im.max_clients) {
+            auto f = proto::encode(
+                proto::error{errc::invalid_request,
+                             fmt::format("too many clients: {} connections already open "
+                                         "(limits.max_clients)",
+                                         im.conns.size())},
+                0);
+            [[maybe_unused]] auto w = ::send(fd, f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+            close(fd);
+            im.log->warn("client connection refused: {} already open (limits.max_clients)",
+                         im.conns.size());
+            continue;
+          }
           uint64_t id = im.next_id++;
           im.conns[id].fd = fd;
           ++conn_count_;
@@ -230,6 +265,10 @@ void client_gateway::run() {
             break;
           }
         }
+        if (c.reader.buffered() == 0)
+          c.partial_since.reset();
+        else if (!c.partial_since)
+          c.partial_since = std::chrono::steady_clock::now();
       }
       if ((events[i].events & EPOLLOUT) || !c.out.empty()) {
         if (!im.flush(key, c)) close_it = true;
@@ -261,6 +300,23 @@ void client_gateway::run() {
       if (!im.flush(id, it->second)) im.close_conn(id, conn_count_);
     }
     outbox.clear();
+    // A frame started but not finished in time: a stalled or slow-loris client. Everyone else
+    // was served meanwhile (the socket is non-blocking); this one is told and closed.
+    const auto t = std::chrono::steady_clock::now();
+    std::vector<uint64_t> stalled;
+    for (auto& [id, c] : im.conns)
+      if (c.partial_since && t - *c.partial_since >= im.frame_limit) stalled.push_back(id);
+    for (auto id : stalled) {
+      auto& c = im.conns[id];
+      const auto text = fmt::format(
+          "incomplete frame: {} bytes received and nothing more for {} ms "
+          "(limits.client_frame_ms); closing",
+          c.reader.buffered(), im.frame_limit.count());
+      im.log->warn("client conn={} {}", id, text);
+      im.queue_local(id, c, proto::error{errc::malformed_frame, text}, 0);
+      im.flush(id, c);
+      im.close_conn(id, conn_count_);
+    }
   }
 }
 

@@ -9,7 +9,10 @@
 /// Bad input: a frame whose body is malformed gets an error reply and the connection stays
 /// usable; a broken length field (too large or too short) gets an error reply and the
 /// connection is closed, since the stream cannot be resynchronised. A client that stops reading
-/// is disconnected once its unsent output exceeds `max_output_bytes`.
+/// is disconnected once its unsent output exceeds `max_output_bytes`; one that starts a frame
+/// and does not finish it within `limits.client_frame_ms` (a slow-loris client, or a crashed
+/// writer) gets an error and is disconnected; beyond `limits.max_clients` connections a new one
+/// gets an error and is closed at once.
 
 #include <atomic>
 #include <caf/all.hpp>
@@ -29,7 +32,9 @@ class client_gateway {
   static constexpr size_t max_output_bytes = 64u << 20;
 
   /// Bind and listen on `path` (an existing socket file is replaced). Error text on failure.
-  static std::shared_ptr<client_gateway> listen(const std::string& path, std::string& err);
+  static std::shared_ptr<client_gateway> listen(const std::string& path, std::string& err,
+                                                uint32_t max_clients = 1024,
+                                                uint32_t frame_ms = 10000);
   ~client_gateway();
 
   /// Start serving; requests go to `scheduler`.

@@ -71,6 +71,11 @@ struct scheduler_state {
   std::unordered_map<std::string, caf::actor> outbound;       // by control address
   std::unordered_map<caf::actor, peer_info_ptr> connections;  // every live connection
   uint64_t stray_writes = 0;                                  // immediates of unknown rooms
+  /// Tokens of recently ended decode rooms (bounded), so a write that lands after its room's
+  /// terminal state (which should never happen; see docs/reliability.md §4 for the one known
+  /// case) is reported naming the room and peer, not just counted.
+  std::unordered_map<uint64_t, std::string> ended_tokens;
+  std::deque<uint64_t> ended_order;
   std::unordered_set<uint64_t> owning_clients;  // said hello with cancel_on_disconnect
   /// Outbound peers declared unresponsive: why, and until when new rooms fail at once.
   std::unordered_map<std::string, std::pair<std::string, std::chrono::steady_clock::time_point>>
@@ -530,6 +535,11 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
               t == st.token_room.end() ? st.decode.active.end() : st.decode.active.find(t->second);
           if (r == st.decode.active.end()) {
             st.stray_writes += count;  // a late write of a room that already ended
+            if (auto e = st.ended_tokens.find(token); e != st.ended_tokens.end())
+              st.ctx->log_sched->error(
+                  "{} late write(s) of {} landed after the room ended: its pages, slot or row "
+                  "may have been given to a new request",
+                  count, e->second);
             continue;
           }
           self->send(r->second.actor, landed_msg{token, count});
@@ -554,8 +564,17 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
           ++side.failed;
         }
         if (u.decode_side)
-          for (uint32_t i = 0; i < it->second.tokens; ++i)
-            st.token_room.erase(it->second.token + i);
+          for (uint32_t i = 0; i < it->second.tokens; ++i) {
+            const uint64_t t = it->second.token + i;
+            st.token_room.erase(t);
+            st.ended_tokens[t] = fmt::format("room={} peer={} ({})", u.room, it->second.peer,
+                                             to_string(u.status));
+            st.ended_order.push_back(t);
+            if (st.ended_order.size() > history_limit) {
+              st.ended_tokens.erase(st.ended_order.front());
+              st.ended_order.pop_front();
+            }
+          }
         self->demonitor(it->second.actor);
         side.finish(u.room, u.status, u.reason);
       },

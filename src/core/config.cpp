@@ -408,8 +408,11 @@ ferry_config parse_root(const YAML::Node& root) {
   const section security(top.get_or_null("security"), "security", {"cluster_secret_file"});
   security.optional_field("cluster_secret_file", cfg.security.cluster_secret_file);
 
-  const section limits(top.get_or_null("limits"), "limits", {"max_active_rooms"});
+  const section limits(top.get_or_null("limits"), "limits",
+                       {"max_active_rooms", "max_clients", "client_frame_ms"});
   limits.optional_field("max_active_rooms", cfg.limits.max_active_rooms);
+  limits.optional_field("max_clients", cfg.limits.max_clients);
+  limits.optional_field("client_frame_ms", cfg.limits.client_frame_ms);
 
   const section tp(top.get_or_null("tp"), "tp", {"size", "rank"});
   tp.optional_field("size", cfg.tp.size);
@@ -679,6 +682,8 @@ void validate_all(const ferry_config& cfg) {
   check_range(cfg.timeouts.heartbeat_misses, 1, 1000, "timeouts.heartbeat_misses");
 
   check_range(cfg.limits.max_active_rooms, 1, 1u << 20, "limits.max_active_rooms");
+  check_range(cfg.limits.max_clients, 1, 1u << 20, "limits.max_clients");
+  check_range(cfg.limits.client_frame_ms, 10, 3600000, "limits.client_frame_ms");
 
   check_range(cfg.tp.size, 1, 1024, "tp.size");
   if (cfg.tp.rank >= cfg.tp.size) {
@@ -815,6 +820,8 @@ std::string to_yaml(const ferry_config& cfg) {
 
   out << YAML::Key << "limits" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "max_active_rooms" << YAML::Value << cfg.limits.max_active_rooms;
+  out << YAML::Key << "max_clients" << YAML::Value << cfg.limits.max_clients;
+  out << YAML::Key << "client_frame_ms" << YAML::Value << cfg.limits.client_frame_ms;
   out << YAML::EndMap;
 
   out << YAML::Key << "tp" << YAML::Value << YAML::BeginMap;

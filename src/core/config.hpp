@@ -107,6 +107,8 @@ struct timeouts_config {
 
 struct limits_config {
   uint32_t max_active_rooms = 4096;  ///< admission: non-terminal rooms per side (prefill, decode)
+  uint32_t max_clients = 1024;       ///< client connections at once; more are refused
+  uint32_t client_frame_ms = 10000;  ///< a started client frame must be complete within this
 };
 
 struct tp_config {

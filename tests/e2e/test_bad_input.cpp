@@ -232,3 +232,88 @@ TEST_CASE("only the daemon's user may connect to its socket or map its pools", "
     CHECK((sb.st_mode & 0077) == 0);
   }
 }
+
+namespace {
+
+/// A bare unix-socket connection to a daemon (no hello), to act as a broken or hostile client.
+struct raw_socket {
+  int fd = -1;
+  explicit raw_socket(const std::string& path) {
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  }
+  ~raw_socket() {
+    if (fd >= 0) close(fd);
+  }
+  /// Everything the daemon sends until it closes the connection (bounded wait).
+  std::vector<uint8_t> read_until_closed(std::chrono::milliseconds bound) {
+    std::vector<uint8_t> got;
+    const auto deadline = std::chrono::steady_clock::now() + bound;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      REQUIRE(left.count() > 0);
+      pollfd p{fd, POLLIN, 0};
+      REQUIRE(::poll(&p, 1, static_cast<int>(left.count())) > 0);
+      uint8_t buf[4096];
+      ssize_t n = recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) return got;
+      got.insert(got.end(), buf, buf + n);
+    }
+  }
+};
+
+std::string error_text(const std::vector<uint8_t>& bytes) {
+  proto::frame_reader r;
+  r.feed(bytes);
+  auto d = r.next();
+  REQUIRE(d);
+  REQUIRE(d->msg);
+  auto* e = std::get_if<proto::error>(&*d->msg);
+  REQUIRE(e);
+  return e->message;
+}
+
+}  // namespace
+
+TEST_CASE("a client that starts a frame and stalls is disconnected while others are served",
+          "[e2e][bad-input]") {
+  shape s;
+  s.client_frame_ms = 500;
+  pair c(s);
+  raw_socket loris(c.decode.socket());
+  const uint8_t partial[5] = {40, 0, 0, 0, 2};  // a 40-byte frame header, then nothing
+  REQUIRE(send(loris.fd, partial, sizeof partial, MSG_NOSIGNAL) == 5);
+  // Everyone else is served meanwhile.
+  room_spec r;
+  r.room = 901;
+  r.src_pages = range(0, 16);
+  r.dst_pages = range(16, 16);
+  run_and_verify(c, r);
+  // The stalled client is told why and closed.
+  auto got = loris.read_until_closed(std::chrono::seconds(30));
+  CHECK(error_text(got) ==
+        "incomplete frame: 5 bytes received and nothing more for 500 ms (limits.client_frame_ms); "
+        "closing");
+  CHECK(c.d->info(proto::info_topic::status));
+}
+
+TEST_CASE("connections beyond limits.max_clients are refused with the reason", "[e2e][bad-input]") {
+  shape s;
+  s.max_clients = 2;
+  pair c(s);  // one client connection on each daemon
+  auto second = c.decode.connect();
+  raw_socket third(c.decode.socket());
+  auto got = third.read_until_closed(std::chrono::seconds(30));
+  CHECK(error_text(got) == "too many clients: 2 connections already open (limits.max_clients)");
+  // Existing clients are unaffected, and a place freed is usable again.
+  CHECK(c.d->info(proto::info_topic::status));
+  second.reset();
+  CHECK(c.d->info(proto::info_topic::status));  // the gateway has seen the close by now
+  auto again = client::client::connect(c.decode.socket(), "again");
+  INFO(again.message);
+  CHECK(again);
+}

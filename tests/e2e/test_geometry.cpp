@@ -118,12 +118,6 @@ room_spec fragmented_room(uint64_t id, uint32_t pages) {
   return r;
 }
 
-std::string status_of(client::client& c) {
-  auto s = c.info(proto::info_topic::status);
-  REQUIRE(s);
-  return s.value;
-}
-
 shape small() {
   shape s;
   s.pages = 4096;

@@ -82,6 +82,10 @@ class client {
       std::chrono::milliseconds timeout = std::chrono::seconds(10));
   /// Default wait for a reply.
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+  /// The connection's socket, for a caller that waits on several clients with poll(2) (e.g.
+  /// ferry-soak). Events may already be buffered: take them with `next_event` and a zero timeout
+  /// before polling; when the socket is readable, `next_event` reads what arrived.
+  int native_handle() const { return fd_; }
 
  private:
   client() = default;
