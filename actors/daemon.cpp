@@ -41,6 +41,13 @@ class daemon_system_config : public caf::actor_system_config {
     set("scheduler.max-threads", 2);
     set("scheduler.policy", caf::atom("sharing"));
     set("logger.verbosity", caf::atom("quiet"));
+    // CAF's middleman actor (which makes outbound peer connections) runs on the worker pool,
+    // not on a thread of its own: on its own thread, a stop that came while a peer connection
+    // was being set up hung in the actor system's teardown, waiting for that thread's actor to
+    // be released (about a third of such stops; tests/e2e "a daemon stopped while it connects
+    // to a peer exits at once"). Its blocking connect() now occupies one of the two workers
+    // while it lasts; connects were already serialised through that one actor.
+    set("middleman.attach-utility-actors", true);
   }
 };
 
