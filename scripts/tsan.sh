@@ -119,6 +119,19 @@ count_reports() {  # directory -> number of reports in it
   cat "$1"/r.* 2>/dev/null | grep -c '^WARNING: ThreadSanitizer' || true
 }
 
+# run_under_tsan DIR LIMIT BINARY [ARGS...]: run one test binary under TSan with its reports and
+# output in DIR; sets rc (the binary's exit code) and t0 (start, in SECONDS).
+run_under_tsan() {
+  local dir=$1 limit=$2
+  shift 2
+  mkdir -p "$dir"
+  t0=$SECONDS
+  set +e
+  TSAN_OPTIONS=$(tsan_options "$dir/r") timeout "$limit" "$@" >"$dir/out" 2>&1
+  rc=$?
+  set -e
+}
+
 failed_tests=0
 canary_failed=0
 canary_state=ok
@@ -159,14 +172,8 @@ while IFS= read -r name; do
     continue
   fi
   i=$((i + 1))
-  mkdir -p "$logs/fabric/$i"
+  run_under_tsan "$logs/fabric/$i" 600 "$fabric_bin" "${name//,/\\,}"
   echo "$name" >"$logs/fabric/$i/name"
-  t0=$SECONDS
-  set +e
-  TSAN_OPTIONS=$(tsan_options "$logs/fabric/$i/r") timeout 600 "$fabric_bin" "${name//,/\\,}" \
-    >"$logs/fabric/$i/out" 2>&1
-  rc=$?
-  set -e
   n=$(count_reports "$logs/fabric/$i")
   status=ok
   if [ $rc -ne 0 ] && [ $rc -ne 4 ]; then status="FAILED rc=$rc"; failed_tests=$((failed_tests + 1)); fi
@@ -182,14 +189,8 @@ IFS='|' read -r -a filters <<<"$e2e_filters"
 j=0
 for filter in "${filters[@]}"; do
   j=$((j + 1))
-  mkdir -p "$logs/e2e/$j"
+  run_under_tsan "$logs/e2e/$j" 1800 "$build/tests/ferry_e2e_tests" "$filter"
   echo "$filter" >"$logs/e2e/$j/name"
-  t0=$SECONDS
-  set +e
-  TSAN_OPTIONS=$(tsan_options "$logs/e2e/$j/r") timeout 1800 "$build/tests/ferry_e2e_tests" "$filter" \
-    >"$logs/e2e/$j/out" 2>&1
-  rc=$?
-  set -e
   [ $rc -eq 0 ] || failed_tests=$((failed_tests + 1))
   printf '  %-8s reports=%-4s %3d s  %s  (%s)\n' "$([ $rc -eq 0 ] && echo ok || echo "FAILED")" \
     "$(count_reports "$logs/e2e/$j")" $((SECONDS - t0)) "$filter" \
@@ -198,12 +199,7 @@ done
 
 if [ "${TSAN_CLUSTER:-0}" = 1 ]; then
   phase "cluster tests"
-  t0=$SECONDS
-  set +e
-  TSAN_OPTIONS=$(tsan_options "$logs/cluster/r") timeout 1800 "$build/tests/ferry_cluster_tests" \
-    >"$logs/cluster/out" 2>&1
-  rc=$?
-  set -e
+  run_under_tsan "$logs/cluster" 1800 "$build/tests/ferry_cluster_tests"
   [ $rc -eq 0 ] || [ $rc -eq 4 ] || failed_tests=$((failed_tests + 1))
   printf '  rc=%d reports=%s %d s  (%s)\n' $rc "$(count_reports "$logs/cluster")" $((SECONDS - t0)) \
     "$(grep -E '^(All tests passed|test cases:)' "$logs/cluster/out" | tail -1)"
