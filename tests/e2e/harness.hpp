@@ -173,8 +173,16 @@ class daemon_proc {
     socket_ = (dir.path / (name + ".sock")).string();
     config_ = (dir.path / (name + ".yaml")).string();
     log_ = (dir.path / (name + ".log")).string();
-    std::ofstream(config_) << make_config(name, role, control_port_, socket_, s);
-    start();
+    for (int attempt = 1;; ++attempt) {
+      std::ofstream(config_) << make_config(name, role, control_port_, socket_, s);
+      if (try_start()) return;
+      // free_port() can only pick a port that is free at that moment: an outgoing connection of
+      // another daemon may take it before this one listens. Then, and only then, pick again.
+      if (at.control_port || attempt == 3 ||
+          log_text().find("cannot listen for peers") == std::string::npos)
+        FAIL("ferryd " << name_ << " did not become ready; log:\n" << log_text());
+      control_port_ = free_port();
+    }
   }
   ~daemon_proc() { stop(); }
 
@@ -197,7 +205,8 @@ class daemon_proc {
   }
 
  private:
-  void start() {
+  /// Fork and exec ferryd; true once it said it is ready (false: it exited, or 30 s passed).
+  bool try_start() {
     int ready[2];
     REQUIRE(pipe2(ready, O_CLOEXEC) == 0);
     pid_ = fork();
@@ -227,10 +236,12 @@ class daemon_proc {
     int n = ::poll(&p, 1, 30000);
     ssize_t got = n > 0 ? read(ready[0], buf, sizeof(buf)) : 0;
     close(ready[0]);
-    if (got <= 0) {
-      stop();
-      FAIL("ferryd " << name_ << " did not become ready; log:\n" << log_text());
-    }
+    if (got <= 0) stop();
+    return got > 0;
+  }
+
+  void start() {
+    if (!try_start()) FAIL("ferryd " << name_ << " did not become ready; log:\n" << log_text());
   }
 
  public:
