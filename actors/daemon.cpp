@@ -45,8 +45,11 @@ class daemon_system_config : public caf::actor_system_config {
     // not on a thread of its own: on its own thread, a stop that came while a peer connection
     // was being set up hung in the actor system's teardown, waiting for that thread's actor to
     // be released (about a third of such stops; tests/e2e "a daemon stopped while it connects
-    // to a peer exits at once"). Its blocking connect() now occupies one of the two workers
-    // while it lasts; connects were already serialised through that one actor.
+    // to a peer exits cleanly"). Who still holds that actor is not known; attached, CAF's
+    // middleman::stop does not wait for it. The cost: its blocking connect() occupies one of
+    // the two workers while it lasts, which for an unreachable host is as long as the kernel
+    // retries the SYN (about 2 minutes by default), and a stop meanwhile waits for it too.
+    // Connects were already serialised through that one actor.
     set("middleman.attach-utility-actors", true);
   }
 };

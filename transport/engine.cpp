@@ -1218,8 +1218,10 @@ result<std::unique_ptr<engine>> engine::open(const engine_config& cfg) {
 // libfabric 1.17 that Ferry cannot reach: the tcp provider fi_dupinfo()s a connection request's
 // fi_info while progress runs (seen under fi_trywait), and when the endpoint is closed before
 // rxm has consumed that request the copy is never freed. It shows under CPU load, about one run
-// in 40, in "fabric engine stop fails queued batches (tcp)". Ferry never calls fi_dupinfo, so
-// the entry cannot hide a leak of Ferry's own; leaks reachable only from the suppressed block are
-// not reported either.
+// in 40, in "fabric engine stop fails queued batches (tcp)". libfabric has no frame pointers, so
+// the report's stack is only malloc <- fi_dupinfo and nothing narrower can be matched. The entry
+// would also hide an fi_info list from fi_getinfo that Ferry forgot to free (libfabric builds
+// those with fi_dupinfo); Ferry holds every one in an info_ptr (fabric_handles.hpp), which frees
+// it. Leaks reachable only from a suppressed block are not reported either.
 extern "C" const char* __lsan_default_suppressions() { return "leak:fi_dupinfo\n"; }
 #endif

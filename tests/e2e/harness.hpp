@@ -175,11 +175,12 @@ class daemon_proc {
     log_ = (dir.path / (name + ".log")).string();
     for (int attempt = 1;; ++attempt) {
       std::ofstream(config_) << make_config(name, role, control_port_, socket_, s);
+      const size_t logged = log_text().size();  // the log is appended to: look at this start's
       if (try_start()) return;
       // free_port() can only pick a port that is free at that moment: an outgoing connection of
       // another daemon may take it before this one listens. Then, and only then, pick again.
       if (at.control_port || attempt == 3 ||
-          log_text().find("cannot listen for peers") == std::string::npos)
+          log_text().find("cannot listen for peers", logged) == std::string::npos)
         FAIL("ferryd " << name_ << " did not become ready; log:\n" << log_text());
       control_port_ = free_port();
     }
