@@ -1,0 +1,137 @@
+// One reply per request, always: a room that fails after its request was answered reports it
+// as an event (and a poll answer), never as a second reply with that request's seq.
+
+#include "harness.hpp"
+
+using namespace ferry;
+using namespace ferry::test;
+
+namespace {
+
+/// A client connection that speaks raw frames, so the test sees every frame with its seq.
+class raw_conn {
+ public:
+  explicit raw_conn(const std::string& path) {
+    fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
+    REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  }
+  ~raw_conn() { close(fd_); }
+
+  void send_frame(const proto::message& m, uint32_t seq) {
+    auto f = proto::encode(m, seq);
+    REQUIRE(::send(fd_, f.data(), f.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(f.size()));
+  }
+
+  /// The next frame (bounded wait).
+  proto::decoded next(std::chrono::milliseconds timeout = 30s) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    uint8_t buf[65536];
+    for (;;) {
+      if (auto d = reader_.next()) return *d;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      REQUIRE(left.count() > 0);
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+      auto n = recv(fd_, buf, sizeof(buf), 0);
+      REQUIRE(n > 0);
+      reader_.feed(std::span<const uint8_t>(buf, static_cast<size_t>(n)));
+    }
+  }
+
+ private:
+  int fd_ = -1;
+  proto::frame_reader reader_;
+};
+
+struct reply_seen {
+  uint32_t seq;
+  proto::msg_type type;
+  bool operator==(const reply_seen&) const = default;
+};
+std::ostream& operator<<(std::ostream& o, const reply_seen& r) {
+  return o << r.seq << ":" << proto::to_string(r.type);
+}
+
+}  // namespace
+
+TEST_CASE("every request gets exactly one reply, also when its room fails later",
+          "[e2e][protocol][!shouldfail]") {
+  temp_dir dir;
+  shape s;
+  s.bootstrapping_ms = 400;  // room 700 times out waiting for a prepare that never comes
+  daemon_proc prefill(dir, "prefill-0", "prefill", s);
+  raw_conn c(prefill.socket());
+
+  std::vector<reply_seen> replies;
+  std::vector<proto::event> events;
+  // Read frames until the reply to `seq` (keeping every frame seen).
+  auto await = [&](uint32_t seq) {
+    for (;;) {
+      auto d = c.next();
+      INFO(d.error);
+      REQUIRE(d.msg);
+      if (auto* e = std::get_if<proto::event>(&*d.msg)) {
+        CHECK(d.seq == 0);
+        events.push_back(*e);
+        continue;
+      }
+      replies.push_back({d.seq, proto::type_of(*d.msg)});
+      if (d.seq == seq) return;
+    }
+  };
+  c.send_frame(proto::hello{proto::protocol_version, "replies", true}, 1);
+  await(1);
+  // Two chunks of room 700 and one of room 701 arrive before any prepare: each is accepted.
+  c.send_frame(proto::send{700, {0, 1}, false, no_index, no_index}, 2);
+  await(2);
+  c.send_frame(proto::send{700, {2, 3}, false, no_index, no_index}, 3);
+  await(3);
+  c.send_frame(proto::send{701, {4}, false, no_index, no_index}, 4);
+  await(4);
+  c.send_frame(proto::subscribe{700}, 5);
+  await(5);
+  c.send_frame(proto::cancel{701}, 6);
+  await(6);
+  // Room 700 fails in Bootstrapping: an event, not a reply.
+  for (;;) {
+    auto it = std::find_if(events.begin(), events.end(), [](const proto::event& e) {
+      return e.room == 700 && e.status == room_status::failed;
+    });
+    if (it != events.end()) {
+      CHECK_THAT(it->reason, Catch::Contains("timed out in Bootstrapping after 400 ms"));
+      break;
+    }
+    auto d = c.next();
+    REQUIRE(d.msg);
+    if (auto* e = std::get_if<proto::event>(&*d.msg)) {
+      events.push_back(*e);
+      continue;
+    }
+    replies.push_back({d.seq, proto::type_of(*d.msg)});
+  }
+  // Every later request of the same connection gets its own reply, with its own seq.
+  c.send_frame(proto::poll{701}, 7);
+  await(7);
+  c.send_frame(proto::info{proto::info_topic::status}, 8);
+  await(8);
+  c.send_frame(proto::poll{700}, 9);
+  await(9);
+  using t = proto::msg_type;
+  const std::vector<reply_seen> expected{
+      {1, t::hello_reply}, {2, t::ok},         {3, t::ok},         {4, t::ok},        {5, t::ok},
+      {6, t::ok},          {7, t::poll_reply}, {8, t::info_reply}, {9, t::poll_reply}};
+  CHECK(replies == expected);
+
+  // The library clients see the same: the poll after a cancel is the poll's answer.
+  auto lib = prefill.connect();
+  REQUIRE(lib->send({702, {5}, false, no_index, no_index}));
+  REQUIRE(lib->cancel(702));
+  auto p = lib->poll(702);
+  INFO(p.message);
+  REQUIRE(p);
+  CHECK(p.value.room == 702);
+}
