@@ -236,6 +236,15 @@ void on_prepare(scheduler_actor* self, client_request& r) {
   st.ctx->gateway->reply(r.conn, r.seq, proto::ok{});
 }
 
+/// Why a send for `room` is refused because that room already finished, or nullopt.
+std::optional<std::string> finished_send(const scheduler_state& st, uint64_t room) {
+  auto done = st.prefill.finished.find(room);
+  if (done == st.prefill.finished.end()) return std::nullopt;
+  const auto* status = to_string(done->second.status);
+  return fmt::format("room {} already finished ({}); send after {} is rejected", room, status,
+                     status);
+}
+
 void on_send(scheduler_actor* self, client_request& r) {
   auto& st = self->state;
   const auto& s = std::get<proto::send>(r.msg);
@@ -269,12 +278,7 @@ void on_send(scheduler_actor* self, client_request& r) {
   }
   auto it = st.prefill.active.find(s.room);
   if (it == st.prefill.active.end()) {
-    auto done = st.prefill.finished.find(s.room);
-    if (done != st.prefill.finished.end())
-      return reply_error(
-          self, r, errc::room_finished,
-          fmt::format("room {} already finished ({}); send after {} is rejected", s.room,
-                      to_string(done->second.status), to_string(done->second.status)));
+    if (auto e = finished_send(st, s.room)) return reply_error(self, r, errc::room_finished, *e);
     if (auto e = admission(st, st.prefill, "prefill"))
       return reply_error(self, r, errc::invalid_request, fmt::format("room {}: {}", s.room, *e));
     auto actor = spawn_sender(self, st.ctx, s.room, caf::actor_cast<caf::actor>(self));
@@ -283,7 +287,20 @@ void on_send(scheduler_actor* self, client_request& r) {
              .first;
   }
   if (!it->second.owner) it->second.owner = owner_of(st, r);
-  self->send(it->second.actor, std::move(r));
+  // The Sender answers the chunk. As a request, a chunk that reaches it after it ended (its
+  // room turned terminal while the chunk was on its way) bounces back here and is answered,
+  // so every send gets exactly one reply.
+  const uint64_t room = s.room;
+  const client_request head{r.conn, r.seq, proto::send{room, {}, false, no_index, no_index}};
+  self->request(it->second.actor, caf::infinite, std::move(r))
+      .then([] {},
+            [=](caf::error&) {
+              auto& st = self->state;
+              auto why = finished_send(st, room);
+              reply_error(
+                  self, head, errc::room_finished,
+                  why ? *why : fmt::format("room {} ended before this chunk reached it", room));
+            });
 }
 
 void on_poll(scheduler_actor* self, client_request& r, uint64_t room) {
@@ -446,7 +463,8 @@ void on_peer_inbound(scheduler_actor* self, peer_inbound& in) {
           if (auto e = admission(st, st.prefill, "prefill")) return refuse(*e);
           auto actor = spawn_sender(self, st.ctx, p.room, caf::actor_cast<caf::actor>(self));
           it = st.prefill.active
-                   .emplace(p.room, room_entry{actor, {}, room_status::bootstrapping, {}, 0, 0, {}, {}})
+                   .emplace(p.room,
+                            room_entry{actor, {}, room_status::bootstrapping, {}, 0, 0, {}, {}})
                    .first;
         }
         auto& e = it->second;
@@ -567,8 +585,8 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
           for (uint32_t i = 0; i < it->second.tokens; ++i) {
             const uint64_t t = it->second.token + i;
             st.token_room.erase(t);
-            st.ended_tokens[t] = fmt::format("room={} peer={} ({})", u.room, it->second.peer,
-                                             to_string(u.status));
+            st.ended_tokens[t] =
+                fmt::format("room={} peer={} ({})", u.room, it->second.peer, to_string(u.status));
             st.ended_order.push_back(t);
             if (st.ended_order.size() > history_limit) {
               st.ended_tokens.erase(st.ended_order.front());

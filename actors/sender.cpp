@@ -136,10 +136,8 @@ void fail(sender_actor* self, const std::string& reason) {
         l.connection,
         peer_outbound{caf::make_message(peer_outcome{st.room, l.prep.token, true, false, reason})});
   }
-  for (auto& q : st.queued)
-    st.ctx->gateway->reply(
-        q.conn, q.seq,
-        proto::error{errc::cancelled, fmt::format("room {} failed: {}", st.room, reason)});
+  // Queued chunks were answered `ok` when they arrived; the room's failure reaches the client
+  // as an event and a poll answer, never as a second reply to those requests.
   st.queued.clear();
   if (!st.batch_link.empty()) {
     const auto ms = st.ctx->config.timeouts.drain_ms;

@@ -57,12 +57,14 @@ outcome<std::unique_ptr<client>> client::connect(const std::string& socket_path,
   return o;
 }
 
-outcome<proto::message> client::read_frame(std::chrono::steady_clock::time_point deadline) {
+outcome<proto::message> client::read_frame(std::chrono::steady_clock::time_point deadline,
+                                           uint32_t* seq) {
   std::vector<uint8_t> buf(64 * 1024);
   for (;;) {
     if (auto d = reader_.next()) {
       if (!d->msg)
         return fail<proto::message>(d->code, "cannot decode ferryd's reply: " + d->error);
+      if (seq) *seq = d->seq;
       outcome<proto::message> o;
       o.value = std::move(*d->msg);
       return o;
@@ -88,6 +90,12 @@ outcome<proto::message> client::read_frame(std::chrono::steady_clock::time_point
 
 outcome<proto::message> client::raw_exchange(const std::vector<uint8_t>& bytes,
                                              std::chrono::milliseconds timeout) {
+  return exchange(bytes, timeout, std::nullopt);
+}
+
+outcome<proto::message> client::exchange(const std::vector<uint8_t>& bytes,
+                                         std::chrono::milliseconds timeout,
+                                         std::optional<uint32_t> expect_seq) {
   size_t off = 0;
   while (off < bytes.size()) {
     ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
@@ -99,19 +107,29 @@ outcome<proto::message> client::raw_exchange(const std::vector<uint8_t>& bytes,
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
-    auto r = read_frame(deadline);
+    uint32_t seq = 0;
+    auto r = read_frame(deadline, &seq);
     if (!r) return r;
     if (auto* ev = std::get_if<proto::event>(&r.value)) {
       events_.push_back(std::move(*ev));
       continue;
     }
+    // One request is outstanding at a time: a reply with another seq answers nothing this
+    // client asked, and taking it as this request's answer would shift every later reply.
+    if (expect_seq && seq != *expect_seq)
+      return fail<proto::message>(
+          errc::malformed_frame,
+          fmt::format("protocol error: ferryd sent a {} with seq {}, which matches no outstanding "
+                      "request (waiting for seq {})",
+                      proto::to_string(proto::type_of(r.value)), seq, *expect_seq));
     return r;
   }
 }
 
 outcome<proto::message> client::request(const proto::message& m) {
   const uint32_t seq = next_seq_++;
-  auto r = raw_exchange(proto::encode(m, seq), timeout_);
+  if (next_seq_ == 0) next_seq_ = 1;  // seq 0 is for events
+  auto r = exchange(proto::encode(m, seq), timeout_, seq);
   if (!r) return r;
   if (auto* e = std::get_if<proto::error>(&r.value))
     return fail<proto::message>(e->code, e->message);
@@ -156,13 +174,29 @@ outcome<std::string> client::info(proto::info_topic topic) {
 outcome<proto::event> client::next_event(std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (events_.empty()) {
-    auto r = read_frame(deadline);
-    if (!r) return fail<proto::event>(r.code, r.message);
-    if (auto* ev = std::get_if<proto::event>(&r.value)) events_.push_back(std::move(*ev));
+    auto r = read_event(deadline);
+    if (!r) return r;
+    events_.push_back(std::move(r.value));
   }
   outcome<proto::event> o;
   o.value = std::move(events_.front());
   events_.pop_front();
+  return o;
+}
+
+outcome<proto::event> client::read_event(std::chrono::steady_clock::time_point deadline) {
+  uint32_t seq = 0;
+  auto r = read_frame(deadline, &seq);
+  if (!r) return fail<proto::event>(r.code, r.message);
+  auto* ev = std::get_if<proto::event>(&r.value);
+  if (!ev)  // no request is outstanding while waiting for events
+    return fail<proto::event>(
+        errc::malformed_frame,
+        fmt::format("protocol error: ferryd sent a {} with seq {}, which matches no outstanding "
+                    "request",
+                    proto::to_string(proto::type_of(r.value)), seq));
+  outcome<proto::event> o;
+  o.value = std::move(*ev);
   return o;
 }
 
@@ -180,9 +214,9 @@ outcome<proto::event> client::wait_terminal(uint64_t room, std::chrono::millisec
         events_.erase(it);
         return o;
       }
-    auto r = read_frame(deadline);
+    auto r = read_event(deadline);
     if (!r) return fail<proto::event>(r.code, fmt::format("room {}: {}", room, r.message));
-    if (auto* ev = std::get_if<proto::event>(&r.value)) events_.push_back(std::move(*ev));
+    events_.push_back(std::move(r.value));
   }
 }
 

@@ -6,7 +6,9 @@
     c.subscribe(7); ev = c.wait_terminal(7, timeout=30)   # Event(room, status, reason)
     c.pool("kv")[off:off + n]                      # memoryview of the mapped pool
 
-Calls are synchronous; a daemon error raises FerryError(code, message). The Mamba state slot and
+Calls are synchronous, one request at a time, and each reply is matched to its request by seq (a
+reply with another seq is a protocol error, FerryError 310); a daemon error raises
+FerryError(code, message). The Mamba state slot and
 the aux row are single integers (None = absent): there is no way to pass a list of slots.
 """
 
@@ -126,15 +128,21 @@ class Client:
             self.buf += chunk
 
     def _request(self, mtype, body, expect):
-        self.seq += 1
+        self.seq = self.seq % 0xFFFFFFFF + 1  # 1..2^32-1: seq 0 is for events
         payload = struct.pack("<HHI", mtype, 0, self.seq) + body
         self.sock.sendall(struct.pack("<I", len(payload)) + payload)
         deadline = time.monotonic() + self.timeout
         while True:
-            rtype, _seq, rbody = self._frame(deadline)
+            rtype, seq, rbody = self._frame(deadline)
             if rtype == EVENT:
                 self.events.append(self._event(rbody))
                 continue
+            if seq != self.seq:
+                # One request is outstanding at a time; taking another seq's reply as this one's
+                # would shift every later reply.
+                raise FerryError(310, f"protocol error: ferryd sent a reply of type {rtype} with "
+                                      f"seq {seq}, which matches no outstanding request "
+                                      f"(waiting for seq {self.seq})")
             r = _Reader(rbody)
             if rtype == ERROR:
                 code = r.take("H")
@@ -189,9 +197,11 @@ class Client:
             for i, ev in enumerate(self.events):
                 if ev.room == room and ev.status in (FAILED, SUCCESS):
                     return self.events.pop(i)
-            rtype, _seq, body = self._frame(deadline)
-            if rtype == EVENT:
-                self.events.append(self._event(body))
+            rtype, seq, body = self._frame(deadline)
+            if rtype != EVENT:  # no request is outstanding while waiting for events
+                raise FerryError(310, f"protocol error: ferryd sent a reply of type {rtype} with "
+                                      f"seq {seq}, which matches no outstanding request")
+            self.events.append(self._event(body))
 
     # --- memory ---
     def pool(self, kind):

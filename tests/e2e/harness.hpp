@@ -415,6 +415,45 @@ inline void check_exact_or_loud(client::client& d, const daemon_proc& decode, co
   CHECK_THAT(decode.log_text(), Catch::Contains("landed after the room ended"));
 }
 
+/// A client connection that speaks raw frames, so the test sees every frame with its seq.
+class raw_conn {
+ public:
+  explicit raw_conn(const std::string& path) {
+    fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
+    REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  }
+  ~raw_conn() { close(fd_); }
+
+  void send_frame(const proto::message& m, uint32_t seq) { send_raw(proto::encode(m, seq)); }
+  void send_raw(const std::vector<uint8_t>& f) {
+    REQUIRE(::send(fd_, f.data(), f.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(f.size()));
+  }
+
+  /// The next frame (bounded wait).
+  proto::decoded next(std::chrono::milliseconds timeout = 30s) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    uint8_t buf[65536];
+    for (;;) {
+      if (auto d = reader_.next()) return *d;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      REQUIRE(left.count() > 0);
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+      auto n = recv(fd_, buf, sizeof(buf), 0);
+      REQUIRE(n > 0);
+      reader_.feed(std::span<const uint8_t>(buf, static_cast<size_t>(n)));
+    }
+  }
+
+ private:
+  int fd_ = -1;
+  proto::frame_reader reader_;
+};
+
 /// Wait for the room's terminal status on one daemon (subscribe + bounded wait).
 inline proto::event wait_done(client::client& c, uint64_t room) {
   auto s = c.subscribe(room);

@@ -8,45 +8,6 @@ using namespace ferry::test;
 
 namespace {
 
-/// A client connection that speaks raw frames, so the test sees every frame with its seq.
-class raw_conn {
- public:
-  explicit raw_conn(const std::string& path) {
-    fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
-    REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  }
-  ~raw_conn() { close(fd_); }
-
-  void send_frame(const proto::message& m, uint32_t seq) {
-    auto f = proto::encode(m, seq);
-    REQUIRE(::send(fd_, f.data(), f.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(f.size()));
-  }
-
-  /// The next frame (bounded wait).
-  proto::decoded next(std::chrono::milliseconds timeout = 30s) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    uint8_t buf[65536];
-    for (;;) {
-      if (auto d = reader_.next()) return *d;
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      REQUIRE(left.count() > 0);
-      pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
-      auto n = recv(fd_, buf, sizeof(buf), 0);
-      REQUIRE(n > 0);
-      reader_.feed(std::span<const uint8_t>(buf, static_cast<size_t>(n)));
-    }
-  }
-
- private:
-  int fd_ = -1;
-  proto::frame_reader reader_;
-};
-
 struct reply_seen {
   uint32_t seq;
   proto::msg_type type;
@@ -59,7 +20,7 @@ std::ostream& operator<<(std::ostream& o, const reply_seen& r) {
 }  // namespace
 
 TEST_CASE("every request gets exactly one reply, also when its room fails later",
-          "[e2e][protocol][!shouldfail]") {
+          "[e2e][protocol]") {
   temp_dir dir;
   shape s;
   s.bootstrapping_ms = 400;  // room 700 times out waiting for a prepare that never comes
@@ -134,4 +95,53 @@ TEST_CASE("every request gets exactly one reply, also when its room fails later"
   INFO(p.message);
   REQUIRE(p);
   CHECK(p.value.room == 702);
+}
+
+TEST_CASE("the C++ client refuses a reply whose seq matches no outstanding request",
+          "[e2e][protocol]") {
+  temp_dir dir;
+  const auto path = (dir.path / "fake.sock").string();
+  int srv = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
+  REQUIRE(bind(srv, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  REQUIRE(::listen(srv, 1) == 0);
+  // A fake daemon: answers hello, then answers the next request with a seq nobody sent.
+  std::thread fake([srv] {
+    int c = accept(srv, nullptr, nullptr);
+    proto::frame_reader in;
+    auto next_request = [&] {
+      uint8_t buf[4096];
+      for (;;) {
+        if (auto d = in.next()) return d->seq;
+        auto n = recv(c, buf, sizeof(buf), 0);
+        if (n <= 0) return 0u;
+        in.feed(std::span<const uint8_t>(buf, static_cast<size_t>(n)));
+      }
+    };
+    auto put = [&](const proto::message& m, uint32_t seq) {
+      auto f = proto::encode(m, seq);
+      [[maybe_unused]] auto n = ::send(c, f.data(), f.size(), MSG_NOSIGNAL);
+    };
+    put(proto::hello_reply{}, next_request());
+    next_request();
+    put(proto::ok{}, 99);
+    char x;
+    [[maybe_unused]] auto n = recv(c, &x, 1, 0);  // until the client closes
+    close(c);
+  });
+  {
+    auto c = client::client::connect(path, "test", 10s);
+    INFO(c.message);
+    REQUIRE(c);
+    auto p = c.value->poll(5);
+    REQUIRE_FALSE(p);
+    CHECK(p.code == errc::malformed_frame);
+    CHECK(p.message ==
+          "protocol error: ferryd sent a ok with seq 99, which matches no outstanding request "
+          "(waiting for seq 2)");
+  }
+  fake.join();
+  close(srv);
 }

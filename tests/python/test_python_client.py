@@ -6,12 +6,14 @@ Prints "N passed, M failed" and exits non-zero on any failure.
 
 import os
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "clients", "python"))
-from ferry_client import SUCCESS, Client, FerryError  # noqa: E402
+from ferry_client import FAILED, SUCCESS, Client, FerryError  # noqa: E402
 
 BIN = sys.argv[1] if len(sys.argv) > 1 else "build/src"
 results = []
@@ -63,6 +65,47 @@ def start(tmp, name, role):
     return proc, sock, f"127.0.0.1:{port}"
 
 
+def fake_daemon_with_wrong_seq(tmp):
+    """A daemon that answers hello, then answers the next request with another seq."""
+    path = os.path.join(tmp, "fake.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+
+    def frame(mtype, seq, body):
+        payload = struct.pack("<HHI", mtype, 0, seq) + body
+        return struct.pack("<I", len(payload)) + payload
+
+    def serve():
+        conn, _ = srv.accept()
+        with conn:
+            def read_request():
+                head = conn.recv(4, socket.MSG_WAITALL)
+                (length,) = struct.unpack("<I", head)
+                return conn.recv(length, socket.MSG_WAITALL)
+            read_request()  # hello, seq 1
+            s = lambda t: struct.pack("<I", len(t)) + t.encode()
+            body = struct.pack("<H", 3) + s("fake") + s("0") + s("prefill") + s("127.0.0.1:1")
+            body += struct.pack("<III", 1, 0, 1) + s("")
+            body += (struct.pack("<B", 0) + s("") + struct.pack("<QI", 0, 0)) * 3
+            conn.sendall(frame(102, 1, body))
+            read_request()  # poll, seq 2
+            conn.sendall(frame(100, 99, b""))  # ok, for a seq nobody sent
+            conn.recv(1)  # until the client closes
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    c = Client(path, timeout=10)
+    try:
+        c.poll(5)
+        check("a reply with an unknown seq is a protocol error", False, "no error")
+    except FerryError as e:
+        check("a reply with an unknown seq is a protocol error naming it",
+              e.code == 310 and "seq 99" in e.message and "seq 2" in e.message, e.message)
+    c.close()
+    t.join(timeout=10)
+    srv.close()
+
+
 def main():
     with tempfile.TemporaryDirectory(prefix="ferry-py-") as tmp:
         procs = []
@@ -71,6 +114,7 @@ def main():
             procs.append(pp)
             dp, dsock, _ = start(tmp, "decode-0", "decode")
             procs.append(dp)
+            fake_daemon_with_wrong_seq(tmp)
             p, d = Client(psock), Client(dsock)
             check("hello describes the pools", p.pools["kv"].present and len(p.pools["kv"].buffers) == 4,
                   str(p.pools["kv"]))
@@ -121,6 +165,18 @@ def main():
                 check("send after Success is refused", False, "no error")
             except FerryError as e:
                 check("send after Success is refused", e.code == 403, e.message)
+
+            # A chunk accepted before its prepare, then cancelled: the cancel's reply is `ok`, the
+            # room's failure comes as an event, and the next request gets its own reply.
+            p.send(700, [1, 2])
+            p.send(700, [3])
+            p.subscribe(700)
+            p.cancel(700)
+            ev = p.wait_terminal(700, timeout=60)
+            check("a cancelled queued room fails by event", ev.status == FAILED and
+                  ev.reason == "cancelled by client", str(ev))
+            check("the poll after it is the poll's own reply", p.poll(700).status == FAILED)
+            check("info after it is info's own reply", "role: prefill" in p.info("status"))
             for view in (kv, st, ax, dkv, dst_state, dax):
                 view.release()
             p.close()

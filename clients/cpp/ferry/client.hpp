@@ -2,7 +2,8 @@
 /// Ferry C++ client: speaks the local client protocol (docs/protocol.md) to one ferryd over its
 /// unix socket, and maps the daemon's pools into this process.
 ///
-/// Threading: one client per thread; calls are synchronous (a request, then its reply). Events
+/// Threading: one client per thread; calls are synchronous (a request, then its reply, matched by
+/// seq: a reply whose seq is not the outstanding request's is a protocol error). Events
 /// pushed for subscribed rooms that arrive while waiting for a reply are kept in order and
 /// returned by `next_event`.
 ///
@@ -90,7 +91,16 @@ class client {
  private:
   client() = default;
   outcome<proto::message> request(const proto::message& m);
-  outcome<proto::message> read_frame(std::chrono::steady_clock::time_point deadline);
+  /// The next frame; its seq goes to `seq` when given.
+  outcome<proto::message> read_frame(std::chrono::steady_clock::time_point deadline,
+                                     uint32_t* seq = nullptr);
+  /// The next frame, which must be an event (no request is outstanding).
+  outcome<proto::event> read_event(std::chrono::steady_clock::time_point deadline);
+  /// Write `bytes`, then read frames (keeping events) up to the first other frame; with
+  /// `expect_seq`, a frame with another seq is a protocol error naming it.
+  outcome<proto::message> exchange(const std::vector<uint8_t>& bytes,
+                                   std::chrono::milliseconds timeout,
+                                   std::optional<uint32_t> expect_seq);
   outcome<none> expect_ok(const proto::message& m);
 
   int fd_ = -1;
