@@ -317,3 +317,63 @@ TEST_CASE("connections beyond limits.max_clients are refused with the reason", "
   INFO(again.message);
   CHECK(again);
 }
+
+TEST_CASE("pages named twice, or held by another active room, are refused naming them",
+          "[e2e][bad-input][!shouldfail]") {
+  pair c;
+  const auto peer = c.prefill.control();
+
+  SECTION("the same destination page twice in one prepare") {
+    CHECK(error_of(c.d->prepare({5, {peer}, {400, 400}, 0, 0})) ==
+          "room 5: dst page 400 is named twice (positions 0 and 1)");
+  }
+  SECTION("the same source page twice in one send") {
+    CHECK(error_of(c.p->send({5, {9, 3, 9}, false, no_index, no_index})) ==
+          "room 5: src page 9 is named twice (positions 0 and 2)");
+  }
+  SECTION("a source page in two chunks of one room") {
+    REQUIRE(c.p->send({5, {1, 2}, false, no_index, no_index}));
+    CHECK(error_of(c.p->send({5, {3, 2}, false, no_index, no_index})) ==
+          "room 5: src page 2 (position 1) was already sent in an earlier chunk of this room");
+    REQUIRE(c.p->cancel(5));
+  }
+  SECTION("destination pages, slot and row held by another active decode room") {
+    REQUIRE(c.d->prepare({10, {peer}, {100, 101, 102, 103}, 1, 1}));
+    CHECK(error_of(c.d->prepare({11, {peer}, {104, 103}, 2, 2})) ==
+          "room 11: dst page 103 (position 1) is held by active room 10");
+    CHECK(error_of(c.d->prepare({12, {peer}, {200}, 1, 3})) ==
+          "room 12: dst state slot 1 is held by active room 10");
+    CHECK(error_of(c.d->prepare({13, {peer}, {201}, 3, 1})) ==
+          "room 13: dst aux row 1 is held by active room 10");
+    // Released at the room's terminal state.
+    REQUIRE(c.d->cancel(10));
+    REQUIRE(wait_done(*c.d, 10).status == room_status::failed);
+    REQUIRE(c.d->prepare({11, {peer}, {104, 103}, 1, 1}));
+    REQUIRE(c.d->cancel(11));
+    REQUIRE(wait_done(*c.d, 11).status == room_status::failed);
+  }
+  SECTION("requests before hello, a second hello and non-zero flags") {
+    raw_conn r(c.decode.socket());
+    auto error_for = [&](uint32_t seq) {
+      auto d = r.next();
+      REQUIRE(d.msg);
+      CHECK(d.seq == seq);
+      auto* e = std::get_if<proto::error>(&*d.msg);
+      REQUIRE(e);
+      return e->message;
+    };
+    r.send_frame(proto::poll{1}, 1);
+    CHECK(error_for(1) == "poll before hello: hello must be the first request of a connection");
+    r.send_frame(proto::hello{proto::protocol_version, "t", false}, 2);
+    auto h = r.next();
+    REQUIRE(h.msg);
+    CHECK(std::holds_alternative<proto::hello_reply>(*h.msg));
+    r.send_frame(proto::hello{proto::protocol_version, "t", false}, 3);
+    CHECK(error_for(3) == "a second hello: this connection already said hello");
+    auto frame = proto::encode(proto::poll{1}, 4);
+    frame[6] = 1;  // flags
+    r.send_raw(frame);
+    CHECK(error_for(4) == "frame flags must be 0, got 0x0001");
+  }
+  good_request_still_works(c, 1);
+}
