@@ -46,6 +46,7 @@ struct client_gateway::impl {
     std::vector<uint8_t> out;
     size_t out_pos = 0;
     bool want_write = false;
+    bool said_hello = false;  // hello must come first, and only once
     /// Since when a started frame is incomplete (nullopt: no partial frame buffered).
     std::optional<std::chrono::steady_clock::time_point> partial_since;
   };
@@ -103,6 +104,28 @@ struct client_gateway::impl {
     }
     update_interest(id, c);
     return true;
+  }
+
+  /// The session rules of docs/protocol.md: hello first, once, in this daemon's version.
+  /// Returns the refusal for a request that breaks them (the request is not served).
+  static std::optional<proto::error> session_error(connection& c, const proto::message& m) {
+    const auto* h = std::get_if<proto::hello>(&m);
+    if (!h && !c.said_hello)
+      return proto::error{errc::invalid_request,
+                          fmt::format("{} before hello: hello must be the first request of a "
+                                      "connection",
+                                      proto::to_string(proto::type_of(m)))};
+    if (!h) return std::nullopt;
+    if (c.said_hello)
+      return proto::error{errc::invalid_request,
+                          "a second hello: this connection already said hello"};
+    if (h->version != proto::protocol_version)
+      return proto::error{errc::unsupported_version,
+                          fmt::format("client protocol version {} is not supported (ferryd "
+                                      "speaks {})",
+                                      h->version, proto::protocol_version)};
+    c.said_hello = true;
+    return std::nullopt;
   }
 
   void queue_local(uint64_t id, connection& c, const proto::message& m, uint32_t seq) {
@@ -255,6 +278,11 @@ void client_gateway::run() {
         }
         while (auto d = c.reader.next()) {
           if (d->msg) {
+            if (auto refusal = im.session_error(c, *d->msg)) {
+              im.log->warn("client conn={} {}", key, refusal->message);
+              im.queue_local(key, c, *refusal, d->seq);
+              continue;
+            }
             caf::anon_send(im.scheduler, client_request{key, d->seq, std::move(*d->msg)});
             continue;
           }

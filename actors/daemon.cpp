@@ -144,7 +144,7 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
   }
   std::string err;
   ctx->gateway = client_gateway::listen(cfg.client_listen, err, cfg.limits.max_clients,
-                                       cfg.limits.client_frame_ms);
+                                        cfg.limits.client_frame_ms);
   if (!ctx->gateway) {
     log->error("{}", err);
     return 2;

@@ -17,6 +17,7 @@
 
 #include "actors/actors.hpp"
 #include "actors/client_gateway.hpp"
+#include "core/dst_claims.hpp"
 #include "core/plan.hpp"
 
 namespace ferry {
@@ -33,6 +34,9 @@ struct room_entry {
   uint32_t tokens = 0;  // decode: how many
   std::vector<uint64_t> subscribers;  // client connections
   std::optional<uint64_t> owner;      // client connection whose close cancels the room
+  // decode: the destination indices it claimed (released at its terminal state)
+  std::vector<uint32_t> dst_pages;
+  uint32_t dst_slot = no_index, dst_row = no_index;
 };
 
 struct finished_room {
@@ -63,6 +67,7 @@ struct scheduler_state {
   static inline const char* name = "ferry.scheduler";
   context_ptr ctx;
   side_rooms prefill, decode;
+  std::optional<dst_claims> claims;  // decode: which active room holds each destination index
   /// Decode: token (immediate value and epoch of one link of one room incarnation) -> room.
   /// Tokens are never reused in a daemon's life, so a late message or write of an ended room
   /// finds nothing here.
@@ -220,6 +225,10 @@ void on_prepare(scheduler_actor* self, client_request& r) {
     return reply_error(self, r, errc::invalid_request, *e);
   if (auto e = check_slot_and_row(*st.ctx, p.room, "dst", p.state_slot, p.aux_row))
     return reply_error(self, r, errc::invalid_request, *e);
+  if (auto e = st.claims->claim(p.room, p.dst_pages, p.state_slot, p.aux_row))
+    return reply_error(self, r, errc::invalid_request, *e);
+  auto dst_pages = p.dst_pages;
+  const auto dst_slot = p.state_slot, dst_row = p.aux_row;
   const uint64_t token = st.next_token;
   const auto tokens = static_cast<uint32_t>(p.prefill_peers.size());
   st.next_token += tokens;
@@ -230,8 +239,9 @@ void on_prepare(scheduler_actor* self, client_request& r) {
   st.ctx->log_sched->debug("room={} peer={} prepare: {} pages", room, peer, p.dst_pages.size());
   auto actor =
       spawn_receiver(self, st.ctx, std::move(p), token, conns, caf::actor_cast<caf::actor>(self));
-  st.decode.active[room] = room_entry{
-      actor, conns, room_status::bootstrapping, peer, token, tokens, {}, owner_of(st, r)};
+  st.decode.active[room] =
+      room_entry{actor, conns,           room_status::bootstrapping, peer,     token,  tokens,
+                 {},    owner_of(st, r), std::move(dst_pages),       dst_slot, dst_row};
   for (uint32_t i = 0; i < tokens; ++i) st.token_room[token + i] = room;
   st.ctx->gateway->reply(r.conn, r.seq, proto::ok{});
 }
@@ -374,11 +384,7 @@ void on_client(scheduler_actor* self, client_request& r) {
       [&](auto& m) {
         using T = std::decay_t<decltype(m)>;
         if constexpr (std::is_same_v<T, proto::hello>) {
-          if (m.version != proto::protocol_version)
-            return reply_error(
-                self, r, errc::unsupported_version,
-                fmt::format("client protocol version {} is not supported (ferryd speaks {})",
-                            m.version, proto::protocol_version));
+          // The gateway let this hello through: the first of its connection, in our version.
           if (m.cancel_on_disconnect) st.owning_clients.insert(r.conn);
           proto::hello_reply h;
           h.node = st.ctx->config.node_name;
@@ -489,6 +495,9 @@ void on_peer_inbound(scheduler_actor* self, peer_inbound& in) {
 
 caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
   self->state.ctx = std::move(ctx);
+  const auto& pools = self->state.ctx->config.pools;
+  self->state.claims.emplace(pools.kv ? pools.kv->pages : 0, pools.mamba ? pools.mamba->slots : 0,
+                             pools.aux ? pools.aux->rows : 0);
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& st = self->state;
     auto who = caf::actor_cast<caf::actor>(dm.source);
@@ -513,8 +522,10 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
         if (e.actor == who) {
           auto reason = "internal error: room actor ended: " + self->system().render(dm.reason);
           notify_subscribers(self, e, room, room_status::failed, reason);
-          if (side == &st.decode)
+          if (side == &st.decode) {
             for (uint32_t i = 0; i < e.tokens; ++i) st.token_room.erase(e.token + i);
+            st.claims->release(room, e.dst_pages, e.dst_slot, e.dst_row);
+          }
           ++side->failed;
           side->finish(room, room_status::failed, reason);
           return;
@@ -581,6 +592,8 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
         } else {
           ++side.failed;
         }
+        if (u.decode_side)
+          st.claims->release(u.room, it->second.dst_pages, it->second.dst_slot, it->second.dst_row);
         if (u.decode_side)
           for (uint32_t i = 0; i < it->second.tokens; ++i) {
             const uint64_t t = it->second.token + i;

@@ -21,6 +21,7 @@
 
 #include <deque>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "actors/actors.hpp"
 #include "actors/client_gateway.hpp"
@@ -63,6 +64,7 @@ struct sender_state {
   std::string fail_reason;
   std::vector<planned_write> writes;
   std::vector<planned_copy> copies;
+  std::unordered_set<uint32_t> sent_pages;  // source pages of the chunks accepted so far
 
   bool ready() const { return expected_links && links.size() == expected_links; }
   std::string peer_name() const {
@@ -308,6 +310,18 @@ void handle_chunk(sender_actor* self, client_request& req) {
                                                   st.room, st.fail_reason)});
     return;
   }
+  // A page in two chunks would be written to two positions: refuse the chunk, naming it.
+  for (size_t i = 0; i < chunk.src_pages.size(); ++i)
+    if (st.sent_pages.count(chunk.src_pages[i])) {
+      st.ctx->gateway->reply(
+          req.conn, req.seq,
+          proto::error{errc::invalid_request,
+                       fmt::format("room {}: src page {} (position {}) was already sent in an "
+                                   "earlier chunk of this room",
+                                   st.room, chunk.src_pages[i], i)});
+      return;
+    }
+  auto accept = [&] { st.sent_pages.insert(chunk.src_pages.begin(), chunk.src_pages.end()); };
   if (!st.ready()) {
     if (st.queued.size() >= max_queued_chunks) {
       st.ctx->gateway->reply(
@@ -318,6 +332,7 @@ void handle_chunk(sender_actor* self, client_request& req) {
       return;
     }
     // Reply now: the chunk is accepted and will be posted once the decode's prepare arrives.
+    accept();
     st.ctx->gateway->reply(req.conn, req.seq, proto::ok{});
     st.queued.push_back(std::move(req));
     return;
@@ -329,6 +344,7 @@ void handle_chunk(sender_actor* self, client_request& req) {
         proto::error{errc::invalid_request, fmt::format("room {}: {}", st.room, *e)});
     return;
   }
+  accept();
   st.ctx->gateway->reply(req.conn, req.seq, proto::ok{});
 }
 

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace ferry {
 
 std::vector<page_run> coalesce_runs(std::span<const uint32_t> src, std::span<const uint32_t> dst,
@@ -167,6 +169,14 @@ std::optional<std::string> check_indices(std::span<const uint32_t> indices, uint
     if (indices[i] >= limit)
       return fmt::format("{} {} (position {}) is outside the pool of {} {}", what, indices[i], i,
                          limit, unit);
+  // An index named twice would make two positions share one item: one position's bytes lost.
+  std::vector<std::pair<uint32_t, uint32_t>> sorted(indices.size());  // (index, position)
+  for (size_t i = 0; i < indices.size(); ++i) sorted[i] = {indices[i], static_cast<uint32_t>(i)};
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 1; i < sorted.size(); ++i)
+    if (sorted[i].first == sorted[i - 1].first)
+      return fmt::format("{} {} is named twice (positions {} and {})", what, sorted[i].first,
+                         sorted[i - 1].second, sorted[i].second);
   return std::nullopt;
 }
 

@@ -116,9 +116,9 @@ void plan_unpack(const link_plan& link, const node_layout& dst, std::span<const 
 /// Split every write longer than `piece_bytes` into consecutive pieces (in place, order kept).
 void split_pieces(std::vector<planned_write>& writes, uint64_t piece_bytes);
 
-/// Bounds check of indices into a pool; the error names `what`, the first bad index, its
-/// position and the pool size, e.g. "dst page 9000 (position 3) is outside the kv pool of 8192
-/// pages".
+/// Bounds and uniqueness check of indices into a pool; the error names `what`, the first bad
+/// index, its position and the pool size, e.g. "dst page 9000 (position 3) is outside the kv pool
+/// of 8192 pages", or an index named twice: "dst page 400 is named twice (positions 0 and 1)".
 std::optional<std::string> check_indices(std::span<const uint32_t> indices, uint64_t limit,
                                          const char* what, const char* unit);
 

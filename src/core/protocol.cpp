@@ -409,9 +409,17 @@ std::optional<decoded> frame_reader::next() {
   const uint16_t type = static_cast<uint16_t>(p[4] | p[5] << 8);
   const uint32_t seq =
       uint32_t{p[8]} | uint32_t{p[9]} << 8 | uint32_t{p[10]} << 16 | uint32_t{p[11]} << 24;
+  const uint16_t flags = static_cast<uint16_t>(p[6] | p[7] << 8);
   auto body = std::span<const uint8_t>(p + header_bytes, len - (header_bytes - 4));
   pos_ += 4 + size_t{len};
-  auto out = decode(type, seq, body);
+  decoded out;
+  if (flags != 0) {  // reserved: a frame using them means something this version cannot know
+    out.seq = seq;
+    out.code = errc::malformed_frame;
+    out.error = fmt::format("frame flags must be 0, got {:#06x}", flags);
+  } else {
+    out = decode(type, seq, body);
+  }
   // Compact occasionally so a long-lived connection does not grow its buffer.
   if (pos_ > (1u << 20) && pos_ * 2 > buf_.size()) {
     buf_.erase(buf_.begin(), buf_.begin() + static_cast<std::ptrdiff_t>(pos_));

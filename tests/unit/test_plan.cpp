@@ -130,6 +130,10 @@ TEST_CASE("index checks name the index, its position and the pool size", "[unit]
   REQUIRE(e);
   CHECK(*e == "dst page 9000 (position 2) is outside the pool of 8192 pages");
   CHECK_FALSE(check_indices(pages, 9001, "dst page", "pages"));
+  const std::vector<uint32_t> twice{7, 400, 3, 400};
+  e = check_indices(twice, 8192, "dst page", "pages");
+  REQUIRE(e);
+  CHECK(*e == "dst page 400 is named twice (positions 1 and 3)");
 }
 
 TEST_CASE("chunks map onto the decode page list by position", "[unit][plan]") {

@@ -1,0 +1,53 @@
+#include "core/dst_claims.hpp"
+
+#include <fmt/format.h>
+
+#include "core/status.hpp"
+
+namespace ferry {
+
+dst_claims::dst_claims(uint64_t pages, uint64_t slots, uint64_t rows) {
+  pages_.holder.resize(pages);
+  pages_.taken.resize(pages);
+  slots_.holder.resize(slots);
+  slots_.taken.resize(slots);
+  rows_.holder.resize(rows);
+  rows_.taken.resize(rows);
+}
+
+std::optional<std::string> dst_claims::claim(uint64_t room, std::span<const uint32_t> pages,
+                                             uint32_t slot, uint32_t row) {
+  for (size_t i = 0; i < pages.size(); ++i)
+    if (pages_.taken[pages[i]])
+      return fmt::format("room {}: dst page {} (position {}) is held by active room {}", room,
+                         pages[i], i, pages_.holder[pages[i]]);
+  if (slot != no_index && slots_.taken[slot])
+    return fmt::format("room {}: dst state slot {} is held by active room {}", room, slot,
+                       slots_.holder[slot]);
+  if (row != no_index && rows_.taken[row])
+    return fmt::format("room {}: dst aux row {} is held by active room {}", room, row,
+                       rows_.holder[row]);
+  auto take = [&](table& t, uint32_t i) {
+    t.taken[i] = true;
+    t.holder[i] = room;
+    ++held_;
+  };
+  for (auto p : pages) take(pages_, p);
+  if (slot != no_index) take(slots_, slot);
+  if (row != no_index) take(rows_, row);
+  return std::nullopt;
+}
+
+void dst_claims::release(uint64_t room, std::span<const uint32_t> pages, uint32_t slot,
+                         uint32_t row) {
+  auto drop = [&](table& t, uint32_t i) {
+    if (i >= t.taken.size() || !t.taken[i] || t.holder[i] != room) return;
+    t.taken[i] = false;
+    --held_;
+  };
+  for (auto p : pages) drop(pages_, p);
+  if (slot != no_index) drop(slots_, slot);
+  if (row != no_index) drop(rows_, row);
+}
+
+}  // namespace ferry

@@ -1,0 +1,38 @@
+#pragma once
+/// Which active room holds each destination page, state slot and aux row of a decode daemon.
+/// Two active rooms naming the same memory would overwrite each other's bytes without a word,
+/// so a prepare claims its indices whole or not at all, and the room's terminal state (which
+/// means its memory may be reused) releases them.
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace ferry {
+
+class dst_claims {
+ public:
+  dst_claims(uint64_t pages, uint64_t slots, uint64_t rows);
+
+  /// Claim `pages`, `slot` and `row` (no_index: none) for `room`; on a conflict claim nothing
+  /// and return the first held index and its holder, e.g. "room 11: dst page 103 (position 1) is
+  /// held by active room 10". Indices must be in range (checked before).
+  std::optional<std::string> claim(uint64_t room, std::span<const uint32_t> pages, uint32_t slot,
+                                   uint32_t row);
+  /// Release what `room` claimed with the same arguments.
+  void release(uint64_t room, std::span<const uint32_t> pages, uint32_t slot, uint32_t row);
+  /// Indices held now (pages + slots + rows), for tests and stats.
+  uint64_t held() const { return held_; }
+
+ private:
+  struct table {
+    std::vector<uint64_t> holder;
+    std::vector<bool> taken;
+  };
+  table pages_, slots_, rows_;
+  uint64_t held_ = 0;
+};
+
+}  // namespace ferry
