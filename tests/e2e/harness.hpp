@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
@@ -278,6 +279,7 @@ class daemon_proc {
   }
 
   const std::string& socket() const { return socket_; }
+  const std::string& config_path() const { return config_; }
   std::string control() const { return host_ + ":" + std::to_string(control_port_); }
   uint16_t control_port() const { return control_port_; }
   pid_t pid() const { return pid_; }
@@ -288,6 +290,53 @@ class daemon_proc {
   pid_t pid_ = -1;
   int exit_status_ = -1;
 };
+
+/// Run ferryd with `args` to its exit (bounded: killed after `limit`); its exit code (-1 when
+/// killed) and its output. `before_exec` runs in the child (e.g. to enter a mount namespace).
+struct run_result {
+  int code = -1;
+  std::string output;
+};
+template <class F = void (*)()>
+run_result run_ferryd(
+    const std::vector<std::string>& args, const std::filesystem::path& out,
+    std::chrono::milliseconds limit = 30s, F before_exec = [] {}) {
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    before_exec();
+    std::vector<char*> argv{const_cast<char*>("ferryd")};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    auto path = bin("ferryd");
+    execv(path.c_str(), argv.data());
+    _exit(127);
+  }
+  int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  pollfd p{pidfd, POLLIN, 0};
+  if (pidfd < 0 || ::poll(&p, 1, static_cast<int>(limit.count())) <= 0) kill(pid, SIGKILL);
+  if (pidfd >= 0) close(pidfd);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  std::ifstream f(out);
+  std::stringstream s;
+  s << f.rdbuf();
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, s.str()};
+}
+
+/// Names in /dev/shm that start with `prefix`, sorted.
+inline std::vector<std::string> shm_names(const std::string& prefix) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    auto n = e.path().filename().string();
+    if (n.rfind(prefix, 0) == 0) names.push_back(n);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
 
 /// A prefill and a decode daemon with one connected client each.
 struct pair {

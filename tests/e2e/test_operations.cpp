@@ -1,0 +1,95 @@
+// An operator's bad day: kill -9 and restart, a second instance with the same config, SIGHUP.
+// Each gets a clear message, and nothing leaks or breaks the running daemon.
+
+#include <fmt/format.h>
+
+#include "harness.hpp"
+
+using namespace ferry;
+using namespace ferry::test;
+
+namespace {
+
+/// The pool objects a client's hello names, as /dev/shm file names.
+std::vector<std::string> pool_files(client::client& c) {
+  std::vector<std::string> v;
+  for (const auto& p : c.daemon().pools)
+    if (p.present) v.push_back(p.shm_name.substr(1));  // "/ferry.x.kv" -> "ferry.x.kv"
+  return v;
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+}  // namespace
+
+TEST_CASE("a restarted ferryd reclaims what a killed instance of its node left in /dev/shm",
+          "[e2e][operations][!shouldfail]") {
+  temp_dir dir;
+  shape s;
+  const auto node = fmt::format("reclaim-{}", getpid());  // no other test uses this node
+  const auto prefix = "ferry." + node + ".";
+  std::string dead_instance;
+  {
+    daemon_proc d(dir, node, "decode", s);
+    auto c = d.connect();
+    const auto first = pool_files(*c);
+    dead_instance = c->daemon().instance;
+    REQUIRE(first.size() == 3);
+    d.signal(SIGKILL);
+    for (const auto& f : first) CHECK(contains(shm_names(prefix), f));  // left behind
+    d.restart();
+    auto c2 = d.connect();
+    const auto live = pool_files(*c2);
+    // Only the live instance's objects remain (its pools and its liveness lock).
+    for (const auto& n : shm_names(prefix)) {
+      INFO(n);
+      CHECK(n.rfind(prefix + c2->daemon().instance + ".", 0) == 0);
+    }
+    for (const auto& f : live) CHECK(contains(shm_names(prefix), f));
+    CHECK_THAT(d.log_text(),
+               Catch::Contains(fmt::format("reclaimed 3 shared-memory objects of dead instance {}",
+                                           dead_instance)));
+    c2.reset();
+    c.reset();
+    CHECK(d.stop() == 0);
+  }
+  CHECK(shm_names(prefix).empty());  // a clean stop leaves nothing either
+}
+
+TEST_CASE("a second ferryd with the same config exits naming the first, which serves on",
+          "[e2e][operations][!shouldfail]") {
+  pair c;
+  auto r = run_ferryd({"--config", c.decode.config_path()}, c.dir.path / "second.log");
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains(fmt::format("another ferryd (pid {}", c.decode.pid())));
+  CHECK_THAT(r.output, Catch::Contains(c.decode.socket()));
+  // The first daemon still has its socket, its pools and its peers.
+  auto again = c.decode.connect();
+  room_spec room;
+  room.room = 5;
+  room.src_pages = range(0, 8);
+  room.dst_pages = range(100, 8);
+  run_and_verify(c, room);
+}
+
+TEST_CASE("SIGHUP does not stop ferryd; SIGTERM then stops it cleanly",
+          "[e2e][operations][!shouldfail]") {
+  pair c;
+  REQUIRE(kill(c.decode.pid(), SIGHUP) == 0);
+  // The daemon answers after the signal (a request round trip orders it after the handling).
+  for (int i = 0; i < 50 && c.decode.log_text().find("SIGHUP") == std::string::npos; ++i)
+    REQUIRE(c.d->info(proto::info_topic::status));
+  CHECK_THAT(c.decode.log_text(), Catch::Contains("SIGHUP received: ignored"));
+  room_spec room;
+  room.room = 6;
+  room.src_pages = range(0, 8);
+  room.dst_pages = range(100, 8);
+  run_and_verify(c, room);
+  const auto pools = pool_files(*c.d);
+  c.d.reset();
+  CHECK(c.decode.stop() == 0);
+  for (const auto& f : pools) CHECK_FALSE(contains(shm_names("ferry."), f));
+}
