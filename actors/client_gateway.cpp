@@ -154,7 +154,18 @@ std::shared_ptr<client_gateway> client_gateway::listen(const std::string& path, 
     err = std::string("socket(AF_UNIX) failed: ") + std::strerror(errno);
     return nullptr;
   }
-  unlink(path.c_str());
+  // A socket file that still accepts connections belongs to a running process (another ferryd
+  // whose config names the same path): replacing it would cut that daemon off its clients.
+  if (int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0); probe >= 0) {
+    const bool live = ::connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    close(probe);
+    if (live) {
+      err = "listen.client '" + path +
+            "' is in use: another process accepts connections on it (a second ferryd?)";
+      return nullptr;
+    }
+  }
+  unlink(path.c_str());  // a stale socket file of a daemon that is gone
   // Only the daemon's user may connect: clients are local inference workers.
   mode_t old = umask(0077);
   int rc = bind(im.listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));

@@ -1,6 +1,7 @@
 #include "actors/daemon.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <sys/mman.h>
@@ -14,6 +15,7 @@
 #include "actors/actors.hpp"
 #include "actors/client_gateway.hpp"
 #include "core/auth.hpp"
+#include "core/daemon_locks.hpp"
 
 namespace ferry {
 
@@ -63,9 +65,26 @@ std::string random_instance() {
 
 int run_daemon(const ferry_config& cfg, int ready_fd) {
   auto log = make_logger("ferryd");
+  const auto instance = cfg.instance == "auto" ? random_instance() : cfg.instance;
+  // Before anything is touched: a second ferryd with this config finds the first and leaves.
+  // The locks outlive everything below (the socket and the pools go first at a stop).
+  std::string lock_err;
+  auto config_lock = lock_config(cfg.client_listen, cfg.node_name, instance, lock_err);
+  if (!config_lock) {
+    log->error("{}", lock_err);
+    return 2;
+  }
+  auto instance_lock = lock_instance(cfg.node_name, instance, lock_err);
+  if (!instance_lock) {
+    log->error("{}", lock_err);
+    return 2;
+  }
+  for (const auto& r : reclaim_dead_instances(cfg.node_name))
+    log->warn("reclaimed {} shared-memory objects of dead instance {} of node {} ({} bytes): {}",
+              r.objects.size(), r.instance, cfg.node_name, r.bytes, fmt::join(r.objects, ", "));
   auto ctx = std::make_shared<daemon_context>();
   ctx->config = cfg;
-  ctx->instance = cfg.instance == "auto" ? random_instance() : cfg.instance;
+  ctx->instance = instance;
   ctx->config_yaml = to_yaml(cfg);
   ctx->layout = make_layout(cfg.pools);
   ctx->log_sched = make_logger("scheduler");
@@ -86,11 +105,12 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
     log->warn("security.cluster_secret_file is not set: peers are not authenticated");
   }
 
-  // Block the stop signals in every thread; main waits for them with sigwait.
+  // Block the stop signals (and SIGHUP) in every thread; main waits for them with sigwait.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   auto opened = transport::engine::open(
@@ -175,7 +195,11 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
         close(ready_fd);
       }
       int sig = 0;
-      sigwait(&stop_signals, &sig);
+      // SIGHUP (a closed terminal, a log rotation) must not stop a daemon that rooms depend
+      // on. ferryd writes its log to stderr, which it does not own, so there is nothing to
+      // reopen: the signal is logged and ignored.
+      while (sigwait(&stop_signals, &sig) == 0 && sig == SIGHUP)
+        log->info("SIGHUP received: ignored (ferryd logs to stderr; nothing to reopen)");
       log->info("signal {} received; shutting down", sig);
       ctx->gateway->stop();
     }

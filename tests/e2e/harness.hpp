@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/daemon_locks.hpp"
 #include "ferry/client.hpp"
 #include "ferry/workload.hpp"
 
@@ -186,7 +187,12 @@ class daemon_proc {
       control_port_ = free_port();
     }
   }
-  ~daemon_proc() { stop(); }
+  ~daemon_proc() {
+    stop();
+    // A daemon the test killed (or stop() had to kill) leaves its pools behind; reclaim them as
+    // a restarted ferryd would. Only dead instances are touched, never another test's.
+    ferry::reclaim_dead_instances(name_);
+  }
 
   /// Start again with the same config (same addresses; a new instance id), after stop/kill.
   void restart() {
