@@ -128,7 +128,10 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
                             to_string(static_cast<pool_kind>(k)));
     ctx->pools[k] = shm_region::create(name, pool.total_bytes, err);
     if (!ctx->pools[k]) {
-      log->error("pool {}: {}", to_string(static_cast<pool_kind>(k)), err);
+      uint64_t all = 0;
+      for (const auto& p : ctx->layout.pools) all += p.present ? p.total_bytes : 0;
+      log->error("pool {}: {} (the pools of this config need {} bytes in all)",
+                 to_string(static_cast<pool_kind>(k)), err, all);
       return 2;
     }
     // Local access only: peers write through their own per-connection registrations

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -40,6 +41,21 @@ shm_region shm_region::create(const std::string& name, uint64_t bytes, std::stri
   }
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     err = fmt::format("ftruncate('{}', {} bytes) failed: {}", name, bytes, std::strerror(errno));
+    close(fd);
+    shm_unlink(name.c_str());
+    return r;
+  }
+  // Reserve every byte now. A tmpfs page is otherwise allocated at its first touch, and a
+  // /dev/shm that cannot back it then kills the process with SIGBUS in the middle of a transfer
+  // (MAP_POPULATE does not report that it could not populate).
+  struct statvfs fs {};
+  const uint64_t free_before =
+      fstatvfs(fd, &fs) == 0 ? uint64_t{fs.f_bavail} * fs.f_frsize : uint64_t{0};
+  if (int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); rc != 0) {
+    err = fmt::format(
+        "/dev/shm cannot hold {}: it needs {} bytes and /dev/shm has {} bytes free; "
+        "posix_fallocate: {}",
+        name, bytes, free_before, std::strerror(rc));
     close(fd);
     shm_unlink(name.c_str());
     return r;
