@@ -51,6 +51,7 @@ struct connection_state {
   std::vector<peer_region> regions;         // as described to this peer, by pool kind
   peer_region staging;
   std::chrono::steady_clock::time_point last_heard;
+  std::chrono::steady_clock::time_point next_beat;  // when the next heartbeat is due
 };
 
 using connection_actor = caf::stateful_actor<connection_state>;
@@ -210,14 +211,26 @@ void tick(connection_actor* self) {
   const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(
                           std::chrono::steady_clock::now() - st.last_heard)
                           .count();
-  if (silent > int64_t{t.heartbeat_ms} * t.heartbeat_misses)
+  const int64_t bound = int64_t{t.heartbeat_ms} * t.heartbeat_misses;
+  if (silent > bound)
     return finish(self,
                   fmt::format("peer unresponsive: nothing heard for {} ms (timeouts."
                               "heartbeat_ms {} x heartbeat_misses {})",
                               silent, t.heartbeat_ms, t.heartbeat_misses),
                   true);
-  self->send(st.remote, heartbeat_atom::value);
-  self->delayed_send(self, std::chrono::milliseconds(t.heartbeat_ms), tick_atom::value);
+  const auto now = std::chrono::steady_clock::now();
+  if (now >= st.next_beat) {
+    self->send(st.remote, heartbeat_atom::value);
+    st.next_beat = now + std::chrono::milliseconds(t.heartbeat_ms);
+  }
+  // Wake for the next heartbeat, or just after the silence would exceed the bound if that is
+  // sooner, so a silent peer is declared dead within the bound, not up to a period later.
+  const auto deadline = st.last_heard + std::chrono::milliseconds(bound + 1);
+  const auto wake = std::min(st.next_beat, deadline);
+  self->delayed_send(self,
+                     std::max(std::chrono::milliseconds(1),
+                              std::chrono::duration_cast<std::chrono::milliseconds>(wake - now)),
+                     tick_atom::value);
 }
 
 void become_ready(connection_actor* self, std::shared_ptr<peer_info> info, caf::actor remote) {
@@ -227,6 +240,7 @@ void become_ready(connection_actor* self, std::shared_ptr<peer_info> info, caf::
   st.remote = std::move(remote);
   self->monitor(st.remote);
   st.last_heard = std::chrono::steady_clock::now();
+  st.next_beat = st.last_heard;  // the first tick sends one
   self->delayed_send(self, std::chrono::milliseconds(st.ctx->config.timeouts.heartbeat_ms),
                      tick_atom::value);
   st.ctx->log_peer->info("peer={} connected: node {} instance {}; link {}", st.address,

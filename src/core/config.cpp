@@ -651,6 +651,17 @@ void validate_all(const ferry_config& cfg) {
     fail("node.instance",
          "expected \"auto\" or a name of [A-Za-z0-9._-], got " + quote(cfg.instance));
   }
+  // Both go into /dev/shm names ("ferry.<node>.<instance>.state"), at most NAME_MAX (255) bytes.
+  if (cfg.node_name.size() > max_node_name) {
+    fail("node.name", "expected at most " + std::to_string(max_node_name) +
+                          " characters (it names the daemon's shared-memory objects), got " +
+                          std::to_string(cfg.node_name.size()));
+  }
+  if (cfg.instance.size() > max_instance_name) {
+    fail("node.instance", "expected at most " + std::to_string(max_instance_name) +
+                              " characters (it names the daemon's shared-memory objects), got " +
+                              std::to_string(cfg.instance.size()));
+  }
 
   if (!is_host_port(cfg.control_listen)) {
     fail("listen.control",
@@ -726,9 +737,10 @@ void emit_dims(YAML::Emitter& out, const std::vector<uint64_t>& dims) {
 
 bool valid_host_port(std::string_view address) { return is_host_port(address); }
 
-void fill_derived(ferry_config& cfg) {
-  if (cfg.pools.kv && !cfg.pools.kv->mla && cfg.pools.kv->total_heads == 0)
-    cfg.pools.kv->total_heads = cfg.pools.kv->model_heads(cfg.tp.size);
+void fill_derived(ferry_config&) {
+  // Nothing is derived into the config itself any more: pools.kv.total_heads stays 0 when it was
+  // not set (the effective config says what is assumed in a comment), so a peer's message about
+  // it can say whether it was set.
 }
 
 config_result parse_config_text(const std::string& yaml_text) {
@@ -846,7 +858,11 @@ std::string to_yaml(const ferry_config& cfg) {
     emit_ids(out, kv.layer_ids);
     out << YAML::Key << "page_tokens" << YAML::Value << kv.page_tokens;
     out << YAML::Key << "kv_heads" << YAML::Value << kv.kv_heads;
-    if (kv.total_heads) out << YAML::Key << "total_heads" << YAML::Value << kv.total_heads;
+    if (kv.total_heads)
+      out << YAML::Key << "total_heads" << YAML::Value << kv.total_heads;
+    else if (!kv.mla)
+      out << YAML::Comment("total_heads not set: kv_heads x tp.size = " +
+                           std::to_string(kv.model_heads(cfg.tp.size)) + " assumed");
     out << YAML::Key << "head_dim" << YAML::Value << kv.head_dim;
     out << YAML::Key << "dtype_bytes" << YAML::Value << kv.dtype_bytes;
     out << YAML::Key << "mla" << YAML::Value << kv.mla;

@@ -162,14 +162,18 @@ struct config_result {
 
 /// Parse YAML text into a config (structure and types only). Unknown keys are errors.
 config_result parse_config_text(const std::string& yaml_text);
+/// Longest node.name and node.instance: together they name the daemon's /dev/shm objects.
+inline constexpr size_t max_node_name = 128;
+inline constexpr size_t max_instance_name = 64;
+
 /// Read and parse a YAML file; a missing or unreadable file is an error naming the path.
 config_result parse_config_file(const std::string& path);
 /// Check meaning: ranges, consistency between sections, role needs. Empty = valid.
 std::optional<config_error> validate_config(const ferry_config& cfg);
 /// Parse then validate.
 config_result load_config_file(const std::string& path);
-/// Fill values derived from others (pools.kv.total_heads = kv_heads x tp.size when absent), so
-/// the effective config states them. Call after a successful validation.
+/// Fill values derived from others. Call after a successful validation. (It derives nothing
+/// today: an unset pools.kv.total_heads stays 0, and to_yaml states what is assumed.)
 void fill_derived(ferry_config& cfg);
 /// The effective config (with defaults filled in) as YAML, for `--check-config` and the log.
 std::string to_yaml(const ferry_config& cfg);

@@ -42,6 +42,12 @@ void push_segment(std::vector<segment>& out, segment s) {
 
 std::string dims_text(const std::vector<uint64_t>& v) { return fmt::format("{}", v); }
 
+/// Where a side's model head count comes from: its config's total_heads, or kv_heads x TP.
+std::string heads_source(const kv_pool_config& kv, uint32_t tp) {
+  if (kv.total_heads) return fmt::format("pools.kv.total_heads {}", kv.total_heads);
+  return fmt::format("kv_heads {} x TP {}", kv.kv_heads, tp);
+}
+
 /// KV part of a link: compatibility, buffer pairing by layer id, and the row slice. MLA KV and
 /// replicated heads are sent by the lowest prefill rank of the decode rank's group holding them.
 std::optional<std::string> plan_kv(const rank_schema& s, const rank_schema& d,
@@ -60,11 +66,9 @@ std::optional<std::string> plan_kv(const rank_schema& s, const rank_schema& d,
   if (!a.mla) {
     if (H != b.model_heads(d.tp_size))
       return fmt::format(
-          "kv total heads differ: prefill has {} (kv_heads {} x TP {}{}), decode has {} (kv_heads "
-          "{} x TP {}{}); set pools.kv.total_heads on the side whose heads are replicated",
-          H, a.kv_heads, s.tp_size, a.total_heads ? ", total_heads given" : "",
-          b.model_heads(d.tp_size), b.kv_heads, d.tp_size,
-          b.total_heads ? ", total_heads given" : "");
+          "kv total heads differ: prefill has {} ({}), decode has {} ({}); set "
+          "pools.kv.total_heads on the side whose heads are replicated",
+          H, heads_source(a, s.tp_size), b.model_heads(d.tp_size), heads_source(b, d.tp_size));
     for (auto [side, p, heads] : {std::tuple{"prefill", s.tp_size, a.kv_heads},
                                   std::tuple{"decode", d.tp_size, b.kv_heads}}) {
       if (!(divides(p, H) || divides(H, p)))

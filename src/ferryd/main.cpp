@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "actors/daemon.hpp"
+#include "core/auth.hpp"
 #include "core/config.hpp"
 
 int main(int argc, char** argv) {
@@ -38,6 +39,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   ferry::fill_derived(*r.config);
+  // What the daemon would refuse at start because of its config, --check-config refuses too.
+  if (const auto& f = r.config->security.cluster_secret_file; !f.empty()) {
+    if (auto secret = ferry::read_secret_file(f); !secret.error.empty()) {
+      std::cerr << "ferryd: invalid config: " << secret.error << "\n";
+      return 1;
+    }
+  }
   if (!check_path.empty()) {
     std::cout << ferry::to_yaml(*r.config);
     return 0;

@@ -166,6 +166,33 @@ TEST_CASE("a config with a bad key is refused with the key path", "[e2e][bad-inp
   CHECK(std::string(buf, n) == "ferryd: invalid config: pools.kv.page_tokenz: unknown key\n");
 }
 
+TEST_CASE("ferryd --check-config refuses what the daemon would refuse at start",
+          "[e2e][bad-input]") {
+  temp_dir dir;
+  shape s;
+  s.secret_file = (dir.path / "secret").string();
+  std::ofstream(s.secret_file) << "too short";
+  chmod(s.secret_file.c_str(), 0600);
+  const auto path = (dir.path / "x.yaml").string();
+  std::ofstream(path) << make_config("x", "decode", 7000, (dir.path / "x.sock").string(), s);
+  auto r = run_ferryd({"--check-config", path}, dir.path / "check.log");
+  CHECK(r.code == 1);
+  CHECK(r.output == "ferryd: invalid config: security.cluster_secret_file '" + s.secret_file +
+                        "': holds 9 bytes; at least 16 are required\n");
+  // The same refusal at start.
+  auto start = run_ferryd({"--config", path}, dir.path / "start.log");
+  CHECK(start.code == 1);
+  CHECK(start.output == r.output);
+  // A node name too long for its shared-memory objects is refused by both, before shm_open.
+  std::ofstream(path) << make_config(std::string(300, 'n'), "decode", 7000,
+                                     (dir.path / "x.sock").string(), shape{});
+  r = run_ferryd({"--check-config", path}, dir.path / "check.log");
+  CHECK(r.code == 1);
+  CHECK(r.output ==
+        "ferryd: invalid config: node.name: expected at most 128 characters (it names the "
+        "daemon's shared-memory objects), got 300\n");
+}
+
 TEST_CASE("incompatible peers fail the room with the first difference", "[e2e][bad-input]") {
   temp_dir dir;
   shape ps, ds;

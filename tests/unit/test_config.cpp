@@ -418,6 +418,16 @@ TEST_CASE("validation errors name the key and the value seen", "[unit][config]")
     REQUIRE(validate_error(replace(base_yaml, "name: n0", "name: n 0")) ==
             "node.name: expected a non-empty name of [A-Za-z0-9._-], got \"n 0\"");
   }
+  SECTION("node name too long for the shared-memory object names it makes") {
+    const std::string long_name(300, 'n');
+    REQUIRE(validate_error(replace(base_yaml, "name: n0", "name: " + long_name)) ==
+            "node.name: expected at most 128 characters (it names the daemon's shared-memory "
+            "objects), got 300");
+    REQUIRE(validate_error(replace(base_yaml, "  name: n0\n",
+                                   "  name: n0\n  instance: " + std::string(65, 'i') + "\n")) ==
+            "node.instance: expected at most 64 characters (it names the daemon's shared-memory "
+            "objects), got 65");
+  }
   SECTION("instance") {
     REQUIRE(validate_error(replace(base_yaml, "  name: n0\n", "  name: n0\n  instance: a/b\n")) ==
             "node.instance: expected \"auto\" or a name of [A-Za-z0-9._-], got \"a/b\"");

@@ -200,6 +200,24 @@ TEST_CASE("compatibility names the first difference", "[unit][plan]") {
   auto d = qwen_like();
   d.aux.reset();
   CHECK(error(a, d) == "pool aux is present on the prefill but absent on the decode");
+  // A TP 4 decode with kv_heads 1 and no total_heads assumes 4 heads; the message says where
+  // each side's count comes from (docs/geometry.md).
+  auto tp4 = qwen_like();
+  tp4.kv->kv_heads = 1;
+  tp4.mamba->tensors[0].shape[0] = 8192 / 4;
+  tp4.mamba->tensors[1].shape[0] = 32 / 4;
+  auto heads = make_link_plan(rank_schema{a, 1, 0}, rank_schema{tp4, 4, 0});
+  REQUIRE(std::holds_alternative<std::string>(heads));
+  CHECK(std::get<std::string>(heads) ==
+        "kv total heads differ: prefill has 2 (kv_heads 2 x TP 1), decode has 4 (kv_heads 1 x "
+        "TP 4); set pools.kv.total_heads on the side whose heads are replicated");
+  tp4.kv->total_heads = 4;
+  heads = make_link_plan(rank_schema{a, 1, 0}, rank_schema{tp4, 4, 0});
+  REQUIRE(std::holds_alternative<std::string>(heads));
+  CHECK(std::get<std::string>(heads) ==
+        "kv total heads differ: prefill has 2 (kv_heads 2 x TP 1), decode has 4 "
+        "(pools.kv.total_heads 4); set pools.kv.total_heads on the side whose heads are "
+        "replicated");
   auto e = qwen_like();
   e.kv->layer_ids = {3, 11};
   CHECK(error(a, e) ==
