@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <optional>
 #include <unordered_map>
 
@@ -27,6 +28,14 @@ namespace {
 constexpr uint64_t listen_key = 0;
 constexpr uint64_t wake_key = 1;
 constexpr uint64_t first_conn_id = 2;
+
+/// The kernel's limit on a listen backlog (net.core.somaxconn): a burst of engine connects
+/// should wait in the backlog, not fail with EAGAIN.
+int listen_backlog() {
+  std::ifstream f("/proc/sys/net/core/somaxconn");
+  int n = 0;
+  return f >> n && n > 0 ? n : 4096;
+}
 }  // namespace
 
 struct client_gateway::impl {
@@ -53,11 +62,21 @@ struct client_gateway::impl {
   std::unordered_map<uint64_t, connection> conns;  // gateway thread only
   uint64_t next_id = first_conn_id;
 
+  /// Held open so that, out of file descriptors, a pending connection can still be accepted
+  /// and told why it is refused (then closed) instead of waiting in the backlog unanswered.
+  int reserve_fd = -1;
+  /// While no descriptor is free even with the reserve: the listen socket is out of epoll (it
+  /// stays readable, and polling it would spin) until this time.
+  std::optional<std::chrono::steady_clock::time_point> listen_paused_until;
+  std::chrono::steady_clock::time_point last_fd_warning{};
+  uint64_t fd_refusals = 0;  // since the last warning
+
   std::mutex outbox_mutex;  // guards outbox
   std::vector<std::pair<uint64_t, std::vector<uint8_t>>> outbox;
 
   ~impl() {
     for (auto& [id, c] : conns) close(c.fd);
+    if (reserve_fd >= 0) close(reserve_fd);
     if (listen_fd >= 0) close(listen_fd);
     if (epoll_fd >= 0) close(epoll_fd);
     if (wake_fd >= 0) close(wake_fd);
@@ -128,6 +147,90 @@ struct client_gateway::impl {
     return std::nullopt;
   }
 
+  /// Tell a just-accepted connection why it is refused, and close it.
+  static void refuse(int fd, const std::string& why) {
+    auto f = proto::encode(proto::error{errc::invalid_request, why}, 0);
+    [[maybe_unused]] auto w = ::send(fd, f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    close(fd);
+  }
+
+  /// Accept what the backlog holds (bounded per wake-up, so requests are served in between).
+  void accept_clients(std::atomic<size_t>& count) {
+    for (int n = 0; n < 256; ++n) {
+      int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno == EMFILE || errno == ENFILE) return out_of_descriptors(errno);
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+          log->error("accepting a client connection failed: {}", std::strerror(errno));
+        return;
+      }
+      if (conns.size() >= max_clients) {
+        refuse(fd, fmt::format("too many clients: {} connections already open "
+                               "(limits.max_clients)",
+                               conns.size()));
+        log->warn("client connection refused: {} already open (limits.max_clients)", conns.size());
+        continue;
+      }
+      uint64_t id = next_id++;
+      conns[id].fd = fd;
+      ++count;
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.u64 = id;
+      epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev);
+      log->debug("client conn={} connected", id);
+    }
+  }
+
+  /// accept4 failed for want of a descriptor: give up the reserve to accept one connection and
+  /// refuse it with the reason, or, with no reserve left, stop polling the listen socket for a
+  /// while. Either way other clients are served on, and the warning is logged at most every 10 s.
+  void out_of_descriptors(int err) {
+    ++fd_refusals;
+    const auto now = std::chrono::steady_clock::now();
+    const auto why = fmt::format(
+        "ferryd is out of file descriptors ({}): this connection is refused; raise the daemon's "
+        "descriptor limit (ulimit -n, LimitNOFILE) or lower limits.max_clients",
+        std::strerror(err));
+    if (now - last_fd_warning >= std::chrono::seconds(10)) {
+      log->warn(
+          "client connections refused: {} ({} connections open, {} refused since the last "
+          "warning)",
+          why, conns.size(), fd_refusals);
+      last_fd_warning = now;
+      fd_refusals = 0;
+    }
+    if (reserve_fd >= 0) {
+      close(reserve_fd);
+      reserve_fd = -1;
+      if (int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC); fd >= 0)
+        refuse(fd, why);
+      reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+      if (reserve_fd >= 0) return;
+    }
+    epoll_ctl(epoll_fd, EPOLL_CTL_DEL, listen_fd, nullptr);
+    listen_paused_until = now + std::chrono::milliseconds(100);
+  }
+
+  /// Put the listen socket back into epoll once its pause is over; the wait (ms) until then, or
+  /// -1 when it is not paused.
+  int resume_listening(std::chrono::steady_clock::time_point now) {
+    if (!listen_paused_until) return -1;
+    if (now < *listen_paused_until)
+      return static_cast<int>(
+                 std::chrono::duration_cast<std::chrono::milliseconds>(*listen_paused_until - now)
+                     .count()) +
+             1;
+    listen_paused_until.reset();
+    if (reserve_fd < 0) reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = listen_key;
+    epoll_ctl(epoll_fd, EPOLL_CTL_ADD, listen_fd, &ev);
+    return -1;
+  }
+
   void queue_local(uint64_t id, connection& c, const proto::message& m, uint32_t seq) {
     auto f = proto::encode(m, seq);
     c.out.insert(c.out.end(), f.begin(), f.end());
@@ -175,10 +278,11 @@ std::shared_ptr<client_gateway> client_gateway::listen(const std::string& path, 
     return nullptr;
   }
   im.path = path;
-  if (::listen(im.listen_fd, 128) != 0) {
+  if (::listen(im.listen_fd, listen_backlog()) != 0) {
     err = "cannot listen on client socket '" + path + "': " + std::strerror(errno);
     return nullptr;
   }
+  im.reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   im.epoll_fd = epoll_create1(EPOLL_CLOEXEC);
   im.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   epoll_event ev{};
@@ -231,36 +335,14 @@ void client_gateway::run() {
         const int ms = static_cast<int>(std::clamp<int64_t>(left + 1, 0, 1000));
         wait_ms = wait_ms < 0 ? ms : std::min(wait_ms, ms);
       }
+    if (int resume = im.resume_listening(now); resume >= 0)
+      wait_ms = wait_ms < 0 ? resume : std::min(wait_ms, resume);
     int n = epoll_wait(im.epoll_fd, events.data(), static_cast<int>(events.size()), wait_ms);
     if (n < 0 && errno == EINTR) continue;
     for (int i = 0; i < n; ++i) {
       const uint64_t key = events[i].data.u64;
       if (key == listen_key) {
-        for (;;) {
-          int fd = accept4(im.listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-          if (fd < 0) break;
-          if (im.conns.size() >= im.max_clients) {
-            auto f = proto::encode(
-                proto::error{errc::invalid_request,
-                             fmt::format("too many clients: {} connections already open "
-                                         "(limits.max_clients)",
-                                         im.conns.size())},
-                0);
-            [[maybe_unused]] auto w = ::send(fd, f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-            close(fd);
-            im.log->warn("client connection refused: {} already open (limits.max_clients)",
-                         im.conns.size());
-            continue;
-          }
-          uint64_t id = im.next_id++;
-          im.conns[id].fd = fd;
-          ++conn_count_;
-          epoll_event ev{};
-          ev.events = EPOLLIN;
-          ev.data.u64 = id;
-          epoll_ctl(im.epoll_fd, EPOLL_CTL_ADD, fd, &ev);
-          im.log->debug("client conn={} connected", id);
-        }
+        im.accept_clients(conn_count_);
         continue;
       }
       if (key == wake_key) {

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <caf/io/all.hpp>
@@ -55,6 +56,39 @@ class daemon_system_config : public caf::actor_system_config {
     set("middleman.attach-utility-actors", true);
   }
 };
+
+/// Raise the soft descriptor limit to the hard one: every peer, fabric connection and client
+/// takes descriptors, and running out mid-transfer fails rooms. Returns the limit in force.
+uint64_t raise_descriptor_limit(spdlog::logger& log) {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 1024;
+  if (rl.rlim_cur < rl.rlim_max) {
+    const auto was = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
+      log.info("file descriptors: soft limit raised from {} to the hard limit {}", was,
+               rl.rlim_max);
+    else
+      getrlimit(RLIMIT_NOFILE, &rl);
+  }
+  return rl.rlim_cur;
+}
+
+/// limits.max_clients, or what the descriptor limit leaves for clients when it is 0 (auto).
+uint32_t client_limit(const ferry_config& cfg, spdlog::logger& log) {
+  const uint64_t nofile = raise_descriptor_limit(log);
+  const uint32_t automatic = auto_max_clients(nofile);
+  if (cfg.limits.max_clients == 0) {
+    log.info("limits.max_clients: {} (auto: half of the {} file descriptors)", automatic, nofile);
+    return automatic;
+  }
+  if (cfg.limits.max_clients > automatic)
+    log.warn(
+        "limits.max_clients {} leaves little of the {} file descriptors for peers and the "
+        "fabric; when they run out, new peer connections fail (auto would be {})",
+        cfg.limits.max_clients, nofile, automatic);
+  return cfg.limits.max_clients;
+}
 
 std::string random_instance() {
   std::random_device rd;
@@ -166,7 +200,7 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
     ctx->staging = std::move(st);
   }
   std::string err;
-  ctx->gateway = client_gateway::listen(cfg.client_listen, err, cfg.limits.max_clients,
+  ctx->gateway = client_gateway::listen(cfg.client_listen, err, client_limit(cfg, *log),
                                         cfg.limits.client_frame_ms);
   if (!ctx->gateway) {
     log->error("{}", err);

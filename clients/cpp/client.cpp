@@ -100,9 +100,16 @@ outcome<proto::message> client::exchange(const std::vector<uint8_t>& bytes,
   while (off < bytes.size()) {
     ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0)
-      return fail<proto::message>(errc::peer_lost,
-                                  std::string("writing to ferryd failed: ") + std::strerror(errno));
+    if (n <= 0) {
+      const std::string text = std::string("writing to ferryd failed: ") + std::strerror(errno);
+      // ferryd may have refused this connection (and closed it) before reading anything: its
+      // reason is waiting to be read, and says more than the broken pipe.
+      uint32_t seq = 0;
+      auto r = read_frame(std::chrono::steady_clock::now() + std::chrono::milliseconds(100), &seq);
+      if (auto* e = r ? std::get_if<proto::error>(&r.value) : nullptr; e && seq == 0)
+        return fail<proto::message>(e->code, e->message);
+      return fail<proto::message>(errc::peer_lost, text);
+    }
     off += static_cast<size_t>(n);
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -114,6 +121,10 @@ outcome<proto::message> client::exchange(const std::vector<uint8_t>& bytes,
       events_.push_back(std::move(*ev));
       continue;
     }
+    // An error with seq 0 is about the connection itself (refused, or an incomplete frame),
+    // and ferryd closes the connection after it.
+    if (auto* e = std::get_if<proto::error>(&r.value); expect_seq && e && seq == 0)
+      return fail<proto::message>(e->code, e->message);
     // One request is outstanding at a time: a reply with another seq answers nothing this
     // client asked, and taking it as this request's answer would shift every later reply.
     if (expect_seq && seq != *expect_seq)
@@ -188,6 +199,8 @@ outcome<proto::event> client::read_event(std::chrono::steady_clock::time_point d
   uint32_t seq = 0;
   auto r = read_frame(deadline, &seq);
   if (!r) return fail<proto::event>(r.code, r.message);
+  if (auto* e = std::get_if<proto::error>(&r.value); e && seq == 0)
+    return fail<proto::event>(e->code, e->message);  // about the connection itself
   auto* ev = std::get_if<proto::event>(&r.value);
   if (!ev)  // no request is outstanding while waiting for events
     return fail<proto::event>(

@@ -130,13 +130,30 @@ class Client:
     def _request(self, mtype, body, expect):
         self.seq = self.seq % 0xFFFFFFFF + 1  # 1..2^32-1: seq 0 is for events
         payload = struct.pack("<HHI", mtype, 0, self.seq) + body
-        self.sock.sendall(struct.pack("<I", len(payload)) + payload)
+        try:
+            self.sock.sendall(struct.pack("<I", len(payload)) + payload)
+        except (BrokenPipeError, ConnectionResetError) as e:
+            # ferryd may have refused this connection before reading anything: its reason
+            # (an error with seq 0) is waiting to be read and says more than the broken pipe.
+            try:
+                rtype, seq, rbody = self._frame(time.monotonic() + 0.1)
+            except (FerryError, OSError):
+                rtype = None
+            if rtype == ERROR and seq == 0:
+                r = _Reader(rbody)
+                code = r.take("H")
+                raise FerryError(code, r.str()) from None
+            raise FerryError(302, f"writing to ferryd failed: {e}") from None
         deadline = time.monotonic() + self.timeout
         while True:
             rtype, seq, rbody = self._frame(deadline)
             if rtype == EVENT:
                 self.events.append(self._event(rbody))
                 continue
+            if rtype == ERROR and seq == 0:  # about the connection itself; ferryd closes it
+                r = _Reader(rbody)
+                code = r.take("H")
+                raise FerryError(code, r.str())
             if seq != self.seq:
                 # One request is outstanding at a time; taking another seq's reply as this one's
                 # would shift every later reply.
@@ -198,6 +215,10 @@ class Client:
                 if ev.room == room and ev.status in (FAILED, SUCCESS):
                     return self.events.pop(i)
             rtype, seq, body = self._frame(deadline)
+            if rtype == ERROR and seq == 0:  # about the connection itself; ferryd closes it
+                r = _Reader(body)
+                code = r.take("H")
+                raise FerryError(code, r.str())
             if rtype != EVENT:  # no request is outstanding while waiting for events
                 raise FerryError(310, f"protocol error: ferryd sent a reply of type {rtype} with "
                                       f"seq {seq}, which matches no outstanding request")

@@ -693,7 +693,7 @@ void validate_all(const ferry_config& cfg) {
   check_range(cfg.timeouts.heartbeat_misses, 1, 1000, "timeouts.heartbeat_misses");
 
   check_range(cfg.limits.max_active_rooms, 1, 1u << 20, "limits.max_active_rooms");
-  check_range(cfg.limits.max_clients, 1, 1u << 20, "limits.max_clients");
+  check_range(cfg.limits.max_clients, 0, 1u << 20, "limits.max_clients");  // 0: auto
   check_range(cfg.limits.client_frame_ms, 10, 3600000, "limits.client_frame_ms");
 
   check_range(cfg.tp.size, 1, 1024, "tp.size");

@@ -7,6 +7,7 @@
 /// problem as a `config_error` whose text names the full key path and the value seen, e.g.
 /// `pools.kv.page_tokens: expected a positive integer, got 0`.
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -107,7 +108,9 @@ struct timeouts_config {
 
 struct limits_config {
   uint32_t max_active_rooms = 4096;  ///< admission: non-terminal rooms per side (prefill, decode)
-  uint32_t max_clients = 1024;       ///< client connections at once; more are refused
+  /// Client connections at once; more are refused. 0 (the default): half of the descriptors
+  /// ferryd may open, at most 4096, so peers, the fabric and CAF keep the other half.
+  uint32_t max_clients = 0;
   uint32_t client_frame_ms = 10000;  ///< a started client frame must be complete within this
 };
 
@@ -162,6 +165,11 @@ struct config_result {
 
 /// Parse YAML text into a config (structure and types only). Unknown keys are errors.
 config_result parse_config_text(const std::string& yaml_text);
+/// The client limit for `max_clients` 0 (auto), given the daemon's descriptor limit.
+inline uint32_t auto_max_clients(uint64_t nofile) {
+  return static_cast<uint32_t>(std::clamp<uint64_t>(nofile / 2, 16, 4096));
+}
+
 /// Longest node.name and node.instance: together they name the daemon's /dev/shm objects.
 inline constexpr size_t max_node_name = 128;
 inline constexpr size_t max_instance_name = 64;

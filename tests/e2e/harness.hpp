@@ -8,6 +8,7 @@
 #include <rdma/fabric.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -102,7 +103,8 @@ struct shape {
   std::string secret_file;  ///< security.cluster_secret_file (empty: none)
   uint32_t transfer_ms = 30000;
   uint32_t max_active_rooms = 4096;
-  uint32_t max_clients = 1024;
+  uint32_t max_clients = 1024;                ///< 0: auto (half of the descriptor limit)
+  uint64_t nofile_soft = 0, nofile_hard = 0;  ///< RLIMIT_NOFILE for the daemon (0: inherited)
   uint32_t client_frame_ms = 10000;
   uint64_t staging_bytes = 64ull << 20;
   // Geometry: 2 KV heads in the model (Qwen3-Next), conv and temporal state sliced by TP.
@@ -170,6 +172,8 @@ class daemon_proc {
               const placement& at = {})
       : name_(name),
         host_(s.host),
+        nofile_soft_(s.nofile_soft),
+        nofile_hard_(s.nofile_hard),
         netns_path_(at.netns.empty() ? "" : "/run/netns/" + at.netns),
         control_port_(at.control_port ? at.control_port : free_port()) {
     socket_ = (dir.path / (name + ".sock")).string();
@@ -233,6 +237,10 @@ class daemon_proc {
         }
         close(ns);
       }
+      if (nofile_hard_) {
+        rlimit rl{nofile_soft_, nofile_hard_};
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(125);
+      }
       auto path = bin("ferryd");
       execl(path.c_str(), "ferryd", "--config", config_.c_str(), "--ready-fd", "3",
             static_cast<char*>(nullptr));
@@ -291,7 +299,9 @@ class daemon_proc {
   pid_t pid() const { return pid_; }
 
  private:
-  std::string name_, host_, netns_path_, socket_, config_, log_;
+  std::string name_, host_;
+  uint64_t nofile_soft_, nofile_hard_;
+  std::string netns_path_, socket_, config_, log_;
   uint16_t control_port_;
   pid_t pid_ = -1;
   int exit_status_ = -1;

@@ -122,3 +122,81 @@ TEST_CASE("a /dev/shm too small for the pools is refused at start, naming the po
   CHECK_THAT(r.output, Catch::Contains("bytes free"));
   CHECK_THAT(r.output, Catch::Contains("No space left on device"));
 }
+
+namespace {
+
+/// Connect `n` library clients (each says hello); the answers: ok, or the daemon's refusal text.
+std::vector<std::string> connect_many(const daemon_proc& d, int n,
+                                      std::vector<std::unique_ptr<client::client>>& kept) {
+  std::vector<std::string> answers;
+  for (int i = 0; i < n; ++i) {
+    auto c = client::client::connect(d.socket(), "many", 10s);
+    if (c) {
+      kept.push_back(std::move(c.value));
+      answers.push_back("ok");
+    } else {
+      answers.push_back(c.message);
+    }
+  }
+  return answers;
+}
+
+}  // namespace
+
+TEST_CASE("with few file descriptors, clients are refused with the reason and peers still connect",
+          "[e2e][operations]") {
+  shape s;
+  s.max_clients = 0;  // auto: half of the descriptors
+  s.nofile_soft = 200;
+  s.nofile_hard = 256;
+  pair c(s);
+  CHECK_THAT(c.decode.log_text(),
+             Catch::Contains("file descriptors: soft limit raised from 200 to the hard limit 256"));
+  CHECK_THAT(c.decode.log_text(),
+             Catch::Contains("limits.max_clients: 128 (auto: half of the 256 file descriptors)"));
+  std::vector<std::unique_ptr<client::client>> kept;
+  auto answers = connect_many(c.decode, 150, kept);  // the pair's own client is one of 128
+  CHECK(std::count(answers.begin(), answers.end(), "ok") == 127);
+  CHECK(std::count(answers.begin(), answers.end(),
+                   "too many clients: 128 connections already open (limits.max_clients)") == 23);
+  // The descriptors left are enough for a new peer connection: a room moves byte-exact.
+  room_spec r;
+  r.room = 9;
+  r.src_pages = range(0, 16);
+  r.dst_pages = range(200, 16);
+  run_and_verify(c, r);
+}
+
+TEST_CASE("out of file descriptors, every connect is answered and the daemon serves on",
+          "[e2e][operations]") {
+  shape s;
+  s.max_clients = 1024;  // the operator asked for more than the descriptors allow
+  s.nofile_soft = s.nofile_hard = 160;
+  pair c(s);
+  CHECK_THAT(c.decode.log_text(), Catch::Contains("limits.max_clients 1024 leaves little of the "
+                                                  "160 file descriptors"));
+  std::vector<std::unique_ptr<client::client>> kept;
+  auto answers = connect_many(c.decode, 200, kept);
+  const auto out_of_fds =
+      "ferryd is out of file descriptors (Too many open files): this connection is refused; "
+      "raise the daemon's descriptor limit (ulimit -n, LimitNOFILE) or lower limits.max_clients";
+  const auto ok = std::count(answers.begin(), answers.end(), "ok");
+  const auto refused = std::count(answers.begin(), answers.end(), out_of_fds);
+  INFO(ok << " connected, " << refused << " refused for want of descriptors");
+  CHECK(ok > 50);
+  CHECK(refused > 0);
+  for (const auto& a : answers)
+    if (a != "ok" && a != out_of_fds) FAIL_CHECK(a);
+  CHECK(ok + refused == 200);  // each one answered: none left waiting in the backlog
+  CHECK_THAT(c.decode.log_text(),
+             Catch::Contains("client connections refused: " + std::string(out_of_fds)));
+  // Descriptors come back as clients leave, and the daemon serves a room and new clients.
+  kept.clear();
+  room_spec r;
+  r.room = 10;
+  r.src_pages = range(0, 16);
+  r.dst_pages = range(300, 16);
+  run_and_verify(c, r);
+  answers = connect_many(c.decode, 20, kept);
+  CHECK(std::count(answers.begin(), answers.end(), "ok") == 20);
+}
