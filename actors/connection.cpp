@@ -15,8 +15,11 @@
 // with its own; the accepting side becomes ready only then (core/auth.hpp).
 //
 // Fencing: a daemon that receives writes registers its pools and staging anew for each peer
-// connection (its own remote keys), and closes those registrations when the connection ends,
-// so a peer declared dead, hung or restarted can never land a late write afterwards.
+// connection (its own remote keys). When the connection ends, it closes those registrations and
+// cuts the peer's fabric connection in one step (engine::fence_peer), and only then tells the
+// rooms, so a peer declared dead, hung or restarted can never land a late write afterwards --
+// on tcp not even the rest of a write it had begun to send. A room whose drain deadline passes
+// asks for the same (fence_atom).
 //
 // Liveness: both sides send a heartbeat every timeouts.heartbeat_ms; a peer from which nothing
 // arrived for heartbeat_ms x heartbeat_misses is declared dead (a SIGSTOPped or partitioned
@@ -48,6 +51,7 @@ struct connection_state {
   std::shared_ptr<peer_info> pending;  // accepting side: validated, awaiting peer_auth
   caf::actor pending_remote;
   std::vector<transport::region_id> fence;  // this peer's own registrations
+  peer_down down;                           // what the rooms are told once the fence is done
   std::vector<peer_region> regions;         // as described to this peer, by pool kind
   peer_region staging;
   std::chrono::steady_clock::time_point last_heard;
@@ -89,12 +93,17 @@ std::string register_for_peer(connection_state& st) {
   return {};
 }
 
-/// Close this peer's registrations: from here on no write of it can land.
-void close_fence(connection_state& st) {
-  for (auto id : st.fence)
-    if (auto r = st.ctx->engine->deregister_region(id); !r)
-      st.ctx->log_peer->error("peer={} closing its registration {} failed: {}", st.address, id,
-                              r.error);
+/// The fabric handle this connection inserted for its peer, if any.
+std::optional<transport::peer_handle> inserted_peer(const connection_state& st) {
+  if (st.info) return st.info->fabric_peer;
+  if (st.pending) return st.pending->fabric_peer;
+  return std::nullopt;
+}
+
+/// The fence: close this peer's registrations and cut its fabric connection (one step of the
+/// progress thread, engine::fence_peer); `done` runs once nothing of the peer can land any more.
+void fence(connection_state& st, std::function<void()> done) {
+  st.ctx->engine->fence_peer(inserted_peer(st), std::move(st.fence), std::move(done));
   st.fence.clear();
 }
 
@@ -195,13 +204,22 @@ void finish(connection_actor* self, const std::string& reason, bool unresponsive
   for (auto& rp : st.waiting) rp.deliver(peer_lookup{nullptr, reason});
   st.waiting.clear();
   st.ctx->log_peer->warn("peer={} connection closed: {}", st.address, reason);
-  close_fence(st);
-  if (st.pending) st.ctx->engine->remove_peer(st.pending->fabric_peer);
-  // The Scheduler removes the peer's fabric address once it has told the rooms, so a room
-  // learns why (this message) before its writes fail with "peer removed".
-  self->send(st.scheduler, peer_down{st.address, caf::actor_cast<caf::actor>(self), reason,
-                                     st.info != nullptr, true, unresponsive});
-  self->quit();
+  // Rooms learn of the loss only once the fence is complete: a room that then reports Failed
+  // hands its pages back, and no byte of this peer may land in them afterwards (tcp: not even
+  // the rest of a write it had begun to send). Until then this actor ignores everything else.
+  st.down =
+      peer_down{st.address,  caf::actor_cast<caf::actor>(self), reason, st.info != nullptr, true,
+                unresponsive};
+  if (st.fence.empty()) {
+    // The peer was given nothing to write into (this daemon only sends to it): tell the rooms
+    // now; the Scheduler removes the peer after them.
+    self->send(st.scheduler, std::move(st.down));
+    self->quit();
+    return;
+  }
+  st.down.cut = true;
+  auto me = caf::actor_cast<caf::actor>(self);
+  fence(st, [me] { caf::anon_send(me, fenced_atom::value); });
 }
 
 void tick(connection_actor* self) {
@@ -247,7 +265,7 @@ void become_ready(connection_actor* self, std::shared_ptr<peer_info> info, caf::
                          st.info->node, st.info->instance, st.info->link->describe());
   for (auto& rp : st.waiting) rp.deliver(peer_lookup{st.info, {}});
   st.waiting.clear();
-  self->send(st.scheduler, peer_ready{st.address, st.info, {}});
+  self->send(st.scheduler, peer_ready{st.address, st.info, {}, st.fence});
   for (auto& m : st.queued) self->send(st.remote, std::move(m));
   st.queued.clear();
 }
@@ -300,6 +318,12 @@ caf::behavior relay(connection_actor* self, bool outbound) {
       },
       [=](tick_atom) { tick(self); },
       [=](unusable_atom, const std::string& why) { finish(self, why); },
+      [=](fence_atom, const std::string& why) { finish(self, why); },
+      [=](fenced_atom) {
+        auto& st = self->state;
+        self->send(st.scheduler, std::move(st.down));
+        self->quit();
+      },
       [=](replaced_atom, const std::string& instance) {
         auto& st = self->state;
         finish(self, fmt::format("peer restarted: instance {} replaced by {}",
@@ -414,7 +438,7 @@ caf::behavior inbound_behavior(connection_actor* self, context_ptr ctx, peer_hel
   auto refuse = [&](const std::string& e) {
     st.ctx->log_peer->warn("peer={} refused: {}", st.address, e);
     if (hello.connection) self->send(hello.connection, peer_refused{e});
-    close_fence(st);
+    fence(st, nullptr);  // nothing was described to the peer yet; just let go
     st.done = true;
     self->quit();
     return relay(self, false);
@@ -429,7 +453,10 @@ caf::behavior inbound_behavior(connection_actor* self, context_ptr ctx, peer_hel
         "security.cluster_secret_file on both sides)");
   auto v = validate_peer(*st.ctx, hello, false, st.address);
   if (auto* e = std::get_if<std::string>(&v)) return refuse(*e);
-  if (auto e = register_for_peer(st); !e.empty()) return refuse(e);
+  if (auto e = register_for_peer(st); !e.empty()) {
+    st.ctx->engine->remove_peer(std::get<0>(v)->fabric_peer);  // validate_peer inserted it
+    return refuse(e);
+  }
   auto h = make_hello(st, caf::actor_cast<caf::actor>(self));
   if (secret.empty()) {
     self->send(hello.connection, std::move(h));

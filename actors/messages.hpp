@@ -27,8 +27,12 @@
 
 namespace ferry {
 
-/// Version of the daemon-to-daemon handshake; bumped on any change of the peer_* types.
-inline constexpr uint32_t peer_protocol_version = 3;
+/// Version of the daemon-to-daemon handshake; bumped on any change of the peer_* types or of
+/// what goes over the fabric. 4: on tcp each write is a plain write plus a 0-byte write carrying
+/// its immediate, so the decode's fence may cut a connection mid-write; a version-3 prefill
+/// sends writes with payload and immediate in one, and cutting one of those mid-write crashes
+/// libfabric 1.17's ofi_rxm at the decode, so version 3 peers are refused.
+inline constexpr uint32_t peer_protocol_version = 4;
 
 /// "No staging" in peer_prepare::dst_staging.
 inline constexpr uint64_t no_staging = ~uint64_t{0};
@@ -245,6 +249,9 @@ struct peer_ready {
   std::string address;
   peer_info_ptr info;  ///< null on failure
   std::string error;
+  /// The registrations this peer may write into (for the Scheduler to fence them should the
+  /// Connection end without doing so itself).
+  std::vector<transport::region_id> fence;
 };
 
 /// Connection -> Scheduler: a peer message arrived for a room.
@@ -262,6 +269,11 @@ struct peer_down {
   bool was_connected = false;  ///< false: the connect or handshake itself failed
   bool fenced = false;  ///< the peer's memory registrations are closed: no write of it can land
   bool unresponsive = false;  ///< declared dead by the heartbeat (hung or partitioned)
+  /// The Connection already removed the peer from the fabric (it fenced registrations the peer
+  /// could write into, and cut its connection with them). Otherwise the Scheduler removes the
+  /// peer once it has told the rooms, so a room learns why before its writes fail with "peer
+  /// removed".
+  bool cut = false;
 };
 
 /// The failure reason a room reports when its peer connection ends.
@@ -308,6 +320,14 @@ using replaced_atom = caf::atom_constant<caf::atom("replaced")>;
 /// Connection -> itself, with the reason: the peer is known to be unusable (declared
 /// unresponsive moments ago), so fail at once instead of waiting for a handshake to time out.
 using unusable_atom = caf::atom_constant<caf::atom("unusable")>;
+
+/// Room -> Connection, with the reason: a failed room's drain deadline passed while this peer
+/// may still have writes of it in flight. The connection ends and fences the peer (its
+/// registrations closed and its fabric connection cut), so the room may report Failed.
+using fence_atom = caf::atom_constant<caf::atom("fence")>;
+
+/// Engine -> Connection: the fence it asked for (engine::fence_peer) has happened.
+using fenced_atom = caf::atom_constant<caf::atom("fenced")>;
 
 /// Room -> itself: continue packing (Sender) or unpacking (Receiver) head-sliced KV. Copies run
 /// on the actor in quanta of `copy_quantum_bytes`, so other messages (and other rooms on the

@@ -58,7 +58,8 @@ struct receiver_state {
   proto::prepare prep;
   uint64_t token = 0;  // link to named peer i uses token + i
   room_state state;
-  bool failing = false;  // failed; draining the prefill ranks' writes before reporting Failed
+  bool failing = false;    // failed; draining the prefill ranks' writes before reporting Failed
+  std::string drain_note;  // what the drain deadline found (and fenced), for the Failed reason
   std::string fail_reason;
   commit_counter commit;
   uint64_t bytes = 0;
@@ -114,16 +115,16 @@ void tell_links(receiver_actor* self, bool ok, const std::string& reason) {
 }
 
 /// Report Failed once no write of the room can land any more: every prefill rank refused,
-/// is fenced, or drained and all of its completed writes landed. `note` (the drain deadline
-/// passed) reports it regardless.
-void finish_drain(receiver_actor* self, const std::string& note = {}) {
+/// is fenced, or drained and all of its completed writes landed. Nothing else reports it: when
+/// the drain deadline passes first, the links still open are fenced (drain_atom below), and
+/// their fences complete the drain.
+void finish_drain(receiver_actor* self) {
   auto& st = self->state;
   if (!st.failing || is_terminal(st.state.status())) return;
-  if (note.empty())
-    for (const auto& l : st.links)
-      if (!l.refused && !l.fenced && (!l.drained || l.landed < *l.drained)) return;
+  for (const auto& l : st.links)
+    if (!l.refused && !l.fenced && (!l.drained || l.landed < *l.drained)) return;
   st.release_staging();
-  set_status(self, room_status::failed, st.fail_reason + note);
+  set_status(self, room_status::failed, st.fail_reason + st.drain_note);
 }
 
 void fail(receiver_actor* self, const std::string& reason, bool tell_peers) {
@@ -400,16 +401,28 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
         finish_drain(self);
       },
       [=](drain_atom) {
+        // The drain deadline: a prefill rank that has not drained may still have writes of this
+        // room in flight, so this room's pages cannot be handed back yet. Fence those ranks
+        // (their connections end, closing their keys and cutting their fabric connections);
+        // each fence arrives as peer_down and completes the drain.
         auto& st = self->state;
+        if (!st.failing || is_terminal(st.state.status())) return;
         std::string waiting;
         for (const auto& l : st.links)
-          if (!l.refused && !l.fenced && (!l.drained || l.landed < *l.drained))
+          if (!l.refused && !l.fenced && (!l.drained || l.landed < *l.drained)) {
             waiting += fmt::format(
                 "{}{} ({})", waiting.empty() ? "" : ", ", l.peer->address,
                 l.drained ? fmt::format("{} of {} drained writes landed", l.landed, *l.drained)
                           : "no drain report");
-        finish_drain(self, fmt::format("; drain incomplete after {} ms (timeouts.drain_ms): {}",
-                                       st.ctx->config.timeouts.drain_ms, waiting));
+            self->send(l.connection, fence_atom::value,
+                       fmt::format("fenced: room {} did not drain within {} ms "
+                                   "(timeouts.drain_ms)",
+                                   st.prep.room, st.ctx->config.timeouts.drain_ms));
+          }
+        if (waiting.empty()) return finish_drain(self);
+        st.drain_note =
+            fmt::format("; drain incomplete after {} ms (timeouts.drain_ms), fenced: {}",
+                        st.ctx->config.timeouts.drain_ms, waiting);
       },
       [=](deadline_msg& d) {
         auto& st = self->state;

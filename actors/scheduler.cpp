@@ -75,7 +75,10 @@ struct scheduler_state {
   uint64_t next_token = 1;
   std::unordered_map<std::string, caf::actor> outbound;       // by control address
   std::unordered_map<caf::actor, peer_info_ptr> connections;  // every live connection
-  uint64_t stray_writes = 0;                                  // immediates of unknown rooms
+  /// The registrations each ready connection's peer may write into, to fence them should the
+  /// Connection end abnormally (normally it fences them itself).
+  std::unordered_map<caf::actor, std::vector<transport::region_id>> fences;
+  uint64_t stray_writes = 0;  // immediates of unknown rooms
   /// Tokens of recently ended decode rooms (bounded), so a write that lands after its room's
   /// terminal state (which should never happen; see docs/reliability.md §4 for the one known
   /// case) is reported naming the room and peer, not just counted.
@@ -502,17 +505,19 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
     auto& st = self->state;
     auto who = caf::actor_cast<caf::actor>(dm.source);
     if (auto c = st.connections.find(who); c != st.connections.end()) {
-      // Normally a Connection reports peer_down before it ends (and is erased then); reaching
-      // here means it ended abnormally, so fail its rooms now rather than at their deadline.
-      if (c->second) st.ctx->engine->remove_peer(c->second->fabric_peer);
-      st.connections.erase(c);
-      for (auto it = st.outbound.begin(); it != st.outbound.end();)
-        it = it->second == who ? st.outbound.erase(it) : std::next(it);
+      // Normally a Connection fences its peer and reports peer_down before it ends (and is
+      // erased then); reaching here means it ended abnormally. Fence its peer here, then fail
+      // its rooms (the peer_down below) rather than let them wait for their deadlines.
+      std::optional<transport::peer_handle> handle;
+      if (c->second) handle = c->second->fabric_peer;
+      auto regions = std::move(st.fences[who]);
+      st.fences.erase(who);
+      const auto address = c->second ? c->second->address : std::string("?");
       const auto reason = "connection actor ended: " + self->system().render(dm.reason);
-      for (auto* side : {&st.prefill, &st.decode})
-        for (auto& [room, e] : side->active)
-          if (std::count(e.connections.begin(), e.connections.end(), who))
-            self->send(e.actor, peer_down{e.peer, who, reason, true});
+      auto me = caf::actor_cast<caf::actor>(self);
+      st.ctx->engine->fence_peer(handle, std::move(regions), [me, address, who, reason] {
+        caf::anon_send(me, peer_down{address, who, reason, true, true, false, true});
+      });
       return;
     }
     // A room actor that ended without reporting a terminal status (e.g. an exception) fails its
@@ -618,6 +623,7 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
         auto& st = self->state;
         auto conn = caf::actor_cast<caf::actor>(self->current_sender());
         st.connections[conn] = p.info;
+        st.fences[conn] = p.fence;
         // The same node as a new instance: any connection to its old instance belongs to a
         // process that is gone (restarted while its connection still looked open). End it, so
         // its rooms fail now and its registrations are fenced.
@@ -633,8 +639,12 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
           for (auto& [room, e] : side->active)
             if (std::count(e.connections.begin(), e.connections.end(), d.connection))
               self->send(e.actor, d);
-        if (auto it = st.connections.find(d.connection); it != st.connections.end() && it->second)
-          st.ctx->engine->remove_peer(it->second->fabric_peer);
+        // A Connection the peer could write into fenced it (and cut it) before this message;
+        // otherwise remove the peer now that the rooms know why.
+        if (!d.cut)
+          if (auto it = st.connections.find(d.connection); it != st.connections.end() && it->second)
+            st.ctx->engine->remove_peer(it->second->fabric_peer);
+        st.fences.erase(d.connection);
         if (d.unresponsive) {
           const auto& t = st.ctx->config.timeouts;
           st.unresponsive[d.address] = {

@@ -23,6 +23,8 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -80,6 +82,11 @@ constexpr auto stop_drain_limit = std::chrono::seconds(2);
 
 const char* const stopped_text = "engine stopped";
 
+/// libfabric 1.17's ofi_rxm closes its connection to a peer in fi_av_remove only when
+/// FI_AV_REMOVE_CLEANUP=1 was in the environment at the process's first libfabric call; the
+/// fence (fence_peer) depends on that cut. Set it when this library is loaded, before main.
+const bool av_remove_cleanup_set = [] { return ::setenv("FI_AV_REMOVE_CLEANUP", "1", 1) == 0; }();
+
 /// Attempts at finding a key the provider accepts (a random 64-bit key practically never
 /// collides; a provider with a 1- or 2-byte key space can run out).
 constexpr int key_attempts = 64;
@@ -123,9 +130,10 @@ std::string mr_mode_text(uint64_t bits) {
 struct batch_state {
   explicit batch_state(write_batch b) : batch(std::move(b)) {}
   write_batch batch;
-  size_t next = 0;           ///< index of the next op to post
-  uint32_t outstanding = 0;  ///< posted, not yet completed
-  bool in_pending = false;   ///< still referenced by pending_ (must not finish yet)
+  size_t next = 0;              ///< index of the next op to post
+  bool marker_pending = false;  ///< split commit: op `next`'s data is posted, its marker not yet
+  uint32_t outstanding = 0;     ///< posts (data or marker) not yet completed
+  bool in_pending = false;      ///< still referenced by pending_ (must not finish yet)
   batch_result result;
   std::list<std::unique_ptr<batch_state>>::iterator self;  ///< position in live_
 
@@ -142,6 +150,7 @@ struct batch_state {
     if (all_posted()) return;
     fail(static_cast<uint32_t>(batch.ops.size() - next), why);
     next = batch.ops.size();
+    marker_pending = false;
   }
 };
 
@@ -153,6 +162,7 @@ struct op_context {
   kind what = kind::write;
   batch_state* batch = nullptr;
   region_id source = 0;  ///< local region of a posted write (its MR stays open until completion)
+  bool marker = false;   ///< split commit: the 0-byte write carrying the op's immediate
 };
 
 /// A queued request for the progress thread; FIFO order between submissions and commands keeps
@@ -193,6 +203,8 @@ class fabric_engine final : public engine {
 
   result<peer_handle> insert_peer(const std::vector<uint8_t>& address) override;
   void remove_peer(peer_handle peer) override;
+  void fence_peer(std::optional<peer_handle> peer, std::vector<region_id> regions,
+                  std::function<void()> done) override;
 
   void submit(write_batch batch) override;
   void return_immediate_credit() override;
@@ -230,11 +242,17 @@ class fabric_engine final : public engine {
   result<uint64_t> choose_key() const;
   result<peer_handle> do_insert_peer(const std::vector<uint8_t>& address);
   void do_remove_peer(peer_handle peer);
+  void do_fence_peer(std::optional<peer_handle> peer, const std::vector<region_id>& regions);
+  /// Run `task` on the progress thread after what is queued, or directly when it is not running.
+  void run_queued(std::function<void()> task);
 
   void run();
   bool take_queue();
   void admit(std::unique_ptr<batch_state> b);
   bool post_writes();
+  /// Post one operation of op `b->next`: its write, or (split commit) its data or marker.
+  /// False: the provider is full (-FI_EAGAIN), retry later; true: posted or given up on.
+  bool post_one(batch_state* b, const write_op& op, region& r, bool marker);
   size_t read_completions();
   void handle_error_entry();
   void repost_receive(op_context* ctx);
@@ -250,6 +268,13 @@ class fabric_engine final : public engine {
   std::vector<uint8_t> address_;
   uint64_t mr_mode_ = 0;
   bool rx_cq_data_ = false;
+  /// tcp: each write goes as a plain fi_write followed by a 0-byte fi_writedata carrying its
+  /// immediate (ordered after it: FI_ORDER_WAW). In libfabric 1.17, cutting a peer's connection
+  /// (fi_av_remove with FI_AV_REMOVE_CLEANUP) while an fi_writedata *with payload* is partly
+  /// received crashes ofi_rxm (it reads the NULL context of the cancelled remote write); a plain
+  /// write's cancellation is internal to the tcp provider. shm keeps one fi_writedata: it has
+  /// no connection to cut, and its key check applies only to writes with CQ data.
+  bool split_commit_ = false;
   uint64_t key_mask_ = ~uint64_t{0};  ///< keys the domain can carry (mr_key_size bytes)
   /// Every key this engine has registered, live or closed: a new registration never reuses the
   /// key of a closed one, so a fenced peer's stale key cannot match it.
@@ -289,7 +314,11 @@ class fabric_engine final : public engine {
   std::function<void(immediate_counts)> immediates_;
 
   // Progress-thread state (or the direct caller's under fabric_mutex_).
-  std::unordered_set<fi_addr_t> peers_;
+  struct peer_entry {
+    uint32_t refs = 0;             ///< insert_peer calls not yet matched by a removal
+    std::vector<uint8_t> address;  ///< for re-inserting after a cut that others still use
+  };
+  std::unordered_map<fi_addr_t, peer_entry> peers_;
   std::unordered_set<fi_addr_t> removed_peers_;
   std::list<std::unique_ptr<batch_state>> live_;  ///< every batch not yet finished
   peer_queues<batch_state*> pending_;             ///< batches with ops left to post: FIFO per peer,
@@ -323,6 +352,8 @@ std::string fabric_engine::init(const engine_config& cfg) {
   // so the provider may skip its own locking.
   hints->domain_attr->threading = FI_THREAD_DOMAIN;
   hints->fabric_attr->prov_name = ::strdup(cfg.provider.c_str());
+  // The split commit needs writes placed in order: the marker after its data.
+  if (cfg.provider == "tcp") hints->tx_attr->msg_order = FI_ORDER_WAW;
 
   fi_info* raw = nullptr;
   int rc = fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints.get(), &raw);
@@ -361,6 +392,12 @@ std::string fabric_engine::init(const engine_config& cfg) {
            " bytes of remote CQ data, ferry needs 8";
   }
   rx_cq_data_ = (info->mode & FI_RX_CQ_DATA) != 0;
+  split_commit_ = provider_.rfind("tcp", 0) == 0;
+  if (split_commit_ && ((info->tx_attr->msg_order & FI_ORDER_WAW) == 0 ||
+                        info->ep_attr->max_order_waw_size < (uint64_t{1} << 30))) {
+    return "fabric provider '" + provider_ +
+           "' does not order writes after writes (FI_ORDER_WAW), which the tcp commit needs";
+  }
   // Application-chosen keys must fit the domain's key size (0 = not reported: assume 8 bytes).
   const size_t key_size = info->domain_attr->mr_key_size;
   if (key_size > 0 && key_size < sizeof(uint64_t)) key_mask_ = (uint64_t{1} << (8 * key_size)) - 1;
@@ -386,7 +423,8 @@ std::string fabric_engine::init(const engine_config& cfg) {
   }
   av_.reset(av);
 
-  write_contexts_.resize(cfg.max_inflight_writes);
+  // A split commit posts two operations per write.
+  write_contexts_.resize(size_t{cfg.max_inflight_writes} * (split_commit_ ? 2 : 1));
   free_contexts_.reserve(write_contexts_.size());
   for (auto& c : write_contexts_) free_contexts_.push_back(&c);
   if (rx_cq_data_) {
@@ -676,6 +714,15 @@ result<peer_handle> fabric_engine::do_insert_peer(const std::vector<uint8_t>& ad
     out.error = "insert_peer: empty fabric address";
     return out;
   }
+  // Two connections to one peer address (e.g. a node that is both prefill and decode) share
+  // one AV entry: count them, so removing one does not invalidate the other's handle.
+  for (auto& [addr, e] : peers_)
+    if (e.address == address) {
+      ++e.refs;
+      out.value = addr;
+      log_->debug("inserted peer={} again ({} users)", addr, e.refs);
+      return out;
+    }
   fi_addr_t addr = FI_ADDR_NOTAVAIL;
   int rc = fi_av_insert(av_.get(), address.data(), 1, &addr, 0, nullptr);
   if (rc != 1 || addr == FI_ADDR_NOTAVAIL) {
@@ -685,21 +732,21 @@ result<peer_handle> fabric_engine::do_insert_peer(const std::vector<uint8_t>& ad
     log_->error("{}", out.error);
     return out;
   }
-  peers_.insert(addr);
+  peers_[addr] = peer_entry{1, address};
   removed_peers_.erase(addr);
   out.value = addr;
   log_->debug("inserted peer={}", addr);
   return out;
 }
 
-void fabric_engine::remove_peer(peer_handle peer) {
-  if (on_progress_thread()) return do_remove_peer(peer);
+void fabric_engine::run_queued(std::function<void()> task) {
+  if (on_progress_thread()) return task();
   {
     std::unique_lock<std::mutex> lock(queue_mutex_);
     if (state_ == run_state::running) {
       // Asynchronous: the caller must not block on the fabric; FIFO order with submissions
-      // makes everything submitted before this call fail with "peer removed".
-      queue_.push_back(work_item{nullptr, [this, peer] { do_remove_peer(peer); }});
+      // makes everything submitted before this call see the task's effect.
+      queue_.push_back(work_item{nullptr, std::move(task)});
       queue_nonempty_.store(true);
       lock.unlock();
       wake();
@@ -707,7 +754,29 @@ void fabric_engine::remove_peer(peer_handle peer) {
     }
   }
   std::lock_guard<std::mutex> guard(fabric_mutex_);
-  do_remove_peer(peer);
+  task();
+}
+
+void fabric_engine::remove_peer(peer_handle peer) {
+  run_queued([this, peer] { do_remove_peer(peer); });
+}
+
+void fabric_engine::fence_peer(std::optional<peer_handle> peer, std::vector<region_id> regions,
+                               std::function<void()> done) {
+  run_queued([this, peer, regions = std::move(regions), done = std::move(done)]() mutable {
+    do_fence_peer(peer, regions);
+    invoke_callback(*log_, "fence_peer", done);
+  });
+}
+
+void fabric_engine::do_fence_peer(std::optional<peer_handle> peer,
+                                  const std::vector<region_id>& regions) {
+  // One task, no completion read in between: once the keys are closed, the connection is cut
+  // before the provider can place another byte of a write it had begun to receive.
+  for (auto id : regions)
+    if (auto r = do_deregister_region(id); !r)
+      log_->error("fence: closing region {} failed: {}", id, r.error);
+  if (peer) do_remove_peer(*peer);
 }
 
 void fabric_engine::do_remove_peer(peer_handle peer) {
@@ -724,14 +793,29 @@ void fabric_engine::do_remove_peer(peer_handle peer) {
   // Posted writes to the peer complete (or fail) through the CQ as the provider decides.
   for (batch_state* b : touched) maybe_finish(b);
 
-  if (peers_.erase(peer) == 0) {
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) {
     log_->warn("remove_peer: peer={} is not inserted", peer);
     return;
   }
-  removed_peers_.insert(peer);
+  // fi_av_remove also closes ofi_rxm's connection to the peer (FI_AV_REMOVE_CLEANUP): a write
+  // it had begun to receive is cut, not finished later.
   fi_addr_t addr = peer;
   int rc = fi_av_remove(av_.get(), &addr, 1, 0);
   if (rc != 0) log_->error("{} (peer={})", fi_error_text("fi_av_remove", rc), peer);
+  if (--it->second.refs > 0) {
+    // Another connection still uses this address: insert it again (the next write reconnects).
+    fi_addr_t again = FI_ADDR_NOTAVAIL;
+    rc = fi_av_insert(av_.get(), it->second.address.data(), 1, &again, 0, nullptr);
+    if (rc == 1 && again == peer) {
+      log_->debug("cut peer={}; still used by {} connection(s)", peer, it->second.refs);
+      return;
+    }
+    log_->error("re-inserting peer={} after its cut gave {} (rc {}): its other users fail", peer,
+                again, rc);
+  }
+  peers_.erase(it);
+  removed_peers_.insert(peer);
   log_->debug("removed peer={}", peer);
 }
 
@@ -901,6 +985,15 @@ bool fabric_engine::post_writes() {
     }
     const write_op& op = b->batch.ops[b->next];
     region* r = op.local_region < regions_.size() ? &regions_[op.local_region] : nullptr;
+    if (b->marker_pending) {
+      // The data is posted; its marker carries the immediate (split commit, tcp).
+      if (!post_one(b, op, *r, true)) break;
+      b->marker_pending = false;
+      ++b->next;
+      posted_any = true;
+      pending_.next_turn();
+      continue;
+    }
     if (r != nullptr && r->deregistered) {
       b->abort_unposted("invalid write: local region " + std::to_string(op.local_region) +
                         " is deregistered");
@@ -913,30 +1006,50 @@ bool fabric_engine::post_writes() {
                         std::to_string(op.length) + " is outside the registered regions");
       continue;
     }
-    op_context* ctx = free_contexts_.back();
-    ctx->batch = b;
-    ctx->source = op.local_region;
-    ssize_t rc =
-        fi_writedata(ep_.get(), static_cast<char*>(r->base) + op.local_offset, op.length, r->desc,
-                     op.imm, b->batch.peer, op.remote_addr, op.remote_key, &ctx->provider_scratch);
-    if (rc == -FI_EAGAIN) break;  // provider queue full: progress the CQ, retry next round
-    if (rc != 0) {
-      const std::string why = fi_error_text("fi_writedata", rc) + " (peer " +
-                              std::to_string(b->batch.peer) + ", length " +
-                              std::to_string(op.length) + ")";
-      log_->error("{}", why);
-      b->abort_unposted(why);
+    if (!post_one(b, op, *r, false)) break;
+    posted_any = true;
+    if (split_commit_ && !b->all_posted()) {
+      b->marker_pending = true;  // the marker goes next, before any other write of this peer
       continue;
     }
-    free_contexts_.pop_back();
-    ++r->posted;
-    ++inflight_;
-    ++b->outstanding;
     ++b->next;
-    posted_any = true;
     pending_.next_turn();
   }
   return posted_any;
+}
+
+bool fabric_engine::post_one(batch_state* b, const write_op& op, region& r, bool marker) {
+  op_context* ctx = free_contexts_.back();
+  ctx->batch = b;
+  ctx->source = op.local_region;
+  ctx->marker = marker;
+  void* local = static_cast<char*>(r.base) + op.local_offset;
+  const char* call = "fi_writedata";
+  ssize_t rc;
+  if (!split_commit_) {
+    rc = fi_writedata(ep_.get(), local, op.length, r.desc, op.imm, b->batch.peer, op.remote_addr,
+                      op.remote_key, &ctx->provider_scratch);
+  } else if (!marker) {
+    call = "fi_write";
+    rc = fi_write(ep_.get(), local, op.length, r.desc, b->batch.peer, op.remote_addr, op.remote_key,
+                  &ctx->provider_scratch);
+  } else {
+    rc = fi_writedata(ep_.get(), local, 0, r.desc, op.imm, b->batch.peer, op.remote_addr,
+                      op.remote_key, &ctx->provider_scratch);
+  }
+  if (rc == -FI_EAGAIN) return false;  // provider queue full: progress the CQ, retry next round
+  if (rc != 0) {
+    const std::string why = fi_error_text(call, rc) + " (peer " + std::to_string(b->batch.peer) +
+                            ", length " + std::to_string(op.length) + ")";
+    log_->error("{}", why);
+    b->abort_unposted(why);  // a data part already posted completes on its own
+    return true;
+  }
+  free_contexts_.pop_back();
+  ++r.posted;
+  ++inflight_;
+  ++b->outstanding;
+  return true;
 }
 
 size_t fabric_engine::read_completions() {
@@ -1026,10 +1139,17 @@ void fabric_engine::complete_op(op_context* ctx, bool ok, const std::string& why
   if (--r.posted == 0 && r.deregistered && r.mr) close_region_mr(ctx->source);  // deferred close
   if (b == nullptr) return;
   --b->outstanding;
+  // A write counts once: by its marker in a split commit (the data part only reports errors).
+  const bool counts = !split_commit_ || ctx->marker;
   if (ok) {
-    ++b->result.completed;
+    if (counts) ++b->result.completed;
   } else {
-    b->fail(1, why);
+    if (counts) {
+      b->fail(1, why);
+    } else {
+      b->result.ok = false;
+      if (b->result.error.empty()) b->result.error = why;
+    }
     // First error: do not post the rest of this batch.
     b->abort_unposted(why);
   }
@@ -1189,9 +1309,51 @@ void remove_stale_shm_files() {
   }
 }
 
+/// Why shm would copy writes piecewise (its SAR protocol) instead of with cross-memory attach
+/// (process_vm_writev), or "" when CMA is available. Piecewise copies reopen the window the
+/// fence closes: a write could land partly before and partly after it.
+std::string shm_without_cma() {
+  if (const char* v = std::getenv("FI_SHM_DISABLE_CMA")) {
+    const std::string s = v;
+    if (s == "1" || s == "yes" || s == "true" || s == "on")
+      return "FI_SHM_DISABLE_CMA=" + s + " is set";
+  }
+  int scope = 0;
+  if (FILE* f = std::fopen("/proc/sys/kernel/yama/ptrace_scope", "r")) {
+    if (std::fscanf(f, "%d", &scope) != 1) scope = 0;
+    std::fclose(f);
+  }
+  if (scope >= 3) return "kernel.yama.ptrace_scope is 3 (no process may attach to another)";
+  if (scope >= 1) {
+    // Scope 1 and 2 still let a process with CAP_SYS_PTRACE attach to its peers.
+    uint64_t caps = 0;
+    if (FILE* f = std::fopen("/proc/self/status", "r")) {
+      char line[256];
+      while (std::fgets(line, sizeof line, f))
+        if (std::sscanf(line, "CapEff: %lx", &caps) == 1) break;
+      std::fclose(f);
+    }
+    if ((caps & (uint64_t{1} << 19)) == 0)  // CAP_SYS_PTRACE
+      return "kernel.yama.ptrace_scope is " + std::to_string(scope) +
+             " and ferryd lacks CAP_SYS_PTRACE, so it cannot attach to its peers";
+  }
+  return {};
+}
+
 result<std::unique_ptr<engine>> engine::open(const engine_config& cfg) {
   result<std::unique_ptr<engine>> out;
-  if (cfg.provider == "shm") remove_stale_shm_files();
+  if (cfg.provider == "shm") {
+    if (auto why = shm_without_cma(); !why.empty()) {
+      out.error = "fabric provider 'shm' needs cross-memory attach (process_vm_writev), and " +
+                  why +
+                  ": without it shm copies writes piecewise and a fenced peer's write could "
+                  "land after its room failed; use tcp, or allow CMA (ptrace_scope 0, or "
+                  "CAP_SYS_PTRACE)";
+      transport_log()->error("engine::open provider=shm: {}", out.error);
+      return out;
+    }
+    remove_stale_shm_files();
+  }
   auto e = std::make_unique<fabric_engine>();
   std::string err = e->init(cfg);
   if (!err.empty()) {

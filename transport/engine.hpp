@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -147,10 +148,23 @@ class engine {
   /// Stop the progress thread; pending batches complete with an error "engine stopped".
   virtual void stop() = 0;
 
-  /// Insert a peer address into the AV (blocks the caller only for the AV insert).
+  /// Insert a peer address into the AV (blocks the caller only for the AV insert). Inserting an
+  /// address again returns the same handle and counts one more user of it.
   virtual result<peer_handle> insert_peer(const std::vector<uint8_t>& address) = 0;
-  /// Remove a peer; its queued batches fail with "peer removed".
+  /// Remove one user of a peer: its queued batches fail with "peer removed", and its connection
+  /// is cut (tcp: a write it had begun to send is not finished later). When other users remain,
+  /// the address is inserted again under the same handle and their next writes reconnect.
+  /// Asynchronous (never blocks the caller on the fabric).
   virtual void remove_peer(peer_handle peer) = 0;
+  /// The fence: close `regions` (the registrations this peer may write into) and then cut the
+  /// peer's connection (`remove_peer`), in one step of the progress thread with no completion
+  /// read in between; `done` runs (on the progress thread, or the caller's when the engine is
+  /// not running) once both have happened. From then on no byte of a write of that peer lands
+  /// in those regions, on tcp as on shm, also a write it had begun to send (tcp: the connection
+  /// carrying it is closed; shm with CMA: a write lands wholly before the close or not at all).
+  /// Without `peer`, only the regions are closed.
+  virtual void fence_peer(std::optional<peer_handle> peer, std::vector<region_id> regions,
+                          std::function<void()> done) = 0;
 
   /// Queue a batch for posting. Never blocks on the fabric.
   virtual void submit(write_batch batch) = 0;

@@ -423,8 +423,8 @@ TEST_CASE(
   REQUIRE(kill(p0.proc->pid(), SIGCONT) == 0);
   CHECK(expect_failed(*p0, a.room) != "");
   CHECK(expect_failed(*p0, b.room) != "");
-  check_exact_or_loud(*d0, *d0.proc, a2);
-  check_exact_or_loud(*d1, *d1.proc, b2);
+  check_exact_after_fence(*d0, a2);
+  check_exact_after_fence(*d1, b2);
   for (auto* n : {&p0, &p1, &d0, &d1}) expect_idle(**n, "host " + std::to_string(n->host));
 }
 
