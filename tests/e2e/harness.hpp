@@ -538,19 +538,9 @@ inline proto::event wait_for_status_or_end(client::client& c, uint64_t room, roo
 
 /// Subscribe and wait (bounded) until the room reaches at least `status` on that daemon.
 inline void wait_status(client::client& c, uint64_t room, room_status status) {
-  c.discard_events(room);  // the subscription pushes the current status first
-  auto s = c.subscribe(room);
-  INFO(s.message);
-  REQUIRE(s);
-  for (;;) {
-    auto e = c.next_event(30s);
-    INFO(e.message);
-    REQUIRE(e);
-    if (e.value.room != room) continue;
-    INFO(e.value.reason);
-    REQUIRE(e.value.status != room_status::failed);
-    if (e.value.status >= status) return;
-  }
+  auto e = wait_for_status_or_end(c, room, status);
+  INFO(e.reason);
+  REQUIRE(e.status != room_status::failed);
 }
 
 /// Run a room end to end and check statuses on both sides and every destination byte.
