@@ -1,8 +1,9 @@
 // Connection: one per peer daemon.
 //
-// Outbound (decode side, created for a prepare naming a prefill address): connect to the peer's
-// published Scheduler through the middleman (asynchronously, never blocking a worker), send our
-// `peer_hello`; the peer spawns an inbound Connection that validates it and answers with its own
+// Outbound (decode side, created for a prepare naming a prefill address): dial the peer through
+// the peer gate, which runs Ferry's preamble (core/peer_preamble.hpp) without blocking a worker,
+// hand the socket to CAF's BASP broker as a client connection, and send our `peer_hello` to the
+// Scheduler the peer's gate published on it; the peer spawns an inbound Connection that validates it and answers with its own
 // `peer_hello` (or `peer_refused`). Both sides then check version, roles, compatibility of the
 // layouts and the memory regions, insert the fabric address, and monitor each other.
 //
@@ -30,7 +31,23 @@
 #include <caf/io/all.hpp>
 
 #include "actors/actors.hpp"
+#include "actors/peer_gate.hpp"
 #include "core/auth.hpp"
+
+namespace ferry {
+namespace {
+
+/// Peer gate -> Connection: the dialed socket, through the preamble, or why not. A scribe that
+/// is never used (the actor is gone or done) closes its socket when the message is dropped.
+struct peer_dialed {
+  caf::io::scribe_ptr scribe;
+  std::string error;
+};
+
+}  // namespace
+}  // namespace ferry
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_dialed)
 
 namespace ferry {
 namespace {
@@ -40,6 +57,7 @@ struct connection_state {
   context_ptr ctx;
   caf::actor scheduler;
   std::string address;
+  caf::actor basp;  // outbound: CAF's BASP broker, given the dialed socket
   caf::actor remote;
   peer_info_ptr info;
   std::vector<caf::message> queued;
@@ -375,6 +393,31 @@ caf::behavior relay(connection_actor* self, bool outbound) {
         become_ready(self, std::move(info), st.pending_remote);
       },
       [=](peer_refused& r) { finish(self, "peer refused the handshake: " + r.reason); },
+      [=](peer_dialed& d) {
+        auto& st = self->state;
+        if (!outbound || st.done || st.remote) return;  // the scribe closes its socket
+        if (!d.scribe)
+          return finish(self, fmt::format("cannot connect to {}: {}", st.address, d.error));
+        const auto port = static_cast<uint16_t>(
+            std::atoi(st.address.c_str() + st.address.rfind(':') + 1));
+        // BASP as the client on a connected socket; the reply is the one the middleman's own
+        // connect gives: the peer's node and the actor its gate published (its Scheduler).
+        self->request(st.basp, std::chrono::milliseconds(st.ctx->config.timeouts.handshake_ms),
+                      caf::connect_atom::value, std::move(d.scribe), port)
+            .then(
+                [=](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>&) {
+                  if (!ptr) {
+                    finish(self, fmt::format("no ferryd is published at {}", self->state.address));
+                    return;
+                  }
+                  self->send(caf::actor_cast<caf::actor>(ptr),
+                             make_hello(self->state, caf::actor_cast<caf::actor>(self)));
+                },
+                [=](caf::error& err) {
+                  finish(self, fmt::format("cannot connect to {}: {}", self->state.address,
+                                           self->system().render(err)));
+                });
+      },
       [=](deadline_msg& d) {
         if (!self->state.info)
           finish(self, fmt::format("handshake did not complete within {} ms", d.ms));
@@ -382,10 +425,12 @@ caf::behavior relay(connection_actor* self, bool outbound) {
   };
 }
 
-caf::behavior outbound_behavior(connection_actor* self, context_ptr ctx, std::string address,
-                                caf::actor scheduler, std::string known_down) {
+caf::behavior outbound_behavior(connection_actor* self, context_ptr ctx, caf::actor basp,
+                                std::string address, caf::actor scheduler,
+                                std::string known_down) {
   auto& st = self->state;
   st.ctx = std::move(ctx);
+  st.basp = std::move(basp);
   st.address = address;
   st.scheduler = std::move(scheduler);
   const auto colon = address.rfind(':');
@@ -408,23 +453,16 @@ caf::behavior outbound_behavior(connection_actor* self, context_ptr ctx, std::st
     return relay(self, true);
   }
   auto host = address.substr(0, colon);
-  auto mm = self->system().middleman().actor_handle();
-  self->request(mm, std::chrono::milliseconds(ms), caf::connect_atom::value, host,
-                static_cast<uint16_t>(port))
-      .then(
-          [=](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>&) {
-            if (!ptr) {
-              finish(self, fmt::format("no ferryd is published at {}", self->state.address));
-              return;
-            }
-            auto remote_scheduler = caf::actor_cast<caf::actor>(ptr);
-            self->send(remote_scheduler,
-                       make_hello(self->state, caf::actor_cast<caf::actor>(self)));
-          },
-          [=](caf::error& err) {
-            finish(self, fmt::format("cannot connect to {}: {}", self->state.address,
-                                     self->system().render(err)));
-          });
+  // Runs on the gate thread (or here, when the dial fails at once): only wrap and post.
+  auto me = caf::actor_cast<caf::actor>(self);
+  auto* mm = &self->system().middleman();
+  st.ctx->peer_port->dial(host, static_cast<uint16_t>(port),
+                          [me, mm](int fd, const std::string&, const std::string& error) {
+                            peer_dialed d;
+                            if (fd >= 0) d.scribe = mm->backend().new_scribe(fd);
+                            d.error = error;
+                            caf::anon_send(me, std::move(d));
+                          });
   return relay(self, true);
 }
 
@@ -479,10 +517,11 @@ caf::behavior inbound_behavior(connection_actor* self, context_ptr ctx, peer_hel
 }  // namespace
 
 caf::actor spawn_outbound_connection(caf::event_based_actor* parent, context_ptr ctx,
-                                     std::string address, caf::actor scheduler,
+                                     caf::actor basp, std::string address, caf::actor scheduler,
                                      std::string known_down) {
-  return parent->spawn<caf::monitored>(outbound_behavior, std::move(ctx), std::move(address),
-                                       std::move(scheduler), std::move(known_down));
+  return parent->spawn<caf::monitored>(outbound_behavior, std::move(ctx), std::move(basp),
+                                       std::move(address), std::move(scheduler),
+                                       std::move(known_down));
 }
 
 caf::actor spawn_inbound_connection(caf::event_based_actor* parent, context_ptr ctx,
