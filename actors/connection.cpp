@@ -42,7 +42,17 @@ namespace {
 struct peer_dialed {
   caf::io::scribe_ptr scribe;
   std::string error;
+  bool reset = false;  // reset in the middle of the preamble: perhaps evicted by a flood
 };
+
+/// Connection -> itself: dial the peer again.
+using redial_atom = caf::atom_constant<caf::atom("redial")>;
+
+/// A peer under a flood of connections from our own address (or from many) may evict our
+/// pending preamble (actors/peer_gate.hpp); honest preambles are the newest, so another dial
+/// soon gets through. Bounded: this many dials, and timeouts.handshake_ms overall.
+constexpr int max_dials = 6;
+constexpr auto first_redial_delay = std::chrono::milliseconds(20);
 
 }  // namespace
 }  // namespace ferry
@@ -58,6 +68,7 @@ struct connection_state {
   caf::actor scheduler;
   std::string address;
   caf::actor basp;  // outbound: CAF's BASP broker, given the dialed socket
+  int dials = 0;    // outbound: dials made (see max_dials)
   caf::actor remote;
   peer_info_ptr info;
   std::vector<caf::message> queued;
@@ -288,6 +299,27 @@ void become_ready(connection_actor* self, std::shared_ptr<peer_info> info, caf::
   st.queued.clear();
 }
 
+/// Outbound: dial the peer through the peer gate; the result arrives as `peer_dialed`. The
+/// address was checked to be host:port by outbound_behavior.
+void dial(connection_actor* self) {
+  auto& st = self->state;
+  ++st.dials;
+  const auto colon = st.address.rfind(':');
+  const auto port = static_cast<uint16_t>(std::atoi(st.address.c_str() + colon + 1));
+  // Runs on the gate thread (or here, when the dial fails at once): only wrap and post.
+  auto me = caf::actor_cast<caf::actor>(self);
+  auto* mm = &self->system().middleman();
+  st.ctx->peer_port->dial(
+      st.address.substr(0, colon), port,
+      [me, mm](int fd, const std::string&, const std::string& error, bool reset) {
+        peer_dialed d;
+        if (fd >= 0) d.scribe = mm->backend().new_scribe(fd);
+        d.error = error;
+        d.reset = reset;
+        caf::anon_send(me, std::move(d));
+      });
+}
+
 /// Behaviour shared by both directions once constructed.
 caf::behavior relay(connection_actor* self, bool outbound) {
   self->set_down_handler([=](caf::down_msg& dm) {
@@ -335,6 +367,9 @@ caf::behavior relay(connection_actor* self, bool outbound) {
           st.last_heard = std::chrono::steady_clock::now();
       },
       [=](tick_atom) { tick(self); },
+      [=](redial_atom) {
+        if (outbound && !self->state.done && !self->state.remote) dial(self);
+      },
       [=](unusable_atom, const std::string& why) { finish(self, why); },
       [=](fence_atom, const std::string& why) { finish(self, why); },
       [=](fenced_atom) {
@@ -396,6 +431,13 @@ caf::behavior relay(connection_actor* self, bool outbound) {
       [=](peer_dialed& d) {
         auto& st = self->state;
         if (!outbound || st.done || st.remote) return;  // the scribe closes its socket
+        if (!d.scribe && d.reset && st.dials < max_dials) {
+          st.ctx->log_peer->info("peer={} dial {} of {}: {}; dialing again", st.address,
+                                 st.dials, max_dials, d.error);
+          self->delayed_send(self, first_redial_delay * (1 << (st.dials - 1)),
+                             redial_atom::value);
+          return;
+        }
         if (!d.scribe)
           return finish(self, fmt::format("cannot connect to {}: {}", st.address, d.error));
         const auto port = static_cast<uint16_t>(
@@ -452,17 +494,7 @@ caf::behavior outbound_behavior(connection_actor* self, context_ptr ctx, caf::ac
                peer_refused{fmt::format("bad peer address '{}': expected host:port", address)});
     return relay(self, true);
   }
-  auto host = address.substr(0, colon);
-  // Runs on the gate thread (or here, when the dial fails at once): only wrap and post.
-  auto me = caf::actor_cast<caf::actor>(self);
-  auto* mm = &self->system().middleman();
-  st.ctx->peer_port->dial(host, static_cast<uint16_t>(port),
-                          [me, mm](int fd, const std::string&, const std::string& error) {
-                            peer_dialed d;
-                            if (fd >= 0) d.scribe = mm->backend().new_scribe(fd);
-                            d.error = error;
-                            caf::anon_send(me, std::move(d));
-                          });
+  dial(self);
   return relay(self, true);
 }
 

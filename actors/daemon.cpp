@@ -224,7 +224,8 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
     ctx->peer_port = std::make_shared<peer_gate>(
         cfg.node_name, ctx->cluster_secret,
         peer_gate::limits{cfg.limits.max_pending_peers, cfg.limits.max_pending_peers_per_source,
-                          32, cfg.limits.peer_preamble_ms});
+                          32, cfg.limits.peer_preamble_ms},
+        ctx->log_peer);
     auto whom = caf::actor_cast<caf::strong_actor_ptr>(scheduler);
     // Runs on the gate thread: the socket becomes a BASP server connection, as if CAF had
     // accepted it, with the Scheduler as the actor published at this port.

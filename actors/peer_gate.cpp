@@ -31,6 +31,8 @@ constexpr auto accept_pause = std::chrono::milliseconds(200);
 // Out of descriptors, a pending connection younger than this is not evicted to make room: the
 // listener is paused instead, so a flood cannot evict honest preambles as fast as they start.
 constexpr auto min_age_to_evict_for_fd = std::chrono::milliseconds(20);
+constexpr auto refusal_log_interval = std::chrono::seconds(1);
+constexpr auto summary_log_interval = std::chrono::seconds(10);
 
 /// Reset rather than close: a flood leaves no TIME_WAIT behind.
 void reset_close(int fd) {
@@ -79,6 +81,10 @@ struct peer_gate::impl {
   std::string node, secret;
   limits lim;
   counters* stats = nullptr;
+  std::shared_ptr<spdlog::logger> log;
+  clock_type::time_point last_refusal_log{}, last_summary{};
+  uint64_t refusals_unlogged = 0;
+  uint64_t summarised_garbage = 0, summarised_timed_out = 0, summarised_evicted = 0;
   int ep = -1, wake = -1, lfd = -1;
   admit_fn on_admit;
   std::unordered_map<int, conn> conns;
@@ -119,7 +125,7 @@ struct peer_gate::impl {
     return fd;
   }
 
-  void drop(int fd, const std::string& why) {
+  void drop(int fd, const std::string& why, bool reset = false) {
     auto it = conns.find(fd);
     if (it == conns.end()) return;
     auto done = std::move(it->second.done);
@@ -128,13 +134,14 @@ struct peer_gate::impl {
     reset_close(fd);
     if (!inbound) {
       ++stats->dials_failed;
-      if (done) done(-1, {}, why);
+      if (done) done(-1, {}, why, reset);
     }
   }
 
   void hand_over(conn& c) {
     const std::string node = c.peer_node();
     if (c.inbound()) {
+      if (log) log->debug("peer port: {} passed the preamble as node {}", c.source, node);
       const int fd = release(c.fd);
       ++stats->admitted;
       if (on_admit)
@@ -146,14 +153,52 @@ struct peer_gate::impl {
     auto done = std::move(c.done);
     const int fd = release(c.fd);
     ++stats->dials_ok;
-    done(fd, node, {});
+    done(fd, node, {}, false);
+  }
+
+  /// A refused preamble is worth a line (a misconfigured peer learns why on its side; this
+  /// side's operator should too), but at most one a second.
+  void log_refusal(const conn& c, const std::string& why) {
+    if (!log) return;
+    const auto now = clock_type::now();
+    if (now - last_refusal_log < refusal_log_interval) {
+      ++refusals_unlogged;
+      return;
+    }
+    last_refusal_log = now;
+    const auto& node = c.peer_node();
+    log->warn("peer port: refused {} ({}): {}{}", c.source, node.empty() ? "no node name" : node,
+              why,
+              refusals_unlogged ? " (and " + std::to_string(refusals_unlogged) +
+                                      " more refusals since the last such line)"
+                                : "");
+    refusals_unlogged = 0;
+  }
+
+  /// Every 10 s at most: what the gate reset, if anything, since the last summary.
+  void log_summary(clock_type::time_point now) {
+    if (!log || now - last_summary < summary_log_interval) return;
+    last_summary = now;
+    const uint64_t g = stats->garbage, t = stats->timed_out, e = stats->evicted;
+    if (g == summarised_garbage && t == summarised_timed_out && e == summarised_evicted) return;
+    log->warn(
+        "peer port: reset {} connections that did not speak the preamble, {} that did not finish "
+        "it within {} ms, {} evicted over limits.max_pending_peers(_per_source) (since the last "
+        "such line)",
+        g - summarised_garbage, t - summarised_timed_out, lim.preamble_ms, e - summarised_evicted);
+    summarised_garbage = g;
+    summarised_timed_out = t;
+    summarised_evicted = e;
   }
 
   /// Act on a preamble step: write its frame, then go on as it says.
   void apply(conn& c, preamble::step s) {
     if (s.next == preamble::outcome::failed) {
       if (s.garbage && c.inbound()) ++stats->garbage;
-      if (!s.garbage && c.inbound()) ++stats->refused;
+      if (!s.garbage && c.inbound()) {
+        ++stats->refused;
+        log_refusal(c, s.error);
+      }
       if (s.out.empty()) return drop(c.fd, s.error);
     }
     c.pending = std::move(s.out);
@@ -196,14 +241,17 @@ struct peer_gate::impl {
       const ssize_t n = ::recv(c.fd, buf, want, 0);
       if (n == 0) {
         if (c.inbound()) ++stats->peer_closed;
-        return drop(c.fd, "the peer closed the connection during the preamble");
+        return drop(c.fd, "the peer closed the connection during the preamble", true);
       }
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return;
         if (c.inbound()) ++stats->peer_closed;
-        return drop(c.fd, std::string("the connection failed during the peer preamble: ") +
-                              std::strerror(errno));
+        const bool reset = errno == ECONNRESET;
+        return drop(c.fd,
+                    std::string("the connection failed during the peer preamble: ") +
+                        std::strerror(errno),
+                    reset);
       }
       auto s = c.in ? c.in->feed(buf, size_t(n)) : c.out->feed(buf, size_t(n));
       if (s.next != preamble::outcome::reading || !s.out.empty()) return apply(c, std::move(s));
@@ -278,7 +326,7 @@ struct peer_gate::impl {
         --dials_in_flight;
       }
       ++stats->dials_failed;
-      r.done(-1, {}, why);
+      r.done(-1, {}, why, false);
     };
     const int fd = ::socket(r.addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return failed(std::string("socket: ") + std::strerror(errno));
@@ -335,16 +383,20 @@ struct peer_gate::impl {
         next = std::min(next, listen_paused_until);
       }
     }
+    log_summary(now);
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count();
     return int(std::max<int64_t>(ms, 0) + 1);
   }
 };
 
-peer_gate::peer_gate(std::string node, std::string secret, limits lim)
+peer_gate::peer_gate(std::string node, std::string secret, limits lim,
+                     std::shared_ptr<spdlog::logger> log)
     : impl_(std::make_unique<impl>()) {
   impl_->node = std::move(node);
   impl_->secret = std::move(secret);
   impl_->lim = lim;
+  impl_->log = std::move(log);
+  impl_->last_summary = clock_type::now();
   impl_->stats = &stats_;
   impl_->ep = epoll_create1(EPOLL_CLOEXEC);
   impl_->wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -408,7 +460,7 @@ void peer_gate::stop() {
   }
   for (auto& r : left) {
     ++stats_.dials_failed;
-    r.done(-1, {}, "the daemon is stopping");
+    r.done(-1, {}, "the daemon is stopping", false);
   }
   std::vector<int> fds;
   for (const auto& [fd, c] : impl_->conns) fds.push_back(fd);
@@ -425,7 +477,7 @@ void peer_gate::dial(const std::string& host, uint16_t port, dial_fn done) {
   // Blocks the caller only for a DNS name (never the gate thread); peers are usually numeric.
   if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &res)) {
     ++stats_.dials_failed;
-    return done(-1, {}, "cannot resolve " + host + ": " + gai_strerror(rc));
+    return done(-1, {}, "cannot resolve " + host + ": " + gai_strerror(rc), false);
   }
   dial_req r;
   std::memcpy(&r.addr, res->ai_addr, res->ai_addrlen);
@@ -447,7 +499,7 @@ void peer_gate::dial(const std::string& host, uint16_t port, dial_fn done) {
   }
   if (!refused.empty()) {
     ++stats_.dials_failed;
-    return done(-1, {}, refused);
+    return done(-1, {}, refused, false);
   }
   uint64_t one = 1;
   [[maybe_unused]] auto n = ::write(impl_->wake, &one, sizeof one);

@@ -23,6 +23,8 @@
 /// - rejected sockets are reset (SO_LINGER 0), so a flood leaves no TIME_WAIT behind;
 /// - at most `max_dials` outbound preambles at once.
 
+#include <spdlog/spdlog.h>
+
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -48,12 +50,18 @@ class peer_gate {
   /// An inbound socket that passed the preamble; the callee owns `fd` from here on. Runs on the
   /// gate thread: keep it short.
   using admit_fn = std::function<void(int fd, const std::string& node)>;
-  /// Outbound result: `fd` >= 0 (the callee owns it) or -1 and `error`. Runs on the gate thread,
+  /// Outbound result: `fd` >= 0 (the callee owns it) or -1 and `error`; `reset`: the peer reset
+  /// or closed the connection in the middle of the preamble, which is what its gate does to a
+  /// pending connection it evicts under a flood (worth another dial). Runs on the gate thread,
   /// or on the caller's when the dial fails at once.
-  using dial_fn = std::function<void(int fd, const std::string& node, const std::string& error)>;
+  using dial_fn = std::function<void(int fd, const std::string& node, const std::string& error,
+                                     bool reset)>;
 
-  /// `node` is this daemon's name, `secret` the cluster secret (empty: none).
-  peer_gate(std::string node, std::string secret, limits lim);
+  /// `node` is this daemon's name, `secret` the cluster secret (empty: none). With `log`, the
+  /// gate reports refused preambles (at most one line a second) and, every 10 s at most, how many
+  /// connections it reset as garbage, late or evicted, so a flood cannot flood the log too.
+  peer_gate(std::string node, std::string secret, limits lim,
+            std::shared_ptr<spdlog::logger> log = nullptr);
   ~peer_gate();
   peer_gate(const peer_gate&) = delete;
   peer_gate& operator=(const peer_gate&) = delete;

@@ -27,7 +27,7 @@ inline caf::actor reach_scheduler(caf::actor_system& sys, const std::string& con
   std::promise<std::pair<int, std::string>> dialed;
   auto result = dialed.get_future();
   gate.dial(control.substr(0, colon), port,
-            [&dialed](int fd, const std::string&, const std::string& e) {
+            [&dialed](int fd, const std::string&, const std::string& e, bool) {
               dialed.set_value({fd, e});
             });
   if (result.wait_for(20s) != std::future_status::ready) {

@@ -8,8 +8,10 @@
 #include <arpa/inet.h>
 #include <fmt/format.h>
 
+#include <atomic>
 #include <random>
 #include <regex>
+#include <thread>
 
 #include "harness.hpp"
 #include "peer_dial.hpp"
@@ -160,7 +162,115 @@ class test_caf_config : public caf::actor_system_config {
   }
 };
 
+/// A relay on 127.0.0.1 in front of a daemon's peer port. It resets the first `resets`
+/// connections once their first bytes arrived (what a flooded peer's gate does to a pending
+/// preamble it evicts), then relays the next one both ways until it ends or the relay stops.
+class resetting_relay {
+ public:
+  resetting_relay(uint16_t target, int resets) : target_(target), resets_(resets) {
+    listener_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(bind(listener_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(listen(listener_, 16) == 0);
+    socklen_t len = sizeof a;
+    getsockname(listener_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~resetting_relay() {
+    stop_ = true;
+    thread_.join();
+    close(listener_);
+  }
+  uint16_t port() const { return port_; }
+  int resets_done() const { return done_.load(); }
+
+ private:
+  /// Wait (at most 100 ms, so a stop is seen) for `fd` to be readable.
+  bool readable(int fd) {
+    pollfd p{fd, POLLIN, 0};
+    return ::poll(&p, 1, 100) > 0;
+  }
+  void run() {
+    while (!stop_) {
+      if (!readable(listener_)) continue;
+      const int c = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c < 0) continue;
+      if (done_ < resets_) {
+        for (int i = 0; i < 50 && !stop_ && !readable(c); ++i) {
+        }
+        uint8_t buf[256];
+        [[maybe_unused]] auto n = recv(c, buf, sizeof buf, MSG_DONTWAIT);
+        linger l{1, 0};
+        setsockopt(c, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+        close(c);
+        ++done_;
+        continue;
+      }
+      relay(c);
+      close(c);
+    }
+  }
+  void relay(int c) {
+    sockets up;
+    const int u = up.open("127.0.0.1", target_);
+    uint8_t buf[65536];
+    while (!stop_) {
+      pollfd p[2] = {{c, POLLIN, 0}, {u, POLLIN, 0}};
+      if (::poll(p, 2, 100) <= 0) continue;
+      for (int k = 0; k < 2; ++k) {
+        if (!p[k].revents) continue;
+        const auto n = recv(p[k].fd, buf, sizeof buf, 0);
+        if (n <= 0) return;
+        sockets::send_all(p[1 - k].fd, std::vector<uint8_t>(buf, buf + n));
+      }
+    }
+  }
+  uint16_t target_, port_ = 0;
+  int resets_;
+  int listener_ = -1;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> done_{0};
+  std::thread thread_;
+};
+
 }  // namespace
+
+TEST_CASE("a decode whose preamble is reset mid-way dials again up to a bound",
+          "[e2e][security][peer-port]") {
+  // A prefill under a flood from the decode's own address (or from many) evicts the oldest
+  // pending preambles; the decode's Connection dials again (at most 6 dials, within
+  // timeouts.handshake_ms) rather than fail the room at the first reset.
+  temp_dir dir;
+  shape s;
+  daemon_proc p(dir, "prefill-0", "prefill", s);
+  daemon_proc d(dir, "decode-0", "decode", s);
+  auto cp = p.connect();
+  auto cd = d.connect();
+  SECTION("two resets: the third dial gets through and the room is byte-exact") {
+    resetting_relay relay(p.control_port(), 2);
+    run_room(*cp, *cd, "127.0.0.1:" + std::to_string(relay.port()), room(9101));
+    CHECK(relay.resets_done() == 2);
+    CHECK_THAT(d.log_text(), Catch::Contains("dial 2 of 6: ") && Catch::Contains("dialing again"));
+  }
+  SECTION("reset at every dial: the room fails with the reason after 6 dials") {
+    resetting_relay relay(p.control_port(), 100);
+    const auto peer = "127.0.0.1:" + std::to_string(relay.port());
+    room_spec r = room(9102);
+    stage(*cp, *cd, r);
+    prepare(*cd, peer, r);
+    auto de = wait_done(*cd, r.room);
+    CHECK(de.status == room_status::failed);
+    CHECK_THAT(de.reason, Catch::StartsWith("could not use peer " + peer + ": cannot connect to " +
+                                            peer + ": ") &&
+                              Catch::Contains("during the peer preamble"));
+    CHECK(relay.resets_done() == 6);
+  }
+  // And the decode still serves: a room straight to the prefill.
+  run_room(*cp, *cd, p.control(), room(9103));
+}
 
 TEST_CASE("unauthenticated input on the peer port does not impair the daemon",
           "[e2e][security][peer-port]") {
