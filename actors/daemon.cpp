@@ -79,6 +79,15 @@ uint64_t raise_descriptor_limit(spdlog::logger& log) {
 uint32_t client_limit(const ferry_config& cfg, spdlog::logger& log) {
   const uint64_t nofile = raise_descriptor_limit(log);
   const uint32_t automatic = auto_max_clients(nofile);
+  // The peer gate holds up to limits.max_pending_peers descriptors under a flood; with too few
+  // left, accept() fails and the gate evicts or pauses, which delays honest peers (it never
+  // spins or stops the daemon).
+  const uint64_t clients = cfg.limits.max_clients ? cfg.limits.max_clients : automatic;
+  if (clients + cfg.limits.max_pending_peers + 64 > nofile)
+    log.warn(
+        "limits.max_pending_peers {} plus {} clients leave little of the {} file descriptors; "
+        "under a flood of the peer port, new peer connections are delayed",
+        cfg.limits.max_pending_peers, clients, nofile);
   if (cfg.limits.max_clients == 0) {
     log.info("limits.max_clients: {} (auto: half of the {} file descriptors)", automatic, nofile);
     return automatic;

@@ -127,10 +127,11 @@ step acceptor::on_hello() {
     return fail("peer sent a preamble frame other than HELLO first", true);
   }
   if (get16(in_ + 8) != version) return refuse(status::version, 'C');
+  // The name first, so a refusal below can be logged with it.
+  if (!get_node(in_ + 44, peer_node_)) return refuse(status::name, 'C');
   const bool peer_secret = (in_[11] & 1) != 0;
   if (!peer_secret && !secret_.empty()) return refuse(status::secret_required, 'C');
   if (peer_secret && secret_.empty()) return refuse(status::secret_unexpected, 'C');
-  if (!get_node(in_ + 44, peer_node_)) return refuse(status::name, 'C');
   peer_nonce_.assign(in_ + 12, in_ + 12 + nonce_size);
   nonce_ = random_bytes(nonce_size);
   auto f = frame(challenge_size, 'C', flags_for(secret_));
