@@ -1,8 +1,9 @@
 // Connection: one per peer daemon.
 //
-// Outbound (decode side, created for a prepare naming a prefill address): connect to the peer's
-// published Scheduler through the middleman (asynchronously, never blocking a worker), send our
-// `peer_hello`; the peer spawns an inbound Connection that validates it and answers with its own
+// Outbound (decode side, created for a prepare naming a prefill address): dial the peer through
+// the peer gate, which runs Ferry's preamble (core/peer_preamble.hpp) without blocking a worker,
+// hand the socket to CAF's BASP broker as a client connection, and send our `peer_hello` to the
+// Scheduler the peer's gate published on it; the peer spawns an inbound Connection that validates it and answers with its own
 // `peer_hello` (or `peer_refused`). Both sides then check version, roles, compatibility of the
 // layouts and the memory regions, insert the fabric address, and monitor each other.
 //
@@ -30,7 +31,33 @@
 #include <caf/io/all.hpp>
 
 #include "actors/actors.hpp"
+#include "actors/peer_gate.hpp"
 #include "core/auth.hpp"
+
+namespace ferry {
+namespace {
+
+/// Peer gate -> Connection: the dialed socket, through the preamble, or why not. A scribe that
+/// is never used (the actor is gone or done) closes its socket when the message is dropped.
+struct peer_dialed {
+  caf::io::scribe_ptr scribe;
+  std::string error;
+  bool reset = false;  // reset in the middle of the preamble: perhaps evicted by a flood
+};
+
+/// Connection -> itself: dial the peer again.
+using redial_atom = caf::atom_constant<caf::atom("redial")>;
+
+/// A peer under a flood of connections from our own address (or from many) may evict our
+/// pending preamble (actors/peer_gate.hpp); honest preambles are the newest, so another dial
+/// soon gets through. Bounded: this many dials, and timeouts.handshake_ms overall.
+constexpr int max_dials = 6;
+constexpr auto first_redial_delay = std::chrono::milliseconds(20);
+
+}  // namespace
+}  // namespace ferry
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_dialed)
 
 namespace ferry {
 namespace {
@@ -40,6 +67,8 @@ struct connection_state {
   context_ptr ctx;
   caf::actor scheduler;
   std::string address;
+  caf::actor basp;  // outbound: CAF's BASP broker, given the dialed socket
+  int dials = 0;    // outbound: dials made (see max_dials)
   caf::actor remote;
   peer_info_ptr info;
   std::vector<caf::message> queued;
@@ -270,6 +299,27 @@ void become_ready(connection_actor* self, std::shared_ptr<peer_info> info, caf::
   st.queued.clear();
 }
 
+/// Outbound: dial the peer through the peer gate; the result arrives as `peer_dialed`. The
+/// address was checked to be host:port by outbound_behavior.
+void dial(connection_actor* self) {
+  auto& st = self->state;
+  ++st.dials;
+  const auto colon = st.address.rfind(':');
+  const auto port = static_cast<uint16_t>(std::atoi(st.address.c_str() + colon + 1));
+  // Runs on the gate thread (or here, when the dial fails at once): only wrap and post.
+  auto me = caf::actor_cast<caf::actor>(self);
+  auto* mm = &self->system().middleman();
+  st.ctx->peer_port->dial(
+      st.address.substr(0, colon), port,
+      [me, mm](int fd, const std::string&, const std::string& error, bool reset) {
+        peer_dialed d;
+        if (fd >= 0) d.scribe = mm->backend().new_scribe(fd);
+        d.error = error;
+        d.reset = reset;
+        caf::anon_send(me, std::move(d));
+      });
+}
+
 /// Behaviour shared by both directions once constructed.
 caf::behavior relay(connection_actor* self, bool outbound) {
   self->set_down_handler([=](caf::down_msg& dm) {
@@ -317,6 +367,9 @@ caf::behavior relay(connection_actor* self, bool outbound) {
           st.last_heard = std::chrono::steady_clock::now();
       },
       [=](tick_atom) { tick(self); },
+      [=](redial_atom) {
+        if (outbound && !self->state.done && !self->state.remote) dial(self);
+      },
       [=](unusable_atom, const std::string& why) { finish(self, why); },
       [=](fence_atom, const std::string& why) { finish(self, why); },
       [=](fenced_atom) {
@@ -375,6 +428,38 @@ caf::behavior relay(connection_actor* self, bool outbound) {
         become_ready(self, std::move(info), st.pending_remote);
       },
       [=](peer_refused& r) { finish(self, "peer refused the handshake: " + r.reason); },
+      [=](peer_dialed& d) {
+        auto& st = self->state;
+        if (!outbound || st.done || st.remote) return;  // the scribe closes its socket
+        if (!d.scribe && d.reset && st.dials < max_dials) {
+          st.ctx->log_peer->info("peer={} dial {} of {}: {}; dialing again", st.address,
+                                 st.dials, max_dials, d.error);
+          self->delayed_send(self, first_redial_delay * (1 << (st.dials - 1)),
+                             redial_atom::value);
+          return;
+        }
+        if (!d.scribe)
+          return finish(self, fmt::format("cannot connect to {}: {}", st.address, d.error));
+        const auto port = static_cast<uint16_t>(
+            std::atoi(st.address.c_str() + st.address.rfind(':') + 1));
+        // BASP as the client on a connected socket; the reply is the one the middleman's own
+        // connect gives: the peer's node and the actor its gate published (its Scheduler).
+        self->request(st.basp, std::chrono::milliseconds(st.ctx->config.timeouts.handshake_ms),
+                      caf::connect_atom::value, std::move(d.scribe), port)
+            .then(
+                [=](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>&) {
+                  if (!ptr) {
+                    finish(self, fmt::format("no ferryd is published at {}", self->state.address));
+                    return;
+                  }
+                  self->send(caf::actor_cast<caf::actor>(ptr),
+                             make_hello(self->state, caf::actor_cast<caf::actor>(self)));
+                },
+                [=](caf::error& err) {
+                  finish(self, fmt::format("cannot connect to {}: {}", self->state.address,
+                                           self->system().render(err)));
+                });
+      },
       [=](deadline_msg& d) {
         if (!self->state.info)
           finish(self, fmt::format("handshake did not complete within {} ms", d.ms));
@@ -382,10 +467,12 @@ caf::behavior relay(connection_actor* self, bool outbound) {
   };
 }
 
-caf::behavior outbound_behavior(connection_actor* self, context_ptr ctx, std::string address,
-                                caf::actor scheduler, std::string known_down) {
+caf::behavior outbound_behavior(connection_actor* self, context_ptr ctx, caf::actor basp,
+                                std::string address, caf::actor scheduler,
+                                std::string known_down) {
   auto& st = self->state;
   st.ctx = std::move(ctx);
+  st.basp = std::move(basp);
   st.address = address;
   st.scheduler = std::move(scheduler);
   const auto colon = address.rfind(':');
@@ -407,24 +494,7 @@ caf::behavior outbound_behavior(connection_actor* self, context_ptr ctx, std::st
                peer_refused{fmt::format("bad peer address '{}': expected host:port", address)});
     return relay(self, true);
   }
-  auto host = address.substr(0, colon);
-  auto mm = self->system().middleman().actor_handle();
-  self->request(mm, std::chrono::milliseconds(ms), caf::connect_atom::value, host,
-                static_cast<uint16_t>(port))
-      .then(
-          [=](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>&) {
-            if (!ptr) {
-              finish(self, fmt::format("no ferryd is published at {}", self->state.address));
-              return;
-            }
-            auto remote_scheduler = caf::actor_cast<caf::actor>(ptr);
-            self->send(remote_scheduler,
-                       make_hello(self->state, caf::actor_cast<caf::actor>(self)));
-          },
-          [=](caf::error& err) {
-            finish(self, fmt::format("cannot connect to {}: {}", self->state.address,
-                                     self->system().render(err)));
-          });
+  dial(self);
   return relay(self, true);
 }
 
@@ -479,10 +549,11 @@ caf::behavior inbound_behavior(connection_actor* self, context_ptr ctx, peer_hel
 }  // namespace
 
 caf::actor spawn_outbound_connection(caf::event_based_actor* parent, context_ptr ctx,
-                                     std::string address, caf::actor scheduler,
+                                     caf::actor basp, std::string address, caf::actor scheduler,
                                      std::string known_down) {
-  return parent->spawn<caf::monitored>(outbound_behavior, std::move(ctx), std::move(address),
-                                       std::move(scheduler), std::move(known_down));
+  return parent->spawn<caf::monitored>(outbound_behavior, std::move(ctx), std::move(basp),
+                                       std::move(address), std::move(scheduler),
+                                       std::move(known_down));
 }
 
 caf::actor spawn_inbound_connection(caf::event_based_actor* parent, context_ptr ctx,

@@ -24,6 +24,7 @@
 namespace ferry {
 
 class client_gateway;
+class peer_gate;
 
 /// Sent to an actor waiting for staging when some was released.
 using staging_atom = caf::atom_constant<caf::atom("staging")>;
@@ -85,6 +86,9 @@ struct daemon_context {
                                           ///< before the engine so it outlives its registration
   std::unique_ptr<transport::engine> engine;
   std::shared_ptr<client_gateway> gateway;
+  /// The peer port and outbound peer dials; stopped (its callbacks dropped) before the actor
+  /// system goes away.
+  std::shared_ptr<peer_gate> peer_port;
   std::shared_ptr<spdlog::logger> log_sched, log_room, log_peer;
 
   /// Base address of a local memory space (pool or staging).

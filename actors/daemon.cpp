@@ -9,12 +9,14 @@
 #include <unistd.h>
 
 #include <caf/io/all.hpp>
+#include <caf/io/basp_broker.hpp>
 #include <cerrno>
 #include <cstring>
 #include <random>
 
 #include "actors/actors.hpp"
 #include "actors/client_gateway.hpp"
+#include "actors/peer_gate.hpp"
 #include "core/auth.hpp"
 #include "core/daemon_locks.hpp"
 
@@ -44,16 +46,15 @@ class daemon_system_config : public caf::actor_system_config {
     set("scheduler.max-threads", 2);
     set("scheduler.policy", caf::atom("sharing"));
     set("logger.verbosity", caf::atom("quiet"));
-    // CAF's middleman actor (which makes outbound peer connections) runs on the worker pool,
-    // not on a thread of its own: on its own thread, a stop that came while a peer connection
-    // was being set up hung in the actor system's teardown, waiting for that thread's actor to
-    // be released (about a third of such stops; tests/e2e "a daemon stopped while it connects
-    // to a peer exits cleanly"). Who still holds that actor is not known; attached, CAF's
-    // middleman::stop does not wait for it. The cost: its blocking connect() occupies one of
-    // the two workers while it lasts, which for an unreachable host is as long as the kernel
-    // retries the SYN (about 2 minutes by default), and a stop meanwhile waits for it too.
-    // Connects were already serialised through that one actor.
+    // CAF's middleman actor runs on the worker pool, not on a thread of its own: on its own
+    // thread, a stop that came while it was setting up a peer connection hung in the actor
+    // system's teardown (tests/e2e "a daemon stopped while it connects to a peer exits
+    // cleanly"). Peer connections no longer go through it (the peer gate dials them), but
+    // nothing is gained by giving it a thread back.
     set("middleman.attach-utility-actors", true);
+    // CAF must never listen: with automatic connections on, the BASP broker would open a port
+    // of its own on every interface and parse unauthenticated bytes (actors/peer_gate.hpp).
+    set("middleman.enable-automatic-connections", false);
   }
 };
 
@@ -78,6 +79,15 @@ uint64_t raise_descriptor_limit(spdlog::logger& log) {
 uint32_t client_limit(const ferry_config& cfg, spdlog::logger& log) {
   const uint64_t nofile = raise_descriptor_limit(log);
   const uint32_t automatic = auto_max_clients(nofile);
+  // The peer gate holds up to limits.max_pending_peers descriptors under a flood; with too few
+  // left, accept() fails and the gate evicts or pauses, which delays honest peers (it never
+  // spins or stops the daemon).
+  const uint64_t clients = cfg.limits.max_clients ? cfg.limits.max_clients : automatic;
+  if (clients + cfg.limits.max_pending_peers + 64 > nofile)
+    log.warn(
+        "limits.max_pending_peers {} plus {} clients leave little of the {} file descriptors; "
+        "under a flood of the peer port, new peer connections are delayed",
+        cfg.limits.max_pending_peers, clients, nofile);
   if (cfg.limits.max_clients == 0) {
     log.info("limits.max_clients: {} (auto: half of the {} file descriptors)", automatic, nofile);
     return automatic;
@@ -211,16 +221,33 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
   {
     daemon_system_config sys_cfg;
     caf::actor_system sys{sys_cfg};
-    auto scheduler = spawn_scheduler(sys, ctx);
+    // CAF never listens: the peer gate owns the peer port and gives CAF only sockets that
+    // completed Ferry's preamble (actors/peer_gate.hpp). The BASP broker is looked up once,
+    // here: middleman::stop() writes the table this reads.
+    auto& mm = sys.middleman();
+    auto basp = mm.named_broker<caf::io::basp_broker>(caf::atom("BASP"));
+    auto scheduler = spawn_scheduler(sys, ctx, basp);
     const auto colon = cfg.control_listen.rfind(':');
     auto host = cfg.control_listen.substr(0, colon);
     auto port = static_cast<uint16_t>(std::stoi(cfg.control_listen.substr(colon + 1)));
-    auto published = sys.middleman().publish(scheduler, port, host.c_str(), true);
-    if (!published) {
-      log->error("cannot listen for peers on {}: {}", cfg.control_listen,
-                 sys.render(published.error()));
+    ctx->peer_port = std::make_shared<peer_gate>(
+        cfg.node_name, ctx->cluster_secret,
+        peer_gate::limits{cfg.limits.max_pending_peers, cfg.limits.max_pending_peers_per_source,
+                          32, cfg.limits.peer_preamble_ms},
+        ctx->log_peer);
+    auto whom = caf::actor_cast<caf::strong_actor_ptr>(scheduler);
+    // Runs on the gate thread: the socket becomes a BASP server connection, as if CAF had
+    // accepted it, with the Scheduler as the actor published at this port.
+    auto err = ctx->peer_port->listen(host, port, [&mm, basp, whom, port](int fd,
+                                                                           const std::string&) {
+      caf::anon_send(basp, caf::publish_atom::value, mm.backend().new_scribe(fd), port, whom,
+                     std::set<std::string>{});
+    });
+    if (!err.empty()) {
+      log->error("cannot listen for peers on {}: {}", cfg.control_listen, err);
       rc = 2;
     } else {
+      ctx->peer_port->start();
       ctx->engine->start([scheduler](transport::immediate_counts c) {
         caf::anon_send(scheduler, immediates_msg{std::move(c)});
       });
@@ -240,10 +267,20 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
       log->info("signal {} received; shutting down", sig);
       ctx->gateway->stop();
     }
+    // Inside the actor system's scope: the gate's callbacks hold actor handles, and a socket it
+    // hands over now goes to a broker that is still there (or is closed with its scribe).
+    ctx->peer_port->stop();
+    const auto& gs = ctx->peer_port->stats();
+    log->info(
+        "peer port: {} connections accepted, {} admitted, {} not a preamble, {} refused, {} timed "
+        "out, {} evicted, {} closed by the peer",
+        gs.accepted.load(), gs.admitted.load(), gs.garbage.load(), gs.refused.load(),
+        gs.timed_out.load(), gs.evicted.load(), gs.peer_closed.load());
     caf::anon_send_exit(scheduler, caf::exit_reason::user_shutdown);
     ctx->engine->stop();
   }  // the actor system waits for every actor here
   ctx->gateway.reset();
+  ctx->peer_port.reset();
   log->info("stopped");
   return rc;
 }

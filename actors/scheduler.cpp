@@ -1,4 +1,4 @@
-// Scheduler: one per daemon, published on the control port.
+// Scheduler: one per daemon; peers reach it through the peer gate (actors/peer_gate.hpp).
 //
 // Owns the room registry (active rooms and a bounded history of finished ones for poll),
 // validates every client request before any room actor sees it, spawns Senders, Receivers and
@@ -66,6 +66,7 @@ struct side_rooms {
 struct scheduler_state {
   static inline const char* name = "ferry.scheduler";
   context_ptr ctx;
+  caf::actor basp;  // CAF's BASP broker, for outbound Connections (actors/peer_gate.hpp)
   side_rooms prefill, decode;
   std::optional<dst_claims> claims;  // decode: which active room holds each destination index
   /// Decode: token (immediate value and epoch of one link of one room incarnation) -> room.
@@ -185,8 +186,8 @@ caf::actor connection_for(scheduler_actor* self, const std::string& address) {
     else
       st.unresponsive.erase(u);
   }
-  auto conn = spawn_outbound_connection(self, st.ctx, address, caf::actor_cast<caf::actor>(self),
-                                        std::move(known_down));
+  auto conn = spawn_outbound_connection(self, st.ctx, st.basp, address,
+                                        caf::actor_cast<caf::actor>(self), std::move(known_down));
   st.outbound.emplace(address, conn);
   st.connections.emplace(conn, nullptr);
   return conn;
@@ -496,8 +497,9 @@ void on_peer_inbound(scheduler_actor* self, peer_inbound& in) {
   });
 }
 
-caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
+caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::actor basp) {
   self->state.ctx = std::move(ctx);
+  self->state.basp = std::move(basp);
   const auto& pools = self->state.ctx->config.pools;
   self->state.claims.emplace(pools.kv ? pools.kv->pages : 0, pools.mamba ? pools.mamba->slots : 0,
                              pools.aux ? pools.aux->rows : 0);
@@ -661,8 +663,8 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
 
 }  // namespace
 
-caf::actor spawn_scheduler(caf::actor_system& sys, context_ptr ctx) {
-  return sys.spawn(scheduler_behavior, std::move(ctx));
+caf::actor spawn_scheduler(caf::actor_system& sys, context_ptr ctx, caf::actor basp) {
+  return sys.spawn(scheduler_behavior, std::move(ctx), std::move(basp));
 }
 
 }  // namespace ferry

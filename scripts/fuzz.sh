@@ -10,19 +10,27 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${FERRY_FUZZ_DIR:-$root/build-fuzz}
 seconds=${FUZZ_SECONDS:-20}
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(fuzz_protocol fuzz_config fuzz_geometry)
+[ ${#targets[@]} -gt 0 ] || targets=(fuzz_protocol fuzz_config fuzz_geometry fuzz_preamble)
 
 CXX=clang++ cmake -S "$root" -B "$build" -DFERRY_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build" -j2 --target fuzzers
 
 seeds="$build/seeds"
-mkdir -p "$seeds/fuzz_protocol" "$seeds/fuzz_config" "$seeds/fuzz_geometry"
+mkdir -p "$seeds/fuzz_protocol" "$seeds/fuzz_config" "$seeds/fuzz_geometry" "$seeds/fuzz_preamble"
 cp "$root"/configs/*.yaml "$seeds/fuzz_config/"
 { cat "$root/configs/prefill.yaml"; printf '\n---8<---\n'; cat "$root/configs/decode.yaml"; } \
   >"$seeds/fuzz_geometry/pair.yaml"
 # A hello frame (type 1, seq 1, version 2, name "x"), sliced 7 bytes at a time.
 printf '\x06\x09\x00\x00\x00\x01\x00\x00\x00\x01\x00\x00\x00\x02\x00\x01\x00\x00\x00x' \
   >"$seeds/fuzz_protocol/hello.bin"
+
+# Peer preamble: a HELLO without a secret (node "decode-0") followed by a PROOF, as a peer
+# sends them, and a BASP client handshake header claiming a 0xFFFFFFFF payload.
+{
+  printf 'FERRY-PP\x00\x01H\x00'; head -c 32 /dev/zero; printf 'decode-0'; head -c 124 /dev/zero
+  printf 'FERRY-PP\x00\x01P\x00'; head -c 36 /dev/zero
+} >"$seeds/fuzz_preamble/hello-proof.bin"
+{ printf '\x01\x00\x00\x00\xff\xff\xff\xff'; head -c 24 /dev/zero; } >"$seeds/fuzz_preamble/basp.bin"
 
 status=0
 for t in "${targets[@]}"; do

@@ -409,10 +409,14 @@ ferry_config parse_root(const YAML::Node& root) {
   security.optional_field("cluster_secret_file", cfg.security.cluster_secret_file);
 
   const section limits(top.get_or_null("limits"), "limits",
-                       {"max_active_rooms", "max_clients", "client_frame_ms"});
+                       {"max_active_rooms", "max_clients", "client_frame_ms", "peer_preamble_ms",
+                        "max_pending_peers", "max_pending_peers_per_source"});
   limits.optional_field("max_active_rooms", cfg.limits.max_active_rooms);
   limits.optional_field("max_clients", cfg.limits.max_clients);
   limits.optional_field("client_frame_ms", cfg.limits.client_frame_ms);
+  limits.optional_field("peer_preamble_ms", cfg.limits.peer_preamble_ms);
+  limits.optional_field("max_pending_peers", cfg.limits.max_pending_peers);
+  limits.optional_field("max_pending_peers_per_source", cfg.limits.max_pending_peers_per_source);
 
   const section tp(top.get_or_null("tp"), "tp", {"size", "rank"});
   tp.optional_field("size", cfg.tp.size);
@@ -695,6 +699,10 @@ void validate_all(const ferry_config& cfg) {
   check_range(cfg.limits.max_active_rooms, 1, 1u << 20, "limits.max_active_rooms");
   check_range(cfg.limits.max_clients, 0, 1u << 20, "limits.max_clients");  // 0: auto
   check_range(cfg.limits.client_frame_ms, 10, 3600000, "limits.client_frame_ms");
+  check_range(cfg.limits.peer_preamble_ms, 10, 600000, "limits.peer_preamble_ms");
+  check_range(cfg.limits.max_pending_peers, 1, 65536, "limits.max_pending_peers");
+  check_range(cfg.limits.max_pending_peers_per_source, 1, cfg.limits.max_pending_peers,
+              "limits.max_pending_peers_per_source");
 
   check_range(cfg.tp.size, 1, 1024, "tp.size");
   if (cfg.tp.rank >= cfg.tp.size) {
@@ -834,6 +842,10 @@ std::string to_yaml(const ferry_config& cfg) {
   out << YAML::Key << "max_active_rooms" << YAML::Value << cfg.limits.max_active_rooms;
   out << YAML::Key << "max_clients" << YAML::Value << cfg.limits.max_clients;
   out << YAML::Key << "client_frame_ms" << YAML::Value << cfg.limits.client_frame_ms;
+  out << YAML::Key << "peer_preamble_ms" << YAML::Value << cfg.limits.peer_preamble_ms;
+  out << YAML::Key << "max_pending_peers" << YAML::Value << cfg.limits.max_pending_peers;
+  out << YAML::Key << "max_pending_peers_per_source" << YAML::Value
+      << cfg.limits.max_pending_peers_per_source;
   out << YAML::EndMap;
 
   out << YAML::Key << "tp" << YAML::Value << YAML::BeginMap;

@@ -1,5 +1,6 @@
 // A misbehaving decode peer against a real prefill ferryd: the test process speaks the peer
-// protocol itself (CAF middleman, its own libfabric endpoint and registered memory) and sends
+// protocol itself (the peer preamble, then CAF's BASP; its own libfabric endpoint and registered
+// memory) and sends
 // what a buggy or hostile daemon might: indices outside the pools it declared, a staging offset
 // outside its staging region, a config that does not validate, a room message before the
 // handshake. The prefill must refuse each with a reason, post no write, and keep serving.
@@ -11,6 +12,7 @@
 #include "core/config.hpp"
 #include "core/layout.hpp"
 #include "harness.hpp"
+#include "peer_dial.hpp"
 #include "transport/engine.hpp"
 
 using namespace ferry;
@@ -75,17 +77,15 @@ struct fake_decode {
   }
 };
 
-/// Connect to the prefill's published Scheduler and complete the handshake; returns the
-/// prefill's Connection actor (or the refusal reason in `refused`).
+/// Connect to the prefill's Scheduler (preamble, then BASP) and complete the handshake; returns
+/// the prefill's Connection actor (or the refusal reason in `refused`).
 caf::actor handshake(caf::actor_system& sys, caf::scoped_actor& self, const daemon_proc& prefill,
                      peer_hello hello, std::string& refused) {
-  const auto control = prefill.control();
-  const auto colon = control.rfind(':');
-  auto remote = sys.middleman().remote_actor(
-      control.substr(0, colon), static_cast<uint16_t>(std::stoi(control.substr(colon + 1))));
-  if (!remote) FAIL("cannot reach the prefill: " << sys.render(remote.error()));
+  std::string error;
+  auto remote = reach_scheduler(sys, prefill.control(), hello.node, "", error);
+  if (!remote) FAIL("cannot reach the prefill: " << error);
   hello.connection = caf::actor_cast<caf::actor>(self);
-  self->send(*remote, hello);
+  self->send(remote, hello);
   caf::actor connection;
   self->receive([&](peer_hello& h) { connection = h.connection; },
                 [&](peer_refused& r) { refused = r.reason; },

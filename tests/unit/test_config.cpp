@@ -221,6 +221,9 @@ pools:
   REQUIRE(cfg.timeouts.handshake_ms == 10000);
   REQUIRE(cfg.timeouts.bootstrapping_ms == 30000);
   REQUIRE(cfg.timeouts.transfer_ms == 120000);
+  REQUIRE(cfg.limits.peer_preamble_ms == 3000);
+  REQUIRE(cfg.limits.max_pending_peers == 64);
+  REQUIRE(cfg.limits.max_pending_peers_per_source == 8);
   REQUIRE(cfg.tp.size == 1);
   REQUIRE(cfg.tp.rank == 0);
   REQUIRE(cfg.log.level == "info");
@@ -491,6 +494,15 @@ TEST_CASE("validation errors name the key and the value seen", "[unit][config]")
     REQUIRE(validate_error(replace(base_yaml, "pages: 16", "pages: 536870912")) ==
             "pools.kv: expected at most 1099511627776 bytes (1 TiB) in total, got "
             "2199023255552");
+  }
+  SECTION("pending peers per source above the total") {
+    REQUIRE(validate_error(base_yaml +
+                           "limits: {max_pending_peers: 4, max_pending_peers_per_source: 5}\n") ==
+            "limits.max_pending_peers_per_source: expected an integer in 1..4, got 5");
+  }
+  SECTION("peer preamble deadline") {
+    REQUIRE(validate_error(base_yaml + "limits: {peer_preamble_ms: 5}\n") ==
+            "limits.peer_preamble_ms: expected an integer in 10..600000, got 5");
   }
   SECTION("pool size overflowing 64 bits") {
     REQUIRE(validate_error(replace(base_yaml, "slots: 4", "slots: 18446744073709551615")) ==

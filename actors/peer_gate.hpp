@@ -1,0 +1,94 @@
+#pragma once
+/// The peer port, served by one epoll thread of Ferry's own, so that CAF never reads a byte from
+/// a connection that has not completed Ferry's preamble (core/peer_preamble.hpp). CAF's BASP
+/// parser trusts its length fields; reached unauthenticated, a 32-byte header made it zero-fill
+/// 4 GiB and spin (docs/architecture.md, "Peer port").
+///
+/// Inbound: the gate accepts, runs the accepting side of the preamble, and hands the socket to
+/// `admit_fn` (the daemon gives it to CAF's BASP broker as an already connected server socket).
+/// Outbound: `dial()` connects without blocking, runs the connecting side, and hands the socket
+/// to the caller's `dial_fn` (a Connection, which gives it to BASP as a client socket).
+///
+/// Bounds on what anyone who can reach the port can hold:
+/// - every connection must finish the preamble within `preamble_ms`;
+/// - at most `max_pending` inbound connections in the preamble, `max_per_source` from one
+///   address; beyond either, the oldest pending one in that scope is reset. An honest preamble
+///   takes two round trips, so the oldest is the idle, slow or stuck one; refusing newcomers
+///   instead would let idle sockets lock an honest peer out. Each source is capped below the
+///   total, so one address cannot evict another's connections;
+/// - the gate reads exactly the current fixed-size frame, never more: no length field to
+///   inflate, and no byte that belongs to BASP is consumed;
+/// - at most 64 accepts per wake-up; when accept() runs out of descriptors the oldest pending
+///   connection is evicted or the listener paused for 200 ms (left armed, it would spin);
+/// - rejected sockets are reset (SO_LINGER 0), so a flood leaves no TIME_WAIT behind;
+/// - at most `max_dials` outbound preambles at once.
+
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+namespace ferry {
+
+class peer_gate {
+ public:
+  struct limits {
+    uint32_t max_pending = 64;
+    uint32_t max_per_source = 8;
+    uint32_t max_dials = 32;
+    uint32_t preamble_ms = 3000;
+  };
+  /// What the gate did, for logs and tests.
+  struct counters {
+    std::atomic<uint64_t> accepted{0}, garbage{0}, refused{0}, timed_out{0}, peer_closed{0},
+        evicted{0}, admitted{0}, dials_ok{0}, dials_failed{0}, accept_paused{0};
+  };
+  /// An inbound socket that passed the preamble; the callee owns `fd` from here on. Runs on the
+  /// gate thread: keep it short.
+  using admit_fn = std::function<void(int fd, const std::string& node)>;
+  /// Outbound result: `fd` >= 0 (the callee owns it) or -1 and `error`; `reset`: the peer reset
+  /// or closed the connection in the middle of the preamble, which is what its gate does to a
+  /// pending connection it evicts under a flood (worth another dial). Runs on the gate thread,
+  /// or on the caller's when the dial fails at once.
+  using dial_fn = std::function<void(int fd, const std::string& node, const std::string& error,
+                                     bool reset)>;
+
+  /// `node` is this daemon's name, `secret` the cluster secret (empty: none). With `log`, the
+  /// gate reports refused preambles (at most one line a second) and, every 10 s at most, how many
+  /// connections it reset as garbage, late or evicted, so a flood cannot flood the log too.
+  peer_gate(std::string node, std::string secret, limits lim,
+            std::shared_ptr<spdlog::logger> log = nullptr);
+  ~peer_gate();
+  peer_gate(const peer_gate&) = delete;
+  peer_gate& operator=(const peer_gate&) = delete;
+
+  /// Bind and listen on host:port (before start()); an error text, empty on success.
+  std::string listen(const std::string& host, uint16_t port, admit_fn on_admit);
+  /// The bound port (after listen()).
+  uint16_t port() const { return port_; }
+  /// Start the gate thread (dials work without a listener too).
+  void start();
+  /// Stop the thread, reset every socket still in the preamble, fail queued dials, drop the
+  /// callbacks (they hold actor handles, which must not outlive the actor system); later dials
+  /// fail at once. Idempotent.
+  void stop();
+  /// Connect to host:port (a numeric address or a name) and run the preamble; `done` gets the
+  /// socket or the reason. Thread-safe.
+  void dial(const std::string& host, uint16_t port, dial_fn done);
+
+  const counters& stats() const { return stats_; }
+
+ private:
+  struct impl;
+  void run();
+  std::unique_ptr<impl> impl_;
+  std::thread thread_;
+  uint16_t port_ = 0;
+  counters stats_;
+};
+
+}  // namespace ferry
