@@ -543,6 +543,22 @@ inline void wait_status(client::client& c, uint64_t room, room_status status) {
   REQUIRE(e.status != room_status::failed);
 }
 
+/// Run a room end to end between two clients (the decode naming `peer`) and check the statuses
+/// on both sides and every destination byte.
+inline void run_and_verify(client::client& p, client::client& d, const std::string& peer,
+                           const room_spec& r) {
+  stage(p, d, r);
+  prepare(d, peer, r);
+  send_rest(p, r, 0);
+  auto de = wait_done(d, r.room);
+  INFO(de.reason);
+  REQUIRE(de.status == room_status::success);
+  auto pe = wait_done(p, r.room);
+  INFO(pe.reason);
+  REQUIRE(pe.status == room_status::success);
+  CHECK(client::verify_room(d, r.room, r.dst_pages, r.dst_slot, r.dst_row) == "");
+}
+
 /// Run a room end to end and check statuses on both sides and every destination byte.
 inline void run_and_verify(pair& c, const room_spec& r) {
   stage(c, r);

@@ -31,19 +31,6 @@ room_spec big_room(uint64_t id) {
   return r;
 }
 
-void run_on(client::client& p, client::client& d, const std::string& peer, const room_spec& r) {
-  stage(p, d, r);
-  prepare(d, peer, r);
-  send_rest(p, r, 0);
-  auto de = wait_done(d, r.room);
-  INFO(de.reason);
-  REQUIRE(de.status == room_status::success);
-  auto pe = wait_done(p, r.room);
-  INFO(pe.reason);
-  REQUIRE(pe.status == room_status::success);
-  CHECK(client::verify_room(d, r.room, r.dst_pages, r.dst_slot, r.dst_row) == "");
-}
-
 /// Nothing of any room is held any more on this daemon.
 void check_nothing_held(client::client& c) {
   const auto s = status_of(c);
@@ -215,7 +202,7 @@ TEST_CASE("a hung prefill is declared dead within the heartbeat bound and fenced
 
   // Another prefill reuses the same pages, slot and row at once.
   auto b = big_room(732);
-  run_on(*t.c2, *t.cd, t.p2.control(), b);
+  run_and_verify(*t.c2, *t.cd, t.p2.control(), b);
 
   // The hung prefill resumes with writes of the old room still queued: the fabric rejects them
   // (its registrations at the decode are closed), so the new room keeps exactly its bytes.
@@ -262,7 +249,7 @@ TEST_CASE("a killed prefill fails the decode's rooms at once, and restarted it s
   t.p1.restart();
   t.c1 = t.p1.connect();
   auto b = big_room(743);
-  run_on(*t.c1, *t.cd, t.p1.control(), b);
+  run_and_verify(*t.c1, *t.cd, t.p1.control(), b);
   auto peers = t.cd->info(proto::info_topic::peers);
   REQUIRE(peers);
   CHECK_THAT(peers.value, Catch::Contains("node=prefill-1"));
@@ -340,7 +327,7 @@ TEST_CASE("a daemon stopped while it connects to a peer exits cleanly", "[e2e][f
   auto cp = p.connect();
   daemon_proc d(dir, "decode-last", "decode", s);
   auto cd = d.connect();
-  run_on(*cp, *cd, p.control(), big_room(770));
+  run_and_verify(*cp, *cd, p.control(), big_room(770));
   check_nothing_held(*cp);
 }
 
@@ -383,7 +370,7 @@ TEST_CASE("peers prove the cluster secret at handshake", "[e2e][failure][securit
   r.dst_pages = range(8, 8);
   r.chunks = {8};
   if (expect.empty()) {
-    run_on(*cp, *cd, p.control(), r);
+    run_and_verify(*cp, *cd, p.control(), r);
   } else {
     stage(*cp, *cd, r);
     prepare(*cd, p.control(), r);

@@ -104,19 +104,6 @@ room_spec room(uint64_t id) {
   return r;
 }
 
-void run_room(client::client& p, client::client& d, const std::string& peer, const room_spec& r) {
-  stage(p, d, r);
-  prepare(d, peer, r);
-  send_rest(p, r, 0);
-  auto de = wait_done(d, r.room);
-  INFO(de.reason);
-  REQUIRE(de.status == room_status::success);
-  auto pe = wait_done(p, r.room);
-  INFO(pe.reason);
-  REQUIRE(pe.status == room_status::success);
-  CHECK(client::verify_room(d, r.room, r.dst_pages, r.dst_slot, r.dst_row) == "");
-}
-
 /// A BASP header (CAF 0.17, 32 bytes, big-endian) claiming a payload of 0xFFFFFFFF bytes:
 /// operation 1 (client handshake) or 2 (direct message to actor 1).
 std::vector<uint8_t> huge_basp_header(bool direct) {
@@ -251,7 +238,7 @@ TEST_CASE("a decode whose preamble is reset mid-way dials again up to a bound",
   auto cd = d.connect();
   SECTION("two resets: the third dial gets through and the room is byte-exact") {
     resetting_relay relay(p.control_port(), 2);
-    run_room(*cp, *cd, "127.0.0.1:" + std::to_string(relay.port()), room(9101));
+    run_and_verify(*cp, *cd, "127.0.0.1:" + std::to_string(relay.port()), room(9101));
     CHECK(relay.resets_done() == 2);
     CHECK_THAT(d.log_text(), Catch::Contains("dial 2 of 6: ") && Catch::Contains("dialing again"));
   }
@@ -269,7 +256,7 @@ TEST_CASE("a decode whose preamble is reset mid-way dials again up to a bound",
     CHECK(relay.resets_done() == 6);
   }
   // And the decode still serves: a room straight to the prefill.
-  run_room(*cp, *cd, p.control(), room(9103));
+  run_and_verify(*cp, *cd, p.control(), room(9103));
 }
 
 TEST_CASE("unauthenticated input on the peer port does not impair the daemon",
@@ -314,7 +301,7 @@ TEST_CASE("unauthenticated input on the peer port does not impair the daemon",
   }
 
   // A real decode handshakes with the prefill meanwhile; the room is byte-exact.
-  run_room(*cp, *cd, p.control(), room(9001));
+  run_and_verify(*cp, *cd, p.control(), room(9001));
 
   // The daemon closed every hostile connection itself: garbage and huge headers at once,
   // idle ones by eviction or the preamble deadline (limits.peer_preamble_ms, 3000 ms).
@@ -355,10 +342,10 @@ TEST_CASE("unauthenticated input on the peer port does not impair the daemon",
 
   // Afterwards: a second room on the same connection, and a new decode daemon's first
   // handshake.
-  run_room(*cp, *cd, p.control(), room(9002));
+  run_and_verify(*cp, *cd, p.control(), room(9002));
   daemon_proc d2(dir, "decode-1", "decode", s);
   auto cd2 = d2.connect();
-  run_room(*cp, *cd2, p.control(), room(9003));
+  run_and_verify(*cp, *cd2, p.control(), room(9003));
 
   // SIGTERM in the middle of a flood: pending preambles do not hold the daemon up.
   sockets last;
