@@ -109,6 +109,7 @@ struct shape {
   uint32_t max_active_rooms = 4096;
   uint32_t max_clients = 1024;                ///< 0: auto (half of the descriptor limit)
   uint64_t nofile_soft = 0, nofile_hard = 0;  ///< RLIMIT_NOFILE for the daemon (0: inherited)
+  std::vector<std::pair<std::string, std::string>> env;  ///< set in the daemon's environment
   uint32_t client_frame_ms = 10000;
   uint64_t staging_bytes = 64ull << 20;
   // Geometry: 2 KV heads in the model (Qwen3-Next), conv and temporal state sliced by TP.
@@ -178,6 +179,7 @@ class daemon_proc {
         host_(s.host),
         nofile_soft_(s.nofile_soft),
         nofile_hard_(s.nofile_hard),
+        env_(s.env),
         netns_path_(at.netns.empty() ? "" : "/run/netns/" + at.netns),
         control_port_(at.control_port ? at.control_port : free_port()) {
     socket_ = (dir.path / (name + ".sock")).string();
@@ -245,6 +247,7 @@ class daemon_proc {
         rlimit rl{nofile_soft_, nofile_hard_};
         if (setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(125);
       }
+      for (const auto& [k, v] : env_) setenv(k.c_str(), v.c_str(), 1);
       auto path = bin("ferryd");
       execl(path.c_str(), "ferryd", "--config", config_.c_str(), "--ready-fd", "3",
             static_cast<char*>(nullptr));
@@ -305,6 +308,7 @@ class daemon_proc {
  private:
   std::string name_, host_;
   uint64_t nofile_soft_, nofile_hard_;
+  std::vector<std::pair<std::string, std::string>> env_;
   std::string netns_path_, socket_, config_, log_;
   uint16_t control_port_;
   pid_t pid_ = -1;
