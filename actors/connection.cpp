@@ -3,9 +3,10 @@
 // Outbound (decode side, created for a prepare naming a prefill address): dial the peer through
 // the peer gate, which runs Ferry's preamble (core/peer_preamble.hpp) without blocking a worker,
 // hand the socket to CAF's BASP broker as a client connection, and send our `peer_hello` to the
-// Scheduler the peer's gate published on it; the peer spawns an inbound Connection that validates it and answers with its own
-// `peer_hello` (or `peer_refused`). Both sides then check version, roles, compatibility of the
-// layouts and the memory regions, insert the fabric address, and monitor each other.
+// Scheduler the peer's gate published on it; the peer spawns an inbound Connection that validates
+// it and answers with its own `peer_hello` (or `peer_refused`). Both sides then check version,
+// roles, compatibility of the layouts and the memory regions, insert the fabric address, and
+// monitor each other.
 //
 // Once ready, room messages from local rooms (`peer_outbound`) go to the remote Connection, and
 // room messages from the remote go to the local Scheduler for routing. Messages from rooms that
@@ -67,8 +68,10 @@ struct connection_state {
   context_ptr ctx;
   caf::actor scheduler;
   std::string address;
-  caf::actor basp;  // outbound: CAF's BASP broker, given the dialed socket
-  int dials = 0;    // outbound: dials made (see max_dials)
+  caf::actor basp;   // outbound: CAF's BASP broker, given the dialed socket
+  std::string host;  // outbound: the peer's control address, split once
+  uint16_t port = 0;
+  int dials = 0;  // outbound: dials made (see max_dials)
   caf::actor remote;
   peer_info_ptr info;
   std::vector<caf::message> queued;
@@ -304,14 +307,11 @@ void become_ready(connection_actor* self, std::shared_ptr<peer_info> info, caf::
 void dial(connection_actor* self) {
   auto& st = self->state;
   ++st.dials;
-  const auto colon = st.address.rfind(':');
-  const auto port = static_cast<uint16_t>(std::atoi(st.address.c_str() + colon + 1));
   // Runs on the gate thread (or here, when the dial fails at once): only wrap and post.
   auto me = caf::actor_cast<caf::actor>(self);
   auto* mm = &self->system().middleman();
   st.ctx->peer_port->dial(
-      st.address.substr(0, colon), port,
-      [me, mm](int fd, const std::string&, const std::string& error, bool reset) {
+      st.host, st.port, [me, mm](int fd, const std::string&, const std::string& error, bool reset) {
         peer_dialed d;
         if (fd >= 0) d.scribe = mm->backend().new_scribe(fd);
         d.error = error;
@@ -432,20 +432,17 @@ caf::behavior relay(connection_actor* self, bool outbound) {
         auto& st = self->state;
         if (!outbound || st.done || st.remote) return;  // the scribe closes its socket
         if (!d.scribe && d.reset && st.dials < max_dials) {
-          st.ctx->log_peer->info("peer={} dial {} of {}: {}; dialing again", st.address,
-                                 st.dials, max_dials, d.error);
-          self->delayed_send(self, first_redial_delay * (1 << (st.dials - 1)),
-                             redial_atom::value);
+          st.ctx->log_peer->info("peer={} dial {} of {}: {}; dialing again", st.address, st.dials,
+                                 max_dials, d.error);
+          self->delayed_send(self, first_redial_delay * (1 << (st.dials - 1)), redial_atom::value);
           return;
         }
         if (!d.scribe)
           return finish(self, fmt::format("cannot connect to {}: {}", st.address, d.error));
-        const auto port = static_cast<uint16_t>(
-            std::atoi(st.address.c_str() + st.address.rfind(':') + 1));
         // BASP as the client on a connected socket; the reply is the one the middleman's own
         // connect gives: the peer's node and the actor its gate published (its Scheduler).
         self->request(st.basp, std::chrono::milliseconds(st.ctx->config.timeouts.handshake_ms),
-                      caf::connect_atom::value, std::move(d.scribe), port)
+                      caf::connect_atom::value, std::move(d.scribe), st.port)
             .then(
                 [=](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>&) {
                   if (!ptr) {
@@ -468,8 +465,7 @@ caf::behavior relay(connection_actor* self, bool outbound) {
 }
 
 caf::behavior outbound_behavior(connection_actor* self, context_ptr ctx, caf::actor basp,
-                                std::string address, caf::actor scheduler,
-                                std::string known_down) {
+                                std::string address, caf::actor scheduler, std::string known_down) {
   auto& st = self->state;
   st.ctx = std::move(ctx);
   st.basp = std::move(basp);
@@ -494,6 +490,8 @@ caf::behavior outbound_behavior(connection_actor* self, context_ptr ctx, caf::ac
                peer_refused{fmt::format("bad peer address '{}': expected host:port", address)});
     return relay(self, true);
   }
+  st.host = address.substr(0, colon);
+  st.port = static_cast<uint16_t>(port);
   dial(self);
   return relay(self, true);
 }

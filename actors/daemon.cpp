@@ -75,9 +75,9 @@ uint64_t raise_descriptor_limit(spdlog::logger& log) {
   return rl.rlim_cur;
 }
 
-/// limits.max_clients, or what the descriptor limit leaves for clients when it is 0 (auto).
-uint32_t client_limit(const ferry_config& cfg, spdlog::logger& log) {
-  const uint64_t nofile = raise_descriptor_limit(log);
+/// limits.max_clients, or what the descriptor limit `nofile` leaves for clients when it is 0
+/// (auto).
+uint32_t client_limit(const ferry_config& cfg, uint64_t nofile, spdlog::logger& log) {
   const uint32_t automatic = auto_max_clients(nofile);
   // The peer gate holds up to limits.max_pending_peers descriptors under a flood; with too few
   // left, accept() fails and the gate evicts or pauses, which delays honest peers (it never
@@ -123,6 +123,7 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
     log->error("{}", lock_err);
     return 2;
   }
+  const uint64_t nofile = raise_descriptor_limit(*log);
   for (const auto& r : reclaim_dead_instances(cfg.node_name))
     log->warn("reclaimed {} shared-memory objects of dead instance {} of node {} ({} bytes): {}",
               r.objects.size(), r.instance, cfg.node_name, r.bytes, fmt::join(r.objects, ", "));
@@ -210,7 +211,7 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
     ctx->staging = std::move(st);
   }
   std::string err;
-  ctx->gateway = client_gateway::listen(cfg.client_listen, err, client_limit(cfg, *log),
+  ctx->gateway = client_gateway::listen(cfg.client_listen, err, client_limit(cfg, nofile, *log),
                                         cfg.limits.client_frame_ms);
   if (!ctx->gateway) {
     log->error("{}", err);
@@ -232,17 +233,17 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
     auto port = static_cast<uint16_t>(std::stoi(cfg.control_listen.substr(colon + 1)));
     ctx->peer_port = std::make_shared<peer_gate>(
         cfg.node_name, ctx->cluster_secret,
-        peer_gate::limits{cfg.limits.max_pending_peers, cfg.limits.max_pending_peers_per_source,
-                          32, cfg.limits.peer_preamble_ms},
+        peer_gate::limits{cfg.limits.max_pending_peers, cfg.limits.max_pending_peers_per_source, 32,
+                          cfg.limits.peer_preamble_ms},
         ctx->log_peer);
     auto whom = caf::actor_cast<caf::strong_actor_ptr>(scheduler);
     // Runs on the gate thread: the socket becomes a BASP server connection, as if CAF had
     // accepted it, with the Scheduler as the actor published at this port.
-    auto err = ctx->peer_port->listen(host, port, [&mm, basp, whom, port](int fd,
-                                                                           const std::string&) {
-      caf::anon_send(basp, caf::publish_atom::value, mm.backend().new_scribe(fd), port, whom,
-                     std::set<std::string>{});
-    });
+    auto err =
+        ctx->peer_port->listen(host, port, [&mm, basp, whom, port](int fd, const std::string&) {
+          caf::anon_send(basp, caf::publish_atom::value, mm.backend().new_scribe(fd), port, whom,
+                         std::set<std::string>{});
+        });
     if (!err.empty()) {
       log->error("cannot listen for peers on {}: {}", cfg.control_listen, err);
       rc = 2;

@@ -2,8 +2,8 @@
 /// Every message exchanged by Ferry's actors, in one place.
 ///
 /// Two boundaries:
-/// - between daemons (CAF's BASP, serialized, on sockets the peer gate authenticated): `peer_*` types, exchanged only between the two
-///   Connection actors of a peer pair. They carry scalars and lists of page indices; the state
+/// - between daemons (CAF's BASP, serialized, on sockets the peer gate authenticated):
+///   `peer_*` types, exchanged only between the two Connection actors of a peer pair. They carry scalars and lists of page indices; the state
 ///   slot is always one scalar per side.
 /// - inside a daemon (local only, never serialized): client requests from the gateway thread,
 ///   fabric completions from the progress thread, and room bookkeeping.

@@ -72,6 +72,13 @@ class _Reader:
         return s
 
 
+def _error(body):
+    """The FerryError an error frame's body carries."""
+    r = _Reader(body)
+    code = r.take("H")
+    return FerryError(code, r.str())
+
+
 class Client:
     def __init__(self, socket_path, name="ferry-python", timeout=30.0, cancel_on_disconnect=True):
         """Connect and say hello. With cancel_on_disconnect (the default) the rooms this
@@ -140,9 +147,7 @@ class Client:
             except (FerryError, OSError):
                 rtype = None
             if rtype == ERROR and seq == 0:
-                r = _Reader(rbody)
-                code = r.take("H")
-                raise FerryError(code, r.str()) from None
+                raise _error(rbody) from None
             raise FerryError(302, f"writing to ferryd failed: {e}") from None
         deadline = time.monotonic() + self.timeout
         while True:
@@ -151,22 +156,18 @@ class Client:
                 self.events.append(self._event(rbody))
                 continue
             if rtype == ERROR and seq == 0:  # about the connection itself; ferryd closes it
-                r = _Reader(rbody)
-                code = r.take("H")
-                raise FerryError(code, r.str())
+                raise _error(rbody)
             if seq != self.seq:
                 # One request is outstanding at a time; taking another seq's reply as this one's
                 # would shift every later reply.
                 raise FerryError(310, f"protocol error: ferryd sent a reply of type {rtype} with "
                                       f"seq {seq}, which matches no outstanding request "
                                       f"(waiting for seq {self.seq})")
-            r = _Reader(rbody)
             if rtype == ERROR:
-                code = r.take("H")
-                raise FerryError(code, r.str())
+                raise _error(rbody)
             if rtype != expect:
                 raise FerryError(310, f"unexpected reply type {rtype} (expected {expect})")
-            return r
+            return _Reader(rbody)
 
     @staticmethod
     def _event(body):
@@ -216,9 +217,7 @@ class Client:
                     return self.events.pop(i)
             rtype, seq, body = self._frame(deadline)
             if rtype == ERROR and seq == 0:  # about the connection itself; ferryd closes it
-                r = _Reader(body)
-                code = r.take("H")
-                raise FerryError(code, r.str())
+                raise _error(body)
             if rtype != EVENT:  # no request is outstanding while waiting for events
                 raise FerryError(310, f"protocol error: ferryd sent a reply of type {rtype} with "
                                       f"seq {seq}, which matches no outstanding request")
