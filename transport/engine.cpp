@@ -79,6 +79,11 @@ constexpr auto warm_window = std::chrono::seconds(1);
 constexpr auto sleep_cap_cold = std::chrono::milliseconds(4);
 /// How long `stop` waits for posted writes to complete before failing them.
 constexpr auto stop_drain_limit = std::chrono::seconds(2);
+/// shm endpoint renewal: how long the writes in flight get to complete before it (healthy ones
+/// complete in microseconds to milliseconds; a write a fenced peer dropped never does).
+constexpr auto renew_wait = std::chrono::seconds(1);
+/// shm (libfabric 1.17): writes up to this size are copied through inject buffers.
+constexpr uint64_t shm_inject_size = 4096;
 
 const char* const stopped_text = "engine stopped";
 
@@ -195,7 +200,10 @@ class fabric_engine final : public engine {
   result<region_id> register_region(void* base, uint64_t length, region_access access) override;
   result<bool> deregister_region(region_id id) override;
   region_desc describe(region_id id) const override;
-  std::vector<uint8_t> local_address() const override { return address_; }
+  std::vector<uint8_t> local_address() const override {
+    std::lock_guard<std::mutex> lock(address_mutex_);
+    return address_;
+  }
   std::string provider_name() const override { return provider_; }
 
   void start(std::function<void(immediate_counts)> immediates) override;
@@ -224,6 +232,9 @@ class fabric_engine final : public engine {
   enum class wait_kind { fd, sleep };
 
   std::string open_cq();
+  /// Open the endpoint on the domain, bind it to the AV and the CQ, enable it, read its address
+  /// and post its receives.
+  std::string open_endpoint();
   std::string post_receives(size_t count);
 
   /// Run `fn` with exclusive use of the fabric objects: on the progress thread if it is running
@@ -261,10 +272,17 @@ class fabric_engine final : public engine {
   bool deliver_immediates();
   void block(clock_type::duration idle_for, clock_type::duration& sleep_step);
   void drain_and_fail_all();
+  /// shm: hold new writes once a peer that was written to is cut, so the endpoint can be
+  /// renewed (`renew_endpoint`) as soon as the writes in flight have completed.
+  void request_renewal(peer_handle peer);
+  /// shm: replace the endpoint and CQ (same domain, AV and registrations), failing the writes
+  /// that never completed. See `renew_on_cut_`.
+  void renew_endpoint();
 
   engine_config cfg_;
   std::shared_ptr<spdlog::logger> log_;
   std::string provider_;
+  mutable std::mutex address_mutex_;  ///< address_ changes when the endpoint is renewed
   std::vector<uint8_t> address_;
   uint64_t mr_mode_ = 0;
   bool rx_cq_data_ = false;
@@ -275,6 +293,17 @@ class fabric_engine final : public engine {
   /// write's cancellation is internal to the tcp provider. shm keeps one fi_writedata: it has
   /// no connection to cut, and its key check applies only to writes with CQ data.
   bool split_commit_ = false;
+  /// shm: the target of a write with a closed key (a peer that fenced us) drops the command and
+  /// never answers it. A rejected write above 4 KiB then never completes, and as the initiator
+  /// consumes answers in order, neither does any later large write of this endpoint, to any
+  /// peer; each rejected smaller one leaks an inject buffer (the 1025th crashes). Only closing
+  /// the endpoint ends that. So when a peer this engine wrote to is cut (its connection ended:
+  /// it may have fenced us), new writes are held, the writes in flight get `renew_wait` to
+  /// complete, and the endpoint is replaced; writes still posted then fail.
+  bool renew_on_cut_ = false;
+  bool renew_pending_ = false;
+  clock_type::time_point renew_deadline_{};
+  std::string renew_reason_;
   uint64_t key_mask_ = ~uint64_t{0};  ///< keys the domain can carry (mr_key_size bytes)
   /// Every key this engine has registered, live or closed: a new registration never reuses the
   /// key of a closed one, so a fenced peer's stale key cannot match it.
@@ -317,8 +346,12 @@ class fabric_engine final : public engine {
   struct peer_entry {
     uint32_t refs = 0;             ///< insert_peer calls not yet matched by a removal
     std::vector<uint8_t> address;  ///< for re-inserting after a cut that others still use
+    uint64_t writes_posted = 0;    ///< since insertion or the last endpoint renewal (shm)
   };
   std::unordered_map<fi_addr_t, peer_entry> peers_;
+  /// shm: peers removed while the endpoint had writes to them posted; they leave the AV once
+  /// the endpoint is renewed (address kept to reuse the entry if the peer is inserted again).
+  std::unordered_map<fi_addr_t, std::vector<uint8_t>> av_removals_after_renewal_;
   std::unordered_set<fi_addr_t> removed_peers_;
   std::list<std::unique_ptr<batch_state>> live_;  ///< every batch not yet finished
   peer_queues<batch_state*> pending_;             ///< batches with ops left to post: FIFO per peer,
@@ -434,30 +467,8 @@ std::string fabric_engine::init(const engine_config& cfg) {
 
   if (auto err = open_cq(); !err.empty()) return err;
 
-  fid_ep* ep = nullptr;
-  if ((rc = fi_endpoint(domain_.get(), info, &ep, nullptr)) != 0) {
-    return fi_error_text("fi_endpoint", rc);
-  }
-  ep_.reset(ep);
-  if ((rc = fi_ep_bind(ep_.get(), &av_->fid, 0)) != 0) return fi_error_text("fi_ep_bind(av)", rc);
-  // FI_RECV too: arriving remote CQ data is reported on the receive side.
-  if ((rc = fi_ep_bind(ep_.get(), &cq_->fid, FI_TRANSMIT | FI_RECV)) != 0) {
-    return fi_error_text("fi_ep_bind(cq)", rc);
-  }
-  if ((rc = fi_enable(ep_.get())) != 0) return fi_error_text("fi_enable", rc);
-
-  size_t len = 0;
-  rc = fi_getname(&ep_->fid, nullptr, &len);
-  if (rc != -FI_ETOOSMALL && rc != 0) return fi_error_text("fi_getname", rc);
-  address_.resize(len);
-  if ((rc = fi_getname(&ep_->fid, address_.data(), &len)) != 0) {
-    return fi_error_text("fi_getname", rc);
-  }
-  address_.resize(len);
-
-  if (rx_cq_data_) {
-    if (auto err = post_receives(receive_contexts_.size()); !err.empty()) return err;
-  }
+  if (auto err = open_endpoint(); !err.empty()) return err;
+  renew_on_cut_ = provider_ == "shm" && (mr_mode_ & FI_MR_ENDPOINT) == 0;
 
   wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (wake_fd_.get() < 0) return std::string("eventfd: ") + std::strerror(errno);
@@ -506,6 +517,34 @@ std::string fabric_engine::open_cq() {
   }
   cq_.reset(cq);
   wait_kind_ = wait_kind::sleep;
+  return {};
+}
+
+std::string fabric_engine::open_endpoint() {
+  fid_ep* ep = nullptr;
+  int rc = fi_endpoint(domain_.get(), info_.get(), &ep, nullptr);
+  if (rc != 0) return fi_error_text("fi_endpoint", rc);
+  ep_.reset(ep);
+  if ((rc = fi_ep_bind(ep_.get(), &av_->fid, 0)) != 0) return fi_error_text("fi_ep_bind(av)", rc);
+  // FI_RECV too: arriving remote CQ data is reported on the receive side.
+  if ((rc = fi_ep_bind(ep_.get(), &cq_->fid, FI_TRANSMIT | FI_RECV)) != 0) {
+    return fi_error_text("fi_ep_bind(cq)", rc);
+  }
+  if ((rc = fi_enable(ep_.get())) != 0) return fi_error_text("fi_enable", rc);
+
+  size_t len = 0;
+  rc = fi_getname(&ep_->fid, nullptr, &len);
+  if (rc != -FI_ETOOSMALL && rc != 0) return fi_error_text("fi_getname", rc);
+  std::vector<uint8_t> address(len);
+  if ((rc = fi_getname(&ep_->fid, address.data(), &len)) != 0) {
+    return fi_error_text("fi_getname", rc);
+  }
+  address.resize(len);
+  {
+    std::lock_guard<std::mutex> lock(address_mutex_);
+    address_ = std::move(address);
+  }
+  if (rx_cq_data_) return post_receives(receive_contexts_.size());
   return {};
 }
 
@@ -723,6 +762,17 @@ result<peer_handle> fabric_engine::do_insert_peer(const std::vector<uint8_t>& ad
       log_->debug("inserted peer={} again ({} users)", addr, e.refs);
       return out;
     }
+  // Removed, but still in the AV until the endpoint renewal: use that entry again.
+  for (auto it = av_removals_after_renewal_.begin(); it != av_removals_after_renewal_.end(); ++it)
+    if (it->second == address) {
+      const fi_addr_t addr = it->first;
+      peers_[addr] = peer_entry{1, address};
+      removed_peers_.erase(addr);
+      av_removals_after_renewal_.erase(it);
+      out.value = addr;
+      log_->debug("inserted peer={} again (its removal was pending)", addr);
+      return out;
+    }
   fi_addr_t addr = FI_ADDR_NOTAVAIL;
   int rc = fi_av_insert(av_.get(), address.data(), 1, &addr, 0, nullptr);
   if (rc != 1 || addr == FI_ADDR_NOTAVAIL) {
@@ -796,6 +846,18 @@ void fabric_engine::do_remove_peer(peer_handle peer) {
   auto it = peers_.find(peer);
   if (it == peers_.end()) {
     log_->warn("remove_peer: peer={} is not inserted", peer);
+    return;
+  }
+  if (renew_on_cut_ && it->second.writes_posted > 0) request_renewal(peer);
+  if (renew_pending_) {
+    // shm has no connection to cut. Unmapping the peer while this endpoint still has writes to
+    // it posted crashes the provider's progress (it locks the unmapped peer region), so the
+    // removal waits for the endpoint's renewal.
+    if (--it->second.refs > 0) return;
+    av_removals_after_renewal_[peer] = std::move(it->second.address);
+    peers_.erase(it);
+    removed_peers_.insert(peer);
+    log_->debug("removed peer={} (its address leaves the AV at the endpoint renewal)", peer);
     return;
   }
   // fi_av_remove also closes ofi_rxm's connection to the peer (FI_AV_REMOVE_CLEANUP): a write
@@ -922,6 +984,10 @@ void fabric_engine::run() {
     active |= deliver_immediates();
 
     const auto now = clock_type::now();
+    if (renew_pending_ && (inflight_ == 0 || now >= renew_deadline_)) {
+      renew_endpoint();
+      active = true;
+    }
     if (active) {
       last_activity = now;
       sleep_step = sleep_first;
@@ -975,6 +1041,7 @@ void fabric_engine::admit(std::unique_ptr<batch_state> b) {
 
 bool fabric_engine::post_writes() {
   bool posted_any = false;
+  if (renew_pending_) return false;  // held until the endpoint is renewed
   while (inflight_ < write_contexts_.size() && !pending_.empty()) {
     batch_state* b = pending_.front();
     if (b->all_posted()) {
@@ -1026,7 +1093,26 @@ bool fabric_engine::post_one(batch_state* b, const write_op& op, region& r, bool
   void* local = static_cast<char*>(r.base) + op.local_offset;
   const char* call = "fi_writedata";
   ssize_t rc;
-  if (!split_commit_) {
+  if (renew_on_cut_ && op.length <= shm_inject_size) {
+    // shm would copy a write this small through an inject buffer of the *target's* region; a
+    // target that rejects the write (a closed key: it fenced us) never returns that buffer, and
+    // after ~1024 such leaks every initiator writing small pieces to it crashes. Asking for
+    // delivery completion makes shm copy it by cross-memory attach instead, like a large write:
+    // a rejection then leaks nothing (it never completes; see renew_on_cut_).
+    call = "fi_writemsg";
+    iovec iov{local, op.length};
+    fi_rma_iov rma{op.remote_addr, op.length, op.remote_key};
+    fi_msg_rma msg{};
+    msg.msg_iov = &iov;
+    msg.desc = &r.desc;
+    msg.iov_count = 1;
+    msg.addr = b->batch.peer;
+    msg.rma_iov = &rma;
+    msg.rma_iov_count = 1;
+    msg.context = &ctx->provider_scratch;
+    msg.data = op.imm;
+    rc = fi_writemsg(ep_.get(), &msg, FI_REMOTE_CQ_DATA | FI_COMPLETION | FI_DELIVERY_COMPLETE);
+  } else if (!split_commit_) {
     rc = fi_writedata(ep_.get(), local, op.length, r.desc, op.imm, b->batch.peer, op.remote_addr,
                       op.remote_key, &ctx->provider_scratch);
   } else if (!marker) {
@@ -1046,6 +1132,8 @@ bool fabric_engine::post_one(batch_state* b, const write_op& op, region& r, bool
     return true;
   }
   free_contexts_.pop_back();
+  if (renew_on_cut_)
+    if (auto p = peers_.find(b->batch.peer); p != peers_.end()) ++p->second.writes_posted;
   ++r.posted;
   ++inflight_;
   ++b->outstanding;
@@ -1053,6 +1141,7 @@ bool fabric_engine::post_one(batch_state* b, const write_op& op, region& r, bool
 }
 
 size_t fabric_engine::read_completions() {
+  if (!cq_) return 0;  // a failed endpoint renewal
   fi_cq_data_entry entries[cq_batch];
   ssize_t n = fi_cq_read(cq_.get(), entries, cq_batch);
   if (n == -FI_EAGAIN) return 0;
@@ -1125,7 +1214,9 @@ void fabric_engine::handle_error_entry() {
 }
 
 void fabric_engine::repost_receive(op_context* ctx) {
-  // The consumed receive's own context: a context must never be posted twice at once.
+  // The consumed receive's own context: a context must never be posted twice at once. (No
+  // endpoint: it is being renewed, and the new one posts every receive afresh.)
+  if (!ep_) return;
   ssize_t rc = fi_recv(ep_.get(), nullptr, 0, nullptr, FI_ADDR_UNSPEC, &ctx->provider_scratch);
   if (rc != 0) log_->error("{}", fi_error_text("fi_recv", rc));
 }
@@ -1197,7 +1288,7 @@ void fabric_engine::block(clock_type::duration idle_for, clock_type::duration& s
   pollfd fds[2] = {{wake_fd_.get(), POLLIN, 0}, {cq_wait_fd_, POLLIN, 0}};
   nfds_t nfds = 1;
   std::chrono::nanoseconds timeout{};
-  if (wait_kind_ == wait_kind::fd) {
+  if (wait_kind_ == wait_kind::fd && cq_) {
     // fi_trywait drives pending progress and says whether the fd is armed; if events are
     // already queued it returns -FI_EAGAIN and we must read the CQ instead of blocking.
     fid* f = &cq_->fid;
@@ -1234,6 +1325,54 @@ void fabric_engine::block(clock_type::duration idle_for, clock_type::duration& s
     uint64_t value = 0;
     [[maybe_unused]] ssize_t n = ::read(wake_fd_.get(), &value, sizeof value);
   }
+}
+
+void fabric_engine::request_renewal(peer_handle peer) {
+  for (auto& [addr, e] : peers_) e.writes_posted = 0;  // the new endpoint has sent nothing yet
+  if (renew_pending_) return;
+  renew_pending_ = true;
+  renew_deadline_ = clock_type::now() + renew_wait;
+  renew_reason_ = "peer " + std::to_string(peer) + " was cut";
+  log_->info(
+      "shm: peer={} was cut after this endpoint wrote to it; holding new writes until the "
+      "endpoint is renewed ({} in flight)",
+      peer, inflight_);
+}
+
+void fabric_engine::renew_endpoint() {
+  renew_pending_ = false;
+  // Closing the endpoint ends what its peers never answered; completions it had already
+  // queued are read first, so only writes that truly never completed fail.
+  ep_.reset();
+  for (int i = 0; i < 64 && read_completions() > 0; ++i) {
+  }
+  const std::string why = "fabric endpoint renewed (" + renew_reason_ +
+                          ", which may have fenced this endpoint): write never completed";
+  std::vector<bool> free(write_contexts_.size(), false);
+  for (op_context* c : free_contexts_) free[static_cast<size_t>(c - write_contexts_.data())] = true;
+  uint32_t failed = 0;
+  for (size_t i = 0; i < write_contexts_.size(); ++i)
+    if (!free[i]) {
+      complete_op(&write_contexts_[i], false, why);
+      ++failed;
+    }
+  for (auto& [peer, address] : av_removals_after_renewal_) {
+    fi_addr_t addr = peer;
+    if (int rc = fi_av_remove(av_.get(), &addr, 1, 0); rc != 0)
+      log_->error("{} (peer={})", fi_error_text("fi_av_remove", rc), peer);
+  }
+  av_removals_after_renewal_.clear();
+  cq_.reset();
+  std::string err = open_cq();
+  if (err.empty()) err = open_endpoint();
+  if (!err.empty()) {
+    // Without an endpoint nothing can be sent: fail what waits, and stop.
+    log_->error("shm endpoint renewal failed: {}; the engine stops", err);
+    stop_requested_.store(true);
+    return;
+  }
+  log_->info("shm endpoint renewed after {}: {} write(s) that never completed failed",
+             renew_reason_, failed);
 }
 
 void fabric_engine::drain_and_fail_all() {

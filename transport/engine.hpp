@@ -129,11 +129,12 @@ class engine {
   /// the writer was SIGSTOPped mid-write and resumes -- and delivers its immediate; shm (CMA)
   /// copies a write in one progress call, so it lands wholly before the close or not at all.
   /// The initiator of a rejected write is not told (tcp: its write completes OK, the target
-  /// drops the connection; shm: writes <= 4096 B complete OK, larger ones never complete);
-  /// see tests/fabric/test_fencing.cpp. Where the provider needs local descriptors
-  /// (FI_MR_LOCAL) and posted writes still use the region as a source, the MR is closed as soon
-  /// as they complete. Returns true if this call closed the registration, false (and logs a
-  /// warning) if it was already closed; an error for an id never issued or a failed fi_close.
+  /// drops the connection; shm: it never completes, nor do the initiator's later writes, until
+  /// the initiator cuts that peer, see `remove_peer`); see tests/fabric/test_fencing.cpp. Where the
+  /// provider needs local descriptors (FI_MR_LOCAL) and posted writes still use the region as a
+  /// source, the MR is closed as soon as they complete. Returns true if this call closed the
+  /// registration, false (and logs a warning) if it was already closed; an error for an id never
+  /// issued or a failed fi_close.
   virtual result<bool> deregister_region(region_id id) = 0;
   /// Description of a registered region for peers (remote_base, key, length); all zero for an
   /// unknown or deregistered region.
@@ -154,6 +155,10 @@ class engine {
   /// Remove one user of a peer: its queued batches fail with "peer removed", and its connection
   /// is cut (tcp: a write it had begun to send is not finished later). When other users remain,
   /// the address is inserted again under the same handle and their next writes reconnect.
+  /// shm, if this engine wrote to the peer (it may have fenced us, and then never answers those
+  /// writes, which blocks every later write of the endpoint): new writes are held, those in
+  /// flight get a second to complete, then the endpoint is renewed (same domain, AV and
+  /// registrations) and writes that never completed fail with "fabric endpoint renewed ...".
   /// Asynchronous (never blocks the caller on the fabric).
   virtual void remove_peer(peer_handle peer) = 0;
   /// The fence: close `regions` (the registrations this peer may write into) and then cut the
