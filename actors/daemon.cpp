@@ -19,6 +19,7 @@
 #include "actors/peer_gate.hpp"
 #include "core/auth.hpp"
 #include "core/daemon_locks.hpp"
+#include "core/failpoint.hpp"
 
 namespace ferry {
 
@@ -253,6 +254,8 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
         caf::anon_send(scheduler, immediates_msg{std::move(c)});
       });
       ctx->gateway->start(scheduler);
+      if (const auto fp = core::active_failpoints(); !fp.empty())
+        log->warn("FERRY_FAILPOINTS={} is set: this daemon fails on purpose (a test hook)", fp);
       log->info("ready: provider {}, peers on {}, clients on {}", ctx->engine->provider_name(),
                 cfg.control_listen, cfg.client_listen);
       if (ready_fd >= 0) {

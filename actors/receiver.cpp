@@ -22,6 +22,7 @@
 #include <fmt/ranges.h>
 
 #include "actors/actors.hpp"
+#include "core/failpoint.hpp"
 #include "core/plan.hpp"
 
 namespace ferry {
@@ -369,6 +370,9 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
       [=](peer_inbound& in) { on_peer(self, in); },
       [=](landed_msg& m) {
         auto& st = self->state;
+        // Test hook: a Receiver dying with bytes of its room in flight (scheduler.cpp).
+        if (core::failpoint("receiver_throw_on_landed"))
+          throw std::runtime_error("failpoint receiver_throw_on_landed");
         for (auto& l : st.links)
           if (l.token == m.token) l.landed += m.count;
         if (st.failing) return finish_drain(self);

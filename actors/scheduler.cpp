@@ -37,6 +37,9 @@ struct room_entry {
   // decode: the destination indices it claimed (released at its terminal state)
   std::vector<uint32_t> dst_pages;
   uint32_t dst_slot = no_index, dst_row = no_index;
+  // decode: the room's actor ended abnormally; the room fails once these links are fenced
+  std::vector<caf::actor> awaiting_fence;
+  std::string orphan_reason;
 };
 
 struct finished_room {
@@ -171,6 +174,23 @@ std::optional<std::string> admission(const scheduler_state& st, const side_rooms
 void notify_subscribers(scheduler_actor* self, const room_entry& e, uint64_t room, room_status s,
                         const std::string& reason) {
   for (auto c : e.subscribers) self->state.ctx->gateway->push(c, proto::event{room, s, reason});
+}
+
+/// A room whose actor ended without a terminal status: Failed, its claims released.
+void fail_orphan(scheduler_actor* self, side_rooms& side, uint64_t room, std::string reason) {
+  auto& st = self->state;
+  auto it = side.active.find(room);
+  if (it == side.active.end()) return;
+  room_entry& e = it->second;
+  notify_subscribers(self, e, room, room_status::failed, reason);
+  if (&side == &st.decode) {
+    for (uint32_t i = 0; i < e.tokens; ++i) st.token_room.erase(e.token + i);
+    st.claims->release(room, e.dst_pages, e.dst_slot, e.dst_row);
+  }
+  st.ctx->log_sched->info("room={} side={} Failed: {}", room,
+                          &side == &st.decode ? "decode" : "prefill", reason);
+  ++side.failed;
+  side.finish(room, room_status::failed, std::move(reason));
 }
 
 caf::actor connection_for(scheduler_actor* self, const std::string& address) {
@@ -523,18 +543,29 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
       return;
     }
     // A room actor that ended without reporting a terminal status (e.g. an exception) fails its
-    // room here so no client waits forever.
+    // room here so no client waits forever. A decode room's pages may still be written by its
+    // prefill ranks, and nobody is left to drain them: fence those links first (their
+    // connections end, closing their keys and cutting them; other rooms on them fail too), and
+    // report Failed, handing the pages back, only once every fence has happened (peer_down).
     for (auto* side : {&st.prefill, &st.decode})
       for (auto& [room, e] : side->active)
         if (e.actor == who) {
           auto reason = "internal error: room actor ended: " + self->system().render(dm.reason);
-          notify_subscribers(self, e, room, room_status::failed, reason);
+          const uint64_t id = room;
           if (side == &st.decode) {
-            for (uint32_t i = 0; i < e.tokens; ++i) st.token_room.erase(e.token + i);
-            st.claims->release(room, e.dst_pages, e.dst_slot, e.dst_row);
+            for (const auto& c : e.connections)
+              if (st.connections.count(c)) e.awaiting_fence.push_back(c);
+            if (!e.awaiting_fence.empty()) {
+              st.ctx->log_sched->error("room={} {}; fencing its {} prefill link(s) before it fails",
+                                       id, reason, e.awaiting_fence.size());
+              e.orphan_reason = reason + "; its prefill links were fenced";
+              for (const auto& c : e.awaiting_fence)
+                self->send(c, fence_atom::value,
+                           fmt::format("fenced: room {} ended abnormally at this decode", id));
+              return;
+            }
           }
-          ++side->failed;
-          side->finish(room, room_status::failed, reason);
+          fail_orphan(self, *side, id, reason);
           return;
         }
   });
@@ -641,6 +672,13 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
           for (auto& [room, e] : side->active)
             if (std::count(e.connections.begin(), e.connections.end(), d.connection))
               self->send(e.actor, d);
+        std::vector<uint64_t> fenced_orphans;
+        for (auto& [room, e] : st.decode.active)
+          if (!e.awaiting_fence.empty() && std::erase(e.awaiting_fence, d.connection) > 0 &&
+              e.awaiting_fence.empty())
+            fenced_orphans.push_back(room);
+        for (auto room : fenced_orphans)
+          fail_orphan(self, st.decode, room, st.decode.active[room].orphan_reason);
         // A Connection the peer could write into fenced it (and cut it) before this message;
         // otherwise remove the peer now that the rooms know why.
         if (!d.cut)

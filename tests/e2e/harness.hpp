@@ -371,8 +371,12 @@ struct pair {
   std::unique_ptr<client::client> p;  // prefill client
   std::unique_ptr<client::client> d;  // decode client
 
-  explicit pair(shape sh = {})
-      : s(sh), prefill(dir, "prefill-0", "prefill", s), decode(dir, "decode-0", "decode", s) {
+  explicit pair(shape sh = {}) : pair(sh, sh) {}
+  /// The decode with its own shape (e.g. its own environment).
+  pair(shape sh, const shape& decode_shape)
+      : s(sh),
+        prefill(dir, "prefill-0", "prefill", s),
+        decode(dir, "decode-0", "decode", decode_shape) {
     p = prefill.connect();
     d = decode.connect();
   }

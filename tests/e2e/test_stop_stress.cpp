@@ -202,3 +202,47 @@ TEST_CASE("a cancelled room whose prefill does not drain is fenced at the drain 
   next.dst_pages = range(100, 64);
   run_and_verify(c, next);
 }
+
+TEST_CASE("a decode room whose actor dies is failed only after its prefill links are fenced",
+          "[e2e][failure]") {
+  // The Receiver throws at its first landed batch (a failpoint: nothing from outside can make a
+  // room actor die). Nobody is left to drain the room, so the Scheduler fences its links and
+  // reports Failed only then; the prefill, stopped meanwhile and resumed after the engine
+  // reused the pages, must land nothing.
+  shape s;
+  s.heartbeat_ms = 2000;  // the heartbeat would take 20 s: only the fence can end the link
+  s.heartbeat_misses = 10;
+  shape ds = s;
+  ds.env = {{"FERRY_FAILPOINTS", "receiver_throw_on_landed=1"}};
+  pair c(s, ds);
+  room_spec r;
+  r.room = 88;
+  r.src_pages = range(0, 2048);
+  r.dst_pages = range(2048, 2048);
+  r.src_slot = 1, r.dst_slot = 2;
+  r.src_row = 1, r.dst_row = 2;
+  stage(c, r);
+  prepare(c, r);
+  send_chunks(c, r);
+  const uint8_t* watch = c.d->item(pool_kind::kv, 0, r.dst_pages[0]);
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (std::all_of(watch, watch + 64, [](uint8_t x) { return x == 0; }) &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+  c.prefill.signal(SIGSTOP);
+  auto de = wait_done(*c.d, r.room);
+  INFO(de.reason);
+  REQUIRE(de.status == room_status::failed);
+  CHECK_THAT(de.reason, Catch::StartsWith("internal error: room actor ended: ") &&
+                            Catch::EndsWith("; its prefill links were fenced"));
+  for_each_dst_item(*c.d, r, [](uint8_t* p, uint64_t len) { std::memset(p, sentinel, len); });
+  c.prefill.signal(SIGCONT);
+  CHECK(wait_done(*c.p, r.room).status == room_status::failed);
+  CHECK(not_sentinel(*c.d, r) == 0);
+  // The pages were released: a new room on them succeeds byte-exact over a new connection.
+  room_spec next;
+  next.room = 89;
+  next.src_pages = range(0, 64);
+  next.dst_pages = range(2048, 64);
+  run_and_verify(c, next);
+}

@@ -1,0 +1,23 @@
+#pragma once
+/// Failpoints: named places where a test can make the daemon fail on purpose, to prove a path
+/// that no outside input can reach (an actor that dies of an exception). Off unless the
+/// environment variable FERRY_FAILPOINTS names them when the process starts:
+///
+///   FERRY_FAILPOINTS=receiver_throw_on_landed        fires every time
+///   FERRY_FAILPOINTS=receiver_throw_on_landed=1      fires once
+///
+/// A daemon with failpoints set logs each of them at start (see `active_failpoints`). Costs one
+/// relaxed atomic load per check when none is set.
+
+#include <string>
+#include <string_view>
+
+namespace ferry::core {
+
+/// True when failpoint `name` is set and has firings left (each true answer uses one).
+bool failpoint(std::string_view name);
+
+/// The failpoints set in the environment, as given ("" when none), for the start-up log.
+std::string active_failpoints();
+
+}  // namespace ferry::core
