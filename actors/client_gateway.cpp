@@ -55,7 +55,8 @@ struct client_gateway::impl {
     std::vector<uint8_t> out;
     size_t out_pos = 0;
     bool want_write = false;
-    bool said_hello = false;  // hello must come first, and only once
+    bool said_hello = false;                     // hello must come first, and only once
+    uint16_t version = proto::protocol_version;  // settled by the hello
     /// Since when a started frame is incomplete (nullopt: no partial frame buffered).
     std::optional<std::chrono::steady_clock::time_point> partial_since;
   };
@@ -71,8 +72,15 @@ struct client_gateway::impl {
   std::chrono::steady_clock::time_point last_fd_warning{};
   uint64_t fd_refusals = 0;  // since the last warning
 
+  /// Replies and events from actor threads, encoded on the gateway thread in the version of
+  /// their connection.
+  struct outgoing {
+    uint64_t conn;
+    uint32_t seq;
+    proto::message msg;
+  };
   std::mutex outbox_mutex;  // guards outbox
-  std::vector<std::pair<uint64_t, std::vector<uint8_t>>> outbox;
+  std::vector<outgoing> outbox;
 
   ~impl() {
     for (auto& [id, c] : conns) close(c.fd);
@@ -125,9 +133,11 @@ struct client_gateway::impl {
     return true;
   }
 
-  /// The session rules of docs/protocol.md: hello first, once, in this daemon's version.
-  /// Returns the refusal for a request that breaks them (the request is not served).
-  static std::optional<proto::error> session_error(connection& c, const proto::message& m) {
+  /// The session rules of docs/protocol.md: hello first, once, in a version both sides speak
+  /// (which the connection then keeps). Returns the refusal for a request that breaks them (the
+  /// request is not served); `close` is set when the connection cannot go on.
+  static std::optional<proto::error> session_error(connection& c, const proto::message& m,
+                                                   bool& close) {
     const auto* h = std::get_if<proto::hello>(&m);
     if (!h && !c.said_hello)
       return proto::error{errc::invalid_request,
@@ -138,12 +148,18 @@ struct client_gateway::impl {
     if (c.said_hello)
       return proto::error{errc::invalid_request,
                           "a second hello: this connection already said hello"};
-    if (h->version != proto::protocol_version)
+    const uint16_t version = proto::negotiate(h->min_version, h->version);
+    if (version == 0) {
+      close = true;
       return proto::error{errc::unsupported_version,
-                          fmt::format("client protocol version {} is not supported (ferryd "
-                                      "speaks {})",
-                                      h->version, proto::protocol_version)};
+                          fmt::format("client speaks protocol versions {}..{}, ferryd speaks "
+                                      "{}..{}",
+                                      h->min_version, h->version, proto::min_protocol_version,
+                                      proto::protocol_version)};
+    }
     c.said_hello = true;
+    c.version = version;
+    c.reader.set_version(version);
     return std::nullopt;
   }
 
@@ -232,8 +248,19 @@ struct client_gateway::impl {
   }
 
   void queue_local(uint64_t id, connection& c, const proto::message& m, uint32_t seq) {
-    auto f = proto::encode(m, seq);
+    auto f = encode_for(c, m, seq);
     c.out.insert(c.out.end(), f.begin(), f.end());
+  }
+
+  /// A frame in the connection's version (a hello_reply also says which one that is).
+  static std::vector<uint8_t> encode_for(const connection& c, const proto::message& m,
+                                         uint32_t seq) {
+    if (const auto* h = std::get_if<proto::hello_reply>(&m)) {
+      auto r = *h;
+      r.version = c.version;
+      return proto::encode(r, seq, c.version);
+    }
+    return proto::encode(m, seq, c.version);
   }
 };
 
@@ -309,10 +336,9 @@ void client_gateway::stop() {
 }
 
 void client_gateway::reply(uint64_t conn, uint32_t seq, const proto::message& m) {
-  auto frame = proto::encode(m, seq);
   {
     std::lock_guard<std::mutex> lock(impl_->outbox_mutex);
-    impl_->outbox.emplace_back(conn, std::move(frame));
+    impl_->outbox.push_back(impl::outgoing{conn, seq, m});
   }
   uint64_t one = 1;
   [[maybe_unused]] auto n = write(impl_->wake_fd, &one, sizeof(one));
@@ -322,7 +348,7 @@ void client_gateway::run() {
   auto& im = *impl_;
   std::vector<epoll_event> events(64);
   std::vector<uint8_t> rbuf(256 * 1024);
-  std::vector<std::pair<uint64_t, std::vector<uint8_t>>> outbox;
+  std::vector<impl::outgoing> outbox;
   while (!im.stopping.load()) {
     // Wake up in time for the earliest incomplete-frame deadline, if any.
     int wait_ms = -1;
@@ -371,12 +397,18 @@ void client_gateway::run() {
         }
         while (auto d = c.reader.next()) {
           if (d->msg) {
-            if (auto refusal = im.session_error(c, *d->msg)) {
+            bool close_after = false;
+            if (auto refusal = im.session_error(c, *d->msg, close_after)) {
               im.log->warn("client conn={} {}", key, refusal->message);
               im.queue_local(key, c, *refusal, d->seq);
+              if (close_after) {
+                close_it = true;
+                break;
+              }
               continue;
             }
-            caf::anon_send(im.scheduler, client_request{key, d->seq, std::move(*d->msg)});
+            caf::anon_send(im.scheduler,
+                           client_request{key, d->seq, std::move(*d->msg), c.version});
             continue;
           }
           im.log->warn("client conn={} sent a bad frame: {}", key, d->error);
@@ -404,13 +436,15 @@ void client_gateway::run() {
       std::lock_guard<std::mutex> lock(im.outbox_mutex);
       outbox.swap(im.outbox);
     }
-    for (auto& [id, frame] : outbox) {
-      auto it = im.conns.find(id);
+    for (const auto& o : outbox) {
+      auto it = im.conns.find(o.conn);
       if (it == im.conns.end()) continue;
       auto& c = it->second;
+      auto frame = impl::encode_for(c, o.msg, o.seq);
       c.out.insert(c.out.end(), frame.begin(), frame.end());
     }
-    for (auto& [id, frame] : outbox) {
+    for (const auto& o : outbox) {
+      const uint64_t id = o.conn;
       auto it = im.conns.find(id);
       if (it == im.conns.end() || it->second.out.empty()) continue;
       if (it->second.out.size() - it->second.out_pos > max_output_bytes) {

@@ -77,6 +77,7 @@ struct connection_state {
   std::vector<caf::message> queued;
   std::vector<caf::response_promise> waiting;  // info requests before the handshake finished
   std::string failure;                         // why the connection ended (once done)
+  errc failure_code = errc::ok;
   bool done = false;
   bytes nonce;                         // ours, when a cluster secret is configured
   bytes peer_nonce;                    // the accepting side keeps the connecting one's
@@ -169,9 +170,9 @@ std::variant<std::shared_ptr<peer_info>, std::string> validate_peer(const daemon
                                                                     const peer_hello& h,
                                                                     bool we_decode,
                                                                     const std::string& address) {
-  if (h.version != peer_protocol_version)
-    return fmt::format("peer protocol version {} is not supported (this daemon speaks {})",
-                       h.version, peer_protocol_version);
+  if (h.version < peer_protocol_min_version || h.min_version > peer_protocol_version)
+    return fmt::format("peer speaks protocol versions {}..{}, this daemon speaks {}..{}",
+                       h.min_version, h.version, peer_protocol_min_version, peer_protocol_version);
   if (we_decode && h.role == "decode")
     return fmt::format("peer {} has role decode; a prepare must name a prefill daemon", h.node);
   if (!we_decode && h.role == "prefill")
@@ -228,20 +229,26 @@ std::variant<std::shared_ptr<peer_info>, std::string> validate_peer(const daemon
   return info;
 }
 
-void finish(connection_actor* self, const std::string& reason, bool unresponsive = false) {
+/// End the connection: fence the peer, then tell the rooms why (`code`: peer_lost once
+/// connected, else peer_unreachable unless the caller says the handshake itself was refused).
+void finish(connection_actor* self, const std::string& reason, bool unresponsive = false,
+            errc code = errc::ok) {
   auto& st = self->state;
   if (st.done) return;
   st.done = true;
   st.failure = reason;
-  for (auto& rp : st.waiting) rp.deliver(peer_lookup{nullptr, reason});
+  if (code == errc::ok) code = st.info ? errc::peer_lost : errc::peer_unreachable;
+  st.failure_code = code;
+  for (auto& rp : st.waiting) rp.deliver(peer_lookup{nullptr, reason, code});
   st.waiting.clear();
   st.ctx->log_peer->warn("peer={} connection closed: {}", st.address, reason);
   // Rooms learn of the loss only once the fence is complete: a room that then reports Failed
   // hands its pages back, and no byte of this peer may land in them afterwards (tcp: not even
   // the rest of a write it had begun to send). Until then this actor ignores everything else.
-  st.down =
-      peer_down{st.address,  caf::actor_cast<caf::actor>(self), reason, st.info != nullptr, true,
-                unresponsive};
+  st.down = peer_down{st.address, caf::actor_cast<caf::actor>(self),
+                      reason,     st.info != nullptr,
+                      true,       unresponsive,
+                      false,      code};
   if (st.fence.empty()) {
     // The peer was given nothing to write into (this daemon only sends to it): tell the rooms
     // now; the Scheduler removes the peer after them.
@@ -344,7 +351,7 @@ caf::behavior relay(connection_actor* self, bool outbound) {
       [=](info_atom) -> caf::result<peer_lookup> {
         auto& st = self->state;
         if (st.info) return peer_lookup{st.info, {}};
-        if (st.done) return peer_lookup{nullptr, st.failure};
+        if (st.done) return peer_lookup{nullptr, st.failure, st.failure_code};
         auto rp = self->make_response_promise();
         st.waiting.push_back(rp);
         return caf::delegated<peer_lookup>();
@@ -388,7 +395,7 @@ caf::behavior relay(connection_actor* self, bool outbound) {
         const auto& secret = st.ctx->cluster_secret;
         auto refuse = [&](const std::string& e) {
           if (h.connection) self->send(h.connection, peer_refused{e});
-          finish(self, "handshake failed: " + e);
+          finish(self, "handshake failed: " + e, false, errc::peer_incompatible);
         };
         if (!secret.empty()) {
           if (h.proof.empty())
@@ -422,12 +429,14 @@ caf::behavior relay(connection_actor* self, bool outbound) {
         if (!proofs_equal(a.proof, expected)) {
           const std::string e = "peer failed the cluster-secret challenge (different secrets?)";
           self->send(st.pending_remote, peer_refused{e});
-          return finish(self, "handshake failed: " + e);
+          return finish(self, "handshake failed: " + e, false, errc::peer_incompatible);
         }
         auto info = std::move(st.pending);
         become_ready(self, std::move(info), st.pending_remote);
       },
-      [=](peer_refused& r) { finish(self, "peer refused the handshake: " + r.reason); },
+      [=](peer_refused& r) {
+        finish(self, "peer refused the handshake: " + r.reason, false, errc::peer_incompatible);
+      },
       [=](peer_dialed& d) {
         auto& st = self->state;
         if (!outbound || st.done || st.remote) return;  // the scribe closes its socket

@@ -3,8 +3,8 @@
 ///
 /// Two boundaries:
 /// - between daemons (CAF's BASP, serialized, on sockets the peer gate authenticated):
-///   `peer_*` types, exchanged only between the two Connection actors of a peer pair. They carry scalars and lists of page indices; the state
-///   slot is always one scalar per side.
+///   `peer_*` types, exchanged only between the two Connection actors of a peer pair. They carry
+///   scalars and lists of page indices; the state slot is always one scalar per side.
 /// - inside a daemon (local only, never serialized): client requests from the gateway thread,
 ///   fabric completions from the progress thread, and room bookkeeping.
 ///
@@ -27,12 +27,16 @@
 
 namespace ferry {
 
-/// Version of the daemon-to-daemon handshake; bumped on any change of the peer_* types or of
-/// what goes over the fabric. 4: on tcp each write is a plain write plus a 0-byte write carrying
-/// its immediate, so the decode's fence may cut a connection mid-write; a version-3 prefill
-/// sends writes with payload and immediate in one, and cutting one of those mid-write crashes
-/// libfabric 1.17's ofi_rxm at the decode, so version 3 peers are refused.
-inline constexpr uint32_t peer_protocol_version = 4;
+/// Versions of the daemon-to-daemon handshake; the highest is bumped on any change of the peer_*
+/// types or of what goes over the fabric, and a hello carries the range its daemon speaks.
+/// 4: on tcp each write is a plain write plus a 0-byte write carrying its immediate, so the
+/// decode's fence may cut a connection mid-write (a version-3 prefill sends writes with payload
+/// and immediate in one, and cutting one of those mid-write crashes libfabric 1.17's ofi_rxm at
+/// the decode, so version 3 peers are refused). 5: room failures carry an error code
+/// (`peer_prepare_ack`, `peer_outcome`), and the hello carries the range (`min_version`); the
+/// layouts of version 4 differ, so its peers are refused too.
+inline constexpr uint32_t peer_protocol_version = 5;
+inline constexpr uint32_t peer_protocol_min_version = 5;
 
 /// "No staging" in peer_prepare::dst_staging.
 inline constexpr uint64_t no_staging = ~uint64_t{0};
@@ -75,12 +79,13 @@ struct peer_hello {
   /// connecting side answers with `peer_auth`. Both empty when no secret is configured.
   std::vector<uint8_t> nonce;
   std::vector<uint8_t> proof;
+  uint32_t min_version = peer_protocol_min_version;  ///< lowest version the sender speaks
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, peer_hello& x) {
   return f(caf::meta::type_name("peer_hello"), x.version, x.node, x.instance, x.role, x.tp_size,
            x.tp_rank, x.pp_size, x.pp_rank, x.config_yaml, x.compat_hash, x.fabric_address,
-           x.regions, x.staging, x.connection, x.nonce, x.proof);
+           x.regions, x.staging, x.connection, x.nonce, x.proof, x.min_version);
 }
 
 /// Connecting side -> accepting side, after it verified the accepting side's proof: its own
@@ -129,10 +134,11 @@ struct peer_prepare_ack {
   uint64_t token = 0;
   bool ok = true;
   std::string reason;
+  uint16_t code = 0;  ///< errc of the refusal
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, peer_prepare_ack& x) {
-  return f(caf::meta::type_name("peer_prepare_ack"), x.room, x.token, x.ok, x.reason);
+  return f(caf::meta::type_name("peer_prepare_ack"), x.room, x.token, x.ok, x.reason, x.code);
 }
 
 /// Prefill -> decode: every write of the room has been posted; `total_writes` will land.
@@ -155,10 +161,12 @@ struct peer_outcome {
   bool to_decode = false;  ///< which side's room it concerns (both roles may share a room id)
   bool ok = false;
   std::string reason;
+  uint16_t code = 0;  ///< errc of the failure
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, peer_outcome& x) {
-  return f(caf::meta::type_name("peer_outcome"), x.room, x.token, x.to_decode, x.ok, x.reason);
+  return f(caf::meta::type_name("peer_outcome"), x.room, x.token, x.to_decode, x.ok, x.reason,
+           x.code);
 }
 
 /// Prefill -> decode, after the prefill's room failed (for any reason, on either side): every
@@ -209,6 +217,7 @@ using peer_info_ptr = std::shared_ptr<const peer_info>;
 struct peer_lookup {
   peer_info_ptr info;
   std::string error;
+  errc code = errc::ok;  ///< why the peer cannot be used (with `error`)
 };
 using info_atom = caf::atom_constant<caf::atom("info")>;
 
@@ -217,6 +226,7 @@ struct client_request {
   uint64_t conn = 0;
   uint32_t seq = 0;
   proto::message msg;
+  uint16_t version = proto::protocol_version;  ///< the connection's protocol version
 };
 
 /// A client connection closed.
@@ -241,7 +251,8 @@ struct room_update {
   bool decode_side = false;
   room_status status = room_status::failed;
   std::string reason;
-  uint64_t bytes = 0;  ///< bytes moved (set with Success)
+  uint64_t bytes = 0;    ///< bytes moved (set with Success)
+  errc code = errc::ok;  ///< with Failed: why, in the one error vocabulary
 };
 
 /// Connection -> Scheduler: the handshake finished (ok) or failed.
@@ -274,6 +285,9 @@ struct peer_down {
   /// peer once it has told the rooms, so a room learns why before its writes fail with "peer
   /// removed".
   bool cut = false;
+  /// peer_lost once connected; before, peer_unreachable or (a refused or failed handshake)
+  /// peer_incompatible.
+  errc code = errc::peer_lost;
 };
 
 /// The failure reason a room reports when its peer connection ends.

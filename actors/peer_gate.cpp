@@ -248,10 +248,10 @@ struct peer_gate::impl {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return;
         if (c.inbound()) ++stats->peer_closed;
         const bool reset = errno == ECONNRESET;
-        return drop(c.fd,
-                    std::string("the connection failed during the peer preamble: ") +
-                        std::strerror(errno),
-                    reset);
+        return drop(
+            c.fd,
+            std::string("the connection failed during the peer preamble: ") + std::strerror(errno),
+            reset);
       }
       auto s = c.in ? c.in->feed(buf, size_t(n)) : c.out->feed(buf, size_t(n));
       if (s.next != preamble::outcome::reading || !s.out.empty()) return apply(c, std::move(s));

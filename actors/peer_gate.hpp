@@ -54,8 +54,8 @@ class peer_gate {
   /// or closed the connection in the middle of the preamble, which is what its gate does to a
   /// pending connection it evicts under a flood (worth another dial). Runs on the gate thread,
   /// or on the caller's when the dial fails at once.
-  using dial_fn = std::function<void(int fd, const std::string& node, const std::string& error,
-                                     bool reset)>;
+  using dial_fn =
+      std::function<void(int fd, const std::string& node, const std::string& error, bool reset)>;
 
   /// `node` is this daemon's name, `secret` the cluster secret (empty: none). With `log`, the
   /// gate reports refused preambles (at most one line a second) and, every 10 s at most, how many

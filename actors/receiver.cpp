@@ -49,6 +49,7 @@ struct receiver_state {
   std::vector<caf::actor> connections;  // one per named peer
   std::vector<peer_info_ptr> named;     // handshake results, by named position
   std::vector<std::string> unusable;    // why a named peer could not be used ("" = fine)
+  std::vector<errc> unusable_code;      // and its code
   size_t looked_up = 0;                 // named peers resolved either way
   std::vector<source_link> links;       // the selected prefill ranks
   std::optional<uint64_t> staging;      // one block for every unpack link of the room
@@ -62,6 +63,7 @@ struct receiver_state {
   bool failing = false;    // failed; draining the prefill ranks' writes before reporting Failed
   std::string drain_note;  // what the drain deadline found (and fenced), for the Failed reason
   std::string fail_reason;
+  errc fail_code = errc::ok;
   commit_counter commit;
   uint64_t bytes = 0;
 
@@ -97,22 +99,25 @@ void arm_state_deadline(receiver_actor* self, room_status s) {
   }
 }
 
-void set_status(receiver_actor* self, room_status s, std::string reason = {}) {
+void set_status(receiver_actor* self, room_status s, std::string reason = {},
+                errc code = errc::ok) {
   auto& st = self->state;
   if (st.failing && s != room_status::failed) return;
   if (!(s == room_status::failed ? st.state.fail() : st.state.advance(s))) return;
   caf::anon_send(st.scheduler, room_update{st.prep.room, true, s, reason,
-                                           s == room_status::success ? st.bytes : 0});
+                                           s == room_status::success ? st.bytes : 0, code});
   if (is_terminal(s))
     self->quit();
   else
     arm_state_deadline(self, s);
 }
 
-void tell_links(receiver_actor* self, bool ok, const std::string& reason) {
+void tell_links(receiver_actor* self, bool ok, const std::string& reason, errc code) {
   for (const auto& l : self->state.links)
-    self->send(l.connection, peer_outbound{caf::make_message(
-                                 peer_outcome{self->state.prep.room, l.token, false, ok, reason})});
+    self->send(
+        l.connection,
+        peer_outbound{caf::make_message(peer_outcome{self->state.prep.room, l.token, false, ok,
+                                                     reason, static_cast<uint16_t>(code)})});
 }
 
 /// Report Failed once no write of the room can land any more: every prefill rank refused,
@@ -125,20 +130,21 @@ void finish_drain(receiver_actor* self) {
   for (const auto& l : st.links)
     if (!l.refused && !l.fenced && (!l.drained || l.landed < *l.drained)) return;
   st.release_staging();
-  set_status(self, room_status::failed, st.fail_reason + st.drain_note);
+  set_status(self, room_status::failed, st.fail_reason + st.drain_note, st.fail_code);
 }
 
-void fail(receiver_actor* self, const std::string& reason, bool tell_peers) {
+void fail(receiver_actor* self, errc code, const std::string& reason, bool tell_peers) {
   auto& st = self->state;
   if (is_terminal(st.state.status()) || st.failing) return;
   st.failing = true;
   st.fail_reason = reason;
+  st.fail_code = code;
   st.ctx->log_room->warn("room={} peer={} failed: {}", st.prep.room, st.peers(), reason);
   if (!st.prepared) {
     // No prepare went out: no prefill rank can write into this room.
     for (auto& l : st.links) l.refused = true;
   } else {
-    if (tell_peers) tell_links(self, false, reason);
+    if (tell_peers) tell_links(self, false, reason, code);
     const auto ms = st.ctx->config.timeouts.drain_ms;
     self->delayed_send(self, std::chrono::milliseconds(ms), drain_atom::value);
   }
@@ -150,7 +156,7 @@ void succeed(receiver_actor* self) {
   st.release_staging();
   st.ctx->log_room->debug("room={} peer={} committed: {} writes, {} bytes", st.prep.room,
                           st.peers(), st.commit.landed(), st.bytes);
-  tell_links(self, true, {});
+  tell_links(self, true, {}, errc::ok);
   set_status(self, room_status::success);
 }
 
@@ -177,7 +183,7 @@ void evaluate(receiver_actor* self, commit_counter::state c) {
     case commit_counter::state::pending:
       return;
     case commit_counter::state::overflow:
-      fail(self,
+      fail(self, errc::internal,
            fmt::format("{} writes landed but the prefill ranks announced {}", st.commit.landed(),
                        *st.commit.expected()),
            true);
@@ -236,18 +242,21 @@ void start(receiver_actor* self) {
   std::vector<rank_schema> schemas;
   std::vector<size_t> usable;
   std::string first_unusable;
+  errc first_code = errc::peer_unreachable;
   for (size_t i = 0; i < st.named.size(); ++i) {
     if (st.named[i]) {
       schemas.push_back(st.named[i]->schema);
       usable.push_back(i);
     } else if (first_unusable.empty()) {
       first_unusable = st.unusable[i];
+      first_code = st.unusable_code[i];
     }
   }
-  if (usable.empty()) return fail(self, first_unusable, false);
+  if (usable.empty()) return fail(self, first_code, first_unusable, false);
   auto chosen = select_prefill_peers(schema_of(st.ctx->config), schemas);
   if (auto* e = std::get_if<std::string>(&chosen))
-    return fail(self, first_unusable.empty() ? *e : *e + " (" + first_unusable + ")", false);
+    return fail(self, first_unusable.empty() ? errc::peer_incompatible : first_code,
+                first_unusable.empty() ? *e : *e + " (" + first_unusable + ")", false);
   uint64_t need = 0;
   for (size_t k : std::get<0>(chosen)) {
     const size_t i = usable[k];
@@ -269,10 +278,11 @@ void start(receiver_actor* self) {
 }
 
 /// Named peer `i` cannot be used (its handshake failed or its connection ended).
-void resolve_unusable(receiver_actor* self, size_t i, std::string why) {
+void resolve_unusable(receiver_actor* self, size_t i, errc code, std::string why) {
   auto& st = self->state;
   if (is_terminal(st.state.status()) || !st.unusable[i].empty()) return;
   st.unusable[i] = std::move(why);
+  st.unusable_code[i] = code;
   if (++st.looked_up == st.named.size()) start(self);
 }
 
@@ -286,18 +296,22 @@ void on_peer(receiver_actor* self, peer_inbound& in) {
         if (!a.ok) l->refused = true;
         if (st.failing) return finish_drain(self);
         if (!a.ok)
-          return fail(self,
+          return fail(self, a.code ? static_cast<errc>(a.code) : errc::peer_incompatible,
                       fmt::format("prefill {} refused the prepare: {}", l->peer->address, a.reason),
                       true);
         l->accepted = true;
         for (const auto& x : st.links)
           if (!x.accepted) return;
+        // Test hook: a Receiver dying while its prefill ranks may write (scheduler.cpp).
+        if (core::failpoint("receiver_throw_on_accepted"))
+          throw std::runtime_error("failpoint receiver_throw_on_accepted");
         set_status(self, room_status::waiting_for_input);
       },
       [&](peer_announce& a) {
         if (a.token != l->token || st.failing) return;
         if (l->announced)
-          return fail(self, "prefill " + l->peer->address + " announced twice", true);
+          return fail(self, errc::internal, "prefill " + l->peer->address + " announced twice",
+                      true);
         l->announced = a.total_writes;
         st.bytes += a.total_bytes;
         set_status(self, room_status::transferring);
@@ -311,13 +325,15 @@ void on_peer(receiver_actor* self, peer_inbound& in) {
       [&](peer_outcome& o) {
         if (o.token != l->token) return;
         if (!o.ok)
-          fail(self, fmt::format("prefill {} reported: {}", l->peer->address, o.reason), true);
+          fail(self, o.code ? static_cast<errc>(o.code) : errc::internal,
+               fmt::format("prefill {} reported: {}", l->peer->address, o.reason), true);
       },
       [&](peer_drained& d) {
         if (d.token != l->token || l->drained) return;
         l->drained = d.completed;
         // A prefill rank's room may fail (and drain) before this one hears of it.
-        fail(self, fmt::format("prefill {} failed the room", l->peer->address), true);
+        fail(self, errc::peer_lost, fmt::format("prefill {} failed the room", l->peer->address),
+             true);
         finish_drain(self);
       },
   });
@@ -334,6 +350,7 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
   st.scheduler = std::move(scheduler);
   st.named.resize(st.connections.size());
   st.unusable.resize(st.connections.size());
+  st.unusable_code.resize(st.connections.size(), errc::ok);
   const auto& t = st.ctx->config.timeouts;
   arm_state_deadline(self, room_status::bootstrapping);
   self->delayed_send(self, std::chrono::milliseconds(t.transfer_ms),
@@ -351,7 +368,7 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
                 if (++st.looked_up == st.named.size()) start(self);
                 return;
               }
-              resolve_unusable(self, i,
+              resolve_unusable(self, i, r.code == errc::ok ? errc::peer_unreachable : r.code,
                                fmt::format("could not use peer {}: {}",
                                            self->state.prep.prefill_peers[i], r.error));
             },
@@ -362,7 +379,7 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
                   e.code() == static_cast<uint8_t>(caf::sec::request_receiver_down))
                 return;
               resolve_unusable(
-                  self, i,
+                  self, i, errc::peer_unreachable,
                   fmt::format("could not use peer {}: {}", self->state.prep.prefill_peers[i],
                               self->system().render(e)));
             });
@@ -370,9 +387,6 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
       [=](peer_inbound& in) { on_peer(self, in); },
       [=](landed_msg& m) {
         auto& st = self->state;
-        // Test hook: a Receiver dying with bytes of its room in flight (scheduler.cpp).
-        if (core::failpoint("receiver_throw_on_landed"))
-          throw std::runtime_error("failpoint receiver_throw_on_landed");
         for (auto& l : st.links)
           if (l.token == m.token) l.landed += m.count;
         if (st.failing) return finish_drain(self);
@@ -381,7 +395,7 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
       },
       [=](staging_atom) { reserve_and_prepare(self); },
       [=](unpack_atom) { unpack_step(self); },
-      [=](cancel_atom, const std::string& why) { fail(self, why, true); },
+      [=](cancel_atom, const std::string& why) { fail(self, errc::cancelled, why, true); },
       [=](peer_down& d) {
         auto& st = self->state;
         if (st.looked_up < st.named.size()) {
@@ -393,7 +407,7 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
                 st.named[i].reset();
                 --st.looked_up;
               }
-              resolve_unusable(self, i, describe(d));
+              resolve_unusable(self, i, d.code, describe(d));
             }
           return;
         }
@@ -401,7 +415,7 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
         auto* l = link_of(self, d.connection);
         if (!l) return;
         l->fenced = d.fenced;
-        fail(self, describe(d), true);
+        fail(self, d.code, describe(d), true);
         finish_drain(self);
       },
       [=](drain_atom) {
@@ -431,7 +445,7 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
       [=](deadline_msg& d) {
         auto& st = self->state;
         if (d.state && *d.state != st.state.status()) return;  // that status is over
-        fail(self,
+        fail(self, errc::timed_out,
              fmt::format("timed out in {} after {} ms ({}: {} landed, {} announced{})",
                          to_string(st.state.status()), d.ms, d.what, st.commit.landed(),
                          st.commit.expected() ? std::to_string(*st.commit.expected()) : "none",

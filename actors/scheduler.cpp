@@ -45,6 +45,7 @@ struct room_entry {
 struct finished_room {
   room_status status;
   std::string reason;
+  errc code = errc::ok;
 };
 
 /// Rooms of one side. A room id may be reused after its terminal state: lookups check `active`
@@ -55,9 +56,9 @@ struct side_rooms {
   std::deque<uint64_t> finished_order;
   uint64_t succeeded = 0, failed = 0, bytes = 0;
 
-  void finish(uint64_t room, room_status s, std::string reason) {
+  void finish(uint64_t room, room_status s, std::string reason, errc code) {
     active.erase(room);
-    if (finished.insert_or_assign(room, finished_room{s, std::move(reason)}).second)
+    if (finished.insert_or_assign(room, finished_room{s, std::move(reason), code}).second)
       finished_order.push_back(room);
     while (finished_order.size() > history_limit) {
       finished.erase(finished_order.front());
@@ -76,6 +77,10 @@ struct scheduler_state {
   /// Tokens are never reused in a daemon's life, so a late message or write of an ended room
   /// finds nothing here.
   std::unordered_map<uint64_t, uint64_t> token_room;
+  /// Prefill, v4: rooms polled before anything of them arrived, and when first polled (bounded
+  /// by history_limit, oldest forgotten first).
+  std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> polled_unknown;
+  std::deque<uint64_t> polled_unknown_order;
   uint64_t next_token = 1;
   std::unordered_map<std::string, caf::actor> outbound;       // by control address
   std::unordered_map<caf::actor, peer_info_ptr> connections;  // every live connection
@@ -172,8 +177,9 @@ std::optional<std::string> admission(const scheduler_state& st, const side_rooms
 }
 
 void notify_subscribers(scheduler_actor* self, const room_entry& e, uint64_t room, room_status s,
-                        const std::string& reason) {
-  for (auto c : e.subscribers) self->state.ctx->gateway->push(c, proto::event{room, s, reason});
+                        const std::string& reason, errc code) {
+  for (auto c : e.subscribers)
+    self->state.ctx->gateway->push(c, proto::event{room, s, reason, code});
 }
 
 /// A room whose actor ended without a terminal status: Failed, its claims released.
@@ -182,7 +188,7 @@ void fail_orphan(scheduler_actor* self, side_rooms& side, uint64_t room, std::st
   auto it = side.active.find(room);
   if (it == side.active.end()) return;
   room_entry& e = it->second;
-  notify_subscribers(self, e, room, room_status::failed, reason);
+  notify_subscribers(self, e, room, room_status::failed, reason, errc::internal);
   if (&side == &st.decode) {
     for (uint32_t i = 0; i < e.tokens; ++i) st.token_room.erase(e.token + i);
     st.claims->release(room, e.dst_pages, e.dst_slot, e.dst_row);
@@ -190,7 +196,7 @@ void fail_orphan(scheduler_actor* self, side_rooms& side, uint64_t room, std::st
   st.ctx->log_sched->info("room={} side={} Failed: {}", room,
                           &side == &st.decode ? "decode" : "prefill", reason);
   ++side.failed;
-  side.finish(room, room_status::failed, std::move(reason));
+  side.finish(room, room_status::failed, std::move(reason), errc::internal);
 }
 
 caf::actor connection_for(scheduler_actor* self, const std::string& address) {
@@ -263,9 +269,16 @@ void on_prepare(scheduler_actor* self, client_request& r) {
   st.ctx->log_sched->debug("room={} peer={} prepare: {} pages", room, peer, p.dst_pages.size());
   auto actor =
       spawn_receiver(self, st.ctx, std::move(p), token, conns, caf::actor_cast<caf::actor>(self));
-  st.decode.active[room] =
-      room_entry{actor, conns,           room_status::bootstrapping, peer,     token,  tokens,
-                 {},    owner_of(st, r), std::move(dst_pages),       dst_slot, dst_row};
+  room_entry& e = (st.decode.active[room] = room_entry{});
+  e.actor = actor;
+  e.connections = conns;
+  e.peer = peer;
+  e.token = token;
+  e.tokens = tokens;
+  e.owner = owner_of(st, r);
+  e.dst_pages = std::move(dst_pages);
+  e.dst_slot = dst_slot;
+  e.dst_row = dst_row;
   for (uint32_t i = 0; i < tokens; ++i) st.token_room[token + i] = room;
   st.ctx->gateway->reply(r.conn, r.seq, proto::ok{});
 }
@@ -316,9 +329,8 @@ void on_send(scheduler_actor* self, client_request& r) {
     if (auto e = admission(st, st.prefill, "prefill"))
       return reply_error(self, r, errc::invalid_request, fmt::format("room {}: {}", s.room, *e));
     auto actor = spawn_sender(self, st.ctx, s.room, caf::actor_cast<caf::actor>(self));
-    it = st.prefill.active
-             .emplace(s.room, room_entry{actor, {}, room_status::bootstrapping, {}, 0, 0, {}, {}})
-             .first;
+    it = st.prefill.active.emplace(s.room, room_entry{}).first;
+    it->second.actor = actor;
   }
   if (!it->second.owner) it->second.owner = owner_of(st, r);
   // The Sender answers the chunk. As a request, a chunk that reaches it after it ended (its
@@ -337,18 +349,61 @@ void on_send(scheduler_actor* self, client_request& r) {
             });
 }
 
+/// What a poll of `room` answers, or nothing for a room unknown here. On a prefill daemon in
+/// protocol v4 an unknown room is Bootstrapping (the decode's prepare and the engine's first
+/// send may not have arrived yet) until timeouts.bootstrapping_ms after its first such poll.
+std::optional<proto::poll_reply> room_poll(scheduler_state& st, uint64_t room, uint16_t version) {
+  for (auto* side : {&st.decode, &st.prefill})
+    if (auto it = side->active.find(room); it != side->active.end()) {
+      st.polled_unknown.erase(room);
+      return proto::poll_reply{room, it->second.status, {}, errc::ok};
+    }
+  for (auto* side : {&st.decode, &st.prefill})
+    if (auto it = side->finished.find(room); it != side->finished.end()) {
+      st.polled_unknown.erase(room);
+      return proto::poll_reply{room, it->second.status, it->second.reason, it->second.code};
+    }
+  if (version < 4 || !st.ctx->serves_prefill()) return std::nullopt;
+  const auto now = std::chrono::steady_clock::now();
+  auto [it, fresh] = st.polled_unknown.try_emplace(room, now);
+  if (fresh) {
+    st.polled_unknown_order.push_back(room);
+    while (st.polled_unknown_order.size() > history_limit) {
+      st.polled_unknown.erase(st.polled_unknown_order.front());
+      st.polled_unknown_order.pop_front();
+    }
+  }
+  const auto ms = st.ctx->config.timeouts.bootstrapping_ms;
+  if (now - it->second < std::chrono::milliseconds(ms))
+    return proto::poll_reply{room, room_status::bootstrapping, {}, errc::ok};
+  return proto::poll_reply{
+      room, room_status::failed,
+      fmt::format("timed out in Bootstrapping after {} ms: no prepare from a decode and no send "
+                  "arrived (timeouts.bootstrapping_ms)",
+                  ms),
+      errc::timed_out};
+}
+
 void on_poll(scheduler_actor* self, client_request& r, uint64_t room) {
   auto& st = self->state;
-  for (auto* side : {&st.decode, &st.prefill}) {
-    if (auto it = side->active.find(room); it != side->active.end())
-      return st.ctx->gateway->reply(r.conn, r.seq, proto::poll_reply{room, it->second.status, {}});
-  }
-  for (auto* side : {&st.decode, &st.prefill}) {
-    if (auto it = side->finished.find(room); it != side->finished.end())
-      return st.ctx->gateway->reply(r.conn, r.seq,
-                                    proto::poll_reply{room, it->second.status, it->second.reason});
-  }
+  if (auto p = room_poll(st, room, r.version)) return st.ctx->gateway->reply(r.conn, r.seq, *p);
   reply_error(self, r, errc::unknown_room, fmt::format("unknown room {}", room));
+}
+
+void on_poll_many(scheduler_actor* self, client_request& r, const std::vector<uint64_t>& rooms) {
+  auto& st = self->state;
+  proto::poll_many_reply out;
+  out.rooms.reserve(rooms.size());
+  for (auto room : rooms) {
+    auto p = room_poll(st, room, r.version);
+    if (!p)
+      p = proto::poll_reply{room, room_status::failed, fmt::format("unknown room {}", room),
+                            errc::unknown_room};
+    if (p->reason.size() > proto::poll_many_reason_bytes)
+      p->reason.resize(proto::poll_many_reason_bytes);
+    out.rooms.push_back(std::move(*p));
+  }
+  st.ctx->gateway->reply(r.conn, r.seq, out);
 }
 
 room_entry* find_active(scheduler_state& st, uint64_t room) {
@@ -431,6 +486,8 @@ void on_client(scheduler_actor* self, client_request& r) {
           on_send(self, r);
         } else if constexpr (std::is_same_v<T, proto::poll>) {
           on_poll(self, r, m.room);
+        } else if constexpr (std::is_same_v<T, proto::poll_many>) {
+          on_poll_many(self, r, m.rooms);
         } else if constexpr (std::is_same_v<T, proto::cancel>) {
           auto* e = find_active(st, m.room);
           if (!e) {
@@ -451,8 +508,8 @@ void on_client(scheduler_actor* self, client_request& r) {
           for (auto* side : {&st.decode, &st.prefill})
             if (auto it = side->finished.find(m.room); it != side->finished.end()) {
               st.ctx->gateway->reply(r.conn, r.seq, proto::ok{});
-              st.ctx->gateway->push(r.conn,
-                                    proto::event{m.room, it->second.status, it->second.reason});
+              st.ctx->gateway->push(r.conn, proto::event{m.room, it->second.status,
+                                                         it->second.reason, it->second.code});
               return;
             }
           reply_error(self, r, errc::unknown_room, fmt::format("unknown room {}", m.room));
@@ -492,10 +549,8 @@ void on_peer_inbound(scheduler_actor* self, peer_inbound& in) {
             return refuse("this daemon does not serve the prefill role");
           if (auto e = admission(st, st.prefill, "prefill")) return refuse(*e);
           auto actor = spawn_sender(self, st.ctx, p.room, caf::actor_cast<caf::actor>(self));
-          it = st.prefill.active
-                   .emplace(p.room,
-                            room_entry{actor, {}, room_status::bootstrapping, {}, 0, 0, {}, {}})
-                   .first;
+          it = st.prefill.active.emplace(p.room, room_entry{}).first;
+          it->second.actor = actor;
         }
         auto& e = it->second;
         if (std::find(e.connections.begin(), e.connections.end(), in.connection) ==
@@ -619,7 +674,7 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
         auto it = side.active.find(u.room);
         if (it == side.active.end()) return;
         it->second.status = u.status;
-        notify_subscribers(self, it->second, u.room, u.status, u.reason);
+        notify_subscribers(self, it->second, u.room, u.status, u.reason, u.code);
         if (!is_terminal(u.status)) return;
         st.ctx->log_sched->info("room={} peer={} side={} {}{}{}", u.room, it->second.peer,
                                 u.decode_side ? "decode" : "prefill", to_string(u.status),
@@ -645,7 +700,7 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
             }
           }
         self->demonitor(it->second.actor);
-        side.finish(u.room, u.status, u.reason);
+        side.finish(u.room, u.status, u.reason, u.code);
       },
       [=](peer_hello& h) {
         auto conn = spawn_inbound_connection(self, self->state.ctx, std::move(h),

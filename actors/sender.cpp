@@ -62,6 +62,7 @@ struct sender_state {
   bool announced = false;
   bool failing = false;  // failed; draining the batches in flight before reporting Failed
   std::string fail_reason;
+  errc fail_code = errc::ok;
   std::vector<planned_write> writes;
   std::vector<planned_copy> copies;
   std::unordered_set<uint32_t> sent_pages;  // source pages of the chunks accepted so far
@@ -99,14 +100,14 @@ void arm_state_deadline(sender_actor* self, room_status s) {
   }
 }
 
-void set_status(sender_actor* self, room_status s, std::string reason = {}) {
+void set_status(sender_actor* self, room_status s, std::string reason = {}, errc code = errc::ok) {
   auto& st = self->state;
   if (st.failing && s != room_status::failed) return;
   if (!(s == room_status::failed ? st.state.fail() : st.state.advance(s))) return;
   uint64_t bytes = 0;
   for (const auto& l : st.links) bytes += l.bytes;
-  caf::anon_send(st.scheduler,
-                 room_update{st.room, false, s, reason, s == room_status::success ? bytes : 0});
+  caf::anon_send(st.scheduler, room_update{st.room, false, s, reason,
+                                           s == room_status::success ? bytes : 0, code});
   if (is_terminal(s))
     self->quit();
   else
@@ -123,20 +124,21 @@ void finish_drain(sender_actor* self, const std::string& note = {}) {
     for (const auto& l : st.links)
       self->send(l.connection, peer_outbound{caf::make_message(
                                    peer_drained{st.room, l.prep.token, l.completed, l.failed})});
-  set_status(self, room_status::failed, st.fail_reason + note);
+  set_status(self, room_status::failed, st.fail_reason + note, st.fail_code);
 }
 
-void fail(sender_actor* self, const std::string& reason) {
+void fail(sender_actor* self, errc code, const std::string& reason) {
   auto& st = self->state;
   if (is_terminal(st.state.status()) || st.failing) return;
   st.failing = true;
   st.fail_reason = reason;
+  st.fail_code = code;
   st.ctx->log_room->warn("room={} peer={} failed: {}", st.room, st.peer_name(), reason);
   for (auto& l : st.links) {
     l.jobs.clear();
-    self->send(
-        l.connection,
-        peer_outbound{caf::make_message(peer_outcome{st.room, l.prep.token, true, false, reason})});
+    self->send(l.connection,
+               peer_outbound{caf::make_message(peer_outcome{st.room, l.prep.token, true, false,
+                                                            reason, static_cast<uint16_t>(code)})});
   }
   // Queued chunks were answered `ok` when they arrived; the room's failure reaches the client
   // as an event and a poll answer, never as a second reply to those requests.
@@ -421,9 +423,10 @@ void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p) {
                                                                p.room, st.fail_reason))
                       : check_prepare(st, in, p, fatal);
   if (e) {
-    self->send(in.connection,
-               peer_outbound{caf::make_message(peer_prepare_ack{p.room, p.token, false, *e})});
-    if (fatal) fail(self, *e);
+    const errc code = st.failing ? st.fail_code : errc::invalid_request;
+    self->send(in.connection, peer_outbound{caf::make_message(peer_prepare_ack{
+                                  p.room, p.token, false, *e, static_cast<uint16_t>(code)})});
+    if (fatal) fail(self, code, *e);
     return;
   }
   st.expected_links = decode_ranks_per_prefill(st.ctx->config.tp.size, in.from->schema.tp_size);
@@ -443,7 +446,8 @@ void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p) {
   while (!st.queued.empty() && !is_terminal(st.state.status())) {
     auto req = std::move(st.queued.front());
     st.queued.pop_front();
-    if (auto e = post_chunk(self, std::get<proto::send>(req.msg))) fail(self, *e);
+    if (auto e = post_chunk(self, std::get<proto::send>(req.msg)))
+      fail(self, errc::invalid_request, *e);
   }
 }
 
@@ -458,12 +462,14 @@ void on_peer(sender_actor* self, peer_inbound& in) {
         if (!l) {
           // A decode rank of this room's group failed before its prepare arrived.
           if (!o.ok && in.from->link->in_group)
-            fail(self, fmt::format("decode {} reported: {}", in.from->address, o.reason));
+            fail(self, o.code ? static_cast<errc>(o.code) : errc::internal,
+                 fmt::format("decode {} reported: {}", in.from->address, o.reason));
           return;
         }
         if (o.token != l->prep.token) return;  // an earlier incarnation of this room id
         if (!o.ok)
-          return fail(self, fmt::format("decode {} reported: {}", l->peer->address, o.reason));
+          return fail(self, o.code ? static_cast<errc>(o.code) : errc::internal,
+                      fmt::format("decode {} reported: {}", l->peer->address, o.reason));
         l->committed = true;
         st.ctx->log_room->debug("room={} peer={} committed: {} writes, {} bytes", st.room,
                                 l->peer->address, l->writes, l->bytes);
@@ -499,7 +505,8 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
         }
         if (st.failing) return finish_drain(self);
         if (!d.result.ok)
-          return fail(self, fmt::format("write to decode {} failed: {}", to, d.result.error));
+          return fail(self, errc::fabric_write_failed,
+                      fmt::format("write to decode {} failed: {}", to, d.result.error));
         pump(self);
         maybe_announce(self);
       },
@@ -512,13 +519,14 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
         pump(self);
         maybe_announce(self);
       },
-      [=](cancel_atom, const std::string& why) { fail(self, why); },
-      [=](peer_down& d) { fail(self, describe(d)); },
+      [=](cancel_atom, const std::string& why) { fail(self, errc::cancelled, why); },
+      [=](peer_down& d) { fail(self, d.code, describe(d)); },
       [=](deadline_msg& d) {
         auto& st = self->state;
         if (d.state && *d.state != st.state.status()) return;  // that status is over
-        fail(self, fmt::format("timed out in {} after {} ms ({})", to_string(st.state.status()),
-                               d.ms, d.what));
+        fail(self, errc::timed_out,
+             fmt::format("timed out in {} after {} ms ({})", to_string(st.state.status()), d.ms,
+                         d.what));
       },
       [=](drain_atom) {
         auto& st = self->state;

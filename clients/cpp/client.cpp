@@ -29,7 +29,7 @@ client::~client() {
 outcome<std::unique_ptr<client>> client::connect(const std::string& socket_path,
                                                  const std::string& name,
                                                  std::chrono::milliseconds timeout,
-                                                 bool cancel_on_disconnect) {
+                                                 bool cancel_on_disconnect, uint16_t max_version) {
   std::unique_ptr<client> c(new client());
   c->timeout_ = timeout;
   sockaddr_un addr{};
@@ -43,13 +43,16 @@ outcome<std::unique_ptr<client>> client::connect(const std::string& socket_path,
     return fail<std::unique_ptr<client>>(
         errc::peer_unreachable,
         fmt::format("cannot connect to ferryd at '{}': {}", socket_path, std::strerror(errno)));
-  auto r = c->request(proto::hello{proto::protocol_version, name, cancel_on_disconnect});
+  auto r = c->request(
+      proto::hello{max_version, name, cancel_on_disconnect, proto::min_protocol_version});
   if (!r) return fail<std::unique_ptr<client>>(r.code, r.message);
   auto* h = std::get_if<proto::hello_reply>(&r.value);
   if (!h)
     return fail<std::unique_ptr<client>>(errc::malformed_frame,
                                          "ferryd answered hello with an unexpected message");
   c->hello_ = std::move(*h);
+  c->version_ = c->hello_.version;
+  c->reader_.set_version(c->version_);
   if (auto parsed = parse_config_text(c->hello_.config_yaml)) c->config_ = *parsed.config;
   c->timeout_ = std::chrono::seconds(30);
   outcome<std::unique_ptr<client>> o;
@@ -140,7 +143,7 @@ outcome<proto::message> client::exchange(const std::vector<uint8_t>& bytes,
 outcome<proto::message> client::request(const proto::message& m) {
   const uint32_t seq = next_seq_++;
   if (next_seq_ == 0) next_seq_ = 1;  // seq 0 is for events
-  auto r = exchange(proto::encode(m, seq), timeout_, seq);
+  auto r = exchange(proto::encode(m, seq, version_), timeout_, seq);
   if (!r) return r;
   if (auto* e = std::get_if<proto::error>(&r.value))
     return fail<proto::message>(e->code, e->message);
@@ -169,6 +172,21 @@ outcome<proto::poll_reply> client::poll(uint64_t room) {
   if (!p) return fail<proto::poll_reply>(errc::malformed_frame, "unexpected reply to poll");
   outcome<proto::poll_reply> o;
   o.value = std::move(*p);
+  return o;
+}
+
+outcome<std::vector<proto::poll_reply>> client::poll_many(const std::vector<uint64_t>& rooms) {
+  using result = std::vector<proto::poll_reply>;
+  if (version_ < 4)
+    return fail<result>(
+        errc::unsupported_version,
+        fmt::format("poll_many needs protocol version 4; this connection speaks {}", version_));
+  auto r = request(proto::poll_many{rooms});
+  if (!r) return fail<result>(r.code, r.message);
+  auto* p = std::get_if<proto::poll_many_reply>(&r.value);
+  if (!p) return fail<result>(errc::malformed_frame, "unexpected reply to poll_many");
+  outcome<result> o;
+  o.value = std::move(p->rooms);
   return o;
 }
 

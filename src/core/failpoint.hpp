@@ -3,8 +3,8 @@
 /// that no outside input can reach (an actor that dies of an exception). Off unless the
 /// environment variable FERRY_FAILPOINTS names them when the process starts:
 ///
-///   FERRY_FAILPOINTS=receiver_throw_on_landed        fires every time
-///   FERRY_FAILPOINTS=receiver_throw_on_landed=1      fires once
+///   FERRY_FAILPOINTS=receiver_throw_on_accepted      fires every time
+///   FERRY_FAILPOINTS=receiver_throw_on_accepted=1    fires once
 ///
 /// A daemon with failpoints set logs each of them at start (see `active_failpoints`). Costs one
 /// relaxed atomic load per check when none is set.

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace ferry::proto {
@@ -21,7 +22,8 @@ using wire_int_t = typename wire_int<T>::type;
 
 class writer {
  public:
-  explicit writer(std::vector<uint8_t>& out) : out_(out) {}
+  writer(std::vector<uint8_t>& out, uint16_t version) : version(version), out_(out) {}
+  const uint16_t version;  ///< of the connection: some bodies differ between versions
   template <class T>
   void num(T v) {
     using U = wire_int_t<T>;
@@ -48,7 +50,8 @@ class writer {
 /// Bounds-checked reader: every read names the field it was reading when it fails.
 class reader {
  public:
-  explicit reader(std::span<const uint8_t> in) : in_(in) {}
+  reader(std::span<const uint8_t> in, uint16_t version) : version(version), in_(in) {}
+  const uint16_t version;  ///< of the connection: some bodies differ between versions
   template <class T>
   bool num(T& v, const char* field) {
     using U = wire_int_t<T>;
@@ -107,6 +110,28 @@ class reader {
     for (auto& x : v) num(x, field);
     return true;
   }
+  bool u64_list(std::vector<uint64_t>& v, const char* field, uint32_t limit) {
+    uint32_t n = 0;
+    if (!num(n, field)) return false;
+    if (n > limit) {
+      error_ = fmt::format("field '{}' has {} entries, above the limit of {}", field, n, limit);
+      return false;
+    }
+    if ((in_.size() - pos_) / 8 < n) {
+      error_ = fmt::format("field '{}' claims {} entries but only {} bytes remain", field, n,
+                           in_.size() - pos_);
+      return false;
+    }
+    v.resize(n);
+    for (auto& x : v) num(x, field);
+    return true;
+  }
+  bool code(errc& c, const char* field) {
+    uint16_t v = 0;
+    if (!num(v, field)) return false;
+    c = static_cast<errc>(v);
+    return true;
+  }
   bool status(room_status& s, const char* field) {
     uint8_t v = 0;
     if (!num(v, field)) return false;
@@ -136,6 +161,7 @@ void encode_body(writer& w, const hello& m) {
   w.num(m.version);
   w.str(m.client_name);
   w.num(static_cast<uint8_t>(m.cancel_on_disconnect));
+  if (m.version >= 4) w.num(m.min_version);
 }
 void encode_body(writer& w, const prepare& m) {
   w.num(m.room);
@@ -155,6 +181,10 @@ void encode_body(writer& w, const poll& m) { w.num(m.room); }
 void encode_body(writer& w, const cancel& m) { w.num(m.room); }
 void encode_body(writer& w, const subscribe& m) { w.num(m.room); }
 void encode_body(writer& w, const info& m) { w.num(m.topic); }
+void encode_body(writer& w, const poll_many& m) {
+  w.num(static_cast<uint32_t>(m.rooms.size()));
+  for (auto r : m.rooms) w.num(r);
+}
 void encode_body(writer&, const ok&) {}
 void encode_body(writer& w, const error& m) {
   w.num(m.code);
@@ -184,17 +214,29 @@ void encode_body(writer& w, const hello_reply& m) {
       w.num(b.kind);
     }
   }
+  if (m.version >= 4) {
+    w.num(m.min_version);
+    w.num(m.max_version);
+  }
+}
+/// A room's status: `u64 room, u8 status, (v4) u16 code, string reason`.
+void encode_status(writer& w, uint64_t room, room_status status, errc code,
+                   const std::string& reason) {
+  w.num(room);
+  w.num(status);
+  if (w.version >= 4) w.num(code);
+  w.str(reason);
 }
 void encode_body(writer& w, const poll_reply& m) {
-  w.num(m.room);
-  w.num(m.status);
-  w.str(m.reason);
+  encode_status(w, m.room, m.status, m.code, m.reason);
 }
 void encode_body(writer& w, const info_reply& m) { w.str(m.text); }
 void encode_body(writer& w, const event& m) {
-  w.num(m.room);
-  w.num(m.status);
-  w.str(m.reason);
+  encode_status(w, m.room, m.status, m.code, m.reason);
+}
+void encode_body(writer& w, const poll_many_reply& m) {
+  w.num(static_cast<uint32_t>(m.rooms.size()));
+  for (const auto& r : m.rooms) encode_status(w, r.room, r.status, r.code, r.reason);
 }
 
 bool decode_body(reader& r, hello& m) {
@@ -203,6 +245,15 @@ bool decode_body(reader& r, hello& m) {
         r.num(cancel, "cancel_on_disconnect")))
     return false;
   m.cancel_on_disconnect = cancel != 0;
+  m.min_version = m.version;  // a v3 hello speaks only its own version
+  if (m.version >= 4) {
+    if (!r.num(m.min_version, "min_version")) return false;
+    if (m.min_version > m.version) {
+      r.set_error(
+          fmt::format("field 'min_version' is {}, above 'version' {}", m.min_version, m.version));
+      return false;
+    }
+  }
   return true;
 }
 bool decode_body(reader& r, prepare& m) {
@@ -226,6 +277,7 @@ bool decode_body(reader& r, info& m) {
   }
   return true;
 }
+bool decode_body(reader& r, poll_many& m) { return r.u64_list(m.rooms, "rooms", max_poll_many); }
 bool decode_body(reader&, ok&) { return true; }
 bool decode_body(reader& r, error& m) {
   return r.num(m.code, "code") && r.str(m.message, "message");
@@ -253,19 +305,38 @@ bool decode_body(reader& r, hello_reply& m) {
             r.num(b.tensor, "buffer.tensor") && r.num(b.kind, "buffer.kind")))
         return false;
   }
+  if (m.version >= 4) {
+    if (!(r.num(m.min_version, "min_version") && r.num(m.max_version, "max_version"))) return false;
+  } else {
+    m.min_version = m.max_version = m.version;
+  }
   return true;
 }
-bool decode_body(reader& r, poll_reply& m) {
-  return r.num(m.room, "room") && r.status(m.status, "status") && r.str(m.reason, "reason");
+template <class T>
+bool decode_status(reader& r, T& m) {
+  return r.num(m.room, "room") && r.status(m.status, "status") &&
+         (r.version < 4 || r.code(m.code, "code")) && r.str(m.reason, "reason");
 }
+bool decode_body(reader& r, poll_reply& m) { return decode_status(r, m); }
 bool decode_body(reader& r, info_reply& m) { return r.str(m.text, "text"); }
-bool decode_body(reader& r, event& m) {
-  return r.num(m.room, "room") && r.status(m.status, "status") && r.str(m.reason, "reason");
+bool decode_body(reader& r, event& m) { return decode_status(r, m); }
+bool decode_body(reader& r, poll_many_reply& m) {
+  uint32_t n = 0;
+  if (!r.num(n, "rooms")) return false;
+  // Each entry takes at least 15 bytes (room, status, code, an empty reason's length).
+  if (r.remaining() / 15 < n) {
+    r.set_error(fmt::format("field 'rooms' claims {} entries, too many for the frame", n));
+    return false;
+  }
+  m.rooms.resize(n);
+  for (auto& x : m.rooms)
+    if (!decode_status(r, x)) return false;
+  return true;
 }
 
 template <class T>
-decoded decode_as(std::span<const uint8_t> body, uint32_t seq, msg_type t) {
-  reader r(body);
+decoded decode_as(std::span<const uint8_t> body, uint32_t seq, msg_type t, uint16_t version) {
+  reader r(body, version);
   T m;
   decoded out;
   out.seq = seq;
@@ -288,10 +359,10 @@ decoded decode_as(std::span<const uint8_t> body, uint32_t seq, msg_type t) {
 
 msg_type type_of(const message& m) {
   static constexpr msg_type types[] = {
-      msg_type::hello,  msg_type::prepare,     msg_type::send,       msg_type::poll,
-      msg_type::cancel, msg_type::subscribe,   msg_type::info,       msg_type::ok,
-      msg_type::error,  msg_type::hello_reply, msg_type::poll_reply, msg_type::info_reply,
-      msg_type::event};
+      msg_type::hello,  msg_type::prepare,     msg_type::send,           msg_type::poll,
+      msg_type::cancel, msg_type::subscribe,   msg_type::info,           msg_type::ok,
+      msg_type::error,  msg_type::hello_reply, msg_type::poll_reply,     msg_type::info_reply,
+      msg_type::event,  msg_type::poll_many,   msg_type::poll_many_reply};
   return types[m.index()];
 }
 
@@ -323,14 +394,18 @@ const char* to_string(msg_type t) {
       return "info_reply";
     case msg_type::event:
       return "event";
+    case msg_type::poll_many:
+      return "poll_many";
+    case msg_type::poll_many_reply:
+      return "poll_many_reply";
   }
   return "unknown";
 }
 
-std::vector<uint8_t> encode(const message& m, uint32_t seq) {
+std::vector<uint8_t> encode(const message& m, uint32_t seq, uint16_t version) {
   std::vector<uint8_t> out;
   out.reserve(64);
-  writer w(out);
+  writer w(out, version);
   w.num(uint32_t{0});  // length, patched below
   w.num(static_cast<uint16_t>(type_of(m)));
   w.num(uint16_t{0});
@@ -341,40 +416,58 @@ std::vector<uint8_t> encode(const message& m, uint32_t seq) {
   return out;
 }
 
-decoded decode(uint16_t type, uint32_t seq, std::span<const uint8_t> body) {
-  switch (static_cast<msg_type>(type)) {
+decoded decode(uint16_t type, uint32_t seq, std::span<const uint8_t> body, uint16_t version) {
+  const auto t = static_cast<msg_type>(type);
+  switch (t) {
     case msg_type::hello:
-      return decode_as<hello>(body, seq, msg_type::hello);
+      return decode_as<hello>(body, seq, t, version);
     case msg_type::prepare:
-      return decode_as<prepare>(body, seq, msg_type::prepare);
+      return decode_as<prepare>(body, seq, t, version);
     case msg_type::send:
-      return decode_as<send>(body, seq, msg_type::send);
+      return decode_as<send>(body, seq, t, version);
     case msg_type::poll:
-      return decode_as<poll>(body, seq, msg_type::poll);
+      return decode_as<poll>(body, seq, t, version);
     case msg_type::cancel:
-      return decode_as<cancel>(body, seq, msg_type::cancel);
+      return decode_as<cancel>(body, seq, t, version);
     case msg_type::subscribe:
-      return decode_as<subscribe>(body, seq, msg_type::subscribe);
+      return decode_as<subscribe>(body, seq, t, version);
     case msg_type::info:
-      return decode_as<info>(body, seq, msg_type::info);
+      return decode_as<info>(body, seq, t, version);
     case msg_type::ok:
-      return decode_as<ok>(body, seq, msg_type::ok);
+      return decode_as<ok>(body, seq, t, version);
     case msg_type::error:
-      return decode_as<error>(body, seq, msg_type::error);
+      return decode_as<error>(body, seq, t, version);
     case msg_type::hello_reply:
-      return decode_as<hello_reply>(body, seq, msg_type::hello_reply);
+      return decode_as<hello_reply>(body, seq, t, version);
     case msg_type::poll_reply:
-      return decode_as<poll_reply>(body, seq, msg_type::poll_reply);
+      return decode_as<poll_reply>(body, seq, t, version);
     case msg_type::info_reply:
-      return decode_as<info_reply>(body, seq, msg_type::info_reply);
+      return decode_as<info_reply>(body, seq, t, version);
     case msg_type::event:
-      return decode_as<event>(body, seq, msg_type::event);
+      return decode_as<event>(body, seq, t, version);
+    case msg_type::poll_many:
+    case msg_type::poll_many_reply:
+      if (version < 4) {
+        decoded out;
+        out.seq = seq;
+        out.code = errc::malformed_frame;
+        out.error = fmt::format("{} needs protocol version 4; this connection speaks {}",
+                                to_string(t), version);
+        return out;
+      }
+      return t == msg_type::poll_many ? decode_as<poll_many>(body, seq, t, version)
+                                      : decode_as<poll_many_reply>(body, seq, t, version);
   }
   decoded out;
   out.seq = seq;
   out.code = errc::malformed_frame;
   out.error = fmt::format("unknown message type {}", type);
   return out;
+}
+
+uint16_t negotiate(uint16_t lo, uint16_t hi) {
+  const uint16_t best = std::min(hi, protocol_version);
+  return best >= std::max(lo, min_protocol_version) ? best : 0;
 }
 
 void frame_reader::feed(std::span<const uint8_t> bytes) {
@@ -418,7 +511,7 @@ std::optional<decoded> frame_reader::next() {
     out.code = errc::malformed_frame;
     out.error = fmt::format("frame flags must be 0, got {:#06x}", flags);
   } else {
-    out = decode(type, seq, body);
+    out = decode(type, seq, body, version_);
   }
   // Compact occasionally so a long-lived connection does not grow its buffer.
   if (pos_ > (1u << 20) && pos_ * 2 > buf_.size()) {

@@ -5,6 +5,10 @@
 /// All integers little-endian. Strings: u32 byte count + bytes. Lists: u32 count + elements.
 /// A reply echoes the request's seq; pushed events carry seq 0.
 ///
+/// Versions 3 and 4 (docs/protocol.md, "Versions"): the hello says the client's range, the
+/// daemon answers in the highest common version, and the encoding of a few messages depends on
+/// it (`encode`/`decode` take the connection's version).
+///
 /// The Mamba state slot and aux row are scalar u32 fields (no_index = absent): a list of state
 /// indices cannot be expressed. A frame with bytes left over after its last field is rejected.
 
@@ -21,7 +25,11 @@
 
 namespace ferry::proto {
 
-inline constexpr uint16_t protocol_version = 3;
+inline constexpr uint16_t protocol_version = 4;      ///< the highest version spoken
+inline constexpr uint16_t min_protocol_version = 3;  ///< the lowest version spoken
+inline constexpr uint32_t max_poll_many = 16384;     ///< rooms in one poll_many
+inline constexpr uint32_t poll_many_reason_bytes =
+    1000;  ///< reasons are cut there in its reply (so 16384 entries fit in a frame)
 inline constexpr uint32_t max_frame_bytes = 16u << 20;  ///< limit on the length field
 inline constexpr uint32_t header_bytes = 12;            ///< length + type + flags + seq
 inline constexpr uint32_t max_string_bytes = 64u << 10;
@@ -35,22 +43,26 @@ enum class msg_type : uint16_t {
   cancel = 5,
   subscribe = 6,
   info = 7,
+  poll_many = 8,  ///< v4
   ok = 100,
   error = 101,
   hello_reply = 102,
   poll_reply = 103,
   info_reply = 104,
   event = 105,
+  poll_many_reply = 106,  ///< v4
 };
 
 // --- requests (client -> ferryd) ---
 struct hello {
-  uint16_t version = protocol_version;
+  uint16_t version = protocol_version;  ///< the highest version the client speaks
   std::string client_name;
   /// Rooms this connection creates (a decode prepare, a prefill room's first send) are
   /// cancelled when it closes. Libraries set it; ferryctl, whose commands each use their own
   /// connection, does not.
   bool cancel_on_disconnect = true;
+  /// The lowest version the client speaks (on the wire only when `version` >= 4).
+  uint16_t min_version = min_protocol_version;
 };
 /// Decode side: where this room's bytes must land.
 struct prepare {
@@ -84,6 +96,10 @@ enum class info_topic : uint8_t { status = 0, rooms = 1, peers = 2 };
 struct info {
   info_topic topic = info_topic::status;
 };
+/// v4: the status of many rooms in one round trip.
+struct poll_many {
+  std::vector<uint64_t> rooms;
+};
 
 // --- replies and events (ferryd -> client) ---
 struct ok {};
@@ -107,11 +123,15 @@ struct hello_reply {
   uint32_t page_tokens = 0;  ///< tokens per KV page (0 without a kv pool)
   std::string config_yaml;   ///< the daemon's effective config (geometry of pools and ranks)
   pool_info pools[pool_kind_count];
+  /// v4: the range the daemon speaks.
+  uint16_t min_version = min_protocol_version;
+  uint16_t max_version = protocol_version;
 };
 struct poll_reply {
   uint64_t room = 0;
   room_status status = room_status::failed;
   std::string reason;
+  errc code = errc::ok;  ///< v4: why it failed (ok unless Failed)
 };
 struct info_reply {
   std::string text;
@@ -120,16 +140,22 @@ struct event {
   uint64_t room = 0;
   room_status status = room_status::failed;
   std::string reason;
+  errc code = errc::ok;  ///< v4: why it failed (ok unless Failed)
+};
+/// v4: one entry per room asked, in order.
+struct poll_many_reply {
+  std::vector<poll_reply> rooms;
 };
 
-using message = std::variant<hello, prepare, send, poll, cancel, subscribe, info, ok, error,
-                             hello_reply, poll_reply, info_reply, event>;
+using message =
+    std::variant<hello, prepare, send, poll, cancel, subscribe, info, ok, error, hello_reply,
+                 poll_reply, info_reply, event, poll_many, poll_many_reply>;
 
 msg_type type_of(const message& m);
 const char* to_string(msg_type t);
 
-/// Encode a complete frame (header + body).
-std::vector<uint8_t> encode(const message& m, uint32_t seq);
+/// Encode a complete frame (header + body) in protocol `version`.
+std::vector<uint8_t> encode(const message& m, uint32_t seq, uint16_t version = protocol_version);
 
 /// A decoded frame, or a decoding error naming the message type and the field.
 struct decoded {
@@ -140,12 +166,21 @@ struct decoded {
   bool framing_lost = false;  ///< the length field was unusable: the stream must be closed
 };
 
-/// Decode one frame body. `type` and `seq` come from the header; `body` excludes the header.
-decoded decode(uint16_t type, uint32_t seq, std::span<const uint8_t> body);
+/// Decode one frame body in protocol `version`. `type` and `seq` come from the header; `body`
+/// excludes the header. (hello and hello_reply carry their own version and decode the same in
+/// both.)
+decoded decode(uint16_t type, uint32_t seq, std::span<const uint8_t> body,
+               uint16_t version = protocol_version);
+
+/// The version a daemon speaking [min_protocol_version, protocol_version] answers a client
+/// speaking [lo, hi] in, or 0 when the ranges do not meet.
+uint16_t negotiate(uint16_t lo, uint16_t hi);
 
 /// Incremental frame splitter for a byte stream.
 class frame_reader {
  public:
+  /// Frames from now on are decoded in `version` (after the hello settled it).
+  void set_version(uint16_t version) { version_ = version; }
   /// Append received bytes.
   void feed(std::span<const uint8_t> bytes);
   /// Extract the next complete frame. Returns nullopt when more bytes are needed. A length field
@@ -157,6 +192,7 @@ class frame_reader {
  private:
   std::vector<uint8_t> buf_;
   size_t pos_ = 0;
+  uint16_t version_ = protocol_version;
 };
 
 }  // namespace ferry::proto

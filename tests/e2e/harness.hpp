@@ -291,8 +291,8 @@ class daemon_proc {
     return s.str();
   }
 
-  std::unique_ptr<client::client> connect() const {
-    auto c = client::client::connect(socket_, "test");
+  std::unique_ptr<client::client> connect(uint16_t max_version = proto::protocol_version) const {
+    auto c = client::client::connect(socket_, "test", std::chrono::seconds(10), true, max_version);
     INFO(c.message);
     REQUIRE(c);
     REQUIRE(c.value->map_pools());
@@ -494,6 +494,20 @@ class raw_conn {
   void send_frame(const proto::message& m, uint32_t seq) { send_raw(proto::encode(m, seq)); }
   void send_raw(const std::vector<uint8_t>& f) {
     REQUIRE(::send(fd_, f.data(), f.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(f.size()));
+  }
+
+  /// True once the daemon closed the connection (bounded wait; frames still unread are
+  /// discarded).
+  bool closed_by_peer(std::chrono::milliseconds timeout = 10s) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    uint8_t buf[4096];
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      auto n = recv(fd_, buf, sizeof(buf), 0);
+      if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) return true;
+    }
+    return false;
   }
 
   /// The next frame (bounded wait).

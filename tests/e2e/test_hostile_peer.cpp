@@ -201,9 +201,17 @@ TEST_CASE("a peer whose config does not validate is refused at handshake, and th
     hello.config_yaml = "{{{";
     expect = "peer config could not be read";
   }
-  SECTION("another protocol version") {
+  SECTION("protocol versions above ours") {
     hello.version = 99;
-    expect = "peer protocol version 99 is not supported";
+    hello.min_version = 98;
+    expect = fmt::format("peer speaks protocol versions 98..99, this daemon speaks {}..{}",
+                         peer_protocol_min_version, peer_protocol_version);
+  }
+  SECTION("protocol versions below ours") {
+    hello.version = 4;
+    hello.min_version = 3;
+    expect = fmt::format("peer speaks protocol versions 3..4, this daemon speaks {}..{}",
+                         peer_protocol_min_version, peer_protocol_version);
   }
   SECTION("a TP position its config does not have") {
     hello.tp_rank = 3;

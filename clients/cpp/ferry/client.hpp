@@ -39,11 +39,12 @@ class client {
  public:
   /// Connect to the ferryd at `socket_path`, say hello, and keep its pool description. With
   /// `cancel_on_disconnect` (the default) the rooms this connection creates are cancelled when
-  /// it closes, so a crashed engine leaks nothing.
+  /// it closes, so a crashed engine leaks nothing. The client offers protocol versions
+  /// [min_protocol_version, max_version] and speaks what the daemon picks (`version()`).
   static outcome<std::unique_ptr<client>> connect(
       const std::string& socket_path, const std::string& name = "ferry-client",
       std::chrono::milliseconds timeout = std::chrono::seconds(10),
-      bool cancel_on_disconnect = true);
+      bool cancel_on_disconnect = true, uint16_t max_version = proto::protocol_version);
   ~client();
   client(const client&) = delete;
   client& operator=(const client&) = delete;
@@ -57,6 +58,10 @@ class client {
   outcome<none> prepare(const proto::prepare& p);
   outcome<none> send(const proto::send& s);
   outcome<proto::poll_reply> poll(uint64_t room);
+  /// v4: the status of every room in `rooms`, in one round trip, in the order asked.
+  outcome<std::vector<proto::poll_reply>> poll_many(const std::vector<uint64_t>& rooms);
+  /// The protocol version of this connection (what the daemon picked at hello).
+  uint16_t version() const { return version_; }
   outcome<none> cancel(uint64_t room);
   /// Ask for status events of `room`; the current status arrives as the first event.
   outcome<none> subscribe(uint64_t room);
@@ -105,6 +110,7 @@ class client {
 
   int fd_ = -1;
   uint32_t next_seq_ = 1;
+  uint16_t version_ = proto::protocol_version;
   std::chrono::milliseconds timeout_{std::chrono::seconds(30)};
   proto::frame_reader reader_;
   std::deque<proto::event> events_;

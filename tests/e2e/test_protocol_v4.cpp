@@ -1,0 +1,197 @@
+// Client protocol version 4 against real daemons (docs/protocol.md, "Versions"): version
+// negotiation, error codes on every Failed poll and event, poll_many, and a prefill's
+// Bootstrapping for rooms it has not seen yet. Version 3 clients keep their semantics.
+
+#include "harness.hpp"
+
+using namespace ferry;
+using namespace ferry::test;
+
+TEST_CASE(
+    "protocol: a client speaking 3..4 gets 4, a v3 client gets 3, a range above ours is "
+    "refused and closed",
+    "[e2e][protocol]") {
+  temp_dir dir;
+  shape s;
+  daemon_proc decode(dir, "decode-0", "decode", s);
+  auto c4 = decode.connect();
+  CHECK(c4->version() == 4);
+  CHECK(c4->daemon().min_version == 3);
+  CHECK(c4->daemon().max_version == 4);
+  auto c3 = decode.connect(3);
+  CHECK(c3->version() == 3);
+
+  raw_conn raw(decode.socket());
+  raw.send_frame(proto::hello{6, "future", true, 5}, 1);
+  auto d = raw.next();
+  REQUIRE(d.msg);
+  auto* e = std::get_if<proto::error>(&*d.msg);
+  REQUIRE(e);
+  CHECK(d.seq == 1);
+  CHECK(e->code == errc::unsupported_version);
+  CHECK(e->message == "client speaks protocol versions 5..6, ferryd speaks 3..4");
+  CHECK(raw.closed_by_peer());
+  // The daemon serves on.
+  CHECK(c4->poll_many({}).value.empty());
+}
+
+TEST_CASE(
+    "protocol v4: Failed polls and events carry the error code, and v3 gets the same reason "
+    "without it",
+    "[e2e][protocol]") {
+  pair c;
+  auto d3 = c.decode.connect(3);
+  room_spec r;
+  r.room = 700;
+  r.src_pages = range(0, 4);
+  r.dst_pages = range(10, 4);
+  stage(c, r);
+  prepare(c, r);
+  REQUIRE(c.d->subscribe(r.room));
+  REQUIRE(c.d->cancel(r.room));
+  auto ev = c.d->wait_terminal(r.room, 30s);
+  REQUIRE(ev);
+  CHECK(ev.value.status == room_status::failed);
+  CHECK(ev.value.code == errc::cancelled);
+  CHECK(ev.value.reason == "cancelled by client");
+  auto p4 = c.d->poll(r.room);
+  REQUIRE(p4);
+  CHECK(p4.value.code == errc::cancelled);
+  auto p3 = d3->poll(r.room);
+  REQUIRE(p3);
+  CHECK(p3.value.status == room_status::failed);
+  CHECK(p3.value.code == errc::ok);  // not on the v3 wire
+  CHECK(p3.value.reason == "cancelled by client");
+
+  // A room whose prefill is gone: peer_lost on both the event and the poll.
+  room_spec r2;
+  r2.room = 701;
+  r2.src_pages = range(0, 4);
+  r2.dst_pages = range(20, 4);
+  stage(c, r2);
+  prepare(c, r2);
+  wait_status(*c.d, r2.room, room_status::waiting_for_input);
+  c.prefill.signal(SIGKILL);
+  auto lost = wait_done(*c.d, r2.room);
+  INFO(lost.reason);
+  CHECK(lost.status == room_status::failed);
+  CHECK(lost.code == errc::peer_lost);
+  CHECK(c.d->poll(r2.room).value.code == errc::peer_lost);
+}
+
+TEST_CASE("protocol v4: a prepare naming an unreachable prefill fails with peer_unreachable",
+          "[e2e][protocol]") {
+  temp_dir dir;
+  shape s;
+  daemon_proc decode(dir, "decode-0", "decode", s);
+  auto d = decode.connect();
+  const auto nobody = "127.0.0.1:" + std::to_string(free_port());
+  REQUIRE(d->prepare({702, {nobody}, range(0, 2), 1, 1}));
+  auto ev = wait_done(*d, 702);
+  INFO(ev.reason);
+  CHECK(ev.status == room_status::failed);
+  CHECK(ev.code == errc::peer_unreachable);
+}
+
+TEST_CASE("protocol v4: poll_many answers 1000 rooms in one round trip, in order",
+          "[e2e][protocol]") {
+  temp_dir dir;
+  shape s;
+  s.pages = 4096;
+  s.slots = 1024;
+  s.aux_rows = 1024;
+  daemon_proc decode(dir, "decode-0", "decode", s);
+  daemon_proc prefill(dir, "prefill-0", "prefill", s);
+  auto d = decode.connect();
+  std::vector<uint64_t> rooms;
+  for (uint32_t i = 0; i < 1000; ++i) {
+    const uint64_t room = 10000 + i;
+    REQUIRE(d->prepare({room, {prefill.control()}, {i}, i, i}));
+    rooms.push_back(room);
+  }
+  REQUIRE(d->cancel(10001));
+  rooms.push_back(424242);  // never seen on this decode
+  // The cancelled room's Failed must be settled before the batch is compared with single polls.
+  REQUIRE(d->subscribe(10001));
+  REQUIRE(d->wait_terminal(10001, 30s));
+  auto all = d->poll_many(rooms);
+  INFO(all.message);
+  REQUIRE(all);
+  REQUIRE(all.value.size() == rooms.size());
+  for (size_t i = 0; i < 1000; ++i) {
+    CHECK(all.value[i].room == rooms[i]);
+    // A single poll afterwards: the same room, a status at least as far (they only advance).
+    auto one = d->poll(rooms[i]);
+    REQUIRE(one);
+    if (i == 1) continue;
+    CHECK((all.value[i].status == room_status::bootstrapping ||
+           all.value[i].status == room_status::waiting_for_input));
+    CHECK(all.value[i].status <= one.value.status);
+    CHECK(all.value[i].code == errc::ok);
+  }
+  CHECK(all.value[1].status == room_status::failed);
+  CHECK(all.value[1].code == errc::cancelled);
+  CHECK(all.value[1000].status == room_status::failed);
+  CHECK(all.value[1000].code == errc::unknown_room);
+  CHECK(all.value[1000].reason == "unknown room 424242");
+  // A v3 connection cannot ask it.
+  auto d3 = decode.connect(3);
+  auto refused = d3->poll_many({10000});
+  CHECK_FALSE(refused);
+  CHECK(refused.code == errc::unsupported_version);
+}
+
+TEST_CASE(
+    "protocol v4: a prefill answers Bootstrapping for a room it has not seen, until the "
+    "bootstrapping deadline",
+    "[e2e][protocol]") {
+  temp_dir dir;
+  shape s;
+  s.bootstrapping_ms = 300;
+  daemon_proc prefill(dir, "prefill-0", "prefill", s);
+  daemon_proc decode(dir, "decode-0", "decode", s);
+  auto p = prefill.connect();
+  auto first = p->poll(900);
+  REQUIRE(first);
+  CHECK(first.value.status == room_status::bootstrapping);
+  CHECK(first.value.code == errc::ok);
+  // v3 keeps its answer: the room is unknown.
+  auto p3 = prefill.connect(3);
+  auto old = p3->poll(900);
+  CHECK_FALSE(old);
+  CHECK(old.code == errc::unknown_room);
+
+  // The decode's prepare arrives: the room is real and goes on (no deadline from the polls).
+  auto d = decode.connect();
+  room_spec r;
+  r.room = 901;
+  r.src_pages = range(0, 4);
+  r.dst_pages = range(0, 4);
+  r.chunks = {4};
+  CHECK(p->poll(901).value.status == room_status::bootstrapping);
+  REQUIRE(client::fill_kv(*p, r.room, r.src_pages, 0) == "");
+  REQUIRE(client::fill_state_and_aux(*p, r.room, r.src_slot, r.src_row) == "");
+  REQUIRE(client::clear_room(*d, r.dst_pages, r.dst_slot, r.dst_row) == "");
+  prepare(*d, prefill.control(), r);
+  send_rest(*p, r, 0);
+  auto done = wait_done(*d, r.room);
+  INFO(done.reason);
+  REQUIRE(done.status == room_status::success);
+  CHECK(wait_done(*p, r.room).status == room_status::success);
+  CHECK(p->poll(901).value.status == room_status::success);
+
+  // Room 900 never came: once the deadline has passed since its first poll, it is Failed.
+  // Polled again until then (bounded: the deadline is 300 ms).
+  proto::poll_reply late;
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  do {
+    auto x = p->poll(900);
+    REQUIRE(x);
+    late = x.value;
+  } while (late.status == room_status::bootstrapping && std::chrono::steady_clock::now() < until);
+  CHECK(late.status == room_status::failed);
+  CHECK(late.code == errc::timed_out);
+  CHECK(late.reason ==
+        "timed out in Bootstrapping after 300 ms: no prepare from a decode and no send arrived "
+        "(timeouts.bootstrapping_ms)");
+}

@@ -1,0 +1,84 @@
+#pragma once
+// The golden frames of the client protocol (tests/golden/frames.txt): one of every message in
+// every version it exists in. The C++ test below and the Python tests (tests/python) decode each
+// frame of the file and re-encode it to the same bytes, so the two codecs cannot drift.
+// Regenerate the file after a deliberate change of the wire format:
+//   FERRY_WRITE_GOLDEN=1 build/tests/ferry_unit_tests "golden frames*"
+
+#include <string>
+#include <vector>
+
+#include "core/protocol.hpp"
+
+namespace ferry::test {
+
+struct golden_frame {
+  uint16_t version;
+  std::string name;
+  uint32_t seq;
+  proto::message msg;
+};
+
+inline std::vector<golden_frame> golden_frames() {
+  using namespace proto;
+  hello_reply hr;
+  hr.node = "decode-0";
+  hr.instance = "0a1b2c3d";
+  hr.role = "decode";
+  hr.control = "127.0.0.1:7402";
+  hr.tp_size = 2;
+  hr.tp_rank = 1;
+  hr.page_tokens = 16;
+  hr.config_yaml = "role: decode\n";
+  hr.pools[0].present = true;
+  hr.pools[0].shm_name = "/ferry.decode-0.0a1b2c3d.kv";
+  hr.pools[0].layout.present = true;
+  hr.pools[0].layout.total_bytes = 2048;
+  hr.pools[0].layout.buffers = {{0, 512, 2, 3, 0, buffer_kind::k},
+                                {1024, 512, 2, 3, 0, buffer_kind::v}};
+  hr.pools[2].present = true;
+  hr.pools[2].shm_name = "/ferry.decode-0.0a1b2c3d.aux";
+  hr.pools[2].layout.present = true;
+  hr.pools[2].layout.total_bytes = 64;
+  hr.pools[2].layout.buffers = {{0, 32, 2, 0, 0, buffer_kind::aux}};
+
+  std::vector<golden_frame> out;
+  for (uint16_t v : {uint16_t{3}, uint16_t{4}}) {
+    hello h{v, "engine-7", true, v};
+    if (v == 4) h.min_version = 3;
+    auto r = hr;
+    r.version = v;
+    r.min_version = 3;  // on the wire in v4 only
+    r.max_version = v;
+    out.push_back({v, "hello", 1, h});
+    out.push_back({v, "hello_reply", 1, r});
+    out.push_back(
+        {v, "prepare", 2, prepare{77, {"127.0.0.1:7401", "10.0.0.2:7401"}, {5, 6, 9}, 2, 3}});
+    out.push_back({v, "send", 3, send{77, {1, 2}, false, no_index, no_index}});
+    out.push_back({v, "send_last", 4, send{77, {}, true, 1, 1}});
+    out.push_back({v, "poll", 5, poll{77}});
+    out.push_back({v, "cancel", 6, cancel{78}});
+    out.push_back({v, "subscribe", 7, subscribe{77}});
+    out.push_back({v, "info", 8, info{info_topic::peers}});
+    out.push_back({v, "ok", 2, ok{}});
+    out.push_back({v, "error", 9, error{errc::unknown_room, "unknown room 79"}});
+    out.push_back({v, "poll_reply_success", 5, poll_reply{77, room_status::success, "", errc::ok}});
+    out.push_back({v, "poll_reply_failed", 5,
+                   poll_reply{78, room_status::failed, "cancelled by client", errc::cancelled}});
+    out.push_back({v, "info_reply", 8, info_reply{"no peers\n"}});
+    out.push_back(
+        {v, "event", 0,
+         event{78, room_status::failed, "peer 127.0.0.1:7401 lost: gone", errc::peer_lost}});
+    if (v == 4) {
+      out.push_back({v, "poll_many", 10, poll_many{{77, 78, 79}}});
+      out.push_back({v, "poll_many_reply", 10,
+                     poll_many_reply{{poll_reply{77, room_status::transferring, "", errc::ok},
+                                      poll_reply{78, room_status::failed, "cancelled by client",
+                                                 errc::cancelled},
+                                      poll_reply{79, room_status::bootstrapping, "", errc::ok}}}});
+    }
+  }
+  return out;
+}
+
+}  // namespace ferry::test
