@@ -1,0 +1,30 @@
+"""Ferry's Python client (docs/protocol.md), standard library only.
+
+    from ferry import Client, Status
+    with Client("/tmp/ferry-decode.sock") as c:
+        c.prepare(7, "127.0.0.1:7401", dst_pages=[5, 6, 7], state_slot=2, aux_row=2)
+        c.subscribe(7)
+        if c.wait_terminal(7, timeout=30).status == Status.Success: ...
+
+- :mod:`ferry.client`: :class:`Client`, thread-safe, several requests in flight, events to
+  callbacks and a queue, protocol versions 3 and 4 (``poll_many``, error codes on statuses);
+- :mod:`ferry.protocol`: the pure codec (``encode``/``decode``) and the message dataclasses;
+- :mod:`ferry.errors`: :class:`Errc` and :class:`FerryError`.
+"""
+
+from .client import Client, EventCallback
+from .errors import EncodeError, Errc, FerryError, ProtocolError, to_errc
+from .protocol import (MAX_POLL_MANY, MIN_PROTOCOL_VERSION, NO_INDEX, POOL_KINDS,
+                       PROTOCOL_VERSION, SUPPORTED_VERSIONS, Buffer, BufferKind, Event,
+                       HelloReply, InfoTopic, MessageType, Pool, PollReply, PollResult, Status,
+                       decode, encode)
+
+__version__ = "0.4.0"
+
+__all__ = [
+    "Client", "EventCallback", "EncodeError", "Errc", "FerryError", "ProtocolError", "to_errc",
+    "MAX_POLL_MANY", "MIN_PROTOCOL_VERSION", "NO_INDEX", "POOL_KINDS", "PROTOCOL_VERSION",
+    "SUPPORTED_VERSIONS", "Buffer", "BufferKind", "Event", "HelloReply", "InfoTopic",
+    "MessageType", "Pool", "PollReply", "PollResult", "Status", "decode", "encode",
+    "__version__",
+]

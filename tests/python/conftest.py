@@ -1,0 +1,243 @@
+"""Shared helpers of the Python client's pytest suite.
+
+- the client under test is imported from clients/python (not an installed copy);
+- :class:`FakeDaemon`: a real unix socket server thread that speaks the protocol through the
+  Python codec, scripted by each test;
+- :func:`start_daemon`: a real ferryd from ``FERRY_BIN_DIR`` (default build/src of this repo).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CLIENT_DIR = REPO / "clients" / "python"
+sys.path.insert(0, str(CLIENT_DIR))
+
+from ferry.protocol import (FrameReader, Hello, HelloReply, Message, check_flags,  # noqa: E402
+                            decode, encode, Error)
+
+BIN_DIR = Path(os.environ.get("FERRY_BIN_DIR", str(REPO / "build" / "src")))
+IO_TIMEOUT = 10.0  # every wait in these tests is bounded by this
+
+
+# --------------------------------------------------------------------------------------------
+# A fake daemon
+
+
+class FakeConn:
+    """One accepted connection of :class:`FakeDaemon`."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.sock.settimeout(IO_TIMEOUT)
+        self.frames = FrameReader()
+        self.version = 4  # for decoding requests and encoding replies, once the hello settled it
+
+    def recv(self) -> tuple[int, Message]:
+        """The next request: ``(seq, message)``; raises on EOF or after IO_TIMEOUT."""
+        while True:
+            f = self.frames.next()
+            if f is not None:
+                check_flags(f)
+                return f.seq, decode(f.type, f.seq, f.body, self.version)
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise EOFError("the client closed the connection")
+            self.frames.feed(chunk)
+
+    def recv_raw(self) -> tuple[int, int, bytes]:
+        """The next request as ``(type, seq, body)``, undecoded."""
+        while True:
+            f = self.frames.next()
+            if f is not None:
+                return f.type, f.seq, f.body
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise EOFError("the client closed the connection")
+            self.frames.feed(chunk)
+
+    def send(self, msg: Message, seq: int, version: Optional[int] = None) -> None:
+        self.sock.sendall(encode(msg, seq, self.version if version is None else version))
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def hello(self, speaks: tuple[int, int] = (3, 4), role: str = "decode") -> Hello:
+        """Read the hello and answer it as a daemon speaking ``speaks`` would."""
+        seq, msg = self.recv()
+        assert isinstance(msg, Hello), msg
+        lo, hi = max(msg.min_version, speaks[0]), min(msg.version, speaks[1])
+        if lo > hi:
+            self.send(Error(312, f"client speaks protocol versions {msg.min_version}.."
+                                 f"{msg.version}, ferryd speaks {speaks[0]}..{speaks[1]}"), seq)
+            raise EOFError("unsupported version")
+        self.version = hi
+        self.send(HelloReply(version=hi, node="fake", instance="0", role=role,
+                             control="127.0.0.1:1", min_version=speaks[0],
+                             max_version=speaks[1]), seq)
+        return msg
+
+    def wait_closed(self) -> None:
+        """Block until the client closes (bounded)."""
+        try:
+            while self.sock.recv(1 << 16):
+                pass
+        except OSError:
+            pass
+
+
+class FakeDaemon:
+    """A unix socket server thread; ``serve(handler)`` runs ``handler(conn)`` for each of the
+    next ``connections`` connections. ``join()`` re-raises what a handler raised (EOFError from
+    a client that closed is fine)."""
+
+    def __init__(self, directory: str) -> None:
+        self.path = os.path.join(directory, "fake.sock")
+        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.srv.bind(self.path)
+        self.srv.listen(8)
+        self.srv.settimeout(IO_TIMEOUT)
+        self.thread: Optional[threading.Thread] = None
+        self.error: Optional[BaseException] = None
+        self.conns: list[FakeConn] = []
+
+    def serve(self, handler: Callable[[FakeConn], None], connections: int = 1) -> None:
+        def run() -> None:
+            try:
+                for _ in range(connections):
+                    sock, _ = self.srv.accept()
+                    conn = FakeConn(sock)
+                    self.conns.append(conn)
+                    try:
+                        handler(conn)
+                    except EOFError:
+                        pass
+                    finally:
+                        sock.close()
+            except BaseException as e:  # reported by join()
+                self.error = e
+        self.thread = threading.Thread(target=run, daemon=True, name="fake-ferryd")
+        self.thread.start()
+
+    def join(self) -> None:
+        assert self.thread is not None
+        self.thread.join(IO_TIMEOUT)
+        assert not self.thread.is_alive(), "the fake daemon's handler did not finish in time"
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        self.srv.close()
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[str]:
+    """A short temporary directory (unix socket paths are limited to 107 bytes)."""
+    d = tempfile.mkdtemp(prefix="ferry-py-")
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def fake(short_tmp: str) -> Iterator[FakeDaemon]:
+    d = FakeDaemon(short_tmp)
+    try:
+        yield d
+    finally:
+        d.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Real daemons
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def daemon_config(name: str, role: str, port: int, sock: str, pools: str,
+                  extra: str = "") -> str:
+    return f"""node: {{name: {name}}}
+role: {role}
+listen: {{control: "127.0.0.1:{port}", client: {sock}}}
+fabric: {{provider: tcp, write_piece_bytes: 262144}}
+{pools}{extra}"""
+
+
+MAMBA_POOLS = """pools:
+  kv: {layer_ids: [3, 7], page_tokens: 1, kv_heads: 2, head_dim: 256, dtype_bytes: 2, pages: 256}
+  mamba:
+    slots: 4
+    layer_ids: [0, 1]
+    tensors:
+      - {name: conv, shape: [8192, 3], dtype_bytes: 2, slice_axis: 0, shard_groups: [2048, 2048, 4096]}
+      - {name: temporal, shape: [4, 128, 128], dtype_bytes: 4, slice_axis: 0}
+  aux: {rows: 8, row_bytes: 5632}
+"""
+
+KV_ONLY_POOLS = """pools:
+  kv: {layer_ids: [0], page_tokens: 1, kv_heads: 1, head_dim: 64, dtype_bytes: 2, pages: 2048}
+"""
+
+
+class Daemon:
+    """A running ferryd: ``sock`` (client socket path), ``control`` ("127.0.0.1:port")."""
+
+    def __init__(self, proc: subprocess.Popen, sock: str, control: str, log: str) -> None:
+        self.proc, self.sock, self.control, self.log = proc, sock, control, log
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            return self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=15)
+            return -9
+
+
+def start_daemon(tmp: str, name: str, role: str, pools: str, extra: str = "") -> Daemon:
+    """Start ferryd with ``--ready-fd`` and wait (bounded) until it says ``ready``."""
+    ferryd = BIN_DIR / "ferryd"
+    if not ferryd.is_file():
+        pytest.fail(f"no ferryd at {ferryd}: build it, or set FERRY_BIN_DIR to the directory "
+                    f"holding it")
+    port, sock = free_port(), os.path.join(tmp, name + ".sock")
+    path = os.path.join(tmp, name + ".yaml")
+    with open(path, "w") as f:
+        f.write(daemon_config(name, role, port, sock, pools, extra))
+    r, w = os.pipe()
+    log = os.path.join(tmp, name + ".log")
+    with open(log, "w") as logf:
+        proc = subprocess.Popen([str(ferryd), "--config", path, "--ready-fd", str(w)],
+                                pass_fds=(w,), stdout=logf, stderr=logf)
+    os.close(w)
+    ready = threading.Event()
+    line: list[str] = []
+
+    def read() -> None:
+        with os.fdopen(r) as f:  # "ready", or EOF when the daemon exits
+            line.append(f.readline().strip())
+        ready.set()
+    threading.Thread(target=read, daemon=True).start()
+    if not ready.wait(30) or line != ["ready"]:
+        proc.kill()
+        proc.wait(timeout=15)
+        pytest.fail(f"{name} did not start: {open(log).read()}")
+    return Daemon(proc, sock, f"127.0.0.1:{port}", log)
