@@ -57,6 +57,17 @@ struct client_gateway::impl {
     bool want_write = false;
     bool said_hello = false;                     // hello must come first, and only once
     uint16_t version = proto::protocol_version;  // settled by the hello
+    /// Bytes received so far, and descriptors received (SCM_RIGHTS) with the stream position
+    /// just after the read that brought them. A read stops right after the message carrying
+    /// descriptors (it may begin with the tail of an earlier one), so they belong to the frame
+    /// holding that read's last byte: a register_memory frame sent with one sendmsg.
+    uint64_t stream_in = 0;
+    struct fd_batch {
+      uint64_t end = 0;
+      std::vector<int> fds;
+      bool truncated = false;  // more came than fit (the kernel closed the rest)
+    };
+    std::deque<fd_batch> fd_batches;
     /// Since when a started frame is incomplete (nullopt: no partial frame buffered).
     std::optional<std::chrono::steady_clock::time_point> partial_since;
   };
@@ -94,6 +105,8 @@ struct client_gateway::impl {
   void close_conn(uint64_t id, std::atomic<size_t>& count) {
     auto it = conns.find(id);
     if (it == conns.end()) return;
+    for (auto& b : it->second.fd_batches)
+      for (int fd : b.fds) close(fd);
     epoll_ctl(epoll_fd, EPOLL_CTL_DEL, it->second.fd, nullptr);
     close(it->second.fd);
     conns.erase(it);
@@ -161,6 +174,69 @@ struct client_gateway::impl {
     c.version = version;
     c.reader.set_version(version);
     return std::nullopt;
+  }
+
+  /// The descriptors of the frame that occupied stream bytes [start, end): those whose read
+  /// ended inside it, when it is a register_memory asking for exactly that many. Any other
+  /// descriptor received up to `end` is closed (with a log line): it belongs to no request.
+  /// A refusal (then every descriptor of the frame is closed and the request is not served).
+  std::optional<proto::error> take_fds(connection& c, uint64_t start, uint64_t end,
+                                       const proto::decoded& d, std::vector<int>& out) {
+    const auto* reg = d.msg ? std::get_if<proto::register_memory>(&*d.msg) : nullptr;
+    bool truncated = false;
+    while (!c.fd_batches.empty() && c.fd_batches.front().end <= end) {
+      auto& b = c.fd_batches.front();
+      if (reg && b.end > start) {
+        out.insert(out.end(), b.fds.begin(), b.fds.end());
+        truncated = truncated || b.truncated;
+      } else {
+        log->warn("a client sent {} file descriptor(s) with a {} frame; closed them", b.fds.size(),
+                  d.msg ? proto::to_string(proto::type_of(*d.msg)) : "bad");
+        for (int fd : b.fds) close(fd);
+      }
+      c.fd_batches.pop_front();
+    }
+    if (!reg) return std::nullopt;
+    std::optional<proto::error> refusal;
+    if (truncated)
+      refusal = proto::error{errc::invalid_request,
+                             fmt::format("register_memory: more than {} file descriptors came "
+                                         "with the frame",
+                                         proto::max_register_fds)};
+    else if (out.size() != reg->fd_count)
+      refusal = proto::error{errc::invalid_request,
+                             fmt::format("register_memory: the frame says {} file descriptor(s) "
+                                         "but {} came with it (SCM_RIGHTS on its first byte)",
+                                         reg->fd_count, out.size())};
+    if (refusal) {
+      for (int fd : out) close(fd);
+      out.clear();
+    }
+    return refusal;
+  }
+
+  /// recv, also taking the descriptors a client passes with SCM_RIGHTS.
+  static ssize_t receive(connection& c, std::vector<uint8_t>& buf) {
+    iovec iov{buf.data(), buf.size()};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * proto::max_register_fds)];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    ssize_t got = recvmsg(c.fd, &msg, MSG_CMSG_CLOEXEC);
+    if (got <= 0) return got;
+    connection::fd_batch batch;
+    batch.end = c.stream_in + static_cast<uint64_t>(got);
+    batch.truncated = (msg.msg_flags & MSG_CTRUNC) != 0;
+    for (cmsghdr* h = CMSG_FIRSTHDR(&msg); h; h = CMSG_NXTHDR(&msg, h)) {
+      if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS) continue;
+      const size_t n = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      const int* fds = reinterpret_cast<const int*>(CMSG_DATA(h));
+      batch.fds.insert(batch.fds.end(), fds, fds + n);
+    }
+    if (!batch.fds.empty() || batch.truncated) c.fd_batches.push_back(std::move(batch));
+    return got;
   }
 
   /// Tell a just-accepted connection why it is refused, and close it.
@@ -382,9 +458,10 @@ void client_gateway::run() {
       bool close_it = false;
       if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
         for (;;) {
-          ssize_t got = recv(c.fd, rbuf.data(), rbuf.size(), 0);
+          ssize_t got = impl::receive(c, rbuf);
           if (got > 0) {
             c.reader.feed(std::span<const uint8_t>(rbuf.data(), static_cast<size_t>(got)));
+            c.stream_in += static_cast<uint64_t>(got);
             if (static_cast<size_t>(got) < rbuf.size()) break;
           } else if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             break;
@@ -395,7 +472,16 @@ void client_gateway::run() {
             break;
           }
         }
-        while (auto d = c.reader.next()) {
+        for (;;) {
+          const uint64_t start = c.stream_in - c.reader.buffered();
+          auto d = c.reader.next();
+          if (!d) break;
+          std::vector<int> fds;
+          if (auto refusal = im.take_fds(c, start, c.stream_in - c.reader.buffered(), *d, fds)) {
+            im.log->warn("client conn={} {}", key, refusal->message);
+            im.queue_local(key, c, *refusal, d->seq);
+            continue;
+          }
           if (d->msg) {
             bool close_after = false;
             if (auto refusal = im.session_error(c, *d->msg, close_after)) {
@@ -407,8 +493,8 @@ void client_gateway::run() {
               }
               continue;
             }
-            caf::anon_send(im.scheduler,
-                           client_request{key, d->seq, std::move(*d->msg), c.version});
+            caf::anon_send(im.scheduler, client_request{key, d->seq, std::move(*d->msg), c.version,
+                                                        std::move(fds)});
             continue;
           }
           im.log->warn("client conn={} sent a bad frame: {}", key, d->error);

@@ -112,10 +112,13 @@ std::string register_for_peer(connection_state& st) {
     return {};
   };
   st.regions.assign(pool_kind_count, peer_region{});
+  // A client pool without its client's memory cannot be described; the handshake fails and the
+  // peer retries with its next room.
+  if (auto why = ctx.pools_unusable(); !why.empty()) return why;
   for (int k = 0; k < pool_kind_count; ++k) {
     if (!ctx.layout.pools[k].present) continue;
-    if (auto e = describe(ctx.pools[k].data(), ctx.layout.pools[k].total_bytes, ctx.regions[k],
-                          st.regions[k]);
+    if (auto e = describe(ctx.base(static_cast<space>(k)), ctx.layout.pools[k].total_bytes,
+                          ctx.regions[k], st.regions[k]);
         !e.empty())
       return e;
   }
@@ -196,6 +199,7 @@ std::variant<std::shared_ptr<peer_info>, std::string> validate_peer(const daemon
       parsed_cfg.pp.size != h.pp_size || parsed_cfg.pp.rank != h.pp_rank)
     return "peer declared a TP/PP position that differs from its config (corrupted handshake)";
   info->schema = schema_of(parsed_cfg);
+  info->instance_ranks = parsed_cfg.instance_ranks;
   const auto mine = schema_of(ctx.config);
   auto plan = we_decode ? make_link_plan(info->schema, mine) : make_link_plan(mine, info->schema);
   if (auto* e = std::get_if<std::string>(&plan)) {

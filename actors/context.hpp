@@ -74,14 +74,29 @@ struct staging_area {
   uint64_t waits_ = 0;
 };
 
+/// A `memory: client` pool (docs/protocol.md, register_memory): an address range reserved at
+/// start (no access), into which a client's registration maps its buffers at their layout
+/// offsets, so the pool has one base address whoever owns the memory. Only the Scheduler
+/// changes `state`; other actors read it (a handshake describes only a registered pool).
+struct client_pool {
+  enum class state : uint8_t { unregistered, registering, registered, releasing };
+  uint8_t* base = nullptr;
+  uint64_t bytes = 0;
+  std::atomic<state> now{state::unregistered};
+  uint64_t owner = 0;  ///< the client connection whose registration it is (Scheduler only)
+};
+const char* to_string(client_pool::state s);
+
 struct daemon_context {
   ferry_config config;
   std::string instance;        ///< resolved instance id
   std::string config_yaml;     ///< effective config, sent to peers
   std::string cluster_secret;  ///< empty: peers are not authenticated
   node_layout layout;
-  std::array<shm_region, pool_kind_count> pools;  ///< mapped pools (empty when absent)
-  std::array<transport::region_id, pool_kind_count> regions{};
+  std::array<shm_region, pool_kind_count> pools;  ///< daemon-owned pools (empty when absent)
+  std::array<client_pool, pool_kind_count> client_pools;  ///< `memory: client` pools
+  /// Local registration of each pool; a client pool's changes with its registration.
+  std::array<std::atomic<transport::region_id>, pool_kind_count> regions{};
   std::unique_ptr<staging_area> staging;  ///< null when fabric.staging_bytes is 0; declared
                                           ///< before the engine so it outlives its registration
   std::unique_ptr<transport::engine> engine;
@@ -94,15 +109,20 @@ struct daemon_context {
   /// Base address of a local memory space (pool or staging).
   uint8_t* base(space s) const {
     if (s == space::staging) return staging ? staging->data : nullptr;
-    return pools[static_cast<int>(s)].data();
+    const int k = static_cast<int>(s);
+    return client_pools[k].base ? client_pools[k].base : pools[k].data();
   }
+  /// Whether pool `k` is `memory: client`.
+  bool client_memory(int k) const { return client_pools[k].base != nullptr; }
+  /// Why rooms cannot use the pools now (a `memory: client` pool not registered), or "".
+  std::string pools_unusable() const;
   /// Do one planned local copy (packing at a prefill, unpacking at a decode).
   void copy(const planned_copy& c) const {
     std::memcpy(base(c.to) + c.to_offset, base(c.from) + c.from_offset, c.length);
   }
   /// Registered region id of a local memory space.
   transport::region_id region(space s) const {
-    return s == space::staging ? staging->region : regions[static_cast<int>(s)];
+    return s == space::staging ? staging->region : regions[static_cast<int>(s)].load();
   }
 
   bool serves_decode() const { return config.role != node_role::prefill; }

@@ -16,6 +16,7 @@
 
 #include "actors/actors.hpp"
 #include "actors/client_gateway.hpp"
+#include "actors/client_memory.hpp"
 #include "actors/peer_gate.hpp"
 #include "core/auth.hpp"
 #include "core/daemon_locks.hpp"
@@ -166,9 +167,20 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
     return 2;
   }
   ctx->engine = std::move(opened.value);
+  if (auto e = reserve_client_pools(*ctx); !e.empty()) {
+    log->error("{}", e);
+    return 2;
+  }
   for (int k = 0; k < pool_kind_count; ++k) {
     const auto& pool = ctx->layout.pools[k];
     if (!pool.present) continue;
+    if (ctx->client_memory(k)) {
+      log->info(
+          "pool {}: client memory ({} bytes, {} buffers; rooms wait for a client's "
+          "register_memory)",
+          to_string(static_cast<pool_kind>(k)), pool.total_bytes, pool.buffers.size());
+      continue;
+    }
     std::string err;
     auto name = fmt::format("/ferry.{}.{}.{}", cfg.node_name, ctx->instance,
                             to_string(static_cast<pool_kind>(k)));

@@ -202,9 +202,10 @@ struct peer_info {
   std::vector<peer_region> regions;
   peer_region staging;
   transport::peer_handle fabric_peer = 0;
-  rank_schema schema;                     ///< the peer's pools and TP/PP position
-  std::shared_ptr<const link_plan> link;  ///< prefill -> decode plan for this pair, validated at
-                                          ///< handshake (whichever side we are)
+  rank_schema schema;                       ///< the peer's pools and TP/PP position
+  std::vector<std::string> instance_ranks;  ///< its config's discovery.instance_ranks
+  std::shared_ptr<const link_plan> link;    ///< prefill -> decode plan for this pair, validated at
+                                            ///< handshake (whichever side we are)
 
   /// Remote region of a space at the peer.
   const peer_region& region(space s) const {
@@ -227,6 +228,9 @@ struct client_request {
   uint32_t seq = 0;
   proto::message msg;
   uint16_t version = proto::protocol_version;  ///< the connection's protocol version
+  /// register_memory: the descriptors that came with it, owned by whoever handles the request
+  /// (closed once mapped, or when refused).
+  std::vector<int> fds;
 };
 
 /// A client connection closed.
@@ -243,6 +247,20 @@ struct immediates_msg {
 struct batch_done_msg {
   uint64_t batch = 0;
   transport::batch_result result;
+};
+
+/// Off the actor workers -> Scheduler: a client pool's mapping and registration finished
+/// (`error` empty) or failed; the request (`conn`, `seq`) is answered now.
+struct memory_mapped {
+  int pool = 0;
+  uint64_t conn = 0;
+  uint32_t seq = 0;
+  std::string error;
+};
+/// Off the actor workers -> Scheduler: a client pool's memory was deregistered and unmapped.
+struct memory_released {
+  int pool = 0;
+  std::string error;
 };
 
 /// A room actor's status changed (to the Scheduler).
@@ -361,6 +379,8 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::client_gone)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::immediates_msg)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::batch_done_msg)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::room_update)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::memory_mapped)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::memory_released)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_ready)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_inbound)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_down)

@@ -17,6 +17,7 @@
 
 #include "actors/actors.hpp"
 #include "actors/client_gateway.hpp"
+#include "actors/client_memory.hpp"
 #include "core/dst_claims.hpp"
 #include "core/plan.hpp"
 
@@ -94,6 +95,10 @@ struct scheduler_state {
   std::unordered_map<uint64_t, std::string> ended_tokens;
   std::deque<uint64_t> ended_order;
   std::unordered_set<uint64_t> owning_clients;  // said hello with cancel_on_disconnect
+  std::unordered_set<uint64_t> clients;         // said hello, still connected
+  /// Client pools being released: whether their peers were told to fence, and whether the
+  /// unmapping is under way.
+  std::array<bool, pool_kind_count> release_fenced{}, release_unmapping{};
   /// Outbound peers declared unresponsive: why, and until when new rooms fail at once.
   std::unordered_map<std::string, std::pair<std::string, std::chrono::steady_clock::time_point>>
       unresponsive;
@@ -169,6 +174,7 @@ std::optional<std::string> check_pages(const daemon_context& ctx, uint64_t room,
 /// exhaust the daemon for everyone else.
 std::optional<std::string> admission(const scheduler_state& st, const side_rooms& side,
                                      const char* name) {
+  if (auto why = st.ctx->pools_unusable(); !why.empty()) return why;
   const auto limit = st.ctx->config.limits.max_active_rooms;
   if (side.active.size() < limit) return std::nullopt;
   return fmt::format(
@@ -181,6 +187,8 @@ void notify_subscribers(scheduler_actor* self, const room_entry& e, uint64_t roo
   for (auto c : e.subscribers)
     self->state.ctx->gateway->push(c, proto::event{room, s, reason, code});
 }
+
+void try_release(scheduler_actor* self);
 
 /// A room whose actor ended without a terminal status: Failed, its claims released.
 void fail_orphan(scheduler_actor* self, side_rooms& side, uint64_t room, std::string reason) {
@@ -197,6 +205,7 @@ void fail_orphan(scheduler_actor* self, side_rooms& side, uint64_t room, std::st
                           &side == &st.decode ? "decode" : "prefill", reason);
   ++side.failed;
   side.finish(room, room_status::failed, std::move(reason), errc::internal);
+  try_release(self);
 }
 
 caf::actor connection_for(scheduler_actor* self, const std::string& address) {
@@ -300,6 +309,8 @@ void on_send(scheduler_actor* self, client_request& r) {
     return reply_error(
         self, r, errc::wrong_role,
         fmt::format("room {}: send is a prefill operation; this daemon's role is decode", s.room));
+  if (auto why = ctx.pools_unusable(); !why.empty())  // before any look at the pools' memory
+    return reply_error(self, r, errc::invalid_request, fmt::format("room {}: {}", s.room, why));
   if (auto e = check_pages(ctx, s.room, s.src_pages, "src page"))
     return reply_error(self, r, errc::invalid_request, *e);
   if (s.last) {
@@ -309,8 +320,7 @@ void on_send(scheduler_actor* self, client_request& r) {
       // The aux row carries the room id: a wrong row would deliver another request's metadata.
       uint64_t stored = 0;
       std::memcpy(&stored,
-                  ctx.pools[static_cast<int>(pool_kind::aux)].data() +
-                      ctx.layout[pool_kind::aux].buffers[0].offset +
+                  ctx.base(space::aux) + ctx.layout[pool_kind::aux].buffers[0].offset +
                       uint64_t{s.aux_row} * ctx.config.pools.aux->row_bytes,
                   sizeof(stored));
       if (stored != s.room)
@@ -337,7 +347,8 @@ void on_send(scheduler_actor* self, client_request& r) {
   // room turned terminal while the chunk was on its way) bounces back here and is answered,
   // so every send gets exactly one reply.
   const uint64_t room = s.room;
-  const client_request head{r.conn, r.seq, proto::send{room, {}, false, no_index, no_index}};
+  const client_request head{
+      r.conn, r.seq, proto::send{room, {}, false, no_index, no_index}, r.version, {}};
   self->request(it->second.actor, caf::infinite, std::move(r))
       .then([] {},
             [=](caf::error&) {
@@ -457,6 +468,148 @@ std::string info_text(scheduler_state& st, proto::info_topic topic) {
   return o.str();
 }
 
+/// register_memory: check the table and descriptors, then map and register off the actor
+/// workers (memory_mapped answers the request).
+void on_register_memory(scheduler_actor* self, client_request& r) {
+  auto& st = self->state;
+  const auto& m = std::get<proto::register_memory>(r.msg);
+  if (auto e = check_registration(*st.ctx, m, r.fds); !e.empty()) {
+    for (int fd : r.fds) close(fd);
+    st.ctx->log_sched->warn("client conn={} register_memory refused: {}", r.conn, e);
+    return reply_error(self, r, errc::invalid_request, e);
+  }
+  const int k = static_cast<int>(m.pool);
+  st.ctx->client_pools[k].now = client_pool::state::registering;
+  st.ctx->client_pools[k].owner = r.conn;
+  auto me = caf::actor_cast<caf::actor>(self);
+  self->spawn<caf::detached>([ctx = st.ctx, me, req = m, fds = std::move(r.fds), conn = r.conn,
+                              seq = r.seq, k](caf::blocking_actor*) {
+    auto err = map_client_pool(*ctx, req, fds);
+    for (int fd : fds) close(fd);  // the mappings keep the memory
+    caf::anon_send(me, memory_mapped{k, conn, seq, std::move(err)});
+  });
+}
+
+/// Continue releasing client pools whose registering connection closed: once no room is active,
+/// fence every peer (a decode's peers hold keys to the memory), then deregister and unmap.
+void try_release(scheduler_actor* self) {
+  auto& st = self->state;
+  for (int k = 0; k < pool_kind_count; ++k) {
+    if (st.ctx->client_pools[k].now.load() != client_pool::state::releasing) continue;
+    if (!st.decode.active.empty() || !st.prefill.active.empty()) return;
+    if (st.ctx->serves_decode() && !st.connections.empty()) {
+      if (!st.release_fenced[k]) {
+        st.release_fenced[k] = true;
+        for (auto& [conn, info] : st.connections)
+          self->send(conn, fence_atom::value,
+                     fmt::format("fenced: the memory of pool {} is being released by its client",
+                                 to_string(static_cast<pool_kind>(k))));
+      }
+      return;
+    }
+    if (st.release_unmapping[k]) continue;
+    st.release_unmapping[k] = true;
+    auto me = caf::actor_cast<caf::actor>(self);
+    self->spawn<caf::detached>([ctx = st.ctx, me, k](caf::blocking_actor*) {
+      caf::anon_send(me, memory_released{k, unmap_client_pool(*ctx, k)});
+    });
+  }
+}
+
+/// The connection that registered client pool `k` closed: cancel every room (they all use the
+/// pool), then release it (try_release).
+void start_release(scheduler_actor* self, int k, const std::string& why) {
+  auto& st = self->state;
+  const auto name = to_string(static_cast<pool_kind>(k));
+  st.ctx->client_pools[k].now = client_pool::state::releasing;
+  st.release_fenced[k] = st.release_unmapping[k] = false;
+  const auto reason = fmt::format("cancelled: the connection that registered pool {} closed", name);
+  size_t rooms = 0;
+  for (auto* side : {&st.prefill, &st.decode})
+    for (auto& [room, e] : side->active) {
+      self->send(e.actor, cancel_atom::value, reason);
+      ++rooms;
+    }
+  st.ctx->log_sched->info(
+      "pool {}: {}; cancelling {} room(s) and fencing the peers before its "
+      "memory is released",
+      name, why, rooms);
+  try_release(self);
+}
+
+proto::discovered_rank rank_at(const std::string& address) {
+  proto::discovered_rank r;
+  r.address = address;
+  return r;
+}
+
+/// discover: handshake with the daemon at the address (the connection stays for the rooms
+/// that follow), then with every rank its config lists (discovery.instance_ranks), and answer
+/// each rank's position or why it cannot be used. Each lookup is bounded by the handshake
+/// deadline, and the ranks are asked at once: a rank that is down costs no more than one.
+void on_discover(scheduler_actor* self, client_request& r) {
+  auto& st = self->state;
+  const auto address = std::get<proto::discover>(r.msg).address;
+  if (!valid_host_port(address))
+    return reply_error(
+        self, r, errc::invalid_request,
+        fmt::format("discover: '{}' is not host:port (a port in 1..65535)", address));
+  const auto limit = std::chrono::milliseconds(st.ctx->config.timeouts.handshake_ms + 1000);
+  struct gather {
+    uint64_t conn;
+    uint32_t seq;
+    proto::discover_reply out;
+    size_t pending = 0;
+  };
+  auto lookup = [self, limit](std::shared_ptr<gather> g, size_t i) {
+    auto& rank = g->out.ranks[i];
+    auto done = [self, g] {
+      if (--g->pending == 0) self->state.ctx->gateway->reply(g->conn, g->seq, g->out);
+    };
+    self->request(connection_for(self, rank.address), limit, info_atom::value)
+        .then(
+            [g, i, done](peer_lookup& l) {
+              auto& x = g->out.ranks[i];
+              if (l.info) {
+                x.up = true;
+                x.node = l.info->node;
+                x.tp_size = l.info->schema.tp_size;
+                x.tp_rank = l.info->schema.tp_rank;
+                x.pp_size = l.info->schema.pp_size;
+                x.pp_rank = l.info->schema.pp_rank;
+              } else {
+                x.reason = l.error;
+              }
+              done();
+            },
+            [self, g, i, done](caf::error& e) {
+              g->out.ranks[i].reason = "no answer: " + self->system().render(e);
+              done();
+            });
+  };
+  // First the named daemon, which says who the other ranks are.
+  auto first = std::make_shared<gather>(gather{r.conn, r.seq, {}, 1});
+  first->out.ranks.push_back(rank_at(address));
+  self->request(connection_for(self, address), limit, info_atom::value)
+      .then(
+          [self, first, lookup, address](peer_lookup& l) {
+            if (!l.info) {
+              first->out.ranks[0].reason = l.error;
+              return self->state.ctx->gateway->reply(first->conn, first->seq, first->out);
+            }
+            auto g = std::make_shared<gather>(gather{first->conn, first->seq, {}, 0});
+            g->out.ranks.push_back(rank_at(address));
+            for (const auto& a : l.info->instance_ranks)
+              if (a != address) g->out.ranks.push_back(rank_at(a));
+            g->pending = g->out.ranks.size();
+            for (size_t i = 0; i < g->out.ranks.size(); ++i) lookup(g, i);
+          },
+          [self, first](caf::error& e) {
+            first->out.ranks[0].reason = "no answer: " + self->system().render(e);
+            self->state.ctx->gateway->reply(first->conn, first->seq, first->out);
+          });
+}
+
 void on_client(scheduler_actor* self, client_request& r) {
   auto& st = self->state;
   std::visit(
@@ -465,6 +618,7 @@ void on_client(scheduler_actor* self, client_request& r) {
         if constexpr (std::is_same_v<T, proto::hello>) {
           // The gateway let this hello through: the first of its connection, in our version.
           if (m.cancel_on_disconnect) st.owning_clients.insert(r.conn);
+          st.clients.insert(r.conn);
           proto::hello_reply h;
           h.node = st.ctx->config.node_name;
           h.instance = st.ctx->instance;
@@ -488,6 +642,10 @@ void on_client(scheduler_actor* self, client_request& r) {
           on_poll(self, r, m.room);
         } else if constexpr (std::is_same_v<T, proto::poll_many>) {
           on_poll_many(self, r, m.rooms);
+        } else if constexpr (std::is_same_v<T, proto::register_memory>) {
+          on_register_memory(self, r);
+        } else if constexpr (std::is_same_v<T, proto::discover>) {
+          on_discover(self, r);
         } else if constexpr (std::is_same_v<T, proto::cancel>) {
           auto* e = find_active(st, m.room);
           if (!e) {
@@ -635,6 +793,12 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
       [=](client_gone& g) {
         auto& st = self->state;
         st.owning_clients.erase(g.conn);
+        st.clients.erase(g.conn);
+        for (int k = 0; k < pool_kind_count; ++k)
+          if (st.ctx->client_pools[k].owner == g.conn &&
+              st.ctx->client_pools[k].now.load() == client_pool::state::registered)
+            start_release(
+                self, k, fmt::format("the connection that registered it (conn={}) closed", g.conn));
         for (auto* side : {&st.prefill, &st.decode})
           for (auto& [room, e] : side->active) {
             std::erase(e.subscribers, g.conn);
@@ -701,6 +865,34 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
           }
         self->demonitor(it->second.actor);
         side.finish(u.room, u.status, u.reason, u.code);
+        try_release(self);
+      },
+      [=](memory_mapped& m) {
+        auto& st = self->state;
+        auto& pool = st.ctx->client_pools[m.pool];
+        const auto name = to_string(static_cast<pool_kind>(m.pool));
+        if (!m.error.empty()) {
+          pool.now = client_pool::state::unregistered;
+          st.ctx->log_sched->warn("client conn={} register_memory failed: {}", m.conn, m.error);
+          st.ctx->gateway->reply(m.conn, m.seq, proto::error{errc::invalid_request, m.error});
+          return;
+        }
+        pool.now = client_pool::state::registered;
+        st.ctx->log_sched->info("pool {}: registered the memory of client conn={} ({} bytes)", name,
+                                m.conn, st.ctx->layout.pools[m.pool].total_bytes);
+        st.ctx->gateway->reply(m.conn, m.seq, proto::ok{});
+        if (!st.clients.count(m.conn))
+          start_release(self, m.pool, "its connection closed during the registration");
+      },
+      [=](memory_released& m) {
+        auto& st = self->state;
+        st.ctx->client_pools[m.pool].now = client_pool::state::unregistered;
+        st.release_unmapping[m.pool] = false;
+        const auto name = to_string(static_cast<pool_kind>(m.pool));
+        if (m.error.empty())
+          st.ctx->log_sched->info("pool {}: released; it can be registered again", name);
+        else
+          st.ctx->log_sched->error("pool {}: released with an error: {}", name, m.error);
       },
       [=](peer_hello& h) {
         auto conn = spawn_inbound_connection(self, self->state.ctx, std::move(h),
@@ -750,6 +942,7 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
         st.connections.erase(d.connection);
         for (auto it = st.outbound.begin(); it != st.outbound.end();)
           it = it->second == d.connection ? st.outbound.erase(it) : std::next(it);
+        try_release(self);
       },
   };
 }

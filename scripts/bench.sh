@@ -5,7 +5,9 @@
 #
 #   scripts/bench.sh                          full matrix (tcp, shm) x (page 1, 16, 64)
 #   PROVIDERS=shm PAGES=1 CONCURRENCY=2 scripts/bench.sh --fragmentation 0.5
-# Environment: PROVIDERS, PAGES, TOKENS (4096), REQUESTS (16), CONCURRENCY (4), REPEAT (5).
+#   MEMORY=client scripts/bench.sh            every pool engine-owned (ferry-bench lends memfds)
+# Environment: PROVIDERS, PAGES, TOKENS (4096), REQUESTS (16), CONCURRENCY (4), REPEAT (5),
+# MEMORY (daemon).
 # Extra arguments go to ferry-bench. Assumes a built tree (scripts/build.sh).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,8 +18,15 @@ source "$root/scripts/pair-lib.sh"
 
 start() {  # start NAME PROVIDER PAGE_TOKENS: the configs/ daemon with another provider and page size
   local name=$1 provider=$2 page=$3
+  local memory=()
+  if [ "${MEMORY:-daemon}" = client ]; then  # each pool section gets `memory: client`
+    memory=(-e "s/^\(    pages: .*\)$/\1\n    memory: client/"
+            -e "s/^\(    slots: .*\)$/\1\n    memory: client/"
+            -e "s/^\(    row_bytes: .*\)$/\1\n    memory: client/")
+  fi
   sed -e "s/provider: tcp/provider: $provider/" -e "s/page_tokens: 1 /page_tokens: $page /" \
-      -e "s/pages: 20480/pages: $((20480 / page))/" "$root/configs/$name.yaml" >"$ferry_work/$name.yaml"
+      -e "s/pages: 20480/pages: $((20480 / page))/" "${memory[@]}" \
+      "$root/configs/$name.yaml" >"$ferry_work/$name.yaml"
   ferry_start "$name" "$ferry_work/$name.yaml"
 }
 

@@ -6,6 +6,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -190,6 +191,20 @@ outcome<std::vector<proto::poll_reply>> client::poll_many(const std::vector<uint
   return o;
 }
 
+outcome<proto::discover_reply> client::discover(const std::string& address) {
+  if (version_ < 4)
+    return fail<proto::discover_reply>(
+        errc::unsupported_version,
+        fmt::format("discover needs protocol version 4; this connection speaks {}", version_));
+  auto r = request(proto::discover{address});
+  if (!r) return fail<proto::discover_reply>(r.code, r.message);
+  auto* p = std::get_if<proto::discover_reply>(&r.value);
+  if (!p) return fail<proto::discover_reply>(errc::malformed_frame, "unexpected reply to discover");
+  outcome<proto::discover_reply> o;
+  o.value = std::move(*p);
+  return o;
+}
+
 outcome<std::string> client::info(proto::info_topic topic) {
   auto r = request(proto::info{topic});
   if (!r) return fail<std::string>(r.code, r.message);
@@ -254,7 +269,7 @@ outcome<proto::event> client::wait_terminal(uint64_t room, std::chrono::millisec
 outcome<none> client::map_pools() {
   for (int k = 0; k < pool_kind_count; ++k) {
     const auto& p = hello_.pools[k];
-    if (!p.present || pools_[k]) continue;
+    if (!p.present || pools_[k] || p.shm_name.empty()) continue;  // "": the client's memory
     std::string err;
     pools_[k] = shm_region::open(p.shm_name, p.layout.total_bytes, err);
     if (!pools_[k]) return fail<none>(errc::internal, err);
@@ -262,7 +277,49 @@ outcome<none> client::map_pools() {
   return {};
 }
 
-uint8_t* client::pool(pool_kind k) const { return pools_[static_cast<int>(k)].data(); }
+uint8_t* client::pool(pool_kind k) const {
+  const int i = static_cast<int>(k);
+  return attached_[i] ? attached_[i] : pools_[i].data();
+}
+
+outcome<none> client::register_memory(proto::register_memory req, const std::vector<int>& fds) {
+  if (version_ < 4)
+    return fail<none>(errc::unsupported_version,
+                      fmt::format("register_memory needs protocol version 4; this connection "
+                                  "speaks {}",
+                                  version_));
+  req.fd_count = static_cast<uint32_t>(fds.size());
+  const uint32_t seq = next_seq_++;
+  if (next_seq_ == 0) next_seq_ = 1;
+  const auto frame = proto::encode(req, seq, version_);
+  // The whole frame in one sendmsg, the descriptors on its first byte.
+  iovec iov{const_cast<uint8_t*>(frame.data()), frame.size()};
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * std::max<size_t>(fds.size(), 1)));
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (!fds.empty()) {
+    msg.msg_control = control.data();
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* h = CMSG_FIRSTHDR(&msg);
+    h->cmsg_level = SOL_SOCKET;
+    h->cmsg_type = SCM_RIGHTS;
+    h->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(h), fds.data(), sizeof(int) * fds.size());
+  }
+  ssize_t sent = sendmsg(fd_, &msg, MSG_NOSIGNAL);
+  if (sent < 0)
+    return fail<none>(errc::peer_unreachable,
+                      fmt::format("cannot send register_memory: {}", std::strerror(errno)));
+  // A stream socket may take part of a large frame; the rest goes without descriptors.
+  std::vector<uint8_t> rest(frame.begin() + sent, frame.end());
+  auto r = exchange(rest, timeout_, seq);
+  if (!r) return fail<none>(r.code, r.message);
+  if (auto* e = std::get_if<proto::error>(&r.value)) return fail<none>(e->code, e->message);
+  if (!std::holds_alternative<proto::ok>(r.value))
+    return fail<none>(errc::malformed_frame, "unexpected reply to register_memory");
+  return {};
+}
 
 uint8_t* client::item(pool_kind k, size_t buffer, uint64_t index) const {
   const auto& buffers = hello_.pools[static_cast<int>(k)].layout.buffers;

@@ -20,6 +20,7 @@
 #include "core/geometry.hpp"
 #include "core/plan.hpp"
 #include "ferry/client.hpp"
+#include "ferry/engine_memory.hpp"
 #include "ferry/workload.hpp"
 
 using namespace ferry;
@@ -42,6 +43,7 @@ struct options {
   uint32_t window = 64;
   uint32_t repeat = 1;
   uint64_t room_base = 0;
+  uint32_t poll_many = 0;  ///< after the runs: time poll_many of this many rooms (0: skip)
 };
 
 /// Page lists of one concurrency slot: `pages` destination-order entries from a region of the
@@ -130,6 +132,10 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--room-base", o.room_base, "first room id (default: time-based)");
+  app.add_option("--poll-many", o.poll_many,
+                 "after the runs, time a poll_many of this many rooms (the run's, then ids "
+                 "never used) against as many single polls, on the decode")
+      ->check(CLI::Range(0u, 16384u));
   CLI11_PARSE(app, argc, argv);
   o.baseline = !no_baseline;
   if (o.room_base == 0)
@@ -139,12 +145,21 @@ int main(int argc, char** argv) {
 
   // One client per rank; every prefill rank uses the same page lists and slots (as TP ranks of
   // one engine do), and so does every decode rank.
+  // A daemon whose config has `memory: client` pools gets this process's memory for them, as
+  // an engine would lend its own (declared first: it must outlive the connections).
+  std::vector<client::engine_memory> lent;
   std::vector<std::unique_ptr<client::client>> prefills, decodes;
   for (auto* side : {&prefills, &decodes})
     for (const auto& path : side == &prefills ? o.prefill_sockets : o.decode_sockets) {
       auto c = client::client::connect(path, "ferry-bench");
       if (!c) return fail(c.message);
       if (auto m = c.value->map_pools(); !m) return fail(m.message);
+      auto mem = client::engine_memory::lend(*c.value);
+      if (!mem) return fail(path + ": " + mem.message);
+      if (mem.value.lent())
+        std::printf("%s: lent %d pool(s) of this process's memory (memory: client)\n", path.c_str(),
+                    mem.value.lent());
+      lent.push_back(std::move(mem.value));
       if (!c.value->config()) return fail(path + ": the daemon sent no readable config");
       side->push_back(std::move(c.value));
     }
@@ -404,5 +419,28 @@ int main(int argc, char** argv) {
     std::cout << fmt::format("verified: {}/{} requests, every destination byte\n", verified,
                              total_requests);
   if (!first_failure.empty()) std::cout << "first failure: " << first_failure << "\n";
+  if (o.poll_many > 0) {
+    // One engine step's batch poll: the run's rooms first, then ids never used (answered
+    // unknown_room on a decode). 50 batches, then the same rooms one poll each, once.
+    std::vector<uint64_t> rooms;
+    for (uint32_t i = 0; i < o.poll_many; ++i) rooms.push_back(o.room_base + i);
+    std::vector<double> batch_ms;
+    for (int i = 0; i < 50; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto r = d.poll_many(rooms);
+      batch_ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      if (!r || r.value.size() != rooms.size()) return fail("poll_many: " + r.message);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto room : rooms) (void)d.poll(room);
+    const double singles_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    std::cout << fmt::format(
+        "poll_many of {} rooms (one round trip): p50 {:.3f} ms, p99 {:.3f} ms over 50; the same "
+        "{} rooms polled one by one: {:.2f} ms\n",
+        rooms.size(), percentile(batch_ms, 0.5), percentile(batch_ms, 0.99), rooms.size(),
+        singles_ms);
+  }
   return failed == 0 && (!o.verify || verified == total_requests) ? 0 : 1;
 }

@@ -55,6 +55,8 @@ uint32_t kv_pool_config::buffer_count() const {
   return mla ? layers : 2 * layers;
 }
 
+const char* to_string(pool_memory m) { return m == pool_memory::client ? "client" : "daemon"; }
+
 const char* to_string(node_role r) {
   switch (r) {
     case node_role::prefill:
@@ -306,6 +308,14 @@ class section {
   std::vector<std::pair<std::string, YAML::Node>> entries_;
 };
 
+pool_memory parse_memory(const section& s, const std::string& path) {
+  std::optional<std::string> text;
+  s.optional_field("memory", text);
+  if (!text || *text == "daemon") return pool_memory::daemon;
+  if (*text == "client") return pool_memory::client;
+  fail(path + ".memory", "expected daemon or client, got " + *text);
+}
+
 node_role parse_role(const YAML::Node& n, const std::string& path) {
   std::string text;
   read(n, path, text);
@@ -318,8 +328,9 @@ node_role parse_role(const YAML::Node& n, const std::string& path) {
 kv_pool_config parse_kv(const YAML::Node& n) {
   const section s(n, "pools.kv",
                   {"layer_ids", "page_tokens", "kv_heads", "total_heads", "head_dim", "dtype_bytes",
-                   "mla", "pages"});
+                   "mla", "pages", "memory"});
   kv_pool_config kv;
+  kv.memory = parse_memory(s, "pools.kv");
   s.required_field("layer_ids", kv.layer_ids);
   s.optional_field("page_tokens", kv.page_tokens);
   s.required_field("kv_heads", kv.kv_heads);
@@ -343,8 +354,9 @@ state_tensor_config parse_tensor(const YAML::Node& n, const std::string& path) {
 }
 
 mamba_pool_config parse_mamba(const YAML::Node& n) {
-  const section s(n, "pools.mamba", {"slots", "layer_ids", "tensors"});
+  const section s(n, "pools.mamba", {"slots", "layer_ids", "tensors", "memory"});
   mamba_pool_config mamba;
+  mamba.memory = parse_memory(s, "pools.mamba");
   s.required_field("slots", mamba.slots);
   s.required_field("layer_ids", mamba.layer_ids);
   const auto tensors = s.find("tensors");
@@ -360,8 +372,9 @@ mamba_pool_config parse_mamba(const YAML::Node& n) {
 }
 
 aux_pool_config parse_aux(const YAML::Node& n) {
-  const section s(n, "pools.aux", {"rows", "row_bytes"});
+  const section s(n, "pools.aux", {"rows", "row_bytes", "memory"});
   aux_pool_config aux;
+  aux.memory = parse_memory(s, "pools.aux");
   s.required_field("rows", aux.rows);
   s.required_field("row_bytes", aux.row_bytes);
   return aux;
@@ -371,13 +384,16 @@ ferry_config parse_root(const YAML::Node& root) {
   ferry_config cfg;
   const section top(root, "",
                     {"node", "role", "listen", "fabric", "timeouts", "limits", "security", "tp",
-                     "pp", "log", "pools"});
+                     "pp", "log", "pools", "discovery"});
 
   const section node(top.get_or_null("node"), "node", {"name", "instance"});
   node.required_field("name", cfg.node_name);
   node.optional_field("instance", cfg.instance);
 
   if (auto role = top.find("role")) cfg.role = parse_role(*role, "role");
+
+  const section discovery(top.get_or_null("discovery"), "discovery", {"instance_ranks"});
+  discovery.optional_field("instance_ranks", cfg.instance_ranks);
 
   const section listen(top.get_or_null("listen"), "listen", {"control", "client"});
   listen.optional_field("control", cfg.control_listen);
@@ -648,6 +664,17 @@ void validate_pools(const ferry_config& cfg) {
 }
 
 void validate_all(const ferry_config& cfg) {
+  if (cfg.instance_ranks.size() > 256)
+    fail("discovery.instance_ranks",
+         "expected at most 256 ranks, got " + std::to_string(cfg.instance_ranks.size()));
+  for (size_t i = 0; i < cfg.instance_ranks.size(); ++i) {
+    const auto path = "discovery.instance_ranks[" + std::to_string(i) + "]";
+    if (!is_host_port(cfg.instance_ranks[i]))
+      fail(path, "expected host:port (a port in 1..65535), got " + quote(cfg.instance_ranks[i]));
+    for (size_t j = 0; j < i; ++j)
+      if (cfg.instance_ranks[j] == cfg.instance_ranks[i])
+        fail(path, quote(cfg.instance_ranks[i]) + " is listed twice");
+  }
   if (!is_name(cfg.node_name)) {
     fail("node.name", "expected a non-empty name of [A-Za-z0-9._-], got " + quote(cfg.node_name));
   }
@@ -807,6 +834,11 @@ std::string to_yaml(const ferry_config& cfg) {
   out << YAML::EndMap;
 
   out << YAML::Key << "role" << YAML::Value << to_string(cfg.role);
+  if (!cfg.instance_ranks.empty()) {
+    out << YAML::Key << "discovery" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "instance_ranks" << YAML::Value << YAML::Flow << cfg.instance_ranks;
+    out << YAML::EndMap;
+  }
 
   out << YAML::Key << "listen" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "control" << YAML::Value << cfg.control_listen;
@@ -879,6 +911,8 @@ std::string to_yaml(const ferry_config& cfg) {
     out << YAML::Key << "dtype_bytes" << YAML::Value << kv.dtype_bytes;
     out << YAML::Key << "mla" << YAML::Value << kv.mla;
     out << YAML::Key << "pages" << YAML::Value << kv.pages;
+    if (kv.memory != pool_memory::daemon)
+      out << YAML::Key << "memory" << YAML::Value << to_string(kv.memory);
     out << YAML::EndMap;
   }
   if (cfg.pools.mamba) {
@@ -902,12 +936,16 @@ std::string to_yaml(const ferry_config& cfg) {
       out << YAML::EndMap;
     }
     out << YAML::EndSeq;
+    if (mamba.memory != pool_memory::daemon)
+      out << YAML::Key << "memory" << YAML::Value << to_string(mamba.memory);
     out << YAML::EndMap;
   }
   if (cfg.pools.aux) {
     out << YAML::Key << "aux" << YAML::Value << YAML::BeginMap;
     out << YAML::Key << "rows" << YAML::Value << cfg.pools.aux->rows;
     out << YAML::Key << "row_bytes" << YAML::Value << cfg.pools.aux->row_bytes;
+    if (cfg.pools.aux->memory != pool_memory::daemon)
+      out << YAML::Key << "memory" << YAML::Value << to_string(cfg.pools.aux->memory);
     out << YAML::EndMap;
   }
   out << YAML::EndMap;

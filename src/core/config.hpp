@@ -41,6 +41,11 @@ struct state_tensor_config {
 };
 
 /// Paged KV pool: K and V buffers per attention layer (one buffer per layer for MLA).
+/// Who owns a pool's memory: ferryd (a POSIX shm object it creates and clients map), or a
+/// client that lends its own memory with register_memory (docs/protocol.md).
+enum class pool_memory : uint8_t { daemon, client };
+const char* to_string(pool_memory m);
+
 struct kv_pool_config {
   std::vector<uint32_t> layer_ids;  ///< global model layer ids of the attention layers
   uint32_t page_tokens = 1;         ///< tokens per page (SGLang CUDA default 1)
@@ -61,6 +66,7 @@ struct kv_pool_config {
   uint32_t model_heads(uint32_t tp_size) const {
     return total_heads ? total_heads : kv_heads * tp_size;
   }
+  pool_memory memory = pool_memory::daemon;  ///< who owns the memory
 };
 
 /// Mamba state pool: `slots` slots; every layer in `layer_ids` holds every tensor in `tensors`.
@@ -68,6 +74,7 @@ struct mamba_pool_config {
   uint64_t slots = 0;
   std::vector<uint32_t> layer_ids;
   std::vector<state_tensor_config> tensors;
+  pool_memory memory = pool_memory::daemon;  ///< who owns the memory
 };
 
 /// Aux (metadata) rows, one per in-flight request. The first 8 bytes of a row hold the room id
@@ -75,6 +82,7 @@ struct mamba_pool_config {
 struct aux_pool_config {
   uint64_t rows = 0;
   uint64_t row_bytes = 0;
+  pool_memory memory = pool_memory::daemon;  ///< who owns the memory
 };
 
 struct pools_config {
@@ -156,6 +164,10 @@ struct ferry_config {
   pp_config pp;
   pools_config pools;
   log_config log;
+  /// Control addresses ("host:port") of every rank of the engine instance this daemon serves
+  /// (its TP, PP and DP ranks, this one included or not): what a peer's `discover` of any one
+  /// of them answers (docs/protocol.md).
+  std::vector<std::string> instance_ranks;
 };
 
 /// A configuration problem; `what` names the key path and the value seen.

@@ -39,6 +39,22 @@ const char* to_string(pool_kind k) {
   return "?";
 }
 
+const char* to_string(buffer_kind k) {
+  switch (k) {
+    case buffer_kind::k:
+      return "K";
+    case buffer_kind::v:
+      return "V";
+    case buffer_kind::kv:
+      return "KV";
+    case buffer_kind::state:
+      return "state";
+    case buffer_kind::aux:
+      return "aux";
+  }
+  return "?";
+}
+
 node_layout make_layout(const pools_config& cfg) {
   node_layout out;
   if (cfg.kv) {

@@ -24,6 +24,8 @@ const char* to_string(pool_kind k);
 
 /// What a buffer holds, for display and compatibility checks.
 enum class buffer_kind : uint8_t { k = 0, v = 1, kv = 2, state = 3, aux = 4 };
+/// "K", "V", "KV", "state" or "aux".
+const char* to_string(buffer_kind k);
 
 struct buffer_layout {
   uint64_t offset = 0;      ///< from the pool base

@@ -98,26 +98,16 @@ class reader {
       if (!str(x, field)) return false;
     return true;
   }
-  bool u32_list(std::vector<uint32_t>& v, const char* field) {
-    uint32_t n = 0;
-    if (!num(n, field)) return false;
-    if ((in_.size() - pos_) / 4 < n) {
-      error_ = fmt::format("field '{}' claims {} entries but only {} bytes remain", field, n,
-                           in_.size() - pos_);
-      return false;
-    }
-    v.resize(n);
-    for (auto& x : v) num(x, field);
-    return true;
-  }
-  bool u64_list(std::vector<uint64_t>& v, const char* field, uint32_t limit) {
+  /// u32 count (at most `limit`), then that many integers of type T.
+  template <class T>
+  bool num_list(std::vector<T>& v, const char* field, uint32_t limit = UINT32_MAX) {
     uint32_t n = 0;
     if (!num(n, field)) return false;
     if (n > limit) {
       error_ = fmt::format("field '{}' has {} entries, above the limit of {}", field, n, limit);
       return false;
     }
-    if ((in_.size() - pos_) / 8 < n) {
+    if ((in_.size() - pos_) / sizeof(T) < n) {
       error_ = fmt::format("field '{}' claims {} entries but only {} bytes remain", field, n,
                            in_.size() - pos_);
       return false;
@@ -181,6 +171,35 @@ void encode_body(writer& w, const poll& m) { w.num(m.room); }
 void encode_body(writer& w, const cancel& m) { w.num(m.room); }
 void encode_body(writer& w, const subscribe& m) { w.num(m.room); }
 void encode_body(writer& w, const info& m) { w.num(m.topic); }
+void encode_body(writer& w, const register_memory& m) {
+  w.num(static_cast<uint8_t>(m.pool));
+  w.num(m.kind);
+  w.num(m.fd_count);
+  w.num(static_cast<uint32_t>(m.buffers.size()));
+  for (const auto& b : m.buffers) {
+    w.num(b.fd_index);
+    w.num(b.fd_offset);
+    w.num(b.item_bytes);
+    w.num(b.items);
+    w.num(b.layer_id);
+    w.num(b.tensor);
+    w.num(b.kind);
+  }
+}
+void encode_body(writer& w, const discover& m) { w.str(m.address); }
+void encode_body(writer& w, const discover_reply& m) {
+  w.num(static_cast<uint32_t>(m.ranks.size()));
+  for (const auto& r : m.ranks) {
+    w.str(r.address);
+    w.num(static_cast<uint8_t>(r.up));
+    w.str(r.node);
+    w.num(r.tp_size);
+    w.num(r.tp_rank);
+    w.num(r.pp_size);
+    w.num(r.pp_rank);
+    w.str(r.reason);
+  }
+}
 void encode_body(writer& w, const poll_many& m) {
   w.num(static_cast<uint32_t>(m.rooms.size()));
   for (auto r : m.rooms) w.num(r);
@@ -258,11 +277,11 @@ bool decode_body(reader& r, hello& m) {
 }
 bool decode_body(reader& r, prepare& m) {
   return r.num(m.room, "room") && r.str_list(m.prefill_peers, "prefill_peers") &&
-         r.u32_list(m.dst_pages, "dst_pages") && r.num(m.state_slot, "state_slot") &&
+         r.num_list(m.dst_pages, "dst_pages") && r.num(m.state_slot, "state_slot") &&
          r.num(m.aux_row, "aux_row");
 }
 bool decode_body(reader& r, send& m) {
-  return r.num(m.room, "room") && r.u32_list(m.src_pages, "src_pages") &&
+  return r.num(m.room, "room") && r.num_list(m.src_pages, "src_pages") &&
          r.boolean(m.last, "last") && r.num(m.state_slot, "state_slot") &&
          r.num(m.aux_row, "aux_row");
 }
@@ -277,7 +296,66 @@ bool decode_body(reader& r, info& m) {
   }
   return true;
 }
-bool decode_body(reader& r, poll_many& m) { return r.u64_list(m.rooms, "rooms", max_poll_many); }
+bool decode_body(reader& r, register_memory& m) {
+  uint8_t pool = 0;
+  uint32_t n = 0;
+  if (!(r.num(pool, "pool") && r.num(m.kind, "memory_kind") && r.num(m.fd_count, "fd_count") &&
+        r.num(n, "buffers")))
+    return false;
+  if (pool >= pool_kind_count) {
+    r.set_error(fmt::format("field 'pool' must be 0..{}, got {}", pool_kind_count - 1, pool));
+    return false;
+  }
+  m.pool = static_cast<pool_kind>(pool);
+  if (m.fd_count > max_register_fds) {
+    r.set_error(
+        fmt::format("field 'fd_count' is {}, above the limit of {}", m.fd_count, max_register_fds));
+    return false;
+  }
+  if (n > max_register_buffers) {
+    r.set_error(fmt::format("field 'buffers' has {} entries, above the limit of {}", n,
+                            max_register_buffers));
+    return false;
+  }
+  if (r.remaining() / 37 < n) {  // 37 bytes per buffer entry
+    r.set_error(fmt::format("field 'buffers' claims {} entries, too many for the frame", n));
+    return false;
+  }
+  m.buffers.resize(n);
+  for (auto& b : m.buffers) {
+    uint8_t kind = 0;
+    if (!(r.num(b.fd_index, "buffer.fd_index") && r.num(b.fd_offset, "buffer.fd_offset") &&
+          r.num(b.item_bytes, "buffer.item_bytes") && r.num(b.items, "buffer.items") &&
+          r.num(b.layer_id, "buffer.layer_id") && r.num(b.tensor, "buffer.tensor") &&
+          r.num(kind, "buffer.kind")))
+      return false;
+    if (kind > static_cast<uint8_t>(buffer_kind::aux)) {
+      r.set_error(fmt::format("field 'buffer.kind' is not a buffer kind: {}", kind));
+      return false;
+    }
+    b.kind = static_cast<buffer_kind>(kind);
+  }
+  return true;
+}
+bool decode_body(reader& r, discover& m) { return r.str(m.address, "address"); }
+bool decode_body(reader& r, discover_reply& m) {
+  uint32_t n = 0;
+  if (!r.num(n, "ranks")) return false;
+  if (n > max_list_strings) {
+    r.set_error(
+        fmt::format("field 'ranks' has {} entries, above the limit of {}", n, max_list_strings));
+    return false;
+  }
+  m.ranks.resize(n);
+  for (auto& x : m.ranks)
+    if (!(r.str(x.address, "rank.address") && r.boolean(x.up, "rank.up") &&
+          r.str(x.node, "rank.node") && r.num(x.tp_size, "rank.tp_size") &&
+          r.num(x.tp_rank, "rank.tp_rank") && r.num(x.pp_size, "rank.pp_size") &&
+          r.num(x.pp_rank, "rank.pp_rank") && r.str(x.reason, "rank.reason")))
+      return false;
+  return true;
+}
+bool decode_body(reader& r, poll_many& m) { return r.num_list(m.rooms, "rooms", max_poll_many); }
 bool decode_body(reader&, ok&) { return true; }
 bool decode_body(reader& r, error& m) {
   return r.num(m.code, "code") && r.str(m.message, "message");
@@ -358,11 +436,24 @@ decoded decode_as(std::span<const uint8_t> body, uint32_t seq, msg_type t, uint1
 }  // namespace
 
 msg_type type_of(const message& m) {
-  static constexpr msg_type types[] = {
-      msg_type::hello,  msg_type::prepare,     msg_type::send,           msg_type::poll,
-      msg_type::cancel, msg_type::subscribe,   msg_type::info,           msg_type::ok,
-      msg_type::error,  msg_type::hello_reply, msg_type::poll_reply,     msg_type::info_reply,
-      msg_type::event,  msg_type::poll_many,   msg_type::poll_many_reply};
+  static constexpr msg_type types[] = {msg_type::hello,
+                                       msg_type::prepare,
+                                       msg_type::send,
+                                       msg_type::poll,
+                                       msg_type::cancel,
+                                       msg_type::subscribe,
+                                       msg_type::info,
+                                       msg_type::ok,
+                                       msg_type::error,
+                                       msg_type::hello_reply,
+                                       msg_type::poll_reply,
+                                       msg_type::info_reply,
+                                       msg_type::event,
+                                       msg_type::poll_many,
+                                       msg_type::poll_many_reply,
+                                       msg_type::register_memory,
+                                       msg_type::discover,
+                                       msg_type::discover_reply};
   return types[m.index()];
 }
 
@@ -398,6 +489,12 @@ const char* to_string(msg_type t) {
       return "poll_many";
     case msg_type::poll_many_reply:
       return "poll_many_reply";
+    case msg_type::register_memory:
+      return "register_memory";
+    case msg_type::discover:
+      return "discover";
+    case msg_type::discover_reply:
+      return "discover_reply";
   }
   return "unknown";
 }
@@ -447,6 +544,9 @@ decoded decode(uint16_t type, uint32_t seq, std::span<const uint8_t> body, uint1
       return decode_as<event>(body, seq, t, version);
     case msg_type::poll_many:
     case msg_type::poll_many_reply:
+    case msg_type::register_memory:
+    case msg_type::discover:
+    case msg_type::discover_reply:
       if (version < 4) {
         decoded out;
         out.seq = seq;
@@ -455,6 +555,9 @@ decoded decode(uint16_t type, uint32_t seq, std::span<const uint8_t> body, uint1
                                 to_string(t), version);
         return out;
       }
+      if (t == msg_type::register_memory) return decode_as<register_memory>(body, seq, t, version);
+      if (t == msg_type::discover) return decode_as<discover>(body, seq, t, version);
+      if (t == msg_type::discover_reply) return decode_as<discover_reply>(body, seq, t, version);
       return t == msg_type::poll_many ? decode_as<poll_many>(body, seq, t, version)
                                       : decode_as<poll_many_reply>(body, seq, t, version);
   }
@@ -463,6 +566,20 @@ decoded decode(uint16_t type, uint32_t seq, std::span<const uint8_t> body, uint1
   out.code = errc::malformed_frame;
   out.error = fmt::format("unknown message type {}", type);
   return out;
+}
+
+const char* to_string(memory_kind k) {
+  switch (k) {
+    case memory_kind::host:
+      return "host";
+    case memory_kind::cuda_dmabuf:
+      return "cuda_dmabuf";
+    case memory_kind::cuda_ipc:
+      return "cuda_ipc";
+    case memory_kind::cuda_vmm_fd:
+      return "cuda_vmm_fd";
+  }
+  return "unknown";
 }
 
 uint16_t negotiate(uint16_t lo, uint16_t hi) {

@@ -25,9 +25,11 @@
 
 namespace ferry::proto {
 
-inline constexpr uint16_t protocol_version = 4;      ///< the highest version spoken
-inline constexpr uint16_t min_protocol_version = 3;  ///< the lowest version spoken
-inline constexpr uint32_t max_poll_many = 16384;     ///< rooms in one poll_many
+inline constexpr uint16_t protocol_version = 4;         ///< the highest version spoken
+inline constexpr uint16_t min_protocol_version = 3;     ///< the lowest version spoken
+inline constexpr uint32_t max_poll_many = 16384;        ///< rooms in one poll_many
+inline constexpr uint32_t max_register_fds = 64;        ///< descriptors with one register_memory
+inline constexpr uint32_t max_register_buffers = 4096;  ///< buffers in one register_memory
 inline constexpr uint32_t poll_many_reason_bytes =
     1000;  ///< reasons are cut there in its reply (so 16384 entries fit in a frame)
 inline constexpr uint32_t max_frame_bytes = 16u << 20;  ///< limit on the length field
@@ -43,7 +45,9 @@ enum class msg_type : uint16_t {
   cancel = 5,
   subscribe = 6,
   info = 7,
-  poll_many = 8,  ///< v4
+  poll_many = 8,        ///< v4
+  register_memory = 9,  ///< v4
+  discover = 10,        ///< v4
   ok = 100,
   error = 101,
   hello_reply = 102,
@@ -51,6 +55,7 @@ enum class msg_type : uint16_t {
   info_reply = 104,
   event = 105,
   poll_many_reply = 106,  ///< v4
+  discover_reply = 107,   ///< v4
 };
 
 // --- requests (client -> ferryd) ---
@@ -100,6 +105,32 @@ struct info {
 struct poll_many {
   std::vector<uint64_t> rooms;
 };
+/// v4: every rank of the engine instance whose daemon listens at `address`.
+struct discover {
+  std::string address;
+};
+/// Kinds of memory a client may lend (docs/gpu.md); this build registers host memory only.
+enum class memory_kind : uint8_t { host = 0, cuda_dmabuf = 1, cuda_ipc = 2, cuda_vmm_fd = 3 };
+const char* to_string(memory_kind k);
+/// One buffer of a lent pool: bytes [fd_offset, fd_offset + item_bytes * items) of the frame's
+/// descriptor `fd_index`, and what the buffer is (as the pool's layout lists it).
+struct memory_buffer {
+  uint32_t fd_index = 0;
+  uint64_t fd_offset = 0;
+  uint64_t item_bytes = 0;
+  uint64_t items = 0;
+  uint32_t layer_id = 0;
+  uint32_t tensor = 0;
+  buffer_kind kind = buffer_kind::aux;
+};
+/// v4: a client lends its own memory for a `memory: client` pool; `fd_count` descriptors ride
+/// on the frame's first byte (SCM_RIGHTS).
+struct register_memory {
+  pool_kind pool = pool_kind::kv;
+  memory_kind kind = memory_kind::host;
+  uint32_t fd_count = 0;
+  std::vector<memory_buffer> buffers;
+};
 
 // --- replies and events (ferryd -> client) ---
 struct ok {};
@@ -142,14 +173,25 @@ struct event {
   std::string reason;
   errc code = errc::ok;  ///< v4: why it failed (ok unless Failed)
 };
+/// One rank of a discovered instance: its position when its daemon answered, else why not.
+struct discovered_rank {
+  std::string address;
+  bool up = false;
+  std::string node;
+  uint32_t tp_size = 0, tp_rank = 0, pp_size = 0, pp_rank = 0;
+  std::string reason;  ///< why it is down ("" when up)
+};
+struct discover_reply {
+  std::vector<discovered_rank> ranks;
+};
 /// v4: one entry per room asked, in order.
 struct poll_many_reply {
   std::vector<poll_reply> rooms;
 };
 
-using message =
-    std::variant<hello, prepare, send, poll, cancel, subscribe, info, ok, error, hello_reply,
-                 poll_reply, info_reply, event, poll_many, poll_many_reply>;
+using message = std::variant<hello, prepare, send, poll, cancel, subscribe, info, ok, error,
+                             hello_reply, poll_reply, info_reply, event, poll_many, poll_many_reply,
+                             register_memory, discover, discover_reply>;
 
 msg_type type_of(const message& m);
 const char* to_string(msg_type t);

@@ -116,6 +116,8 @@ struct shape {
   uint32_t tp_size = 1, tp_rank = 0, pp_size = 1, pp_rank = 0;
   std::vector<uint32_t> kv_layer_ids;     ///< empty: kv_layers ids 3, 7, 11, ...
   std::vector<uint32_t> mamba_layer_ids;  ///< empty: mamba_layers ids 0, 4, 8, ...
+  bool client_memory = false;  ///< every pool `memory: client` (the engine lends its memfds)
+  std::vector<std::string> instance_ranks;  ///< discovery.instance_ranks (empty: none)
 };
 
 inline std::string make_config(const std::string& name, const std::string& role, uint16_t control,
@@ -148,18 +150,25 @@ inline std::string make_config(const std::string& name, const std::string& role,
     << "\nlimits:\n  max_active_rooms: " << s.max_active_rooms
     << "\n  max_clients: " << s.max_clients << "\n  client_frame_ms: " << s.client_frame_ms
     << "\nlog:\n  level: info\n"
-    << (s.secret_file.empty() ? "" : "security:\n  cluster_secret_file: " + s.secret_file + "\n")
+    << (s.secret_file.empty() ? "" : "security:\n  cluster_secret_file: " + s.secret_file + "\n") <<
+      [&] {
+        std::string d;
+        for (const auto& a : s.instance_ranks) d += (d.empty() ? "" : ", ") + ("\"" + a + "\"");
+        return d.empty() ? d : "discovery:\n  instance_ranks: [" + d + "]\n";
+      }()
     << "pools:\n  kv:\n    layer_ids: [" << kv_ids.str() << "]\n    page_tokens: " << s.page_tokens
     << "\n    kv_heads: " << kv_heads
     << "\n    total_heads: 2\n    head_dim: 256\n    dtype_bytes: 2\n    pages: " << s.pages
-    << "\n  mamba:\n    slots: " << s.slots << "\n    layer_ids: [" << m_ids.str()
+    << (s.client_memory ? "\n    memory: client" : "") << "\n  mamba:\n    slots: " << s.slots
+    << (s.client_memory ? "\n    memory: client" : "") << "\n    layer_ids: [" << m_ids.str()
     << "]\n    tensors:\n"
     << "      - name: conv\n        shape: [" << 8192 / s.tp_size
     << ", 3]\n        dtype_bytes: 2\n        slice_axis: 0\n"
     << "        shard_groups: [2048, 2048, 4096]\n"
     << "      - name: temporal\n        shape: [" << s.temporal_heads / s.tp_size << ", 128, 128]"
     << "\n        dtype_bytes: 4\n        slice_axis: 0\n"
-    << "  aux:\n    rows: " << s.aux_rows << "\n    row_bytes: 5632\n";
+    << "  aux:\n    rows: " << s.aux_rows << "\n    row_bytes: 5632\n"
+    << (s.client_memory ? "    memory: client\n" : "");
   return y.str();
 }
 

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import array
 import os
 import shutil
 import socket
@@ -36,36 +37,69 @@ IO_TIMEOUT = 10.0  # every wait in these tests is bounded by this
 
 
 class FakeConn:
-    """One accepted connection of :class:`FakeDaemon`."""
+    """One accepted connection of :class:`FakeDaemon`.
+
+    It reads with recvmsg and keeps the file descriptors that come with the bytes (SCM_RIGHTS)
+    as ferryd does: a batch belongs to the stream position where the recvmsg that brought it
+    began, and a frame claims the batches at its first byte (``fds``, after :meth:`recv`); any
+    other batch is kept in ``stray_fds``. The test owns (and closes) them."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.sock.settimeout(IO_TIMEOUT)
         self.frames = FrameReader()
         self.version = 4  # for decoding requests and encoding replies, once the hello settled it
+        self.stream_in = 0  # bytes received so far
+        self.frame_at = 0  # stream position of the next frame
+        self.fd_batches: list[tuple[int, list[int]]] = []
+        self.fds: list[int] = []  # the descriptors of the last frame returned
+        self.stray_fds: list[int] = []
+
+    def _receive(self) -> None:
+        data, anc, flags, _ = self.sock.recvmsg(1 << 16, socket.CMSG_SPACE(4 * 64))
+        if not data:
+            raise EOFError("the client closed the connection")
+        got: list[int] = []
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                a = array.array("i")
+                a.frombytes(payload[:len(payload) - len(payload) % a.itemsize])
+                got.extend(a)
+        if got:
+            self.fd_batches.append((self.stream_in, got))
+        self.stream_in += len(data)
+        self.frames.feed(data)
+
+    def _next_frame(self):  # -> Frame
+        while True:
+            f = self.frames.next()
+            if f is not None:
+                start, self.frame_at = self.frame_at, self.frame_at + 4 + len(f.body) + 8
+                self.fds = []
+                while self.fd_batches and self.fd_batches[0][0] < self.frame_at:
+                    at, fds = self.fd_batches.pop(0)
+                    (self.fds if at == start else self.stray_fds).extend(fds)
+                return f
+            self._receive()
 
     def recv(self) -> tuple[int, Message]:
         """The next request: ``(seq, message)``; raises on EOF or after IO_TIMEOUT."""
-        while True:
-            f = self.frames.next()
-            if f is not None:
-                check_flags(f)
-                return f.seq, decode(f.type, f.seq, f.body, self.version)
-            chunk = self.sock.recv(1 << 16)
-            if not chunk:
-                raise EOFError("the client closed the connection")
-            self.frames.feed(chunk)
+        f = self._next_frame()
+        check_flags(f)
+        return f.seq, decode(f.type, f.seq, f.body, self.version)
 
     def recv_raw(self) -> tuple[int, int, bytes]:
         """The next request as ``(type, seq, body)``, undecoded."""
-        while True:
-            f = self.frames.next()
-            if f is not None:
-                return f.type, f.seq, f.body
-            chunk = self.sock.recv(1 << 16)
-            if not chunk:
-                raise EOFError("the client closed the connection")
-            self.frames.feed(chunk)
+        f = self._next_frame()
+        return f.type, f.seq, f.body
+
+    def close_fds(self) -> None:
+        for fd in self.fds + self.stray_fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds, self.stray_fds = [], []
 
     def send(self, msg: Message, seq: int, version: Optional[int] = None) -> None:
         self.sock.sendall(encode(msg, seq, self.version if version is None else version))
@@ -91,10 +125,11 @@ class FakeConn:
     def wait_closed(self) -> None:
         """Block until the client closes (bounded)."""
         try:
-            while self.sock.recv(1 << 16):
-                pass
-        except OSError:
+            while True:
+                self._receive()
+        except (OSError, EOFError):
             pass
+        self.close_fds()
 
 
 class FakeDaemon:
@@ -124,6 +159,7 @@ class FakeDaemon:
                     except EOFError:
                         pass
                     finally:
+                        conn.close_fds()
                         sock.close()
             except BaseException as e:  # reported by join()
                 self.error = e

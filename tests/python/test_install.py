@@ -45,7 +45,7 @@ def test_offline_install_into_a_venv(tmp_path: Path) -> None:
                str(src)], tmp_path)
     assert pip.returncode == 0, pip.stdout + pip.stderr
     probe = run([str(venv / "bin" / "python"), "-c", """
-import ferry, ferry_client, ferry.protocol, ferry.errors, ferry.client, os, importlib.resources
+import ferry, ferry_client, ferry.protocol, ferry.errors, ferry.client, ferry.memory, ferry.sglang, os, importlib.resources
 assert 'site-packages' in ferry.__file__, ferry.__file__
 assert 'site-packages' in ferry_client.__file__, ferry_client.__file__
 assert importlib.resources.files('ferry').joinpath('py.typed').is_file()
@@ -55,6 +55,6 @@ assert ferry.protocol.decode_frame(frame, 4) == (2, ferry.protocol.Poll(7))
 print(ferry.__version__)
 """], tmp_path)
     assert probe.returncode == 0, probe.stdout + probe.stderr
-    assert probe.stdout.strip() == "0.4.0"
+    assert probe.stdout.strip() == "0.5.0"
     show = run([str(venv / "bin" / "pip"), "show", "ferry-client"], tmp_path)
     assert show.returncode == 0 and "Name: ferry-client" in show.stdout

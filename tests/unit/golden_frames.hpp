@@ -70,6 +70,18 @@ inline std::vector<golden_frame> golden_frames() {
         {v, "event", 0,
          event{78, room_status::failed, "peer 127.0.0.1:7401 lost: gone", errc::peer_lost}});
     if (v == 4) {
+      register_memory reg;
+      reg.pool = pool_kind::kv;
+      reg.kind = memory_kind::host;
+      reg.fd_count = 2;
+      reg.buffers = {{0, 0, 512, 2, 3, 0, buffer_kind::k}, {1, 4096, 512, 2, 3, 0, buffer_kind::v}};
+      out.push_back({v, "register_memory", 11, reg});
+      out.push_back({v, "discover", 12, discover{"10.0.0.2:7401"}});
+      discover_reply found;
+      found.ranks.push_back({"10.0.0.2:7401", true, "prefill-1", 2, 1, 1, 0, ""});
+      found.ranks.push_back(
+          {"10.0.0.3:7401", false, "", 0, 0, 0, 0, "cannot connect to 10.0.0.3:7401: refused"});
+      out.push_back({v, "discover_reply", 12, found});
       out.push_back({v, "poll_many", 10, poll_many{{77, 78, 79}}});
       out.push_back({v, "poll_many_reply", 10,
                      poll_many_reply{{poll_reply{77, room_status::transferring, "", errc::ok},

@@ -575,3 +575,18 @@ TEST_CASE("size helpers", "[unit][config]") {
   REQUIRE(std::string(to_string(node_role::decode)) == "decode");
   REQUIRE(std::string(to_string(node_role::both)) == "both");
 }
+
+TEST_CASE("pools say who owns their memory: daemon by default, or client", "[unit][config]") {
+  const auto plain = parse_ok(base_yaml);
+  CHECK(plain.pools.kv->memory == pool_memory::daemon);
+  CHECK(plain.pools.mamba->memory == pool_memory::daemon);
+  const auto lent = parse_ok(
+      replace(base_yaml, "    page_tokens: 1\n", "    page_tokens: 1\n    memory: client\n"));
+  CHECK(lent.pools.kv->memory == pool_memory::client);
+  CHECK(lent.pools.mamba->memory == pool_memory::daemon);
+  // The effective config keeps it (peers and --check-config see it).
+  CHECK(parse_ok(to_yaml(lent)).pools.kv->memory == pool_memory::client);
+  CHECK(parse_error(
+            replace(base_yaml, "    page_tokens: 1\n", "    page_tokens: 1\n    memory: gpu\n")) ==
+        "pools.kv.memory: expected daemon or client, got gpu");
+}

@@ -361,18 +361,8 @@ std::vector<std::pair<uint32_t, uint32_t>> random_chunks(uint32_t n, rng_t& rng)
 // ---------------------------------------------------------------------------------------------
 // Where a byte is, for failure messages.
 
-const char* kind_name(buffer_kind k) {
-  switch (k) {
-    case buffer_kind::k:
-      return "K";
-    case buffer_kind::v:
-      return "V";
-    case buffer_kind::kv:
-      return "KV";
-    default:
-      return "";
-  }
-}
+/// "K", "V" or "KV" for a KV buffer, "" otherwise.
+const char* kind_name(buffer_kind k) { return k <= buffer_kind::kv ? to_string(k) : ""; }
 
 std::string where(const model& m, const node_layout& lay, space sp, uint64_t off) {
   if (sp == space::staging) return fmt::format("staging byte {}", off);

@@ -58,6 +58,16 @@ class client {
   outcome<none> prepare(const proto::prepare& p);
   outcome<none> send(const proto::send& s);
   outcome<proto::poll_reply> poll(uint64_t room);
+  /// v4: lend the daemon this process's memory for a `memory: client` pool: `fds` (memfds,
+  /// sealed against shrinking) go with the frame (SCM_RIGHTS); `req.fd_count` is set from them.
+  /// The registration lasts as long as this connection. The caller keeps its descriptors.
+  outcome<none> register_memory(proto::register_memory req, const std::vector<int>& fds);
+  /// Use `base` as the mapping of pool `k` (memory this process lent with register_memory,
+  /// laid out as the daemon's layout says), so `item` and the helpers reach it.
+  void attach_pool(pool_kind k, uint8_t* base) { attached_[static_cast<int>(k)] = base; }
+  /// v4: every rank of the engine instance whose daemon listens at `address` (host:port), with
+  /// its position, or why it cannot be used.
+  outcome<proto::discover_reply> discover(const std::string& address);
   /// v4: the status of every room in `rooms`, in one round trip, in the order asked.
   outcome<std::vector<proto::poll_reply>> poll_many(const std::vector<uint64_t>& rooms);
   /// The protocol version of this connection (what the daemon picked at hello).
@@ -117,6 +127,7 @@ class client {
   proto::hello_reply hello_;
   std::optional<ferry_config> config_;
   shm_region pools_[pool_kind_count];
+  uint8_t* attached_[pool_kind_count] = {};
 };
 
 }  // namespace ferry::client

@@ -9,22 +9,30 @@
 - :mod:`ferry.client`: :class:`Client`, thread-safe, several requests in flight, events to
   callbacks and a queue, protocol versions 3 and 4 (``poll_many``, error codes on statuses);
 - :mod:`ferry.protocol`: the pure codec (``encode``/``decode``) and the message dataclasses;
-- :mod:`ferry.errors`: :class:`Errc` and :class:`FerryError`.
+- :mod:`ferry.errors`: :class:`Errc` and :class:`FerryError`;
+- :mod:`ferry.memory`: :class:`MemfdPool`, engine-owned memory for ``memory: client`` pools
+  (lent to ferryd with ``Client.register_memory``);
+- :mod:`ferry.sglang`: an adapter with SGLang's disaggregation connector names (import it
+  explicitly).
 """
 
 from .client import Client, EventCallback
 from .errors import EncodeError, Errc, FerryError, ProtocolError, to_errc
-from .protocol import (MAX_POLL_MANY, MIN_PROTOCOL_VERSION, NO_INDEX, POOL_KINDS,
-                       PROTOCOL_VERSION, SUPPORTED_VERSIONS, Buffer, BufferKind, Event,
-                       HelloReply, InfoTopic, MessageType, Pool, PollReply, PollResult, Status,
-                       decode, encode)
+from .memory import MemfdPool
+from .protocol import (MAX_POLL_MANY, MAX_REGISTER_BUFFERS, MAX_REGISTER_FDS,
+                       MIN_PROTOCOL_VERSION, NO_INDEX, POOL_KINDS, PROTOCOL_VERSION,
+                       SUPPORTED_VERSIONS, Buffer, BufferKind, Event, HelloReply, InfoTopic,
+                       MemoryBuffer, MemoryKind, MessageType, Pool, PollReply, PollResult,
+                       RegisterMemory, Status, decode, encode)
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 __all__ = [
     "Client", "EventCallback", "EncodeError", "Errc", "FerryError", "ProtocolError", "to_errc",
-    "MAX_POLL_MANY", "MIN_PROTOCOL_VERSION", "NO_INDEX", "POOL_KINDS", "PROTOCOL_VERSION",
-    "SUPPORTED_VERSIONS", "Buffer", "BufferKind", "Event", "HelloReply", "InfoTopic",
-    "MessageType", "Pool", "PollReply", "PollResult", "Status", "decode", "encode",
+    "MemfdPool", "MAX_POLL_MANY", "MAX_REGISTER_BUFFERS", "MAX_REGISTER_FDS",
+    "MIN_PROTOCOL_VERSION", "NO_INDEX", "POOL_KINDS", "PROTOCOL_VERSION", "SUPPORTED_VERSIONS",
+    "Buffer", "BufferKind", "Event", "HelloReply", "InfoTopic", "MemoryBuffer", "MemoryKind",
+    "MessageType", "Pool", "PollReply", "PollResult", "RegisterMemory", "Status", "decode",
+    "encode",
     "__version__",
 ]

@@ -28,15 +28,18 @@ import queue
 import socket
 import threading
 import time
+from array import array
 from collections import OrderedDict
-from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 from .errors import Errc, FerryError, ProtocolError
-from .protocol import (MAX_POLL_MANY, MIN_PROTOCOL_VERSION, POOL_KINDS, PROTOCOL_VERSION,
-                       SUPPORTED_VERSIONS, Cancel, Error, Event, Frame, FrameReader, Hello,
-                       HelloReply, Info, InfoReply, InfoTopic, Message, MessageType, Ok, Poll,
-                       PollMany, PollManyReply, PollReply, PollResult, Pool, Prepare, Send,
-                       Subscribe, check_flags, decode, encode, message_type, type_name)
+from .protocol import (MAX_POLL_MANY, MAX_REGISTER_FDS, MIN_PROTOCOL_VERSION, POOL_KINDS,
+                       PROTOCOL_VERSION, SUPPORTED_VERSIONS, Cancel, Error, Event, Frame,
+                       Discover, DiscoveredRank, DiscoverReply, FrameReader, Hello, HelloReply,
+                       Info, InfoReply, InfoTopic, MemoryBuffer,
+                       MemoryKind, Message, MessageType, Ok, Poll, PollMany, PollManyReply,
+                       PollReply, PollResult, Pool, Prepare, RegisterMemory, Send, Subscribe,
+                       check_flags, decode, encode, message_type, pool_number, type_name)
 
 _log = logging.getLogger("ferry")
 
@@ -48,7 +51,7 @@ _HELLO_SEQ = 1
 
 _EXPECT: dict[type, type] = {
     Hello: HelloReply, Prepare: Ok, Send: Ok, Poll: PollReply, Cancel: Ok, Subscribe: Ok,
-    Info: InfoReply, PollMany: PollManyReply,
+    Info: InfoReply, PollMany: PollManyReply, RegisterMemory: Ok, Discover: DiscoverReply,
 }
 _TOPICS = {"status": InfoTopic.STATUS, "rooms": InfoTopic.ROOMS, "peers": InfoTopic.PEERS}
 
@@ -73,6 +76,15 @@ class _Pending:
     def fail(self, err: FerryError) -> None:
         self.error = err
         self.done.set()
+
+
+def _memory_buffer(b: Union[MemoryBuffer, Mapping[str, Any], Sequence[int]]) -> MemoryBuffer:
+    """A register_memory table entry from a MemoryBuffer, a dict of its fields or a tuple."""
+    if isinstance(b, MemoryBuffer):
+        return b
+    if isinstance(b, Mapping):
+        return MemoryBuffer(**b)
+    return MemoryBuffer(*b)
 
 
 def _seq_list(seqs: Sequence[int]) -> str:
@@ -253,14 +265,17 @@ class Client:
         :class:`FerryError`."""
         return self._wait(self._start(msg), timeout)
 
-    def _start(self, msg: Message) -> _Pending:
-        """Encode, register and send ``msg``; the pending request to wait on."""
+    def _start(self, msg: Message, fds: Sequence[int] = ()) -> _Pending:
+        """Encode, register and send ``msg``; the pending request to wait on. ``fds`` go with
+        the frame's first byte (SCM_RIGHTS; register_memory)."""
         expect = _EXPECT.get(type(msg))
         if expect is None:
             raise TypeError(f"{type(msg).__name__} is not a request")
         frame = bytearray(encode(msg, 0, self.version))  # may raise EncodeError: nothing sent
         p = _Pending(message_type(msg).wire_name, expect)
         with self._send_lock:
+            if fds:
+                self._quiesce(p.request)
             with self._lock:
                 if self._error is not None:
                     raise self._error.copy()
@@ -273,7 +288,10 @@ class Client:
                 self._pending[seq] = p
             frame[8:12] = seq.to_bytes(4, "little")
             try:
-                self._sock.sendall(frame)
+                if fds:
+                    self._send_with_fds(frame, fds)
+                else:
+                    self._sock.sendall(frame)
                 return p
             except OSError as e:
                 send_error = e
@@ -287,6 +305,36 @@ class Client:
             self._fail_connection(FerryError(Errc.PEER_LOST,
                                              f"writing to ferryd failed: {send_error}"))
         return p
+
+    def _send_with_fds(self, frame: bytearray, fds: Sequence[int]) -> None:
+        """The whole frame in one sendmsg, the descriptors on its first byte; should the socket
+        take only part of it, the rest follows without descriptors (they went with the first
+        byte). Called with the send lock held."""
+        view = memoryview(frame)
+        sent = self._sock.sendmsg([view], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                            array("i", fds))])
+        if sent < len(frame):
+            self._sock.sendall(view[sent:])
+
+    def _quiesce(self, what: str) -> None:
+        """Wait (bounded by the client's timeout) until every request already sent has its
+        reply, so that ferryd has read every byte before the next frame. Called with the send
+        lock held, so nothing else is sent meanwhile.
+
+        Why: Linux delivers a unix stream's bytes from several writes in one recvmsg, and the
+        descriptors passed with the last of them come with it; a daemon that attributes
+        descriptors to the first byte it received then credits them to the frame before. With
+        nothing unread ahead of it, the frame carrying descriptors starts ferryd's next read."""
+        with self._lock:
+            ahead = list(self._pending.values())
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        for q in ahead:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not q.done.wait(left):
+                _log.warning("ferry: sending %s while %s (seq %d) still waits for its reply; "
+                             "ferryd may take the descriptors for that frame's", what,
+                             q.request, q.seq)
+                return
 
     def _wait(self, p: _Pending, timeout: Optional[float]) -> Message:
         if timeout is None:
@@ -360,6 +408,55 @@ class Client:
                                     f"differs at entry {bad}")
             out.extend(reply.rooms)
         return out
+
+    def register_memory(self, pool: Union[str, int],
+                        buffers: Sequence[Union[MemoryBuffer, Mapping[str, Any],
+                                                Sequence[int]]],
+                        fds: Sequence[int], memory_kind: int = MemoryKind.HOST,
+                        timeout: Optional[float] = None) -> None:
+        """(v4) Lend ferryd this process's memory for a ``memory: client`` pool (``"kv"``,
+        ``"state"``, ``"aux"``, or 0..2).
+
+        ``buffers`` lists every buffer of the pool in the order of its layout in
+        ``self.pools[pool].buffers`` (:class:`~ferry.protocol.MemoryBuffer`, or dicts with its
+        field names, or tuples in its order), each a range of ``fds[fd_index]``: memfds sealed with ``F_SEAL_SHRINK``,
+        offsets multiples of 4096 (:class:`ferry.memory.MemfdPool` builds all of this). The
+        descriptors go with the frame as SCM_RIGHTS; the caller keeps its own (ferryd receives
+        duplicates and closes them once mapped). The registration lasts as long as this
+        connection: closing the client cancels every room of the daemon, and the pool can be
+        registered again once ferryd released it.
+
+        Raises :class:`FerryError`: ferryd's refusal, which names the buffer or descriptor
+        (e.g. ``pool kv: fd 0 is not sealed against shrinking (F_SEAL_SHRINK): ...``), 312 on a
+        version-3 connection; :class:`~ferry.errors.EncodeError` (nothing sent) for more than
+        64 descriptors or 4096 buffers."""
+        if self.version < 4:
+            lo, hi = self.version_range
+            raise FerryError(Errc.UNSUPPORTED_VERSION,
+                             f"register_memory needs protocol version 4, but this connection "
+                             f"speaks version {self.version} (the client offered {lo}..{hi}, "
+                             f"ferryd speaks {self.daemon_versions[0]}.."
+                             f"{self.daemon_versions[1]})")
+        table = [_memory_buffer(b) for b in buffers]
+        fds = [int(fd) for fd in fds]
+        msg = RegisterMemory(pool_number(pool), memory_kind, len(fds), table)
+        if len(fds) > MAX_REGISTER_FDS:
+            encode(msg, 0, self.version)  # raises the codec's EncodeError naming fd_count
+        self._wait(self._start(msg, fds), timeout)
+
+    def discover(self, address: str, *, timeout: Optional[float] = None
+                 ) -> list[DiscoveredRank]:
+        """(v4) Every rank of the engine instance one of whose ranks' ferryd listens at
+        ``address`` ("host:port"): the named rank first, then the others its config lists, each
+        ``up`` with its node and TP/PP position or down with the reason. The addresses of the
+        ranks that are up are what a prepare names."""
+        if self.version < 4:
+            raise FerryError(Errc.UNSUPPORTED_VERSION,
+                             f"discover needs protocol version 4, but this connection speaks "
+                             f"version {self.version}")
+        reply = self.request(Discover(address), timeout)
+        assert isinstance(reply, DiscoverReply)
+        return list(reply.ranks)
 
     def cancel(self, room: int, *, timeout: Optional[float] = None) -> None:
         """Fail ``room`` with ``cancelled by client``; the peer daemon is told."""
@@ -607,6 +704,11 @@ class Client:
                 p = self.pools[kind]
                 if not p.present:
                     raise FerryError(Errc.INVALID_REQUEST, f"the daemon has no {kind} pool")
+                if not p.shm_name:
+                    raise FerryError(Errc.INVALID_REQUEST,
+                                     f"pool {kind} is client memory (memory: client): there is "
+                                     f"no shm object to map; use the memory lent with "
+                                     f"register_memory (ferry.memory.MemfdPool)")
                 fd = os.open("/dev/shm" + p.shm_name, os.O_RDWR)
                 try:
                     self._maps[kind] = mmap.mmap(fd, p.total_bytes)

@@ -5,7 +5,8 @@
 
 Every message of versions 3 and 4 is a dataclass below. ``encode`` and ``decode`` take the
 connection's protocol version, since a few bodies differ between versions (``poll_reply`` and
-``event`` carry a ``code`` in v4; ``poll_many`` and ``poll_many_reply`` exist only in v4).
+``event`` carry a ``code`` in v4; ``poll_many``, ``poll_many_reply``, ``register_memory``,
+``discover`` and ``discover_reply`` exist only in v4).
 ``hello`` and ``hello_reply`` carry their own version field and are laid out by it, whatever the
 ``version`` argument says (they are what settles the connection's version).
 
@@ -47,6 +48,12 @@ MAX_POLL_MANY = 16384
 """Rooms in one poll_many."""
 POLL_MANY_REASON_BYTES = 1000
 """poll_many_reply cuts each reason there."""
+MAX_REGISTER_FDS = 64
+"""File descriptors with one register_memory."""
+MAX_REGISTER_BUFFERS = 4096
+"""Buffers in one register_memory."""
+_REGISTER_BUFFER_BYTES = 37
+"""One buffer entry of register_memory: u32 + 3 x u64 + 2 x u32 + u8."""
 
 
 class MessageType(IntEnum):
@@ -61,6 +68,8 @@ class MessageType(IntEnum):
     SUBSCRIBE = 6
     INFO = 7
     POLL_MANY = 8  # v4
+    REGISTER_MEMORY = 9  # v4
+    DISCOVER = 10  # v4
     OK = 100
     ERROR = 101
     HELLO_REPLY = 102
@@ -68,13 +77,16 @@ class MessageType(IntEnum):
     INFO_REPLY = 104
     EVENT = 105
     POLL_MANY_REPLY = 106  # v4
+    DISCOVER_REPLY = 107  # v4
 
     @property
     def wire_name(self) -> str:
         return self.name.lower()
 
 
-V4_ONLY = frozenset({MessageType.POLL_MANY, MessageType.POLL_MANY_REPLY})
+V4_ONLY = frozenset({MessageType.POLL_MANY, MessageType.POLL_MANY_REPLY,
+                     MessageType.REGISTER_MEMORY, MessageType.DISCOVER,
+                     MessageType.DISCOVER_REPLY})
 
 
 def type_name(mtype: int) -> str:
@@ -145,7 +157,35 @@ class Pool(NamedTuple):
 
 
 POOL_KINDS = ("kv", "state", "aux")
-"""hello_reply's pools, in order."""
+"""hello_reply's pools, in order (also register_memory's ``pool`` numbers: 0 kv, 1 state,
+2 aux)."""
+
+
+class MemoryKind(IntEnum):
+    """register_memory's ``memory_kind``: what the lent descriptors are. This release registers
+    host memory (memfds) only; the others are reserved (docs/gpu.md)."""
+
+    HOST = 0
+    CUDA_DMABUF = 1
+    CUDA_IPC = 2
+    CUDA_VMM_FD = 3
+
+    @property
+    def wire_name(self) -> str:
+        return self.name.lower()
+
+
+def pool_number(pool: Union[str, int]) -> int:
+    """register_memory's pool number of ``"kv"``/``"state"``/``"aux"`` (or of 0..2, unchanged);
+    ``"mamba"`` (the config's name of the state pool) is accepted too."""
+    if isinstance(pool, str):
+        name = "state" if pool == "mamba" else pool
+        if name not in POOL_KINDS:
+            raise ValueError(f"pool must be one of kv, state, aux (or 0..2), got {pool!r}")
+        return POOL_KINDS.index(name)
+    if isinstance(pool, bool) or not isinstance(pool, int) or not 0 <= pool < len(POOL_KINDS):
+        raise ValueError(f"pool must be one of kv, state, aux (or 0..2), got {pool!r}")
+    return int(pool)
 _NO_POOLS = (Pool(False, "", 0, ()), Pool(False, "", 0, ()), Pool(False, "", 0, ()))
 
 # --------------------------------------------------------------------------------------------
@@ -212,6 +252,44 @@ class PollMany:
     """(v4) The status of many rooms (at most 16384) in one round trip."""
 
     rooms: list[int] = field(default_factory=list)
+
+
+class MemoryBuffer(NamedTuple):
+    """One buffer of a register_memory table: ``items`` items of ``item_bytes`` bytes starting at
+    byte ``fd_offset`` (a multiple of 4096) of the frame's descriptor number ``fd_index``, and
+    what the buffer is (``layer_id``, ``tensor``, ``kind``, as the pool's layout in hello_reply
+    lists it)."""
+
+    fd_index: int
+    fd_offset: int
+    item_bytes: int
+    items: int
+    layer_id: int
+    tensor: int
+    kind: int  # a BufferKind when known
+
+
+@dataclass
+class RegisterMemory:
+    """(v4) Lend ferryd the client's own memory for a ``memory: client`` pool.
+
+    ``pool``: 0 kv, 1 state, 2 aux. ``memory_kind``: 0 host (1..3 reserved, see
+    :class:`MemoryKind`). ``fd_count`` descriptors ride as SCM_RIGHTS on the frame's first byte
+    (at most 64); ``buffers`` (at most 4096) list every buffer of the pool in the pool's layout
+    order, each as a range of one of those descriptors."""
+
+    pool: int = 0
+    memory_kind: int = MemoryKind.HOST
+    fd_count: int = 0
+    buffers: list[MemoryBuffer] = field(default_factory=list)
+
+
+@dataclass
+class Discover:
+    """(v4) Every rank of an engine instance, from the control address ("host:port") of one of
+    them: ferryd handshakes with it and with the ranks its config lists."""
+
+    address: str = ""
 
 
 @dataclass
@@ -290,6 +368,28 @@ class InfoReply:
     text: str = ""
 
 
+class DiscoveredRank(NamedTuple):
+    """One rank of a discovered instance: ``up`` with its node name and TP/PP position, or down
+    with the ``reason``."""
+
+    address: str
+    up: bool
+    node: str = ""
+    tp_size: int = 0
+    tp_rank: int = 0
+    pp_size: int = 0
+    pp_rank: int = 0
+    reason: str = ""
+
+
+@dataclass
+class DiscoverReply:
+    """(v4) One entry per rank (at most 256): the rank asked about first, then the others in
+    its config's order."""
+
+    ranks: list[DiscoveredRank] = field(default_factory=list)
+
+
 @dataclass
 class PollManyReply:
     """(v4) One entry per room asked, in the order asked."""
@@ -297,8 +397,9 @@ class PollManyReply:
     rooms: list[PollResult] = field(default_factory=list)
 
 
-Message = Union[Hello, Prepare, Send, Poll, Cancel, Subscribe, Info, PollMany, Ok, Error,
-                HelloReply, PollReply, InfoReply, Event, PollManyReply]
+Message = Union[Hello, Prepare, Send, Poll, Cancel, Subscribe, Info, PollMany, RegisterMemory,
+                Discover, Ok, Error, HelloReply, PollReply, InfoReply, Event, PollManyReply,
+                DiscoverReply]
 
 MESSAGE_CLASSES: dict[MessageType, type] = {
     MessageType.HELLO: Hello,
@@ -309,6 +410,8 @@ MESSAGE_CLASSES: dict[MessageType, type] = {
     MessageType.SUBSCRIBE: Subscribe,
     MessageType.INFO: Info,
     MessageType.POLL_MANY: PollMany,
+    MessageType.REGISTER_MEMORY: RegisterMemory,
+    MessageType.DISCOVER: Discover,
     MessageType.OK: Ok,
     MessageType.ERROR: Error,
     MessageType.HELLO_REPLY: HelloReply,
@@ -316,6 +419,7 @@ MESSAGE_CLASSES: dict[MessageType, type] = {
     MessageType.INFO_REPLY: InfoReply,
     MessageType.EVENT: Event,
     MessageType.POLL_MANY_REPLY: PollManyReply,
+    MessageType.DISCOVER_REPLY: DiscoverReply,
 }
 _TYPE_OF: dict[type, MessageType] = {cls: t for t, cls in MESSAGE_CLASSES.items()}
 
@@ -450,6 +554,25 @@ def _encode_body(w: _Writer, m: Message) -> None:
         w.num(m.topic, 1, "topic")
     elif isinstance(m, PollMany):
         w.int_list(m.rooms, 8, "rooms", MAX_POLL_MANY)
+    elif isinstance(m, RegisterMemory):
+        _encode_register_memory(w, m)
+    elif isinstance(m, Discover):
+        w.string(m.address, "address")
+    elif isinstance(m, DiscoverReply):
+        ranks = list(m.ranks)
+        if len(ranks) > MAX_LIST_STRINGS:
+            raise w.fail("ranks", f"has {len(ranks)} entries, above the limit of "
+                                  f"{MAX_LIST_STRINGS}")
+        w.num(len(ranks), 4, "ranks")
+        for rank in ranks:
+            w.string(rank.address, "rank.address")
+            w.boolean(rank.up, "rank.up")
+            w.string(rank.node, "rank.node")
+            w.num(rank.tp_size, 4, "rank.tp_size")
+            w.num(rank.tp_rank, 4, "rank.tp_rank")
+            w.num(rank.pp_size, 4, "rank.pp_size")
+            w.num(rank.pp_rank, 4, "rank.pp_rank")
+            w.string(rank.reason, "rank.reason")
     elif isinstance(m, Ok):
         pass
     elif isinstance(m, Error):
@@ -467,6 +590,39 @@ def _encode_body(w: _Writer, m: Message) -> None:
             w.status(r.room, r.status, r.code, r.reason)
     else:  # pragma: no cover - message_type() refused it already
         raise TypeError(type(m).__name__)
+
+
+def _encode_register_memory(w: _Writer, m: RegisterMemory) -> None:
+    pool = w._int(m.pool, 1, "pool")
+    if pool >= len(POOL_KINDS):
+        raise w.fail("pool", f"must be 0..{len(POOL_KINDS) - 1}, got {pool}")
+    w.num(pool, 1, "pool")
+    w.num(m.memory_kind, 1, "memory_kind")
+    fd_count = w._int(m.fd_count, 4, "fd_count")
+    if fd_count > MAX_REGISTER_FDS:
+        raise w.fail("fd_count", f"is {fd_count}, above the limit of {MAX_REGISTER_FDS}")
+    w.num(fd_count, 4, "fd_count")
+    buffers = list(m.buffers)
+    if len(buffers) > MAX_REGISTER_BUFFERS:
+        raise w.fail("buffers", f"has {len(buffers)} entries, above the limit of "
+                                f"{MAX_REGISTER_BUFFERS}")
+    w.num(len(buffers), 4, "buffers")
+    for b in buffers:
+        if not isinstance(b, MemoryBuffer):
+            try:
+                b = MemoryBuffer(*b)
+            except TypeError:
+                raise w.fail("buffers", f"entries must be MemoryBuffer, got {b!r}") from None
+        w.num(b.fd_index, 4, "buffer.fd_index")
+        w.num(b.fd_offset, 8, "buffer.fd_offset")
+        w.num(b.item_bytes, 8, "buffer.item_bytes")
+        w.num(b.items, 8, "buffer.items")
+        w.num(b.layer_id, 4, "buffer.layer_id")
+        w.num(b.tensor, 4, "buffer.tensor")
+        kind = w._int(b.kind, 1, "buffer.kind")
+        if kind > BufferKind.AUX:
+            raise w.fail("buffer.kind", f"is not a buffer kind: {kind}")
+        w.num(kind, 1, "buffer.kind")
 
 
 def _encode_hello_reply(w: _Writer, m: HelloReply) -> None:
@@ -677,6 +833,50 @@ def _decode_poll_many_reply(r: _Reader) -> PollManyReply:
     return PollManyReply([r.room_status(PollResult) for _ in range(n)])
 
 
+def _decode_register_memory(r: _Reader) -> RegisterMemory:
+    # The C++ codec reads the four fixed fields first, then checks them in this order.
+    pool = r.num(1, "pool")
+    memory_kind = r.num(1, "memory_kind")
+    fd_count = r.num(4, "fd_count")
+    n = r.num(4, "buffers")
+    if pool >= len(POOL_KINDS):
+        raise _Fail(f"field 'pool' must be 0..{len(POOL_KINDS) - 1}, got {pool}", "pool")
+    if fd_count > MAX_REGISTER_FDS:
+        raise _Fail(f"field 'fd_count' is {fd_count}, above the limit of {MAX_REGISTER_FDS}",
+                    "fd_count")
+    if n > MAX_REGISTER_BUFFERS:
+        raise _Fail(f"field 'buffers' has {n} entries, above the limit of "
+                    f"{MAX_REGISTER_BUFFERS}", "buffers")
+    if r.remaining() // _REGISTER_BUFFER_BYTES < n:
+        raise _Fail(f"field 'buffers' claims {n} entries, too many for the frame", "buffers")
+    buffers = []
+    for _ in range(n):
+        fd_index, fd_offset = r.num(4, "buffer.fd_index"), r.num(8, "buffer.fd_offset")
+        item_bytes, items = r.num(8, "buffer.item_bytes"), r.num(8, "buffer.items")
+        layer_id, tensor = r.num(4, "buffer.layer_id"), r.num(4, "buffer.tensor")
+        kind = r.num(1, "buffer.kind")
+        if kind > BufferKind.AUX:
+            raise _Fail(f"field 'buffer.kind' is not a buffer kind: {kind}", "buffer.kind")
+        buffers.append(MemoryBuffer(fd_index, fd_offset, item_bytes, items, layer_id, tensor,
+                                    BufferKind(kind)))
+    kind_value: Union[MemoryKind, int] = (MemoryKind(memory_kind)
+                                          if memory_kind <= MemoryKind.CUDA_VMM_FD
+                                          else memory_kind)
+    return RegisterMemory(pool, kind_value, fd_count, buffers)
+
+
+def _decode_discover_reply(r: _Reader) -> DiscoverReply:
+    n = r.num(4, "ranks")
+    if n > MAX_LIST_STRINGS:
+        raise _Fail(f"field 'ranks' has {n} entries, above the limit of {MAX_LIST_STRINGS}",
+                    "ranks")
+    return DiscoverReply([DiscoveredRank(r.string("rank.address"), r.boolean("rank.up"),
+                                         r.string("rank.node"), r.num(4, "rank.tp_size"),
+                                         r.num(4, "rank.tp_rank"), r.num(4, "rank.pp_size"),
+                                         r.num(4, "rank.pp_rank"), r.string("rank.reason"))
+                          for _ in range(n)])
+
+
 def _decode_body(mtype: MessageType, r: _Reader) -> Message:
     if mtype == MessageType.HELLO:
         return _decode_hello(r)
@@ -696,6 +896,12 @@ def _decode_body(mtype: MessageType, r: _Reader) -> Message:
         return _decode_info(r)
     if mtype == MessageType.POLL_MANY:
         return PollMany(r.int_list(8, "rooms", MAX_POLL_MANY))
+    if mtype == MessageType.REGISTER_MEMORY:
+        return _decode_register_memory(r)
+    if mtype == MessageType.DISCOVER:
+        return Discover(r.string("address"))
+    if mtype == MessageType.DISCOVER_REPLY:
+        return _decode_discover_reply(r)
     if mtype == MessageType.OK:
         return Ok()
     if mtype == MessageType.ERROR:
@@ -831,9 +1037,12 @@ def decode_frame(frame: bytes, version: int = PROTOCOL_VERSION) -> tuple[int, Me
 __all__ = [
     "PROTOCOL_VERSION", "MIN_PROTOCOL_VERSION", "SUPPORTED_VERSIONS", "NO_INDEX",
     "MAX_FRAME_BYTES", "HEADER_BYTES", "MAX_STRING_BYTES", "MAX_LIST_STRINGS", "MAX_POLL_MANY",
-    "POLL_MANY_REASON_BYTES", "MessageType", "V4_ONLY", "type_name", "Status", "InfoTopic",
-    "BufferKind", "Buffer", "Pool", "POOL_KINDS", "Hello", "Prepare", "Send", "Poll", "Cancel",
-    "Subscribe", "Info", "PollMany", "Ok", "Error", "HelloReply", "PollResult", "PollReply",
+    "POLL_MANY_REASON_BYTES", "MAX_REGISTER_FDS", "MAX_REGISTER_BUFFERS", "MessageType",
+    "V4_ONLY", "type_name", "Status", "InfoTopic", "BufferKind", "Buffer", "Pool", "POOL_KINDS",
+    "MemoryKind", "pool_number", "MemoryBuffer", "RegisterMemory", "Discover", "DiscoveredRank",
+    "DiscoverReply", "Hello", "Prepare", "Send",
+    "Poll", "Cancel", "Subscribe", "Info", "PollMany", "Ok", "Error", "HelloReply", "PollResult",
+    "PollReply",
     "Event", "InfoReply", "PollManyReply", "Message", "MESSAGE_CLASSES", "message_type",
     "encode", "decode", "Frame", "FrameReader", "check_flags", "split_frame", "decode_frame",
 ]

@@ -1,0 +1,37 @@
+#pragma once
+/// Client-owned pools (`memory: client`, docs/protocol.md register_memory): checking a client's
+/// buffer table and descriptors against the config, mapping them into the pool's reserved
+/// address range and registering it with the fabric, and undoing that. The Scheduler drives
+/// the states (actors/context.hpp, client_pool); the mapping and the fabric calls run off the
+/// actor workers (a detached actor), since a registration waits for the progress thread.
+
+#include <string>
+#include <vector>
+
+#include "actors/context.hpp"
+#include "core/protocol.hpp"
+
+namespace ferry {
+
+/// Reserve the address range of every `memory: client` pool (no access until registered).
+/// Error text, or "".
+std::string reserve_client_pools(daemon_context& ctx);
+
+/// Why `req` (with the descriptors that came with it) cannot be registered, or "". Checks the
+/// pool, its state, the memory kind, the table against the layout, and every descriptor (a
+/// sealed memfd, large enough, aligned offsets, no overlaps). Touches nothing.
+std::string check_registration(const daemon_context& ctx, const proto::register_memory& req,
+                               const std::vector<int>& fds);
+
+/// Reserve the backing of every buffer, map the buffers at their layout offsets and register
+/// the pool for local access (ctx.regions). Blocking (mmap, fallocate, the progress thread):
+/// call it off the actor workers. On failure the range is reserved again and nothing stays
+/// registered. Error text, or "". Does not close `fds`.
+std::string map_client_pool(daemon_context& ctx, const proto::register_memory& req,
+                            const std::vector<int>& fds);
+
+/// Deregister pool `k` and drop the client's memory from its range (reserved again, no
+/// access). Blocking, like map_client_pool. Error text, or "".
+std::string unmap_client_pool(daemon_context& ctx, int k);
+
+}  // namespace ferry

@@ -1,0 +1,322 @@
+"""Engine-owned memory (``memory: client`` pools, register_memory) with real ferryd processes
+(FERRY_BIN_DIR, default build/src), driven through the SGLang-shaped adapter: a prefill and a
+decode engine each lend memfds to their ferryd, a room runs end to end, and the decode engine's
+memfds hold the prefill's bytes; a closed registration can be made again; a table ferryd
+refuses is named."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from typing import Iterator
+
+import pytest
+
+from conftest import IO_TIMEOUT, MAMBA_POOLS, Daemon, start_daemon
+from ferry import Client, Errc, FerryError
+from ferry.memory import MemfdPool, create_memfd
+from ferry.protocol import MemoryBuffer
+from ferry.sglang import (FerryBootstrap, FerryKVArgs, FerryKVManager, FerryKVReceiver,
+                          FerryKVSender, KVPoll, poll_all)
+
+T = 60.0  # a room's whole transfer on a loaded 2-core machine
+BOOT = "prefill-instance:8998"
+
+
+def client_memory(pools: str) -> str:
+    """``pools`` with ``memory: client`` on every pool."""
+    out = []
+    for line in pools.splitlines():
+        if line.startswith("  kv:") or line.startswith("  aux:"):
+            line = line.rstrip()[:-1] + ", memory: client}"
+        out.append(line)
+        if line.startswith("  mamba:"):
+            out.append("    memory: client")
+    return "\n".join(out) + "\n"
+
+
+CLIENT_POOLS = client_memory(MAMBA_POOLS)
+KV_CLIENT_POOL = """pools:
+  kv: {layer_ids: [0], page_tokens: 1, kv_heads: 1, head_dim: 64, dtype_bytes: 2, pages: 64, memory: client}
+"""
+
+
+@pytest.fixture(scope="module")
+def tmpdir_short() -> Iterator[str]:
+    d = tempfile.mkdtemp(prefix="ferry-cm-")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def stop_all(daemons: list[Daemon]) -> None:
+    codes = [(d.log, d.stop()) for d in daemons]
+    bad = [f"{log}: exit {rc}\n{open(log).read()[-3000:]}" for log, rc in codes if rc != 0]
+    assert not bad, "ferryd did not exit cleanly:\n" + "\n".join(bad)
+
+
+@pytest.fixture(scope="module")
+def pair(tmpdir_short: str) -> Iterator[tuple[Daemon, Daemon]]:
+    p = start_daemon(tmpdir_short, "prefill-cm", "prefill", CLIENT_POOLS)
+    try:
+        d = start_daemon(tmpdir_short, "decode-cm", "decode", CLIENT_POOLS)
+    except BaseException:
+        p.stop()
+        raise
+    yield p, d
+    stop_all([p, d])
+
+
+class Engine:
+    """An engine rank: memfd pools laid out as its ferryd says, KVArgs over them, a manager
+    (which registers them)."""
+
+    def __init__(self, d: Daemon, mode: str, bootstrap: FerryBootstrap,
+                 per_buffer_kv: bool = False) -> None:
+        with Client(d.sock, name="layout", timeout=IO_TIMEOUT) as c:
+            pools = dict(c.pools)
+        self.kv = MemfdPool("kv", pools["kv"], per_buffer=per_buffer_kv, name=f"{mode}-kv")
+        self.state = MemfdPool("state", pools["state"], name=f"{mode}-state")
+        self.aux = MemfdPool("aux", pools["aux"], name=f"{mode}-aux")
+        self.args = FerryKVArgs.from_memfd_pools(kv=self.kv, state=self.state, aux=self.aux)
+        self.mode, self.daemon, self.bootstrap = mode, d, bootstrap
+        self.mgr = self.connect()
+
+    def connect(self) -> FerryKVManager:
+        return FerryKVManager(self.args, self.mode, socket_path=self.daemon.sock,
+                              bootstrap=self.bootstrap, timeout=IO_TIMEOUT * 3,
+                              register_timeout=T)
+
+    def close(self) -> None:
+        self.mgr.close()
+        for p in (self.kv, self.state, self.aux):
+            p.close()
+
+
+@pytest.fixture(scope="module")
+def engines(pair: tuple[Daemon, Daemon]) -> Iterator[tuple[Engine, Engine]]:
+    pd, dd = pair
+    boot = FerryBootstrap({BOOT: [pd.control]})
+    p = Engine(pd, "prefill", boot)
+    try:
+        d = Engine(dd, "decode", boot, per_buffer_kv=True)
+    except BaseException:
+        p.close()
+        raise
+    yield p, d
+    d.close()
+    p.close()
+
+
+def wait_all(objs: list, want: int = KVPoll.Success, timeout: float = T) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = poll_all(objs)
+        if all(g in (want, KVPoll.Failed) for g in got) or time.monotonic() > deadline:
+            return got
+        time.sleep(0.02)
+
+
+def run_room(p: Engine, d: Engine, room: int, src: list[int], dst: list[int], prefix: int,
+             src_slot: int, dst_slot: int, src_row: int, dst_row: int,
+             chunks: list[int]) -> dict[tuple, bytes]:
+    """One room through the adapter in SGLang's order; the bytes the decode must receive, by
+    (pool, buffer, destination index)."""
+    expect: dict[tuple, bytes] = {}
+    sent = src[prefix:]  # the prefill sends the pages after the decode's prefix only
+    for b in range(len(p.kv.buffers)):
+        for pos, page in enumerate(sent):
+            data = os.urandom(p.kv.buffers[b].item_bytes)
+            p.kv.item(b, page)[:] = data
+            expect[("kv", b, dst[pos])] = data
+    for b in range(len(p.state.buffers)):
+        data = os.urandom(p.state.buffers[b].item_bytes)
+        p.state.item(b, src_slot)[:] = data
+        expect[("state", b, dst_slot)] = data
+    row = room.to_bytes(8, "little") + os.urandom(p.aux.buffers[0].item_bytes - 8)
+    p.aux.item(0, src_row)[:] = row
+    expect[("aux", 0, dst_row)] = row
+
+    r = FerryKVReceiver(d.mgr, BOOT, room)
+    s = FerryKVSender(p.mgr, BOOT, room, [0], 0)
+    assert r.poll() == KVPoll.Bootstrapping and s.poll() == KVPoll.Bootstrapping
+    r.init(0)
+    r.send_metadata(dst, aux_index=dst_row, state_indices=[[dst_slot]], decode_prefix_len=prefix)
+    assert r.poll() != KVPoll.Failed, r.failure_exception()
+    deadline = time.monotonic() + T
+    while s.poll() == KVPoll.Bootstrapping and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert s.poll() == KVPoll.WaitingForInput, s.failure_exception()
+    start = s.pop_decode_prefix_len()
+    assert start == prefix
+    s.init(len(src) - start, src_row)
+    at = start
+    for i, n in enumerate(chunks):
+        last = i == len(chunks) - 1
+        s.send(src[at:at + n], [[src_slot]] if last else None)
+        at += n
+    assert at == len(src)
+    got = wait_all([r, s])
+    if got != [KVPoll.Success, KVPoll.Success]:
+        for x in (r, s):
+            if x.poll() == KVPoll.Failed:
+                x.failure_exception()
+        pytest.fail(f"room {room}: {got}")
+    return expect
+
+
+def check_landed(d: Engine, expect: dict[tuple, bytes]) -> list[str]:
+    pools = {"kv": d.kv, "state": d.state, "aux": d.aux}
+    return [f"{pool} buffer {b} index {i}" for (pool, b, i), data in expect.items()
+            if bytes(pools[pool].item(b, i)) != data]
+
+
+def test_the_hello_reply_shows_client_pools(pair: tuple[Daemon, Daemon]) -> None:
+    with Client(pair[1].sock, name="cm-hello", timeout=IO_TIMEOUT) as c:
+        assert c.version == 4
+        for kind in ("kv", "state", "aux"):
+            assert c.pools[kind].present and c.pools[kind].shm_name == "", c.pools[kind]
+        with pytest.raises(FerryError):
+            c.pool("kv")
+
+
+def test_a_room_lands_in_the_decode_engines_memfds(engines: tuple[Engine, Engine]) -> None:
+    p, d = engines
+    assert p.mgr.registered == d.mgr.registered == ["kv", "state", "aux"]
+    expect = run_room(p, d, room=5001, src=[10, 11, 12, 13, 14, 15], dst=[100, 101, 102, 103,
+                                                                          104, 105],
+                      prefix=0, src_slot=1, dst_slot=2, src_row=3, dst_row=4, chunks=[2, 3, 1])
+    assert not check_landed(d, expect)
+
+
+def test_the_decodes_prefix_is_not_sent(engines: tuple[Engine, Engine]) -> None:
+    """decode_prefix_len = 2 pages (page_tokens 1): the decode names the 3 pages after them, the
+    prefill learns the prefix through FerryBootstrap and sends from its third page; the pages
+    the decode already holds are not written."""
+    p, d = engines
+    held = [d.kv.item(b, 140)[:].tobytes() for b in range(len(d.kv.buffers))]
+    expect = run_room(p, d, room=5002, src=[20, 21, 22, 23, 24], dst=[150, 151, 152],
+                      prefix=2, src_slot=0, dst_slot=0, src_row=0, dst_row=1, chunks=[1, 2])
+    assert not check_landed(d, expect)
+    assert [d.kv.item(b, 140)[:].tobytes() for b in range(len(d.kv.buffers))] == held
+
+
+def test_a_full_prefix_hit_sends_state_and_aux_only(engines: tuple[Engine, Engine]) -> None:
+    p, d = engines
+    expect = run_room(p, d, room=5003, src=[30, 31], dst=[], prefix=2, src_slot=3, dst_slot=1,
+                      src_row=5, dst_row=6, chunks=[0])
+    assert {k[0] for k in expect} == {"state", "aux"}
+    assert not check_landed(d, expect)
+
+
+def test_state_indices_fail_one_request_alone(engines: tuple[Engine, Engine]) -> None:
+    p, d = engines
+    bad = FerryKVReceiver(d.mgr, BOOT, 5004)
+    bad.init(0)
+    bad.send_metadata([160], aux_index=2, state_indices=[[1, 2]])
+    assert bad.poll() == KVPoll.Failed
+    with pytest.raises(FerryError) as info:
+        bad.failure_exception()
+    assert info.value.message == ("PD state transfer failed: mamba requires single state "
+                                  "index, got src=1, dst=2")
+    expect = run_room(p, d, room=5005, src=[40], dst=[170], prefix=0, src_slot=2, dst_slot=3,
+                      src_row=7, dst_row=7, chunks=[1])
+    assert not check_landed(d, expect)
+
+
+def test_prefill_ranks_by_discovery(engines: tuple[Engine, Engine],
+                                   pair: tuple[Daemon, Daemon]) -> None:
+    """The decode's ferryd discovers the prefill instance from one seed address (a prefill
+    whose config lists no discovery.instance_ranks is answered alone) and the room runs."""
+    p, d = engines
+    table = d.mgr.bootstrap
+    d.mgr.bootstrap = FerryBootstrap({BOOT: [pair[0].control]}, discover=True,
+                                     prefix_lens=table._prefix)
+    p.mgr.bootstrap = d.mgr.bootstrap
+    try:
+        expect = run_room(p, d, room=5007, src=[60, 61], dst=[190, 191], prefix=0, src_slot=0,
+                          dst_slot=1, src_row=2, dst_row=3, chunks=[2])
+        assert not check_landed(d, expect)
+        assert d.mgr.bootstrap.prefill_peers(BOOT, 0, d.mgr.client) == [pair[0].control]
+    finally:
+        d.mgr.bootstrap = p.mgr.bootstrap = table
+
+
+def test_close_the_registering_client_and_register_again(engines: tuple[Engine, Engine]) -> None:
+    """Closing the decode engine's manager ends its registration (ferryd cancels, fences and
+    unmaps); a new manager over the same memory registers again and rooms run."""
+    p, d = engines
+    d.mgr.close()
+    d.mgr = d.connect()  # retried while ferryd says the pool is still being released
+    assert d.mgr.registered == ["kv", "state", "aux"]
+    expect = run_room(p, d, room=5006, src=[50, 51, 52], dst=[180, 181, 182], prefix=0,
+                      src_slot=1, dst_slot=0, src_row=1, dst_row=0, chunks=[3])
+    assert not check_landed(d, expect)
+
+
+@pytest.fixture(scope="module")
+def lone(tmpdir_short: str) -> Iterator[Daemon]:
+    """A decode ferryd with one client-memory kv pool that nothing registers."""
+    d = start_daemon(tmpdir_short, "decode-lone", "decode", KV_CLIENT_POOL)
+    yield d
+    stop_all([d])
+
+
+def test_a_refused_table_names_the_buffer(lone: Daemon) -> None:
+    with Client(lone.sock, name="cm-refused", timeout=IO_TIMEOUT) as c:
+        with pytest.raises(FerryError) as info:
+            c.prepare(1, ["127.0.0.1:9"], [1])
+        # docs/protocol.md words it without the room; this ferryd prefixes "room 1: "
+        assert info.value.message.endswith("pool kv is client memory and no client has "
+                                           "registered it"), info.value.message
+        with MemfdPool.for_client(c, "kv") as kv:
+            table = [b._replace(item_bytes=b.item_bytes // 2) if i == 1 else b
+                     for i, b in enumerate(kv.table)]
+            with pytest.raises(FerryError) as info:
+                c.register_memory("kv", table, kv.fds)
+            assert info.value.code == Errc.INVALID_REQUEST
+            assert info.value.message.startswith("pool kv: buffer 1 is V of layer 0 with 64 "
+                                                 "items of 128 bytes, but the table says V of "
+                                                 "layer 0 with 64 items of 64 bytes"), \
+                info.value.message
+        unsealed = os.memfd_create("unsealed", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(unsealed, 4 * 4096)
+            table = [MemoryBuffer(0, 0, 128, 64, 0, 0, 0), MemoryBuffer(0, 8192, 128, 64, 0, 0, 1)]
+            with pytest.raises(FerryError) as info:
+                c.register_memory("kv", table, [unsealed])
+            assert info.value.message.startswith("pool kv: fd 0 is not sealed against shrinking "
+                                                 "(F_SEAL_SHRINK)"), info.value.message
+        finally:
+            os.close(unsealed)
+        small = create_memfd("small", 4096)
+        try:
+            with pytest.raises(FerryError) as info:
+                c.register_memory("kv", table, [small])
+            assert info.value.message.startswith("pool kv: buffer 0 (K of layer 0 with 64 items "
+                                                 "of 128 bytes) needs 8192 bytes at fd 0 offset "
+                                                 "0, but the fd has 4096"), info.value.message
+        finally:
+            os.close(small)
+        # the connection and the pool are usable: a correct table registers
+        with MemfdPool.for_client(c, "kv") as kv:
+            kv.register(c)
+
+
+def test_a_manager_with_a_wrong_item_size_is_refused_naming_the_buffer(lone: Daemon) -> None:
+    with Client(lone.sock, name="cm-layout", timeout=IO_TIMEOUT) as c:
+        layout = c.pools["kv"]
+    with MemfdPool("kv", layout) as kv:
+        args = FerryKVArgs.from_memfd_pools(kv=kv)
+        args.kv_item_lens = [256, 256]
+        deadline = time.monotonic() + T
+        while True:  # the previous test's registration may still be being released
+            with pytest.raises(FerryError) as info:
+                FerryKVManager(args, "decode", socket_path=lone.sock, timeout=IO_TIMEOUT)
+            if "still being released" not in info.value.message or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert info.value.message.startswith("pool kv: buffer 0 is K of layer 0 with 64 items of "
+                                             "128 bytes, but the table says K of layer 0 with "
+                                             "64 items of 256 bytes"), info.value.message

@@ -1,0 +1,683 @@
+"""The SGLang-shaped adapter (clients/python/ferry/sglang.py) against model daemons: a prefill
+and a decode fake ferryd sharing one model of the rooms, each serving every connection in its
+own thread and logging every request it receives. Checks the call order on the wire, the
+state_indices rules (one request failing alone), last-chunk detection, decode_prefix_len's
+path, refusals and failures with their codes, and poll_all's batching."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections import OrderedDict
+from typing import Any, Iterator, Optional
+
+import pytest
+
+from conftest import IO_TIMEOUT, FakeConn
+from ferry import Errc, FerryError
+from ferry.memory import F_SEAL_SHRINK, MemfdPool, seals
+from ferry.protocol import (Buffer, BufferKind, Cancel, Discover, DiscoveredRank, DiscoverReply,
+                            Error, Hello, HelloReply, Message, Ok,
+                            Poll, PollMany, PollManyReply, PollReply, PollResult, Pool, Prepare,
+                            RegisterMemory, Send, Status)
+from ferry.sglang import (ABORTED, FROM_ANOTHER_RANK, FerryBootstrap, FerryKVArgs,
+                          FerryKVManager, FerryKVReceiver, FerryKVSender, FerryKVTransferError,
+                          KVPoll, poll_all)
+
+PAGE_TOKENS = 16
+BOOT = "10.0.0.10:8998"  # the prefill instance's bootstrap address, as SGLang's requests carry
+PREFILL_RANKS = ["127.0.0.1:7401", "127.0.0.1:7402"]
+
+
+def layout(client_memory: bool = True) -> tuple[Pool, Pool, Pool]:
+    name = (lambda k: "") if client_memory else (lambda k: f"/ferry.fake.{k}")
+    kv = Pool(True, name("kv"), 4 * 4096, (Buffer(0, 256, 16, 3, 0, BufferKind.K),
+                                           Buffer(4096, 256, 16, 7, 0, BufferKind.K),
+                                           Buffer(8192, 256, 16, 3, 0, BufferKind.V),
+                                           Buffer(12288, 256, 16, 7, 0, BufferKind.V)))
+    state = Pool(True, name("state"), 2 * 4096, (Buffer(0, 128, 4, 0, 0, BufferKind.STATE),
+                                                 Buffer(4096, 512, 4, 0, 1, BufferKind.STATE)))
+    aux = Pool(True, name("aux"), 4096, (Buffer(0, 64, 8, 0, 0, BufferKind.AUX),))
+    return kv, state, aux
+
+
+class World:
+    """What the two fake daemons know about rooms, and every request they received."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.log: list[tuple[str, Message]] = []  # (role, request)
+        self.prepares: dict[int, Prepare] = {}
+        self.sends: dict[int, list[Send]] = {}
+        self.failed: dict[int, tuple[int, str]] = {}
+        self.refuse: dict[tuple[str, int], Error] = {}  # (role, room) -> the error reply
+        self.registered: list[tuple[str, int, int, int, list[tuple[int, int]]]] = []
+        self.instances: dict[str, list[DiscoveredRank]] = {}  # discover's answers
+
+    def requests(self, role: str, *types: type) -> list[Message]:
+        with self.lock:
+            return [m for r, m in self.log if r == role and (not types or isinstance(m, types))]
+
+    def status(self, role: str, room: int) -> Optional[PollResult]:
+        """None: unknown to that side."""
+        if room in self.failed:
+            code, why = self.failed[room]
+            return PollResult(room, Status.Failed, code, why)
+        sends = self.sends.get(room, [])
+        if any(s.last for s in sends) and room in self.prepares:
+            return PollResult(room, Status.Success, Errc.OK, "")
+        if role == "decode":
+            if room not in self.prepares:
+                return None
+            return PollResult(room, Status.Transferring if sends else Status.WaitingForInput,
+                              Errc.OK, "")
+        if room not in self.prepares:
+            return PollResult(room, Status.Bootstrapping, Errc.OK, "")
+        return PollResult(room, Status.Transferring if sends else Status.WaitingForInput,
+                          Errc.OK, "")
+
+
+class ModelDaemon:
+    """A fake ferryd of one role: a unix socket server, one thread per connection."""
+
+    def __init__(self, directory: str, role: str, world: World, client_memory: bool = True
+                 ) -> None:
+        self.role, self.world = role, world
+        self.pools = layout(client_memory)
+        self.path = os.path.join(directory, role + ".sock")
+        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.srv.bind(self.path)
+        self.srv.listen(8)
+        self.errors: list[BaseException] = []
+        self.threads: list[threading.Thread] = []
+        self.stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.stop:
+            try:
+                sock, _ = self.srv.accept()
+            except OSError:
+                return
+            t = threading.Thread(target=self._serve, args=(FakeConn(sock),), daemon=True)
+            self.threads.append(t)
+            t.start()
+
+    def _serve(self, c: FakeConn) -> None:
+        try:
+            while True:
+                seq, msg = c.recv()
+                with self.world.lock:
+                    self.world.log.append((self.role, msg))
+                    reply = self._answer(c, msg)
+                c.send(reply, seq)
+        except EOFError:
+            pass
+        except BaseException as e:  # reported by close()
+            self.errors.append(e)
+        finally:
+            c.close_fds()
+            c.sock.close()
+
+    def _answer(self, c: FakeConn, msg: Message) -> Message:
+        w = self.world
+        if isinstance(msg, Hello):
+            return HelloReply(version=4, node=f"fake-{self.role}", instance="0", role=self.role,
+                              control="127.0.0.1:7401", page_tokens=PAGE_TOKENS,
+                              pools=self.pools, min_version=3, max_version=4)
+        if isinstance(msg, RegisterMemory):
+            fds = list(c.fds)
+            assert len(fds) == msg.fd_count
+            sizes = [os.fstat(fd).st_size for fd in fds]
+            assert all(seals(fd) & F_SEAL_SHRINK for fd in fds)
+            for b in msg.buffers:
+                assert b.fd_offset % 4096 == 0
+                assert b.fd_offset + b.item_bytes * b.items <= sizes[b.fd_index]
+            want = self.pools[msg.pool].buffers
+            assert [(b.item_bytes, b.items, b.layer_id, b.tensor, b.kind) for b in msg.buffers] \
+                == [(b.item_bytes, b.items, b.layer_id, b.tensor, b.kind) for b in want]
+            w.registered.append((self.role, msg.pool, msg.fd_count, len(msg.buffers),
+                                 [(b.fd_index, b.fd_offset) for b in msg.buffers]))
+            c.close_fds()
+            return Ok()
+        room = getattr(msg, "room", None)
+        if room is not None and (self.role, room) in w.refuse:
+            return w.refuse[(self.role, room)]
+        if isinstance(msg, Prepare):
+            w.prepares[msg.room] = msg
+            return Ok()
+        if isinstance(msg, Send):
+            w.sends.setdefault(msg.room, []).append(msg)
+            return Ok()
+        if isinstance(msg, Cancel):
+            st = w.status(self.role, msg.room)
+            if st is None:
+                return Error(Errc.UNKNOWN_ROOM, f"room {msg.room} is unknown")
+            if st.terminal:
+                return Error(Errc.ROOM_FINISHED, f"room {msg.room} already finished")
+            w.failed[msg.room] = (Errc.CANCELLED, "cancelled by client")
+            return Ok()
+        if isinstance(msg, Poll):
+            st = w.status(self.role, msg.room)
+            if st is None:
+                return Error(Errc.UNKNOWN_ROOM, f"room {msg.room} is unknown")
+            return PollReply(st.room, st.status, st.code, st.reason)
+        if isinstance(msg, Discover):
+            if msg.address not in w.instances:
+                return Error(Errc.INVALID_REQUEST, f"discover: '{msg.address}' is not host:port")
+            return DiscoverReply(w.instances[msg.address])
+        if isinstance(msg, PollMany):
+            out = []
+            for r in msg.rooms:
+                st = w.status(self.role, r)
+                out.append(st if st is not None else
+                           PollResult(r, Status.Failed, Errc.UNKNOWN_ROOM, f"room {r} is unknown"))
+            return PollManyReply(out)
+        raise AssertionError(f"the fake {self.role} ferryd does not serve {msg!r}")
+
+    def close(self) -> None:
+        self.stop = True
+        self.srv.close()
+        for t in self.threads:
+            t.join(IO_TIMEOUT)
+        if self.errors:
+            raise self.errors[0]
+
+
+class Engine:
+    """One engine rank: its memfd pools, KVArgs and manager."""
+
+    def __init__(self, daemon: ModelDaemon, mode: str, bootstrap: FerryBootstrap,
+                 per_buffer: bool = False) -> None:
+        kv, state, aux = daemon.pools
+        self.kv = MemfdPool("kv", kv, per_buffer=per_buffer)
+        self.state = MemfdPool("state", state, per_buffer=per_buffer)
+        self.aux = MemfdPool("aux", aux)
+        self.args = FerryKVArgs.from_memfd_pools(kv=self.kv, state=self.state, aux=self.aux,
+                                                 page_size=PAGE_TOKENS)
+        self.mgr = FerryKVManager(self.args, mode, socket_path=daemon.path, bootstrap=bootstrap,
+                                  timeout=IO_TIMEOUT, drain_timeout=2.0)
+
+    def close(self) -> None:
+        self.mgr.close()
+        for p in (self.kv, self.state, self.aux):
+            p.close()
+
+
+class Setup:
+    def __init__(self, tmp: str) -> None:
+        self.world = World()
+        self.prefix_store: OrderedDict[str, int] = OrderedDict()
+        self.bootstrap = FerryBootstrap({BOOT: PREFILL_RANKS}, prefix_lens=self.prefix_store)
+        self.pd = ModelDaemon(tmp, "prefill", self.world)
+        self.dd = ModelDaemon(tmp, "decode", self.world)
+        self.prefill = Engine(self.pd, "prefill", self.bootstrap)
+        self.decode = Engine(self.dd, "decode", self.bootstrap, per_buffer=True)
+
+    def receiver(self, room: int) -> FerryKVReceiver:
+        r = FerryKVReceiver(self.decode.mgr, BOOT, room)
+        r.init(0)
+        return r
+
+    def sender(self, room: int) -> FerryKVSender:
+        return FerryKVSender(self.prefill.mgr, BOOT, room, [0], 0)
+
+    def close(self) -> None:
+        self.prefill.close()
+        self.decode.close()
+        self.pd.close()
+        self.dd.close()
+
+
+@pytest.fixture
+def env(short_tmp: str) -> Iterator[Setup]:
+    s = Setup(short_tmp)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def failure(obj: Any) -> FerryKVTransferError:
+    with pytest.raises(FerryKVTransferError) as info:
+        obj.failure_exception()
+    return info.value
+
+
+# --- registration ------------------------------------------------------------------------------
+
+def test_each_manager_registers_every_client_pool_first(env: Setup) -> None:
+    w = env.world
+    assert sorted((r, pool, n_fds, n_bufs) for r, pool, n_fds, n_bufs, _ in w.registered) == [
+        ("decode", 0, 4, 4), ("decode", 1, 2, 2), ("decode", 2, 1, 1),  # one memfd per buffer
+        ("prefill", 0, 1, 4), ("prefill", 1, 1, 2), ("prefill", 2, 1, 1)]
+    prefill_kv = next(t for r, p, _, _, t in w.registered if r == "prefill" and p == 0)
+    assert prefill_kv == [(0, 0), (0, 4096), (0, 8192), (0, 12288)]
+    for role in ("prefill", "decode"):
+        assert [type(m).__name__ for m in w.requests(role)] == \
+            ["Hello", "RegisterMemory", "RegisterMemory", "RegisterMemory"]
+    assert env.decode.mgr.registered == ["kv", "state", "aux"]
+
+
+def test_daemon_memory_pools_are_not_registered(short_tmp: str) -> None:
+    world = World()
+    d = ModelDaemon(short_tmp, "decode", world, client_memory=False)
+    try:
+        mgr = FerryKVManager(FerryKVArgs(state_types=["mamba"]), "decode", socket_path=d.path,
+                             bootstrap=FerryBootstrap({}), timeout=IO_TIMEOUT)
+        assert mgr.registered == [] and world.registered == []
+        mgr.close()
+    finally:
+        d.close()
+
+
+def test_a_kvargs_table_that_does_not_fit_is_refused_naming_the_pool(short_tmp: str) -> None:
+    world = World()
+    d = ModelDaemon(short_tmp, "decode", world)
+    kv, state, aux = d.pools
+    pools = [MemfdPool("kv", kv), MemfdPool("state", state), MemfdPool("aux", aux)]
+    try:
+        good = FerryKVArgs.from_memfd_pools(kv=pools[0], state=pools[1], aux=pools[2])
+        short = FerryKVArgs.from_memfd_pools(kv=pools[0], state=pools[1], aux=pools[2])
+        short.kv_data_ptrs = short.kv_data_ptrs[:3]
+        with pytest.raises(FerryError) as info:
+            FerryKVManager(short, "decode", socket_path=d.path, timeout=IO_TIMEOUT)
+        assert info.value.message.startswith("pool kv: the KVArgs list 3 buffers (kv_data_ptrs), "
+                                             "ferryd's pool has 4")
+        stray = FerryKVArgs.from_memfd_pools(kv=pools[0], state=pools[1], aux=pools[2])
+        stray.memory_regions = [r for r in stray.memory_regions if r.fd != pools[1].fds[0]]
+        with pytest.raises(FerryError) as info:
+            FerryKVManager(stray, "decode", socket_path=d.path, timeout=IO_TIMEOUT)
+        assert "pool state: buffer 0 (address 0x" in info.value.message
+        assert "lies in no memory region of the KVArgs" in info.value.message
+        small = FerryKVArgs.from_memfd_pools(kv=pools[0], state=pools[1], aux=pools[2])
+        small.state_data_lens = [[128 * 4, 512 * 3]]
+        with pytest.raises(FerryError) as info:
+            FerryKVManager(small, "decode", socket_path=d.path, timeout=IO_TIMEOUT)
+        assert info.value.message == ("pool state: buffer 1 holds 1536 bytes (state_data_lens[1]), "
+                                      "fewer than ferryd's pool needs there: 4 items of 512 bytes")
+        with pytest.raises(FerryError) as info:
+            FerryKVManager(good, "prefill", socket_path=d.path, timeout=IO_TIMEOUT)
+        assert info.value.code == Errc.WRONG_ROLE
+        no_state = FerryKVArgs.from_memfd_pools(kv=pools[0], aux=pools[2])
+        with pytest.raises(FerryError) as info:
+            FerryKVManager(no_state, "decode", socket_path=d.path, timeout=IO_TIMEOUT)
+        assert "state_types name no mamba component" in info.value.message
+        with pytest.raises(ValueError):
+            FerryKVManager(FerryKVArgs(state_types=["swa"]), "decode", socket_path=d.path)
+        assert world.registered == []  # nothing was lent by a refused manager
+    finally:
+        for p in pools:
+            p.close()
+        d.close()
+
+
+# --- a room's call order ---------------------------------------------------------------------------
+
+def test_a_room_in_sglang_call_order(env: Setup) -> None:
+    w = env.world
+    r = FerryKVReceiver(env.decode.mgr, BOOT, 77)
+    assert r.poll() == KVPoll.Bootstrapping
+    r.init(prefill_dp_rank=0)
+    assert r.poll() == KVPoll.WaitingForInput
+    assert w.requests("decode", Prepare, Poll) == []  # nothing reached the decode's ferryd yet
+    s = FerryKVSender(env.prefill.mgr, BOOT, 77, dest_tp_ranks=[0], pp_rank=0)
+    assert s.poll() == KVPoll.Bootstrapping  # the prefill ferryd has not seen the prepare
+    r.send_metadata([5, 6, 7, 8, 9], aux_index=3, state_indices=[[2]], decode_prefix_len=0)
+    assert w.requests("decode", Prepare) == [Prepare(77, PREFILL_RANKS, [5, 6, 7, 8, 9], 2, 3)]
+    assert s.poll() == KVPoll.WaitingForInput
+    assert s.pop_decode_prefix_len() == 0
+    s.init(5, 1)
+    assert s.should_send_kv_chunk(2, False) and not s.should_send_kv_chunk(0, False)
+    s.send([10, 11], None)
+    s.send([12, 13], None)
+    assert r.poll() == KVPoll.Transferring
+    s.send([14], [[0]])
+    assert w.requests("prefill", Send) == [Send(77, [10, 11], False, None, None),
+                                           Send(77, [12, 13], False, None, None),
+                                           Send(77, [14], True, 0, 1)]
+    assert s.poll() == KVPoll.Success and r.poll() == KVPoll.Success
+    n = len(w.log)
+    assert s.poll() == KVPoll.Success and r.poll() == KVPoll.Success
+    assert len(w.log) == n  # terminal statuses are not asked again
+    assert s.get_transfer_metric().transfer_total_bytes == 5 * 4 * 256
+
+
+# --- decode_prefix_len -----------------------------------------------------------------------------
+
+def test_decode_prefix_len_is_published_before_the_prepare(env: Setup) -> None:
+    w = env.world
+    order: list[str] = []
+
+    class Store(OrderedDict):
+        def __setitem__(self, k: str, v: int) -> None:
+            order.append(f"publish {k}={v} after {len(w.requests('decode', Prepare))} prepares")
+            super().__setitem__(k, v)
+    env.bootstrap._prefix = Store()
+    r = env.receiver(5)
+    s = env.sender(5)
+    # the decode holds 2 pages (32 tokens) of the prompt: it names only the pages after them
+    r.send_metadata([40, 41], aux_index=0, state_indices=[[1]], decode_prefix_len=2 * PAGE_TOKENS)
+    assert order == [f"publish {BOOT}/5=32 after 0 prepares"]
+    assert s.poll() == KVPoll.WaitingForInput
+    prefix = s.pop_decode_prefix_len()
+    assert prefix == 32
+    prompt_tokens = 60  # 4 pages of 16; the last partly filled
+    num_pages = -(-(prompt_tokens - prefix) // PAGE_TOKENS)
+    s.init(num_pages, 4)
+    s.send([102, 103], [[3]])  # the pages of tokens 32..59 only
+    assert w.requests("prefill", Send) == [Send(5, [102, 103], True, 3, 4)]
+    assert s.poll() == KVPoll.Success and r.poll() == KVPoll.Success
+    r.clear()
+    assert env.bootstrap.decode_prefix_len(BOOT, 5) is None
+
+
+def test_a_prefix_that_is_not_whole_pages_fails_that_request(env: Setup) -> None:
+    bad, good = env.receiver(6), env.receiver(7)
+    bad.send_metadata([1], aux_index=0, state_indices=[[0]], decode_prefix_len=5)
+    good.send_metadata([2], aux_index=1, state_indices=[[1]], decode_prefix_len=16)
+    assert bad.poll() == KVPoll.Failed and good.poll() == KVPoll.WaitingForInput
+    e = failure(bad)
+    assert e.code == Errc.INVALID_REQUEST and e.bootstrap_room == 6
+    assert e.failure_reason == "decode_prefix_len 5 of room 6 is not a multiple of the page size 16"
+    assert [p.room for p in env.world.requests("decode", Prepare)] == [7]
+
+
+# --- state_indices ---------------------------------------------------------------------------------
+
+def test_state_indices_on_the_decode(env: Setup) -> None:
+    w = env.world
+    cases = {
+        10: ([[2]], None),
+        11: ([3], None),  # the flat format of older SGLang
+        12: ([[2, 3]], "got src=1, dst=2"),
+        13: (None, "got src=1, dst=0"),
+        14: ([[]], "got src=1, dst=0"),
+        15: ([None], "got src=1, dst=0"),
+    }
+    rs = {room: env.receiver(room) for room in cases}
+    for room, (idx, _) in cases.items():
+        rs[room].send_metadata([room], aux_index=room - 10, state_indices=idx)
+    assert [(p.room, p.state_slot) for p in w.requests("decode", Prepare)] == [(10, 2), (11, 3)]
+    for room, (_, why) in cases.items():
+        if why is None:
+            assert rs[room].poll() == KVPoll.WaitingForInput
+        else:
+            assert rs[room].poll() == KVPoll.Failed
+            e = failure(rs[room])
+            assert e.failure_reason == f"PD state transfer failed: mamba requires single state " \
+                                       f"index, {why}"
+            assert e.code == Errc.INVALID_REQUEST and not e.is_from_another_rank
+            assert str(e).startswith(f"KVTransferError(bootstrap_room={room}): [400] PD state")
+    assert not [m for m in w.requests("decode", Cancel)]  # nothing to cancel: never prepared
+
+
+def test_state_indices_on_the_prefill_fail_that_request_and_cancel_its_room(env: Setup) -> None:
+    w = env.world
+    for room in (20, 21, 22):
+        env.receiver(room).send_metadata([room], aux_index=room - 20, state_indices=[[room - 20]])
+    ss = {room: env.sender(room) for room in (20, 21, 22)}
+    for room, s in ss.items():
+        assert s.poll() == KVPoll.WaitingForInput
+        s.init(2, room - 20)
+        s.send([room * 10], [[7, 8]])  # not the last chunk: its state_indices are not used
+    ss[20].send([201], [[5]])
+    ss[21].send([211], [[5, 6]])
+    ss[22].send([221], None)
+    assert ss[20].poll() == KVPoll.Success
+    for room, why in ((21, "got src=2, dst=1"), (22, "got src=0, dst=1")):
+        assert ss[room].poll() == KVPoll.Failed
+        assert failure(ss[room]).failure_reason == \
+            f"PD state transfer failed: mamba requires single state index, {why}"
+    assert [s.room for s in w.requests("prefill", Send) if s.last] == [20]
+    assert [c.room for c in w.requests("prefill", Cancel)] == [21, 22]
+    # (the model shares one room table: the cancel reaches the decode's room, as ferryd tells
+    # the peer)
+    assert w.status("decode", 21).status == Status.Failed
+    assert w.status("decode", 20).status == Status.Success
+
+
+def test_without_a_state_pool_state_indices_must_be_empty(short_tmp: str) -> None:
+    world = World()
+    d = ModelDaemon(short_tmp, "decode", world, client_memory=False)
+    d.pools = (d.pools[0], Pool(False, "", 0, ()), d.pools[2])
+    try:
+        mgr = FerryKVManager(FerryKVArgs(), "decode", socket_path=d.path,
+                             bootstrap=FerryBootstrap({BOOT: PREFILL_RANKS}), timeout=IO_TIMEOUT)
+        ok, bad = FerryKVReceiver(mgr, BOOT, 1), FerryKVReceiver(mgr, BOOT, 2)
+        ok.init(0)
+        bad.init(0)
+        ok.send_metadata([1], aux_index=0, state_indices=[])
+        bad.send_metadata([2], aux_index=1, state_indices=[[4]])
+        assert world.requests("decode", Prepare) == [Prepare(1, PREFILL_RANKS, [1], None, 0)]
+        assert bad.poll() == KVPoll.Failed
+        assert "this ferryd has no state pool" in failure(bad).failure_reason
+        mgr.close()
+    finally:
+        d.close()
+
+
+# --- last chunk ------------------------------------------------------------------------------------
+
+def test_the_chunk_that_reaches_num_pages_is_the_last(env: Setup) -> None:
+    w = env.world
+    env.receiver(30).send_metadata(list(range(5)), aux_index=0, state_indices=[[0]])
+    s = env.sender(30)
+    s.init(5, 2)
+    s.send([1, 2], None)
+    s.send([], None)  # a zero-page chunk that is not the last: nothing to send
+    s.send([3], None)
+    s.send([4, 5], [[1]])
+    assert [(m.src_pages, m.last, m.state_slot, m.aux_row) for m in w.requests("prefill", Send)] \
+        == [([1, 2], False, None, None), ([3], False, None, None), ([4, 5], True, 1, 2)]
+    assert s.poll() == KVPoll.Success
+
+
+def test_a_last_chunk_may_have_zero_pages(env: Setup) -> None:
+    """A full prefix hit on the decode: no page to send, the state and the aux row still go."""
+    w = env.world
+    r = env.receiver(31)
+    r.send_metadata([], aux_index=5, state_indices=[[3]], decode_prefix_len=4 * PAGE_TOKENS)
+    s = env.sender(31)
+    assert s.poll() == KVPoll.WaitingForInput and s.pop_decode_prefix_len() == 64
+    s.init(0, 6)
+    assert s.should_send_kv_chunk(0, True)
+    s.send([], [[2]])
+    assert w.requests("prefill", Send) == [Send(31, [], True, 2, 6)]
+    assert s.poll() == KVPoll.Success and r.poll() == KVPoll.Success
+
+
+def test_chunks_beyond_num_pages_or_after_the_last_fail_that_request(env: Setup) -> None:
+    w = env.world
+    for room in (32, 33):
+        env.receiver(room).send_metadata([1, 2], aux_index=room - 32, state_indices=[[0]])
+    over, after = env.sender(32), env.sender(33)
+    over.init(2, 0)
+    over.send([1], None)
+    over.send([2, 3], [[0]])
+    assert over.poll() == KVPoll.Failed
+    assert failure(over).failure_reason == \
+        "room 32: chunk of 2 pages at position 1 goes beyond the 2 pages of init()"
+    after.init(2, 1)
+    after.send([1, 2], [[1]])
+    assert after.poll() == KVPoll.Success
+    after.send([3], [[1]])  # a concluded request ignores further chunks, as SGLang's do
+    assert [(m.room, m.src_pages, m.last) for m in w.requests("prefill", Send)] == \
+        [(32, [1], False), (33, [1, 2], True)]
+    assert [c.room for c in w.requests("prefill", Cancel)] == [32]
+    early = env.sender(34)
+    early.send([1], None)
+    assert failure(early).failure_reason == "send of room 34 before init(num_pages, aux_index)"
+
+
+# --- refusals and failures -------------------------------------------------------------------------
+
+def test_ferryd_refusals_fail_one_request_with_the_code(env: Setup) -> None:
+    w = env.world
+    w.refuse[("decode", 40)] = Error(Errc.DUPLICATE_ROOM, "duplicate room 40: it is already "
+                                                         "active on this decode daemon")
+    w.refuse[("prefill", 41)] = Error(Errc.INVALID_REQUEST, "room 41: src page 9 is named twice "
+                                                           "(positions 0 and 1)")
+    dup, fine = env.receiver(40), env.receiver(41)
+    dup.send_metadata([1], aux_index=0, state_indices=[[0]])
+    fine.send_metadata([2, 3], aux_index=1, state_indices=[[1]])
+    assert dup.poll() == KVPoll.Failed
+    e = failure(dup)
+    assert e.code == Errc.DUPLICATE_ROOM and e.failure_reason.startswith("duplicate room 40")
+    assert not w.requests("decode", Cancel)  # another connection's room is left alone
+    s = env.sender(41)
+    s.init(2, 1)
+    s.send([9, 9], [[1]])
+    assert s.poll() == KVPoll.Failed
+    e = failure(s)
+    assert (e.code, e.failure_reason) == (Errc.INVALID_REQUEST, "room 41: src page 9 is named "
+                                                                "twice (positions 0 and 1)")
+    assert [c.room for c in w.requests("prefill", Cancel)] == [41]
+
+
+def test_a_room_failed_by_ferryd_carries_its_code(env: Setup) -> None:
+    r = env.receiver(50)
+    r.send_metadata([1], aux_index=0, state_indices=[[0]])
+    env.world.failed[50] = (Errc.PEER_LOST, "peer 127.0.0.1:7401 lost: no heartbeat for 3000 ms")
+    assert r.poll() == KVPoll.Failed
+    e = failure(r)
+    assert (e.code, e.is_from_another_rank) == (Errc.PEER_LOST, False)
+    assert e.failure_reason == "peer 127.0.0.1:7401 lost: no heartbeat for 3000 ms"
+    assert isinstance(e, FerryError) and e.code.wire_name == "peer_lost"
+
+
+def test_abort_cancels_and_waits_for_the_room_to_end(env: Setup) -> None:
+    w = env.world
+    r = env.receiver(60)
+    r.send_metadata([1], aux_index=0, state_indices=[[0]])
+    r.abort()
+    assert [m.room for m in w.requests("decode", Cancel)] == [60]
+    assert w.requests("decode", Poll)[-1] == Poll(60)  # it waited for the terminal status
+    assert r.poll() == KVPoll.Failed
+    e = failure(r)
+    assert (e.code, e.failure_reason) == (Errc.CANCELLED, ABORTED)
+    unprepared = env.receiver(61)
+    unprepared.abort()
+    assert unprepared.poll() == KVPoll.Failed
+    assert [m.room for m in w.requests("decode", Cancel)] == [60]  # nothing to cancel for 61
+    s = env.sender(62)
+    s.abort()  # the prefill ferryd does not know room 62 yet: the cancel is refused, fine
+    assert s.poll() == KVPoll.Failed and failure(s).failure_reason == ABORTED
+
+
+def test_a_failure_from_another_rank_cancels_this_ranks_room(env: Setup) -> None:
+    r = env.receiver(70)
+    r.send_metadata([1], aux_index=0, state_indices=[[0]])
+    assert r.poll() == KVPoll.WaitingForInput
+    e = failure(r)  # the scheduler's all-reduce said Failed; this rank saw nothing
+    assert e.is_from_another_rank and e.failure_reason == FROM_ANOTHER_RANK
+    assert [m.room for m in env.world.requests("decode", Cancel)] == [70]
+    assert r.poll() == KVPoll.Failed
+
+
+def test_an_unknown_bootstrap_address_fails_at_init(env: Setup) -> None:
+    r = FerryKVReceiver(env.decode.mgr, "10.9.9.9:8998", 80)
+    r.init(0)
+    assert r.poll() == KVPoll.Failed
+    e = failure(r)
+    assert e.code == Errc.PEER_UNREACHABLE
+    assert e.failure_reason.startswith("Could not fetch bootstrap info for bootstrap_addr "
+                                       "10.9.9.9:8998")
+    r.send_metadata([1], aux_index=0, state_indices=[[0]])  # a failed request sends nothing
+    assert not env.world.requests("decode", Prepare)
+
+
+def test_bootstrap_may_be_a_callable() -> None:
+    seen: list = []
+
+    def ranks(addr: str, dp: int) -> list[str]:
+        seen.append((addr, dp))
+        return [f"127.0.0.1:{7400 + dp}"]
+    b = FerryBootstrap(ranks)
+    assert b.prefill_peers("x:1", 3) == ["127.0.0.1:7403"] and seen == [("x:1", 3)]
+    with pytest.raises(LookupError):
+        FerryBootstrap({}).prefill_peers("x:1")
+    small = FerryBootstrap({}, max_rooms=2)
+    for room in range(3):
+        small.publish_decode_prefix_len("x:1", room, room * 16)
+    assert [small.decode_prefix_len("x:1", r) for r in range(3)] == [None, 16, 32]
+
+
+# --- poll_all ------------------------------------------------------------------------------------
+
+def test_poll_all_asks_each_ferryd_once(env: Setup) -> None:
+    w = env.world
+    rs = [env.receiver(room) for room in (90, 91, 92)]
+    rs[0].send_metadata([1], aux_index=0, state_indices=[[0]])
+    rs[1].send_metadata([2], aux_index=1, state_indices=[[1]])
+    ss = [env.sender(room) for room in (90, 91, 93)]
+    ss[0].init(1, 0)
+    ss[0].send([7], [[0]])
+    before = len(w.log)
+    got = poll_all(rs + ss)
+    assert got == [KVPoll.Success, KVPoll.WaitingForInput, KVPoll.WaitingForInput,
+                   KVPoll.Success, KVPoll.WaitingForInput, KVPoll.Bootstrapping]
+    asked = [(role, m) for role, m in w.log[before:]]
+    assert asked == [("decode", PollMany([90, 91])), ("prefill", PollMany([90, 91, 93]))]
+    # concluded rooms are answered locally from now on
+    before = len(w.log)
+    assert poll_all([rs[0], ss[0]]) == [KVPoll.Success, KVPoll.Success]
+    assert len(w.log) == before
+    assert all(isinstance(x, int) for x in got)
+
+
+def test_bootstrap_by_discovery(env: Setup) -> None:
+    """With discover=True the bootstrap address maps to seeds; the decode's ferryd discovers the
+    instance's ranks and the prepare names those that are up; answers are cached."""
+    w = env.world
+    w.instances["127.0.0.1:7401"] = [
+        DiscoveredRank("127.0.0.1:7401", True, "prefill-0", 2, 0, 1, 0, ""),
+        DiscoveredRank("127.0.0.1:7402", True, "prefill-1", 2, 1, 1, 0, ""),
+        DiscoveredRank("127.0.0.1:7403", False, reason="cannot connect to 127.0.0.1:7403: "
+                                                       "Connection refused")]
+    env.decode.mgr.bootstrap = FerryBootstrap({BOOT: ["bad", "127.0.0.1:7401"]}, discover=True)
+    for room in (100, 101):
+        r = env.receiver(room)
+        assert r.poll() == KVPoll.WaitingForInput
+        r.send_metadata([room], aux_index=room - 100, state_indices=[[0]])
+    assert [p.prefill_peers for p in w.requests("decode", Prepare)] == \
+        [["127.0.0.1:7401", "127.0.0.1:7402"]] * 2
+    assert w.requests("decode", Discover) == [Discover("bad"), Discover("127.0.0.1:7401")]
+    w.instances["127.0.0.1:7401"] = [DiscoveredRank("127.0.0.1:7401", False, reason="refused")]
+    env.decode.mgr.bootstrap.forget_ranks(BOOT)
+    r = env.receiver(102)
+    assert r.poll() == KVPoll.Failed
+    e = failure(r)
+    assert e.code == Errc.PEER_UNREACHABLE and "no prefill rank of bootstrap_addr" in \
+        e.failure_reason and "127.0.0.1:7401: refused" in e.failure_reason
+
+
+class ZeroD:
+    """Like the 0-d numpy array SGLang's Mamba payload holds
+    (``req_index_to_mamba_index_mapping[idx].cpu().numpy()``): an index without a length."""
+
+    def __init__(self, v: int) -> None:
+        self.v = v
+
+    def __index__(self) -> int:
+        return self.v
+
+    def __len__(self) -> int:
+        raise TypeError("len() of unsized object")
+
+
+def test_state_indices_as_sglang_builds_them(env: Setup) -> None:
+    r = env.receiver(110)
+    r.send_metadata([1], aux_index=0, state_indices=[[ZeroD(3)]])
+    assert env.world.requests("decode", Prepare)[-1].state_slot == 3
+    s = env.sender(110)
+    s.init(1, 0)
+    s.send([4], [[ZeroD(1)]])
+    assert env.world.requests("prefill", Send)[-1] == Send(110, [4], True, 1, 0)
+    flat = env.receiver(111)
+    flat.send_metadata([2], aux_index=1, state_indices=[ZeroD(2)])  # the pre-component format
+    assert env.world.requests("decode", Prepare)[-1].state_slot == 2
+    neg = env.receiver(112)
+    neg.send_metadata([3], aux_index=2, state_indices=[[-1]])
+    assert "state index -1 is not a slot number" in failure(neg).failure_reason
