@@ -325,3 +325,50 @@ TEST_CASE(
   INFO((err ? err->message : std::string()));
   CHECK(std::holds_alternative<proto::ok>(*got[1].msg));
 }
+
+TEST_CASE("engine memory: an engine that outlives a ferryd restart lends the same memory again",
+          "[e2e][memory]") {
+  temp_dir dir;
+  const auto s = client_shape();
+  daemon_proc prefill(dir, "prefill-0", "prefill", s);
+  daemon_proc decode(dir, "decode-0", "decode", s);
+  auto p = prefill.connect();
+  engine_pools pe(*p);
+  pe.lend(*p);
+  std::unique_ptr<engine_pools> de;
+  {
+    auto d = decode.connect();
+    de = std::make_unique<engine_pools>(*d);
+    de->lend(*d);
+    room_spec r;
+    r.room = 70;
+    r.src_pages = range(0, 16);
+    r.dst_pages = range(0, 16);
+    r.chunks = {16};
+    run_and_verify(*p, *d, prefill.control(), r);
+    decode.signal(SIGKILL);  // the daemon dies under the engine
+  }
+  decode.restart();
+  // The same memfds, lent to the new ferryd.
+  auto d = decode.connect();
+  de->lend(*d);
+  room_spec r;
+  r.room = 71;
+  r.src_pages = range(16, 16);
+  r.dst_pages = range(0, 16);
+  r.chunks = {16};
+  // The prefill may still hold its connection to the killed instance; a room that fails for
+  // that (the restart is noticed) is retried once, as an engine would.
+  stage(*p, *d, r);
+  for (int attempt = 0;; ++attempt) {
+    REQUIRE(attempt < 3);
+    prepare(*d, prefill.control(), r);
+    send_rest(*p, r, 0);
+    auto de_ev = wait_done(*d, r.room);
+    auto pe_ev = wait_done(*p, r.room);
+    if (de_ev.status == room_status::success && pe_ev.status == room_status::success) break;
+    INFO(de_ev.reason << " / " << pe_ev.reason);
+    REQUIRE(attempt == 0);
+  }
+  CHECK(client::verify_room(*d, r.room, r.dst_pages, r.dst_slot, r.dst_row) == "");
+}
