@@ -482,12 +482,14 @@ void on_register_memory(scheduler_actor* self, client_request& r) {
   st.ctx->client_pools[k].now = client_pool::state::registering;
   st.ctx->client_pools[k].owner = r.conn;
   auto me = caf::actor_cast<caf::actor>(self);
-  self->spawn<caf::detached>([ctx = st.ctx, me, req = m, fds = std::move(r.fds), conn = r.conn,
-                              seq = r.seq, k](caf::blocking_actor*) {
-    auto err = map_client_pool(*ctx, req, fds);
-    for (int fd : fds) close(fd);  // the mappings keep the memory
-    caf::anon_send(me, memory_mapped{k, conn, seq, std::move(err)});
-  });
+  self->spawn<caf::detached>(
+      [ctx = st.ctx, me, req = m, fds = std::move(r.fds), conn = r.conn, seq = r.seq](
+          caf::blocking_actor*, int k) {
+        auto err = map_client_pool(*ctx, req, fds);
+        for (int fd : fds) close(fd);  // the mappings keep the memory
+        caf::anon_send(me, memory_mapped{k, conn, seq, std::move(err)});
+      },
+      k);  // an argument: CAF 0.17 binds a null tuple for a function spawned without one (UBSan)
 }
 
 /// Continue releasing client pools whose registering connection closed: once no room is active,
@@ -510,9 +512,11 @@ void try_release(scheduler_actor* self) {
     if (st.release_unmapping[k]) continue;
     st.release_unmapping[k] = true;
     auto me = caf::actor_cast<caf::actor>(self);
-    self->spawn<caf::detached>([ctx = st.ctx, me, k](caf::blocking_actor*) {
-      caf::anon_send(me, memory_released{k, unmap_client_pool(*ctx, k)});
-    });
+    self->spawn<caf::detached>(
+        [ctx = st.ctx, me](caf::blocking_actor*, int k) {
+          caf::anon_send(me, memory_released{k, unmap_client_pool(*ctx, k)});
+        },
+        k);  // an argument: see on_register_memory
   }
 }
 
