@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job: install what is missing, build, start a prefill and a decode ferryd on loopback
-# from configs/, move a Qwen3-Next-80B-A3B-shaped workload (4096-token prompts: 96 MiB of KV and
+# The main job: install what is missing, build, run the fake engine pair (scripts/fake_engine.py:
+# a prefill and a decode engine process through the SGLang adapter, 200 verified requests), then
+# start a prefill and a decode ferryd on loopback from configs/ and move a Qwen3-Next-80B-A3B-shaped workload (4096-token prompts: 96 MiB of KV and
 # one 74 MiB Mamba state slot per request, plus the aux row) through the client protocol, check
 # every destination byte, print a summary, and stop both daemons.
 #
@@ -11,6 +12,11 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${FERRY_BUILD_DIR:-$root/build}
 "$root/scripts/install-deps.sh"
 "$root/scripts/build.sh"
+
+# First the fake engine pair: two engine processes driving the SGLang-shaped adapter against
+# their own prefill and decode ferryds (200 requests with prefix hits, chunked prefill, aborts on
+# both sides, every destination byte checked, then a TP2-prefill -> TP1-decode phase).
+/usr/bin/python3 "$root/scripts/fake_engine.py" --bin-dir "$build/src" --requests "${FERRY_FAKE_REQUESTS:-200}"
 
 source "$root/scripts/pair-lib.sh"
 provider=${FERRY_PROVIDER:-tcp}
