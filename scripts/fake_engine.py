@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import multiprocessing as mp
 import os
 import random
@@ -221,10 +222,12 @@ def make_schedule(seed: int, n: int, max_tokens: int, page_tokens: int, abort_ra
         reqs.append(Req(seq=i, room=room_base + i, tokens=tokens, pages=pages,
                         prefix_pages=prefix_pages, chunk=chunk, chunks=chunks,
                         decode_abort=False, prefill_abort_after=0))
-    # At least one full prefix hit (a last chunk with zero KV pages) and one partial hit.
+    # At least one full prefix hit of several chunks (zero-page chunks, the last one among
+    # them) and one partial hit.
     whole = [r for r in reqs if r.tokens % page_tokens == 0]
-    if whole and not any(r.prefix_pages == r.pages for r in whole):
-        r = whole[len(whole) // 2]
+    multi = [r for r in whole if len(r.chunks) >= 2] or whole
+    if multi and not any(r.prefix_pages == r.pages for r in multi):
+        r = multi[len(multi) // 2]
         r.prefix_pages = r.pages
     part = [r for r in reqs if r.tokens >= 2 * page_tokens and r.prefix_pages != r.pages]
     if part and not any(0 < r.prefix_pages for r in part):
@@ -445,11 +448,11 @@ class Geometry:
 
 
 def engine_main(side: str, phase: str, socks: list[str], seed: int, n: int, max_tokens: int,
-                abort_rate: float, deadline_s: float, prefix_store: Any, peers: list[str],
-                result_q: Any) -> None:
+                abort_rate: float, deadline_s: float, prefix_store: Any, ready_store: Any,
+                peers: list[str], result_q: Any) -> None:
     who = f"{phase}/{side}"
     try:
-        bootstrap = FerryBootstrap({BOOT: peers}, prefix_lens=prefix_store)
+        bootstrap = FerryBootstrap({BOOT: peers}, prefix_lens=prefix_store, ready=ready_store)
         ranks = [Rank(s, side, bootstrap, f"{phase}-{side}{i}") for i, s in enumerate(socks)]
         try:
             page_tokens = ranks[0].page_tokens
@@ -484,6 +487,7 @@ class DecodeEngine:
         self.uncovered_pages: set[int] = set()
         self.uncovered_slots: set[int] = set()
         self.uncovered_rows: set[int] = set()
+        self.prefill_ready = False
         self.stats = dict(succeeded=0, decode_aborts=0, prefill_aborts_seen=0,
                           abort_missed=0, decode_aborts_transferring=0, verified_bytes=0, prefix_hits=0, zero_page=0,
                           reused_after_abort=0, max_inflight=0)
@@ -502,8 +506,11 @@ class DecodeEngine:
                     t[1].abort()
                 break
             busy = False
-            # waiting -> bootstrap: a receiver per request, init (resolves the prefill ranks)
-            while waiting and len(boot) < 4:
+            # waiting -> bootstrap: a receiver per request, init (resolves the prefill ranks),
+            # once the prefill engine has lent its memory (its register_to_bootstrap)
+            if not self.prefill_ready:
+                self.prefill_ready = self.mgr.try_ensure_parallel_info(BOOT)
+            while self.prefill_ready and waiting and len(boot) < 4:
                 r = waiting.popleft()
                 rcv = FerryKVReceiver(self.mgr, BOOT, r.room)
                 rcv.init(0)
@@ -671,7 +678,7 @@ class PrefillEngine:
         self.rows = IndexAllocator(ranks[0].aux.buffers[0].items)
         self.errors: list[str] = []
         self.stats = dict(succeeded=0, prefill_aborts=0, decode_aborts_seen=0,
-                          decode_abort_raced=0, chunks_sent=0, zero_page_last=0,
+                          decode_abort_raced=0, chunks_sent=0, zero_page_last=0, zero_page_chunks=0,
                           source_bytes=0)
 
     def poll(self, group: list[list[FerryKVSender]]) -> list[int]:
@@ -854,12 +861,14 @@ class PrefillEngine:
             self.write_state(r, q["slot"])
             if not send:
                 self.stats["zero_page_last"] += 1
-        # SGLang's send_kv_chunk skips a chunk with no page to send unless it is the last one
-        # (a chunk inside the decode's prefix); the adapter's should_send_kv_chunk says so
-        if snd[0].should_send_kv_chunk(len(send), last):
-            for s in snd:
-                s.send(send, [[q["slot"]]] if last else None)
-            self.stats["chunks_sent"] += 1
+        # every chunk goes to the adapter, also one with no page to send (a chunk inside the
+        # decode's prefix): SGLang's state_indices ride only on the last chunk, which is how the
+        # adapter tells a zero-page chunk from a zero-page last one
+        for s in snd:
+            s.send(send, [[q["slot"]]] if last else None)
+        self.stats["chunks_sent"] += 1
+        if not send and not last:
+            self.stats["zero_page_chunks"] += 1
         if any(s.conclude_state == KVPoll.Failed for s in snd):
             self.end_failed(r, snd, "send")
             self.free(q)
@@ -905,14 +914,15 @@ def run_phase(phase: str, bin_dir: Path, work: str, seed: int, n: int, max_token
         ctx = mp.get_context("fork")
         with ctx.Manager() as manager:
             store = manager.dict()  # decode_prefix_len, from the decode engine to the prefill's
+            ready = manager.dict()  # prefill ranks whose memory is lent (register_to_bootstrap)
             q = ctx.Queue()
             procs = [
                 ctx.Process(target=engine_main, name=f"{phase}-decode",
                             args=("decode", phase, [dsock], seed, n, max_tokens, abort_rate,
-                                  deadline_s, store, pre_ctrl, q)),
+                                  deadline_s, store, ready, pre_ctrl, q)),
                 ctx.Process(target=engine_main, name=f"{phase}-prefill",
                             args=("prefill", phase, pre_socks, seed, n, max_tokens,
-                                  abort_rate, deadline_s, store, pre_ctrl, q)),
+                                  abort_rate, deadline_s, store, ready, pre_ctrl, q)),
             ]
             for p in procs:
                 p.start()
@@ -976,6 +986,8 @@ def main() -> int:
     ap.add_argument("--tp2-max-tokens", type=int, default=1024)
     ap.add_argument("--timeout", type=float, default=240.0,
                     help="bound of the main phase's engines, seconds")
+    ap.add_argument("--json", metavar="PATH",
+                    help="also write the verdict, errors and every counter as JSON to PATH")
     a = ap.parse_args()
     bin_dir = Path(a.bin_dir).resolve()
     for b in ("ferryd", "ferryctl"):
@@ -1015,6 +1027,10 @@ def main() -> int:
         tp2_text = (f"TP2 phase {'ok' if tp2['ok'] else 'FAILED'} "
                     f"({td.get('succeeded', 0)}/{a.tp2_requests} verified, "
                     f"{td.get('verified_bytes', 0) / GiB:.2f} GiB gathered from 2 prefill ranks)")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"ok": not errors, "seed": seed, "errors": errors,
+                                            "elapsed_s": elapsed, "main": main_res,
+                                            "tp2": tp2}, indent=1, default=str) + "\n")
     verdict = "PASS" if not errors else f"FAIL ({len(errors)} errors)"
     print(f"fake_engine: {verdict}: {a.requests} requests, {d.get('succeeded', 0)} succeeded "
           f"and verified ({d.get('verified_bytes', 0) / GiB:.2f} GiB byte-exact), aborted: "
@@ -1023,8 +1039,8 @@ def main() -> int:
           f"lost the race with the commit), "
           f"{p.get('prefill_aborts', 0)} by prefill "
           f"(their memory reused byte-exact by {d.get('reused_after_abort', 0)} later requests), "
-          f"{d.get('prefix_hits', 0)} prefix hits ({p.get('zero_page_last', 0)} zero-page last "
-          f"chunks), {p.get('chunks_sent', 0)} chunks, 0 rooms active, allocators full; "
+          f"{d.get('prefix_hits', 0)} prefix hits ({p.get('zero_page_chunks', 0)} zero-page "
+          f"chunks, {p.get('zero_page_last', 0)} of them last), {p.get('chunks_sent', 0)} chunks, 0 rooms active, allocators full; "
           f"{tp2_text}; {elapsed:.1f} s", flush=True)
     return 0 if not errors else 1
 

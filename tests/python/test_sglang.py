@@ -260,6 +260,33 @@ def test_each_manager_registers_every_client_pool_first(env: Setup) -> None:
     assert env.decode.mgr.registered == ["kv", "state", "aux"]
 
 
+def test_a_decode_waits_until_every_prefill_rank_lent_its_memory(short_tmp: str) -> None:
+    """SGLang's register_to_bootstrap: a prefill manager says so once its memory is registered,
+    and a decode's try_ensure_parallel_info is False until every named rank did."""
+    world, ready = World(), {}
+    boot = FerryBootstrap({BOOT: PREFILL_RANKS}, ready=ready)
+    pd, dd = ModelDaemon(short_tmp, "prefill", world), ModelDaemon(short_tmp, "decode", world)
+    decode = prefill = None
+    try:
+        decode = Engine(dd, "decode", boot)
+        assert not decode.mgr.try_ensure_parallel_info(BOOT)
+        prefill = Engine(pd, "prefill", boot)  # registers, then marks 127.0.0.1:7401 ready
+        assert ready == {"127.0.0.1:7401": True}
+        assert not decode.mgr.try_ensure_parallel_info(BOOT)  # the second rank is not there
+        boot.mark_ready("127.0.0.1:7402")
+        assert decode.mgr.try_ensure_parallel_info(BOOT)
+        with pytest.raises(LookupError, match="no prefill ranks are known for bootstrap_addr x:1"):
+            decode.mgr.try_ensure_parallel_info("x:1")
+        # without a ready store readiness is not tracked
+        assert FerryBootstrap({BOOT: PREFILL_RANKS}).unready(PREFILL_RANKS) == []
+    finally:
+        for e in (prefill, decode):
+            if e is not None:
+                e.close()
+        pd.close()
+        dd.close()
+
+
 def test_daemon_memory_pools_are_not_registered(short_tmp: str) -> None:
     world = World()
     d = ModelDaemon(short_tmp, "decode", world, client_memory=False)
@@ -486,6 +513,45 @@ def test_a_last_chunk_may_have_zero_pages(env: Setup) -> None:
     s.send([], [[2]])
     assert w.requests("prefill", Send) == [Send(31, [], True, 2, 6)]
     assert s.poll() == KVPoll.Success and r.poll() == KVPoll.Success
+
+
+def test_zero_page_chunks_of_a_full_prefix_hit_wait_for_the_one_with_the_state(
+        env: Setup) -> None:
+    """With every page in the decode's prefix each chunk of a chunked prefill has zero pages to
+    send, and page counting alone would take the first as the last: the last one is the chunk
+    that brings state_indices, which SGLang passes only there."""
+    w = env.world
+    env.receiver(35).send_metadata([], aux_index=1, state_indices=[[0]],
+                                   decode_prefix_len=8 * PAGE_TOKENS)
+    s = env.sender(35)
+    s.init(0, 4)
+    s.send([], None)
+    s.send([], None)
+    assert w.requests("prefill", Send) == [] and s.poll() == KVPoll.WaitingForInput
+    s.send([], [[3]])
+    assert w.requests("prefill", Send) == [Send(35, [], True, 3, 4)]
+    assert s.poll() == KVPoll.Success
+
+
+def test_last_chunk_says_it_outright(env: Setup) -> None:
+    """The scheduler's own flag wins over counting; a last chunk that does not reach init()'s
+    page count fails that request alone."""
+    w = env.world
+    for room in (36, 37):
+        env.receiver(room).send_metadata([1, 2], aux_index=room - 36, state_indices=[[0]])
+    s = env.sender(36)
+    s.init(2, 0)
+    s.send([1, 2], [[0]], last_chunk=False)  # all pages, but the scheduler says: more to come
+    s.send([], [[0]], last_chunk=True)
+    assert [(m.src_pages, m.last, m.state_slot) for m in w.requests("prefill", Send)] == \
+        [([1, 2], False, None), ([], True, 0)]
+    assert s.poll() == KVPoll.Success
+    short = env.sender(37)
+    short.init(2, 1)
+    short.send([1], [[1]], last_chunk=True)
+    assert short.poll() == KVPoll.Failed
+    assert failure(short).failure_reason == \
+        "room 37: the last chunk ends at page 1 of the 2 of init()"
 
 
 def test_chunks_beyond_num_pages_or_after_the_last_fail_that_request(env: Setup) -> None:

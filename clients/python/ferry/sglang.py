@@ -33,7 +33,9 @@ dest_tp_ranks, pp_rank)``                        ferryd, which answers Bootstrap
 ``sender.send(page_indices, state_indices)``     one ``send`` per chunk; the chunk that brings
                                                  the pages sent to ``num_pages`` is the last one
                                                  (``last=1``, with the state slot and aux row);
-                                                 a last chunk may have zero pages
+                                                 a last chunk may have zero pages: then it is
+                                                 the one with ``state_indices`` (or
+                                                 ``last_chunk=True``)
 ``sender.poll()`` / ``abort()``                  ``poll`` / ``cancel``
 ===============================================  ================================================
 
@@ -153,13 +155,24 @@ class FerryBootstrap:
     senders. The default is a dict in this process (enough when both sides share it, as in
     tests); across processes pass any mutable mapping both sides reach (keys are
     ``"BOOTSTRAP_ADDR/ROOM"`` strings, values ints). In-process entries beyond ``max_rooms`` are
-    forgotten oldest first."""
+    forgotten oldest first.
+
+    ``ready``: where prefill ranks say their memory is registered (SGLang's
+    ``register_to_bootstrap``), a mapping both sides reach like ``prefix_lens``, keyed by the
+    rank's control address. With it, a decode's
+    :meth:`FerryKVManager.try_ensure_parallel_info` answers False until every named rank is
+    there, as SGLang's decode waits for a prefill to register with its bootstrap server (a
+    prepare reaching a ferryd whose engine has not lent its memory yet fails with
+    ``peer_unreachable``). Without it readiness is not tracked. Discovery needs no store: a rank
+    whose memory is not registered refuses the handshake and is reported down."""
 
     def __init__(self, prefill_ranks: PrefillRanks, *,
                  prefix_lens: Optional[MutableMapping[str, int]] = None,
                  max_rooms: int = 65536, discover: bool = False,
-                 discover_ttl: float = 30.0) -> None:
+                 discover_ttl: float = 30.0,
+                 ready: Optional[MutableMapping[str, Any]] = None) -> None:
         self._ranks = prefill_ranks
+        self._ready = ready
         self.discover = discover
         self.discover_ttl = discover_ttl
         self._discovered: dict[tuple[str, int], tuple[float, list[str]]] = {}
@@ -199,6 +212,18 @@ class FerryBootstrap:
             why.append("; ".join(f"{r.address}: {r.reason}" for r in ranks) or f"{seed}: no ranks")
         raise LookupError(f"no prefill rank of bootstrap_addr {bootstrap_addr} is up ("
                           f"{'; '.join(why)})")
+
+    def mark_ready(self, control: str) -> None:
+        """A prefill rank (its ferryd's control address) has lent its memory and takes
+        prepares."""
+        if self._ready is not None:
+            self._ready[control] = True
+
+    def unready(self, peers: Sequence[str]) -> list[str]:
+        """Those of ``peers`` that have not said they are ready (none when not tracked)."""
+        if self._ready is None:
+            return []
+        return [p for p in peers if p not in self._ready]
 
     def forget_ranks(self, bootstrap_addr: str) -> None:
         """Drop what discovery learned about ``bootstrap_addr`` (asked again at next use)."""
@@ -415,6 +440,7 @@ class FerryKVManager:
             for kind, (table, fds) in tables.items():
                 self._register(kind, table, fds, register_timeout)
                 self.registered.append(kind)
+            self.register_to_bootstrap()
         except BaseException:
             if own:
                 client.close()
@@ -482,8 +508,26 @@ class FerryKVManager:
             time.sleep(0.05)
 
     def register_to_bootstrap(self) -> None:
-        """SGLang's prefill registration with its bootstrap server; with Ferry the prefill's
-        ferryd is reached by its control address, so there is nothing to do."""
+        """SGLang's prefill registration with its bootstrap server: once this rank's memory is
+        lent (the constructor did it), say so in the bootstrap's ``ready`` store under its
+        ferryd's control address. The constructor of a prefill manager calls it."""
+        if self.disaggregation_mode == "prefill" and self.bootstrap is not None:
+            self.bootstrap.mark_ready(self.client.control)
+
+    def try_ensure_parallel_info(self, bootstrap_addr: str, prefill_dp_rank: int = 0) -> bool:
+        """Decode side, as SGLang's: whether the prefill instance at ``bootstrap_addr`` is ready
+        for prepares (every rank named has registered, when the bootstrap tracks it; with
+        discovery, at least one rank answers). A scheduler keeps the request waiting while this
+        is False; an address that names no rank raises ``LookupError``."""
+        if self.bootstrap is None:
+            raise LookupError("a decode manager needs a FerryBootstrap")
+        try:
+            peers = self.bootstrap.prefill_peers(bootstrap_addr, prefill_dp_rank, self.client)
+        except LookupError:
+            if self.bootstrap.discover:
+                return False  # no rank up yet: asked again on the next call
+            raise
+        return not self.bootstrap.unready(peers)
 
     # --- helpers for senders and receivers ------------------------------------------------------
 
@@ -847,12 +891,19 @@ class FerryKVSender(_FerryRoom):
         return num_pages > 0 or last_chunk
 
     def send(self, kv_indices: Iterable[int], state_indices: Any = None,
-             token_position_offset: int = 0, **_: Any) -> None:
+             token_position_offset: int = 0, last_chunk: Optional[bool] = None,
+             **_: Any) -> None:
         """One chunk: ``send(room, pages, last, state_slot, aux_row)``. The chunk that brings
         the pages sent to ``num_pages`` (of :meth:`init`) is the last one and carries the Mamba
         slot (the one element of ``state_indices``' Mamba entry) and the aux row; a zero-page
         chunk that is not the last is skipped. A refusal fails this request alone (and cancels
-        its room, so the decode learns at once)."""
+        its room, so the decode learns at once).
+
+        When every page is already sent (or there is none: a full prefix hit on the decode),
+        counting pages cannot tell a zero-page chunk from the last one. SGLang passes
+        ``state_indices`` only with the last chunk, so with a state pool a zero-page chunk
+        without them is not the last; ``last_chunk`` (the scheduler's own flag) settles it
+        outright and is the only way to tell on a model without state."""
         if self.conclude_state is not None or self.failure is not None:
             return
         pages = [int(p) for p in kv_indices]
@@ -871,7 +922,15 @@ class FerryKVSender(_FerryRoom):
                                      f"room {self.bootstrap_room}: chunk of {len(pages)} pages "
                                      f"at position {self.curr_idx} goes beyond the "
                                      f"{self.num_kv_indices} pages of init()")
-            last = end == self.num_kv_indices
+            if last_chunk is None:
+                last = end == self.num_kv_indices and (
+                    bool(pages) or state_indices is not None or not self.kv_mgr.has_state)
+            else:
+                last = bool(last_chunk)
+                if last and end != self.num_kv_indices:
+                    raise _RequestFailed(Errc.INVALID_REQUEST,
+                                         f"room {self.bootstrap_room}: the last chunk ends at "
+                                         f"page {end} of the {self.num_kv_indices} of init()")
             if not pages and not last:
                 return
             slot = row = None
