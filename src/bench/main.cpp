@@ -13,7 +13,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "bench/baseline.hpp"
@@ -44,6 +46,7 @@ struct options {
   uint32_t repeat = 1;
   uint64_t room_base = 0;
   uint32_t poll_many = 0;  ///< after the runs: time poll_many of this many rooms (0: skip)
+  std::string json;        ///< write the results as JSON here ("-": stdout, the prose to stderr)
 };
 
 /// Page lists of one concurrency slot: `pages` destination-order entries from a region of the
@@ -136,8 +139,13 @@ int main(int argc, char** argv) {
                  "after the runs, time a poll_many of this many rooms (the run's, then ids "
                  "never used) against as many single polls, on the decode")
       ->check(CLI::Range(0u, 16384u));
+  app.add_option("--json", o.json,
+                 "also write the results as one JSON object to this file ('-': to stdout, and "
+                 "the text report to stderr)");
   CLI11_PARSE(app, argc, argv);
   o.baseline = !no_baseline;
+  std::ostream& text = o.json == "-" ? std::cerr : std::cout;
+  nlohmann::json out;
   if (o.room_base == 0)
     o.room_base =
         static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) &
@@ -157,8 +165,8 @@ int main(int argc, char** argv) {
       auto mem = client::engine_memory::lend(*c.value);
       if (!mem) return fail(path + ": " + mem.message);
       if (mem.value.lent())
-        std::printf("%s: lent %d pool(s) of this process's memory (memory: client)\n", path.c_str(),
-                    mem.value.lent());
+        text << fmt::format("{}: lent {} pool(s) of this process's memory (memory: client)\n",
+                            path, mem.value.lent());
       lent.push_back(std::move(mem.value));
       if (!c.value->config()) return fail(path + ": the daemon sent no readable config");
       side->push_back(std::move(c.value));
@@ -271,17 +279,33 @@ int main(int argc, char** argv) {
   auto geometry_text = [](const ferry_config& c) {
     return fmt::format("TP{}{}", c.tp.size, c.pp.size > 1 ? fmt::format(" PP{}", c.pp.size) : "");
   };
-  std::cout << fmt::format("ferry-bench: {} ({}, {} daemon(s)) -> {} ({}, {} daemon(s)) over {}\n",
+  text << fmt::format("ferry-bench: {} ({}, {} daemon(s)) -> {} ({}, {} daemon(s)) over {}\n",
                            ph.node, geometry_text(*p.config()), prefills.size(), dh.node,
                            geometry_text(*d.config()), decodes.size(), provider);
-  std::cout << fmt::format(
+  text << fmt::format(
       "workload: {} requests x {} tokens ({} pages), concurrency {}, {} chunk(s), fragmentation "
       "{:.2f}\n",
       o.requests, o.prompt_tokens, pages_per_req, o.concurrency, chunks.size(), o.fragmentation);
-  std::cout << fmt::format(
+  text << fmt::format(
       "per request: {:.1f} MiB KV + {:.1f} MiB state + {} B aux = {:.1f} MiB in {} writes\n",
       kv_bytes / 1048576.0, state_bytes / 1048576.0, req_bytes - kv_bytes - state_bytes,
       req_bytes / 1048576.0, one.size());
+  out["provider"] = provider;
+  out["prefill"] = {{"node", ph.node}, {"geometry", geometry_text(*p.config())},
+                    {"daemons", prefills.size()}};
+  out["decode"] = {{"node", dh.node}, {"geometry", geometry_text(*d.config())},
+                   {"daemons", decodes.size()}};
+  out["workload"] = {{"requests", o.requests},          {"prompt_tokens", o.prompt_tokens},
+                     {"pages", pages_per_req},          {"concurrency", o.concurrency},
+                     {"chunks", chunks.size()},         {"fragmentation", o.fragmentation},
+                     {"repeat", o.repeat},              {"room_base", o.room_base},
+                     {"memory_lent", !lent.empty() && lent.front().lent() > 0}};
+  out["per_request"] = {{"kv_bytes", kv_bytes},
+                        {"state_bytes", state_bytes},
+                        {"aux_bytes", req_bytes - kv_bytes - state_bytes},
+                        {"bytes", req_bytes},
+                        {"writes", one.size()}};
+  out["runs"] = nlohmann::json::array();
   // --- Ferry runs and raw baselines, interleaved so both see the same machine state ---
   std::vector<double> latencies_ms, ferry_runs, raw_runs;
   uint32_t done = 0, failed = 0, verified = 0;
@@ -382,43 +406,79 @@ int main(int argc, char** argv) {
     const double gbs = transfer_s > 0 ? double(req_bytes) * run_done / transfer_s / 1e9 : 0;
     ferry_runs.push_back(gbs);
     std::string raw_text = "raw baseline skipped";
+    nlohmann::json run = {{"ferry_gbps", gbs},
+                          {"requests", run_done},
+                          {"transfer_s", transfer_s},
+                          {"rooms_per_s", transfer_s > 0 ? run_done / transfer_s : 0.0},
+                          {"raw_gbps", nullptr}};
     if (o.baseline) {
       auto r = bench::run_baseline(provider, one, o.concurrency, waves, o.window);
       if (!r.error.empty()) {
         raw_text = "raw baseline failed: " + r.error;
+        run["raw_error"] = r.error;
       } else {
         raw_runs.push_back(r.gbps);
+        run["raw_gbps"] = r.gbps;
         raw_text =
             fmt::format("raw {:.2f} GB/s, ratio {:.2f}", r.gbps, r.gbps > 0 ? gbs / r.gbps : 0.0);
       }
     }
-    std::cout << fmt::format(
+    text << fmt::format(
         "run {}/{}: ferry {:.2f} GB/s ({} requests, {:.3f} s of transfer); {}\n", rep + 1, o.repeat,
         gbs, run_done, transfer_s, raw_text);
+    out["runs"].push_back(std::move(run));
   }
   const double ferry_gbs = percentile(ferry_runs, 0.5);
-  std::cout << fmt::format(
+  text << fmt::format(
       "ferry: {} requests committed, {} failed, {:.2f} GB moved; median {:.2f} GB/s (min {:.2f}, "
       "max {:.2f})\n",
       done, failed, double(req_bytes) * done / 1e9, ferry_gbs, percentile(ferry_runs, 0),
       percentile(ferry_runs, 1));
-  std::cout << fmt::format(
+  text << fmt::format(
       "commit latency (first send -> Success on decode): p50 {:.2f} ms, p99 {:.2f} ms\n",
       percentile(latencies_ms, 0.5), percentile(latencies_ms, 0.99));
   if (!raw_runs.empty()) {
     const double raw_gbs = percentile(raw_runs, 0.5);
-    std::cout << fmt::format(
+    text << fmt::format(
         "raw fabric (same {} writes per request, window {}): median {:.2f} GB/s (min {:.2f}, max "
         "{:.2f})\n",
         one.size(), o.window, raw_gbs, percentile(raw_runs, 0), percentile(raw_runs, 1));
-    std::cout << fmt::format("ratio: ferry / raw = {:.2f} (medians)\n",
+    text << fmt::format("ratio: ferry / raw = {:.2f} (medians)\n",
                              raw_gbs > 0 ? ferry_gbs / raw_gbs : 0.0);
   }
   const uint64_t total_requests = uint64_t{o.requests} * o.repeat;
+  {
+    std::vector<double> rates;
+    for (const auto& r : out["runs"]) rates.push_back(r["rooms_per_s"].get<double>());
+    out["ferry"] = {{"committed", done},
+                    {"failed", failed},
+                    {"bytes", req_bytes * done},
+                    {"gbps_median", ferry_gbs},
+                    {"gbps_min", percentile(ferry_runs, 0)},
+                    {"gbps_max", percentile(ferry_runs, 1)},
+                    {"rooms_per_s_median", percentile(rates, 0.5)}};
+    out["commit_latency_ms"] = {{"from", "first send"},
+                                {"to", "Success on decode"},
+                                {"p50", percentile(latencies_ms, 0.5)},
+                                {"p99", percentile(latencies_ms, 0.99)},
+                                {"samples", latencies_ms.size()}};
+    out["raw"] = nullptr;
+    out["ratio"] = nullptr;
+    if (!raw_runs.empty()) {
+      const double raw_gbs = percentile(raw_runs, 0.5);
+      out["raw"] = {{"gbps_median", raw_gbs},
+                    {"gbps_min", percentile(raw_runs, 0)},
+                    {"gbps_max", percentile(raw_runs, 1)},
+                    {"window", o.window}};
+      out["ratio"] = raw_gbs > 0 ? ferry_gbs / raw_gbs : 0.0;
+    }
+    out["verified"] = o.verify ? nlohmann::json(verified) : nlohmann::json(nullptr);
+    out["first_failure"] = first_failure;
+  }
   if (o.verify)
-    std::cout << fmt::format("verified: {}/{} requests, every destination byte\n", verified,
+    text << fmt::format("verified: {}/{} requests, every destination byte\n", verified,
                              total_requests);
-  if (!first_failure.empty()) std::cout << "first failure: " << first_failure << "\n";
+  if (!first_failure.empty()) text << "first failure: " << first_failure << "\n";
   if (o.poll_many > 0) {
     // One engine step's batch poll: the run's rooms first, then ids never used (answered
     // unknown_room on a decode). 50 batches, then the same rooms one poll each, once.
@@ -436,11 +496,24 @@ int main(int argc, char** argv) {
     for (auto room : rooms) (void)d.poll(room);
     const double singles_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    std::cout << fmt::format(
+    text << fmt::format(
         "poll_many of {} rooms (one round trip): p50 {:.3f} ms, p99 {:.3f} ms over 50; the same "
         "{} rooms polled one by one: {:.2f} ms\n",
         rooms.size(), percentile(batch_ms, 0.5), percentile(batch_ms, 0.99), rooms.size(),
         singles_ms);
+    out["poll_many"] = {{"rooms", rooms.size()},
+                        {"p50_ms", percentile(batch_ms, 0.5)},
+                        {"p99_ms", percentile(batch_ms, 0.99)},
+                        {"single_polls_ms", singles_ms}};
   }
-  return failed == 0 && (!o.verify || verified == total_requests) ? 0 : 1;
+  const bool ok = failed == 0 && (!o.verify || verified == total_requests);
+  out["ok"] = ok;
+  if (o.json == "-") {
+    std::cout << out.dump(1) << "\n";
+  } else if (!o.json.empty()) {
+    std::ofstream f(o.json);
+    f << out.dump(1) << "\n";
+    if (!f.flush()) return fail("cannot write --json file " + o.json);
+  }
+  return ok ? 0 : 1;
 }
