@@ -29,6 +29,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include <caf/io/all.hpp>
 
 #include "actors/actors.hpp"
@@ -190,6 +192,7 @@ std::variant<std::shared_ptr<peer_info>, std::string> validate_peer(const daemon
   info->address = address;
   info->node = h.node;
   info->instance = h.instance;
+  info->version = std::min(h.version, peer_protocol_version);
   info->pools = parsed.config->pools;
   if (compatibility_hash(info->pools) != h.compat_hash)
     return "peer compatibility hash does not match its own layout (corrupted handshake)";

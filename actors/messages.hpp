@@ -197,6 +197,10 @@ struct peer_info {
   std::string address;  ///< control address (connecting side) or node/instance
   std::string node;
   std::string instance;
+  /// The peer protocol version of this link: the highest both ranges hold. A later version that
+  /// changes a peer_* type adds the new layout as a new type and sends the old one where this
+  /// is lower, so a cluster moves one daemon at a time.
+  uint32_t version = peer_protocol_version;
   pools_config pools;
   node_layout layout;
   std::vector<peer_region> regions;
