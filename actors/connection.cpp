@@ -30,7 +30,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-
 #include <caf/io/all.hpp>
 
 #include "actors/actors.hpp"

@@ -165,8 +165,8 @@ int main(int argc, char** argv) {
       auto mem = client::engine_memory::lend(*c.value);
       if (!mem) return fail(path + ": " + mem.message);
       if (mem.value.lent())
-        text << fmt::format("{}: lent {} pool(s) of this process's memory (memory: client)\n",
-                            path, mem.value.lent());
+        text << fmt::format("{}: lent {} pool(s) of this process's memory (memory: client)\n", path,
+                            mem.value.lent());
       lent.push_back(std::move(mem.value));
       if (!c.value->config()) return fail(path + ": the daemon sent no readable config");
       side->push_back(std::move(c.value));
@@ -280,8 +280,8 @@ int main(int argc, char** argv) {
     return fmt::format("TP{}{}", c.tp.size, c.pp.size > 1 ? fmt::format(" PP{}", c.pp.size) : "");
   };
   text << fmt::format("ferry-bench: {} ({}, {} daemon(s)) -> {} ({}, {} daemon(s)) over {}\n",
-                           ph.node, geometry_text(*p.config()), prefills.size(), dh.node,
-                           geometry_text(*d.config()), decodes.size(), provider);
+                      ph.node, geometry_text(*p.config()), prefills.size(), dh.node,
+                      geometry_text(*d.config()), decodes.size(), provider);
   text << fmt::format(
       "workload: {} requests x {} tokens ({} pages), concurrency {}, {} chunk(s), fragmentation "
       "{:.2f}\n",
@@ -291,14 +291,18 @@ int main(int argc, char** argv) {
       kv_bytes / 1048576.0, state_bytes / 1048576.0, req_bytes - kv_bytes - state_bytes,
       req_bytes / 1048576.0, one.size());
   out["provider"] = provider;
-  out["prefill"] = {{"node", ph.node}, {"geometry", geometry_text(*p.config())},
-                    {"daemons", prefills.size()}};
-  out["decode"] = {{"node", dh.node}, {"geometry", geometry_text(*d.config())},
-                   {"daemons", decodes.size()}};
-  out["workload"] = {{"requests", o.requests},          {"prompt_tokens", o.prompt_tokens},
-                     {"pages", pages_per_req},          {"concurrency", o.concurrency},
-                     {"chunks", chunks.size()},         {"fragmentation", o.fragmentation},
-                     {"repeat", o.repeat},              {"room_base", o.room_base},
+  out["prefill"] = {
+      {"node", ph.node}, {"geometry", geometry_text(*p.config())}, {"daemons", prefills.size()}};
+  out["decode"] = {
+      {"node", dh.node}, {"geometry", geometry_text(*d.config())}, {"daemons", decodes.size()}};
+  out["workload"] = {{"requests", o.requests},
+                     {"prompt_tokens", o.prompt_tokens},
+                     {"pages", pages_per_req},
+                     {"concurrency", o.concurrency},
+                     {"chunks", chunks.size()},
+                     {"fragmentation", o.fragmentation},
+                     {"repeat", o.repeat},
+                     {"room_base", o.room_base},
                      {"memory_lent", !lent.empty() && lent.front().lent() > 0}};
   out["per_request"] = {{"kv_bytes", kv_bytes},
                         {"state_bytes", state_bytes},
@@ -423,9 +427,8 @@ int main(int argc, char** argv) {
             fmt::format("raw {:.2f} GB/s, ratio {:.2f}", r.gbps, r.gbps > 0 ? gbs / r.gbps : 0.0);
       }
     }
-    text << fmt::format(
-        "run {}/{}: ferry {:.2f} GB/s ({} requests, {:.3f} s of transfer); {}\n", rep + 1, o.repeat,
-        gbs, run_done, transfer_s, raw_text);
+    text << fmt::format("run {}/{}: ferry {:.2f} GB/s ({} requests, {:.3f} s of transfer); {}\n",
+                        rep + 1, o.repeat, gbs, run_done, transfer_s, raw_text);
     out["runs"].push_back(std::move(run));
   }
   const double ferry_gbs = percentile(ferry_runs, 0.5);
@@ -444,7 +447,7 @@ int main(int argc, char** argv) {
         "{:.2f})\n",
         one.size(), o.window, raw_gbs, percentile(raw_runs, 0), percentile(raw_runs, 1));
     text << fmt::format("ratio: ferry / raw = {:.2f} (medians)\n",
-                             raw_gbs > 0 ? ferry_gbs / raw_gbs : 0.0);
+                        raw_gbs > 0 ? ferry_gbs / raw_gbs : 0.0);
   }
   const uint64_t total_requests = uint64_t{o.requests} * o.repeat;
   {
@@ -477,7 +480,7 @@ int main(int argc, char** argv) {
   }
   if (o.verify)
     text << fmt::format("verified: {}/{} requests, every destination byte\n", verified,
-                             total_requests);
+                        total_requests);
   if (!first_failure.empty()) text << "first failure: " << first_failure << "\n";
   if (o.poll_many > 0) {
     // One engine step's batch poll: the run's rooms first, then ids never used (answered

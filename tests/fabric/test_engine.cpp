@@ -364,7 +364,15 @@ void idle_engines_use_little_cpu(const std::string& provider) {
   INFO("process CPU during 0.4 s after 1.1 s idle: " << cold << " s");
   CHECK(cold < 0.03);  // under 7.5 % of one core for two threads (measured 1-2.5 %)
 }
-FERRY_FABRIC_CASE("engine progress threads block when idle", idle_engines_use_little_cpu)
+// A measurement, not a test: CPU time on a shared machine varies with whatever else runs, so it
+// is hidden from ctest (Catch's "[.]") and run by hand, its figures kept in
+// docs/performance.md: build/tests/ferry_fabric_tests "[timing]"
+TEST_CASE("fabric engine progress threads block when idle (tcp)", "[.][timing][tcp]") {
+  idle_engines_use_little_cpu("tcp");
+}
+TEST_CASE("fabric engine progress threads block when idle (shm)", "[.][timing][shm]") {
+  idle_engines_use_little_cpu("shm");
+}
 
 // ----- two processes ----------------------------------------------------------------------------
 

@@ -1,0 +1,77 @@
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <string>
+
+#include "core/shm_region.hpp"
+
+using namespace ferry;
+
+namespace {
+std::string test_name(const char* what) {
+  return "/ferry-unit-" + std::to_string(::getpid()) + "-" + what;
+}
+}  // namespace
+
+TEST_CASE("shm region: created, opened by name, unlinked by its creator", "[unit][shm_region]") {
+  const auto name = test_name("a");
+  std::string err;
+  {
+    auto owner = shm_region::create(name, 1 << 20, err);
+    REQUIRE(err.empty());
+    REQUIRE(owner);
+    CHECK(owner.size() == 1u << 20);
+    CHECK(owner.name() == name);
+    std::memcpy(owner.data() + 4096, "ferry", 5);
+    auto reader = shm_region::open(name, 1 << 20, err);
+    REQUIRE(err.empty());
+    REQUIRE(reader);
+    CHECK(std::memcmp(reader.data() + 4096, "ferry", 5) == 0);
+    reader.data()[0] = 7;  // both map the same pages
+    CHECK(owner.data()[0] == 7);
+  }
+  auto gone = shm_region::open(name, 1, err);
+  CHECK_FALSE(gone);
+  CHECK(err == "shm_open('" + name + "') failed: No such file or directory");
+}
+
+TEST_CASE("shm region: open refuses an object smaller than asked", "[unit][shm_region]") {
+  const auto name = test_name("b");
+  std::string err;
+  auto owner = shm_region::create(name, 8192, err);
+  REQUIRE(owner);
+  auto r = shm_region::open(name, 8193, err);
+  CHECK_FALSE(r);
+  CHECK(err == "shm object '" + name + "' is 8192 bytes, expected at least 8193");
+}
+
+TEST_CASE("shm region: create replaces a stale object of a crashed daemon", "[unit][shm_region]") {
+  const auto name = test_name("c");
+  int fd = ::shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
+  REQUIRE(fd >= 0);
+  REQUIRE(::ftruncate(fd, 4096) == 0);
+  ::close(fd);
+  std::string err;
+  auto r = shm_region::create(name, 16384, err);
+  REQUIRE(err.empty());
+  REQUIRE(r);
+  CHECK(r.size() == 16384);
+  CHECK(r.data()[16383] == 0);  // fresh, zeroed, and all of it mapped
+}
+
+TEST_CASE("shm region: a move hands over the mapping and the unlink", "[unit][shm_region]") {
+  const auto name = test_name("d");
+  std::string err;
+  auto a = shm_region::create(name, 4096, err);
+  REQUIRE(a);
+  shm_region b = std::move(a);
+  CHECK_FALSE(a);  // NOLINT(bugprone-use-after-move): the moved-from state is the contract
+  REQUIRE(b);
+  CHECK(b.name() == name);
+  { auto c = std::move(b); }  // unlinks once, here
+  auto r = shm_region::open(name, 1, err);
+  CHECK_FALSE(r);
+}
