@@ -117,11 +117,12 @@ struct peer_prepare {
   /// Offset in the decode's staging region reserved for this room's head-sliced KV from this
   /// prefill rank (link kv_mode::unpack), or no_staging: write each token's slice directly.
   uint64_t dst_staging = no_staging;
+  uint32_t prefix_tokens = 0;  ///< the decode engine's prepare.prefix_tokens (decode_prefix_len)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, peer_prepare& x) {
   return f(caf::meta::type_name("peer_prepare"), x.room, x.token, x.dst_pages, x.dst_state_slot,
-           x.dst_aux_row, x.dst_staging);
+           x.dst_aux_row, x.dst_staging, x.prefix_tokens);
 }
 
 // Every room message after the prepare carries the prepare's `token`: the epoch of that room
@@ -273,8 +274,9 @@ struct room_update {
   bool decode_side = false;
   room_status status = room_status::failed;
   std::string reason;
-  uint64_t bytes = 0;    ///< bytes moved (set with Success)
-  errc code = errc::ok;  ///< with Failed: why, in the one error vocabulary
+  uint64_t bytes = 0;          ///< bytes moved (set with Success)
+  errc code = errc::ok;        ///< with Failed: why, in the one error vocabulary
+  uint32_t prefix_tokens = 0;  ///< prefill: the decode's prefix, once every decode rank prepared
 };
 
 /// Connection -> Scheduler: the handshake finished (ok) or failed.

@@ -229,9 +229,10 @@ void reserve_and_prepare(receiver_actor* self) {
   for (const auto& l : st.links) {
     st.ctx->log_room->debug("room={} peer={} prepare: {} pages; {}", st.prep.room, l.peer->address,
                             st.prep.dst_pages.size(), l.peer->link->describe());
-    self->send(l.connection, peer_outbound{caf::make_message(peer_prepare{
-                                 st.prep.room, l.token, st.prep.dst_pages, st.prep.state_slot,
-                                 st.prep.aux_row, l.staging.value_or(no_staging)})});
+    self->send(l.connection,
+               peer_outbound{caf::make_message(peer_prepare{
+                   st.prep.room, l.token, st.prep.dst_pages, st.prep.state_slot, st.prep.aux_row,
+                   l.staging.value_or(no_staging), st.prep.prefix_tokens})});
   }
 }
 

@@ -30,6 +30,7 @@ struct room_entry {
   caf::actor actor;
   std::vector<caf::actor> connections;  // the peers the room exchanges messages with
   room_status status = room_status::bootstrapping;
+  uint32_t prefix_tokens = 0;  // prefill: the decode's prefix (room_update)
   std::string peer;
   uint64_t token = 0;   // decode: first token of the room's links (one per named peer)
   uint32_t tokens = 0;  // decode: how many
@@ -47,6 +48,7 @@ struct finished_room {
   room_status status;
   std::string reason;
   errc code = errc::ok;
+  uint32_t prefix_tokens = 0;
 };
 
 /// Rooms of one side. A room id may be reused after its terminal state: lookups check `active`
@@ -57,9 +59,11 @@ struct side_rooms {
   std::deque<uint64_t> finished_order;
   uint64_t succeeded = 0, failed = 0, bytes = 0;
 
-  void finish(uint64_t room, room_status s, std::string reason, errc code) {
+  void finish(uint64_t room, room_status s, std::string reason, errc code,
+              uint32_t prefix_tokens = 0) {
     active.erase(room);
-    if (finished.insert_or_assign(room, finished_room{s, std::move(reason), code}).second)
+    if (finished.insert_or_assign(room, finished_room{s, std::move(reason), code, prefix_tokens})
+            .second)
       finished_order.push_back(room);
     while (finished_order.size() > history_limit) {
       finished.erase(finished_order.front());
@@ -185,7 +189,7 @@ std::optional<std::string> admission(const scheduler_state& st, const side_rooms
 void notify_subscribers(scheduler_actor* self, const room_entry& e, uint64_t room, room_status s,
                         const std::string& reason, errc code) {
   for (auto c : e.subscribers)
-    self->state.ctx->gateway->push(c, proto::event{room, s, reason, code});
+    self->state.ctx->gateway->push(c, proto::event{room, s, reason, code, e.prefix_tokens});
 }
 
 void try_release(scheduler_actor* self);
@@ -245,6 +249,15 @@ void on_prepare(scheduler_actor* self, client_request& r) {
   if (p.prefill_peers.empty())
     return reply_error(self, r, errc::invalid_request,
                        fmt::format("room {}: no prefill peer named", p.room));
+  if (const uint32_t page = st.ctx->config.pools.kv ? st.ctx->config.pools.kv->page_tokens : 0;
+      p.prefix_tokens && (page == 0 || p.prefix_tokens % page != 0))
+    return reply_error(self, r, errc::invalid_request,
+                       page == 0 ? fmt::format("room {}: prefix_tokens {} named, but this daemon "
+                                               "has no kv pool",
+                                               p.room, p.prefix_tokens)
+                                 : fmt::format("room {}: prefix_tokens {} is not a multiple of "
+                                               "the page size {} (pools.kv.page_tokens)",
+                                               p.room, p.prefix_tokens, page));
   for (size_t i = 0; i < p.prefill_peers.size(); ++i) {
     if (p.prefill_peers[i].empty())
       return reply_error(self, r, errc::invalid_request,
@@ -367,12 +380,13 @@ std::optional<proto::poll_reply> room_poll(scheduler_state& st, uint64_t room, u
   for (auto* side : {&st.decode, &st.prefill})
     if (auto it = side->active.find(room); it != side->active.end()) {
       st.polled_unknown.erase(room);
-      return proto::poll_reply{room, it->second.status, {}, errc::ok};
+      return proto::poll_reply{room, it->second.status, {}, errc::ok, it->second.prefix_tokens};
     }
   for (auto* side : {&st.decode, &st.prefill})
     if (auto it = side->finished.find(room); it != side->finished.end()) {
       st.polled_unknown.erase(room);
-      return proto::poll_reply{room, it->second.status, it->second.reason, it->second.code};
+      return proto::poll_reply{room, it->second.status, it->second.reason, it->second.code,
+                               it->second.prefix_tokens};
     }
   if (version < 4 || !st.ctx->serves_prefill()) return std::nullopt;
   const auto now = std::chrono::steady_clock::now();
@@ -842,6 +856,7 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
         auto it = side.active.find(u.room);
         if (it == side.active.end()) return;
         it->second.status = u.status;
+        if (u.prefix_tokens) it->second.prefix_tokens = u.prefix_tokens;
         notify_subscribers(self, it->second, u.room, u.status, u.reason, u.code);
         if (!is_terminal(u.status)) return;
         st.ctx->log_sched->info("room={} peer={} side={} {}{}{}", u.room, it->second.peer,
@@ -868,7 +883,7 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
             }
           }
         self->demonitor(it->second.actor);
-        side.finish(u.room, u.status, u.reason, u.code);
+        side.finish(u.room, u.status, u.reason, u.code, it->second.prefix_tokens);
         try_release(self);
       },
       [=](memory_mapped& m) {

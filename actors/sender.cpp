@@ -55,6 +55,7 @@ struct sender_state {
   std::vector<decode_link> links;
   uint32_t expected_links = 0;        // known from the first prepare's geometry
   std::deque<client_request> queued;  // chunks that arrived before every prepare
+  uint32_t prefix_tokens = 0;         // the decode's prefix (every decode rank's prepare agrees)
   uint64_t next_batch = 1;
   std::unordered_map<uint64_t, size_t> batch_link;  // batch in flight -> index in links
   bool last_posted = false;                         // the last chunk was planned
@@ -106,8 +107,9 @@ void set_status(sender_actor* self, room_status s, std::string reason = {}, errc
   if (!(s == room_status::failed ? st.state.fail() : st.state.advance(s))) return;
   uint64_t bytes = 0;
   for (const auto& l : st.links) bytes += l.bytes;
-  caf::anon_send(st.scheduler, room_update{st.room, false, s, reason,
-                                           s == room_status::success ? bytes : 0, code});
+  caf::anon_send(st.scheduler,
+                 room_update{st.room, false, s, reason, s == room_status::success ? bytes : 0, code,
+                             st.ready() ? st.prefix_tokens : 0});
   if (is_terminal(s))
     self->quit();
   else
@@ -374,6 +376,11 @@ std::optional<std::string> check_prepare(const sender_state& st, const peer_inbo
           "room {}: decode ranks prepared different page counts: {} prepared {} pages, {} "
           "prepared {}",
           p.room, l.peer->address, l.prep.dst_pages.size(), in.from->address, p.dst_pages.size());
+    if (l.prep.prefix_tokens != p.prefix_tokens)
+      return fmt::format(
+          "room {}: decode ranks prepared different prefixes: {} prepared {} tokens, {} "
+          "prepared {}",
+          p.room, l.peer->address, l.prep.prefix_tokens, in.from->address, p.prefix_tokens);
     if (l.peer->schema.tp_size != peer.tp_size)
       return fmt::format(
           "room {}: decode ranks of different TP sizes prepared it: {} has TP {}, "
@@ -434,6 +441,7 @@ void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p) {
   l.peer = in.from;
   l.connection = in.connection;
   l.cursor = chunk_cursor(static_cast<uint32_t>(p.dst_pages.size()));
+  st.prefix_tokens = p.prefix_tokens;
   l.prep = std::move(p);
   st.ctx->log_room->debug("room={} peer={} prepared: {} dst pages, state slot {}, aux row {}; {}",
                           st.room, l.peer->address, l.prep.dst_pages.size(), l.prep.dst_state_slot,

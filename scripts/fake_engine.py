@@ -17,8 +17,9 @@ through the SGLang-shaped adapter (``ferry.sglang``):
   the last with the state slot and the aux row) -> transfer queue polled every step.
 
 Both derive the requests (room ids, prompt lengths, chunk sizes, prefix hits, aborts on each
-side) from the shared seed; decode_prefix_len reaches the prefill through FerryBootstrap over a
-multiprocessing.Manager dict. Each engine owns its memory (MemfdPool lent with register_memory)
+side) from the shared seed; decode_prefix_len reaches the prefill with the room (the decode's
+prepare carries it, the prefill's poll answers it), and the prefill ranks' readiness through
+FerryBootstrap over a multiprocessing.Manager dict. Each engine owns its memory (MemfdPool lent with register_memory)
 and its own allocators, and frees a request's pages, slot and row on Success or Failed. The
 bytes are a deterministic per-(room, pool, buffer, page) pattern; the aux row starts with the
 room id. A second, smaller phase runs a TP 2 prefill instance (two prefill ferryds, ranks 0 and
@@ -64,8 +65,11 @@ IO_TIMEOUT = 30.0
 GiB = float(1 << 30)
 
 
+T0 = time.monotonic()
+
+
 def log(who: str, msg: str) -> None:
-    print(f"[{who}] {msg}", flush=True)
+    print(f"{time.monotonic() - T0:6.1f}s [{who}] {msg}", flush=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -448,11 +452,11 @@ class Geometry:
 
 
 def engine_main(side: str, phase: str, socks: list[str], seed: int, n: int, max_tokens: int,
-                abort_rate: float, deadline_s: float, prefix_store: Any, ready_store: Any,
-                peers: list[str], result_q: Any) -> None:
+                abort_rate: float, deadline_s: float, ready_store: Any, peers: list[str],
+                result_q: Any) -> None:
     who = f"{phase}/{side}"
     try:
-        bootstrap = FerryBootstrap({BOOT: peers}, prefix_lens=prefix_store, ready=ready_store)
+        bootstrap = FerryBootstrap({BOOT: peers}, ready=ready_store)
         ranks = [Rank(s, side, bootstrap, f"{phase}-{side}{i}") for i, s in enumerate(socks)]
         try:
             page_tokens = ranks[0].page_tokens
@@ -913,16 +917,15 @@ def run_phase(phase: str, bin_dir: Path, work: str, seed: int, n: int, max_token
                    f"memory: client on kv, mamba and aux); {n} requests")
         ctx = mp.get_context("fork")
         with ctx.Manager() as manager:
-            store = manager.dict()  # decode_prefix_len, from the decode engine to the prefill's
             ready = manager.dict()  # prefill ranks whose memory is lent (register_to_bootstrap)
             q = ctx.Queue()
             procs = [
                 ctx.Process(target=engine_main, name=f"{phase}-decode",
                             args=("decode", phase, [dsock], seed, n, max_tokens, abort_rate,
-                                  deadline_s, store, ready, pre_ctrl, q)),
+                                  deadline_s, ready, pre_ctrl, q)),
                 ctx.Process(target=engine_main, name=f"{phase}-prefill",
                             args=("prefill", phase, pre_socks, seed, n, max_tokens,
-                                  abort_rate, deadline_s, store, ready, pre_ctrl, q)),
+                                  abort_rate, deadline_s, ready, pre_ctrl, q)),
             ]
             for p in procs:
                 p.start()

@@ -159,6 +159,7 @@ void encode_body(writer& w, const prepare& m) {
   w.u32_list(m.dst_pages);
   w.num(m.state_slot);
   w.num(m.aux_row);
+  if (w.version >= 4) w.num(m.prefix_tokens);
 }
 void encode_body(writer& w, const send& m) {
   w.num(m.room);
@@ -239,23 +240,22 @@ void encode_body(writer& w, const hello_reply& m) {
   }
 }
 /// A room's status: `u64 room, u8 status, (v4) u16 code, string reason`.
-void encode_status(writer& w, uint64_t room, room_status status, errc code,
-                   const std::string& reason) {
-  w.num(room);
-  w.num(status);
-  if (w.version >= 4) w.num(code);
-  w.str(reason);
+/// A room's status (poll_reply, event, each poll_many_reply entry): v3 room, status, reason;
+/// v4 adds the code before the reason and the prefill's prefix_tokens after it.
+template <class T>
+void encode_status(writer& w, const T& m) {
+  w.num(m.room);
+  w.num(m.status);
+  if (w.version >= 4) w.num(m.code);
+  w.str(m.reason);
+  if (w.version >= 4) w.num(m.prefix_tokens);
 }
-void encode_body(writer& w, const poll_reply& m) {
-  encode_status(w, m.room, m.status, m.code, m.reason);
-}
+void encode_body(writer& w, const poll_reply& m) { encode_status(w, m); }
 void encode_body(writer& w, const info_reply& m) { w.str(m.text); }
-void encode_body(writer& w, const event& m) {
-  encode_status(w, m.room, m.status, m.code, m.reason);
-}
+void encode_body(writer& w, const event& m) { encode_status(w, m); }
 void encode_body(writer& w, const poll_many_reply& m) {
   w.num(static_cast<uint32_t>(m.rooms.size()));
-  for (const auto& r : m.rooms) encode_status(w, r.room, r.status, r.code, r.reason);
+  for (const auto& r : m.rooms) encode_status(w, r);
 }
 
 bool decode_body(reader& r, hello& m) {
@@ -278,7 +278,7 @@ bool decode_body(reader& r, hello& m) {
 bool decode_body(reader& r, prepare& m) {
   return r.num(m.room, "room") && r.str_list(m.prefill_peers, "prefill_peers") &&
          r.num_list(m.dst_pages, "dst_pages") && r.num(m.state_slot, "state_slot") &&
-         r.num(m.aux_row, "aux_row");
+         r.num(m.aux_row, "aux_row") && (r.version < 4 || r.num(m.prefix_tokens, "prefix_tokens"));
 }
 bool decode_body(reader& r, send& m) {
   return r.num(m.room, "room") && r.num_list(m.src_pages, "src_pages") &&
@@ -393,7 +393,8 @@ bool decode_body(reader& r, hello_reply& m) {
 template <class T>
 bool decode_status(reader& r, T& m) {
   return r.num(m.room, "room") && r.status(m.status, "status") &&
-         (r.version < 4 || r.code(m.code, "code")) && r.str(m.reason, "reason");
+         (r.version < 4 || r.code(m.code, "code")) && r.str(m.reason, "reason") &&
+         (r.version < 4 || r.num(m.prefix_tokens, "prefix_tokens"));
 }
 bool decode_body(reader& r, poll_reply& m) { return decode_status(r, m); }
 bool decode_body(reader& r, info_reply& m) { return r.str(m.text, "text"); }
@@ -401,8 +402,8 @@ bool decode_body(reader& r, event& m) { return decode_status(r, m); }
 bool decode_body(reader& r, poll_many_reply& m) {
   uint32_t n = 0;
   if (!r.num(n, "rooms")) return false;
-  // Each entry takes at least 15 bytes (room, status, code, an empty reason's length).
-  if (r.remaining() / 15 < n) {
+  // Each entry takes at least 19 bytes (room, status, code, an empty reason's length, prefix).
+  if (r.remaining() / 19 < n) {
     r.set_error(fmt::format("field 'rooms' claims {} entries, too many for the frame", n));
     return false;
   }

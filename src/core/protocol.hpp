@@ -79,6 +79,9 @@ struct prepare {
   std::vector<uint32_t> dst_pages;  ///< destination KV pages, in token order
   uint32_t state_slot = no_index;   ///< exactly one destination Mamba slot
   uint32_t aux_row = no_index;      ///< destination aux row
+  /// v4: tokens of the prompt the decode already holds (SGLang's decode_prefix_len); carried
+  /// to the prefill, whose poll answers it, so its engine sends from there.
+  uint32_t prefix_tokens = 0;
 };
 /// Prefill side: one chunk of the room; the last chunk carries the state slot and aux row.
 struct send {
@@ -163,6 +166,9 @@ struct poll_reply {
   room_status status = room_status::failed;
   std::string reason;
   errc code = errc::ok;  ///< v4: why it failed (ok unless Failed)
+  /// v4, prefill side: the decode's prepare.prefix_tokens once every decode rank prepared
+  /// (WaitingForInput and after); 0 before and on a decode.
+  uint32_t prefix_tokens = 0;
 };
 struct info_reply {
   std::string text;
@@ -171,7 +177,8 @@ struct event {
   uint64_t room = 0;
   room_status status = room_status::failed;
   std::string reason;
-  errc code = errc::ok;  ///< v4: why it failed (ok unless Failed)
+  errc code = errc::ok;        ///< v4: why it failed (ok unless Failed)
+  uint32_t prefix_tokens = 0;  ///< v4: as in poll_reply
 };
 /// One rank of a discovered instance: its position when its daemon answered, else why not.
 struct discovered_rank {

@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
   uint64_t room = 0;
   std::string pages_text;
   std::vector<std::string> peer_args, prefill_peers;
-  uint32_t slot = no_index, row = no_index, first_position = 0;
+  uint32_t slot = no_index, row = no_index, first_position = 0, prefix_tokens = 0;
   bool last = false;
   int timeout_ms = 30000;
 
@@ -91,6 +91,9 @@ int main(int argc, char** argv) {
       ->required()
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  prepare->add_option("--prefix-tokens", prefix_tokens,
+                      "tokens of the prompt the decode already holds (a multiple of the page "
+                      "size); the prefill's poll answers it");
   send->add_flag("--last", last, "this is the last chunk (carries state slot and aux row)");
   fill->add_option("--first-position", first_position, "request position of the first page");
   wait->add_option("--timeout-ms", timeout_ms, "give up after this long")->capture_default_str();
@@ -179,7 +182,7 @@ int main(int argc, char** argv) {
     prefill_peers.push_back(arg.substr(start));
   }
   if (*prepare)
-    return report(c.prepare({room, prefill_peers, pages, slot, row}),
+    return report(c.prepare({room, prefill_peers, pages, slot, row, prefix_tokens}),
                   fmt::format("prepare room {}", room));
   if (*send)
     return report(c.send({room, pages, last, slot, row}), fmt::format("send room {}", room));
@@ -190,9 +193,11 @@ int main(int argc, char** argv) {
       return std::cerr << "ferryctl: poll failed [" << to_string(r.code) << "]: " << r.message
                        << "\n",
              1;
-    std::cout << fmt::format("room {}: {} ({}){}{}\n", room, to_string(r.value.status),
-                             static_cast<int>(r.value.status), r.value.reason.empty() ? "" : ": ",
-                             r.value.reason);
+    std::cout << fmt::format(
+        "room {}: {} ({}){}{}{}\n", room, to_string(r.value.status),
+        static_cast<int>(r.value.status), r.value.reason.empty() ? "" : ": ", r.value.reason,
+        r.value.prefix_tokens ? fmt::format(" (decode prefix {} tokens)", r.value.prefix_tokens)
+                              : "");
     return 0;
   }
   if (*wait) {

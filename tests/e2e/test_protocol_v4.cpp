@@ -195,3 +195,53 @@ TEST_CASE(
         "timed out in Bootstrapping after 300 ms: no prepare from a decode and no send arrived "
         "(timeouts.bootstrapping_ms)");
 }
+
+TEST_CASE(
+    "protocol v4: the decode's prefix_tokens reaches the prefill's poll and events, and one that "
+    "is not whole pages is refused",
+    "[e2e][protocol]") {
+  temp_dir dir;
+  shape s;
+  s.page_tokens = 16;
+  daemon_proc prefill(dir, "prefill-0", "prefill", s);
+  daemon_proc decode(dir, "decode-0", "decode", s);
+  auto p = prefill.connect();
+  auto d = decode.connect();
+  room_spec r;
+  r.room = 950;
+  r.src_pages = range(0, 3);
+  r.dst_pages = range(20, 3);
+  r.chunks = {3};
+  REQUIRE(client::fill_kv(*p, r.room, r.src_pages, 0) == "");
+  REQUIRE(client::fill_state_and_aux(*p, r.room, r.src_slot, r.src_row) == "");
+
+  auto bad = d->prepare({r.room, {prefill.control()}, r.dst_pages, r.dst_slot, r.dst_row, 40});
+  CHECK_FALSE(bad);
+  CHECK(bad.code == errc::invalid_request);
+  CHECK(bad.message ==
+        "room 950: prefix_tokens 40 is not a multiple of the page size 16 (pools.kv.page_tokens)");
+
+  CHECK(p->poll(r.room).value.prefix_tokens == 0);  // Bootstrapping: no prepare yet
+  auto ok = d->prepare({r.room, {prefill.control()}, r.dst_pages, r.dst_slot, r.dst_row, 64});
+  INFO(ok.message);
+  REQUIRE(ok);
+  proto::poll_reply got;  // polled until the prepare has reached the prefill (bounded)
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  do {
+    auto x = p->poll(r.room);
+    REQUIRE(x);
+    got = x.value;
+  } while (got.status == room_status::bootstrapping && std::chrono::steady_clock::now() < until);
+  CHECK(got.status == room_status::waiting_for_input);
+  CHECK(got.prefix_tokens == 64);
+  CHECK(d->poll(r.room).value.prefix_tokens == 0);  // only the prefill answers it
+  REQUIRE(p->subscribe(r.room));
+  send_rest(*p, r, 0);
+  auto done = p->wait_terminal(r.room, 30s);
+  REQUIRE(done);
+  CHECK(done.value.status == room_status::success);
+  CHECK(done.value.prefix_tokens == 64);
+  CHECK(p->poll(r.room).value.prefix_tokens == 64);  // kept with the finished room
+  CHECK(wait_done(*d, r.room).status == room_status::success);
+  CHECK(client::verify_room(*d, r.room, r.dst_pages, r.dst_slot, r.dst_row) == "");
+}

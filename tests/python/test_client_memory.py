@@ -231,8 +231,7 @@ def test_prefill_ranks_by_discovery(engines: tuple[Engine, Engine],
     whose config lists no discovery.instance_ranks is answered alone) and the room runs."""
     p, d = engines
     table = d.mgr.bootstrap
-    d.mgr.bootstrap = FerryBootstrap({BOOT: [pair[0].control]}, discover=True,
-                                     prefix_lens=table._prefix)
+    d.mgr.bootstrap = FerryBootstrap({BOOT: [pair[0].control]}, discover=True)
     p.mgr.bootstrap = d.mgr.bootstrap
     try:
         expect = run_room(p, d, room=5007, src=[60, 61], dst=[190, 191], prefix=0, src_slot=0,

@@ -49,6 +49,8 @@ def samples(version: int) -> list[Message]:
         Prepare(room=7, prefill_peers=["10.0.0.10:7401", "10.0.0.11:7401"],
                 dst_pages=[5, 6, 0xFFFFFFFE], state_slot=2, aux_row=None),
         Prepare(room=U64_MAX, prefill_peers=[], dst_pages=[], state_slot=None, aux_row=0),
+        Prepare(room=8, prefill_peers=["a:1"], dst_pages=[1], state_slot=0, aux_row=0,
+                prefix_tokens=0xFFFFFFFF if version >= 4 else 0),
         Send(room=9, src_pages=[1, 2, 3], last=False),
         Send(room=9, src_pages=[], last=True, state_slot=0, aux_row=7),
         Poll(room=0), Cancel(room=U64_MAX), Subscribe(room=123456789),
@@ -59,6 +61,8 @@ def samples(version: int) -> list[Message]:
         PollReply(room=5, status=Status.Failed, code=code(Errc.TIMED_OUT),
                   reason="timed out in Bootstrapping after 30000 ms"),
         PollReply(room=6, status=Status.Transferring, code=code(Errc.OK), reason=""),
+        PollReply(room=6, status=Status.WaitingForInput, code=code(Errc.OK), reason="",
+                  prefix_tokens=4096 if version >= 4 else 0),
         InfoReply("role: prefill\nrooms: 0\n"), InfoReply(""),
         Event(room=7, status=Status.Success, code=code(Errc.OK), reason=""),
         Event(room=7, status=Status.Failed, code=code(Errc.CANCELLED),
@@ -69,7 +73,7 @@ def samples(version: int) -> list[Message]:
             PollMany(rooms=[]), PollMany(rooms=[1, 2, U64_MAX]),
             PollMany(rooms=list(range(MAX_POLL_MANY))),
             PollManyReply(rooms=[]),
-            PollManyReply(rooms=[PollResult(1, Status.Bootstrapping, Errc.OK, ""),
+            PollManyReply(rooms=[PollResult(1, Status.Bootstrapping, Errc.OK, "", 64),
                                  PollResult(2, Status.Failed, Errc.UNKNOWN_ROOM,
                                             "room 2 is unknown"),
                                  PollResult(3, Status.Failed, 4242, "x" * 1024)]),
@@ -125,13 +129,14 @@ def test_decoded_values_are_enums() -> None:
 
 
 def test_version_differences_are_exactly_the_documented_ones() -> None:
-    # poll_reply and event: v4 has a u16 code after the status, nothing else differs.
+    # poll_reply and event: v4 has a u16 code after the status and a u32 prefix_tokens after
+    # the reason, nothing else differs.
     for cls in (PollReply, Event):
         v3 = encode(cls(5, Status.Failed, None, "why"), 9, 3)
-        v4 = encode(cls(5, Status.Failed, Errc.TIMED_OUT, "why"), 9, 4)
-        assert len(v4) == len(v3) + 2
+        v4 = encode(cls(5, Status.Failed, Errc.TIMED_OUT, "why", 32), 9, 4)
+        assert len(v4) == len(v3) + 6
         assert v4[12:21] == v3[12:21] and v4[21:23] == struct.pack("<H", 405)
-        assert v4[23:] == v3[21:]
+        assert v4[23:-4] == v3[21:] and v4[-4:] == struct.pack("<I", 32)
         assert decode(cls is PollReply and 103 or 105, 9, v3[12:], 3).code is None
     # hello: the trailing min_version is there when (and only when) version >= 4.
     h3, h4 = encode(Hello(3, "c", True, 3), 1, 4), encode(Hello(4, "c", True, 3), 1, 4)
@@ -141,14 +146,18 @@ def test_version_differences_are_exactly_the_documented_ones() -> None:
     assert encode(Hello(4, "c", True, 3), 1, 3) == h4
     assert encode(hello_reply(3), 1, 4) == encode(hello_reply(3), 1, 3)
     assert len(encode(hello_reply(4), 1, 3)) == len(encode(hello_reply(3), 1, 3)) + 4
-    # requests other than hello are the same in both versions.
-    for msg in (Prepare(7, ["a:1"], [1], 2, 3), Send(7, [1], True, 1, 1), Poll(1), Info(1)):
+    # prepare: v4 adds a trailing u32 prefix_tokens.
+    p3, p4 = encode(Prepare(7, ["a:1"], [1], 2, 3, 0), 3, 3), encode(Prepare(7, ["a:1"], [1], 2,
+                                                                             3, 16), 3, 4)
+    assert len(p4) == len(p3) + 4 and p4[12:-4] == p3[12:] and p4[-4:] == struct.pack("<I", 16)
+    # other requests than hello and prepare are the same in both versions.
+    for msg in (Send(7, [1], True, 1, 1), Poll(1), Info(1)):
         assert encode(msg, 3, 3) == encode(msg, 3, 4)
 
 
 def test_no_index_is_none() -> None:
     frame = encode(Prepare(7, ["a:1"], [1], None, None), 2, 4)
-    assert frame[-8:] == struct.pack("<II", NO_INDEX, NO_INDEX)
+    assert frame[-12:-4] == struct.pack("<II", NO_INDEX, NO_INDEX)
     _, msg = decode_frame(frame, 4)
     assert isinstance(msg, Prepare) and msg.state_slot is None and msg.aux_row is None
 
@@ -156,7 +165,7 @@ def test_no_index_is_none() -> None:
 def test_a_reason_cut_inside_a_character_round_trips() -> None:
     # poll_many cuts reasons at 1024 bytes, possibly in the middle of a UTF-8 sequence.
     raw = ("\u00e9" * 600).encode()[:POLL_MANY_REASON_BYTES - 1]
-    body = struct.pack("<IQBHI", 1, 5, 0, 406, len(raw)) + raw
+    body = struct.pack("<IQBHI", 1, 5, 0, 406, len(raw)) + raw + struct.pack("<I", 0)
     msg = decode(MessageType.POLL_MANY_REPLY, 3, body, 4)
     assert isinstance(msg, PollManyReply)
     assert encode(msg, 3, 4)[12:] == body

@@ -74,8 +74,9 @@ class World:
                               Errc.OK, "")
         if room not in self.prepares:
             return PollResult(room, Status.Bootstrapping, Errc.OK, "")
+        # a prefill answers the decode's prefix once the prepare arrived, as ferryd does
         return PollResult(room, Status.Transferring if sends else Status.WaitingForInput,
-                          Errc.OK, "")
+                          Errc.OK, "", self.prepares[room].prefix_tokens)
 
 
 class ModelDaemon:
@@ -162,7 +163,7 @@ class ModelDaemon:
             st = w.status(self.role, msg.room)
             if st is None:
                 return Error(Errc.UNKNOWN_ROOM, f"room {msg.room} is unknown")
-            return PollReply(st.room, st.status, st.code, st.reason)
+            return PollReply(st.room, st.status, st.code, st.reason, st.prefix_tokens)
         if isinstance(msg, Discover):
             if msg.address not in w.instances:
                 return Error(Errc.INVALID_REQUEST, f"discover: '{msg.address}' is not host:port")
@@ -208,8 +209,7 @@ class Engine:
 class Setup:
     def __init__(self, tmp: str) -> None:
         self.world = World()
-        self.prefix_store: OrderedDict[str, int] = OrderedDict()
-        self.bootstrap = FerryBootstrap({BOOT: PREFILL_RANKS}, prefix_lens=self.prefix_store)
+        self.bootstrap = FerryBootstrap({BOOT: PREFILL_RANKS})
         self.pd = ModelDaemon(tmp, "prefill", self.world)
         self.dd = ModelDaemon(tmp, "decode", self.world)
         self.prefill = Engine(self.pd, "prefill", self.bootstrap)
@@ -373,20 +373,15 @@ def test_a_room_in_sglang_call_order(env: Setup) -> None:
 
 # --- decode_prefix_len -----------------------------------------------------------------------------
 
-def test_decode_prefix_len_is_published_before_the_prepare(env: Setup) -> None:
+def test_decode_prefix_len_travels_with_the_prepare_and_comes_back_in_the_prefill_poll(
+        env: Setup) -> None:
     w = env.world
-    order: list[str] = []
-
-    class Store(OrderedDict):
-        def __setitem__(self, k: str, v: int) -> None:
-            order.append(f"publish {k}={v} after {len(w.requests('decode', Prepare))} prepares")
-            super().__setitem__(k, v)
-    env.bootstrap._prefix = Store()
     r = env.receiver(5)
     s = env.sender(5)
+    assert s.poll() == KVPoll.Bootstrapping and s.pop_decode_prefix_len() == 0
     # the decode holds 2 pages (32 tokens) of the prompt: it names only the pages after them
     r.send_metadata([40, 41], aux_index=0, state_indices=[[1]], decode_prefix_len=2 * PAGE_TOKENS)
-    assert order == [f"publish {BOOT}/5=32 after 0 prepares"]
+    assert w.requests("decode", Prepare) == [Prepare(5, PREFILL_RANKS, [40, 41], 1, 0, 32)]
     assert s.poll() == KVPoll.WaitingForInput
     prefix = s.pop_decode_prefix_len()
     assert prefix == 32
@@ -397,7 +392,6 @@ def test_decode_prefix_len_is_published_before_the_prepare(env: Setup) -> None:
     assert w.requests("prefill", Send) == [Send(5, [102, 103], True, 3, 4)]
     assert s.poll() == KVPoll.Success and r.poll() == KVPoll.Success
     r.clear()
-    assert env.bootstrap.decode_prefix_len(BOOT, 5) is None
 
 
 def test_a_prefix_that_is_not_whole_pages_fails_that_request(env: Setup) -> None:
@@ -664,10 +658,6 @@ def test_bootstrap_may_be_a_callable() -> None:
     assert b.prefill_peers("x:1", 3) == ["127.0.0.1:7403"] and seen == [("x:1", 3)]
     with pytest.raises(LookupError):
         FerryBootstrap({}).prefill_peers("x:1")
-    small = FerryBootstrap({}, max_rooms=2)
-    for room in range(3):
-        small.publish_decode_prefix_len("x:1", room, room * 16)
-    assert [small.decode_prefix_len("x:1", r) for r in range(3)] == [None, 16, 32]
 
 
 # --- poll_all ------------------------------------------------------------------------------------

@@ -52,8 +52,10 @@ inline std::vector<golden_frame> golden_frames() {
     r.max_version = v;
     out.push_back({v, "hello", 1, h});
     out.push_back({v, "hello_reply", 1, r});
+    // prefix_tokens (v4) is on the wire in v4 only
     out.push_back(
-        {v, "prepare", 2, prepare{77, {"127.0.0.1:7401", "10.0.0.2:7401"}, {5, 6, 9}, 2, 3}});
+        {v, "prepare", 2,
+         prepare{77, {"127.0.0.1:7401", "10.0.0.2:7401"}, {5, 6, 9}, 2, 3, v == 4 ? 48u : 0u}});
     out.push_back({v, "send", 3, send{77, {1, 2}, false, no_index, no_index}});
     out.push_back({v, "send_last", 4, send{77, {}, true, 1, 1}});
     out.push_back({v, "poll", 5, poll{77}});
@@ -62,7 +64,8 @@ inline std::vector<golden_frame> golden_frames() {
     out.push_back({v, "info", 8, info{info_topic::peers}});
     out.push_back({v, "ok", 2, ok{}});
     out.push_back({v, "error", 9, error{errc::unknown_room, "unknown room 79"}});
-    out.push_back({v, "poll_reply_success", 5, poll_reply{77, room_status::success, "", errc::ok}});
+    out.push_back({v, "poll_reply_success", 5,
+                   poll_reply{77, room_status::success, "", errc::ok, v == 4 ? 48u : 0u}});
     out.push_back({v, "poll_reply_failed", 5,
                    poll_reply{78, room_status::failed, "cancelled by client", errc::cancelled}});
     out.push_back({v, "info_reply", 8, info_reply{"no peers\n"}});
@@ -84,7 +87,7 @@ inline std::vector<golden_frame> golden_frames() {
       out.push_back({v, "discover_reply", 12, found});
       out.push_back({v, "poll_many", 10, poll_many{{77, 78, 79}}});
       out.push_back({v, "poll_many_reply", 10,
-                     poll_many_reply{{poll_reply{77, room_status::transferring, "", errc::ok},
+                     poll_many_reply{{poll_reply{77, room_status::transferring, "", errc::ok, 48},
                                       poll_reply{78, room_status::failed, "cancelled by client",
                                                  errc::cancelled},
                                       poll_reply{79, room_status::bootstrapping, "", errc::ok}}}});

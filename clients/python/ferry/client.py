@@ -356,13 +356,20 @@ class Client:
 
     def prepare(self, room: int, prefill_peers: Union[str, Sequence[str]],
                 dst_pages: Sequence[int], state_slot: Optional[int] = None,
-                aux_row: Optional[int] = None, *, timeout: Optional[float] = None) -> None:
+                aux_row: Optional[int] = None, *, prefix_tokens: int = 0,
+                timeout: Optional[float] = None) -> None:
         """Decode side: where ``room``'s bytes land. ``prefill_peers`` is a prefill ferryd's
         control address ``"host:port"`` or a list of them (every rank of the prefill instance
         is fine). ``state_slot`` is exactly one Mamba slot (an int; None = absent), ``aux_row``
-        one aux row."""
+        one aux row. ``prefix_tokens`` (v4): tokens of the prompt this decode already holds
+        (a multiple of the page size); the prefill's ``poll`` answers it."""
         peers = [prefill_peers] if isinstance(prefill_peers, str) else list(prefill_peers)
-        self.request(Prepare(room, peers, list(dst_pages), state_slot, aux_row), timeout)
+        if prefix_tokens and self.version < 4:
+            raise FerryError(Errc.UNSUPPORTED_VERSION,
+                             f"prefix_tokens needs protocol version 4; this connection speaks "
+                             f"{self.version}")
+        self.request(Prepare(room, peers, list(dst_pages), state_slot, aux_row, prefix_tokens),
+                     timeout)
 
     def send(self, room: int, src_pages: Sequence[int], last: bool = False,
              state_slot: Optional[int] = None, aux_row: Optional[int] = None, *,

@@ -214,6 +214,9 @@ class Prepare:
     dst_pages: list[int] = field(default_factory=list)
     state_slot: Optional[int] = None
     aux_row: Optional[int] = None
+    prefix_tokens: int = 0
+    """v4: tokens the decode already holds (SGLang's decode_prefix_len), which the prefill's
+    poll answers; not on the wire in v3."""
 
 
 @dataclass
@@ -338,6 +341,9 @@ class PollResult:
     status: Union[Status, int] = Status.Failed
     code: Union[Errc, int, None] = None
     reason: str = ""
+    prefix_tokens: int = 0
+    """v4, prefill side: the decode's ``prefix_tokens`` once every decode rank prepared the
+    room (WaitingForInput and after); 0 before, on a decode, and in v3."""
 
     @property
     def terminal(self) -> bool:
@@ -520,13 +526,16 @@ class _Writer:
         self.parts.append(_U32.pack(len(checked)))
         self.parts.append(struct.pack(f"<{len(checked)}{'I' if width == 4 else 'Q'}", *checked))
 
-    def status(self, room: int, status: int, code: Optional[int], reason: str) -> None:
-        """``u64 room, u8 status, (v4) u16 code, string reason``."""
+    def status(self, room: int, status: int, code: Optional[int], reason: str,
+               prefix_tokens: int = 0) -> None:
+        """``u64 room, u8 status, (v4) u16 code, string reason, (v4) u32 prefix_tokens``."""
         self.num(room, 8, "room")
         self.num(status, 1, "status")
         if self.version >= 4:
             self.num(0 if code is None else code, 2, "code")
         self.string(reason, "reason")
+        if self.version >= 4:
+            self.num(prefix_tokens, 4, "prefix_tokens")
 
 
 def _encode_body(w: _Writer, m: Message) -> None:
@@ -542,6 +551,8 @@ def _encode_body(w: _Writer, m: Message) -> None:
         w.int_list(m.dst_pages, 4, "dst_pages")
         w.index(m.state_slot, "state_slot")
         w.index(m.aux_row, "aux_row")
+        if w.version >= 4:
+            w.num(m.prefix_tokens, 4, "prefix_tokens")
     elif isinstance(m, Send):
         w.num(m.room, 8, "room")
         w.int_list(m.src_pages, 4, "src_pages")
@@ -581,13 +592,13 @@ def _encode_body(w: _Writer, m: Message) -> None:
     elif isinstance(m, HelloReply):
         _encode_hello_reply(w, m)
     elif isinstance(m, (PollReply, Event)):
-        w.status(m.room, m.status, m.code, m.reason)
+        w.status(m.room, m.status, m.code, m.reason, m.prefix_tokens)
     elif isinstance(m, InfoReply):
         w.string(m.text, "text")
     elif isinstance(m, PollManyReply):
         w.num(len(m.rooms), 4, "rooms")
         for r in m.rooms:
-            w.status(r.room, r.status, r.code, r.reason)
+            w.status(r.room, r.status, r.code, r.reason, r.prefix_tokens)
     else:  # pragma: no cover - message_type() refused it already
         raise TypeError(type(m).__name__)
 
@@ -766,11 +777,13 @@ class _Reader:
         return to_errc(self.num(2, field_name))
 
     def room_status(self, cls: type[_R]) -> _R:
-        """``u64 room, u8 status, (v4) u16 code, string reason``."""
+        """``u64 room, u8 status, (v4) u16 code, string reason, (v4) u32 prefix_tokens``."""
         room = self.num(8, "room")
         status = self.status("status")
         code = self.code("code") if self.version >= 4 else None
-        return cls(room, status, code, self.string("reason"))
+        reason = self.string("reason")
+        prefix = self.num(4, "prefix_tokens") if self.version >= 4 else 0
+        return cls(room, status, code, reason, prefix)
 
 
 def _decode_hello(r: _Reader) -> Hello:
@@ -827,8 +840,8 @@ def _decode_info(r: _Reader) -> Info:
 
 def _decode_poll_many_reply(r: _Reader) -> PollManyReply:
     n = r.num(4, "rooms")
-    # Each entry takes at least 15 bytes (room, status, code, an empty reason's length).
-    if r.remaining() // 15 < n:
+    # Each entry takes at least 19 bytes (room, status, code, an empty reason's length, prefix).
+    if r.remaining() // 19 < n:
         raise _Fail(f"field 'rooms' claims {n} entries, too many for the frame", "rooms")
     return PollManyReply([r.room_status(PollResult) for _ in range(n)])
 
@@ -882,7 +895,8 @@ def _decode_body(mtype: MessageType, r: _Reader) -> Message:
         return _decode_hello(r)
     if mtype == MessageType.PREPARE:
         return Prepare(r.num(8, "room"), r.str_list("prefill_peers"), r.int_list(4, "dst_pages"),
-                       r.index("state_slot"), r.index("aux_row"))
+                       r.index("state_slot"), r.index("aux_row"),
+                       r.num(4, "prefix_tokens") if r.version >= 4 else 0)
     if mtype == MessageType.SEND:
         return Send(r.num(8, "room"), r.int_list(4, "src_pages"), r.boolean("last"),
                     r.index("state_slot"), r.index("aux_row"))

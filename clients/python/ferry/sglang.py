@@ -14,7 +14,8 @@ SGLang (decode side)                             Ferry
                                                  addresses of every rank of the prefill
                                                  instance; WaitingForInput (local)
 ``receiver.send_metadata(page_indices,           **one** ``prepare(room, those addresses,
-aux_index, state_indices, decode_prefix_len)``   dst_pages=page_indices, state_slot, aux_row)``;
+aux_index, state_indices, decode_prefix_len)``   dst_pages=page_indices, state_slot, aux_row,
+                                                 prefix_tokens=decode_prefix_len)``;
                                                  ferryd picks the ranks the geometry needs
 ``receiver.poll()``                              ``poll`` (or :func:`poll_all`: ``poll_many``)
 ``receiver.abort()``                             ``cancel``, then wait until ferryd reports the
@@ -28,7 +29,7 @@ SGLang (prefill side)                            Ferry
 dest_tp_ranks, pp_rank)``                        ferryd, which answers Bootstrapping until the
                                                  decode's prepare arrived, then WaitingForInput
 ``sender.pop_decode_prefix_len()``               the decode's ``decode_prefix_len`` for this
-                                                 room, from :class:`FerryBootstrap` (0 if none)
+                                                 room: the ``prefix_tokens`` of the last poll
 ``sender.init(num_pages, aux_index)``            local: the pages the room will send, its aux row
 ``sender.send(page_indices, state_indices)``     one ``send`` per chunk; the chunk that brings
                                                  the pages sent to ``num_pages`` is the last one
@@ -68,16 +69,18 @@ the prefill ``decode_prefix_len``, whose scheduler, on WaitingForInput, calls
 rest before ``sender.init``: the prefix's pages are never sent. In Ferry the decode's ``prepare``
 carries exactly that page list (``dst_pages`` = ``page_indices``, the pages after the prefix),
 and the prefill's chunks fill it by position, so the only thing the prefill engine must learn is
-the number: :meth:`FerryKVReceiver.send_metadata` publishes it through :class:`FerryBootstrap`
-*before* it sends the prepare, and a prefill ferryd reports WaitingForInput only once that
-prepare arrived, so the value is there when the scheduler asks for it. (ferryd's protocol carries
-no prefix length; with a bootstrap store that does not reach the prefill, the prefill sends
-from token 0, and ferryd refuses the chunk that goes beyond the decode's page list: the request
-fails, nothing is written out of place.) ``decode_prefix_len`` must be a multiple of the page
-size (ferryd's ``page_tokens``), as a radix-cache match on pages is.
+the number. It travels with the room: :meth:`FerryKVReceiver.send_metadata` puts it in the
+prepare (``prefix_tokens``, protocol v4), the decode's ferryd hands it to every prefill rank
+with its part of the prepare, and a prefill ferryd answers it in every poll from WaitingForInput
+on, which is when SGLang's scheduler calls :meth:`FerryKVSender.pop_decode_prefix_len`. No store
+is shared between the engines. (Should a prefill engine send from token 0 anyway, ferryd refuses
+the chunk that goes beyond the decode's page list: the request fails, nothing is written out of
+place; decode ranks of one room that name different prefixes fail it too.)
+``decode_prefix_len`` must be a multiple of the page size (ferryd's ``page_tokens``), as a
+radix-cache match on pages is.
 
 **Bootstrap.** What SGLang's bootstrap server provides (the prefill instance's rank addresses,
-and here the prefix lengths) sits behind :class:`FerryBootstrap`: a table (or a callable) of
+and whether its ranks are ready) sits behind :class:`FerryBootstrap`: a table (or a callable) of
 every prefill rank's control address per bootstrap address, or, with ``discover=True``, one
 seed address per instance and ferryd's ``discover`` for the rest.
 """
@@ -87,7 +90,6 @@ from __future__ import annotations
 import operator
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import (Any, Callable, Iterable, List, Mapping, MutableMapping, Optional, Sequence,
                     Union)
@@ -151,24 +153,17 @@ class FerryBootstrap:
     answers, as the prefill daemons' ``discovery.instance_ranks`` list them, and the ranks that
     are up are named. Answers are kept ``discover_ttl`` seconds per bootstrap address.
 
-    ``prefix_lens``: where receivers publish each room's ``decode_prefix_len`` for the prefill's
-    senders. The default is a dict in this process (enough when both sides share it, as in
-    tests); across processes pass any mutable mapping both sides reach (keys are
-    ``"BOOTSTRAP_ADDR/ROOM"`` strings, values ints). In-process entries beyond ``max_rooms`` are
-    forgotten oldest first.
-
     ``ready``: where prefill ranks say their memory is registered (SGLang's
-    ``register_to_bootstrap``), a mapping both sides reach like ``prefix_lens``, keyed by the
-    rank's control address. With it, a decode's
+    ``register_to_bootstrap``), any mutable mapping both sides reach (a dict when both run in
+    one process, a ``multiprocessing.Manager`` dict, a key-value store), keyed by the rank's
+    control address. With it, a decode's
     :meth:`FerryKVManager.try_ensure_parallel_info` answers False until every named rank is
     there, as SGLang's decode waits for a prefill to register with its bootstrap server (a
     prepare reaching a ferryd whose engine has not lent its memory yet fails with
     ``peer_unreachable``). Without it readiness is not tracked. Discovery needs no store: a rank
     whose memory is not registered refuses the handshake and is reported down."""
 
-    def __init__(self, prefill_ranks: PrefillRanks, *,
-                 prefix_lens: Optional[MutableMapping[str, int]] = None,
-                 max_rooms: int = 65536, discover: bool = False,
+    def __init__(self, prefill_ranks: PrefillRanks, *, discover: bool = False,
                  discover_ttl: float = 30.0,
                  ready: Optional[MutableMapping[str, Any]] = None) -> None:
         self._ranks = prefill_ranks
@@ -176,10 +171,6 @@ class FerryBootstrap:
         self.discover = discover
         self.discover_ttl = discover_ttl
         self._discovered: dict[tuple[str, int], tuple[float, list[str]]] = {}
-        self._own_store = prefix_lens is None
-        self._prefix: MutableMapping[str, int] = OrderedDict() if prefix_lens is None \
-            else prefix_lens
-        self._max = max_rooms
         self._lock = threading.Lock()
 
     def prefill_peers(self, bootstrap_addr: str, prefill_dp_rank: int = 0,
@@ -241,31 +232,6 @@ class FerryBootstrap:
         if not peers:
             raise LookupError(f"no prefill ranks are known for bootstrap_addr {bootstrap_addr}")
         return peers
-
-    @staticmethod
-    def _key(bootstrap_addr: str, room: int) -> str:
-        return f"{bootstrap_addr}/{room}"
-
-    def publish_decode_prefix_len(self, bootstrap_addr: str, room: int,
-                                  decode_prefix_len: int) -> None:
-        with self._lock:
-            key = self._key(bootstrap_addr, room)
-            self._prefix[key] = int(decode_prefix_len)
-            if self._own_store:
-                store = self._prefix
-                assert isinstance(store, OrderedDict)
-                store.move_to_end(key)
-                while len(store) > self._max:
-                    store.popitem(last=False)
-
-    def decode_prefix_len(self, bootstrap_addr: str, room: int) -> Optional[int]:
-        with self._lock:
-            v = self._prefix.get(self._key(bootstrap_addr, room))
-        return None if v is None else int(v)
-
-    def forget(self, bootstrap_addr: str, room: int) -> None:
-        with self._lock:
-            self._prefix.pop(self._key(bootstrap_addr, room), None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -838,21 +804,16 @@ class FerryKVReceiver(_FerryRoom):
             self._fail(e.code, e.reason)
             return
         self.decode_prefix_len = prefix
-        boot = self.kv_mgr.bootstrap
-        if boot is not None:  # before the prepare: the prefill asks once it has arrived
-            boot.publish_decode_prefix_len(self.bootstrap_addr, self.bootstrap_room, prefix)
         try:
             self.kv_mgr.client.prepare(self.bootstrap_room, self.prefill_peers, pages,
-                                       state_slot=slot, aux_row=row)
+                                       state_slot=slot, aux_row=row, prefix_tokens=prefix)
         except FerryError as e:  # refused: no room was created by it
             self._fail(e.code, e.message)
             return
         self.prepared = True
 
     def clear(self) -> None:
-        boot = self.kv_mgr.bootstrap
-        if boot is not None and self.prepared:
-            boot.forget(self.bootstrap_addr, self.bootstrap_room)
+        """SGLang's cleanup hook: ferryd forgets a terminal room by itself."""
 
 
 class FerryKVSender(_FerryRoom):
@@ -875,11 +836,10 @@ class FerryKVSender(_FerryRoom):
         return True  # a prefill ferryd answers Bootstrapping for a room it has not seen yet
 
     def pop_decode_prefix_len(self) -> int:
-        """The decode's ``decode_prefix_len`` for this room (0 when none was published)."""
-        boot = self.kv_mgr.bootstrap
-        v = None if boot is None else boot.decode_prefix_len(self.bootstrap_addr,
-                                                             self.bootstrap_room)
-        return 0 if v is None else v
+        """The decode's ``decode_prefix_len`` for this room, as the last poll of ferryd
+        answered it (``prefix_tokens``; 0 before WaitingForInput)."""
+        r = self.last_result
+        return 0 if r is None else int(r.prefix_tokens)
 
     def init(self, num_kv_indices: int, aux_index: Optional[int] = None) -> None:
         """The number of pages this room sends (after the decode's prefix) and its aux row."""
