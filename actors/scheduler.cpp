@@ -595,6 +595,8 @@ void on_discover(scheduler_actor* self, client_request& r) {
                 x.tp_rank = l.info->schema.tp_rank;
                 x.pp_size = l.info->schema.pp_size;
                 x.pp_rank = l.info->schema.pp_rank;
+                x.dp_size = l.info->schema.dp_size;
+                x.dp_rank = l.info->schema.dp_rank;
               } else {
                 x.reason = l.error;
               }

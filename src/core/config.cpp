@@ -384,7 +384,7 @@ ferry_config parse_root(const YAML::Node& root) {
   ferry_config cfg;
   const section top(root, "",
                     {"node", "role", "listen", "fabric", "timeouts", "limits", "security", "tp",
-                     "pp", "log", "pools", "discovery"});
+                     "pp", "dp", "log", "pools", "discovery"});
 
   const section node(top.get_or_null("node"), "node", {"name", "instance"});
   node.required_field("name", cfg.node_name);
@@ -441,6 +441,10 @@ ferry_config parse_root(const YAML::Node& root) {
   const section pp(top.get_or_null("pp"), "pp", {"size", "rank"});
   pp.optional_field("size", cfg.pp.size);
   pp.optional_field("rank", cfg.pp.rank);
+
+  const section dp(top.get_or_null("dp"), "dp", {"size", "rank"});
+  dp.optional_field("size", cfg.dp.size);
+  dp.optional_field("rank", cfg.dp.rank);
 
   const section log(top.get_or_null("log"), "log", {"level"});
   log.optional_field("level", cfg.log.level);
@@ -743,6 +747,12 @@ void validate_all(const ferry_config& cfg) {
                         std::to_string(cfg.pp.rank));
   }
 
+  check_range(cfg.dp.size, 1, 1024, "dp.size");
+  if (cfg.dp.rank >= cfg.dp.size) {
+    fail("dp.rank", "expected a rank below dp.size " + std::to_string(cfg.dp.size) + ", got " +
+                        std::to_string(cfg.dp.rank));
+  }
+
   const std::string& level = cfg.log.level;
   if (level != "trace" && level != "debug" && level != "info" && level != "warn" &&
       level != "error") {
@@ -888,6 +898,11 @@ std::string to_yaml(const ferry_config& cfg) {
   out << YAML::Key << "pp" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "size" << YAML::Value << cfg.pp.size;
   out << YAML::Key << "rank" << YAML::Value << cfg.pp.rank;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "dp" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "size" << YAML::Value << cfg.dp.size;
+  out << YAML::Key << "rank" << YAML::Value << cfg.dp.rank;
   out << YAML::EndMap;
 
   out << YAML::Key << "log" << YAML::Value << YAML::BeginMap;

@@ -140,6 +140,13 @@ struct pp_config {
   uint32_t rank = 0;
 };
 
+/// Attention data parallelism: the group of this rank within its engine instance. `tp` is then
+/// the attention TP inside the group; a room's KV and state live in one group's ranks only.
+struct dp_config {
+  uint32_t size = 1;
+  uint32_t rank = 0;
+};
+
 struct log_config {
   std::string level = "info";  ///< trace, debug, info, warn, error
 };
@@ -162,6 +169,7 @@ struct ferry_config {
   security_config security;
   tp_config tp;
   pp_config pp;
+  dp_config dp;
   pools_config pools;
   log_config log;
   /// Control addresses ("host:port") of every rank of the engine instance this daemon serves

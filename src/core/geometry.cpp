@@ -224,7 +224,7 @@ std::optional<std::string> plan_state(const rank_schema& s, const rank_schema& d
 }  // namespace
 
 rank_schema schema_of(const ferry_config& cfg) {
-  return {cfg.pools, cfg.tp.size, cfg.tp.rank, cfg.pp.size, cfg.pp.rank};
+  return {cfg.pools, cfg.tp.size, cfg.tp.rank, cfg.pp.size, cfg.pp.rank, cfg.dp.size, cfg.dp.rank};
 }
 
 unit_range kv_heads_of(uint32_t total, uint32_t tp, uint32_t rank) {
@@ -320,6 +320,12 @@ std::variant<std::vector<size_t>, std::string> select_prefill_peers(
           "named prefill peers disagree on geometry: TP {} PP {} and TP {} PP {} (name the ranks "
           "of one prefill instance)",
           ps, pp, n.tp_size, n.pp_size);
+  for (const auto& n : named)
+    if (n.dp_size != named[0].dp_size || n.dp_rank != named[0].dp_rank)
+      return fmt::format(
+          "named prefill peers are of different attention DP groups: DP rank {} of {} and DP rank "
+          "{} of {} (a room's KV lives in one group: name that group's ranks)",
+          named[0].dp_rank, named[0].dp_size, n.dp_rank, n.dp_size);
   if (!(divides(ps, d.tp_size) || divides(d.tp_size, ps)))
     return fmt::format("TP sizes do not divide: prefill TP {} and decode TP {}", ps, d.tp_size);
   if (d.pp_size != 1 && d.pp_size != pp)

@@ -36,6 +36,8 @@ struct rank_schema {
   uint32_t tp_rank = 0;
   uint32_t pp_size = 1;
   uint32_t pp_rank = 0;
+  uint32_t dp_size = 1;  ///< attention DP: a room's source ranks are of one group
+  uint32_t dp_rank = 0;
 };
 rank_schema schema_of(const ferry_config& cfg);
 

@@ -198,6 +198,8 @@ void encode_body(writer& w, const discover_reply& m) {
     w.num(r.tp_rank);
     w.num(r.pp_size);
     w.num(r.pp_rank);
+    w.num(r.dp_size);
+    w.num(r.dp_rank);
     w.str(r.reason);
   }
 }
@@ -351,7 +353,8 @@ bool decode_body(reader& r, discover_reply& m) {
     if (!(r.str(x.address, "rank.address") && r.boolean(x.up, "rank.up") &&
           r.str(x.node, "rank.node") && r.num(x.tp_size, "rank.tp_size") &&
           r.num(x.tp_rank, "rank.tp_rank") && r.num(x.pp_size, "rank.pp_size") &&
-          r.num(x.pp_rank, "rank.pp_rank") && r.str(x.reason, "rank.reason")))
+          r.num(x.pp_rank, "rank.pp_rank") && r.num(x.dp_size, "rank.dp_size") &&
+          r.num(x.dp_rank, "rank.dp_rank") && r.str(x.reason, "rank.reason")))
       return false;
   return true;
 }

@@ -186,7 +186,8 @@ struct discovered_rank {
   bool up = false;
   std::string node;
   uint32_t tp_size = 0, tp_rank = 0, pp_size = 0, pp_rank = 0;
-  std::string reason;  ///< why it is down ("" when up)
+  uint32_t dp_size = 0, dp_rank = 0;  ///< its attention DP group
+  std::string reason;                 ///< why it is down ("" when up)
 };
 struct discover_reply {
   std::vector<discovered_rank> ranks;

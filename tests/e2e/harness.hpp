@@ -114,6 +114,7 @@ struct shape {
   uint64_t staging_bytes = 64ull << 20;
   // Geometry: 2 KV heads in the model (Qwen3-Next), conv and temporal state sliced by TP.
   uint32_t tp_size = 1, tp_rank = 0, pp_size = 1, pp_rank = 0;
+  uint32_t dp_size = 1, dp_rank = 0;      ///< attention DP group
   std::vector<uint32_t> kv_layer_ids;     ///< empty: kv_layers ids 3, 7, 11, ...
   std::vector<uint32_t> mamba_layer_ids;  ///< empty: mamba_layers ids 0, 4, 8, ...
   bool client_memory = false;  ///< every pool `memory: client` (the engine lends its memfds)
@@ -141,7 +142,8 @@ inline std::string make_config(const std::string& name, const std::string& role,
     << "\n  max_inflight_writes: 64\n  write_piece_bytes: 262144\n  staging_bytes: "
     << s.staging_bytes << "\n"
     << "tp:\n  size: " << s.tp_size << "\n  rank: " << s.tp_rank << "\npp:\n  size: " << s.pp_size
-    << "\n  rank: " << s.pp_rank << "\n"
+    << "\n  rank: " << s.pp_rank << "\ndp:\n  size: " << s.dp_size << "\n  rank: " << s.dp_rank
+    << "\n"
     << "timeouts:\n  handshake_ms: 10000\n  bootstrapping_ms: " << s.bootstrapping_ms
     << "\n  waiting_for_input_ms: " << s.waiting_for_input_ms
     << "\n  transferring_ms: " << s.transferring_ms << "\n  drain_ms: " << s.drain_ms

@@ -61,3 +61,46 @@ TEST_CASE(
   CHECK_FALSE(bad);
   CHECK(bad.message == "discover: 'nowhere' is not host:port (a port in 1..65535)");
 }
+
+TEST_CASE(
+    "discover: an instance with attention DP 2 reports each rank's group, and a prepare names "
+    "one group's ranks",
+    "[e2e][discovery]") {
+  temp_dir dir;
+  const uint16_t port0 = free_port(), port1 = free_port();
+  const auto at = [](uint16_t p) { return "127.0.0.1:" + std::to_string(p); };
+  shape g0;
+  g0.instance_ranks = {at(port0), at(port1)};
+  g0.dp_size = 2;
+  shape g1 = g0;
+  g1.dp_rank = 1;
+  daemon_proc prefill0(dir, "prefill-dp0", "prefill", g0, placement{"", port0});
+  daemon_proc prefill1(dir, "prefill-dp1", "prefill", g1, placement{"", port1});
+  daemon_proc decode(dir, "decode-0", "decode", shape{});
+  auto d = decode.connect();
+
+  auto found = d->discover(at(port0));
+  INFO(found.message);
+  REQUIRE(found);
+  const auto& ranks = found.value.ranks;
+  REQUIRE(ranks.size() == 2);
+  CHECK(ranks[0].up);
+  CHECK(ranks[0].dp_size == 2);
+  CHECK(ranks[0].dp_rank == 0);
+  CHECK(ranks[1].up);
+  CHECK(ranks[1].node == "prefill-dp1");
+  CHECK(ranks[1].dp_size == 2);
+  CHECK(ranks[1].dp_rank == 1);
+
+  // Both groups hold TP rank 0: naming both is refused by name, not resolved by guess.
+  REQUIRE(d->prepare({41, {at(port0), at(port1)}, range(0, 4), 1, 1}));
+  const auto failed = wait_for_status_or_end(*d, 41, room_status::success);
+  REQUIRE(failed.status == room_status::failed);
+  CHECK(failed.code == errc::peer_incompatible);
+  CHECK_THAT(failed.reason,
+             Catch::Contains("different attention DP groups") && Catch::Contains("DP rank 1 of 2"));
+  // One group's ranks: the room is prepared.
+  REQUIRE(d->prepare({42, {at(port1)}, range(0, 4), 1, 1}));
+  wait_status(*d, 42, room_status::waiting_for_input);
+  REQUIRE(d->cancel(42));
+}

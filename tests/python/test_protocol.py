@@ -83,8 +83,9 @@ def samples(version: int) -> list[Message]:
             RegisterMemory(pool=2, memory_kind=MemoryKind.CUDA_VMM_FD, fd_count=0, buffers=[]),
             Discover("10.0.0.10:7401"), Discover(""),
             DiscoverReply([]),
-            DiscoverReply([DiscoveredRank("10.0.0.10:7401", True, "prefill-0", 4, 0, 2, 1, ""),
-                           DiscoveredRank("10.0.0.11:7401", False, "", 0, 0, 0, 0,
+            DiscoverReply([DiscoveredRank("10.0.0.10:7401", True, "prefill-0", 4, 0, 2, 1, 2,
+                                          1, ""),
+                           DiscoveredRank("10.0.0.11:7401", False, "", 0, 0, 0, 0, 0, 0,
                                           "cannot connect to 10.0.0.11:7401: refused")]),
             RegisterMemory(pool=1, memory_kind=200, fd_count=MAX_REGISTER_FDS, buffers=[
                 MemoryBuffer(63, U64_MAX, U64_MAX, U64_MAX, 0xFFFFFFFF, 0xFFFFFFFF,

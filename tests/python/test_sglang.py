@@ -688,8 +688,8 @@ def test_bootstrap_by_discovery(env: Setup) -> None:
     instance's ranks and the prepare names those that are up; answers are cached."""
     w = env.world
     w.instances["127.0.0.1:7401"] = [
-        DiscoveredRank("127.0.0.1:7401", True, "prefill-0", 2, 0, 1, 0, ""),
-        DiscoveredRank("127.0.0.1:7402", True, "prefill-1", 2, 1, 1, 0, ""),
+        DiscoveredRank("127.0.0.1:7401", True, "prefill-0", 2, 0, 1, 0, 1, 0, ""),
+        DiscoveredRank("127.0.0.1:7402", True, "prefill-1", 2, 1, 1, 0, 1, 0, ""),
         DiscoveredRank("127.0.0.1:7403", False, reason="cannot connect to 127.0.0.1:7403: "
                                                        "Connection refused")]
     env.decode.mgr.bootstrap = FerryBootstrap({BOOT: ["bad", "127.0.0.1:7401"]}, discover=True)
@@ -707,6 +707,27 @@ def test_bootstrap_by_discovery(env: Setup) -> None:
     e = failure(r)
     assert e.code == Errc.PEER_UNREACHABLE and "no prefill rank of bootstrap_addr" in \
         e.failure_reason and "127.0.0.1:7401: refused" in e.failure_reason
+
+
+def test_bootstrap_by_discovery_picks_the_dp_group(env: Setup) -> None:
+    """With attention DP, init(prefill_dp_rank) names the ranks of that group only; a group no
+    rank is up in fails the request alone, naming the groups that are up."""
+    w = env.world
+    w.instances["127.0.0.1:7401"] = [
+        DiscoveredRank("127.0.0.1:7401", True, "prefill-dp0", 1, 0, 1, 0, 2, 0, ""),
+        DiscoveredRank("127.0.0.1:7402", True, "prefill-dp1", 1, 0, 1, 0, 2, 1, "")]
+    env.decode.mgr.bootstrap = FerryBootstrap({BOOT: ["127.0.0.1:7401"]}, discover=True)
+    for dp, room in ((1, 120), (0, 121)):
+        r = FerryKVReceiver(env.decode.mgr, BOOT, room)
+        r.init(dp)
+        r.send_metadata([room], aux_index=room - 120, state_indices=[[0]])
+    assert [p.prefill_peers for p in w.requests("decode", Prepare)] == \
+        [["127.0.0.1:7402"], ["127.0.0.1:7401"]]
+    r = FerryKVReceiver(env.decode.mgr, BOOT, 122)
+    r.init(2)
+    assert r.poll() == KVPoll.Failed
+    e = failure(r)
+    assert "no rank up in DP group 2 (up: DP 0 of 2, 1 of 2)" in e.failure_reason
 
 
 class ZeroD:

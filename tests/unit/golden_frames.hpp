@@ -81,9 +81,9 @@ inline std::vector<golden_frame> golden_frames() {
       out.push_back({v, "register_memory", 11, reg});
       out.push_back({v, "discover", 12, discover{"10.0.0.2:7401"}});
       discover_reply found;
-      found.ranks.push_back({"10.0.0.2:7401", true, "prefill-1", 2, 1, 1, 0, ""});
-      found.ranks.push_back(
-          {"10.0.0.3:7401", false, "", 0, 0, 0, 0, "cannot connect to 10.0.0.3:7401: refused"});
+      found.ranks.push_back({"10.0.0.2:7401", true, "prefill-1", 2, 1, 1, 0, 2, 1, ""});
+      found.ranks.push_back({"10.0.0.3:7401", false, "", 0, 0, 0, 0, 0, 0,
+                             "cannot connect to 10.0.0.3:7401: refused"});
       out.push_back({v, "discover_reply", 12, found});
       out.push_back({v, "poll_many", 10, poll_many{{77, 78, 79}}});
       out.push_back({v, "poll_many_reply", 10,

@@ -109,6 +109,10 @@ void require_equal(const ferry_config& a, const ferry_config& b) {
   REQUIRE(a.timeouts.transfer_ms == b.timeouts.transfer_ms);
   REQUIRE(a.tp.size == b.tp.size);
   REQUIRE(a.tp.rank == b.tp.rank);
+  REQUIRE(a.pp.size == b.pp.size);
+  REQUIRE(a.pp.rank == b.pp.rank);
+  REQUIRE(a.dp.size == b.dp.size);
+  REQUIRE(a.dp.rank == b.dp.rank);
   REQUIRE(a.log.level == b.log.level);
 
   REQUIRE(a.pools.kv.has_value() == b.pools.kv.has_value());
@@ -226,6 +230,8 @@ pools:
   REQUIRE(cfg.limits.max_pending_peers_per_source == 8);
   REQUIRE(cfg.tp.size == 1);
   REQUIRE(cfg.tp.rank == 0);
+  REQUIRE(cfg.dp.size == 1);
+  REQUIRE(cfg.dp.rank == 0);
   REQUIRE(cfg.log.level == "info");
   REQUIRE_FALSE(cfg.pools.kv);
   REQUIRE_FALSE(cfg.pools.mamba);
@@ -477,6 +483,13 @@ TEST_CASE("validation errors name the key and the value seen", "[unit][config]")
     REQUIRE(validate_error(replace(base_yaml, "size: 1", "size: 2\n  rank: 2")) ==
             "tp.rank: expected a rank below tp.size 2, got 2");
   }
+  SECTION("dp rank and size") {
+    REQUIRE(validate_error(base_yaml + "dp: {size: 2, rank: 2}\n") ==
+            "dp.rank: expected a rank below dp.size 2, got 2");
+    REQUIRE(validate_error(base_yaml + "dp: {size: 0}\n") ==
+            "dp.size: expected an integer in 1..1024, got 0");
+    REQUIRE(parse_error(base_yaml + "dp: {size: 2, group: 1}\n") == "dp.group: unknown key");
+  }
   SECTION("log level") {
     REQUIRE(validate_error(base_yaml + "log: {level: verbose}\n") ==
             "log.level: expected trace, debug, info, warn or error, got verbose");
@@ -540,6 +553,12 @@ TEST_CASE("to_yaml round-trips through the parser", "[unit][config]") {
     cfg.fabric.provider = "true";
     cfg.fabric.address = "a: b # c";
     cfg.pools.kv->mla = true;
+    require_equal(cfg, parse_ok(to_yaml(cfg)));
+  }
+  SECTION("parallel positions survive") {
+    ferry_config cfg = parse_ok(base_yaml);
+    cfg.pp = {2, 1};
+    cfg.dp = {4, 3};
     require_equal(cfg, parse_ok(to_yaml(cfg)));
   }
 }

@@ -1222,6 +1222,21 @@ TEST_CASE("geometry property: select_prefill_peers names what is missing or dupl
     INFO(e);
     CHECK_THAT(e, Contains("layer 4") || Contains("layer 5"));
   }
+  SECTION("attention DP: one group's ranks are chosen, two groups' are refused") {
+    auto group = [&](uint32_t dp) {
+      auto g = all;
+      for (auto& s : g) s.dp_size = 2, s.dp_rank = dp;
+      return g;
+    };
+    auto r = select_prefill_peers(decode, group(1));
+    REQUIRE(std::holds_alternative<std::vector<size_t>>(r));
+    auto named = group(0);
+    named[5].dp_rank = 1;
+    const auto e = select_error(decode, named);
+    INFO(e);
+    CHECK_THAT(e, Contains("different attention DP groups") && Contains("DP rank 0 of 2") &&
+                      Contains("DP rank 1 of 2"));
+  }
   SECTION("PP 2 -> PP 2: the decode stage's layers must be the prefill stage's") {
     const auto d0 = make_schema(m, 2, 0, 2, 0, &st[0], sz);
     auto r = select_prefill_peers(d0, all);

@@ -375,8 +375,8 @@ class InfoReply:
 
 
 class DiscoveredRank(NamedTuple):
-    """One rank of a discovered instance: ``up`` with its node name and TP/PP position, or down
-    with the ``reason``."""
+    """One rank of a discovered instance: ``up`` with its node name and TP/PP/DP position, or
+    down with the ``reason``."""
 
     address: str
     up: bool
@@ -385,6 +385,8 @@ class DiscoveredRank(NamedTuple):
     tp_rank: int = 0
     pp_size: int = 0
     pp_rank: int = 0
+    dp_size: int = 0
+    dp_rank: int = 0
     reason: str = ""
 
 
@@ -583,6 +585,8 @@ def _encode_body(w: _Writer, m: Message) -> None:
             w.num(rank.tp_rank, 4, "rank.tp_rank")
             w.num(rank.pp_size, 4, "rank.pp_size")
             w.num(rank.pp_rank, 4, "rank.pp_rank")
+            w.num(rank.dp_size, 4, "rank.dp_size")
+            w.num(rank.dp_rank, 4, "rank.dp_rank")
             w.string(rank.reason, "rank.reason")
     elif isinstance(m, Ok):
         pass
@@ -886,7 +890,8 @@ def _decode_discover_reply(r: _Reader) -> DiscoverReply:
     return DiscoverReply([DiscoveredRank(r.string("rank.address"), r.boolean("rank.up"),
                                          r.string("rank.node"), r.num(4, "rank.tp_size"),
                                          r.num(4, "rank.tp_rank"), r.num(4, "rank.pp_size"),
-                                         r.num(4, "rank.pp_rank"), r.string("rank.reason"))
+                                         r.num(4, "rank.pp_rank"), r.num(4, "rank.dp_size"),
+                                         r.num(4, "rank.dp_rank"), r.string("rank.reason"))
                           for _ in range(n)])
 
 

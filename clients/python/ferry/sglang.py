@@ -151,7 +151,8 @@ class FerryBootstrap:
     With ``discover=True`` the addresses given are seeds instead: the decode's ferryd is asked
     (protocol v4 ``discover``) for every rank of the instance behind the first seed that
     answers, as the prefill daemons' ``discovery.instance_ranks`` list them, and the ranks that
-    are up are named. Answers are kept ``discover_ttl`` seconds per bootstrap address.
+    are up in the request's attention DP group (``prefill_dp_rank``; the ranks' ``dp.rank``) are
+    named. Answers are kept ``discover_ttl`` seconds per bootstrap address.
 
     ``ready``: where prefill ranks say their memory is registered (SGLang's
     ``register_to_bootstrap``), any mutable mapping both sides reach (a dict when both run in
@@ -195,11 +196,18 @@ class FerryBootstrap:
             except FerryError as e:
                 why.append(f"{seed}: {e.message}")
                 continue
-            up = [r.address for r in ranks if r.up]
+            alive = [r for r in ranks if r.up]
+            # With attention DP a room's KV lives in one group: name that group's ranks only.
+            up = [r.address for r in alive if r.dp_rank == prefill_dp_rank]
             if up:
                 with self._lock:
                     self._discovered[key] = (time.monotonic(), up)
                 return up
+            if alive:
+                groups = sorted({f"{r.dp_rank} of {r.dp_size}" for r in alive})
+                why.append(f"{seed}: no rank up in DP group {prefill_dp_rank} (up: DP "
+                           f"{', '.join(groups)})")
+                continue
             why.append("; ".join(f"{r.address}: {r.reason}" for r in ranks) or f"{seed}: no ranks")
         raise LookupError(f"no prefill rank of bootstrap_addr {bootstrap_addr} is up ("
                           f"{'; '.join(why)})")
