@@ -50,6 +50,16 @@ struct peer_dialed {
 /// Connection -> itself: dial the peer again.
 using redial_atom = caf::atom_constant<caf::atom("redial")>;
 
+/// Engine -> Connection: the registrations asked for this peer are made, or why not.
+struct regions_registered {
+  transport::result<std::vector<transport::region_id>> result;
+};
+
+/// Engine -> Connection: the peer's fabric address is in the address vector, or why not.
+struct peer_inserted {
+  transport::result<transport::peer_handle> result;
+};
+
 /// A peer under a flood of connections from our own address (or from many) may evict our
 /// pending preamble (actors/peer_gate.hpp); honest preambles are the newest, so another dial
 /// soon gets through. Bounded: this many dials, and timeouts.handshake_ms overall.
@@ -60,6 +70,8 @@ constexpr auto first_redial_delay = std::chrono::milliseconds(20);
 }  // namespace ferry
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_dialed)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::regions_registered)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_inserted)
 
 namespace ferry {
 namespace {
@@ -84,6 +96,11 @@ struct connection_state {
   bytes peer_nonce;                    // the accepting side keeps the connecting one's
   std::shared_ptr<peer_info> pending;  // accepting side: validated, awaiting peer_auth
   caf::actor pending_remote;
+  // The engine calls of the handshake complete asynchronously (no worker waits on the fabric):
+  std::shared_ptr<peer_info> validated;     // its hello passed; its fabric address is being added
+  peer_hello hello;                         // that hello (its sender, nonce)
+  int engine_calls = 0;                     // registrations or insertions not yet answered
+  bool closing = false;                     // finished, and the fence or the report is under way
   std::vector<transport::region_id> fence;  // this peer's own registrations
   peer_down down;                           // what the rooms are told once the fence is done
   std::vector<peer_region> regions;         // as described to this peer, by pool kind
@@ -94,40 +111,68 @@ struct connection_state {
 
 using connection_actor = caf::stateful_actor<connection_state>;
 
-/// Describe our pools (and staging) to this peer. A daemon that receives writes registers them
-/// for this peer alone (remote-writable, fresh keys); otherwise the daemon's own local-only
-/// registrations are described. Returns an error text on failure.
-std::string register_for_peer(connection_state& st) {
+/// What is described to a peer: each present pool (by kind), then staging (kind -1).
+struct described_space {
+  int kind;
+  void* base;
+  uint64_t length;
+  transport::region_id global;  // the daemon's own local-only registration
+};
+
+std::vector<described_space> described_spaces(const daemon_context& ctx) {
+  std::vector<described_space> out;
+  for (int k = 0; k < pool_kind_count; ++k)
+    if (ctx.layout.pools[k].present)
+      out.push_back(
+          {k, ctx.base(static_cast<space>(k)), ctx.layout.pools[k].total_bytes, ctx.regions[k]});
+  if (ctx.staging) out.push_back({-1, ctx.staging->data, ctx.staging->bytes, ctx.staging->region});
+  return out;
+}
+
+/// Ask for the registrations this peer is described: a daemon that receives writes registers
+/// its pools and staging for this peer alone (remote-writable, fresh keys); otherwise the
+/// daemon's own local-only registrations are described. The outcome arrives as
+/// `regions_registered`. Returns why the pools cannot be described (nothing asked), or "".
+std::string request_registration(connection_actor* self) {
+  auto& st = self->state;
   const auto& ctx = *st.ctx;
-  auto describe = [&](void* base, uint64_t length, transport::region_id global,
-                      peer_region& out) -> std::string {
-    transport::region_id id = global;
-    if (ctx.serves_decode()) {
-      auto reg = ctx.engine->register_region(base, length, transport::region_access::remote_write);
-      if (!reg) return "memory registration for the peer failed: " + reg.error;
-      st.fence.push_back(reg.value);
-      id = reg.value;
-    }
-    auto d = ctx.engine->describe(id);
-    out = {true, d.remote_base, d.key, d.length};
-    return {};
-  };
-  st.regions.assign(pool_kind_count, peer_region{});
   // A client pool without its client's memory cannot be described; the handshake fails and the
   // peer retries with its next room.
   if (auto why = ctx.pools_unusable(); !why.empty()) return why;
-  for (int k = 0; k < pool_kind_count; ++k) {
-    if (!ctx.layout.pools[k].present) continue;
-    if (auto e = describe(ctx.base(static_cast<space>(k)), ctx.layout.pools[k].total_bytes,
-                          ctx.regions[k], st.regions[k]);
-        !e.empty())
-      return e;
+  ++st.engine_calls;
+  if (!ctx.serves_decode()) {
+    self->send(self, regions_registered{});
+    return {};
   }
-  if (ctx.staging)
-    if (auto e = describe(ctx.staging->data, ctx.staging->bytes, ctx.staging->region, st.staging);
-        !e.empty())
-      return e;
+  std::vector<transport::region_request> asked;
+  for (const auto& s : described_spaces(ctx))
+    asked.push_back({s.base, s.length, transport::region_access::remote_write});
+  auto me = caf::actor_cast<caf::actor>(self);
+  ctx.engine->register_regions(
+      std::move(asked), [me](auto r) { caf::anon_send(me, regions_registered{std::move(r)}); });
   return {};
+}
+
+/// Describe the registrations `request_registration` made; returns an error text on failure.
+std::string take_registration(connection_state& st, regions_registered& m) {
+  if (!m.result) return "memory registration for the peer failed: " + m.result.error;
+  const auto& ctx = *st.ctx;
+  st.fence = m.result.value;
+  st.regions.assign(pool_kind_count, peer_region{});
+  size_t i = 0;
+  for (const auto& s : described_spaces(ctx)) {
+    const auto d = ctx.engine->describe(ctx.serves_decode() ? m.result.value[i++] : s.global);
+    (s.kind < 0 ? st.staging : st.regions[s.kind]) = {true, d.remote_base, d.key, d.length};
+  }
+  return {};
+}
+
+/// Ask for the peer's fabric address to be added; the outcome arrives as `peer_inserted`.
+void request_insert(connection_actor* self, const std::vector<uint8_t>& address) {
+  ++self->state.engine_calls;
+  auto me = caf::actor_cast<caf::actor>(self);
+  self->state.ctx->engine->insert_peer_async(
+      address, [me](auto r) { caf::anon_send(me, peer_inserted{std::move(r)}); });
 }
 
 /// The fabric handle this connection inserted for its peer, if any.
@@ -169,7 +214,7 @@ peer_hello make_hello(const connection_state& st, caf::actor self) {
 }
 
 /// Validate a peer's hello; `we_decode` says which side we are on this link. The error names the
-/// first problem.
+/// first problem. Pure: the fabric address is added afterwards (request_insert).
 std::variant<std::shared_ptr<peer_info>, std::string> validate_peer(const daemon_context& ctx,
                                                                     const peer_hello& h,
                                                                     bool we_decode,
@@ -227,12 +272,32 @@ std::variant<std::shared_ptr<peer_info>, std::string> validate_peer(const daemon
       return fmt::format("peer region for pool {} is {} bytes but its layout needs {}",
                          to_string(static_cast<pool_kind>(k)), r.length, p.total_bytes);
   }
+  if (h.fabric_address.empty()) return "peer sent an empty fabric address";
   info->regions = h.regions;
   info->staging = h.staging;
-  auto handle = ctx.engine->insert_peer(h.fabric_address);
-  if (!handle) return "cannot add the peer's fabric address: " + handle.error;
-  info->fabric_peer = handle.value;
   return info;
+}
+
+/// After `finish`, once no engine call of the handshake is outstanding (a registration or an
+/// insertion answered later is part of what the fence must close): fence the peer, then tell
+/// the rooms and quit.
+void close_out(connection_actor* self) {
+  auto& st = self->state;
+  if (!st.done || st.closing || st.engine_calls > 0) return;
+  st.closing = true;
+  if (st.fence.empty()) {
+    // The peer was given nothing to write into (this daemon only sends to it): tell the rooms
+    // now. The Scheduler removes a connected peer after them; one still in its handshake is
+    // removed here.
+    if (!st.info)
+      if (auto handle = inserted_peer(st)) st.ctx->engine->remove_peer(*handle);
+    self->send(st.scheduler, std::move(st.down));
+    self->quit();
+    return;
+  }
+  st.down.cut = true;
+  auto me = caf::actor_cast<caf::actor>(self);
+  fence(st, [me] { caf::anon_send(me, fenced_atom::value); });
 }
 
 /// End the connection: fence the peer, then tell the rooms why (`code`: peer_lost once
@@ -255,16 +320,7 @@ void finish(connection_actor* self, const std::string& reason, bool unresponsive
                       reason,     st.info != nullptr,
                       true,       unresponsive,
                       false,      code};
-  if (st.fence.empty()) {
-    // The peer was given nothing to write into (this daemon only sends to it): tell the rooms
-    // now; the Scheduler removes the peer after them.
-    self->send(st.scheduler, std::move(st.down));
-    self->quit();
-    return;
-  }
-  st.down.cut = true;
-  auto me = caf::actor_cast<caf::actor>(self);
-  fence(st, [me] { caf::anon_send(me, fenced_atom::value); });
+  close_out(self);
 }
 
 void tick(connection_actor* self) {
@@ -333,6 +389,36 @@ void dial(connection_actor* self) {
       });
 }
 
+/// Accepting side: refuse the peer's hello, naming why, and end without reporting a peer (the
+/// Scheduler sees this actor go down).
+void refuse_inbound(connection_actor* self, const std::string& why) {
+  auto& st = self->state;
+  st.ctx->log_peer->warn("peer={} refused: {}", st.address, why);
+  if (st.hello.connection) self->send(st.hello.connection, peer_refused{why});
+  st.done = st.closing = true;
+  fence(st, nullptr);  // nothing was described to the peer yet: close and remove what we made
+  self->quit();
+}
+
+/// Accepting side, its memory registered for the peer: answer with our hello; ready at once, or
+/// once the peer proves the cluster secret (peer_auth).
+void answer_inbound(connection_actor* self) {
+  auto& st = self->state;
+  const auto& secret = st.ctx->cluster_secret;
+  auto h = make_hello(st, caf::actor_cast<caf::actor>(self));
+  if (secret.empty()) {
+    self->send(st.hello.connection, std::move(h));
+    return become_ready(self, std::move(st.pending), st.hello.connection);
+  }
+  st.peer_nonce = st.hello.nonce;
+  st.nonce = random_bytes(auth_nonce_bytes);
+  h.nonce = st.nonce;
+  h.proof = auth_proof(secret, "ferry-accept", st.peer_nonce, st.nonce,
+                       identity(st.ctx->config.node_name, st.ctx->instance));
+  self->send(st.hello.connection, std::move(h));
+  st.pending_remote = st.hello.connection;
+}
+
 /// Behaviour shared by both directions once constructed.
 caf::behavior relay(connection_actor* self, bool outbound) {
   self->set_down_handler([=](caf::down_msg& dm) {
@@ -397,7 +483,8 @@ caf::behavior relay(connection_actor* self, bool outbound) {
       },
       [=](peer_hello& h) {
         auto& st = self->state;
-        if (!outbound || st.info || st.done) return;  // only the outbound side awaits an answer
+        // Only the outbound side awaits an answer, and only one.
+        if (!outbound || st.info || st.done || st.validated) return;
         const auto& secret = st.ctx->cluster_secret;
         auto refuse = [&](const std::string& e) {
           if (h.connection) self->send(h.connection, peer_refused{e});
@@ -418,11 +505,54 @@ caf::behavior relay(connection_actor* self, bool outbound) {
         }
         auto v = validate_peer(*st.ctx, h, true, st.address);
         if (auto* e = std::get_if<std::string>(&v)) return refuse(*e);
+        st.validated = std::get<0>(std::move(v));
+        st.hello = std::move(h);
+        request_insert(self, st.hello.fabric_address);
+      },
+      [=](regions_registered& m) {
+        auto& st = self->state;
+        --st.engine_calls;
+        if (st.done) {
+          // Too late for the handshake, not for the fence: the peer never saw these keys.
+          if (m.result)
+            st.fence.insert(st.fence.end(), m.result.value.begin(), m.result.value.end());
+          return close_out(self);
+        }
+        if (auto e = take_registration(st, m); !e.empty()) {
+          if (!outbound) return refuse_inbound(self, e);
+          return finish(self, "peer refused the handshake: " + e, false, errc::peer_incompatible);
+        }
+        if (outbound) return dial(self);
+        answer_inbound(self);
+      },
+      [=](peer_inserted& m) {
+        auto& st = self->state;
+        --st.engine_calls;
+        if (st.done) {
+          if (m.result) st.ctx->engine->remove_peer(m.result.value);
+          st.validated.reset();
+          return close_out(self);
+        }
+        auto info = std::move(st.validated);
+        if (!m.result) {
+          const auto e = "cannot add the peer's fabric address: " + m.result.error;
+          if (!outbound) return refuse_inbound(self, e);
+          if (st.hello.connection) self->send(st.hello.connection, peer_refused{e});
+          return finish(self, "handshake failed: " + e, false, errc::peer_incompatible);
+        }
+        info->fabric_peer = m.result.value;
+        if (!outbound) {
+          // Accepting side: the peer is now ours to remove; describe our memory to it next.
+          st.pending = std::move(info);
+          if (auto e = request_registration(self); !e.empty()) return refuse_inbound(self, e);
+          return;
+        }
+        const auto& secret = st.ctx->cluster_secret;
         if (!secret.empty())
-          self->send(h.connection,
-                     peer_auth{auth_proof(secret, "ferry-connect", h.nonce, st.nonce,
+          self->send(st.hello.connection,
+                     peer_auth{auth_proof(secret, "ferry-connect", st.hello.nonce, st.nonce,
                                           identity(st.ctx->config.node_name, st.ctx->instance))});
-        become_ready(self, std::get<0>(std::move(v)), h.connection);
+        become_ready(self, std::move(info), st.hello.connection);
       },
       [=](peer_auth& a) {
         auto& st = self->state;
@@ -494,10 +624,6 @@ caf::behavior outbound_behavior(connection_actor* self, context_ptr ctx, caf::ac
     return relay(self, true);
   }
   if (!st.ctx->cluster_secret.empty()) st.nonce = random_bytes(auth_nonce_bytes);
-  if (auto e = register_for_peer(st); !e.empty()) {
-    self->send(self, peer_refused{e});
-    return relay(self, true);
-  }
   int port = 0;
   if (colon != std::string::npos) port = std::atoi(address.c_str() + colon + 1);
   if (colon == std::string::npos || port <= 0 || port > 65535) {
@@ -507,7 +633,8 @@ caf::behavior outbound_behavior(connection_actor* self, context_ptr ctx, caf::ac
   }
   st.host = address.substr(0, colon);
   st.port = static_cast<uint16_t>(port);
-  dial(self);
+  // Our memory is described in our hello: register it first, then dial (regions_registered).
+  if (auto e = request_registration(self); !e.empty()) self->send(self, peer_refused{e});
   return relay(self, true);
 }
 
@@ -518,44 +645,30 @@ caf::behavior inbound_behavior(connection_actor* self, context_ptr ctx, peer_hel
   st.scheduler = std::move(scheduler);
   st.address = identity(hello.node, hello.instance);
   const auto& secret = st.ctx->cluster_secret;
-  auto refuse = [&](const std::string& e) {
-    st.ctx->log_peer->warn("peer={} refused: {}", st.address, e);
-    if (hello.connection) self->send(hello.connection, peer_refused{e});
-    fence(st, nullptr);  // nothing was described to the peer yet; just let go
-    st.done = true;
-    self->quit();
-    return relay(self, false);
-  };
-  if (!secret.empty() && hello.nonce.size() != auth_nonce_bytes)
-    return refuse(
-        "this daemon requires peers to prove the cluster secret, and the peer offered no "
-        "challenge (set security.cluster_secret_file on both sides)");
-  if (secret.empty() && !hello.nonce.empty())
-    return refuse(
-        "the peer requires a cluster secret but this daemon has none (set "
-        "security.cluster_secret_file on both sides)");
-  auto v = validate_peer(*st.ctx, hello, false, st.address);
-  if (auto* e = std::get_if<std::string>(&v)) return refuse(*e);
-  if (auto e = register_for_peer(st); !e.empty()) {
-    st.ctx->engine->remove_peer(std::get<0>(v)->fabric_peer);  // validate_peer inserted it
-    return refuse(e);
-  }
-  auto h = make_hello(st, caf::actor_cast<caf::actor>(self));
-  if (secret.empty()) {
-    self->send(hello.connection, std::move(h));
-    become_ready(self, std::get<0>(std::move(v)), hello.connection);
-    return relay(self, false);
-  }
-  st.peer_nonce = hello.nonce;
-  st.nonce = random_bytes(auth_nonce_bytes);
-  h.nonce = st.nonce;
-  h.proof = auth_proof(secret, "ferry-accept", st.peer_nonce, st.nonce,
-                       identity(st.ctx->config.node_name, st.ctx->instance));
-  self->send(hello.connection, std::move(h));
-  st.pending = std::get<0>(std::move(v));
-  st.pending_remote = hello.connection;
   const auto ms = st.ctx->config.timeouts.handshake_ms;
   self->delayed_send(self, std::chrono::milliseconds(ms), deadline_msg{"handshake", ms, {}});
+  st.hello = std::move(hello);
+  if (!secret.empty() && st.hello.nonce.size() != auth_nonce_bytes) {
+    refuse_inbound(self,
+                   "this daemon requires peers to prove the cluster secret, and the peer offered "
+                   "no challenge (set security.cluster_secret_file on both sides)");
+    return relay(self, false);
+  }
+  if (secret.empty() && !st.hello.nonce.empty()) {
+    refuse_inbound(self,
+                   "the peer requires a cluster secret but this daemon has none (set "
+                   "security.cluster_secret_file on both sides)");
+    return relay(self, false);
+  }
+  auto v = validate_peer(*st.ctx, st.hello, false, st.address);
+  if (auto* e = std::get_if<std::string>(&v)) {
+    refuse_inbound(self, *e);
+    return relay(self, false);
+  }
+  // Then add its fabric address (peer_inserted), register our memory for it
+  // (regions_registered), and answer (answer_inbound).
+  st.validated = std::get<0>(std::move(v));
+  request_insert(self, st.hello.fabric_address);
   return relay(self, false);
 }
 

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "actors/actors.hpp"
 #include "actors/client_gateway.hpp"
@@ -41,11 +42,12 @@ namespace {
 
 class daemon_system_config : public caf::actor_system_config {
  public:
-  daemon_system_config() {
+  explicit daemon_system_config(uint32_t workers) {
     load<caf::io::middleman>();
     add_ferry_message_types(*this);
-    // Two cores: a small worker pool, and the sharing policy's faster idle wake-ups.
-    set("scheduler.max-threads", 2);
+    // No actor waits on the fabric or the network, so one worker per core suffices; the sharing
+    // policy's idle wake-ups are faster than work stealing's on few cores.
+    set("scheduler.max-threads", static_cast<size_t>(workers));
     set("scheduler.policy", caf::atom("sharing"));
     set("logger.verbosity", caf::atom("quiet"));
     // CAF's middleman actor runs on the worker pool, not on a thread of its own: on its own
@@ -233,7 +235,11 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
 
   int rc = 0;
   {
-    daemon_system_config sys_cfg;
+    const uint32_t workers = cfg.runtime.workers
+                                 ? cfg.runtime.workers
+                                 : auto_workers(std::thread::hardware_concurrency());
+    log->info("actor workers: {}{}", workers, cfg.runtime.workers ? "" : " (one per core)");
+    daemon_system_config sys_cfg(workers);
     caf::actor_system sys{sys_cfg};
     // CAF never listens: the peer gate owns the peer port and gives CAF only sockets that
     // completed Ferry's preamble (actors/peer_gate.hpp). The BASP broker is looked up once,

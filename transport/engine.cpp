@@ -199,6 +199,8 @@ class fabric_engine final : public engine {
 
   result<region_id> register_region(void* base, uint64_t length, region_access access) override;
   result<bool> deregister_region(region_id id) override;
+  void register_regions(std::vector<region_request> regions,
+                        std::function<void(result<std::vector<region_id>>)> done) override;
   region_desc describe(region_id id) const override;
   std::vector<uint8_t> local_address() const override {
     std::lock_guard<std::mutex> lock(address_mutex_);
@@ -210,6 +212,8 @@ class fabric_engine final : public engine {
   void stop() override;
 
   result<peer_handle> insert_peer(const std::vector<uint8_t>& address) override;
+  void insert_peer_async(std::vector<uint8_t> address,
+                         std::function<void(result<peer_handle>)> done) override;
   void remove_peer(peer_handle peer) override;
   void fence_peer(std::optional<peer_handle> peer, std::vector<region_id> regions,
                   std::function<void()> done) override;
@@ -686,6 +690,24 @@ result<region_id> fabric_engine::do_register_region(void* base, uint64_t length,
   return out;
 }
 
+void fabric_engine::register_regions(std::vector<region_request> regions,
+                                     std::function<void(result<std::vector<region_id>>)> done) {
+  run_queued([this, regions = std::move(regions), done = std::move(done)]() mutable {
+    result<std::vector<region_id>> out;
+    for (const auto& q : regions) {
+      auto r = do_register_region(q.base, q.length, q.access);
+      if (!r) {
+        for (auto id : out.value) do_deregister_region(id);
+        out.value.clear();
+        out.error = std::move(r.error);
+        break;
+      }
+      out.value.push_back(r.value);
+    }
+    invoke_callback(*log_, "register_regions", done, std::move(out));
+  });
+}
+
 result<bool> fabric_engine::deregister_region(region_id id) {
   return run_exclusive<result<bool>>([this, id] { return do_deregister_region(id); });
 }
@@ -745,6 +767,13 @@ region_desc fabric_engine::describe(region_id id) const {
 
 result<peer_handle> fabric_engine::insert_peer(const std::vector<uint8_t>& address) {
   return run_exclusive<result<peer_handle>>([this, &address] { return do_insert_peer(address); });
+}
+
+void fabric_engine::insert_peer_async(std::vector<uint8_t> address,
+                                      std::function<void(result<peer_handle>)> done) {
+  run_queued([this, address = std::move(address), done = std::move(done)]() mutable {
+    invoke_callback(*log_, "insert_peer", done, do_insert_peer(address));
+  });
 }
 
 result<peer_handle> fabric_engine::do_insert_peer(const std::vector<uint8_t>& address) {

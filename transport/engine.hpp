@@ -2,14 +2,18 @@
 /// Ferry's data-plane transport: one libfabric `FI_EP_RDM` endpoint per daemon, driven by one
 /// progress thread that owns every libfabric call after start-up.
 ///
-/// Threading: `open` and `local_address` are called before `start` from one thread.
-/// `register_region`, `deregister_region`, `describe`, `insert_peer`, `remove_peer`, `submit` and
-/// `return_immediate_credit` are thread-safe before and after `start`; after `start`, the calls
-/// that touch the fabric (register, deregister, insert) run on the progress thread and the caller
-/// waits for that (a control-path call, never for a write); `remove_peer`, `submit` and
-/// `return_immediate_credit` never block on the fabric: they queue work and wake the thread.
-/// Callbacks (`batch_done`, `immediates`) run on the progress thread; they must be cheap and
-/// non-blocking (e.g. one `caf::anon_send`).
+/// Threading: `open` and `local_address` are called before `start` from one thread. Every other
+/// call is thread-safe before and after `start`. After `start`, the calls that touch the fabric
+/// run on the progress thread. Two kinds:
+/// - asynchronous (`register_regions`, `insert_peer_async`, `remove_peer`, `fence_peer`,
+///   `submit`, `return_immediate_credit`): they queue work, wake the thread and return; a
+///   completion callback reports the outcome. These are what an actor calls: an actor worker
+///   never waits on the fabric.
+/// - synchronous (`register_region`, `deregister_region`, `insert_peer`): the caller waits for
+///   the progress thread to run them. For start-up, tests and threads of their own only.
+/// Callbacks (`batch_done`, `immediates`, completions) run on the progress thread (or on the
+/// caller's, when the engine is not running); they must be cheap and non-blocking (e.g. one
+/// `caf::anon_send`).
 ///
 /// Back-pressure: at most `max_inflight_writes` writes are posted and uncompleted; the rest wait
 /// in the submission queue (never an error). `-FI_EAGAIN` from a post means "progress and retry".
@@ -105,6 +109,13 @@ struct result {
   explicit operator bool() const { return error.empty(); }
 };
 
+/// One registration asked of `register_regions`.
+struct region_request {
+  void* base = nullptr;
+  uint64_t length = 0;
+  region_access access = region_access::local;
+};
+
 class engine {
  public:
   /// Open fabric, domain, endpoint, CQ and AV for `cfg.provider`. Error text names the provider
@@ -136,6 +147,11 @@ class engine {
   /// registration, false (and logs a warning) if it was already closed; an error for an id never
   /// issued or a failed fi_close.
   virtual result<bool> deregister_region(region_id id) = 0;
+  /// Asynchronous `register_region` of several regions, in one step of the progress thread:
+  /// `done` gets their ids in order, or the first error (and then the ones registered before it
+  /// are closed again, so a failure leaves nothing registered).
+  virtual void register_regions(std::vector<region_request> regions,
+                                std::function<void(result<std::vector<region_id>>)> done) = 0;
   /// Description of a registered region for peers (remote_base, key, length); all zero for an
   /// unknown or deregistered region.
   virtual region_desc describe(region_id id) const = 0;
@@ -149,9 +165,12 @@ class engine {
   /// Stop the progress thread; pending batches complete with an error "engine stopped".
   virtual void stop() = 0;
 
-  /// Insert a peer address into the AV (blocks the caller only for the AV insert). Inserting an
+  /// Insert a peer address into the AV (the caller waits for the progress thread). Inserting an
   /// address again returns the same handle and counts one more user of it.
   virtual result<peer_handle> insert_peer(const std::vector<uint8_t>& address) = 0;
+  /// Asynchronous `insert_peer`: `done` gets the handle or the error.
+  virtual void insert_peer_async(std::vector<uint8_t> address,
+                                 std::function<void(result<peer_handle>)> done) = 0;
   /// Remove one user of a peer: its queued batches fail with "peer removed", and its connection
   /// is cut (tcp: a write it had begun to send is not finished later). When other users remain,
   /// the address is inserted again under the same handle and their next writes reconnect.

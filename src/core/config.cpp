@@ -384,7 +384,7 @@ ferry_config parse_root(const YAML::Node& root) {
   ferry_config cfg;
   const section top(root, "",
                     {"node", "role", "listen", "fabric", "timeouts", "limits", "security", "tp",
-                     "pp", "dp", "log", "pools", "discovery"});
+                     "pp", "dp", "runtime", "log", "pools", "discovery"});
 
   const section node(top.get_or_null("node"), "node", {"name", "instance"});
   node.required_field("name", cfg.node_name);
@@ -445,6 +445,9 @@ ferry_config parse_root(const YAML::Node& root) {
   const section dp(top.get_or_null("dp"), "dp", {"size", "rank"});
   dp.optional_field("size", cfg.dp.size);
   dp.optional_field("rank", cfg.dp.rank);
+
+  const section runtime(top.get_or_null("runtime"), "runtime", {"workers"});
+  runtime.optional_field("workers", cfg.runtime.workers);
 
   const section log(top.get_or_null("log"), "log", {"level"});
   log.optional_field("level", cfg.log.level);
@@ -753,6 +756,8 @@ void validate_all(const ferry_config& cfg) {
                         std::to_string(cfg.dp.rank));
   }
 
+  check_range(cfg.runtime.workers, 0, 256, "runtime.workers");  // 0: one per core
+
   const std::string& level = cfg.log.level;
   if (level != "trace" && level != "debug" && level != "info" && level != "warn" &&
       level != "error") {
@@ -903,6 +908,10 @@ std::string to_yaml(const ferry_config& cfg) {
   out << YAML::Key << "dp" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "size" << YAML::Value << cfg.dp.size;
   out << YAML::Key << "rank" << YAML::Value << cfg.dp.rank;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "runtime" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "workers" << YAML::Value << cfg.runtime.workers;
   out << YAML::EndMap;
 
   out << YAML::Key << "log" << YAML::Value << YAML::BeginMap;

@@ -147,6 +147,12 @@ struct dp_config {
   uint32_t rank = 0;
 };
 
+/// The actor runtime. Workers: CAF's scheduler threads, which run every actor (none of them ever
+/// waits on the fabric or the network); 0 (the default): one per core.
+struct runtime_config {
+  uint32_t workers = 0;
+};
+
 struct log_config {
   std::string level = "info";  ///< trace, debug, info, warn, error
 };
@@ -170,6 +176,7 @@ struct ferry_config {
   tp_config tp;
   pp_config pp;
   dp_config dp;
+  runtime_config runtime;
   pools_config pools;
   log_config log;
   /// Control addresses ("host:port") of every rank of the engine instance this daemon serves
@@ -196,6 +203,9 @@ config_result parse_config_text(const std::string& yaml_text);
 inline uint32_t auto_max_clients(uint64_t nofile) {
   return static_cast<uint32_t>(std::clamp<uint64_t>(nofile / 2, 16, 4096));
 }
+
+/// Actor workers for `runtime.workers` 0 (auto): one per core, at least one.
+inline uint32_t auto_workers(uint32_t cores) { return std::clamp<uint32_t>(cores, 1, 256); }
 
 /// Longest node.name and node.instance: together they name the daemon's /dev/shm objects.
 inline constexpr size_t max_node_name = 128;

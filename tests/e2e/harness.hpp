@@ -98,6 +98,7 @@ struct shape {
   uint32_t mamba_layers = 3;
   uint32_t temporal_heads = 8;  ///< unsharded; the rank holds temporal_heads / tp_size
   uint32_t aux_rows = 64;
+  uint32_t handshake_ms = 10000;
   uint32_t bootstrapping_ms = 20000;
   uint32_t waiting_for_input_ms = 60000;
   uint32_t transferring_ms = 60000;
@@ -111,6 +112,7 @@ struct shape {
   uint64_t nofile_soft = 0, nofile_hard = 0;  ///< RLIMIT_NOFILE for the daemon (0: inherited)
   std::vector<std::pair<std::string, std::string>> env;  ///< set in the daemon's environment
   uint32_t client_frame_ms = 10000;
+  uint32_t workers = 0;  ///< runtime.workers (0: one per core)
   uint64_t staging_bytes = 64ull << 20;
   // Geometry: 2 KV heads in the model (Qwen3-Next), conv and temporal state sliced by TP.
   uint32_t tp_size = 1, tp_rank = 0, pp_size = 1, pp_rank = 0;
@@ -144,14 +146,15 @@ inline std::string make_config(const std::string& name, const std::string& role,
     << "tp:\n  size: " << s.tp_size << "\n  rank: " << s.tp_rank << "\npp:\n  size: " << s.pp_size
     << "\n  rank: " << s.pp_rank << "\ndp:\n  size: " << s.dp_size << "\n  rank: " << s.dp_rank
     << "\n"
-    << "timeouts:\n  handshake_ms: 10000\n  bootstrapping_ms: " << s.bootstrapping_ms
+    << "timeouts:\n  handshake_ms: " << s.handshake_ms
+    << "\n  bootstrapping_ms: " << s.bootstrapping_ms
     << "\n  waiting_for_input_ms: " << s.waiting_for_input_ms
     << "\n  transferring_ms: " << s.transferring_ms << "\n  drain_ms: " << s.drain_ms
     << "\n  heartbeat_ms: " << s.heartbeat_ms << "\n  heartbeat_misses: " << s.heartbeat_misses
     << "\n  transfer_ms: " << s.transfer_ms
     << "\nlimits:\n  max_active_rooms: " << s.max_active_rooms
     << "\n  max_clients: " << s.max_clients << "\n  client_frame_ms: " << s.client_frame_ms
-    << "\nlog:\n  level: info\n"
+    << "\nruntime:\n  workers: " << s.workers << "\nlog:\n  level: info\n"
     << (s.secret_file.empty() ? "" : "security:\n  cluster_secret_file: " + s.secret_file + "\n") <<
       [&] {
         std::string d;

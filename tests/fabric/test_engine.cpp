@@ -1,7 +1,9 @@
 // Contract tests of transport::engine over real libfabric on loopback, for tcp and shm.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <ctime>
+#include <future>
 #include <thread>
 
 #include "harness.hpp"
@@ -109,6 +111,79 @@ void writes_arrive_with_counted_immediates(const std::string& provider) {
 }
 FERRY_FABRIC_CASE("engine writes arrive and immediates are counted",
                   writes_arrive_with_counted_immediates)
+
+/// Wait (bounded) for an asynchronous engine call's completion.
+template <class T>
+T await(std::future<T>& f) {
+  REQUIRE(f.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+  return f.get();
+}
+
+void async_registration_and_insertion(const std::string& provider) {
+  batch_waiter done;
+  engine_pair ep(provider, 1 << 20);
+  ep.start_both();
+  std::vector<uint8_t> a(64 << 10, 0), b(64 << 10, 0);
+
+  // Two regions in one call, on the running progress thread: ids in order, distinct keys.
+  std::promise<result<std::vector<region_id>>> made;
+  auto made_f = made.get_future();
+  ep.target->register_regions(
+      {{a.data(), a.size(), region_access::remote_write},
+       {b.data(), b.size(), region_access::remote_write}},
+      [&](result<std::vector<region_id>> r) { made.set_value(std::move(r)); });
+  auto ids = await(made_f);
+  INFO(ids.error);
+  REQUIRE(ids);
+  REQUIRE(ids.value.size() == 2);
+  const auto da = ep.target->describe(ids.value[0]), db = ep.target->describe(ids.value[1]);
+  CHECK(da.length == a.size());
+  CHECK(db.length == b.size());
+  CHECK(da.key != db.key);
+
+  // The second is writable with its key: bytes land there and nowhere else.
+  write_batch w;
+  w.peer = ep.peer;
+  w.ops.push_back(write_op{ep.src_region, 4096, 8192, db.remote_base + 512, db.key, 77});
+  w.done = done.callback();
+  ep.initiator->submit(std::move(w));
+  REQUIRE(done.wait(1));
+  INFO(done.results().at(0).error);
+  REQUIRE(done.results().at(0).ok);
+  REQUIRE(ep.imms.wait_total(1));
+  CHECK(std::memcmp(b.data() + 512, ep.src.data() + 4096, 8192) == 0);
+  CHECK(std::all_of(a.begin(), a.end(), [](uint8_t x) { return x == 0; }));
+
+  // A failure part-way leaves nothing registered: the region made before it is closed again.
+  std::promise<result<std::vector<region_id>>> failed;
+  auto failed_f = failed.get_future();
+  ep.target->register_regions(
+      {{a.data(), a.size(), region_access::remote_write}, {nullptr, 0, region_access::local}},
+      [&](result<std::vector<region_id>> r) { failed.set_value(std::move(r)); });
+  auto none = await(failed_f);
+  CHECK_FALSE(none);
+  CHECK_THAT(none.error, Catch::Contains("expected a non-empty region"));
+  CHECK(none.value.empty());
+  CHECK(ep.target->describe(ids.value[1] + 1).length == 0);
+
+  // An address inserted again answers the same handle; an empty one is refused by name.
+  std::promise<result<peer_handle>> again, empty;
+  auto again_f = again.get_future(), empty_f = empty.get_future();
+  ep.initiator->insert_peer_async(ep.target->local_address(),
+                                  [&](result<peer_handle> r) { again.set_value(std::move(r)); });
+  ep.initiator->insert_peer_async({},
+                                  [&](result<peer_handle> r) { empty.set_value(std::move(r)); });
+  auto h = await(again_f);
+  INFO(h.error);
+  REQUIRE(h);
+  CHECK(h.value == ep.peer);
+  auto e = await(empty_f);
+  CHECK_FALSE(e);
+  CHECK(e.error == "insert_peer: empty fabric address");
+  ep.initiator->remove_peer(h.value);  // the second user of the handle
+}
+FERRY_FABRIC_CASE("engine registers and inserts asynchronously on the progress thread",
+                  async_registration_and_insertion)
 
 void backpressure_queues_never_fails(const std::string& provider) {
   // 1000 writes with 16 in flight: the rest waits in the engine, nothing fails.

@@ -113,6 +113,7 @@ void require_equal(const ferry_config& a, const ferry_config& b) {
   REQUIRE(a.pp.rank == b.pp.rank);
   REQUIRE(a.dp.size == b.dp.size);
   REQUIRE(a.dp.rank == b.dp.rank);
+  REQUIRE(a.runtime.workers == b.runtime.workers);
   REQUIRE(a.log.level == b.log.level);
 
   REQUIRE(a.pools.kv.has_value() == b.pools.kv.has_value());
@@ -232,6 +233,7 @@ pools:
   REQUIRE(cfg.tp.rank == 0);
   REQUIRE(cfg.dp.size == 1);
   REQUIRE(cfg.dp.rank == 0);
+  REQUIRE(cfg.runtime.workers == 0);
   REQUIRE(cfg.log.level == "info");
   REQUIRE_FALSE(cfg.pools.kv);
   REQUIRE_FALSE(cfg.pools.mamba);
@@ -482,6 +484,13 @@ TEST_CASE("validation errors name the key and the value seen", "[unit][config]")
   SECTION("tp rank") {
     REQUIRE(validate_error(replace(base_yaml, "size: 1", "size: 2\n  rank: 2")) ==
             "tp.rank: expected a rank below tp.size 2, got 2");
+  }
+  SECTION("actor workers") {
+    REQUIRE(validate_error(base_yaml + "runtime: {workers: 257}\n") ==
+            "runtime.workers: expected an integer in 0..256, got 257");
+    REQUIRE_FALSE(validate_config(parse_ok(base_yaml + "runtime: {workers: 1}\n")));
+    REQUIRE(auto_workers(0) == 1);
+    REQUIRE(auto_workers(2) == 2);
   }
   SECTION("dp rank and size") {
     REQUIRE(validate_error(base_yaml + "dp: {size: 2, rank: 2}\n") ==
