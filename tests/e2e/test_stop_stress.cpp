@@ -73,7 +73,7 @@ int retry_after_ms(const std::string& reason) {
 
 /// The stress for one fabric provider. shm: the resumed prefill's writes into the fenced
 /// decode are rejected and never answered; its endpoint is renewed when it cuts the decode, and
-/// the next room must go through (transport/engine.cpp, renew_on_cut_).
+/// the next room must go through (transport/fabric_peers.cpp, renew_on_cut_).
 void stop_stress(const std::string& provider) {
   require_provider(provider);
   shape s;

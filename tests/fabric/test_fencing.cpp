@@ -264,7 +264,7 @@ void rejected_write_leaves_target_intact(fence_rig& rig, const region_desc& dst,
   const bool shm = rig.provider == "shm";
   if (shm) {
     // shm never answers a rejected write (the engine sends small ones with delivery completion,
-    // see engine.cpp), so it blocks the initiator's later writes until the peer is cut, as
+    // see fabric_progress.cpp), so it blocks the initiator's later writes until the peer is cut, as
     // ferryd cuts a peer whose connection ended: the cut renews the endpoint.
     rig.cut_and_reinsert();
   }
@@ -383,7 +383,7 @@ TEST_CASE(
   // in order: neither the stale write nor any later write completes (observed: not within
   // minutes; a snapshot here, as nothing can be waited for).
   CHECK_FALSE(stale->is_done());
-  CHECK_FALSE(small->is_done());  // small writes go with delivery completion (engine.cpp)
+  CHECK_FALSE(small->is_done());  // small writes go with delivery completion (fabric_progress.cpp)
   CHECK_FALSE(big->is_done());
   CHECK(all_zero(*a_mem));
   CHECK(rig.imms.counts()[900] == 0);

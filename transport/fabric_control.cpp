@@ -1,0 +1,108 @@
+// The callers' side of the progress thread: queueing commands and submissions for it, waking it,
+// starting and stopping it (the design is at the top of fabric_engine.hpp).
+#include <unistd.h>
+
+#include "transport/fabric_engine.hpp"
+
+namespace ferry::transport::detail {
+
+void fabric_engine::run_queued(std::function<void()> task) {
+  if (on_progress_thread()) return task();
+  {
+    std::unique_lock<std::mutex> lock(queue_mutex_);
+    if (state_ == run_state::running) {
+      // Asynchronous: the caller must not block on the fabric; FIFO order with submissions
+      // makes everything submitted before this call see the task's effect.
+      queue_.push_back(work_item{nullptr, std::move(task)});
+      queue_nonempty_.store(true);
+      lock.unlock();
+      wake();
+      return;
+    }
+  }
+  std::lock_guard<std::mutex> guard(fabric_mutex_);
+  task();
+}
+
+void fabric_engine::submit(write_batch batch) {
+  auto b = std::make_unique<batch_state>(std::move(batch));
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    if (state_ == run_state::idle || state_ == run_state::running) {
+      queue_.push_back(work_item{std::move(b), nullptr});
+      queue_nonempty_.store(true);
+    }
+  }
+  if (b) {
+    // Stopped: nobody will post it; fail here, on the caller's thread.
+    b->abort_unposted(stopped_text);
+    invoke_callback(*log_, "batch_done", b->batch.done, std::move(b->result));
+    return;
+  }
+  wake();
+}
+
+void fabric_engine::return_immediate_credit() {
+  credit_returned_.store(true);
+  wake();
+}
+
+void fabric_engine::wake() {
+  // Pairs with the sleeping_ store / queue re-check in block(): one of the two sides always sees
+  // the other (both seq_cst), so a wake-up is never lost and the common case costs no syscall.
+  if (sleeping_.load()) {
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(wake_fd_.get(), &one, sizeof one);
+  }
+}
+
+void fabric_engine::start(std::function<void(immediate_counts)> immediates) {
+  std::lock_guard<std::mutex> lifecycle(lifecycle_mutex_);
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    if (state_ != run_state::idle) {
+      log_->warn("engine::start called twice or after stop; ignored");
+      return;
+    }
+    state_ = run_state::running;
+  }
+  immediates_ = std::move(immediates);
+  // The thread takes fabric_mutex_ before touching anything; direct callers cannot interleave
+  // because state_ is already running.
+  thread_ = std::thread([this] { run(); });
+}
+
+void fabric_engine::stop() {
+  if (on_progress_thread()) {
+    // From a callback: the thread cannot join itself; it winds down after this iteration and
+    // the destructor joins it.
+    stop_requested_.store(true);
+    return;
+  }
+  std::lock_guard<std::mutex> lifecycle(lifecycle_mutex_);
+  std::deque<work_item> never_started;
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    if (state_ == run_state::idle) {
+      state_ = run_state::stopped;
+      never_started.swap(queue_);
+    }
+  }
+  if (thread_.joinable()) {
+    stop_requested_.store(true);
+    wake();
+    thread_.join();
+  }
+  // Work queued before a start that never came: fail batches, run commands directly.
+  std::lock_guard<std::mutex> guard(fabric_mutex_);
+  for (auto& item : never_started) {
+    if (item.batch) {
+      item.batch->abort_unposted(stopped_text);
+      invoke_callback(*log_, "batch_done", item.batch->batch.done, std::move(item.batch->result));
+    } else if (item.task) {
+      item.task();
+    }
+  }
+}
+
+}  // namespace ferry::transport::detail

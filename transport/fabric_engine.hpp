@@ -1,0 +1,312 @@
+#pragma once
+// libfabric implementation of transport::engine: the declaration of `fabric_engine`, shared by
+// the files that implement it. Private to transport/ (engine.hpp is the interface), so the
+// implementation can be split by idea without widening the public API:
+// - fabric_bring_up.cpp: opening the libfabric objects, engine::open;
+// - fabric_registry.cpp: memory registrations and their keys;
+// - fabric_peers.cpp: the address vector, removal, the fence, shm endpoint renewal;
+// - fabric_control.cpp: handing work to the progress thread, start and stop;
+// - fabric_progress.cpp: the progress thread (posting, completions, immediates, waiting);
+// - shm_files.cpp: shm provider files and the CMA probe.
+//
+// Design: after `start`, one progress thread owns every libfabric call. Callers hand it work
+// through one FIFO (submissions and commands in order; commands that return a value wait on a
+// future). Before `start` and after the thread has exited, callers run commands directly under
+// `fabric_mutex_`, which the thread holds for its whole life, so the domain is never used by two
+// threads at once (FI_THREAD_DOMAIN suffices).
+//
+// Waiting: the loop polls while there is activity, keeps polling for `spin_budget` after the last
+// activity, then blocks: in ppoll on the CQ's FI_WAIT_FD fd plus a wake eventfd (after
+// fi_trywait) where the provider has one (tcp;ofi_rxm), else in ppoll on the eventfd alone with
+// a doubling timeout (shm, which has no usable wait object).
+
+#include <rdma/fabric.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <future>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "transport/engine.hpp"
+#include "transport/fabric_handles.hpp"
+#include "transport/log.hpp"
+#include "transport/peer_queues.hpp"
+
+namespace ferry::transport::detail {
+
+using clock_type = std::chrono::steady_clock;
+
+const char* const stopped_text = "engine stopped";
+
+/// Per-batch bookkeeping, owned by the engine from `submit` until `done` has run.
+struct batch_state {
+  explicit batch_state(write_batch b) : batch(std::move(b)) {}
+  write_batch batch;
+  size_t next = 0;              ///< index of the next op to post
+  bool marker_pending = false;  ///< split commit: op `next`'s data is posted, its marker not yet
+  uint32_t outstanding = 0;     ///< posts (data or marker) not yet completed
+  bool in_pending = false;      ///< still referenced by pending_ (must not finish yet)
+  batch_result result;
+  std::list<std::unique_ptr<batch_state>>::iterator self;  ///< position in live_
+
+  /// Whether every op has been posted or given up on.
+  bool all_posted() const { return next >= batch.ops.size(); }
+  /// Record a failure; the first one names the batch's error.
+  void fail(uint32_t count, const std::string& why) {
+    result.ok = false;
+    result.failed += count;
+    if (result.error.empty()) result.error = why;
+  }
+  /// Give up on the ops not yet posted.
+  void abort_unposted(const std::string& why) {
+    if (all_posted()) return;
+    fail(static_cast<uint32_t>(batch.ops.size() - next), why);
+    next = batch.ops.size();
+    marker_pending = false;
+  }
+};
+
+/// Context handed to the provider with every operation. FI_CONTEXT/FI_CONTEXT2 let the provider
+/// use the first bytes, so the fi_context2 comes first and stays untouched by us.
+struct op_context {
+  enum class kind : uint8_t { write, receive };
+  fi_context2 provider_scratch{};
+  kind what = kind::write;
+  batch_state* batch = nullptr;
+  region_id source = 0;  ///< local region of a posted write (its MR stays open until completion)
+  bool marker = false;   ///< split commit: the 0-byte write carrying the op's immediate
+};
+
+/// A queued request for the progress thread; FIFO order between submissions and commands keeps
+/// e.g. "submit to P, remove P" failing that submission with "peer removed".
+struct work_item {
+  std::unique_ptr<batch_state> batch;  ///< a submission, or
+  std::function<void()> task;          ///< a command to run on the progress thread
+};
+
+/// Run a user callback without letting an exception kill the progress thread.
+template <class F, class... A>
+void invoke_callback(spdlog::logger& log, const char* what, F& f, A&&... args) {
+  if (!f) return;
+  try {
+    f(std::forward<A>(args)...);
+  } catch (const std::exception& e) {
+    log.error("{} callback threw: {}", what, e.what());
+  } catch (...) {
+    log.error("{} callback threw a non-standard exception", what);
+  }
+}
+
+class fabric_engine final : public engine {
+ public:
+  fabric_engine() = default;
+  ~fabric_engine() override { stop(); }
+
+  std::string init(const engine_config& cfg);
+
+  result<region_id> register_region(void* base, uint64_t length, region_access access) override;
+  result<bool> deregister_region(region_id id) override;
+  void register_regions(std::vector<region_request> regions,
+                        std::function<void(result<std::vector<region_id>>)> done) override;
+  region_desc describe(region_id id) const override;
+  std::vector<uint8_t> local_address() const override {
+    std::lock_guard<std::mutex> lock(address_mutex_);
+    return address_;
+  }
+  std::string provider_name() const override { return provider_; }
+
+  void start(std::function<void(immediate_counts)> immediates) override;
+  void stop() override;
+
+  result<peer_handle> insert_peer(const std::vector<uint8_t>& address) override;
+  void insert_peer_async(std::vector<uint8_t> address,
+                         std::function<void(result<peer_handle>)> done) override;
+  void remove_peer(peer_handle peer) override;
+  void fence_peer(std::optional<peer_handle> peer, std::vector<region_id> regions,
+                  std::function<void()> done) override;
+
+  void submit(write_batch batch) override;
+  void return_immediate_credit() override;
+
+ private:
+  struct region {
+    void* base = nullptr;
+    uint64_t length = 0;
+    mr_ptr mr;                  ///< null once closed
+    void* desc = nullptr;       ///< fi_mr_desc when the provider wants FI_MR_LOCAL, else null
+    region_desc remote;         ///< zeroed by deregistration
+    bool deregistered = false;  ///< no new writes from it; describe() is empty
+    uint32_t posted = 0;        ///< writes posted from it, not yet completed
+  };
+
+  enum class run_state { idle, running, draining, stopped };
+  enum class wait_kind { fd, sleep };
+
+  std::string open_cq();
+  /// Open the endpoint on the domain, bind it to the AV and the CQ, enable it, read its address
+  /// and post its receives.
+  std::string open_endpoint();
+  std::string post_receives(size_t count);
+
+  /// Run `fn` with exclusive use of the fabric objects: on the progress thread if it is running
+  /// (waiting for the result), else directly on the caller's thread.
+  template <class R>
+  R run_exclusive(std::function<R()> fn);
+
+  bool on_progress_thread() const {
+    return progress_thread_id_.load(std::memory_order_acquire) == std::this_thread::get_id();
+  }
+  void wake();
+
+  result<region_id> do_register_region(void* base, uint64_t length, region_access access);
+  result<bool> do_deregister_region(region_id id);
+  std::string close_region_mr(region_id id);
+  result<uint64_t> choose_key() const;
+  result<peer_handle> do_insert_peer(const std::vector<uint8_t>& address);
+  void do_remove_peer(peer_handle peer);
+  void do_fence_peer(std::optional<peer_handle> peer, const std::vector<region_id>& regions);
+  /// Run `task` on the progress thread after what is queued, or directly when it is not running.
+  void run_queued(std::function<void()> task);
+
+  void run();
+  bool take_queue();
+  void admit(std::unique_ptr<batch_state> b);
+  bool post_writes();
+  /// Post one operation of op `b->next`: its write, or (split commit) its data or marker.
+  /// False: the provider is full (-FI_EAGAIN), retry later; true: posted or given up on.
+  bool post_one(batch_state* b, const write_op& op, region& r, bool marker);
+  size_t read_completions();
+  void handle_error_entry();
+  void repost_receive(op_context* ctx);
+  void complete_op(op_context* ctx, bool ok, const std::string& why);
+  void maybe_finish(batch_state* b);
+  bool deliver_immediates();
+  void block(clock_type::duration idle_for, clock_type::duration& sleep_step);
+  void drain_and_fail_all();
+  /// shm: hold new writes once a peer that was written to is cut, so the endpoint can be
+  /// renewed (`renew_endpoint`) as soon as the writes in flight have completed.
+  void request_renewal(peer_handle peer);
+  /// shm: replace the endpoint and CQ (same domain, AV and registrations), failing the writes
+  /// that never completed. See `renew_on_cut_`.
+  void renew_endpoint();
+
+  engine_config cfg_;
+  std::shared_ptr<spdlog::logger> log_;
+  std::string provider_;
+  mutable std::mutex address_mutex_;  ///< address_ changes when the endpoint is renewed
+  std::vector<uint8_t> address_;
+  uint64_t mr_mode_ = 0;
+  bool rx_cq_data_ = false;
+  /// tcp: each write goes as a plain fi_write followed by a 0-byte fi_writedata carrying its
+  /// immediate (ordered after it: FI_ORDER_WAW). In libfabric 1.17, cutting a peer's connection
+  /// (fi_av_remove with FI_AV_REMOVE_CLEANUP) while an fi_writedata *with payload* is partly
+  /// received crashes ofi_rxm (it reads the NULL context of the cancelled remote write); a plain
+  /// write's cancellation is internal to the tcp provider. shm keeps one fi_writedata: it has
+  /// no connection to cut, and its key check applies only to writes with CQ data.
+  bool split_commit_ = false;
+  /// shm: the target of a write with a closed key (a peer that fenced us) drops the command and
+  /// never answers it. A rejected write above 4 KiB then never completes, and as the initiator
+  /// consumes answers in order, neither does any later large write of this endpoint, to any
+  /// peer; each rejected smaller one leaks an inject buffer (the 1025th crashes). Only closing
+  /// the endpoint ends that. So when a peer this engine wrote to is cut (its connection ended:
+  /// it may have fenced us), new writes are held, the writes in flight get `renew_wait` to
+  /// complete, and the endpoint is replaced; writes still posted then fail.
+  bool renew_on_cut_ = false;
+  bool renew_pending_ = false;
+  clock_type::time_point renew_deadline_{};
+  std::string renew_reason_;
+  uint64_t key_mask_ = ~uint64_t{0};  ///< keys the domain can carry (mr_key_size bytes)
+  /// Every key this engine has registered, live or closed: a new registration never reuses the
+  /// key of a closed one, so a fenced peer's stale key cannot match it.
+  std::unordered_set<uint64_t> issued_keys_;
+
+  // libfabric objects, declared in open order so destruction closes ep, cq, mr, av, domain,
+  // fabric. The op contexts are declared before cq/ep so the provider never outlives them.
+  info_ptr info_;
+  fabric_ptr fabric_;
+  domain_ptr domain_;
+  av_ptr av_;
+  std::deque<region> regions_;  ///< deque: appends keep references stable
+  mutable std::mutex regions_mutex_;
+  std::vector<op_context> write_contexts_;
+  std::vector<op_context> receive_contexts_;
+  cq_ptr cq_;
+  ep_ptr ep_;
+
+  // Waiting.
+  wait_kind wait_kind_ = wait_kind::sleep;
+  int cq_wait_fd_ = -1;  ///< owned by the CQ
+  unique_fd wake_fd_;
+  std::atomic<bool> sleeping_{false};
+
+  // Cross-thread state.
+  std::mutex lifecycle_mutex_;  ///< serialises start/stop
+  std::mutex fabric_mutex_;     ///< held by the progress thread for its lifetime; direct calls
+                                ///< before start / after stop take it to stay exclusive
+  std::mutex queue_mutex_;
+  std::deque<work_item> queue_;        ///< guarded by queue_mutex_
+  run_state state_ = run_state::idle;  ///< guarded by queue_mutex_
+  std::atomic<bool> queue_nonempty_{false};
+  std::atomic<bool> stop_requested_{false};
+  std::atomic<bool> credit_returned_{false};
+  std::atomic<std::thread::id> progress_thread_id_{};
+  std::thread thread_;
+  std::function<void(immediate_counts)> immediates_;
+
+  // Progress-thread state (or the direct caller's under fabric_mutex_).
+  struct peer_entry {
+    uint32_t refs = 0;             ///< insert_peer calls not yet matched by a removal
+    std::vector<uint8_t> address;  ///< for re-inserting after a cut that others still use
+    uint64_t writes_posted = 0;    ///< since insertion or the last endpoint renewal (shm)
+  };
+  std::unordered_map<fi_addr_t, peer_entry> peers_;
+  /// shm: peers removed while the endpoint had writes to them posted; they leave the AV once
+  /// the endpoint is renewed (address kept to reuse the entry if the peer is inserted again).
+  std::unordered_map<fi_addr_t, std::vector<uint8_t>> av_removals_after_renewal_;
+  std::unordered_set<fi_addr_t> removed_peers_;
+  std::list<std::unique_ptr<batch_state>> live_;  ///< every batch not yet finished
+  peer_queues<batch_state*> pending_;             ///< batches with ops left to post: FIFO per peer,
+                                                  ///< peers served round-robin one write at a time
+  std::vector<op_context*> free_contexts_;
+  uint32_t inflight_ = 0;
+  ssize_t last_cq_error_ = 0;
+  bool credit_ = true;
+  immediate_counts imm_batch_;
+  std::unordered_map<uint64_t, size_t> imm_index_;  ///< imm -> position in imm_batch_
+};
+
+// In the header: the registry and the peers both instantiate it.
+template <class R>
+R fabric_engine::run_exclusive(std::function<R()> fn) {
+  if (on_progress_thread()) return fn();  // e.g. called from a callback
+  {
+    std::unique_lock<std::mutex> lock(queue_mutex_);
+    if (state_ == run_state::running) {
+      auto task = std::make_shared<std::packaged_task<R()>>(std::move(fn));
+      std::future<R> f = task->get_future();
+      queue_.push_back(work_item{nullptr, [task] { (*task)(); }});
+      queue_nonempty_.store(true);
+      lock.unlock();
+      wake();
+      return f.get();
+    }
+  }
+  // Not started, or stopping: the progress thread releases fabric_mutex_ once it exits.
+  std::lock_guard<std::mutex> guard(fabric_mutex_);
+  return fn();
+}
+
+}  // namespace ferry::transport::detail
