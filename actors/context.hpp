@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/timer_service.hpp"
 #include "core/config.hpp"
 #include "core/layout.hpp"
 #include "core/plan.hpp"
@@ -104,6 +105,9 @@ struct daemon_context {
   /// The peer port and outbound peer dials; stopped (its callbacks dropped) before the actor
   /// system goes away.
   std::shared_ptr<peer_gate> peer_port;
+  /// Every room's deadlines (cancellable); stopped, like the peer gate, inside the actor
+  /// system's scope.
+  std::unique_ptr<timer_service> timers;
   std::shared_ptr<spdlog::logger> log_sched, log_room, log_peer;
 
   /// Base address of a local memory space (pool or staging).

@@ -234,6 +234,7 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
   }
 
   int rc = 0;
+  ctx->timers = std::make_unique<timer_service>();
   {
     const uint32_t workers = cfg.runtime.workers
                                  ? cfg.runtime.workers
@@ -300,7 +301,8 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
         gs.timed_out.load(), gs.evicted.load(), gs.peer_closed.load());
     caf::anon_send_exit(scheduler, caf::exit_reason::user_shutdown);
     ctx->engine->stop();
-  }  // the actor system waits for every actor here
+    ctx->timers->stop();  // its deadlines hold actor addresses: gone before the system is
+  }                       // the actor system waits for every actor here
   ctx->gateway.reset();
   ctx->peer_port.reset();
   log->info("stopped");

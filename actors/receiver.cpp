@@ -22,6 +22,7 @@
 #include <fmt/ranges.h>
 
 #include "actors/actors.hpp"
+#include "actors/room_lifecycle_glue.hpp"
 #include "core/failpoint.hpp"
 #include "core/plan.hpp"
 
@@ -58,12 +59,9 @@ struct receiver_state {
   uint64_t staging_need = 0;
   bool prepared = false;  // prepares sent
   proto::prepare prep;
-  uint64_t token = 0;  // link to named peer i uses token + i
-  room_state state;
-  bool failing = false;    // failed; draining the prefill ranks' writes before reporting Failed
+  uint64_t token = 0;      // link to named peer i uses token + i
+  room_life life;          // status, deadlines, drain (core/room_lifecycle.hpp)
   std::string drain_note;  // what the drain deadline found (and fenced), for the Failed reason
-  std::string fail_reason;
-  errc fail_code = errc::ok;
   commit_counter commit;
   uint64_t bytes = 0;
 
@@ -77,40 +75,22 @@ struct receiver_state {
 
 using receiver_actor = caf::stateful_actor<receiver_state>;
 
-/// Arm the deadline of status `s` (it fires only if the room is still in `s` by then).
-void arm_state_deadline(receiver_actor* self, room_status s) {
-  const auto& t = self->state.ctx->config.timeouts;
-  switch (s) {
-    case room_status::bootstrapping:
-      self->delayed_send(self, std::chrono::milliseconds(t.bootstrapping_ms),
-                         deadline_msg{"waiting for the prefill peers, staging and their acceptance",
-                                      t.bootstrapping_ms, s});
-      return;
-    case room_status::waiting_for_input:
-      self->delayed_send(self, std::chrono::milliseconds(t.waiting_for_input_ms),
-                         deadline_msg{"waiting for the first write", t.waiting_for_input_ms, s});
-      return;
-    case room_status::transferring:
-      self->delayed_send(self, std::chrono::milliseconds(t.transferring_ms),
-                         deadline_msg{"waiting for the remaining writes", t.transferring_ms, s});
-      return;
-    default:
-      return;
-  }
+void apply(receiver_actor* self, const lifecycle_effects& e) {
+  apply_effects(self, *self->state.ctx->timers, self->state.life, e,
+                [self](room_status s, const std::string& reason, errc code) {
+                  auto& st = self->state;
+                  caf::anon_send(st.scheduler,
+                                 room_update{st.prep.room, true, s, reason,
+                                             s == room_status::success ? st.bytes : 0, code});
+                });
 }
 
-void set_status(receiver_actor* self, room_status s, std::string reason = {},
-                errc code = errc::ok) {
-  auto& st = self->state;
-  if (st.failing && s != room_status::failed) return;
-  if (!(s == room_status::failed ? st.state.fail() : st.state.advance(s))) return;
-  caf::anon_send(st.scheduler, room_update{st.prep.room, true, s, reason,
-                                           s == room_status::success ? st.bytes : 0, code});
-  if (is_terminal(s))
-    self->quit();
-  else
-    arm_state_deadline(self, s);
+void set_status(receiver_actor* self, room_status s) {
+  apply(self, self->state.life.machine.advance(s));
 }
+
+bool draining(const receiver_state& st) { return st.life.machine.draining(); }
+bool terminal(const receiver_state& st) { return st.life.machine.terminal(); }
 
 void tell_links(receiver_actor* self, bool ok, const std::string& reason, errc code) {
   for (const auto& l : self->state.links)
@@ -122,32 +102,30 @@ void tell_links(receiver_actor* self, bool ok, const std::string& reason, errc c
 
 /// Report Failed once no write of the room can land any more: every prefill rank refused,
 /// is fenced, or drained and all of its completed writes landed. Nothing else reports it: when
-/// the drain deadline passes first, the links still open are fenced (drain_atom below), and
+/// the drain deadline passes first, the links still open are fenced (room_deadline below), and
 /// their fences complete the drain.
 void finish_drain(receiver_actor* self) {
   auto& st = self->state;
-  if (!st.failing || is_terminal(st.state.status())) return;
+  if (!draining(st)) return;
   for (const auto& l : st.links)
     if (!l.refused && !l.fenced && (!l.drained || l.landed < *l.drained)) return;
   st.release_staging();
-  set_status(self, room_status::failed, st.fail_reason + st.drain_note, st.fail_code);
+  apply(self, st.life.machine.drained(st.drain_note));
 }
 
 void fail(receiver_actor* self, errc code, const std::string& reason, bool tell_peers) {
   auto& st = self->state;
-  if (is_terminal(st.state.status()) || st.failing) return;
-  st.failing = true;
-  st.fail_reason = reason;
-  st.fail_code = code;
+  lifecycle_effects effects;
+  // Once prepares went out, prefill ranks may write: the drain is bounded by timeouts.drain_ms.
+  if (!st.life.machine.fail(code, reason, st.prepared, effects)) return;
   st.ctx->log_room->warn("room={} peer={} failed: {}", st.prep.room, st.peers(), reason);
   if (!st.prepared) {
     // No prepare went out: no prefill rank can write into this room.
     for (auto& l : st.links) l.refused = true;
-  } else {
-    if (tell_peers) tell_links(self, false, reason, code);
-    const auto ms = st.ctx->config.timeouts.drain_ms;
-    self->delayed_send(self, std::chrono::milliseconds(ms), drain_atom::value);
+  } else if (tell_peers) {
+    tell_links(self, false, reason, code);
   }
+  apply(self, effects);
   finish_drain(self);
 }
 
@@ -164,7 +142,7 @@ void succeed(receiver_actor* self) {
 /// quantum per message; Success once the last copy is done.
 void unpack_step(receiver_actor* self) {
   auto& st = self->state;
-  if (is_terminal(st.state.status()) || st.failing) return;
+  if (terminal(st) || draining(st)) return;
   uint64_t copied = 0;
   for (; st.unpacked < st.unpack.size() && copied < copy_quantum_bytes; ++st.unpacked) {
     const auto& c = st.unpack[st.unpacked];
@@ -209,7 +187,7 @@ source_link* link_of(receiver_actor* self, const caf::actor& connection) {
 /// token.
 void reserve_and_prepare(receiver_actor* self) {
   auto& st = self->state;
-  if (st.prepared || is_terminal(st.state.status()) || st.failing) return;
+  if (st.prepared || terminal(st) || draining(st)) return;
   if (st.staging_need && !st.staging) {
     st.staging =
         st.ctx->staging->allocate_or_wait(st.staging_need, caf::actor_cast<caf::actor>(self));
@@ -281,7 +259,7 @@ void start(receiver_actor* self) {
 /// Named peer `i` cannot be used (its handshake failed or its connection ended).
 void resolve_unusable(receiver_actor* self, size_t i, errc code, std::string why) {
   auto& st = self->state;
-  if (is_terminal(st.state.status()) || !st.unusable[i].empty()) return;
+  if (terminal(st) || !st.unusable[i].empty()) return;
   st.unusable[i] = std::move(why);
   st.unusable_code[i] = code;
   if (++st.looked_up == st.named.size()) start(self);
@@ -295,7 +273,7 @@ void on_peer(receiver_actor* self, peer_inbound& in) {
       [&](peer_prepare_ack& a) {
         if (a.token != l->token) return;  // not this incarnation's
         if (!a.ok) l->refused = true;
-        if (st.failing) return finish_drain(self);
+        if (draining(st)) return finish_drain(self);
         if (!a.ok)
           return fail(self, a.code ? static_cast<errc>(a.code) : errc::peer_incompatible,
                       fmt::format("prefill {} refused the prepare: {}", l->peer->address, a.reason),
@@ -309,7 +287,7 @@ void on_peer(receiver_actor* self, peer_inbound& in) {
         set_status(self, room_status::waiting_for_input);
       },
       [&](peer_announce& a) {
-        if (a.token != l->token || st.failing) return;
+        if (a.token != l->token || draining(st)) return;
         if (l->announced)
           return fail(self, errc::internal, "prefill " + l->peer->address + " announced twice",
                       true);
@@ -353,9 +331,10 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
   st.unusable.resize(st.connections.size());
   st.unusable_code.resize(st.connections.size(), errc::ok);
   const auto& t = st.ctx->config.timeouts;
-  arm_state_deadline(self, room_status::bootstrapping);
-  self->delayed_send(self, std::chrono::milliseconds(t.transfer_ms),
-                     deadline_msg{"the whole room (timeouts.transfer_ms)", t.transfer_ms, {}});
+  st.life.machine = room_lifecycle(
+      limits_of(t), {"waiting for the prefill peers, staging and their acceptance",
+                     "waiting for the first write", "waiting for the remaining writes"});
+  apply(self, st.life.machine.start());
   // Learn every named peer's geometry (its handshake may still be running).
   for (size_t i = 0; i < st.connections.size(); ++i)
     self->request(st.connections[i], std::chrono::milliseconds(t.handshake_ms + 1000),
@@ -390,7 +369,7 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
         auto& st = self->state;
         for (auto& l : st.links)
           if (l.token == m.token) l.landed += m.count;
-        if (st.failing) return finish_drain(self);
+        if (draining(st)) return finish_drain(self);
         set_status(self, room_status::transferring);
         evaluate(self, st.commit.add_landed(m.count));
       },
@@ -419,13 +398,24 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
         fail(self, d.code, describe(d), true);
         finish_drain(self);
       },
-      [=](drain_atom) {
+      [=](room_deadline& d) {
+        auto& st = self->state;
+        auto x = st.life.machine.expired(d.kind, d.generation);
+        if (!x) return;  // no longer applies
+        if (x->what == expiry::kind::timed_out)
+          return fail(
+              self, errc::timed_out,
+              fmt::format("timed out in {} after {} ms ({}: {} landed, {} announced{})",
+                          to_string(x->in), x->ms, x->waits, st.commit.landed(),
+                          st.commit.expected() ? std::to_string(*st.commit.expected()) : "none",
+                          st.staging_need && !st.staging
+                              ? fmt::format("; waiting for {} bytes of staging", st.staging_need)
+                              : ""),
+              true);
         // The drain deadline: a prefill rank that has not drained may still have writes of this
         // room in flight, so this room's pages cannot be handed back yet. Fence those ranks
         // (their connections end, closing their keys and cutting their fabric connections);
         // each fence arrives as peer_down and completes the drain.
-        auto& st = self->state;
-        if (!st.failing || is_terminal(st.state.status())) return;
         std::string waiting;
         for (const auto& l : st.links)
           if (!l.refused && !l.fenced && (!l.drained || l.landed < *l.drained)) {
@@ -436,24 +426,11 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
             self->send(l.connection, fence_atom::value,
                        fmt::format("fenced: room {} did not drain within {} ms "
                                    "(timeouts.drain_ms)",
-                                   st.prep.room, st.ctx->config.timeouts.drain_ms));
+                                   st.prep.room, x->ms));
           }
         if (waiting.empty()) return finish_drain(self);
-        st.drain_note =
-            fmt::format("; drain incomplete after {} ms (timeouts.drain_ms), fenced: {}",
-                        st.ctx->config.timeouts.drain_ms, waiting);
-      },
-      [=](deadline_msg& d) {
-        auto& st = self->state;
-        if (d.state && *d.state != st.state.status()) return;  // that status is over
-        fail(self, errc::timed_out,
-             fmt::format("timed out in {} after {} ms ({}: {} landed, {} announced{})",
-                         to_string(st.state.status()), d.ms, d.what, st.commit.landed(),
-                         st.commit.expected() ? std::to_string(*st.commit.expected()) : "none",
-                         st.staging_need && !st.staging
-                             ? fmt::format("; waiting for {} bytes of staging", st.staging_need)
-                             : ""),
-             true);
+        st.drain_note = fmt::format(
+            "; drain incomplete after {} ms (timeouts.drain_ms), fenced: {}", x->ms, waiting);
       },
   };
 }

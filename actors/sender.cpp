@@ -25,6 +25,7 @@
 
 #include "actors/actors.hpp"
 #include "actors/client_gateway.hpp"
+#include "actors/room_lifecycle_glue.hpp"
 #include "core/plan.hpp"
 
 namespace ferry {
@@ -51,7 +52,7 @@ struct sender_state {
   context_ptr ctx;
   caf::actor scheduler;
   uint64_t room = 0;
-  room_state state;
+  room_life life;  // status, deadlines, drain (core/room_lifecycle.hpp)
   std::vector<decode_link> links;
   uint32_t expected_links = 0;        // known from the first prepare's geometry
   std::deque<client_request> queued;  // chunks that arrived before every prepare
@@ -61,9 +62,6 @@ struct sender_state {
   bool last_posted = false;                         // the last chunk was planned
   bool pump_scheduled = false;                      // a pump_atom to self is on its way
   bool announced = false;
-  bool failing = false;  // failed; draining the batches in flight before reporting Failed
-  std::string fail_reason;
-  errc fail_code = errc::ok;
   std::vector<planned_write> writes;
   std::vector<planned_copy> copies;
   std::unordered_set<uint32_t> sent_pages;  // source pages of the chunks accepted so far
@@ -78,63 +76,47 @@ struct sender_state {
 
 using sender_actor = caf::stateful_actor<sender_state>;
 
-/// Arm the deadline of status `s` (it fires only if the room is still in `s` by then).
-void arm_state_deadline(sender_actor* self, room_status s) {
-  const auto& t = self->state.ctx->config.timeouts;
-  switch (s) {
-    case room_status::bootstrapping:
-      self->delayed_send(self, std::chrono::milliseconds(t.bootstrapping_ms),
-                         deadline_msg{"waiting for the decode's prepare", t.bootstrapping_ms, s});
-      return;
-    case room_status::waiting_for_input:
-      self->delayed_send(
-          self, std::chrono::milliseconds(t.waiting_for_input_ms),
-          deadline_msg{"waiting for the client's first chunk", t.waiting_for_input_ms, s});
-      return;
-    case room_status::transferring:
-      self->delayed_send(
-          self, std::chrono::milliseconds(t.transferring_ms),
-          deadline_msg{"waiting for the last chunk and the decode's commit", t.transferring_ms, s});
-      return;
-    default:
-      return;
-  }
-}
-
-void set_status(sender_actor* self, room_status s, std::string reason = {}, errc code = errc::ok) {
+void report(sender_actor* self, room_status s, const std::string& reason, errc code) {
   auto& st = self->state;
-  if (st.failing && s != room_status::failed) return;
-  if (!(s == room_status::failed ? st.state.fail() : st.state.advance(s))) return;
   uint64_t bytes = 0;
   for (const auto& l : st.links) bytes += l.bytes;
   caf::anon_send(st.scheduler,
                  room_update{st.room, false, s, reason, s == room_status::success ? bytes : 0, code,
                              st.ready() ? st.prefix_tokens : 0});
-  if (is_terminal(s))
-    self->quit();
-  else
-    arm_state_deadline(self, s);
 }
+
+void apply(sender_actor* self, const lifecycle_effects& e) {
+  apply_effects(self, *self->state.ctx->timers, self->state.life, e,
+                [self](room_status s, const std::string& reason, errc code) {
+                  report(self, s, reason, code);
+                });
+}
+
+void set_status(sender_actor* self, room_status s) {
+  apply(self, self->state.life.machine.advance(s));
+}
+
+bool draining(const sender_state& st) { return st.life.machine.draining(); }
+bool terminal(const sender_state& st) { return st.life.machine.terminal(); }
 
 /// Report Failed once nothing is in flight any more (or with `note` when the drain deadline
 /// passed first); tell each decode rank how many of its writes completed.
 void finish_drain(sender_actor* self, const std::string& note = {}) {
   auto& st = self->state;
-  if (!st.failing || is_terminal(st.state.status())) return;
+  if (!draining(st)) return;
   if (!st.batch_link.empty() && note.empty()) return;
   if (note.empty())
     for (const auto& l : st.links)
       self->send(l.connection, peer_outbound{caf::make_message(
                                    peer_drained{st.room, l.prep.token, l.completed, l.failed})});
-  set_status(self, room_status::failed, st.fail_reason + note, st.fail_code);
+  apply(self, st.life.machine.drained(note));
 }
 
 void fail(sender_actor* self, errc code, const std::string& reason) {
   auto& st = self->state;
-  if (is_terminal(st.state.status()) || st.failing) return;
-  st.failing = true;
-  st.fail_reason = reason;
-  st.fail_code = code;
+  lifecycle_effects effects;
+  // With batches in flight the drain is bounded by timeouts.drain_ms.
+  if (!st.life.machine.fail(code, reason, !st.batch_link.empty(), effects)) return;
   st.ctx->log_room->warn("room={} peer={} failed: {}", st.room, st.peer_name(), reason);
   for (auto& l : st.links) {
     l.jobs.clear();
@@ -145,12 +127,10 @@ void fail(sender_actor* self, errc code, const std::string& reason) {
   // Queued chunks were answered `ok` when they arrived; the room's failure reaches the client
   // as an event and a poll answer, never as a second reply to those requests.
   st.queued.clear();
-  if (!st.batch_link.empty()) {
-    const auto ms = st.ctx->config.timeouts.drain_ms;
+  if (!st.batch_link.empty())
     st.ctx->log_room->debug("room={} draining {} write batches (up to {} ms)", st.room,
-                            st.batch_link.size(), ms);
-    self->delayed_send(self, std::chrono::milliseconds(ms), drain_atom::value);
-  }
+                            st.batch_link.size(), st.ctx->config.timeouts.drain_ms);
+  apply(self, effects);
   finish_drain(self);
 }
 
@@ -205,7 +185,7 @@ void pump(sender_actor* self) {
   uint64_t copied = 0;
   for (auto& l : st.links) {
     const auto& link = *l.peer->link;
-    while (!l.jobs.empty() && !is_terminal(st.state.status())) {
+    while (!l.jobs.empty() && !terminal(st)) {
       uint64_t tokens = 0;
       size_t n = 0;
       const uint64_t budget = pack_slice_bytes(ctx) / link.row.length;
@@ -235,7 +215,7 @@ void pump(sender_actor* self) {
 /// After the last chunk and once nothing waits for staging: tell every decode rank its total.
 void maybe_announce(sender_actor* self) {
   auto& st = self->state;
-  if (!st.last_posted || st.announced || is_terminal(st.state.status())) return;
+  if (!st.last_posted || st.announced || terminal(st)) return;
   for (const auto& l : st.links)
     if (!l.jobs.empty()) return;
   st.announced = true;
@@ -307,11 +287,11 @@ std::optional<std::string> post_chunk(sender_actor* self, const proto::send& chu
 void handle_chunk(sender_actor* self, client_request& req) {
   auto& st = self->state;
   const auto& chunk = std::get<proto::send>(req.msg);
-  if (st.failing) {
+  if (draining(st)) {
     st.ctx->gateway->reply(
         req.conn, req.seq,
         proto::error{errc::cancelled, fmt::format("room {} failed: {} (its writes are draining)",
-                                                  st.room, st.fail_reason)});
+                                                  st.room, st.life.machine.fail_reason())});
     return;
   }
   // A page in two chunks would be written to two positions: refuse the chunk, naming it.
@@ -426,11 +406,12 @@ std::optional<std::string> check_prepare(const sender_state& st, const peer_inbo
 void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p) {
   auto& st = self->state;
   bool fatal = false;
-  auto e = st.failing ? std::optional<std::string>(fmt::format("room {} failed on the prefill: {}",
-                                                               p.room, st.fail_reason))
-                      : check_prepare(st, in, p, fatal);
+  auto e = draining(st)
+               ? std::optional<std::string>(fmt::format("room {} failed on the prefill: {}", p.room,
+                                                        st.life.machine.fail_reason()))
+               : check_prepare(st, in, p, fatal);
   if (e) {
-    const errc code = st.failing ? st.fail_code : errc::invalid_request;
+    const errc code = draining(st) ? st.life.machine.fail_code() : errc::invalid_request;
     self->send(in.connection, peer_outbound{caf::make_message(peer_prepare_ack{
                                   p.room, p.token, false, *e, static_cast<uint16_t>(code)})});
     if (fatal) fail(self, code, *e);
@@ -451,7 +432,7 @@ void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p) {
   st.links.push_back(std::move(l));
   if (!st.ready()) return;
   set_status(self, room_status::waiting_for_input);
-  while (!st.queued.empty() && !is_terminal(st.state.status())) {
+  while (!st.queued.empty() && !terminal(st)) {
     auto req = std::move(st.queued.front());
     st.queued.pop_front();
     if (auto e = post_chunk(self, std::get<proto::send>(req.msg)))
@@ -494,10 +475,11 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
   st.ctx = std::move(ctx);
   st.scheduler = std::move(scheduler);
   st.room = room;
-  const auto& t = st.ctx->config.timeouts;
-  arm_state_deadline(self, room_status::bootstrapping);
-  self->delayed_send(self, std::chrono::milliseconds(t.transfer_ms),
-                     deadline_msg{"the whole room (timeouts.transfer_ms)", t.transfer_ms, {}});
+  st.life.machine =
+      room_lifecycle(limits_of(st.ctx->config.timeouts),
+                     {"waiting for the decode's prepare", "waiting for the client's first chunk",
+                      "waiting for the last chunk and the decode's commit"});
+  apply(self, st.life.machine.start());
   return {
       [=](client_request& req) { handle_chunk(self, req); },
       [=](peer_inbound& in) { on_peer(self, in); },
@@ -511,7 +493,7 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
           to = l.peer->address;
           st.batch_link.erase(it);
         }
-        if (st.failing) return finish_drain(self);
+        if (draining(st)) return finish_drain(self);
         if (!d.result.ok)
           return fail(self, errc::fabric_write_failed,
                       fmt::format("write to decode {} failed: {}", to, d.result.error));
@@ -529,18 +511,17 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
       },
       [=](cancel_atom, const std::string& why) { fail(self, errc::cancelled, why); },
       [=](peer_down& d) { fail(self, d.code, describe(d)); },
-      [=](deadline_msg& d) {
+      [=](room_deadline& d) {
         auto& st = self->state;
-        if (d.state && *d.state != st.state.status()) return;  // that status is over
+        auto x = st.life.machine.expired(d.kind, d.generation);
+        if (!x) return;  // no longer applies
+        if (x->what == expiry::kind::drain_over)
+          return finish_drain(
+              self, fmt::format("; {} write batches were still in flight after the {} ms drain "
+                                "(timeouts.drain_ms)",
+                                st.batch_link.size(), x->ms));
         fail(self, errc::timed_out,
-             fmt::format("timed out in {} after {} ms ({})", to_string(st.state.status()), d.ms,
-                         d.what));
-      },
-      [=](drain_atom) {
-        auto& st = self->state;
-        finish_drain(self, fmt::format("; {} write batches were still in flight after the {} ms "
-                                       "drain (timeouts.drain_ms)",
-                                       st.batch_link.size(), st.ctx->config.timeouts.drain_ms));
+             fmt::format("timed out in {} after {} ms ({})", to_string(x->in), x->ms, x->waits));
       },
   };
 }

@@ -40,32 +40,3 @@ constexpr bool is_terminal(room_status s) {
 inline constexpr uint32_t no_index = 0xFFFFFFFFu;
 
 }  // namespace ferry
-
-namespace ferry {
-
-/// The status rule of one side of a room: statuses only increase, Failed may interrupt any
-/// non-terminal status, and terminal statuses are final. Messages from the two planes (CAF
-/// control, fabric completions) may arrive in either order, so a late event never moves a room
-/// backwards (e.g. a prepare ack arriving after the first write landed).
-class room_state {
- public:
-  room_status status() const { return status_; }
-  /// Move forward to `s`; false (no change) when `s` is not above the current status, or the
-  /// room is terminal. Use `fail` for Failed.
-  bool advance(room_status s) {
-    if (is_terminal(status_) || s == room_status::failed || s <= status_) return false;
-    status_ = s;
-    return true;
-  }
-  /// Fail the room; false when it was already terminal.
-  bool fail() {
-    if (is_terminal(status_)) return false;
-    status_ = room_status::failed;
-    return true;
-  }
-
- private:
-  room_status status_ = room_status::bootstrapping;
-};
-
-}  // namespace ferry

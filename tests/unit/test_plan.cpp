@@ -304,27 +304,3 @@ TEST_CASE("geometry errors name the tensor and the numbers", "[unit][geometry]")
   CHECK(text(qwen_rank(2, 0), qwen_rank(3, 0)) ==
         "TP sizes do not divide: prefill TP 2 and decode TP 3");
 }
-
-TEST_CASE("room statuses only increase, Failed interrupts, terminal is final", "[unit][status]") {
-  room_state s;
-  CHECK(s.status() == room_status::bootstrapping);
-  CHECK(s.advance(room_status::waiting_for_input));
-  CHECK(s.advance(room_status::transferring));
-  // A prepare ack that arrives after the first landed write must not move the room backwards.
-  CHECK_FALSE(s.advance(room_status::waiting_for_input));
-  CHECK(s.status() == room_status::transferring);
-  CHECK_FALSE(s.advance(room_status::transferring));
-  CHECK_FALSE(s.advance(room_status::failed));  // failing goes through fail()
-  CHECK(s.advance(room_status::success));
-  CHECK_FALSE(s.fail());
-  CHECK(s.status() == room_status::success);
-
-  room_state f;
-  CHECK(f.fail());
-  CHECK_FALSE(f.advance(room_status::success));
-  CHECK_FALSE(f.fail());
-  CHECK(f.status() == room_status::failed);
-
-  room_state skip;  // a zero-write room may jump straight to Success
-  CHECK(skip.advance(room_status::success));
-}

@@ -1,0 +1,53 @@
+#pragma once
+/// How a room actor (Sender, Receiver) runs core/room_lifecycle.hpp: its deadlines live in the
+/// daemon's timer service and come back as `room_deadline`; a status report goes to the
+/// Scheduler through the side's own `report`. Written once for both sides.
+
+#include <array>
+#include <caf/all.hpp>
+#include <chrono>
+
+#include "actors/timer_service.hpp"
+#include "core/room_lifecycle.hpp"
+
+namespace ferry {
+
+/// Timer service -> room: deadline `kind`, armed as `generation`, has passed.
+struct room_deadline {
+  deadline_kind kind = deadline_kind::state;
+  uint64_t generation = 0;
+};
+
+/// A room's lifecycle and the tokens of its armed deadlines.
+struct room_life {
+  room_lifecycle machine;
+  std::array<timer_service::token, deadline_kind_count> timers{};
+};
+
+/// The bounds of a room, from the config.
+template <class Timeouts>
+lifecycle_limits limits_of(const Timeouts& t) {
+  return {t.bootstrapping_ms, t.waiting_for_input_ms, t.transferring_ms, t.transfer_ms, t.drain_ms};
+}
+
+/// Carry out the lifecycle's effects for actor `self`: cancel and arm its deadlines, report a
+/// status through `report(status, reason, code)`, end the actor.
+template <class Actor, class Report>
+void apply_effects(Actor* self, timer_service& timers, room_life& life, const lifecycle_effects& e,
+                   Report&& report) {
+  for (auto k : e.cancel) {
+    auto& t = life.timers[static_cast<int>(k)];
+    timers.cancel(t);
+    t = 0;
+  }
+  for (const auto& a : e.arm)
+    life.timers[static_cast<int>(a.kind)] =
+        timers.arm(std::chrono::milliseconds(a.ms), caf::actor_cast<caf::actor>(self),
+                   caf::make_message(room_deadline{a.kind, a.generation}));
+  if (e.report) report(*e.report, e.reason, e.code);
+  if (e.quit) self->quit();
+}
+
+}  // namespace ferry
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::room_deadline)
