@@ -1,0 +1,90 @@
+// Engine-owned memory (`memory: client` pools): a registration is mapped off the actor workers,
+// and released, once its connection closes, only after its rooms ended and its peers are fenced.
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "actors/client_gateway.hpp"
+#include "actors/client_memory.hpp"
+#include "actors/scheduler_state.hpp"
+#include "core/plan.hpp"
+
+namespace ferry::sched {
+
+/// register_memory: check the table and descriptors, then map and register off the actor
+/// workers (memory_mapped answers the request).
+void on_register_memory(scheduler_actor* self, client_request& r) {
+  auto& st = self->state;
+  const auto& m = std::get<proto::register_memory>(r.msg);
+  if (auto e = check_registration(*st.ctx, m, r.fds); !e.empty()) {
+    for (int fd : r.fds) close(fd);
+    st.ctx->log_sched->warn("client conn={} register_memory refused: {}", r.conn, e);
+    return reply_error(self, r, errc::invalid_request, e);
+  }
+  const int k = static_cast<int>(m.pool);
+  st.ctx->client_pools[k].now = client_pool::state::registering;
+  st.ctx->client_pools[k].owner = r.conn;
+  auto me = caf::actor_cast<caf::actor>(self);
+  self->spawn<caf::detached>(
+      [ctx = st.ctx, me, req = m, fds = std::move(r.fds), conn = r.conn, seq = r.seq](
+          caf::blocking_actor*, int k) {
+        auto err = map_client_pool(*ctx, req, fds);
+        for (int fd : fds) close(fd);  // the mappings keep the memory
+        caf::anon_send(me, memory_mapped{k, conn, seq, std::move(err)});
+      },
+      k);  // an argument: CAF 0.17 binds a null tuple for a function spawned without one (UBSan)
+}
+
+/// Continue releasing client pools whose registering connection closed: once no room is active,
+/// fence every peer (a decode's peers hold keys to the memory), then deregister and unmap.
+void try_release(scheduler_actor* self) {
+  auto& st = self->state;
+  for (int k = 0; k < pool_kind_count; ++k) {
+    if (st.ctx->client_pools[k].now.load() != client_pool::state::releasing) continue;
+    if (!st.decode.active.empty() || !st.prefill.active.empty()) return;
+    if (st.ctx->serves_decode() && !st.connections.empty()) {
+      if (!st.release_fenced[k]) {
+        st.release_fenced[k] = true;
+        for (auto& [conn, info] : st.connections)
+          self->send(conn, fence_atom::value,
+                     fmt::format("fenced: the memory of pool {} is being released by its client",
+                                 to_string(static_cast<pool_kind>(k))));
+      }
+      return;
+    }
+    if (st.release_unmapping[k]) continue;
+    st.release_unmapping[k] = true;
+    auto me = caf::actor_cast<caf::actor>(self);
+    self->spawn<caf::detached>(
+        [ctx = st.ctx, me](caf::blocking_actor*, int k) {
+          caf::anon_send(me, memory_released{k, unmap_client_pool(*ctx, k)});
+        },
+        k);  // an argument: see on_register_memory
+  }
+}
+
+/// The connection that registered client pool `k` closed: cancel every room (they all use the
+/// pool), then release it (try_release).
+void start_release(scheduler_actor* self, int k, const std::string& why) {
+  auto& st = self->state;
+  const auto name = to_string(static_cast<pool_kind>(k));
+  st.ctx->client_pools[k].now = client_pool::state::releasing;
+  st.release_fenced[k] = st.release_unmapping[k] = false;
+  const auto reason = fmt::format("cancelled: the connection that registered pool {} closed", name);
+  size_t rooms = 0;
+  for (auto* side : {&st.prefill, &st.decode})
+    for (auto& [room, e] : side->active) {
+      self->send(e.actor, cancel_atom::value, reason);
+      ++rooms;
+    }
+  st.ctx->log_sched->info(
+      "pool {}: {}; cancelling {} room(s) and fencing the peers before its "
+      "memory is released",
+      name, why, rooms);
+  try_release(self);
+}
+
+}  // namespace ferry::sched

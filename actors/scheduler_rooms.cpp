@@ -1,0 +1,354 @@
+// The Scheduler's room registry: admission, the checks every prepare and send pass before a
+// room actor sees them, and the answers of poll.
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "actors/client_gateway.hpp"
+#include "actors/client_memory.hpp"
+#include "actors/scheduler_state.hpp"
+#include "core/plan.hpp"
+
+namespace ferry::sched {
+
+/// The connection that created a room owns it if its hello asked for that.
+std::optional<uint64_t> owner_of(const scheduler_state& st, const client_request& r) {
+  if (st.owning_clients.count(r.conn)) return r.conn;
+  return std::nullopt;
+}
+
+void reply_error(scheduler_actor* self, const client_request& r, errc code, std::string text) {
+  // Request-related lines carry room= and peer= (the prefill peer a prepare names, else "-").
+  std::string room = "-", peer = "-";
+  std::visit(
+      [&](const auto& m) {
+        if constexpr (requires { m.room; }) room = std::to_string(m.room);
+        if constexpr (requires { m.prefill_peers; })
+          peer = fmt::format("{}", fmt::join(m.prefill_peers, ","));
+      },
+      r.msg);
+  self->state.ctx->log_sched->info("room={} peer={} client conn={} {} rejected: {}", room, peer,
+                                   r.conn, proto::to_string(proto::type_of(r.msg)), text);
+  self->state.ctx->gateway->reply(r.conn, r.seq, proto::error{code, std::move(text)});
+}
+
+namespace {
+
+/// Checks shared by prepare and the last send: exactly one state slot and one aux row when the
+/// pools exist, none when they do not.
+std::optional<std::string> check_slot_and_row(const daemon_context& ctx, uint64_t room,
+                                              const char* side, uint32_t slot, uint32_t row) {
+  const auto& l = ctx.layout;
+  if (l[pool_kind::state].present) {
+    const auto slots = ctx.config.pools.mamba->slots;
+    if (slot == no_index)
+      return fmt::format(
+          "mamba requires single state index: room {} got {}=none (exactly one {} state slot is "
+          "required)",
+          room, side, side);
+    if (slot >= slots)
+      return fmt::format("room {}: {} state slot {} is outside the pool of {} slots", room, side,
+                         slot, slots);
+  } else if (slot != no_index) {
+    return fmt::format("room {}: {} state slot {} given but this daemon has no mamba pool", room,
+                       side, slot);
+  }
+  if (l[pool_kind::aux].present) {
+    const auto rows = ctx.config.pools.aux->rows;
+    if (row == no_index)
+      return fmt::format("room {}: exactly one {} aux row is required", room, side);
+    if (row >= rows)
+      return fmt::format("room {}: {} aux row {} is outside the pool of {} rows", room, side, row,
+                         rows);
+  } else if (row != no_index) {
+    return fmt::format("room {}: {} aux row {} given but this daemon has no aux pool", room, side,
+                       row);
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> check_pages(const daemon_context& ctx, uint64_t room,
+                                       const std::vector<uint32_t>& pages, const char* what) {
+  if (pages.empty()) return std::nullopt;
+  if (!ctx.config.pools.kv)
+    return fmt::format("room {}: {}s given but this daemon has no kv pool", room, what);
+  if (auto e = check_indices(pages, ctx.config.pools.kv->pages, what, "pages"))
+    return fmt::format("room {}: {}", room, *e);
+  return std::nullopt;
+}
+
+}  // namespace
+
+/// Admission: a bounded number of non-terminal rooms per side, so one runaway client cannot
+/// exhaust the daemon for everyone else.
+std::optional<std::string> admission(const scheduler_state& st, const side_rooms& side,
+                                     const char* name) {
+  if (auto why = st.ctx->pools_unusable(); !why.empty()) return why;
+  const auto limit = st.ctx->config.limits.max_active_rooms;
+  if (side.active.size() < limit) return std::nullopt;
+  return fmt::format(
+      "admission refused: {} rooms already active on the {} side (limits.max_active_rooms = {})",
+      side.active.size(), name, limit);
+}
+
+void notify_subscribers(scheduler_actor* self, const room_entry& e, uint64_t room, room_status s,
+                        const std::string& reason, errc code) {
+  for (auto c : e.subscribers)
+    self->state.ctx->gateway->push(c, proto::event{room, s, reason, code, e.prefix_tokens});
+}
+
+/// A room whose actor ended without a terminal status: Failed, its claims released.
+void fail_orphan(scheduler_actor* self, side_rooms& side, uint64_t room, std::string reason) {
+  auto& st = self->state;
+  auto it = side.active.find(room);
+  if (it == side.active.end()) return;
+  room_entry& e = it->second;
+  notify_subscribers(self, e, room, room_status::failed, reason, errc::internal);
+  if (&side == &st.decode) {
+    for (uint32_t i = 0; i < e.tokens; ++i) st.token_room.erase(e.token + i);
+    st.claims->release(room, e.dst_pages, e.dst_slot, e.dst_row);
+  }
+  st.ctx->log_sched->info("room={} side={} Failed: {}", room,
+                          &side == &st.decode ? "decode" : "prefill", reason);
+  ++side.failed;
+  side.finish(room, room_status::failed, std::move(reason), errc::internal);
+  try_release(self);
+}
+
+caf::actor connection_for(scheduler_actor* self, const std::string& address) {
+  auto& st = self->state;
+  auto it = st.outbound.find(address);
+  if (it != st.outbound.end()) return it->second;
+  std::string known_down;
+  if (auto u = st.unresponsive.find(address); u != st.unresponsive.end()) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        u->second.second - std::chrono::steady_clock::now());
+    if (left.count() > 0)
+      known_down = fmt::format("{} (not retried for another {} ms)", u->second.first, left.count());
+    else
+      st.unresponsive.erase(u);
+  }
+  auto conn = spawn_outbound_connection(self, st.ctx, st.basp, address,
+                                        caf::actor_cast<caf::actor>(self), std::move(known_down));
+  st.outbound.emplace(address, conn);
+  st.connections.emplace(conn, nullptr);
+  return conn;
+}
+
+void on_prepare(scheduler_actor* self, client_request& r) {
+  auto& st = self->state;
+  auto& p = std::get<proto::prepare>(r.msg);
+  if (!st.ctx->serves_decode())
+    return reply_error(
+        self, r, errc::wrong_role,
+        fmt::format("room {}: prepare is a decode operation; this daemon's role is prefill",
+                    p.room));
+  if (st.decode.active.count(p.room))
+    return reply_error(
+        self, r, errc::duplicate_room,
+        fmt::format("duplicate room {}: it is already active on this decode daemon", p.room));
+  if (auto e = admission(st, st.decode, "decode"))
+    return reply_error(self, r, errc::invalid_request, fmt::format("room {}: {}", p.room, *e));
+  if (p.prefill_peers.empty())
+    return reply_error(self, r, errc::invalid_request,
+                       fmt::format("room {}: no prefill peer named", p.room));
+  if (const uint32_t page = st.ctx->config.pools.kv ? st.ctx->config.pools.kv->page_tokens : 0;
+      p.prefix_tokens && (page == 0 || p.prefix_tokens % page != 0))
+    return reply_error(self, r, errc::invalid_request,
+                       page == 0 ? fmt::format("room {}: prefix_tokens {} named, but this daemon "
+                                               "has no kv pool",
+                                               p.room, p.prefix_tokens)
+                                 : fmt::format("room {}: prefix_tokens {} is not a multiple of "
+                                               "the page size {} (pools.kv.page_tokens)",
+                                               p.room, p.prefix_tokens, page));
+  for (size_t i = 0; i < p.prefill_peers.size(); ++i) {
+    if (p.prefill_peers[i].empty())
+      return reply_error(self, r, errc::invalid_request,
+                         fmt::format("room {}: prefill peer {} is empty", p.room, i));
+    if (!valid_host_port(p.prefill_peers[i]))
+      return reply_error(self, r, errc::invalid_request,
+                         fmt::format("room {}: prefill peer {} '{}' is not host:port (a port in "
+                                     "1..65535)",
+                                     p.room, i, p.prefill_peers[i]));
+    for (size_t j = 0; j < i; ++j)
+      if (p.prefill_peers[j] == p.prefill_peers[i])
+        return reply_error(
+            self, r, errc::invalid_request,
+            fmt::format("room {}: prefill peer {} is named twice", p.room, p.prefill_peers[i]));
+  }
+  if (auto e = check_pages(*st.ctx, p.room, p.dst_pages, "dst page"))
+    return reply_error(self, r, errc::invalid_request, *e);
+  if (auto e = check_slot_and_row(*st.ctx, p.room, "dst", p.state_slot, p.aux_row))
+    return reply_error(self, r, errc::invalid_request, *e);
+  if (auto e = st.claims->claim(p.room, p.dst_pages, p.state_slot, p.aux_row))
+    return reply_error(self, r, errc::invalid_request, *e);
+  auto dst_pages = p.dst_pages;
+  const auto dst_slot = p.state_slot, dst_row = p.aux_row;
+  const uint64_t token = st.next_token;
+  const auto tokens = static_cast<uint32_t>(p.prefill_peers.size());
+  st.next_token += tokens;
+  std::vector<caf::actor> conns;
+  for (const auto& addr : p.prefill_peers) conns.push_back(connection_for(self, addr));
+  auto room = p.room;
+  auto peer = fmt::format("{}", fmt::join(p.prefill_peers, ","));
+  st.ctx->log_sched->debug("room={} peer={} prepare: {} pages", room, peer, p.dst_pages.size());
+  auto actor =
+      spawn_receiver(self, st.ctx, std::move(p), token, conns, caf::actor_cast<caf::actor>(self));
+  room_entry& e = (st.decode.active[room] = room_entry{});
+  e.actor = actor;
+  e.connections = conns;
+  e.peer = peer;
+  e.token = token;
+  e.tokens = tokens;
+  e.owner = owner_of(st, r);
+  e.dst_pages = std::move(dst_pages);
+  e.dst_slot = dst_slot;
+  e.dst_row = dst_row;
+  for (uint32_t i = 0; i < tokens; ++i) st.token_room[token + i] = room;
+  st.ctx->gateway->reply(r.conn, r.seq, proto::ok{});
+}
+
+namespace {
+
+/// Why a send for `room` is refused because that room already finished, or nullopt.
+std::optional<std::string> finished_send(const scheduler_state& st, uint64_t room) {
+  auto done = st.prefill.finished.find(room);
+  if (done == st.prefill.finished.end()) return std::nullopt;
+  const auto* status = to_string(done->second.status);
+  return fmt::format("room {} already finished ({}); send after {} is rejected", room, status,
+                     status);
+}
+
+}  // namespace
+
+void on_send(scheduler_actor* self, client_request& r) {
+  auto& st = self->state;
+  const auto& s = std::get<proto::send>(r.msg);
+  const auto& ctx = *st.ctx;
+  if (!ctx.serves_prefill())
+    return reply_error(
+        self, r, errc::wrong_role,
+        fmt::format("room {}: send is a prefill operation; this daemon's role is decode", s.room));
+  if (auto why = ctx.pools_unusable(); !why.empty())  // before any look at the pools' memory
+    return reply_error(self, r, errc::invalid_request, fmt::format("room {}: {}", s.room, why));
+  if (auto e = check_pages(ctx, s.room, s.src_pages, "src page"))
+    return reply_error(self, r, errc::invalid_request, *e);
+  if (s.last) {
+    if (auto e = check_slot_and_row(ctx, s.room, "src", s.state_slot, s.aux_row))
+      return reply_error(self, r, errc::invalid_request, *e);
+    if (ctx.layout[pool_kind::aux].present) {
+      // The aux row carries the room id: a wrong row would deliver another request's metadata.
+      uint64_t stored = 0;
+      std::memcpy(&stored,
+                  ctx.base(space::aux) + ctx.layout[pool_kind::aux].buffers[0].offset +
+                      uint64_t{s.aux_row} * ctx.config.pools.aux->row_bytes,
+                  sizeof(stored));
+      if (stored != s.room)
+        return reply_error(self, r, errc::invalid_request,
+                           fmt::format("room {}: src aux row {} carries room id {}, expected {}",
+                                       s.room, s.aux_row, stored, s.room));
+    }
+  } else if (s.state_slot != no_index || s.aux_row != no_index) {
+    return reply_error(
+        self, r, errc::invalid_request,
+        fmt::format("room {}: state slot and aux row go only with the last chunk", s.room));
+  }
+  auto it = st.prefill.active.find(s.room);
+  if (it == st.prefill.active.end()) {
+    if (auto e = finished_send(st, s.room)) return reply_error(self, r, errc::room_finished, *e);
+    if (auto e = admission(st, st.prefill, "prefill"))
+      return reply_error(self, r, errc::invalid_request, fmt::format("room {}: {}", s.room, *e));
+    auto actor = spawn_sender(self, st.ctx, s.room, caf::actor_cast<caf::actor>(self));
+    it = st.prefill.active.emplace(s.room, room_entry{}).first;
+    it->second.actor = actor;
+  }
+  if (!it->second.owner) it->second.owner = owner_of(st, r);
+  // The Sender answers the chunk. As a request, a chunk that reaches it after it ended (its
+  // room turned terminal while the chunk was on its way) bounces back here and is answered,
+  // so every send gets exactly one reply.
+  const uint64_t room = s.room;
+  const client_request head{
+      r.conn, r.seq, proto::send{room, {}, false, no_index, no_index}, r.version, {}};
+  self->request(it->second.actor, caf::infinite, std::move(r))
+      .then([] {},
+            [=](caf::error&) {
+              auto& st = self->state;
+              auto why = finished_send(st, room);
+              reply_error(
+                  self, head, errc::room_finished,
+                  why ? *why : fmt::format("room {} ended before this chunk reached it", room));
+            });
+}
+
+namespace {
+
+/// What a poll of `room` answers, or nothing for a room unknown here. On a prefill daemon in
+/// protocol v4 an unknown room is Bootstrapping (the decode's prepare and the engine's first
+/// send may not have arrived yet) until timeouts.bootstrapping_ms after its first such poll.
+std::optional<proto::poll_reply> room_poll(scheduler_state& st, uint64_t room, uint16_t version) {
+  for (auto* side : {&st.decode, &st.prefill})
+    if (auto it = side->active.find(room); it != side->active.end()) {
+      st.polled_unknown.erase(room);
+      return proto::poll_reply{room, it->second.status, {}, errc::ok, it->second.prefix_tokens};
+    }
+  for (auto* side : {&st.decode, &st.prefill})
+    if (auto it = side->finished.find(room); it != side->finished.end()) {
+      st.polled_unknown.erase(room);
+      return proto::poll_reply{room, it->second.status, it->second.reason, it->second.code,
+                               it->second.prefix_tokens};
+    }
+  if (version < 4 || !st.ctx->serves_prefill()) return std::nullopt;
+  const auto now = std::chrono::steady_clock::now();
+  auto [it, fresh] = st.polled_unknown.try_emplace(room, now);
+  if (fresh) {
+    st.polled_unknown_order.push_back(room);
+    while (st.polled_unknown_order.size() > history_limit) {
+      st.polled_unknown.erase(st.polled_unknown_order.front());
+      st.polled_unknown_order.pop_front();
+    }
+  }
+  const auto ms = st.ctx->config.timeouts.bootstrapping_ms;
+  if (now - it->second < std::chrono::milliseconds(ms))
+    return proto::poll_reply{room, room_status::bootstrapping, {}, errc::ok};
+  return proto::poll_reply{
+      room, room_status::failed,
+      fmt::format("timed out in Bootstrapping after {} ms: no prepare from a decode and no send "
+                  "arrived (timeouts.bootstrapping_ms)",
+                  ms),
+      errc::timed_out};
+}
+
+}  // namespace
+
+void on_poll(scheduler_actor* self, client_request& r, uint64_t room) {
+  auto& st = self->state;
+  if (auto p = room_poll(st, room, r.version)) return st.ctx->gateway->reply(r.conn, r.seq, *p);
+  reply_error(self, r, errc::unknown_room, fmt::format("unknown room {}", room));
+}
+
+void on_poll_many(scheduler_actor* self, client_request& r, const std::vector<uint64_t>& rooms) {
+  auto& st = self->state;
+  proto::poll_many_reply out;
+  out.rooms.reserve(rooms.size());
+  for (auto room : rooms) {
+    auto p = room_poll(st, room, r.version);
+    if (!p)
+      p = proto::poll_reply{room, room_status::failed, fmt::format("unknown room {}", room),
+                            errc::unknown_room};
+    if (p->reason.size() > proto::poll_many_reason_bytes)
+      p->reason.resize(proto::poll_many_reason_bytes);
+    out.rooms.push_back(std::move(*p));
+  }
+  st.ctx->gateway->reply(r.conn, r.seq, out);
+}
+
+room_entry* find_active(scheduler_state& st, uint64_t room) {
+  if (auto it = st.decode.active.find(room); it != st.decode.active.end()) return &it->second;
+  if (auto it = st.prefill.active.find(room); it != st.prefill.active.end()) return &it->second;
+  return nullptr;
+}
+
+}  // namespace ferry::sched

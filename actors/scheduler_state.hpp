@@ -1,0 +1,132 @@
+#pragma once
+/// The Scheduler's state and its parts (actors/scheduler*.cpp), shared by them alone: the room
+/// registry of each side, the peer directory, the client pools' release, and the handlers of
+/// client requests, each in the file named for it.
+
+#include <array>
+#include <chrono>
+#include <deque>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "actors/actors.hpp"
+#include "core/dst_claims.hpp"
+
+namespace ferry::sched {
+
+constexpr size_t history_limit = 65536;
+
+struct room_entry {
+  caf::actor actor;
+  std::vector<caf::actor> connections;  // the peers the room exchanges messages with
+  room_status status = room_status::bootstrapping;
+  uint32_t prefix_tokens = 0;  // prefill: the decode's prefix (room_update)
+  std::string peer;
+  uint64_t token = 0;   // decode: first token of the room's links (one per named peer)
+  uint32_t tokens = 0;  // decode: how many
+  std::vector<uint64_t> subscribers;  // client connections
+  std::optional<uint64_t> owner;      // client connection whose close cancels the room
+  // decode: the destination indices it claimed (released at its terminal state)
+  std::vector<uint32_t> dst_pages;
+  uint32_t dst_slot = no_index, dst_row = no_index;
+  // decode: the room's actor ended abnormally; the room fails once these links are fenced
+  std::vector<caf::actor> awaiting_fence;
+  std::string orphan_reason;
+};
+
+struct finished_room {
+  room_status status;
+  std::string reason;
+  errc code = errc::ok;
+  uint32_t prefix_tokens = 0;
+};
+
+/// Rooms of one side. A room id may be reused after its terminal state: lookups check `active`
+/// first, and the new incarnation's outcome overwrites the old one in `finished`.
+struct side_rooms {
+  std::unordered_map<uint64_t, room_entry> active;
+  std::unordered_map<uint64_t, finished_room> finished;
+  std::deque<uint64_t> finished_order;
+  uint64_t succeeded = 0, failed = 0, bytes = 0;
+
+  void finish(uint64_t room, room_status s, std::string reason, errc code,
+              uint32_t prefix_tokens = 0) {
+    active.erase(room);
+    if (finished.insert_or_assign(room, finished_room{s, std::move(reason), code, prefix_tokens})
+            .second)
+      finished_order.push_back(room);
+    while (finished_order.size() > history_limit) {
+      finished.erase(finished_order.front());
+      finished_order.pop_front();
+    }
+  }
+};
+
+struct scheduler_state {
+  static inline const char* name = "ferry.scheduler";
+  context_ptr ctx;
+  caf::actor basp;  // CAF's BASP broker, for outbound Connections (actors/peer_gate.hpp)
+  side_rooms prefill, decode;
+  std::optional<dst_claims> claims;  // decode: which active room holds each destination index
+  /// Decode: token (immediate value and epoch of one link of one room incarnation) -> room.
+  /// Tokens are never reused in a daemon's life, so a late message or write of an ended room
+  /// finds nothing here.
+  std::unordered_map<uint64_t, uint64_t> token_room;
+  /// Prefill, v4: rooms polled before anything of them arrived, and when first polled (bounded
+  /// by history_limit, oldest forgotten first).
+  std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> polled_unknown;
+  std::deque<uint64_t> polled_unknown_order;
+  uint64_t next_token = 1;
+  std::unordered_map<std::string, caf::actor> outbound;       // by control address
+  std::unordered_map<caf::actor, peer_info_ptr> connections;  // every live connection
+  /// The registrations each ready connection's peer may write into, to fence them should the
+  /// Connection end abnormally (normally it fences them itself).
+  std::unordered_map<caf::actor, std::vector<transport::region_id>> fences;
+  uint64_t stray_writes = 0;  // immediates of unknown rooms
+  /// Tokens of recently ended decode rooms (bounded), so a write that lands after its room's
+  /// terminal state (which should never happen; see docs/reliability.md §4 for the one known
+  /// case) is reported naming the room and peer, not just counted.
+  std::unordered_map<uint64_t, std::string> ended_tokens;
+  std::deque<uint64_t> ended_order;
+  std::unordered_set<uint64_t> owning_clients;  // said hello with cancel_on_disconnect
+  std::unordered_set<uint64_t> clients;         // said hello, still connected
+  /// Client pools being released: whether their peers were told to fence, and whether the
+  /// unmapping is under way.
+  std::array<bool, pool_kind_count> release_fenced{}, release_unmapping{};
+  /// Outbound peers declared unresponsive: why, and until when new rooms fail at once.
+  std::unordered_map<std::string, std::pair<std::string, std::chrono::steady_clock::time_point>>
+      unresponsive;
+};
+
+using scheduler_actor = caf::stateful_actor<scheduler_state>;
+
+// scheduler_rooms.cpp: the room registry and the requests that make or change rooms.
+std::optional<uint64_t> owner_of(const scheduler_state& st, const client_request& r);
+void reply_error(scheduler_actor* self, const client_request& r, errc code, std::string text);
+std::optional<std::string> admission(const scheduler_state& st, const side_rooms& side,
+                                     const char* name);
+void notify_subscribers(scheduler_actor* self, const room_entry& e, uint64_t room, room_status s,
+                        const std::string& reason, errc code);
+void fail_orphan(scheduler_actor* self, side_rooms& side, uint64_t room, std::string reason);
+caf::actor connection_for(scheduler_actor* self, const std::string& address);
+void on_prepare(scheduler_actor* self, client_request& r);
+void on_send(scheduler_actor* self, client_request& r);
+void on_poll(scheduler_actor* self, client_request& r, uint64_t room);
+void on_poll_many(scheduler_actor* self, client_request& r, const std::vector<uint64_t>& rooms);
+room_entry* find_active(scheduler_state& st, uint64_t room);
+
+// scheduler_info.cpp: the text answers of `info`.
+std::string info_text(scheduler_state& st, proto::info_topic topic);
+
+// scheduler_memory.cpp: engine-owned memory, registered and released.
+void on_register_memory(scheduler_actor* self, client_request& r);
+void try_release(scheduler_actor* self);
+void start_release(scheduler_actor* self, int k, const std::string& why);
+
+// scheduler_discovery.cpp: the ranks of an engine instance.
+void on_discover(scheduler_actor* self, client_request& r);
+
+}  // namespace ferry::sched
