@@ -34,6 +34,7 @@
 
 #include "actors/actors.hpp"
 #include "actors/peer_gate.hpp"
+#include "actors/peer_hello.hpp"
 #include "core/auth.hpp"
 
 namespace ferry {
@@ -111,24 +112,6 @@ struct connection_state {
 
 using connection_actor = caf::stateful_actor<connection_state>;
 
-/// What is described to a peer: each present pool (by kind), then staging (kind -1).
-struct described_space {
-  int kind;
-  void* base;
-  uint64_t length;
-  transport::region_id global;  // the daemon's own local-only registration
-};
-
-std::vector<described_space> described_spaces(const daemon_context& ctx) {
-  std::vector<described_space> out;
-  for (int k = 0; k < pool_kind_count; ++k)
-    if (ctx.layout.pools[k].present)
-      out.push_back(
-          {k, ctx.base(static_cast<space>(k)), ctx.layout.pools[k].total_bytes, ctx.regions[k]});
-  if (ctx.staging) out.push_back({-1, ctx.staging->data, ctx.staging->bytes, ctx.staging->region});
-  return out;
-}
-
 /// Ask for the registrations this peer is described: a daemon that receives writes registers
 /// its pools and staging for this peer alone (remote-writable, fresh keys); otherwise the
 /// daemon's own local-only registrations are described. The outcome arrives as
@@ -189,93 +172,8 @@ void fence(connection_state& st, std::function<void()> done) {
   st.fence.clear();
 }
 
-std::string identity(const std::string& node, const std::string& instance) {
-  return node + "/" + instance;
-}
-
 peer_hello make_hello(const connection_state& st, caf::actor self) {
-  const auto& ctx = *st.ctx;
-  peer_hello h;
-  h.node = ctx.config.node_name;
-  h.instance = ctx.instance;
-  h.role = to_string(ctx.config.role);
-  h.tp_size = ctx.config.tp.size;
-  h.tp_rank = ctx.config.tp.rank;
-  h.pp_size = ctx.config.pp.size;
-  h.pp_rank = ctx.config.pp.rank;
-  h.config_yaml = ctx.config_yaml;
-  h.compat_hash = compatibility_hash(ctx.config.pools);
-  h.fabric_address = ctx.engine->local_address();
-  h.regions = st.regions;
-  h.staging = st.staging;
-  h.connection = std::move(self);
-  h.nonce = st.nonce;
-  return h;
-}
-
-/// Validate a peer's hello; `we_decode` says which side we are on this link. The error names the
-/// first problem. Pure: the fabric address is added afterwards (request_insert).
-std::variant<std::shared_ptr<peer_info>, std::string> validate_peer(const daemon_context& ctx,
-                                                                    const peer_hello& h,
-                                                                    bool we_decode,
-                                                                    const std::string& address) {
-  if (h.version < peer_protocol_min_version || h.min_version > peer_protocol_version)
-    return fmt::format("peer speaks protocol versions {}..{}, this daemon speaks {}..{}",
-                       h.min_version, h.version, peer_protocol_min_version, peer_protocol_version);
-  if (we_decode && h.role == "decode")
-    return fmt::format("peer {} has role decode; a prepare must name a prefill daemon", h.node);
-  if (!we_decode && h.role == "prefill")
-    return fmt::format(
-        "peer {} has role prefill; only a decode daemon may connect to send prepares", h.node);
-  // A peer's config is input like any other: it must pass the same validation as our own
-  // before any size or count from it reaches the planner.
-  auto parsed = parse_config_text(h.config_yaml);
-  if (!parsed) return "peer config could not be read: " + parsed.error->what;
-  if (auto e = validate_config(*parsed.config)) return "peer config is invalid: " + e->what;
-  auto info = std::make_shared<peer_info>();
-  info->address = address;
-  info->node = h.node;
-  info->instance = h.instance;
-  info->version = std::min(h.version, peer_protocol_version);
-  info->pools = parsed.config->pools;
-  if (compatibility_hash(info->pools) != h.compat_hash)
-    return "peer compatibility hash does not match its own layout (corrupted handshake)";
-  // The geometry a peer declares must be consistent with its own config.
-  auto parsed_cfg = *parsed.config;
-  if (parsed_cfg.tp.size != h.tp_size || parsed_cfg.tp.rank != h.tp_rank ||
-      parsed_cfg.pp.size != h.pp_size || parsed_cfg.pp.rank != h.pp_rank)
-    return "peer declared a TP/PP position that differs from its config (corrupted handshake)";
-  info->schema = schema_of(parsed_cfg);
-  info->instance_ranks = parsed_cfg.instance_ranks;
-  const auto mine = schema_of(ctx.config);
-  auto plan = we_decode ? make_link_plan(info->schema, mine) : make_link_plan(mine, info->schema);
-  if (auto* e = std::get_if<std::string>(&plan)) {
-    const auto& src = we_decode ? info->schema : mine;
-    const auto& dst = we_decode ? mine : info->schema;
-    if (src.tp_size == dst.tp_size && src.pp_size == dst.pp_size)
-      return "incompatible layouts: " + *e;
-    return fmt::format(
-        "incompatible layouts (prefill TP {} rank {} PP {} stage {}, decode TP {} rank {} PP {} "
-        "stage {}): {}",
-        src.tp_size, src.tp_rank, src.pp_size, src.pp_rank, dst.tp_size, dst.tp_rank, dst.pp_size,
-        dst.pp_rank, *e);
-  }
-  info->link = std::make_shared<link_plan>(std::get<link_plan>(std::move(plan)));
-  info->layout = make_layout(info->pools);
-  if (h.regions.size() != pool_kind_count)
-    return fmt::format("peer sent {} memory regions, expected {}", h.regions.size(),
-                       pool_kind_count);
-  for (int k = 0; k < pool_kind_count; ++k) {
-    const auto& r = h.regions[k];
-    const auto& p = info->layout.pools[k];
-    if (r.present != p.present || (p.present && r.length < p.total_bytes))
-      return fmt::format("peer region for pool {} is {} bytes but its layout needs {}",
-                         to_string(static_cast<pool_kind>(k)), r.length, p.total_bytes);
-  }
-  if (h.fabric_address.empty()) return "peer sent an empty fabric address";
-  info->regions = h.regions;
-  info->staging = h.staging;
-  return info;
+  return describe_self(*st.ctx, st.regions, st.staging, st.nonce, std::move(self));
 }
 
 /// After `finish`, once no engine call of the handshake is outstanding (a registration or an
@@ -503,7 +401,7 @@ caf::behavior relay(connection_actor* self, bool outbound) {
                             "secrets?)",
                             identity(h.node, h.instance)));
         }
-        auto v = validate_peer(*st.ctx, h, true, st.address);
+        auto v = validate_peer(st.ctx->config, h, true, st.address);
         if (auto* e = std::get_if<std::string>(&v)) return refuse(*e);
         st.validated = std::get<0>(std::move(v));
         st.hello = std::move(h);
@@ -660,7 +558,7 @@ caf::behavior inbound_behavior(connection_actor* self, context_ptr ctx, peer_hel
                    "security.cluster_secret_file on both sides)");
     return relay(self, false);
   }
-  auto v = validate_peer(*st.ctx, st.hello, false, st.address);
+  auto v = validate_peer(st.ctx->config, st.hello, false, st.address);
   if (auto* e = std::get_if<std::string>(&v)) {
     refuse_inbound(self, *e);
     return relay(self, false);
