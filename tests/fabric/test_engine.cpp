@@ -180,7 +180,10 @@ void async_registration_and_insertion(const std::string& provider) {
   auto e = await(empty_f);
   CHECK_FALSE(e);
   CHECK(e.error == "insert_peer: empty fabric address");
-  ep.initiator->remove_peer(h.value);  // the second user of the handle
+  // The second user stays until the engine closes: removing it would cut the peer and, on shm
+  // after a write to it, renew this endpoint while the target engine of this same process is
+  // being closed by the test's end (libfabric 1.17 crashes there; peers are separate processes
+  // in a daemon, and tests/fabric/test_fencing.cpp covers removal with renewal).
 }
 FERRY_FABRIC_CASE("engine registers and inserts asynchronously on the progress thread",
                   async_registration_and_insertion)
