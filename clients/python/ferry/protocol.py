@@ -11,7 +11,7 @@ connection's protocol version, since a few bodies differ between versions (``pol
 ``version`` argument says (they are what settles the connection's version).
 
 A body that does not decode raises :class:`~ferry.errors.ProtocolError` with the text the C++
-codec (src/core/protocol.cpp) gives, e.g. ``malformed poll_reply frame: truncated at field
+codec (src/core/protocol_decode.cpp) gives, e.g. ``malformed poll_reply frame: truncated at field
 'reason': needs 4 bytes, 2 remain``; its ``message_type`` and ``field`` attributes name them.
 A message that cannot be encoded raises :class:`~ferry.errors.EncodeError`.
 

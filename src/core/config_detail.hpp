@@ -1,0 +1,41 @@
+#pragma once
+// Internal to src/core, not part of the config API (config.hpp is): what the files that read,
+// check and write a config share, so that each step has a file of its own:
+// - config.cpp: the struct helpers, the helpers declared here, the public entry points;
+// - config_parse.cpp: YAML to structs, types only;
+// - config_validate.cpp: meaning: ranges and consistency;
+// - config_emit.cpp: structs to YAML (to_yaml).
+
+#include <string>
+#include <string_view>
+
+#include "core/config.hpp"
+
+namespace ferry::detail {
+
+/// Internal to the config sources: parsing and validation stop at the first problem, and unwinding
+/// out of nested sections is simpler than threading optionals through every reader. Converted to a
+/// `config_error` at each public entry point.
+struct config_failure {
+  std::string what;
+};
+
+/// Throws the config_failure `path: expected_and_got`.
+[[noreturn]] void fail(const std::string& path, const std::string& expected_and_got);
+
+/// `s` in double quotes, with quotes, backslashes and control characters escaped.
+std::string quote(std::string_view s);
+
+/// Whether `s` is non-empty and only ASCII digits.
+bool all_digits(std::string_view s);
+
+/// config_parse.cpp: `text` as a config (types only), `source` naming it in errors.
+config_result parse_text(const std::string& text, const std::string& source);
+
+/// config_validate.cpp: host:port, host being a name, an IPv4 address or a bracketed IPv6 address.
+bool is_host_port(std::string_view s);
+
+/// config_validate.cpp: every range and consistency rule; throws at the first problem.
+void validate_all(const ferry_config& cfg);
+
+}  // namespace ferry::detail

@@ -1,0 +1,166 @@
+// Emission: the config structs back to YAML (to_yaml), the effective config that
+// `ferryd --check-config` prints and the hello reply carries; parsing it gives the same config.
+#include <yaml-cpp/yaml.h>
+
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+
+namespace ferry {
+namespace {
+
+void emit_ids(YAML::Emitter& out, const std::vector<uint32_t>& ids) {
+  out << YAML::Flow << YAML::BeginSeq;
+  for (uint32_t id : ids) out << id;
+  out << YAML::EndSeq;
+}
+
+void emit_dims(YAML::Emitter& out, const std::vector<uint64_t>& dims) {
+  out << YAML::Flow << YAML::BeginSeq;
+  for (uint64_t d : dims) out << d;
+  out << YAML::EndSeq;
+}
+
+}  // namespace
+
+std::string to_yaml(const ferry_config& cfg) {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+
+  out << YAML::Key << "node" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "name" << YAML::Value << cfg.node_name;
+  out << YAML::Key << "instance" << YAML::Value << cfg.instance;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "role" << YAML::Value << to_string(cfg.role);
+  if (!cfg.instance_ranks.empty()) {
+    out << YAML::Key << "discovery" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "instance_ranks" << YAML::Value << YAML::Flow << cfg.instance_ranks;
+    out << YAML::EndMap;
+  }
+
+  out << YAML::Key << "listen" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "control" << YAML::Value << cfg.control_listen;
+  out << YAML::Key << "client" << YAML::Value << cfg.client_listen;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "fabric" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "provider" << YAML::Value << cfg.fabric.provider;
+  out << YAML::Key << "address" << YAML::Value << cfg.fabric.address;
+  out << YAML::Key << "max_inflight_writes" << YAML::Value << cfg.fabric.max_inflight_writes;
+  out << YAML::Key << "write_piece_bytes" << YAML::Value << cfg.fabric.write_piece_bytes;
+  out << YAML::Key << "staging_bytes" << YAML::Value << cfg.fabric.staging_bytes;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "timeouts" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "handshake_ms" << YAML::Value << cfg.timeouts.handshake_ms;
+  out << YAML::Key << "bootstrapping_ms" << YAML::Value << cfg.timeouts.bootstrapping_ms;
+  out << YAML::Key << "waiting_for_input_ms" << YAML::Value << cfg.timeouts.waiting_for_input_ms;
+  out << YAML::Key << "transferring_ms" << YAML::Value << cfg.timeouts.transferring_ms;
+  out << YAML::Key << "transfer_ms" << YAML::Value << cfg.timeouts.transfer_ms;
+  out << YAML::Key << "drain_ms" << YAML::Value << cfg.timeouts.drain_ms;
+  out << YAML::Key << "heartbeat_ms" << YAML::Value << cfg.timeouts.heartbeat_ms;
+  out << YAML::Key << "heartbeat_misses" << YAML::Value << cfg.timeouts.heartbeat_misses;
+  out << YAML::EndMap;
+
+  if (!cfg.security.cluster_secret_file.empty()) {
+    out << YAML::Key << "security" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "cluster_secret_file" << YAML::Value << cfg.security.cluster_secret_file;
+    out << YAML::EndMap;
+  }
+
+  out << YAML::Key << "limits" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "max_active_rooms" << YAML::Value << cfg.limits.max_active_rooms;
+  out << YAML::Key << "max_clients" << YAML::Value << cfg.limits.max_clients;
+  out << YAML::Key << "client_frame_ms" << YAML::Value << cfg.limits.client_frame_ms;
+  out << YAML::Key << "peer_preamble_ms" << YAML::Value << cfg.limits.peer_preamble_ms;
+  out << YAML::Key << "max_pending_peers" << YAML::Value << cfg.limits.max_pending_peers;
+  out << YAML::Key << "max_pending_peers_per_source" << YAML::Value
+      << cfg.limits.max_pending_peers_per_source;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "tp" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "size" << YAML::Value << cfg.tp.size;
+  out << YAML::Key << "rank" << YAML::Value << cfg.tp.rank;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "pp" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "size" << YAML::Value << cfg.pp.size;
+  out << YAML::Key << "rank" << YAML::Value << cfg.pp.rank;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "dp" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "size" << YAML::Value << cfg.dp.size;
+  out << YAML::Key << "rank" << YAML::Value << cfg.dp.rank;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "runtime" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "workers" << YAML::Value << cfg.runtime.workers;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "log" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "level" << YAML::Value << cfg.log.level;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "pools" << YAML::Value << YAML::BeginMap;
+  if (cfg.pools.kv) {
+    const kv_pool_config& kv = *cfg.pools.kv;
+    out << YAML::Key << "kv" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "layer_ids" << YAML::Value;
+    emit_ids(out, kv.layer_ids);
+    out << YAML::Key << "page_tokens" << YAML::Value << kv.page_tokens;
+    out << YAML::Key << "kv_heads" << YAML::Value << kv.kv_heads;
+    if (kv.total_heads)
+      out << YAML::Key << "total_heads" << YAML::Value << kv.total_heads;
+    else if (!kv.mla)
+      out << YAML::Comment("total_heads not set: kv_heads x tp.size = " +
+                           std::to_string(kv.model_heads(cfg.tp.size)) + " assumed");
+    out << YAML::Key << "head_dim" << YAML::Value << kv.head_dim;
+    out << YAML::Key << "dtype_bytes" << YAML::Value << kv.dtype_bytes;
+    out << YAML::Key << "mla" << YAML::Value << kv.mla;
+    out << YAML::Key << "pages" << YAML::Value << kv.pages;
+    if (kv.memory != pool_memory::daemon)
+      out << YAML::Key << "memory" << YAML::Value << to_string(kv.memory);
+    out << YAML::EndMap;
+  }
+  if (cfg.pools.mamba) {
+    const mamba_pool_config& mamba = *cfg.pools.mamba;
+    out << YAML::Key << "mamba" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "slots" << YAML::Value << mamba.slots;
+    out << YAML::Key << "layer_ids" << YAML::Value;
+    emit_ids(out, mamba.layer_ids);
+    out << YAML::Key << "tensors" << YAML::Value << YAML::BeginSeq;
+    for (const state_tensor_config& t : mamba.tensors) {
+      out << YAML::BeginMap;
+      out << YAML::Key << "name" << YAML::Value << t.name;
+      out << YAML::Key << "shape" << YAML::Value;
+      emit_dims(out, t.shape);
+      out << YAML::Key << "dtype_bytes" << YAML::Value << t.dtype_bytes;
+      if (t.slice_axis) out << YAML::Key << "slice_axis" << YAML::Value << *t.slice_axis;
+      if (!t.shard_groups.empty()) {
+        out << YAML::Key << "shard_groups" << YAML::Value;
+        emit_dims(out, t.shard_groups);
+      }
+      out << YAML::EndMap;
+    }
+    out << YAML::EndSeq;
+    if (mamba.memory != pool_memory::daemon)
+      out << YAML::Key << "memory" << YAML::Value << to_string(mamba.memory);
+    out << YAML::EndMap;
+  }
+  if (cfg.pools.aux) {
+    out << YAML::Key << "aux" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "rows" << YAML::Value << cfg.pools.aux->rows;
+    out << YAML::Key << "row_bytes" << YAML::Value << cfg.pools.aux->row_bytes;
+    if (cfg.pools.aux->memory != pool_memory::daemon)
+      out << YAML::Key << "memory" << YAML::Value << to_string(cfg.pools.aux->memory);
+    out << YAML::EndMap;
+  }
+  out << YAML::EndMap;
+
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace ferry
