@@ -98,9 +98,11 @@ struct connection_state {
   std::shared_ptr<peer_info> pending;  // accepting side: validated, awaiting peer_auth
   caf::actor pending_remote;
   // The engine calls of the handshake complete asynchronously (no worker waits on the fabric):
-  std::shared_ptr<peer_info> validated;     // its hello passed; its fabric address is being added
-  peer_hello hello;                         // that hello (its sender, nonce)
-  int engine_calls = 0;                     // registrations or insertions not yet answered
+  std::shared_ptr<peer_info> validated;  // its hello passed; its fabric address is being added
+  peer_hello hello;                      // that hello (its sender, nonce)
+  int engine_calls = 0;                  // registrations or insertions not yet answered
+  std::optional<transport::peer_handle> late_peer;  // inserted after the handshake had ended
+  bool hello_sent = false;                          // outbound: our hello is on its way
   bool closing = false;                     // finished, and the fence or the report is under way
   std::vector<transport::region_id> fence;  // this peer's own registrations
   peer_down down;                           // what the rooms are told once the fence is done
@@ -162,7 +164,7 @@ void request_insert(connection_actor* self, const std::vector<uint8_t>& address)
 std::optional<transport::peer_handle> inserted_peer(const connection_state& st) {
   if (st.info) return st.info->fabric_peer;
   if (st.pending) return st.pending->fabric_peer;
-  return std::nullopt;
+  return st.late_peer;
 }
 
 /// The fence: close this peer's registrations and cut its fabric connection (one step of the
@@ -287,6 +289,13 @@ void dial(connection_actor* self) {
       });
 }
 
+/// Tell the Scheduler what this handshake made so far (registrations, the peer's address), for
+/// its fallback fence should this actor end abnormally before it is ready.
+void report_resources(connection_actor* self) {
+  auto& st = self->state;
+  self->send(st.scheduler, peer_resources{st.fence, inserted_peer(st)});
+}
+
 /// Accepting side: refuse the peer's hello, naming why, and end without reporting a peer (the
 /// Scheduler sees this actor go down).
 void refuse_inbound(connection_actor* self, const std::string& why) {
@@ -295,6 +304,9 @@ void refuse_inbound(connection_actor* self, const std::string& why) {
   if (st.hello.connection) self->send(st.hello.connection, peer_refused{why});
   st.done = st.closing = true;
   fence(st, nullptr);  // nothing was described to the peer yet: close and remove what we made
+  // Closed here: the Scheduler's fallback must not close or remove them again when it sees this
+  // actor end (messages to it arrive before the down message).
+  self->send(st.scheduler, peer_resources{});
   self->quit();
 }
 
@@ -328,7 +340,8 @@ caf::behavior relay(connection_actor* self, bool outbound) {
     if (st.done) return;
     if (!st.info) {
       // Only a peer that skipped the handshake or authentication sends room messages now.
-      if (self->current_sender() == caf::actor_cast<caf::strong_actor_ptr>(st.pending_remote))
+      if (st.pending_remote &&
+          self->current_sender() == caf::actor_cast<caf::strong_actor_ptr>(st.pending_remote))
         finish(self, "peer sent a room message before it authenticated");
       return;
     }
@@ -382,7 +395,7 @@ caf::behavior relay(connection_actor* self, bool outbound) {
       [=](peer_hello& h) {
         auto& st = self->state;
         // Only the outbound side awaits an answer, and only one.
-        if (!outbound || st.info || st.done || st.validated) return;
+        if (!outbound || !st.hello_sent || st.info || st.done || st.validated) return;
         const auto& secret = st.ctx->cluster_secret;
         auto refuse = [&](const std::string& e) {
           if (h.connection) self->send(h.connection, peer_refused{e});
@@ -416,7 +429,9 @@ caf::behavior relay(connection_actor* self, bool outbound) {
             st.fence.insert(st.fence.end(), m.result.value.begin(), m.result.value.end());
           return close_out(self);
         }
-        if (auto e = take_registration(st, m); !e.empty()) {
+        auto e = take_registration(st, m);
+        report_resources(self);
+        if (!e.empty()) {
           if (!outbound) return refuse_inbound(self, e);
           return finish(self, "peer refused the handshake: " + e, false, errc::peer_incompatible);
         }
@@ -427,7 +442,9 @@ caf::behavior relay(connection_actor* self, bool outbound) {
         auto& st = self->state;
         --st.engine_calls;
         if (st.done) {
-          if (m.result) st.ctx->engine->remove_peer(m.result.value);
+          // Part of the fence (keys closed, then the peer cut, in one engine step), not a
+          // separate removal: the peer may hold our keys already.
+          if (m.result) st.late_peer = m.result.value;
           st.validated.reset();
           return close_out(self);
         }
@@ -440,8 +457,9 @@ caf::behavior relay(connection_actor* self, bool outbound) {
         }
         info->fabric_peer = m.result.value;
         if (!outbound) {
-          // Accepting side: the peer is now ours to remove; describe our memory to it next.
           st.pending = std::move(info);
+          report_resources(self);
+          // Accepting side: the peer is now ours to remove; describe our memory to it next.
           if (auto e = request_registration(self); !e.empty()) return refuse_inbound(self, e);
           return;
         }
@@ -454,7 +472,7 @@ caf::behavior relay(connection_actor* self, bool outbound) {
       },
       [=](peer_auth& a) {
         auto& st = self->state;
-        if (outbound || !st.pending || st.done) return;
+        if (outbound || !st.pending || !st.pending_remote || st.done) return;
         if (self->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(st.pending_remote))
           return;
         const auto expected =
@@ -488,10 +506,12 @@ caf::behavior relay(connection_actor* self, bool outbound) {
                       caf::connect_atom::value, std::move(d.scribe), st.port)
             .then(
                 [=](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>&) {
+                  if (self->state.done) return;  // ended meanwhile: say nothing to the peer
                   if (!ptr) {
                     finish(self, fmt::format("no ferryd is published at {}", self->state.address));
                     return;
                   }
+                  self->state.hello_sent = true;
                   self->send(caf::actor_cast<caf::actor>(ptr),
                              make_hello(self->state, caf::actor_cast<caf::actor>(self)));
                 },

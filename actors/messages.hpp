@@ -289,6 +289,14 @@ struct peer_ready {
   std::vector<transport::region_id> fence;
 };
 
+/// Connection -> Scheduler, during the handshake: what the Connection made for its peer so far
+/// (the registrations the peer may write into, its fabric address), so that a Connection that
+/// ends abnormally before it is ready still has them fenced (the Scheduler's down handler).
+struct peer_resources {
+  std::vector<transport::region_id> fence;
+  std::optional<transport::peer_handle> handle;
+};
+
 /// Connection -> Scheduler: a peer message arrived for a room.
 struct peer_inbound {
   peer_info_ptr from;
@@ -388,6 +396,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::room_update)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::memory_mapped)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::memory_released)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_ready)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_resources)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_inbound)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_down)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_outbound)

@@ -18,6 +18,10 @@ struct room_deadline {
   uint64_t generation = 0;
 };
 
+}  // namespace ferry
+
+namespace ferry {
+
 /// A room's lifecycle and the tokens of its armed deadlines.
 struct room_life {
   room_lifecycle machine;

@@ -153,7 +153,11 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
       // erased then); reaching here means it ended abnormally. Fence its peer here, then fail
       // its rooms (the peer_down below) rather than let them wait for their deadlines.
       std::optional<transport::peer_handle> handle;
-      if (c->second) handle = c->second->fabric_peer;
+      if (c->second)
+        handle = c->second->fabric_peer;
+      else if (auto h = st.handles.find(who); h != st.handles.end())
+        handle = h->second;
+      st.handles.erase(who);
       auto regions = std::move(st.fences[who]);
       st.fences.erase(who);
       const auto address = c->second ? c->second->address : std::string("?");
@@ -309,6 +313,16 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
                                              caf::actor_cast<caf::actor>(self));
         self->state.connections.emplace(conn, nullptr);
       },
+      [=](peer_resources& r) {
+        auto& st = self->state;
+        auto conn = caf::actor_cast<caf::actor>(self->current_sender());
+        if (!st.connections.count(conn)) return;  // ended meanwhile
+        st.fences[conn] = std::move(r.fence);
+        if (r.handle)
+          st.handles[conn] = *r.handle;
+        else
+          st.handles.erase(conn);
+      },
       [=](peer_ready& p) {
         auto& st = self->state;
         auto conn = caf::actor_cast<caf::actor>(self->current_sender());
@@ -342,6 +356,7 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
           if (auto it = st.connections.find(d.connection); it != st.connections.end() && it->second)
             st.ctx->engine->remove_peer(it->second->fabric_peer);
         st.fences.erase(d.connection);
+        st.handles.erase(d.connection);
         if (d.unresponsive) {
           const auto& t = st.ctx->config.timeouts;
           st.unresponsive[d.address] = {

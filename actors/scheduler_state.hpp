@@ -17,7 +17,7 @@
 
 namespace ferry::sched {
 
-constexpr size_t history_limit = 65536;
+inline constexpr size_t history_limit = 65536;
 
 struct room_entry {
   caf::actor actor;
@@ -85,6 +85,9 @@ struct scheduler_state {
   /// The registrations each ready connection's peer may write into, to fence them should the
   /// Connection end abnormally (normally it fences them itself).
   std::unordered_map<caf::actor, std::vector<transport::region_id>> fences;
+  /// The fabric address each connection still in its handshake inserted (peer_resources); a
+  /// ready one's is in its peer_info.
+  std::unordered_map<caf::actor, transport::peer_handle> handles;
   uint64_t stray_writes = 0;  // immediates of unknown rooms
   /// Tokens of recently ended decode rooms (bounded), so a write that lands after its room's
   /// terminal state (which should never happen; see docs/reliability.md §4 for the one known
