@@ -154,17 +154,16 @@ std::optional<expiry> room_lifecycle::expired(deadline_kind k, uint64_t generati
   const int i = static_cast<int>(k);
   if (!armed_[i] || generation_[i] != generation || terminal()) return std::nullopt;
   armed_[i] = false;  // fired: a deadline applies once
+  // Only the drain deadline is armed while draining (fail cancels the others), so an armed
+  // deadline always applies to the phase the room is in.
   switch (k) {
     case deadline_kind::state:
-      if (draining()) return std::nullopt;
       return expiry{expiry::kind::timed_out, status(), state_ms(status()),
                     waits_[static_cast<int>(status()) - 1]};
     case deadline_kind::room:
-      if (draining()) return std::nullopt;
       return expiry{expiry::kind::timed_out, status(), limits_.transfer_ms,
                     "the whole room (timeouts.transfer_ms)"};
     case deadline_kind::drain:
-      if (!draining()) return std::nullopt;
       return expiry{expiry::kind::drain_over, status(), limits_.drain_ms, "the drain"};
   }
   return std::nullopt;

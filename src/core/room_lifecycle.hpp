@@ -100,8 +100,8 @@ class room_lifecycle {
   /// found), cancel every deadline, end the actor. Nothing unless draining.
   lifecycle_effects drained(const std::string& note = {});
   /// A deadline's message arrived. nullopt: it no longer applies (stale generation, cancelled,
-  /// fired once already, or the room is terminal). A state or room deadline while draining does
-  /// not apply either: the drain has its own bound.
+  /// fired once already, or the room is terminal). `fail` cancels the state and room deadlines:
+  /// a draining room has only its drain's bound.
   std::optional<expiry> expired(deadline_kind k, uint64_t generation);
 
   room_phase phase() const { return phase_; }
