@@ -340,8 +340,9 @@ struct client_gateway::impl {
   }
 };
 
-std::shared_ptr<client_gateway> client_gateway::listen(const std::string& path, std::string& err,
-                                                       uint32_t max_clients, uint32_t frame_ms) {
+result<std::shared_ptr<client_gateway>> client_gateway::listen(const std::string& path,
+                                                               uint32_t max_clients,
+                                                               uint32_t frame_ms) {
   std::shared_ptr<client_gateway> g(new client_gateway());
   g->impl_ = std::make_unique<impl>();
   auto& im = *g->impl_;
@@ -350,15 +351,14 @@ std::shared_ptr<client_gateway> client_gateway::listen(const std::string& path, 
   im.log = make_logger("client");
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
-    err = "listen.client: socket path '" + path + "' is too long";
-    return nullptr;
+    return error{errc::config_invalid, "listen.client: socket path '" + path + "' is too long"};
   }
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
   im.listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (im.listen_fd < 0) {
-    err = std::string("socket(AF_UNIX) failed: ") + std::strerror(errno);
-    return nullptr;
+    return error{errc::system_error,
+                 std::string("socket(AF_UNIX) failed: ") + std::strerror(errno)};
   }
   // A socket file that still accepts connections belongs to a running process (another ferryd
   // whose config names the same path): replacing it would cut that daemon off its clients.
@@ -366,9 +366,9 @@ std::shared_ptr<client_gateway> client_gateway::listen(const std::string& path, 
     const bool live = ::connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
     close(probe);
     if (live) {
-      err = "listen.client '" + path +
-            "' is in use: another process accepts connections on it (a second ferryd?)";
-      return nullptr;
+      return error{errc::system_error,
+                   "listen.client '" + path +
+                       "' is in use: another process accepts connections on it (a second ferryd?)"};
     }
   }
   unlink(path.c_str());  // a stale socket file of a daemon that is gone
@@ -377,13 +377,13 @@ std::shared_ptr<client_gateway> client_gateway::listen(const std::string& path, 
   int rc = bind(im.listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   umask(old);
   if (rc != 0) {
-    err = "cannot bind client socket '" + path + "': " + std::strerror(errno);
-    return nullptr;
+    return error{errc::system_error,
+                 "cannot bind client socket '" + path + "': " + std::strerror(errno)};
   }
   im.path = path;
   if (::listen(im.listen_fd, listen_backlog()) != 0) {
-    err = "cannot listen on client socket '" + path + "': " + std::strerror(errno);
-    return nullptr;
+    return error{errc::system_error,
+                 "cannot listen on client socket '" + path + "': " + std::strerror(errno)};
   }
   im.reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   im.epoll_fd = epoll_create1(EPOLL_CLOEXEC);

@@ -31,10 +31,10 @@ class client_gateway {
  public:
   static constexpr size_t max_output_bytes = 64u << 20;
 
-  /// Bind and listen on `path` (an existing socket file is replaced). Error text on failure.
-  static std::shared_ptr<client_gateway> listen(const std::string& path, std::string& err,
-                                                uint32_t max_clients = 1024,
-                                                uint32_t frame_ms = 10000);
+  /// Bind and listen on `path` (an existing socket file is replaced).
+  static result<std::shared_ptr<client_gateway>> listen(const std::string& path,
+                                                        uint32_t max_clients = 1024,
+                                                        uint32_t frame_ms = 10000);
   ~client_gateway();
 
   /// Start serving; requests go to `scheduler`.

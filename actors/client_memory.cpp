@@ -59,29 +59,32 @@ const char* to_string(client_pool::state s) {
   return "?";
 }
 
-std::string daemon_context::pools_unusable() const {
+result<> daemon_context::pools_usable() const {
   for (int k = 0; k < pool_kind_count; ++k) {
     if (!client_memory(k)) continue;
     switch (client_pools[k].now.load()) {
       case client_pool::state::registered:
         continue;
       case client_pool::state::unregistered:
-        return fmt::format("pool {} is client memory and no client has registered it",
-                           pool_name(k));
+        return error{
+            errc::peer_incompatible,
+            fmt::format("pool {} is client memory and no client has registered it", pool_name(k))};
       case client_pool::state::registering:
-        return fmt::format("pool {} is client memory and its registration is not finished",
-                           pool_name(k));
+        return error{errc::peer_incompatible,
+                     fmt::format("pool {} is client memory and its registration is not finished",
+                                 pool_name(k))};
       case client_pool::state::releasing:
-        return fmt::format(
-            "pool {} is client memory and its last registration is still being "
-            "released",
-            pool_name(k));
+        return error{
+            errc::peer_incompatible,
+            fmt::format("pool {} is client memory and its last registration is still being "
+                        "released",
+                        pool_name(k))};
     }
   }
   return {};
 }
 
-std::string reserve_client_pools(daemon_context& ctx) {
+result<> reserve_client_pools(daemon_context& ctx) {
   const auto& pools = ctx.config.pools;
   const bool client[pool_kind_count] = {pools.kv && pools.kv->memory == pool_memory::client,
                                         pools.mamba && pools.mamba->memory == pool_memory::client,
@@ -91,77 +94,89 @@ std::string reserve_client_pools(daemon_context& ctx) {
     const uint64_t bytes = (ctx.layout.pools[k].total_bytes + page - 1) / page * page;
     void* at = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (at == MAP_FAILED)
-      return fmt::format("pool {}: cannot reserve {} bytes of address space: {}", pool_name(k),
-                         bytes, std::strerror(errno));
+      return error{errc::system_error,
+                   fmt::format("pool {}: cannot reserve {} bytes of address space: {}",
+                               pool_name(k), bytes, std::strerror(errno))};
     ctx.client_pools[k].base = static_cast<uint8_t*>(at);
     ctx.client_pools[k].bytes = bytes;
   }
   return {};
 }
 
-std::string check_registration(const daemon_context& ctx, const proto::register_memory& req,
-                               const std::vector<int>& fds) {
+result<> check_registration(const daemon_context& ctx, const proto::register_memory& req,
+                            const std::vector<int>& fds) {
   const int k = static_cast<int>(req.pool);
   const std::string name = pool_name(k);
   const auto& layout = ctx.layout.pools[k];
-  if (!layout.present) return fmt::format("pool {} is not configured on this daemon", name);
+  if (!layout.present)
+    return error{errc::invalid_request,
+                 fmt::format("pool {} is not configured on this daemon", name)};
   if (!ctx.client_memory(k))
-    return fmt::format(
-        "pool {0} is daemon memory (pools.{1}.memory: daemon); there is nothing to "
-        "register",
-        name, req.pool == pool_kind::state ? "mamba" : name);
+    return error{
+        errc::invalid_request,
+        fmt::format("pool {0} is daemon memory (pools.{1}.memory: daemon); there is nothing to "
+                    "register",
+                    name, req.pool == pool_kind::state ? "mamba" : name)};
   switch (ctx.client_pools[k].now.load()) {
     case client_pool::state::unregistered:
       break;
     case client_pool::state::registering:
     case client_pool::state::registered:
-      return fmt::format("pool {} is already registered by another connection", name);
+      return error{errc::invalid_request,
+                   fmt::format("pool {} is already registered by another connection", name)};
     case client_pool::state::releasing:
-      return fmt::format(
-          "pool {} is still being released (the rooms and peers of its previous "
-          "registration are ending); register it again once that is done",
-          name);
+      return error{
+          errc::invalid_request,
+          fmt::format("pool {} is still being released (the rooms and peers of its previous "
+                      "registration are ending); register it again once that is done",
+                      name)};
   }
   switch (req.kind) {
     case proto::memory_kind::host:
       break;
     case proto::memory_kind::cuda_dmabuf:
-      return "memory kind cuda_dmabuf: this ferryd's libfabric 1.17 has no FI_MR_DMABUF (it needs "
-             "1.20), and this build has no CUDA (docs/gpu.md)";
+      return error{
+          errc::invalid_request,
+          "memory kind cuda_dmabuf: this ferryd's libfabric 1.17 has no FI_MR_DMABUF (it needs "
+          "1.20), and this build has no CUDA (docs/gpu.md)"};
     case proto::memory_kind::cuda_ipc:
     case proto::memory_kind::cuda_vmm_fd:
-      return fmt::format(
-          "memory kind {}: importing it needs a CUDA context in ferryd, and this "
-          "build has no CUDA (docs/gpu.md)",
-          proto::to_string(req.kind));
+      return error{
+          errc::invalid_request,
+          fmt::format("memory kind {}: importing it needs a CUDA context in ferryd, and this "
+                      "build has no CUDA (docs/gpu.md)",
+                      proto::to_string(req.kind))};
     default:
-      return fmt::format(
-          "memory kind {} is unknown (0 host, 1 cuda_dmabuf, 2 cuda_ipc, "
-          "3 cuda_vmm_fd)",
-          static_cast<int>(req.kind));
+      return error{errc::invalid_request,
+                   fmt::format("memory kind {} is unknown (0 host, 1 cuda_dmabuf, 2 cuda_ipc, "
+                               "3 cuda_vmm_fd)",
+                               static_cast<int>(req.kind))};
   }
   if (req.buffers.size() != layout.buffers.size())
-    return fmt::format(
-        "pool {}: the table lists {} buffers, the pool has {} (see the "
-        "hello_reply's layout)",
-        name, req.buffers.size(), layout.buffers.size());
+    return error{errc::invalid_request,
+                 fmt::format("pool {}: the table lists {} buffers, the pool has {} (see the "
+                             "hello_reply's layout)",
+                             name, req.buffers.size(), layout.buffers.size())};
   // Every descriptor: a sealed memfd (a shrink under a mapping would crash ferryd).
   std::vector<uint64_t> sizes(fds.size());
   for (size_t i = 0; i < fds.size(); ++i) {
     struct stat s {};
     if (fstat(fds[i], &s) != 0)
-      return fmt::format("pool {}: fd {} cannot be examined: {}", name, i, std::strerror(errno));
+      return error{errc::invalid_request, fmt::format("pool {}: fd {} cannot be examined: {}", name,
+                                                      i, std::strerror(errno))};
     if (!S_ISREG(s.st_mode))
-      return fmt::format("pool {}: fd {} is {}, not a memfd", name, i, file_type(s.st_mode));
+      return error{errc::invalid_request,
+                   fmt::format("pool {}: fd {} is {}, not a memfd", name, i, file_type(s.st_mode))};
     const int seals = fcntl(fds[i], F_GET_SEALS);
     if (seals < 0)
-      return fmt::format("pool {}: fd {} is not a memfd (it cannot carry seals: {})", name, i,
-                         std::strerror(errno));
+      return error{errc::invalid_request,
+                   fmt::format("pool {}: fd {} is not a memfd (it cannot carry seals: {})", name, i,
+                               std::strerror(errno))};
     if ((seals & F_SEAL_SHRINK) == 0)
-      return fmt::format(
-          "pool {}: fd {} is not sealed against shrinking (F_SEAL_SHRINK): a "
-          "shrink would crash ferryd",
-          name, i);
+      return error{errc::invalid_request,
+                   fmt::format("pool {}: fd {} is not sealed against shrinking (F_SEAL_SHRINK): a "
+                               "shrink would crash ferryd",
+                               name, i)};
     sizes[i] = static_cast<uint64_t>(s.st_size);
   }
   struct range {
@@ -176,42 +191,51 @@ std::string check_registration(const daemon_context& ctx, const proto::register_
         describe(want.kind, want.layer_id, want.tensor, want.items, want.item_bytes);
     if (got.kind != want.kind || got.layer_id != want.layer_id || got.tensor != want.tensor ||
         got.items != want.items || got.item_bytes != want.item_bytes)
-      return fmt::format("pool {}: buffer {} is {}, but the table says {}", name, b, expected,
-                         describe(got.kind, got.layer_id, got.tensor, got.items, got.item_bytes));
+      return error{
+          errc::invalid_request,
+          fmt::format("pool {}: buffer {} is {}, but the table says {}", name, b, expected,
+                      describe(got.kind, got.layer_id, got.tensor, got.items, got.item_bytes))};
     if (got.fd_index >= fds.size())
-      return fmt::format("pool {}: buffer {} ({}) names fd {}, but {} came with the frame", name, b,
-                         expected, got.fd_index, fds.size());
+      return error{errc::invalid_request,
+                   fmt::format("pool {}: buffer {} ({}) names fd {}, but {} came with the frame",
+                               name, b, expected, got.fd_index, fds.size())};
     if (got.fd_offset % page != 0)
-      return fmt::format("pool {}: buffer {} ({}) starts at fd offset {}, not a multiple of {}",
-                         name, b, expected, got.fd_offset, page);
+      return error{
+          errc::invalid_request,
+          fmt::format("pool {}: buffer {} ({}) starts at fd offset {}, not a multiple of {}", name,
+                      b, expected, got.fd_offset, page)};
     const uint64_t len = want.items * want.item_bytes;
     if (got.fd_offset > sizes[got.fd_index] || len > sizes[got.fd_index] - got.fd_offset)
-      return fmt::format(
-          "pool {}: buffer {} ({}) needs {} bytes at fd {} offset {}, but the fd "
-          "has {}",
-          name, b, expected, len, got.fd_index, got.fd_offset, sizes[got.fd_index]);
+      return error{
+          errc::invalid_request,
+          fmt::format("pool {}: buffer {} ({}) needs {} bytes at fd {} offset {}, but the fd "
+                      "has {}",
+                      name, b, expected, len, got.fd_index, got.fd_offset, sizes[got.fd_index])};
     used[got.fd_index].push_back({got.fd_offset, got.fd_offset + len, b});
   }
   for (size_t i = 0; i < used.size(); ++i) {
     auto& r = used[i];
     if (r.empty())
-      return fmt::format("pool {}: fd {} came with the frame but no buffer uses it", name, i);
+      return error{
+          errc::invalid_request,
+          fmt::format("pool {}: fd {} came with the frame but no buffer uses it", name, i)};
     std::sort(r.begin(), r.end(), [](const range& a, const range& b) { return a.begin < b.begin; });
     for (size_t j = 1; j < r.size(); ++j)
       if (r[j].begin < r[j - 1].end)
-        return fmt::format("pool {}: buffers {} and {} overlap in fd {}", name, r[j - 1].buffer,
-                           r[j].buffer, i);
+        return error{errc::invalid_request,
+                     fmt::format("pool {}: buffers {} and {} overlap in fd {}", name,
+                                 r[j - 1].buffer, r[j].buffer, i)};
   }
   return {};
 }
 
-std::string map_client_pool(daemon_context& ctx, const proto::register_memory& req,
-                            const std::vector<int>& fds) {
+result<> map_client_pool(daemon_context& ctx, const proto::register_memory& req,
+                         const std::vector<int>& fds) {
   const int k = static_cast<int>(req.pool);
   const std::string name = pool_name(k);
   auto& pool = ctx.client_pools[k];
   const auto& layout = ctx.layout.pools[k];
-  auto undo = [&](std::string why) {
+  auto undo = [&](error why) {
     reserve(pool.base, pool.bytes);
     return why;
   };
@@ -223,33 +247,35 @@ std::string map_client_pool(daemon_context& ctx, const proto::register_memory& r
     if (int rc = posix_fallocate(fds[got.fd_index], static_cast<off_t>(got.fd_offset),
                                  static_cast<off_t>(len));
         rc != 0)
-      return undo(fmt::format("pool {}: cannot reserve the memory of buffer {} in fd {}: {}", name,
-                              b, got.fd_index, std::strerror(rc)));
+      return undo({errc::system_error,
+                   fmt::format("pool {}: cannot reserve the memory of buffer {} in fd {}: {}", name,
+                               b, got.fd_index, std::strerror(rc))});
     // Populated now, as daemon pools are: first touches would otherwise stall the first rooms.
     void* at = mmap(pool.base + want.offset, len, PROT_READ | PROT_WRITE,
                     MAP_SHARED | MAP_FIXED | MAP_POPULATE, fds[got.fd_index],
                     static_cast<off_t>(got.fd_offset));
     if (at == MAP_FAILED)
-      return undo(fmt::format("pool {}: cannot map buffer {} from fd {}: {}", name, b, got.fd_index,
-                              std::strerror(errno)));
+      return undo({errc::system_error, fmt::format("pool {}: cannot map buffer {} from fd {}: {}",
+                                                   name, b, got.fd_index, std::strerror(errno))});
   }
   auto reg =
       ctx.engine->register_region(pool.base, layout.total_bytes, transport::region_access::local);
   if (!reg)
-    return undo(fmt::format("pool {}: memory registration of {} bytes failed: {}", name,
-                            layout.total_bytes, reg.error));
+    return undo({reg.code, fmt::format("pool {}: memory registration of {} bytes failed: {}", name,
+                                       layout.total_bytes, reg.message)});
   ctx.regions[k] = reg.value;
   return {};
 }
 
-std::string unmap_client_pool(daemon_context& ctx, int k) {
+result<> unmap_client_pool(daemon_context& ctx, int k) {
   auto& pool = ctx.client_pools[k];
-  std::string err;
-  if (auto r = ctx.engine->deregister_region(ctx.regions[k]); !r) err = r.error;
+  result<> out;
+  if (auto r = ctx.engine->deregister_region(ctx.regions[k]); !r) out = std::move(r).error();
   if (!reserve(pool.base, pool.bytes))
-    err += fmt::format("{}cannot drop the client's memory from pool {}: {}",
-                       err.empty() ? "" : "; ", pool_name(k), std::strerror(errno));
-  return err;
+    out = error{out ? errc::system_error : out.code,
+                fmt::format("{}{}cannot drop the client's memory from pool {}: {}", out.message,
+                            out ? "" : "; ", pool_name(k), std::strerror(errno))};
+  return out;
 }
 
 }  // namespace ferry

@@ -14,24 +14,23 @@
 namespace ferry {
 
 /// Reserve the address range of every `memory: client` pool (no access until registered).
-/// Error text, or "".
-std::string reserve_client_pools(daemon_context& ctx);
+result<> reserve_client_pools(daemon_context& ctx);
 
-/// Why `req` (with the descriptors that came with it) cannot be registered, or "". Checks the
-/// pool, its state, the memory kind, the table against the layout, and every descriptor (a
-/// sealed memfd, large enough, aligned offsets, no overlaps). Touches nothing.
-std::string check_registration(const daemon_context& ctx, const proto::register_memory& req,
-                               const std::vector<int>& fds);
+/// Why `req` (with the descriptors that came with it) cannot be registered (invalid_request).
+/// Checks the pool, its state, the memory kind, the table against the layout, and every descriptor
+/// (a sealed memfd, large enough, aligned offsets, no overlaps). Touches nothing.
+result<> check_registration(const daemon_context& ctx, const proto::register_memory& req,
+                            const std::vector<int>& fds);
 
 /// Reserve the backing of every buffer, map the buffers at their layout offsets and register
 /// the pool for local access (ctx.regions). Blocking (mmap, fallocate, the progress thread):
 /// call it off the actor workers. On failure the range is reserved again and nothing stays
-/// registered. Error text, or "". Does not close `fds`.
-std::string map_client_pool(daemon_context& ctx, const proto::register_memory& req,
-                            const std::vector<int>& fds);
+/// registered. Does not close `fds`.
+result<> map_client_pool(daemon_context& ctx, const proto::register_memory& req,
+                         const std::vector<int>& fds);
 
 /// Deregister pool `k` and drop the client's memory from its range (reserved again, no
-/// access). Blocking, like map_client_pool. Error text, or "".
-std::string unmap_client_pool(daemon_context& ctx, int k);
+/// access). Blocking, like map_client_pool.
+result<> unmap_client_pool(daemon_context& ctx, int k);
 
 }  // namespace ferry

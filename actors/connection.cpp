@@ -53,12 +53,12 @@ using redial_atom = caf::atom_constant<caf::atom("redial")>;
 
 /// Engine -> Connection: the registrations asked for this peer are made, or why not.
 struct regions_registered {
-  transport::result<std::vector<transport::region_id>> result;
+  result<std::vector<transport::region_id>> outcome;
 };
 
 /// Engine -> Connection: the peer's fabric address is in the address vector, or why not.
 struct peer_inserted {
-  transport::result<transport::peer_handle> result;
+  result<transport::peer_handle> outcome;
 };
 
 /// A peer under a flood of connections from our own address (or from many) may evict our
@@ -117,13 +117,13 @@ using connection_actor = caf::stateful_actor<connection_state>;
 /// Ask for the registrations this peer is described: a daemon that receives writes registers
 /// its pools and staging for this peer alone (remote-writable, fresh keys); otherwise the
 /// daemon's own local-only registrations are described. The outcome arrives as
-/// `regions_registered`. Returns why the pools cannot be described (nothing asked), or "".
-std::string request_registration(connection_actor* self) {
+/// `regions_registered`. Fails when the pools cannot be described (nothing asked).
+result<> request_registration(connection_actor* self) {
   auto& st = self->state;
   const auto& ctx = *st.ctx;
   // A client pool without its client's memory cannot be described; the handshake fails and the
   // peer retries with its next room.
-  if (auto why = ctx.pools_unusable(); !why.empty()) return why;
+  if (auto usable = ctx.pools_usable(); !usable) return usable;
   ++st.engine_calls;
   if (!ctx.serves_decode()) {
     self->send(self, regions_registered{});
@@ -138,15 +138,16 @@ std::string request_registration(connection_actor* self) {
   return {};
 }
 
-/// Describe the registrations `request_registration` made; returns an error text on failure.
-std::string take_registration(connection_state& st, regions_registered& m) {
-  if (!m.result) return "memory registration for the peer failed: " + m.result.error;
+/// Describe the registrations `request_registration` made.
+result<> take_registration(connection_state& st, regions_registered& m) {
+  if (!m.outcome)
+    return error{m.outcome.code, "memory registration for the peer failed: " + m.outcome.message};
   const auto& ctx = *st.ctx;
-  st.fence = m.result.value;
+  st.fence = m.outcome.value;
   st.regions.assign(pool_kind_count, peer_region{});
   size_t i = 0;
   for (const auto& s : described_spaces(ctx)) {
-    const auto d = ctx.engine->describe(ctx.serves_decode() ? m.result.value[i++] : s.global);
+    const auto d = ctx.engine->describe(ctx.serves_decode() ? m.outcome.value[i++] : s.global);
     (s.kind < 0 ? st.staging : st.regions[s.kind]) = {true, d.remote_base, d.key, d.length};
   }
   return {};
@@ -415,8 +416,8 @@ caf::behavior relay(connection_actor* self, bool outbound) {
                             identity(h.node, h.instance)));
         }
         auto v = validate_peer(st.ctx->config, h, true, st.address);
-        if (auto* e = std::get_if<std::string>(&v)) return refuse(*e);
-        st.validated = std::get<0>(std::move(v));
+        if (!v) return refuse(v.message);
+        st.validated = std::move(v.value);
         st.hello = std::move(h);
         request_insert(self, st.hello.fabric_address);
       },
@@ -425,15 +426,16 @@ caf::behavior relay(connection_actor* self, bool outbound) {
         --st.engine_calls;
         if (st.done) {
           // Too late for the handshake, not for the fence: the peer never saw these keys.
-          if (m.result)
-            st.fence.insert(st.fence.end(), m.result.value.begin(), m.result.value.end());
+          if (m.outcome)
+            st.fence.insert(st.fence.end(), m.outcome.value.begin(), m.outcome.value.end());
           return close_out(self);
         }
-        auto e = take_registration(st, m);
+        auto taken = take_registration(st, m);
         report_resources(self);
-        if (!e.empty()) {
-          if (!outbound) return refuse_inbound(self, e);
-          return finish(self, "peer refused the handshake: " + e, false, errc::peer_incompatible);
+        if (!taken) {
+          if (!outbound) return refuse_inbound(self, taken.message);
+          return finish(self, "peer refused the handshake: " + taken.message, false,
+                        errc::peer_incompatible);
         }
         if (outbound) return dial(self);
         answer_inbound(self);
@@ -444,23 +446,23 @@ caf::behavior relay(connection_actor* self, bool outbound) {
         if (st.done) {
           // Part of the fence (keys closed, then the peer cut, in one engine step), not a
           // separate removal: the peer may hold our keys already.
-          if (m.result) st.late_peer = m.result.value;
+          if (m.outcome) st.late_peer = m.outcome.value;
           st.validated.reset();
           return close_out(self);
         }
         auto info = std::move(st.validated);
-        if (!m.result) {
-          const auto e = "cannot add the peer's fabric address: " + m.result.error;
+        if (!m.outcome) {
+          const auto e = "cannot add the peer's fabric address: " + m.outcome.message;
           if (!outbound) return refuse_inbound(self, e);
           if (st.hello.connection) self->send(st.hello.connection, peer_refused{e});
           return finish(self, "handshake failed: " + e, false, errc::peer_incompatible);
         }
-        info->fabric_peer = m.result.value;
+        info->fabric_peer = m.outcome.value;
         if (!outbound) {
           st.pending = std::move(info);
           report_resources(self);
           // Accepting side: the peer is now ours to remove; describe our memory to it next.
-          if (auto e = request_registration(self); !e.empty()) return refuse_inbound(self, e);
+          if (auto e = request_registration(self); !e) return refuse_inbound(self, e.message);
           return;
         }
         const auto& secret = st.ctx->cluster_secret;
@@ -552,7 +554,7 @@ caf::behavior outbound_behavior(connection_actor* self, context_ptr ctx, caf::ac
   st.host = address.substr(0, colon);
   st.port = static_cast<uint16_t>(port);
   // Our memory is described in our hello: register it first, then dial (regions_registered).
-  if (auto e = request_registration(self); !e.empty()) self->send(self, peer_refused{e});
+  if (auto e = request_registration(self); !e) self->send(self, peer_refused{e.message});
   return relay(self, true);
 }
 
@@ -579,13 +581,13 @@ caf::behavior inbound_behavior(connection_actor* self, context_ptr ctx, peer_hel
     return relay(self, false);
   }
   auto v = validate_peer(st.ctx->config, st.hello, false, st.address);
-  if (auto* e = std::get_if<std::string>(&v)) {
-    refuse_inbound(self, *e);
+  if (!v) {
+    refuse_inbound(self, v.message);
     return relay(self, false);
   }
   // Then add its fabric address (peer_inserted), register our memory for it
   // (regions_registered), and answer (answer_inbound).
-  st.validated = std::get<0>(std::move(v));
+  st.validated = std::move(v.value);
   request_insert(self, st.hello.fabric_address);
   return relay(self, false);
 }

@@ -118,8 +118,9 @@ struct daemon_context {
   }
   /// Whether pool `k` is `memory: client`.
   bool client_memory(int k) const { return client_pools[k].base != nullptr; }
-  /// Why rooms cannot use the pools now (a `memory: client` pool not registered), or "".
-  std::string pools_unusable() const;
+  /// Whether rooms can use the pools now, or why not (peer_incompatible: a `memory: client` pool
+  /// is not registered).
+  result<> pools_usable() const;
   /// Do one planned local copy (packing at a prefill, unpacking at a decode).
   void copy(const planned_copy& c) const {
     std::memcpy(base(c.to) + c.to_offset, base(c.from) + c.from_offset, c.length);

@@ -116,15 +116,14 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
   const auto instance = cfg.instance == "auto" ? random_instance() : cfg.instance;
   // Before anything is touched: a second ferryd with this config finds the first and leaves.
   // The locks outlive everything below (the socket and the pools go first at a stop).
-  std::string lock_err;
-  auto config_lock = lock_config(cfg.client_listen, cfg.node_name, instance, lock_err);
+  auto config_lock = lock_config(cfg.client_listen, cfg.node_name, instance);
   if (!config_lock) {
-    log->error("{}", lock_err);
+    log->error("{}", config_lock.message);
     return 2;
   }
-  auto instance_lock = lock_instance(cfg.node_name, instance, lock_err);
+  auto instance_lock = lock_instance(cfg.node_name, instance);
   if (!instance_lock) {
-    log->error("{}", lock_err);
+    log->error("{}", instance_lock.message);
     return 2;
   }
   const uint64_t nofile = raise_descriptor_limit(*log);
@@ -144,11 +143,11 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
   log->info("effective config:\n{}", ctx->config_yaml);
   if (!cfg.security.cluster_secret_file.empty()) {
     auto secret = read_secret_file(cfg.security.cluster_secret_file);
-    if (!secret.error.empty()) {
-      log->error("{}", secret.error);
+    if (!secret) {
+      log->error("{}", secret.message);
       return 2;
     }
-    ctx->cluster_secret = std::move(secret.secret);
+    ctx->cluster_secret = std::move(secret.value);
     log->info("peers must prove the cluster secret ({})", cfg.security.cluster_secret_file);
   } else {
     log->warn("security.cluster_secret_file is not set: peers are not authenticated");
@@ -165,12 +164,12 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
   auto opened = transport::engine::open(
       {cfg.fabric.provider, cfg.fabric.address, cfg.fabric.max_inflight_writes});
   if (!opened) {
-    log->error("{}", opened.error);
+    log->error("{}", opened.message);
     return 2;
   }
   ctx->engine = std::move(opened.value);
-  if (auto e = reserve_client_pools(*ctx); !e.empty()) {
-    log->error("{}", e);
+  if (auto reserved = reserve_client_pools(*ctx); !reserved) {
+    log->error("{}", reserved.message);
     return 2;
   }
   for (int k = 0; k < pool_kind_count; ++k) {
@@ -183,24 +182,24 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
           to_string(static_cast<pool_kind>(k)), pool.total_bytes, pool.buffers.size());
       continue;
     }
-    std::string err;
     auto name = fmt::format("/ferry.{}.{}.{}", cfg.node_name, ctx->instance,
                             to_string(static_cast<pool_kind>(k)));
-    ctx->pools[k] = shm_region::create(name, pool.total_bytes, err);
-    if (!ctx->pools[k]) {
+    auto created = shm_region::create(name, pool.total_bytes);
+    if (!created) {
       uint64_t all = 0;
       for (const auto& p : ctx->layout.pools) all += p.present ? p.total_bytes : 0;
       log->error("pool {}: {} (the pools of this config need {} bytes in all)",
-                 to_string(static_cast<pool_kind>(k)), err, all);
+                 to_string(static_cast<pool_kind>(k)), created.message, all);
       return 2;
     }
+    ctx->pools[k] = std::move(created.value);
     // Local access only: peers write through their own per-connection registrations
     // (actors/connection.cpp), which are closed when a peer is lost.
     auto reg = ctx->engine->register_region(ctx->pools[k].data(), pool.total_bytes,
                                             transport::region_access::local);
     if (!reg) {
       log->error("pool {}: memory registration of {} bytes failed: {}",
-                 to_string(static_cast<pool_kind>(k)), pool.total_bytes, reg.error);
+                 to_string(static_cast<pool_kind>(k)), pool.total_bytes, reg.message);
       return 2;
     }
     ctx->regions[k] = reg.value;
@@ -219,19 +218,19 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
     st->data = static_cast<uint8_t*>(mem);
     auto reg = ctx->engine->register_region(st->data, st->bytes, transport::region_access::local);
     if (!reg) {
-      log->error("staging: memory registration of {} bytes failed: {}", st->bytes, reg.error);
+      log->error("staging: memory registration of {} bytes failed: {}", st->bytes, reg.message);
       return 2;
     }
     st->region = reg.value;
     ctx->staging = std::move(st);
   }
-  std::string err;
-  ctx->gateway = client_gateway::listen(cfg.client_listen, err, client_limit(cfg, nofile, *log),
+  auto gateway = client_gateway::listen(cfg.client_listen, client_limit(cfg, nofile, *log),
                                         cfg.limits.client_frame_ms);
-  if (!ctx->gateway) {
-    log->error("{}", err);
+  if (!gateway) {
+    log->error("{}", gateway.message);
     return 2;
   }
+  ctx->gateway = std::move(gateway.value);
 
   int rc = 0;
   ctx->timers = std::make_unique<timer_service>();

@@ -254,18 +254,18 @@ struct batch_done_msg {
   transport::batch_result result;
 };
 
-/// Off the actor workers -> Scheduler: a client pool's mapping and registration finished
-/// (`error` empty) or failed; the request (`conn`, `seq`) is answered now.
+/// Off the actor workers -> Scheduler: a client pool's mapping and registration finished or
+/// failed; the request (`conn`, `seq`) is answered now.
 struct memory_mapped {
   int pool = 0;
   uint64_t conn = 0;
   uint32_t seq = 0;
-  std::string error;
+  result<> outcome;
 };
 /// Off the actor workers -> Scheduler: a client pool's memory was deregistered and unmapped.
 struct memory_released {
   int pool = 0;
-  std::string error;
+  result<> outcome;
 };
 
 /// A room actor's status changed (to the Scheduler).

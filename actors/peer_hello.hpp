@@ -33,10 +33,9 @@ peer_hello describe_self(const daemon_context& ctx, const std::vector<peer_regio
 /// Validate a peer's hello against our config; `we_decode` says which side we are on this link.
 /// The error names the first problem: protocol versions, roles, the peer's own config (it must
 /// pass the same validation as ours), its declared position, the link plan between the two
-/// layouts, and the regions it describes. Pure: its fabric address is added afterwards.
-std::variant<std::shared_ptr<peer_info>, std::string> validate_peer(const ferry_config& mine,
-                                                                    const peer_hello& h,
-                                                                    bool we_decode,
-                                                                    const std::string& address);
+/// layouts, and the regions it describes (`errc::peer_incompatible`). Pure: its fabric address
+/// is added afterwards.
+result<std::shared_ptr<peer_info>> validate_peer(const ferry_config& mine, const peer_hello& h,
+                                                 bool we_decode, const std::string& address);
 
 }  // namespace ferry

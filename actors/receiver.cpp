@@ -233,11 +233,13 @@ void start(receiver_actor* self) {
   }
   if (usable.empty()) return fail(self, first_code, first_unusable, false);
   auto chosen = select_prefill_peers(schema_of(st.ctx->config), schemas);
-  if (auto* e = std::get_if<std::string>(&chosen))
-    return fail(self, first_unusable.empty() ? errc::peer_incompatible : first_code,
-                first_unusable.empty() ? *e : *e + " (" + first_unusable + ")", false);
+  if (!chosen)
+    return fail(
+        self, first_unusable.empty() ? chosen.code : first_code,
+        first_unusable.empty() ? chosen.message : chosen.message + " (" + first_unusable + ")",
+        false);
   uint64_t need = 0;
-  for (size_t k : std::get<0>(chosen)) {
+  for (size_t k : chosen.value) {
     const size_t i = usable[k];
     source_link l;
     l.peer = st.named[i];

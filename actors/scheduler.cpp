@@ -114,7 +114,7 @@ void on_peer_inbound(scheduler_actor* self, peer_inbound& in) {
         if (it == st.prefill.active.end()) {
           if (!st.ctx->serves_prefill())
             return refuse("this daemon does not serve the prefill role");
-          if (auto e = admission(st, st.prefill, "prefill")) return refuse(*e);
+          if (auto e = admission(st, st.prefill, "prefill"); !e) return refuse(e.message);
           auto actor = spawn_sender(self, st.ctx, p.room, caf::actor_cast<caf::actor>(self));
           it = st.prefill.active.emplace(p.room, room_entry{}).first;
           it->second.actor = actor;
@@ -285,10 +285,11 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
         auto& st = self->state;
         auto& pool = st.ctx->client_pools[m.pool];
         const auto name = to_string(static_cast<pool_kind>(m.pool));
-        if (!m.error.empty()) {
+        if (!m.outcome) {
           pool.now = client_pool::state::unregistered;
-          st.ctx->log_sched->warn("client conn={} register_memory failed: {}", m.conn, m.error);
-          st.ctx->gateway->reply(m.conn, m.seq, proto::error{errc::invalid_request, m.error});
+          st.ctx->log_sched->warn("client conn={} register_memory failed: {}", m.conn,
+                                  m.outcome.message);
+          st.ctx->gateway->reply(m.conn, m.seq, std::move(m.outcome).error());
           return;
         }
         pool.now = client_pool::state::registered;
@@ -303,10 +304,10 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
         st.ctx->client_pools[m.pool].now = client_pool::state::unregistered;
         st.release_unmapping[m.pool] = false;
         const auto name = to_string(static_cast<pool_kind>(m.pool));
-        if (m.error.empty())
+        if (m.outcome)
           st.ctx->log_sched->info("pool {}: released; it can be registered again", name);
         else
-          st.ctx->log_sched->error("pool {}: released with an error: {}", name, m.error);
+          st.ctx->log_sched->error("pool {}: released with an error: {}", name, m.outcome.message);
       },
       [=](peer_hello& h) {
         auto conn = spawn_inbound_connection(self, self->state.ctx, std::move(h),

@@ -19,10 +19,10 @@ namespace ferry::sched {
 void on_register_memory(scheduler_actor* self, client_request& r) {
   auto& st = self->state;
   const auto& m = std::get<proto::register_memory>(r.msg);
-  if (auto e = check_registration(*st.ctx, m, r.fds); !e.empty()) {
+  if (auto e = check_registration(*st.ctx, m, r.fds); !e) {
     for (int fd : r.fds) close(fd);
-    st.ctx->log_sched->warn("client conn={} register_memory refused: {}", r.conn, e);
-    return reply_error(self, r, errc::invalid_request, e);
+    st.ctx->log_sched->warn("client conn={} register_memory refused: {}", r.conn, e.message);
+    return reply_error(self, r, std::move(e).error());
   }
   const int k = static_cast<int>(m.pool);
   st.ctx->client_pools[k].now = client_pool::state::registering;
@@ -31,9 +31,9 @@ void on_register_memory(scheduler_actor* self, client_request& r) {
   self->spawn<caf::detached>(
       [ctx = st.ctx, me, req = m, fds = std::move(r.fds), conn = r.conn, seq = r.seq](
           caf::blocking_actor*, int k) {
-        auto err = map_client_pool(*ctx, req, fds);
+        auto mapped = map_client_pool(*ctx, req, fds);
         for (int fd : fds) close(fd);  // the mappings keep the memory
-        caf::anon_send(me, memory_mapped{k, conn, seq, std::move(err)});
+        caf::anon_send(me, memory_mapped{k, conn, seq, std::move(mapped)});
       },
       k);  // an argument: CAF 0.17 binds a null tuple for a function spawned without one (UBSan)
 }

@@ -20,6 +20,10 @@ std::optional<uint64_t> owner_of(const scheduler_state& st, const client_request
   return std::nullopt;
 }
 
+void reply_error(scheduler_actor* self, const client_request& r, error e) {
+  reply_error(self, r, e.code, std::move(e.message));
+}
+
 void reply_error(scheduler_actor* self, const client_request& r, errc code, std::string text) {
   // Request-related lines carry room= and peer= (the prefill peer a prepare names, else "-").
   std::string room = "-", peer = "-";
@@ -39,59 +43,66 @@ namespace {
 
 /// Checks shared by prepare and the last send: exactly one state slot and one aux row when the
 /// pools exist, none when they do not.
-std::optional<std::string> check_slot_and_row(const daemon_context& ctx, uint64_t room,
-                                              const char* side, uint32_t slot, uint32_t row) {
+result<> check_slot_and_row(const daemon_context& ctx, uint64_t room, const char* side,
+                            uint32_t slot, uint32_t row) {
   const auto& l = ctx.layout;
   if (l[pool_kind::state].present) {
     const auto slots = ctx.config.pools.mamba->slots;
     if (slot == no_index)
-      return fmt::format(
-          "mamba requires single state index: room {} got {}=none (exactly one {} state slot is "
-          "required)",
-          room, side, side);
+      return error{errc::invalid_request, fmt::format("mamba requires single state index: room {} "
+                                                      "got {}=none (exactly one {} state slot is "
+                                                      "required)",
+                                                      room, side, side)};
     if (slot >= slots)
-      return fmt::format("room {}: {} state slot {} is outside the pool of {} slots", room, side,
-                         slot, slots);
+      return error{errc::invalid_request,
+                   fmt::format("room {}: {} state slot {} is outside the pool of {} slots", room,
+                               side, slot, slots)};
   } else if (slot != no_index) {
-    return fmt::format("room {}: {} state slot {} given but this daemon has no mamba pool", room,
-                       side, slot);
+    return error{errc::invalid_request,
+                 fmt::format("room {}: {} state slot {} given but this daemon has no mamba pool",
+                             room, side, slot)};
   }
   if (l[pool_kind::aux].present) {
     const auto rows = ctx.config.pools.aux->rows;
     if (row == no_index)
-      return fmt::format("room {}: exactly one {} aux row is required", room, side);
+      return error{errc::invalid_request,
+                   fmt::format("room {}: exactly one {} aux row is required", room, side)};
     if (row >= rows)
-      return fmt::format("room {}: {} aux row {} is outside the pool of {} rows", room, side, row,
-                         rows);
+      return error{errc::invalid_request,
+                   fmt::format("room {}: {} aux row {} is outside the pool of {} rows", room, side,
+                               row, rows)};
   } else if (row != no_index) {
-    return fmt::format("room {}: {} aux row {} given but this daemon has no aux pool", room, side,
-                       row);
+    return error{errc::invalid_request,
+                 fmt::format("room {}: {} aux row {} given but this daemon has no aux pool", room,
+                             side, row)};
   }
-  return std::nullopt;
+  return {};
 }
 
-std::optional<std::string> check_pages(const daemon_context& ctx, uint64_t room,
-                                       const std::vector<uint32_t>& pages, const char* what) {
-  if (pages.empty()) return std::nullopt;
+result<> check_pages(const daemon_context& ctx, uint64_t room, const std::vector<uint32_t>& pages,
+                     const char* what) {
+  if (pages.empty()) return {};
   if (!ctx.config.pools.kv)
-    return fmt::format("room {}: {}s given but this daemon has no kv pool", room, what);
-  if (auto e = check_indices(pages, ctx.config.pools.kv->pages, what, "pages"))
-    return fmt::format("room {}: {}", room, *e);
-  return std::nullopt;
+    return error{errc::invalid_request,
+                 fmt::format("room {}: {}s given but this daemon has no kv pool", room, what)};
+  if (auto e = check_indices(pages, ctx.config.pools.kv->pages, what, "pages"); !e)
+    return error{e.code, fmt::format("room {}: {}", room, e.message)};
+  return {};
 }
 
 }  // namespace
 
 /// Admission: a bounded number of non-terminal rooms per side, so one runaway client cannot
 /// exhaust the daemon for everyone else.
-std::optional<std::string> admission(const scheduler_state& st, const side_rooms& side,
-                                     const char* name) {
-  if (auto why = st.ctx->pools_unusable(); !why.empty()) return why;
+result<> admission(const scheduler_state& st, const side_rooms& side, const char* name) {
+  // A room of this client's own daemon: its request, not a peer, is what cannot be served.
+  if (auto usable = st.ctx->pools_usable(); !usable)
+    return error{errc::invalid_request, usable.message};
   const auto limit = st.ctx->config.limits.max_active_rooms;
-  if (side.active.size() < limit) return std::nullopt;
-  return fmt::format(
-      "admission refused: {} rooms already active on the {} side (limits.max_active_rooms = {})",
-      side.active.size(), name, limit);
+  if (side.active.size() < limit) return {};
+  return error{errc::invalid_request, fmt::format("admission refused: {} rooms already active on "
+                                                  "the {} side (limits.max_active_rooms = {})",
+                                                  side.active.size(), name, limit)};
 }
 
 void notify_subscribers(scheduler_actor* self, const room_entry& e, uint64_t room, room_status s,
@@ -150,8 +161,8 @@ void on_prepare(scheduler_actor* self, client_request& r) {
     return reply_error(
         self, r, errc::duplicate_room,
         fmt::format("duplicate room {}: it is already active on this decode daemon", p.room));
-  if (auto e = admission(st, st.decode, "decode"))
-    return reply_error(self, r, errc::invalid_request, fmt::format("room {}: {}", p.room, *e));
+  if (auto e = admission(st, st.decode, "decode"); !e)
+    return reply_error(self, r, e.code, fmt::format("room {}: {}", p.room, e.message));
   if (p.prefill_peers.empty())
     return reply_error(self, r, errc::invalid_request,
                        fmt::format("room {}: no prefill peer named", p.room));
@@ -179,12 +190,12 @@ void on_prepare(scheduler_actor* self, client_request& r) {
             self, r, errc::invalid_request,
             fmt::format("room {}: prefill peer {} is named twice", p.room, p.prefill_peers[i]));
   }
-  if (auto e = check_pages(*st.ctx, p.room, p.dst_pages, "dst page"))
-    return reply_error(self, r, errc::invalid_request, *e);
-  if (auto e = check_slot_and_row(*st.ctx, p.room, "dst", p.state_slot, p.aux_row))
-    return reply_error(self, r, errc::invalid_request, *e);
-  if (auto e = st.claims->claim(p.room, p.dst_pages, p.state_slot, p.aux_row))
-    return reply_error(self, r, errc::invalid_request, *e);
+  if (auto e = check_pages(*st.ctx, p.room, p.dst_pages, "dst page"); !e)
+    return reply_error(self, r, std::move(e).error());
+  if (auto e = check_slot_and_row(*st.ctx, p.room, "dst", p.state_slot, p.aux_row); !e)
+    return reply_error(self, r, std::move(e).error());
+  if (auto e = st.claims->claim(p.room, p.dst_pages, p.state_slot, p.aux_row); !e)
+    return reply_error(self, r, std::move(e).error());
   auto dst_pages = p.dst_pages;
   const auto dst_slot = p.state_slot, dst_row = p.aux_row;
   const uint64_t token = st.next_token;
@@ -213,13 +224,14 @@ void on_prepare(scheduler_actor* self, client_request& r) {
 
 namespace {
 
-/// Why a send for `room` is refused because that room already finished, or nullopt.
-std::optional<std::string> finished_send(const scheduler_state& st, uint64_t room) {
+/// Whether a send for `room` is refused because that room already finished.
+result<> finished_send(const scheduler_state& st, uint64_t room) {
   auto done = st.prefill.finished.find(room);
-  if (done == st.prefill.finished.end()) return std::nullopt;
+  if (done == st.prefill.finished.end()) return {};
   const auto* status = to_string(done->second.status);
-  return fmt::format("room {} already finished ({}); send after {} is rejected", room, status,
-                     status);
+  return error{errc::room_finished,
+               fmt::format("room {} already finished ({}); send after {} is rejected", room, status,
+                           status)};
 }
 
 }  // namespace
@@ -232,13 +244,14 @@ void on_send(scheduler_actor* self, client_request& r) {
     return reply_error(
         self, r, errc::wrong_role,
         fmt::format("room {}: send is a prefill operation; this daemon's role is decode", s.room));
-  if (auto why = ctx.pools_unusable(); !why.empty())  // before any look at the pools' memory
-    return reply_error(self, r, errc::invalid_request, fmt::format("room {}: {}", s.room, why));
-  if (auto e = check_pages(ctx, s.room, s.src_pages, "src page"))
-    return reply_error(self, r, errc::invalid_request, *e);
+  if (auto usable = ctx.pools_usable(); !usable)  // before any look at the pools' memory
+    return reply_error(self, r, errc::invalid_request,
+                       fmt::format("room {}: {}", s.room, usable.message));
+  if (auto e = check_pages(ctx, s.room, s.src_pages, "src page"); !e)
+    return reply_error(self, r, std::move(e).error());
   if (s.last) {
-    if (auto e = check_slot_and_row(ctx, s.room, "src", s.state_slot, s.aux_row))
-      return reply_error(self, r, errc::invalid_request, *e);
+    if (auto e = check_slot_and_row(ctx, s.room, "src", s.state_slot, s.aux_row); !e)
+      return reply_error(self, r, std::move(e).error());
     if (ctx.layout[pool_kind::aux].present) {
       // The aux row carries the room id: a wrong row would deliver another request's metadata.
       uint64_t stored = 0;
@@ -258,9 +271,9 @@ void on_send(scheduler_actor* self, client_request& r) {
   }
   auto it = st.prefill.active.find(s.room);
   if (it == st.prefill.active.end()) {
-    if (auto e = finished_send(st, s.room)) return reply_error(self, r, errc::room_finished, *e);
-    if (auto e = admission(st, st.prefill, "prefill"))
-      return reply_error(self, r, errc::invalid_request, fmt::format("room {}: {}", s.room, *e));
+    if (auto e = finished_send(st, s.room); !e) return reply_error(self, r, std::move(e).error());
+    if (auto e = admission(st, st.prefill, "prefill"); !e)
+      return reply_error(self, r, e.code, fmt::format("room {}: {}", s.room, e.message));
     auto actor = spawn_sender(self, st.ctx, s.room, caf::actor_cast<caf::actor>(self));
     it = st.prefill.active.emplace(s.room, room_entry{}).first;
     it->second.actor = actor;
@@ -276,10 +289,10 @@ void on_send(scheduler_actor* self, client_request& r) {
       .then([] {},
             [=](caf::error&) {
               auto& st = self->state;
-              auto why = finished_send(st, room);
-              reply_error(
-                  self, head, errc::room_finished,
-                  why ? *why : fmt::format("room {} ended before this chunk reached it", room));
+              auto open = finished_send(st, room);
+              reply_error(self, head, errc::room_finished,
+                          open ? fmt::format("room {} ended before this chunk reached it", room)
+                               : open.message);
             });
 }
 

@@ -109,8 +109,8 @@ using scheduler_actor = caf::stateful_actor<scheduler_state>;
 // scheduler_rooms.cpp: the room registry and the requests that make or change rooms.
 std::optional<uint64_t> owner_of(const scheduler_state& st, const client_request& r);
 void reply_error(scheduler_actor* self, const client_request& r, errc code, std::string text);
-std::optional<std::string> admission(const scheduler_state& st, const side_rooms& side,
-                                     const char* name);
+void reply_error(scheduler_actor* self, const client_request& r, error e);
+result<> admission(const scheduler_state& st, const side_rooms& side, const char* name);
 void notify_subscribers(scheduler_actor* self, const room_entry& e, uint64_t room, room_status s,
                         const std::string& reason, errc code);
 void fail_orphan(scheduler_actor* self, side_rooms& side, uint64_t room, std::string reason);

@@ -264,24 +264,24 @@ void post_link(sender_actor* self, decode_link& l, const proto::send& chunk, uin
 
 /// Plan and post one chunk to every decode rank; returns an error (nothing posted) when the
 /// chunk does not fit the decode's page list.
-std::optional<std::string> post_chunk(sender_actor* self, const proto::send& chunk) {
+result<> post_chunk(sender_actor* self, const proto::send& chunk) {
   auto& st = self->state;
   const auto n = static_cast<uint32_t>(chunk.src_pages.size());
   // Every rank prepared the same number of pages and saw the same chunks, so one check holds
   // for all cursors.
-  uint32_t first = 0;
   auto probe = st.links.front().cursor;
-  if (auto e = probe.take(n, chunk.last, first)) return e;
+  auto first = probe.take(n, chunk.last);
+  if (!first) return std::move(first).error();
   for (auto& l : st.links) {
-    l.cursor.take(n, chunk.last, first);
-    post_link(self, l, chunk, first);
+    (void)l.cursor.take(n, chunk.last);  // the probe above took the same from the same position
+    post_link(self, l, chunk, first.value);
   }
   st.ctx->log_room->debug("room={} peer={} chunk pages={} last={}", st.room, st.peer_name(), n,
                           chunk.last);
   st.last_posted = chunk.last;
   pump(self);
   maybe_announce(self);
-  return std::nullopt;
+  return {};
 }
 
 void handle_chunk(sender_actor* self, client_request& req) {
@@ -321,51 +321,60 @@ void handle_chunk(sender_actor* self, client_request& req) {
     st.queued.push_back(std::move(req));
     return;
   }
-  if (auto e = post_chunk(self, chunk)) {
-    st.ctx->log_room->warn("room={} peer={} send rejected: {}", st.room, st.peer_name(), *e);
-    st.ctx->gateway->reply(
-        req.conn, req.seq,
-        proto::error{errc::invalid_request, fmt::format("room {}: {}", st.room, *e)});
+  if (auto e = post_chunk(self, chunk); !e) {
+    st.ctx->log_room->warn("room={} peer={} send rejected: {}", st.room, st.peer_name(), e.message);
+    st.ctx->gateway->reply(req.conn, req.seq,
+                           proto::error{e.code, fmt::format("room {}: {}", st.room, e.message)});
     return;
   }
   accept();
   st.ctx->gateway->reply(req.conn, req.seq, proto::ok{});
 }
 
-/// Why a decode rank's prepare cannot join this room, or nullopt. `fatal`: the room cannot
-/// succeed any more (its decode ranks disagree), so it fails with this reason.
-std::optional<std::string> check_prepare(const sender_state& st, const peer_inbound& in,
-                                         const peer_prepare& p, bool& fatal) {
+/// Whether a decode rank's prepare can join this room (invalid_request when not). `fatal`: the
+/// room cannot succeed any more (its decode ranks disagree), so it fails with this reason.
+result<> check_prepare(const sender_state& st, const peer_inbound& in, const peer_prepare& p,
+                       bool& fatal) {
   const auto& mine = st.ctx->config.tp;
   const auto& peer = in.from->schema;
   fatal = false;
   if (!in.from->link->in_group)
-    return fmt::format(
-        "decode TP rank {} of {} (PP stage {}) does not receive from this prefill (TP rank {} of "
-        "{}, PP stage {})",
-        peer.tp_rank, peer.tp_size, peer.pp_rank, mine.rank, mine.size, st.ctx->config.pp.rank);
+    return error{errc::invalid_request, fmt::format("decode TP rank {} of {} (PP stage {}) does "
+                                                    "not receive from this prefill (TP rank {} of "
+                                                    "{}, PP stage {})",
+                                                    peer.tp_rank, peer.tp_size, peer.pp_rank,
+                                                    mine.rank, mine.size, st.ctx->config.pp.rank)};
   for (const auto& l : st.links)
     if (l.connection == in.connection)
-      return fmt::format("duplicate room {}: already prepared", p.room);
+      return error{errc::invalid_request,
+                   fmt::format("duplicate room {}: already prepared", p.room)};
   if (st.ready())
-    return fmt::format("room {}: all {} decode ranks already prepared", p.room, st.expected_links);
+    return error{errc::invalid_request, fmt::format("room {}: all {} decode ranks already prepared",
+                                                    p.room, st.expected_links)};
   fatal = true;
   for (const auto& l : st.links) {
     if (l.prep.dst_pages.size() != p.dst_pages.size())
-      return fmt::format(
-          "room {}: decode ranks prepared different page counts: {} prepared {} pages, {} "
-          "prepared {}",
-          p.room, l.peer->address, l.prep.dst_pages.size(), in.from->address, p.dst_pages.size());
+      return error{
+          errc::invalid_request,
+          fmt::format(
+              "room {}: decode ranks prepared different page counts: {} prepared {} pages, {} "
+              "prepared {}",
+              p.room, l.peer->address, l.prep.dst_pages.size(), in.from->address,
+              p.dst_pages.size())};
     if (l.prep.prefix_tokens != p.prefix_tokens)
-      return fmt::format(
-          "room {}: decode ranks prepared different prefixes: {} prepared {} tokens, {} "
-          "prepared {}",
-          p.room, l.peer->address, l.prep.prefix_tokens, in.from->address, p.prefix_tokens);
+      return error{
+          errc::invalid_request,
+          fmt::format(
+              "room {}: decode ranks prepared different prefixes: {} prepared {} tokens, {} "
+              "prepared {}",
+              p.room, l.peer->address, l.prep.prefix_tokens, in.from->address, p.prefix_tokens)};
     if (l.peer->schema.tp_size != peer.tp_size)
-      return fmt::format(
-          "room {}: decode ranks of different TP sizes prepared it: {} has TP {}, "
-          "{} has TP {}",
-          p.room, l.peer->address, l.peer->schema.tp_size, in.from->address, peer.tp_size);
+      return error{
+          errc::invalid_request,
+          fmt::format("room {}: decode ranks of different TP sizes prepared it: {} has TP {}, "
+                      "{} has TP {}",
+                      p.room, l.peer->address, l.peer->schema.tp_size, in.from->address,
+                      peer.tp_size)};
   }
   fatal = false;
   // The decode named these indices; check them against the layout it declared before any write
@@ -373,48 +382,56 @@ std::optional<std::string> check_prepare(const sender_state& st, const peer_inbo
   const auto& dl = in.from->layout;
   if (!p.dst_pages.empty()) {
     if (!dl[pool_kind::kv].present)
-      return fmt::format("room {}: pages named but the decode has no kv pool", p.room);
+      return error{errc::invalid_request,
+                   fmt::format("room {}: pages named but the decode has no kv pool", p.room)};
     if (auto e = check_indices(p.dst_pages, dl[pool_kind::kv].buffers[0].items, "decode dst page",
-                               "pages"))
-      return fmt::format("room {}: {}", p.room, *e);
+                               "pages");
+        !e)
+      return error{e.code, fmt::format("room {}: {}", p.room, e.message)};
   }
   if (p.dst_state_slot != no_index &&
       (!dl[pool_kind::state].present || p.dst_state_slot >= dl[pool_kind::state].buffers[0].items))
-    return fmt::format("room {}: decode dst state slot {} is outside its mamba pool", p.room,
-                       p.dst_state_slot);
+    return error{errc::invalid_request,
+                 fmt::format("room {}: decode dst state slot {} is outside its mamba pool", p.room,
+                             p.dst_state_slot)};
   if (p.dst_aux_row != no_index &&
       (!dl[pool_kind::aux].present || p.dst_aux_row >= dl[pool_kind::aux].buffers[0].items))
-    return fmt::format("room {}: decode dst aux row {} is outside its aux pool", p.room,
-                       p.dst_aux_row);
+    return error{errc::invalid_request,
+                 fmt::format("room {}: decode dst aux row {} is outside its aux pool", p.room,
+                             p.dst_aux_row)};
   if (st.ctx->layout[pool_kind::state].present && p.dst_state_slot == no_index)
-    return fmt::format("mamba requires single state index: room {} got dst=none from the decode",
-                       p.room);
+    return error{
+        errc::invalid_request,
+        fmt::format("mamba requires single state index: room {} got dst=none from the decode",
+                    p.room)};
   if (st.ctx->layout[pool_kind::aux].present && p.dst_aux_row == no_index)
-    return fmt::format("room {}: the decode named no aux row", p.room);
+    return error{errc::invalid_request,
+                 fmt::format("room {}: the decode named no aux row", p.room)};
   if (p.dst_staging != no_staging) {
     const auto need = in.from->link->unpack_staging_bytes(p.dst_pages.size());
     if (!need || !in.from->staging.present || p.dst_staging > in.from->staging.length ||
         in.from->staging.length - p.dst_staging < need)
-      return fmt::format(
-          "room {}: staging offset {} ({} bytes) is outside the decode's staging "
-          "region of {} bytes",
-          p.room, p.dst_staging, need, in.from->staging.length);
+      return error{
+          errc::invalid_request,
+          fmt::format("room {}: staging offset {} ({} bytes) is outside the decode's staging "
+                      "region of {} bytes",
+                      p.room, p.dst_staging, need, in.from->staging.length)};
   }
-  return std::nullopt;
+  return {};
 }
 
 void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p) {
   auto& st = self->state;
   bool fatal = false;
-  auto e = draining(st)
-               ? std::optional<std::string>(fmt::format("room {} failed on the prefill: {}", p.room,
-                                                        st.life.machine.fail_reason()))
-               : check_prepare(st, in, p, fatal);
-  if (e) {
-    const errc code = draining(st) ? st.life.machine.fail_code() : errc::invalid_request;
-    self->send(in.connection, peer_outbound{caf::make_message(peer_prepare_ack{
-                                  p.room, p.token, false, *e, static_cast<uint16_t>(code)})});
-    if (fatal) fail(self, code, *e);
+  auto joined = draining(st) ? result<>(error{st.life.machine.fail_code(),
+                                              fmt::format("room {} failed on the prefill: {}",
+                                                          p.room, st.life.machine.fail_reason())})
+                             : check_prepare(st, in, p, fatal);
+  if (!joined) {
+    self->send(in.connection,
+               peer_outbound{caf::make_message(peer_prepare_ack{
+                   p.room, p.token, false, joined.message, static_cast<uint16_t>(joined.code)})});
+    if (fatal) fail(self, joined.code, joined.message);
     return;
   }
   st.expected_links = decode_ranks_per_prefill(st.ctx->config.tp.size, in.from->schema.tp_size);
@@ -435,8 +452,8 @@ void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p) {
   while (!st.queued.empty() && !terminal(st)) {
     auto req = std::move(st.queued.front());
     st.queued.pop_front();
-    if (auto e = post_chunk(self, std::get<proto::send>(req.msg)))
-      fail(self, errc::invalid_request, *e);
+    if (auto e = post_chunk(self, std::get<proto::send>(req.msg)); !e)
+      fail(self, e.code, e.message);
   }
 }
 
@@ -494,9 +511,9 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
           st.batch_link.erase(it);
         }
         if (draining(st)) return finish_drain(self);
-        if (!d.result.ok)
-          return fail(self, errc::fabric_write_failed,
-                      fmt::format("write to decode {} failed: {}", to, d.result.error));
+        if (!d.result.ok())
+          return fail(self, d.result.code,
+                      fmt::format("write to decode {} failed: {}", to, d.result.message));
         pump(self);
         maybe_announce(self);
       },

@@ -43,6 +43,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/errors.hpp"
+
 namespace ferry::transport {
 
 /// Engine settings (from the daemon config).
@@ -84,10 +86,13 @@ struct write_op {
 
 /// Outcome of a batch: all writes locally completed, or the first error.
 struct batch_result {
-  bool ok = true;
   uint32_t completed = 0;  ///< writes locally completed successfully
   uint32_t failed = 0;     ///< writes that completed with an error or were never posted
-  std::string error;       ///< first error: the libfabric call, fi_strerror text, and context
+  /// The first error, as in result<T>: ok, or fabric_write_failed unless the code says more
+  /// (peer_lost, ...), with the libfabric call, fi_strerror text and context.
+  errc code = errc::ok;
+  std::string message;
+  bool ok() const { return code == errc::ok; }
 };
 
 /// A group of writes to one peer; `done` runs once on the progress thread when every write has
@@ -100,14 +105,6 @@ struct write_batch {
 
 /// Aggregated arrived immediates: (imm value, number of writes carrying it).
 using immediate_counts = std::vector<std::pair<uint64_t, uint32_t>>;
-
-/// Result of fallible engine calls: empty error string = success.
-template <class T>
-struct result {
-  T value{};
-  std::string error;
-  explicit operator bool() const { return error.empty(); }
-};
 
 /// One registration asked of `register_regions`.
 struct region_request {

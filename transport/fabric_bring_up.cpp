@@ -60,15 +60,16 @@ std::string mr_mode_text(uint64_t bits) {
 
 }  // namespace
 
-std::string fabric_engine::init(const engine_config& cfg) {
+result<> fabric_engine::init(const engine_config& cfg) {
   cfg_ = cfg;
   log_ = transport_log();
   if (cfg.max_inflight_writes == 0) {
-    return "fabric.max_inflight_writes: expected a positive integer, got 0";
+    return error{errc::config_invalid,
+                 "fabric.max_inflight_writes: expected a positive integer, got 0"};
   }
 
   info_ptr hints(fi_allocinfo());
-  if (!hints) return "fi_allocinfo: out of memory";
+  if (!hints) return error{errc::system_error, "fi_allocinfo: out of memory"};
   hints->ep_attr->type = FI_EP_RDM;
   // FI_MSG keeps ofi_rxm willing to layer over tcp; we never send messages.
   hints->caps = FI_RMA | FI_MSG | FI_WRITE | FI_REMOTE_WRITE;
@@ -84,8 +85,9 @@ std::string fabric_engine::init(const engine_config& cfg) {
   fi_info* raw = nullptr;
   int rc = fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints.get(), &raw);
   if (rc != 0) {
-    return "fabric provider '" + cfg.provider +
-           "' is not available on this machine (fi_getinfo: " + fi_strerror(-rc) + ")";
+    return error{errc::fabric_unavailable,
+                 "fabric provider '" + cfg.provider +
+                     "' is not available on this machine (fi_getinfo: " + fi_strerror(-rc) + ")"};
   }
   info_.reset(raw);
 
@@ -95,8 +97,9 @@ std::string fabric_engine::init(const engine_config& cfg) {
     raw = nullptr;
     rc = fi_getinfo(FI_VERSION(1, 17), cfg.address.c_str(), nullptr, FI_SOURCE, hints.get(), &raw);
     if (rc != 0) {
-      return "fabric provider '" + cfg.provider + "' cannot bind fabric.address '" + cfg.address +
-             "' (fi_getinfo: " + fi_strerror(-rc) + ")";
+      return error{errc::fabric_unavailable, "fabric provider '" + cfg.provider +
+                                                 "' cannot bind fabric.address '" + cfg.address +
+                                                 "' (fi_getinfo: " + fi_strerror(-rc) + ")"};
     }
     info_.reset(raw);
   }
@@ -105,24 +108,28 @@ std::string fabric_engine::init(const engine_config& cfg) {
   provider_ = info->fabric_attr->prov_name ? info->fabric_attr->prov_name : cfg.provider;
   mr_mode_ = info->domain_attr->mr_mode;
   if ((mr_mode_ & ~handled_mr_mode) != 0) {
-    return "fabric provider '" + provider_ + "' requires mr_mode " + mr_mode_text(mr_mode_) +
-           ", ferry handles only " + mr_mode_text(handled_mr_mode);
+    return error{errc::fabric_unavailable, "fabric provider '" + provider_ + "' requires mr_mode " +
+                                               mr_mode_text(mr_mode_) + ", ferry handles only " +
+                                               mr_mode_text(handled_mr_mode)};
   }
   if ((info->mode & ~handled_mode) != 0) {
-    return "fabric provider '" + provider_ + "' requires unsupported mode bits 0x" +
-           std::to_string(info->mode & ~handled_mode);
+    return error{errc::fabric_unavailable, "fabric provider '" + provider_ +
+                                               "' requires unsupported mode bits 0x" +
+                                               std::to_string(info->mode & ~handled_mode)};
   }
   if (info->domain_attr->cq_data_size < sizeof(uint64_t)) {
-    return "fabric provider '" + provider_ + "' carries " +
-           std::to_string(info->domain_attr->cq_data_size) +
-           " bytes of remote CQ data, ferry needs 8";
+    return error{errc::fabric_unavailable, "fabric provider '" + provider_ + "' carries " +
+                                               std::to_string(info->domain_attr->cq_data_size) +
+                                               " bytes of remote CQ data, ferry needs 8"};
   }
   rx_cq_data_ = (info->mode & FI_RX_CQ_DATA) != 0;
   split_commit_ = provider_.rfind("tcp", 0) == 0;
   if (split_commit_ && ((info->tx_attr->msg_order & FI_ORDER_WAW) == 0 ||
                         info->ep_attr->max_order_waw_size < (uint64_t{1} << 30))) {
-    return "fabric provider '" + provider_ +
-           "' does not order writes after writes (FI_ORDER_WAW), which the tcp commit needs";
+    return error{
+        errc::fabric_unavailable,
+        "fabric provider '" + provider_ +
+            "' does not order writes after writes (FI_ORDER_WAW), which the tcp commit needs"};
   }
   // Application-chosen keys must fit the domain's key size (0 = not reported: assume 8 bytes).
   const size_t key_size = info->domain_attr->mr_key_size;
@@ -130,13 +137,13 @@ std::string fabric_engine::init(const engine_config& cfg) {
 
   fid_fabric* fabric = nullptr;
   if ((rc = fi_fabric(info->fabric_attr, &fabric, nullptr)) != 0) {
-    return fi_error_text("fi_fabric", rc);
+    return fi_error("fi_fabric", rc, errc::fabric_unavailable);
   }
   fabric_.reset(fabric);
 
   fid_domain* domain = nullptr;
   if ((rc = fi_domain(fabric_.get(), info, &domain, nullptr)) != 0) {
-    return fi_error_text("fi_domain", rc);
+    return fi_error("fi_domain", rc, errc::fabric_unavailable);
   }
   domain_.reset(domain);
 
@@ -145,7 +152,7 @@ std::string fabric_engine::init(const engine_config& cfg) {
   av_attr.count = 64;  // a hint only; the AV grows
   fid_av* av = nullptr;
   if ((rc = fi_av_open(domain_.get(), &av_attr, &av, nullptr)) != 0) {
-    return fi_error_text("fi_av_open", rc);
+    return fi_error("fi_av_open", rc, errc::fabric_unavailable);
   }
   av_.reset(av);
 
@@ -158,13 +165,14 @@ std::string fabric_engine::init(const engine_config& cfg) {
     for (auto& c : receive_contexts_) c.what = op_context::kind::receive;
   }
 
-  if (auto err = open_cq(); !err.empty()) return err;
+  if (auto cq = open_cq(); !cq) return cq;
 
-  if (auto err = open_endpoint(); !err.empty()) return err;
+  if (auto ep = open_endpoint(); !ep) return ep;
   renew_on_cut_ = provider_ == "shm" && (mr_mode_ & FI_MR_ENDPOINT) == 0;
 
   wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (wake_fd_.get() < 0) return std::string("eventfd: ") + std::strerror(errno);
+  if (wake_fd_.get() < 0)
+    return error{errc::system_error, std::string("eventfd: ") + std::strerror(errno)};
 
   log_->info("opened fabric provider={} fabric={} domain={} mr_mode={} threading={} wait={}{}",
              provider_, info->fabric_attr->name ? info->fabric_attr->name : "?",
@@ -175,7 +183,7 @@ std::string fabric_engine::init(const engine_config& cfg) {
   return {};
 }
 
-std::string fabric_engine::open_cq() {
+result<> fabric_engine::open_cq() {
   fi_cq_attr attr{};
   attr.format = FI_CQ_FORMAT_DATA;
   attr.size = std::max<size_t>(1024, 2 * (write_contexts_.size() + receive_contexts_.size()));
@@ -206,31 +214,32 @@ std::string fabric_engine::open_cq() {
   attr.wait_obj = FI_WAIT_NONE;
   cq = nullptr;
   if ((rc = fi_cq_open(domain_.get(), &attr, &cq, nullptr)) != 0) {
-    return fi_error_text("fi_cq_open", rc);
+    return fi_error("fi_cq_open", rc, errc::fabric_unavailable);
   }
   cq_.reset(cq);
   wait_kind_ = wait_kind::sleep;
   return {};
 }
 
-std::string fabric_engine::open_endpoint() {
+result<> fabric_engine::open_endpoint() {
   fid_ep* ep = nullptr;
   int rc = fi_endpoint(domain_.get(), info_.get(), &ep, nullptr);
-  if (rc != 0) return fi_error_text("fi_endpoint", rc);
+  if (rc != 0) return fi_error("fi_endpoint", rc, errc::fabric_unavailable);
   ep_.reset(ep);
-  if ((rc = fi_ep_bind(ep_.get(), &av_->fid, 0)) != 0) return fi_error_text("fi_ep_bind(av)", rc);
+  if ((rc = fi_ep_bind(ep_.get(), &av_->fid, 0)) != 0)
+    return fi_error("fi_ep_bind(av)", rc, errc::fabric_unavailable);
   // FI_RECV too: arriving remote CQ data is reported on the receive side.
   if ((rc = fi_ep_bind(ep_.get(), &cq_->fid, FI_TRANSMIT | FI_RECV)) != 0) {
-    return fi_error_text("fi_ep_bind(cq)", rc);
+    return fi_error("fi_ep_bind(cq)", rc, errc::fabric_unavailable);
   }
-  if ((rc = fi_enable(ep_.get())) != 0) return fi_error_text("fi_enable", rc);
+  if ((rc = fi_enable(ep_.get())) != 0) return fi_error("fi_enable", rc, errc::fabric_unavailable);
 
   size_t len = 0;
   rc = fi_getname(&ep_->fid, nullptr, &len);
-  if (rc != -FI_ETOOSMALL && rc != 0) return fi_error_text("fi_getname", rc);
+  if (rc != -FI_ETOOSMALL && rc != 0) return fi_error("fi_getname", rc, errc::fabric_unavailable);
   std::vector<uint8_t> address(len);
   if ((rc = fi_getname(&ep_->fid, address.data(), &len)) != 0) {
-    return fi_error_text("fi_getname", rc);
+    return fi_error("fi_getname", rc, errc::fabric_unavailable);
   }
   address.resize(len);
   {
@@ -241,12 +250,12 @@ std::string fabric_engine::open_endpoint() {
   return {};
 }
 
-std::string fabric_engine::post_receives(size_t count) {
+result<> fabric_engine::post_receives(size_t count) {
   // Zero-length receives: with FI_RX_CQ_DATA each arriving remote CQ data consumes one.
   for (size_t i = 0; i < count; ++i) {
     op_context& c = receive_contexts_[i];
     ssize_t rc = fi_recv(ep_.get(), nullptr, 0, nullptr, FI_ADDR_UNSPEC, &c.provider_scratch);
-    if (rc != 0) return fi_error_text("fi_recv", rc);
+    if (rc != 0) return fi_error("fi_recv", rc, errc::fabric_unavailable);
   }
   return {};
 }
@@ -256,28 +265,26 @@ std::string fabric_engine::post_receives(size_t count) {
 using detail::fabric_engine;
 
 result<std::unique_ptr<engine>> engine::open(const engine_config& cfg) {
-  result<std::unique_ptr<engine>> out;
   if (cfg.provider == "shm") {
     if (auto why = shm_without_cma(); !why.empty()) {
-      out.error = "fabric provider 'shm' needs cross-memory attach (process_vm_writev), and " +
-                  why +
-                  ": without it shm copies writes piecewise and a fenced peer's write could "
-                  "land after its room failed; use tcp, or allow CMA (ptrace_scope 0, or "
-                  "CAP_SYS_PTRACE)";
-      transport_log()->error("engine::open provider=shm: {}", out.error);
-      return out;
+      const error refused{errc::fabric_unavailable,
+                          "fabric provider 'shm' needs cross-memory attach (process_vm_writev), "
+                          "and " +
+                              why +
+                              ": without it shm copies writes piecewise and a fenced peer's "
+                              "write could land after its room failed; use tcp, or allow CMA "
+                              "(ptrace_scope 0, or CAP_SYS_PTRACE)"};
+      transport_log()->error("engine::open provider=shm: {}", refused.message);
+      return refused;
     }
     remove_stale_shm_files();
   }
   auto e = std::make_unique<fabric_engine>();
-  std::string err = e->init(cfg);
-  if (!err.empty()) {
-    transport_log()->error("engine::open provider={}: {}", cfg.provider, err);
-    out.error = std::move(err);
-    return out;
+  if (auto opened = e->init(cfg); !opened) {
+    transport_log()->error("engine::open provider={}: {}", cfg.provider, opened.message);
+    return std::move(opened).error();
   }
-  out.value = std::move(e);
-  return out;
+  return std::unique_ptr<engine>(std::move(e));
 }
 
 }  // namespace ferry::transport

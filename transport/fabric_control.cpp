@@ -35,7 +35,7 @@ void fabric_engine::submit(write_batch batch) {
   }
   if (b) {
     // Stopped: nobody will post it; fail here, on the caller's thread.
-    b->abort_unposted(stopped_text);
+    b->abort_unposted(stopped_error);
     invoke_callback(*log_, "batch_done", b->batch.done, std::move(b->result));
     return;
   }
@@ -97,7 +97,7 @@ void fabric_engine::stop() {
   std::lock_guard<std::mutex> guard(fabric_mutex_);
   for (auto& item : never_started) {
     if (item.batch) {
-      item.batch->abort_unposted(stopped_text);
+      item.batch->abort_unposted(stopped_error);
       invoke_callback(*log_, "batch_done", item.batch->batch.done, std::move(item.batch->result));
     } else if (item.task) {
       item.task();

@@ -49,7 +49,7 @@ namespace ferry::transport::detail {
 
 using clock_type = std::chrono::steady_clock;
 
-const char* const stopped_text = "engine stopped";
+inline const error stopped_error{errc::fabric_unavailable, "engine stopped"};
 
 /// Per-batch bookkeeping, owned by the engine from `submit` until `done` has run.
 struct batch_state {
@@ -65,13 +65,18 @@ struct batch_state {
   /// Whether every op has been posted or given up on.
   bool all_posted() const { return next >= batch.ops.size(); }
   /// Record a failure; the first one names the batch's error.
-  void fail(uint32_t count, const std::string& why) {
-    result.ok = false;
+  void fail(uint32_t count, const error& why) {
     result.failed += count;
-    if (result.error.empty()) result.error = why;
+    note(why);
+  }
+  /// Keep the first error as the batch's.
+  void note(const error& why) {
+    if (!result.ok()) return;
+    result.code = why.code;
+    result.message = why.message;
   }
   /// Give up on the ops not yet posted.
-  void abort_unposted(const std::string& why) {
+  void abort_unposted(const error& why) {
     if (all_posted()) return;
     fail(static_cast<uint32_t>(batch.ops.size() - next), why);
     next = batch.ops.size();
@@ -115,7 +120,7 @@ class fabric_engine final : public engine {
   fabric_engine() = default;
   ~fabric_engine() override { stop(); }
 
-  std::string init(const engine_config& cfg);
+  result<> init(const engine_config& cfg);
 
   result<region_id> register_region(void* base, uint64_t length, region_access access) override;
   result<bool> deregister_region(region_id id) override;
@@ -155,11 +160,11 @@ class fabric_engine final : public engine {
   enum class run_state { idle, running, draining, stopped };
   enum class wait_kind { fd, sleep };
 
-  std::string open_cq();
+  result<> open_cq();
   /// Open the endpoint on the domain, bind it to the AV and the CQ, enable it, read its address
   /// and post its receives.
-  std::string open_endpoint();
-  std::string post_receives(size_t count);
+  result<> open_endpoint();
+  result<> post_receives(size_t count);
 
   /// Run `fn` with exclusive use of the fabric objects: on the progress thread if it is running
   /// (waiting for the result), else directly on the caller's thread.
@@ -173,7 +178,7 @@ class fabric_engine final : public engine {
 
   result<region_id> do_register_region(void* base, uint64_t length, region_access access);
   result<bool> do_deregister_region(region_id id);
-  std::string close_region_mr(region_id id);
+  result<> close_region_mr(region_id id);
   result<uint64_t> choose_key() const;
   result<peer_handle> do_insert_peer(const std::vector<uint8_t>& address);
   void do_remove_peer(peer_handle peer);
@@ -191,7 +196,7 @@ class fabric_engine final : public engine {
   size_t read_completions();
   void handle_error_entry();
   void repost_receive(op_context* ctx);
-  void complete_op(op_context* ctx, bool ok, const std::string& why);
+  void complete_op(op_context* ctx, bool ok, const error& why);
   void maybe_finish(batch_state* b);
   bool deliver_immediates();
   void block(clock_type::duration idle_for, clock_type::duration& sleep_step);

@@ -14,6 +14,8 @@
 #include <memory>
 #include <string>
 
+#include "core/errors.hpp"
+
 namespace ferry::transport {
 
 /// Deleter closing any libfabric object that has an embedded `fid` member.
@@ -83,6 +85,40 @@ class unique_fd {
 inline std::string fi_error_text(const char* call, long long rc) {
   const int err = static_cast<int>(rc < 0 ? -rc : rc);
   return std::string(call) + ": " + fi_strerror(err) + " (" + std::to_string(rc) + ")";
+}
+
+/// The errc of a libfabric return code (-FI_E*) or completion error (FI_E*): what a caller can
+/// act on. The fabric unable to serve, a peer gone, a wait expired, a cancellation and memory
+/// exhaustion have codes of their own; anything else is `otherwise`, the call's own failure.
+inline errc errc_of_fi(long long rc, errc otherwise) {
+  switch (static_cast<int>(rc < 0 ? -rc : rc)) {
+    case FI_ENODATA:
+    case FI_ENOSYS:
+    case FI_EOPNOTSUPP:
+    case FI_ENODEV:
+      return errc::fabric_unavailable;
+    case FI_ECONNREFUSED:
+    case FI_ECONNRESET:
+    case FI_ECONNABORTED:
+    case FI_ENOTCONN:
+    case FI_EHOSTUNREACH:
+    case FI_ENETUNREACH:
+    case FI_ESHUTDOWN:
+      return errc::peer_lost;
+    case FI_ETIMEDOUT:
+      return errc::timed_out;
+    case FI_ECANCELED:
+      return errc::cancelled;
+    case FI_ENOMEM:
+      return errc::system_error;
+    default:
+      return otherwise;
+  }
+}
+
+/// The error of a failed libfabric call, coded by `errc_of_fi`.
+inline error fi_error(const char* call, long long rc, errc otherwise) {
+  return {errc_of_fi(rc, otherwise), fi_error_text(call, rc)};
 }
 
 }  // namespace ferry::transport

@@ -27,10 +27,7 @@ void fabric_engine::insert_peer_async(std::vector<uint8_t> address,
 
 result<peer_handle> fabric_engine::do_insert_peer(const std::vector<uint8_t>& address) {
   result<peer_handle> out;
-  if (address.empty()) {
-    out.error = "insert_peer: empty fabric address";
-    return out;
-  }
+  if (address.empty()) return error{errc::peer_incompatible, "insert_peer: empty fabric address"};
   // Two connections to one peer address (e.g. a node that is both prefill and decode) share
   // one AV entry: count them, so removing one does not invalidate the other's handle.
   for (auto& [addr, e] : peers_)
@@ -54,11 +51,13 @@ result<peer_handle> fabric_engine::do_insert_peer(const std::vector<uint8_t>& ad
   fi_addr_t addr = FI_ADDR_NOTAVAIL;
   int rc = fi_av_insert(av_.get(), address.data(), 1, &addr, 0, nullptr);
   if (rc != 1 || addr == FI_ADDR_NOTAVAIL) {
-    out.error = rc < 0 ? fi_error_text("fi_av_insert", rc)
-                       : "fi_av_insert: address of " + std::to_string(address.size()) +
-                             " bytes rejected by provider " + provider_;
-    log_->error("{}", out.error);
-    return out;
+    const error refused = rc < 0
+                              ? fi_error("fi_av_insert", rc, errc::fabric_error)
+                              : error{errc::peer_incompatible,
+                                      "fi_av_insert: address of " + std::to_string(address.size()) +
+                                          " bytes rejected by provider " + provider_};
+    log_->error("{}", refused.message);
+    return refused;
   }
   peers_[addr] = peer_entry{1, address};
   removed_peers_.erase(addr);
@@ -85,12 +84,12 @@ void fabric_engine::do_fence_peer(std::optional<peer_handle> peer,
   // before the provider can place another byte of a write it had begun to receive.
   for (auto id : regions)
     if (auto r = do_deregister_region(id); !r)
-      log_->error("fence: closing region {} failed: {}", id, r.error);
+      log_->error("fence: closing region {} failed: {}", id, r.message);
   if (peer) do_remove_peer(*peer);
 }
 
 void fabric_engine::do_remove_peer(peer_handle peer) {
-  const std::string why = "peer removed (peer " + std::to_string(peer) + ")";
+  const error why{errc::peer_lost, "peer removed (peer " + std::to_string(peer) + ")"};
   std::vector<batch_state*> touched;
   pending_.for_each([&](batch_state* b) {
     if (b->batch.peer == peer) {
@@ -160,8 +159,9 @@ void fabric_engine::renew_endpoint() {
   ep_.reset();
   for (int i = 0; i < 64 && read_completions() > 0; ++i) {
   }
-  const std::string why = "fabric endpoint renewed (" + renew_reason_ +
-                          ", which may have fenced this endpoint): write never completed";
+  const error why{errc::fabric_write_failed,
+                  "fabric endpoint renewed (" + renew_reason_ +
+                      ", which may have fenced this endpoint): write never completed"};
   std::vector<bool> free(write_contexts_.size(), false);
   for (op_context* c : free_contexts_) free[static_cast<size_t>(c - write_contexts_.data())] = true;
   uint32_t failed = 0;
@@ -177,11 +177,11 @@ void fabric_engine::renew_endpoint() {
   }
   av_removals_after_renewal_.clear();
   cq_.reset();
-  std::string err = open_cq();
-  if (err.empty()) err = open_endpoint();
-  if (!err.empty()) {
+  auto reopened = open_cq();
+  if (reopened) reopened = open_endpoint();
+  if (!reopened) {
     // Without an endpoint nothing can be sent: fail what waits, and stop.
-    log_->error("shm endpoint renewal failed: {}; the engine stops", err);
+    log_->error("shm endpoint renewal failed: {}; the engine stops", reopened.message);
     stop_requested_.store(true);
     return;
   }

@@ -107,9 +107,10 @@ void fabric_engine::admit(std::unique_ptr<batch_state> b) {
   raw->self = std::prev(live_.end());
   const peer_handle peer = raw->batch.peer;
   if (removed_peers_.count(peer) != 0) {
-    raw->abort_unposted("peer removed (peer " + std::to_string(peer) + ")");
+    raw->abort_unposted({errc::peer_lost, "peer removed (peer " + std::to_string(peer) + ")"});
   } else if (peers_.count(peer) == 0) {
-    raw->abort_unposted("unknown peer " + std::to_string(peer) + " (not inserted)");
+    raw->abort_unposted(
+        {errc::invalid_request, "unknown peer " + std::to_string(peer) + " (not inserted)"});
   }
   if (raw->all_posted()) {
     maybe_finish(raw);  // empty or rejected: done right away
@@ -142,15 +143,17 @@ bool fabric_engine::post_writes() {
       continue;
     }
     if (r != nullptr && r->deregistered) {
-      b->abort_unposted("invalid write: local region " + std::to_string(op.local_region) +
-                        " is deregistered");
+      b->abort_unposted(
+          {errc::invalid_request,
+           "invalid write: local region " + std::to_string(op.local_region) + " is deregistered"});
       continue;
     }
     if (r == nullptr || op.length == 0 || op.local_offset > r->length ||
         op.length > r->length - op.local_offset) {
-      b->abort_unposted("invalid write: local region " + std::to_string(op.local_region) +
-                        " offset " + std::to_string(op.local_offset) + " length " +
-                        std::to_string(op.length) + " is outside the registered regions");
+      b->abort_unposted({errc::invalid_request,
+                         "invalid write: local region " + std::to_string(op.local_region) +
+                             " offset " + std::to_string(op.local_offset) + " length " +
+                             std::to_string(op.length) + " is outside the registered regions"});
       continue;
     }
     if (!post_one(b, op, *r, false)) break;
@@ -205,9 +208,10 @@ bool fabric_engine::post_one(batch_state* b, const write_op& op, region& r, bool
   }
   if (rc == -FI_EAGAIN) return false;  // provider queue full: progress the CQ, retry next round
   if (rc != 0) {
-    const std::string why = fi_error_text(call, rc) + " (peer " + std::to_string(b->batch.peer) +
-                            ", length " + std::to_string(op.length) + ")";
-    log_->error("{}", why);
+    const error why{errc_of_fi(rc, errc::fabric_write_failed),
+                    fi_error_text(call, rc) + " (peer " + std::to_string(b->batch.peer) +
+                        ", length " + std::to_string(op.length) + ")"};
+    log_->error("{}", why.message);
     b->abort_unposted(why);  // a data part already posted completes on its own
     return true;
   }
@@ -271,12 +275,13 @@ void fabric_engine::handle_error_entry() {
   const char* prov_text = fi_cq_strerror(cq_.get(), err.prov_errno, err.err_data, buf, sizeof buf);
   auto* ctx = static_cast<op_context*>(err.op_context);
   if (ctx != nullptr && ctx->what == op_context::kind::write) {
-    const std::string why = std::string("write completion error: ") + fi_strerror(err.err) +
-                            " (prov_errno " + std::to_string(err.prov_errno) + ": " +
-                            (prov_text ? prov_text : "?") + ")";
+    const error why{errc_of_fi(err.err, errc::fabric_write_failed),
+                    std::string("write completion error: ") + fi_strerror(err.err) +
+                        " (prov_errno " + std::to_string(err.prov_errno) + ": " +
+                        (prov_text ? prov_text : "?") + ")"};
     // Warn once per batch (its first failure); a dead peer can fail thousands of writes.
-    const bool first = ctx->batch != nullptr && ctx->batch->result.ok;
-    log_->log(first ? spdlog::level::warn : spdlog::level::debug, "{} peer={}", why,
+    const bool first = ctx->batch != nullptr && ctx->batch->result.ok();
+    log_->log(first ? spdlog::level::warn : spdlog::level::debug, "{} peer={}", why.message,
               ctx->batch ? ctx->batch->batch.peer : 0);
     complete_op(ctx, false, why);
     return;
@@ -301,13 +306,14 @@ void fabric_engine::repost_receive(op_context* ctx) {
   if (rc != 0) log_->error("{}", fi_error_text("fi_recv", rc));
 }
 
-void fabric_engine::complete_op(op_context* ctx, bool ok, const std::string& why) {
+void fabric_engine::complete_op(op_context* ctx, bool ok, const error& why) {
   batch_state* b = ctx->batch;
   ctx->batch = nullptr;
   free_contexts_.push_back(ctx);
   --inflight_;
   region& r = regions_[ctx->source];
-  if (--r.posted == 0 && r.deregistered && r.mr) close_region_mr(ctx->source);  // deferred close
+  // The deferred close; a failure is logged there, and nobody waits for it.
+  if (--r.posted == 0 && r.deregistered && r.mr) (void)close_region_mr(ctx->source);
   if (b == nullptr) return;
   --b->outstanding;
   // A write counts once: by its marker in a split commit (the data part only reports errors).
@@ -318,8 +324,7 @@ void fabric_engine::complete_op(op_context* ctx, bool ok, const std::string& why
     if (counts) {
       b->fail(1, why);
     } else {
-      b->result.ok = false;
-      if (b->result.error.empty()) b->result.error = why;
+      b->note(why);
     }
     // First error: do not post the rest of this batch.
     b->abort_unposted(why);
@@ -425,7 +430,7 @@ void fabric_engine::drain_and_fail_all() {
   }
   std::vector<batch_state*> to_finish = pending_.take_all();
   for (batch_state* b : to_finish) {
-    b->abort_unposted(stopped_text);
+    b->abort_unposted(stopped_error);
     b->in_pending = false;
   }
   for (batch_state* b : to_finish) maybe_finish(b);
@@ -448,8 +453,8 @@ void fabric_engine::drain_and_fail_all() {
   while (!live_.empty()) {
     std::unique_ptr<batch_state> owned = std::move(live_.front());
     live_.pop_front();
-    owned->fail(owned->outstanding, stopped_text);
-    owned->abort_unposted(stopped_text);
+    owned->fail(owned->outstanding, stopped_error);
+    owned->abort_unposted(stopped_error);
     owned->outstanding = 0;
     invoke_callback(*log_, "batch_done", owned->batch.done, std::move(owned->result));
   }

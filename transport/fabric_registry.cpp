@@ -48,20 +48,19 @@ result<uint64_t> fabric_engine::choose_key() const {
     out.value = key;
     return out;
   }
-  out.error = "register_region: no unused memory key after " + std::to_string(key_attempts) +
-              " random draws (key space of " + std::to_string(key_mask_) + ", " +
-              std::to_string(issued_keys_.size()) + " keys issued)";
-  return out;
+  return error{errc::fabric_error,
+               "register_region: no unused memory key after " + std::to_string(key_attempts) +
+                   " random draws (key space of " + std::to_string(key_mask_) + ", " +
+                   std::to_string(issued_keys_.size()) + " keys issued)"};
 }
 
 result<region_id> fabric_engine::do_register_region(void* base, uint64_t length,
                                                     region_access access) {
   result<region_id> out;
   if (base == nullptr || length == 0) {
-    out.error = "register_region: expected a non-empty region, got base=" +
-                std::to_string(reinterpret_cast<uintptr_t>(base)) +
-                " length=" + std::to_string(length);
-    return out;
+    return error{errc::invalid_request, "register_region: expected a non-empty region, got base=" +
+                                            std::to_string(reinterpret_cast<uintptr_t>(base)) +
+                                            " length=" + std::to_string(length)};
   }
   // Least privilege: FI_WRITE lets the region be the source of our writes (FI_READ the sink of
   // reads, kept for providers that check it on local descriptors); only a remote_write region
@@ -80,9 +79,8 @@ result<region_id> fabric_engine::do_register_region(void* base, uint64_t length,
     if (!prov_key) {
       auto key = choose_key();
       if (!key) {
-        out.error = key.error;
-        log_->error("{}", out.error);
-        return out;
+        log_->error("{}", key.message);
+        return std::move(key).error();
       }
       requested_key = key.value;
     }
@@ -93,28 +91,30 @@ result<region_id> fabric_engine::do_register_region(void* base, uint64_t length,
     break;
   }
   if (rc != 0) {
-    out.error = fi_error_text("fi_mr_reg", rc) + " (length " + std::to_string(length) + ")";
-    log_->error("{}", out.error);
+    out = error{errc_of_fi(rc, errc::fabric_error),
+                fi_error_text("fi_mr_reg", rc) + " (length " + std::to_string(length) + ")"};
+    log_->error("{}", out.message);
     return out;
   }
   region r;
   r.mr.reset(raw);
   if (mr_mode_ & FI_MR_ENDPOINT) {
     if ((rc = fi_mr_bind(r.mr.get(), &ep_->fid, 0)) != 0) {
-      out.error = fi_error_text("fi_mr_bind", rc);
-      log_->error("{}", out.error);
+      out = fi_error("fi_mr_bind", rc, errc::fabric_error);
+      log_->error("{}", out.message);
       return out;
     }
     if ((rc = fi_mr_enable(r.mr.get())) != 0) {
-      out.error = fi_error_text("fi_mr_enable", rc);
-      log_->error("{}", out.error);
+      out = fi_error("fi_mr_enable", rc, errc::fabric_error);
+      log_->error("{}", out.message);
       return out;
     }
   }
   const uint64_t key = fi_mr_key(r.mr.get());
   if (key == FI_KEY_NOTAVAIL) {
-    out.error = "fi_mr_key: key not available (provider needs FI_MR_RAW, unsupported)";
-    log_->error("{}", out.error);
+    out = error{errc::fabric_unavailable,
+                "fi_mr_key: key not available (provider needs FI_MR_RAW, unsupported)"};
+    log_->error("{}", out.message);
     return out;
   }
   if (prov_key && issued_keys_.count(key) != 0) {
@@ -145,9 +145,9 @@ void fabric_engine::register_regions(std::vector<region_request> regions,
     for (const auto& q : regions) {
       auto r = do_register_region(q.base, q.length, q.access);
       if (!r) {
-        for (auto id : out.value) do_deregister_region(id);
-        out.value.clear();
-        out.error = std::move(r.error);
+        // Undo what this call made; a failure to close is logged where it happens.
+        for (auto id : out.value) (void)do_deregister_region(id);
+        out = std::move(r).error();
         break;
       }
       out.value.push_back(r.value);
@@ -163,9 +163,10 @@ result<bool> fabric_engine::deregister_region(region_id id) {
 result<bool> fabric_engine::do_deregister_region(region_id id) {
   result<bool> out;
   if (id >= regions_.size()) {
-    out.error = "deregister_region: unknown region " + std::to_string(id) + " (never registered)";
-    log_->warn("{}", out.error);
-    return out;
+    const error unknown{errc::invalid_request, "deregister_region: unknown region " +
+                                                   std::to_string(id) + " (never registered)"};
+    log_->warn("{}", unknown.message);
+    return unknown;
   }
   region& r = regions_[id];
   if (r.deregistered) {
@@ -187,20 +188,21 @@ result<bool> fabric_engine::do_deregister_region(region_id id) {
                 r.posted);
     return out;
   }
-  out.error = close_region_mr(id);
+  if (auto closed = close_region_mr(id); !closed) return std::move(closed).error();
   return out;
 }
 
-std::string fabric_engine::close_region_mr(region_id id) {
+result<> fabric_engine::close_region_mr(region_id id) {
   region& r = regions_[id];
   if (!r.mr) return {};
   fid_mr* mr = r.mr.release();
   const int rc = fi_close(&mr->fid);
   if (rc != 0) {
     // The provider still knows the key: writes with it keep landing. Loud, and surfaced.
-    const std::string why = fi_error_text("fi_close(mr)", rc) + " (region " + std::to_string(id) +
-                            "): the registration stays open in the provider";
-    log_->error("{}", why);
+    const error why{errc_of_fi(rc, errc::fabric_error),
+                    fi_error_text("fi_close(mr)", rc) + " (region " + std::to_string(id) +
+                        "): the registration stays open in the provider"};
+    log_->error("{}", why.message);
     return why;
   }
   log_->debug("deregistered region={} (MR closed)", id);

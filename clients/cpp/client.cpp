@@ -11,95 +11,77 @@
 #include <cstring>
 
 namespace ferry::client {
-namespace {
-
-template <class T>
-outcome<T> fail(errc c, std::string m) {
-  outcome<T> o;
-  o.code = c;
-  o.message = std::move(m);
-  return o;
-}
-
-}  // namespace
-
 client::~client() {
   if (fd_ >= 0) close(fd_);
 }
 
-outcome<std::unique_ptr<client>> client::connect(const std::string& socket_path,
-                                                 const std::string& name,
-                                                 std::chrono::milliseconds timeout,
-                                                 bool cancel_on_disconnect, uint16_t max_version) {
+result<std::unique_ptr<client>> client::connect(const std::string& socket_path,
+                                                const std::string& name,
+                                                std::chrono::milliseconds timeout,
+                                                bool cancel_on_disconnect, uint16_t max_version) {
   std::unique_ptr<client> c(new client());
   c->timeout_ = timeout;
   sockaddr_un addr{};
   if (socket_path.size() >= sizeof(addr.sun_path))
-    return fail<std::unique_ptr<client>>(errc::invalid_request,
-                                         "socket path is too long: " + socket_path);
+    return error{errc::invalid_request, "socket path is too long: " + socket_path};
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, socket_path.c_str(), sizeof(addr.sun_path) - 1);
   c->fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (c->fd_ < 0 || ::connect(c->fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)
-    return fail<std::unique_ptr<client>>(
-        errc::peer_unreachable,
-        fmt::format("cannot connect to ferryd at '{}': {}", socket_path, std::strerror(errno)));
+    return error{errc::peer_unreachable, fmt::format("cannot connect to ferryd at '{}': {}",
+                                                     socket_path, std::strerror(errno))};
   auto r = c->request(
       proto::hello{max_version, name, cancel_on_disconnect, proto::min_protocol_version});
-  if (!r) return fail<std::unique_ptr<client>>(r.code, r.message);
+  if (!r) return error{r.code, r.message};
   auto* h = std::get_if<proto::hello_reply>(&r.value);
-  if (!h)
-    return fail<std::unique_ptr<client>>(errc::malformed_frame,
-                                         "ferryd answered hello with an unexpected message");
+  if (!h) return error{errc::malformed_frame, "ferryd answered hello with an unexpected message"};
   c->hello_ = std::move(*h);
   c->version_ = c->hello_.version;
   c->reader_.set_version(c->version_);
-  if (auto parsed = parse_config_text(c->hello_.config_yaml)) c->config_ = *parsed.config;
+  if (auto parsed = parse_config_text(c->hello_.config_yaml)) c->config_ = std::move(parsed.value);
   c->timeout_ = std::chrono::seconds(30);
-  outcome<std::unique_ptr<client>> o;
+  result<std::unique_ptr<client>> o;
   o.value = std::move(c);
   return o;
 }
 
-outcome<proto::message> client::read_frame(std::chrono::steady_clock::time_point deadline,
-                                           uint32_t* seq) {
+result<proto::message> client::read_frame(std::chrono::steady_clock::time_point deadline,
+                                          uint32_t* seq) {
   std::vector<uint8_t> buf(64 * 1024);
   for (;;) {
     if (auto d = reader_.next()) {
-      if (!d->msg)
-        return fail<proto::message>(d->code, "cannot decode ferryd's reply: " + d->error);
+      if (!d->msg) return error{d->code, "cannot decode ferryd's reply: " + d->error};
       if (seq) *seq = d->seq;
-      outcome<proto::message> o;
+      result<proto::message> o;
       o.value = std::move(*d->msg);
       return o;
     }
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0)
-      return fail<proto::message>(errc::timed_out, "timed out waiting for ferryd");
+    if (left.count() <= 0) return error{errc::timed_out, "timed out waiting for ferryd"};
     pollfd p{fd_, POLLIN, 0};
     int n = ::poll(&p, 1, static_cast<int>(left.count()));
     if (n < 0 && errno == EINTR) continue;
     if (n == 0) continue;
     ssize_t got = recv(fd_, buf.data(), buf.size(), 0);
-    if (got == 0) return fail<proto::message>(errc::peer_lost, "ferryd closed the connection");
+    if (got == 0) return error{errc::peer_lost, "ferryd closed the connection"};
     if (got < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
-      return fail<proto::message>(
-          errc::peer_lost, std::string("reading from ferryd failed: ") + std::strerror(errno));
+      return error{errc::peer_lost,
+                   std::string("reading from ferryd failed: ") + std::strerror(errno)};
     }
     reader_.feed(std::span<const uint8_t>(buf.data(), static_cast<size_t>(got)));
   }
 }
 
-outcome<proto::message> client::raw_exchange(const std::vector<uint8_t>& bytes,
-                                             std::chrono::milliseconds timeout) {
+result<proto::message> client::raw_exchange(const std::vector<uint8_t>& bytes,
+                                            std::chrono::milliseconds timeout) {
   return exchange(bytes, timeout, std::nullopt);
 }
 
-outcome<proto::message> client::exchange(const std::vector<uint8_t>& bytes,
-                                         std::chrono::milliseconds timeout,
-                                         std::optional<uint32_t> expect_seq) {
+result<proto::message> client::exchange(const std::vector<uint8_t>& bytes,
+                                        std::chrono::milliseconds timeout,
+                                        std::optional<uint32_t> expect_seq) {
   size_t off = 0;
   while (off < bytes.size()) {
     ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
@@ -111,8 +93,8 @@ outcome<proto::message> client::exchange(const std::vector<uint8_t>& bytes,
       uint32_t seq = 0;
       auto r = read_frame(std::chrono::steady_clock::now() + std::chrono::milliseconds(100), &seq);
       if (auto* e = r ? std::get_if<proto::error>(&r.value) : nullptr; e && seq == 0)
-        return fail<proto::message>(e->code, e->message);
-      return fail<proto::message>(errc::peer_lost, text);
+        return error{e->code, e->message};
+      return error{errc::peer_lost, text};
     }
     off += static_cast<size_t>(n);
   }
@@ -128,120 +110,115 @@ outcome<proto::message> client::exchange(const std::vector<uint8_t>& bytes,
     // An error with seq 0 is about the connection itself (refused, or an incomplete frame),
     // and ferryd closes the connection after it.
     if (auto* e = std::get_if<proto::error>(&r.value); expect_seq && e && seq == 0)
-      return fail<proto::message>(e->code, e->message);
+      return error{e->code, e->message};
     // One request is outstanding at a time: a reply with another seq answers nothing this
     // client asked, and taking it as this request's answer would shift every later reply.
     if (expect_seq && seq != *expect_seq)
-      return fail<proto::message>(
+      return error{
           errc::malformed_frame,
           fmt::format("protocol error: ferryd sent a {} with seq {}, which matches no outstanding "
                       "request (waiting for seq {})",
-                      proto::to_string(proto::type_of(r.value)), seq, *expect_seq));
+                      proto::to_string(proto::type_of(r.value)), seq, *expect_seq)};
     return r;
   }
 }
 
-outcome<proto::message> client::request(const proto::message& m) {
+result<proto::message> client::request(const proto::message& m) {
   const uint32_t seq = next_seq_++;
   if (next_seq_ == 0) next_seq_ = 1;  // seq 0 is for events
   auto r = exchange(proto::encode(m, seq, version_), timeout_, seq);
   if (!r) return r;
-  if (auto* e = std::get_if<proto::error>(&r.value))
-    return fail<proto::message>(e->code, e->message);
+  if (auto* e = std::get_if<proto::error>(&r.value)) return error{e->code, e->message};
   return r;
 }
 
-outcome<none> client::expect_ok(const proto::message& m) {
+result<none> client::expect_ok(const proto::message& m) {
   auto r = request(m);
-  if (!r) return fail<none>(r.code, r.message);
+  if (!r) return error{r.code, r.message};
   if (!std::holds_alternative<proto::ok>(r.value))
-    return fail<none>(
-        errc::malformed_frame,
-        fmt::format("expected ok, got {}", proto::to_string(proto::type_of(r.value))));
+    return error{errc::malformed_frame,
+                 fmt::format("expected ok, got {}", proto::to_string(proto::type_of(r.value)))};
   return {};
 }
 
-outcome<none> client::prepare(const proto::prepare& p) { return expect_ok(p); }
-outcome<none> client::send(const proto::send& s) { return expect_ok(s); }
-outcome<none> client::cancel(uint64_t room) { return expect_ok(proto::cancel{room}); }
-outcome<none> client::subscribe(uint64_t room) { return expect_ok(proto::subscribe{room}); }
+result<none> client::prepare(const proto::prepare& p) { return expect_ok(p); }
+result<none> client::send(const proto::send& s) { return expect_ok(s); }
+result<none> client::cancel(uint64_t room) { return expect_ok(proto::cancel{room}); }
+result<none> client::subscribe(uint64_t room) { return expect_ok(proto::subscribe{room}); }
 
-outcome<proto::poll_reply> client::poll(uint64_t room) {
+result<proto::poll_reply> client::poll(uint64_t room) {
   auto r = request(proto::poll{room});
-  if (!r) return fail<proto::poll_reply>(r.code, r.message);
+  if (!r) return error{r.code, r.message};
   auto* p = std::get_if<proto::poll_reply>(&r.value);
-  if (!p) return fail<proto::poll_reply>(errc::malformed_frame, "unexpected reply to poll");
-  outcome<proto::poll_reply> o;
+  if (!p) return error{errc::malformed_frame, "unexpected reply to poll"};
+  result<proto::poll_reply> o;
   o.value = std::move(*p);
   return o;
 }
 
-outcome<std::vector<proto::poll_reply>> client::poll_many(const std::vector<uint64_t>& rooms) {
-  using result = std::vector<proto::poll_reply>;
+result<std::vector<proto::poll_reply>> client::poll_many(const std::vector<uint64_t>& rooms) {
   if (version_ < 4)
-    return fail<result>(
+    return error{
         errc::unsupported_version,
-        fmt::format("poll_many needs protocol version 4; this connection speaks {}", version_));
+        fmt::format("poll_many needs protocol version 4; this connection speaks {}", version_)};
   auto r = request(proto::poll_many{rooms});
-  if (!r) return fail<result>(r.code, r.message);
+  if (!r) return error{r.code, r.message};
   auto* p = std::get_if<proto::poll_many_reply>(&r.value);
-  if (!p) return fail<result>(errc::malformed_frame, "unexpected reply to poll_many");
-  outcome<result> o;
-  o.value = std::move(p->rooms);
-  return o;
+  if (!p) return error{errc::malformed_frame, "unexpected reply to poll_many"};
+  return std::move(p->rooms);
 }
 
-outcome<proto::discover_reply> client::discover(const std::string& address) {
+result<proto::discover_reply> client::discover(const std::string& address) {
   if (version_ < 4)
-    return fail<proto::discover_reply>(
+    return error{
         errc::unsupported_version,
-        fmt::format("discover needs protocol version 4; this connection speaks {}", version_));
+        fmt::format("discover needs protocol version 4; this connection speaks {}", version_)};
   auto r = request(proto::discover{address});
-  if (!r) return fail<proto::discover_reply>(r.code, r.message);
+  if (!r) return error{r.code, r.message};
   auto* p = std::get_if<proto::discover_reply>(&r.value);
-  if (!p) return fail<proto::discover_reply>(errc::malformed_frame, "unexpected reply to discover");
-  outcome<proto::discover_reply> o;
+  if (!p) return error{errc::malformed_frame, "unexpected reply to discover"};
+  result<proto::discover_reply> o;
   o.value = std::move(*p);
   return o;
 }
 
-outcome<std::string> client::info(proto::info_topic topic) {
+result<std::string> client::info(proto::info_topic topic) {
   auto r = request(proto::info{topic});
-  if (!r) return fail<std::string>(r.code, r.message);
+  if (!r) return error{r.code, r.message};
   auto* p = std::get_if<proto::info_reply>(&r.value);
-  if (!p) return fail<std::string>(errc::malformed_frame, "unexpected reply to info");
-  outcome<std::string> o;
+  if (!p) return error{errc::malformed_frame, "unexpected reply to info"};
+  result<std::string> o;
   o.value = std::move(p->text);
   return o;
 }
 
-outcome<proto::event> client::next_event(std::chrono::milliseconds timeout) {
+result<proto::event> client::next_event(std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (events_.empty()) {
     auto r = read_event(deadline);
     if (!r) return r;
     events_.push_back(std::move(r.value));
   }
-  outcome<proto::event> o;
+  result<proto::event> o;
   o.value = std::move(events_.front());
   events_.pop_front();
   return o;
 }
 
-outcome<proto::event> client::read_event(std::chrono::steady_clock::time_point deadline) {
+result<proto::event> client::read_event(std::chrono::steady_clock::time_point deadline) {
   uint32_t seq = 0;
   auto r = read_frame(deadline, &seq);
-  if (!r) return fail<proto::event>(r.code, r.message);
+  if (!r) return error{r.code, r.message};
   if (auto* e = std::get_if<proto::error>(&r.value); e && seq == 0)
-    return fail<proto::event>(e->code, e->message);  // about the connection itself
+    return error{e->code, e->message};  // about the connection itself
   auto* ev = std::get_if<proto::event>(&r.value);
   if (!ev)  // no request is outstanding while waiting for events
-    return fail<proto::event>(
+    return error{
         errc::malformed_frame,
         fmt::format("protocol error: ferryd sent a {} with seq {}, which matches no outstanding "
                     "request",
-                    proto::to_string(proto::type_of(r.value)), seq));
-  outcome<proto::event> o;
+                    proto::to_string(proto::type_of(r.value)), seq)};
+  result<proto::event> o;
   o.value = std::move(*ev);
   return o;
 }
@@ -250,29 +227,29 @@ void client::discard_events(uint64_t room) {
   std::erase_if(events_, [room](const proto::event& e) { return e.room == room; });
 }
 
-outcome<proto::event> client::wait_terminal(uint64_t room, std::chrono::milliseconds timeout) {
+result<proto::event> client::wait_terminal(uint64_t room, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     for (auto it = events_.begin(); it != events_.end(); ++it)
       if (it->room == room && is_terminal(it->status)) {
-        outcome<proto::event> o;
+        result<proto::event> o;
         o.value = std::move(*it);
         events_.erase(it);
         return o;
       }
     auto r = read_event(deadline);
-    if (!r) return fail<proto::event>(r.code, fmt::format("room {}: {}", room, r.message));
+    if (!r) return error{r.code, fmt::format("room {}: {}", room, r.message)};
     events_.push_back(std::move(r.value));
   }
 }
 
-outcome<none> client::map_pools() {
+result<none> client::map_pools() {
   for (int k = 0; k < pool_kind_count; ++k) {
     const auto& p = hello_.pools[k];
     if (!p.present || pools_[k] || p.shm_name.empty()) continue;  // "": the client's memory
-    std::string err;
-    pools_[k] = shm_region::open(p.shm_name, p.layout.total_bytes, err);
-    if (!pools_[k]) return fail<none>(errc::internal, err);
+    auto mapped = shm_region::open(p.shm_name, p.layout.total_bytes);
+    if (!mapped) return std::move(mapped).error();
+    pools_[k] = std::move(mapped.value);
   }
   return {};
 }
@@ -282,12 +259,12 @@ uint8_t* client::pool(pool_kind k) const {
   return attached_[i] ? attached_[i] : pools_[i].data();
 }
 
-outcome<none> client::register_memory(proto::register_memory req, const std::vector<int>& fds) {
+result<none> client::register_memory(proto::register_memory req, const std::vector<int>& fds) {
   if (version_ < 4)
-    return fail<none>(errc::unsupported_version,
-                      fmt::format("register_memory needs protocol version 4; this connection "
-                                  "speaks {}",
-                                  version_));
+    return error{errc::unsupported_version,
+                 fmt::format("register_memory needs protocol version 4; this connection "
+                             "speaks {}",
+                             version_)};
   req.fd_count = static_cast<uint32_t>(fds.size());
   const uint32_t seq = next_seq_++;
   if (next_seq_ == 0) next_seq_ = 1;
@@ -309,15 +286,15 @@ outcome<none> client::register_memory(proto::register_memory req, const std::vec
   }
   ssize_t sent = sendmsg(fd_, &msg, MSG_NOSIGNAL);
   if (sent < 0)
-    return fail<none>(errc::peer_unreachable,
-                      fmt::format("cannot send register_memory: {}", std::strerror(errno)));
+    return error{errc::peer_unreachable,
+                 fmt::format("cannot send register_memory: {}", std::strerror(errno))};
   // A stream socket may take part of a large frame; the rest goes without descriptors.
   std::vector<uint8_t> rest(frame.begin() + sent, frame.end());
   auto r = exchange(rest, timeout_, seq);
-  if (!r) return fail<none>(r.code, r.message);
-  if (auto* e = std::get_if<proto::error>(&r.value)) return fail<none>(e->code, e->message);
+  if (!r) return error{r.code, r.message};
+  if (auto* e = std::get_if<proto::error>(&r.value)) return error{e->code, e->message};
   if (!std::holds_alternative<proto::ok>(r.value))
-    return fail<none>(errc::malformed_frame, "unexpected reply to register_memory");
+    return error{errc::malformed_frame, "unexpected reply to register_memory"};
   return {};
 }
 

@@ -28,14 +28,9 @@ int engine_memory::lent() const {
   return n;
 }
 
-outcome<engine_memory> engine_memory::lend(client& c) {
+result<engine_memory> engine_memory::lend(client& c) {
   engine_memory m;
-  auto fail = [](const std::string& why) {
-    outcome<engine_memory> o;
-    o.code = errc::internal;
-    o.message = why;
-    return o;
-  };
+  auto fail = [](std::string why) { return error{errc::system_error, std::move(why)}; };
   for (int k = 0; k < pool_kind_count; ++k) {
     const auto& info = c.daemon().pools[k];
     if (!info.present || !info.shm_name.empty()) continue;
@@ -58,14 +53,14 @@ outcome<engine_memory> engine_memory::lend(client& c) {
     for (const auto& b : info.layout.buffers)
       req.buffers.push_back({0, b.offset, b.item_bytes, b.items, b.layer_id, b.tensor, b.kind});
     if (auto r = c.register_memory(std::move(req), {p.fd}); !r) {
-      outcome<engine_memory> o;
+      result<engine_memory> o;
       o.code = r.code;
       o.message = r.message;
       return o;
     }
     c.attach_pool(static_cast<pool_kind>(k), p.base);
   }
-  outcome<engine_memory> o;
+  result<engine_memory> o;
   o.value = std::move(m);
   return o;
 }

@@ -23,32 +23,39 @@ std::span<uint8_t> item_span(const client& c, pool_kind k, size_t b, uint64_t in
   return {c.item(k, b, index), layout_of(c, k).buffers[b].item_bytes};
 }
 
-/// Check every index the call will touch, with the daemon's wording; "" when all are valid.
-std::string check(const client& c, std::span<const uint32_t> pages, uint32_t slot, uint32_t row) {
+/// Check every index the call will touch, with the daemon's wording.
+result<> check(const client& c, std::span<const uint32_t> pages, uint32_t slot, uint32_t row) {
   if (!c.pool(pool_kind::kv) && !pages.empty() && has(c, pool_kind::kv))
-    return "pools are not mapped (call map_pools)";
+    return error{errc::invalid_request, "pools are not mapped (call map_pools)"};
   if (!pages.empty()) {
-    if (!has(c, pool_kind::kv)) return "kv pages given but the daemon has no kv pool";
+    if (!has(c, pool_kind::kv))
+      return error{errc::invalid_request, "kv pages given but the daemon has no kv pool"};
     if (auto e =
-            check_indices(pages, layout_of(c, pool_kind::kv).buffers[0].items, "kv page", "pages"))
-      return *e;
+            check_indices(pages, layout_of(c, pool_kind::kv).buffers[0].items, "kv page", "pages");
+        !e)
+      return e;
   }
   if (slot != no_index) {
     if (!has(c, pool_kind::state))
-      return fmt::format("state slot {} given but the daemon has no mamba pool", slot);
+      return error{errc::invalid_request,
+                   fmt::format("state slot {} given but the daemon has no mamba pool", slot)};
     const auto slots = layout_of(c, pool_kind::state).buffers[0].items;
     if (slot >= slots)
-      return fmt::format("state slot {} is outside the pool of {} slots", slot, slots);
+      return error{errc::invalid_request,
+                   fmt::format("state slot {} is outside the pool of {} slots", slot, slots)};
   }
   if (row != no_index) {
     if (!has(c, pool_kind::aux))
-      return fmt::format("aux row {} given but the daemon has no aux pool", row);
+      return error{errc::invalid_request,
+                   fmt::format("aux row {} given but the daemon has no aux pool", row)};
     const auto rows = layout_of(c, pool_kind::aux).buffers[0].items;
-    if (row >= rows) return fmt::format("aux row {} is outside the pool of {} rows", row, rows);
+    if (row >= rows)
+      return error{errc::invalid_request,
+                   fmt::format("aux row {} is outside the pool of {} rows", row, rows)};
   }
   if ((slot != no_index && !c.pool(pool_kind::state)) ||
       (row != no_index && !c.pool(pool_kind::aux)))
-    return "pools are not mapped (call map_pools)";
+    return error{errc::invalid_request, "pools are not mapped (call map_pools)"};
   return {};
 }
 
@@ -67,9 +74,10 @@ struct geometry {
   uint32_t tp = 1, rank = 0;
 };
 
-std::string geometry_of(const client& c, geometry& g) {
+result<> geometry_of(const client& c, geometry& g) {
   g.cfg = c.config();
-  if (!g.cfg) return "the daemon's config is not available (hello carried none)";
+  if (!g.cfg)
+    return error{errc::internal, "the daemon's config is not available (hello carried none)"};
   g.tp = g.cfg->tp.size;
   g.rank = g.cfg->tp.rank;
   return {};
@@ -142,12 +150,12 @@ void for_each_state_unit(const client& c, const geometry& g, uint64_t key, size_
 
 }  // namespace
 
-std::string fill_kv(client& c, uint64_t key, std::span<const uint32_t> pages,
-                    uint32_t first_position) {
-  if (auto e = check(c, pages, no_index, no_index); !e.empty()) return e;
+result<> fill_kv(client& c, uint64_t key, std::span<const uint32_t> pages,
+                 uint32_t first_position) {
+  if (auto e = check(c, pages, no_index, no_index); !e) return e;
   if (pages.empty()) return {};
   geometry g;
-  if (auto e = geometry_of(c, g); !e.empty()) return e;
+  if (auto e = geometry_of(c, g); !e) return e;
   const auto& l = layout_of(c, pool_kind::kv);
   for (size_t b = 0; b < l.buffers.size(); ++b)
     for (size_t i = 0; i < pages.size(); ++i)
@@ -159,12 +167,12 @@ std::string fill_kv(client& c, uint64_t key, std::span<const uint32_t> pages,
   return {};
 }
 
-std::string fill_state_and_aux(client& c, uint64_t key, uint32_t state_slot, uint32_t aux_row,
-                               uint64_t room) {
-  if (auto e = check(c, {}, state_slot, aux_row); !e.empty()) return e;
+result<> fill_state_and_aux(client& c, uint64_t key, uint32_t state_slot, uint32_t aux_row,
+                            uint64_t room) {
+  if (auto e = check(c, {}, state_slot, aux_row); !e) return e;
   if (state_slot != no_index) {
     geometry g;
-    if (auto e = geometry_of(c, g); !e.empty()) return e;
+    if (auto e = geometry_of(c, g); !e) return e;
     const auto& l = layout_of(c, pool_kind::state);
     for (size_t b = 0; b < l.buffers.size(); ++b)
       for_each_state_unit(c, g, key, b, state_slot,
@@ -181,12 +189,12 @@ std::string fill_state_and_aux(client& c, uint64_t key, uint32_t state_slot, uin
   return {};
 }
 
-std::string verify_room(const client& c, uint64_t key, uint64_t room,
-                        std::span<const uint32_t> pages, uint32_t state_slot, uint32_t aux_row) {
-  if (auto e = check(c, pages, state_slot, aux_row); !e.empty()) return e;
+result<> verify_room(const client& c, uint64_t key, uint64_t room, std::span<const uint32_t> pages,
+                     uint32_t state_slot, uint32_t aux_row) {
+  if (auto e = check(c, pages, state_slot, aux_row); !e) return e;
   geometry g;
   if (!pages.empty() || state_slot != no_index)
-    if (auto e = geometry_of(c, g); !e.empty()) return e;
+    if (auto e = geometry_of(c, g); !e) return e;
   std::string bad;
   if (!pages.empty()) {
     const auto& l = layout_of(c, pool_kind::kv);
@@ -204,7 +212,7 @@ std::string verify_room(const client& c, uint64_t key, uint64_t room,
                                l.buffers[b].layer_id, pages[i], i, t, head, at);
                            return false;
                          });
-    if (!bad.empty()) return bad;
+    if (!bad.empty()) return error{errc::internal, bad};
   }
   if (state_slot != no_index) {
     const auto& l = layout_of(c, pool_kind::state);
@@ -220,24 +228,26 @@ std::string verify_room(const client& c, uint64_t key, uint64_t room,
                 state_slot, o, channel, at);
             return false;
           });
-    if (!bad.empty()) return bad;
+    if (!bad.empty()) return error{errc::internal, bad};
   }
   if (aux_row != no_index) {
     auto row = item_span(c, pool_kind::aux, 0, aux_row);
     uint64_t stored = 0;
     std::memcpy(&stored, row.data(), 8);
     if (stored != room)
-      return fmt::format("room {}: aux row {} carries room id {}", room, aux_row, stored);
+      return error{errc::invalid_request,
+                   fmt::format("room {}: aux row {} carries room id {}", room, aux_row, stored)};
     auto at = check_pattern(row.subspan(8), pattern_seed(key, aux_pool, 0, 0));
     if (at >= 0)
-      return fmt::format("room {}: aux row {} differs at byte {}", room, aux_row, at + 8);
+      return error{errc::invalid_request,
+                   fmt::format("room {}: aux row {} differs at byte {}", room, aux_row, at + 8)};
   }
   return {};
 }
 
-std::string clear_room(client& c, std::span<const uint32_t> pages, uint32_t state_slot,
-                       uint32_t aux_row) {
-  if (auto e = check(c, pages, state_slot, aux_row); !e.empty()) return e;
+result<> clear_room(client& c, std::span<const uint32_t> pages, uint32_t state_slot,
+                    uint32_t aux_row) {
+  if (auto e = check(c, pages, state_slot, aux_row); !e) return e;
   auto zero = [](std::span<uint8_t> s) { std::memset(s.data(), 0, s.size()); };
   if (!pages.empty())
     for (size_t b = 0; b < layout_of(c, pool_kind::kv).buffers.size(); ++b)

@@ -225,12 +225,12 @@ int main(int argc, char** argv) {
     plans[c].dst = make_pages((o.concurrency - 1 - c) * region, region, pages_per_req,
                               o.fragmentation, 2000 + c);
     for (auto& pc : prefills) {
-      if (auto e = client::fill_kv(*pc, pattern_key(c), plans[c].src, 0); !e.empty())
-        return fail("fill: " + e);
+      if (auto e = client::fill_kv(*pc, pattern_key(c), plans[c].src, 0); !e)
+        return fail("fill: " + e.message);
       if (auto e = client::fill_state_and_aux(*pc, pattern_key(c), has_state ? c : no_index,
                                               has_aux ? c : no_index, 0);
-          !e.empty())
-        return fail("fill: " + e);
+          !e)
+        return fail("fill: " + e.message);
     }
   }
   std::vector<uint32_t> chunks;
@@ -248,11 +248,11 @@ int main(int argc, char** argv) {
   for (const auto& dc : decodes) {
     const auto ds = schema_of(*dc->config());
     auto chosen = select_prefill_peers(ds, prefill_schemas);
-    if (auto* e = std::get_if<std::string>(&chosen)) return fail("geometry: " + *e);
-    for (size_t i : std::get<0>(chosen)) {
+    if (!chosen) return fail("geometry: " + chosen.message);
+    for (size_t i : chosen.value) {
       auto plan = make_link_plan(prefill_schemas[i], ds);
-      if (auto* e = std::get_if<std::string>(&plan)) return fail("geometry: " + *e);
-      const auto& link = std::get<link_plan>(plan);
+      if (!plan) return fail("geometry: " + plan.message);
+      const auto& link = plan.value;
       const auto sl = make_layout(prefill_schemas[i].pools), dl = make_layout(ds.pools);
       std::vector<planned_copy> pack;
       staging_use su{uint64_t{0}, uint64_t{0}, pages_per_req};
@@ -332,8 +332,8 @@ int main(int argc, char** argv) {
           if (o.verify)
             if (auto e = client::clear_room(*dc, plans[c].dst, has_state ? c : no_index,
                                             has_aux ? c : no_index);
-                !e.empty())
-              return fail("clear: " + e);
+                !e)
+              return fail("clear: " + e.message);
           auto r = dc->prepare({room[c], prefill_controls, plans[c].dst, has_state ? c : no_index,
                                 has_aux ? c : no_index});
           if (!r) return fail("prepare: " + r.message);
@@ -393,7 +393,8 @@ int main(int argc, char** argv) {
           std::string err;
           for (size_t r = 0; r < decodes.size() && err.empty(); ++r) {
             err = client::verify_room(*decodes[r], pattern_key(c), room[c], plans[c].dst,
-                                      has_state ? c : no_index, has_aux ? c : no_index);
+                                      has_state ? c : no_index, has_aux ? c : no_index)
+                      .message;
             if (!err.empty()) err = fmt::format("decode rank {}: {}", r, err);
           }
           if (err.empty())

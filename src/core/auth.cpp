@@ -55,39 +55,33 @@ bool proofs_equal(const bytes& x, const bytes& y) {
   return x.size() == y.size() && !x.empty() && CRYPTO_memcmp(x.data(), y.data(), x.size()) == 0;
 }
 
-secret_result read_secret_file(const std::string& path) {
-  secret_result r;
+result<std::string> read_secret_file(const std::string& path) {
   const std::string what = "security.cluster_secret_file '" + path + "': ";
+  auto invalid = [&](const std::string& why) { return error{errc::config_invalid, what + why}; };
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    r.error = what + std::strerror(errno);
-    return r;
-  }
+  if (fd < 0) return invalid(std::strerror(errno));
   struct stat sb {};
   if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
     close(fd);
-    r.error = what + "not a regular file";
-    return r;
+    return invalid("not a regular file");
   }
   if (sb.st_mode & (S_IRWXG | S_IRWXO)) {
     close(fd);
     char mode[8];
     std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(sb.st_mode & 07777));
-    r.error = what + "mode " + mode + " lets group or others access it; chmod 600 it";
-    return r;
+    return invalid(std::string("mode ") + mode + " lets group or others access it; chmod 600 it");
   }
+  std::string secret;
   char buf[4096];
   ssize_t n = 0;
-  while ((n = read(fd, buf, sizeof buf)) > 0 && r.secret.size() < 65536)
-    r.secret.append(buf, static_cast<size_t>(n));
+  while ((n = read(fd, buf, sizeof buf)) > 0 && secret.size() < 65536)
+    secret.append(buf, static_cast<size_t>(n));
   close(fd);
-  if (!r.secret.empty() && r.secret.back() == '\n') r.secret.pop_back();
-  if (r.secret.size() < min_secret_bytes) {
-    r.error = what + "holds " + std::to_string(r.secret.size()) + " bytes; at least " +
-              std::to_string(min_secret_bytes) + " are required";
-    r.secret.clear();
-  }
-  return r;
+  if (!secret.empty() && secret.back() == '\n') secret.pop_back();
+  if (secret.size() < min_secret_bytes)
+    return invalid("holds " + std::to_string(secret.size()) + " bytes; at least " +
+                   std::to_string(min_secret_bytes) + " are required");
+  return secret;
 }
 
 }  // namespace ferry

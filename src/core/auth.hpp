@@ -13,6 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/errors.hpp"
+
 namespace ferry {
 
 using bytes = std::vector<uint8_t>;
@@ -35,11 +37,7 @@ bool proofs_equal(const bytes& x, const bytes& y);
 
 /// Read the cluster secret file: it must exist, not be readable or writable by group or others,
 /// and hold at least `min_secret_bytes` bytes (one trailing newline is dropped). The error names
-/// the path and what is wrong.
-struct secret_result {
-  std::string secret;
-  std::string error;
-};
-secret_result read_secret_file(const std::string& path);
+/// the path and what is wrong (`errc::config_invalid`).
+result<std::string> read_secret_file(const std::string& path);
 
 }  // namespace ferry

@@ -1,7 +1,7 @@
 // The config structs' own helpers (sizes, names), the helpers parsing and validation share
 // (declared in config_detail.hpp), and the public entry points, which combine reading a file,
 // parsing (config_parse.cpp) and validation (config_validate.cpp) and turn a config_failure into
-// a config_error. to_yaml is in config_emit.cpp.
+// an error (errc::config_invalid). to_yaml is in config_emit.cpp.
 #include "core/config.hpp"
 
 #include <fcntl.h>
@@ -139,17 +139,17 @@ void fill_derived(ferry_config&) {
   // it can say whether it was set.
 }
 
-config_result parse_config_text(const std::string& yaml_text) {
+result<ferry_config> parse_config_text(const std::string& yaml_text) {
   return parse_text(yaml_text, "config");
 }
 
-config_result parse_config_file(const std::string& path) {
+result<ferry_config> parse_config_file(const std::string& path) {
   // POSIX I/O rather than ifstream so the reported reason is the real errno (ENOENT, EACCES,
   // EISDIR on read of a directory).
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    return {std::nullopt,
-            config_error{"cannot read config file '" + path + "': " + std::strerror(errno)}};
+    return error{errc::config_invalid,
+                 "cannot read config file '" + path + "': " + std::strerror(errno)};
   }
   std::string text;
   char buf[8192];
@@ -160,8 +160,8 @@ config_result parse_config_file(const std::string& path) {
       if (errno == EINTR) continue;
       const int saved = errno;
       ::close(fd);
-      return {std::nullopt,
-              config_error{"cannot read config file '" + path + "': " + std::strerror(saved)}};
+      return error{errc::config_invalid,
+                   "cannot read config file '" + path + "': " + std::strerror(saved)};
     }
     text.append(buf, static_cast<size_t>(n));
   }
@@ -169,20 +169,20 @@ config_result parse_config_file(const std::string& path) {
   return parse_text(text, path);
 }
 
-std::optional<config_error> validate_config(const ferry_config& cfg) {
+result<> validate_config(const ferry_config& cfg) {
   try {
     validate_all(cfg);
   } catch (const config_failure& f) {
-    return config_error{f.what};
+    return error{errc::config_invalid, f.what};
   }
-  return std::nullopt;
+  return {};
 }
 
-config_result load_config_file(const std::string& path) {
-  config_result result = parse_config_file(path);
-  if (!result) return result;
-  if (auto error = validate_config(*result.config)) return {std::nullopt, std::move(error)};
-  return result;
+result<ferry_config> load_config_file(const std::string& path) {
+  auto parsed = parse_config_file(path);
+  if (!parsed) return parsed;
+  if (auto valid = validate_config(parsed.value); !valid) return std::move(valid).error();
+  return parsed;
 }
 
 }  // namespace ferry

@@ -4,8 +4,8 @@
 ///
 /// Contract: `parse_config_*` only turns YAML into structs (rejecting unknown keys and values of
 /// the wrong type); `validate_config` checks meaning (ranges, consistency). Both report the first
-/// problem as a `config_error` whose text names the full key path and the value seen, e.g.
-/// `pools.kv.page_tokens: expected a positive integer, got 0`.
+/// problem as an error (`errc::config_invalid`) whose message names the full key path and the
+/// value seen, e.g. `pools.kv.page_tokens: expected a positive integer, got 0`.
 
 #include <algorithm>
 #include <cstdint>
@@ -13,6 +13,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "core/errors.hpp"
 
 namespace ferry {
 
@@ -185,20 +187,8 @@ struct ferry_config {
   std::vector<std::string> instance_ranks;
 };
 
-/// A configuration problem; `what` names the key path and the value seen.
-struct config_error {
-  std::string what;
-};
-
-/// Result of parsing: a config or the first error.
-struct config_result {
-  std::optional<ferry_config> config;
-  std::optional<config_error> error;
-  explicit operator bool() const { return config.has_value(); }
-};
-
 /// Parse YAML text into a config (structure and types only). Unknown keys are errors.
-config_result parse_config_text(const std::string& yaml_text);
+result<ferry_config> parse_config_text(const std::string& yaml_text);
 /// The client limit for `max_clients` 0 (auto), given the daemon's descriptor limit.
 inline uint32_t auto_max_clients(uint64_t nofile) {
   return static_cast<uint32_t>(std::clamp<uint64_t>(nofile / 2, 16, 4096));
@@ -212,11 +202,11 @@ inline constexpr size_t max_node_name = 128;
 inline constexpr size_t max_instance_name = 64;
 
 /// Read and parse a YAML file; a missing or unreadable file is an error naming the path.
-config_result parse_config_file(const std::string& path);
-/// Check meaning: ranges, consistency between sections, role needs. Empty = valid.
-std::optional<config_error> validate_config(const ferry_config& cfg);
+result<ferry_config> parse_config_file(const std::string& path);
+/// Check meaning: ranges, consistency between sections, role needs.
+result<> validate_config(const ferry_config& cfg);
 /// Parse then validate.
-config_result load_config_file(const std::string& path);
+result<ferry_config> load_config_file(const std::string& path);
 /// Fill values derived from others. Call after a successful validation. (It derives nothing
 /// today: an unset pools.kv.total_heads stays 0, and to_yaml states what is assumed.)
 void fill_derived(ferry_config& cfg);

@@ -14,8 +14,8 @@
 namespace ferry::detail {
 
 /// Internal to the config sources: parsing and validation stop at the first problem, and unwinding
-/// out of nested sections is simpler than threading optionals through every reader. Converted to a
-/// `config_error` at each public entry point.
+/// out of nested sections is simpler than threading optionals through every reader. It never leaves
+/// them: each public entry point turns it into an error (`errc::config_invalid`).
 struct config_failure {
   std::string what;
 };
@@ -30,7 +30,7 @@ std::string quote(std::string_view s);
 bool all_digits(std::string_view s);
 
 /// config_parse.cpp: `text` as a config (types only), `source` naming it in errors.
-config_result parse_text(const std::string& text, const std::string& source);
+result<ferry_config> parse_text(const std::string& text, const std::string& source);
 
 /// config_validate.cpp: host:port, host being a name, an IPv4 address or a bracketed IPv6 address.
 bool is_host_port(std::string_view s);

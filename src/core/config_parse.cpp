@@ -347,7 +347,7 @@ ferry_config parse_root(const YAML::Node& root) {
 
 namespace detail {
 
-config_result parse_text(const std::string& text, const std::string& source) {
+result<ferry_config> parse_text(const std::string& text, const std::string& source) {
   YAML::Node root;
   try {
     root = YAML::Load(text);
@@ -357,15 +357,15 @@ config_result parse_text(const std::string& text, const std::string& source) {
       what += " at line " + std::to_string(e.mark.line + 1) + ", column " +
               std::to_string(e.mark.column + 1);
     }
-    return {std::nullopt, config_error{what + ": " + e.msg}};
+    return error{errc::config_invalid, what + ": " + e.msg};
   }
   try {
-    return {parse_root(root), std::nullopt};
+    return parse_root(root);
   } catch (const config_failure& f) {
-    return {std::nullopt, config_error{f.what}};
+    return error{errc::config_invalid, f.what};
   } catch (const YAML::Exception& e) {
     // Not expected (every access is type-checked first), but never let yaml-cpp escape.
-    return {std::nullopt, config_error{source + ": " + e.msg}};
+    return error{errc::config_invalid, source + ": " + e.msg};
   }
 }
 

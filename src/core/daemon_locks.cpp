@@ -65,42 +65,46 @@ daemon_lock::~daemon_lock() {
   fd_ = -1;
 }
 
-std::optional<daemon_lock> lock_config(const std::string& client_socket, const std::string& node,
-                                       const std::string& instance, std::string& err) {
+result<daemon_lock> lock_config(const std::string& client_socket, const std::string& node,
+                                const std::string& instance) {
   const auto path = client_socket + ".lock";
   // The file is never unlinked, so every ferryd with this config locks the same inode.
   int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) {
-    err = fmt::format("cannot open the config lock {}: {}", path, std::strerror(errno));
-    return std::nullopt;
+    const error failure{errc::system_error, fmt::format("cannot open the config lock {}: {}", path,
+                                                        std::strerror(errno))};
+    return failure;
   }
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int e = errno;
     auto holder = read_all(fd);
     close(fd);
     if (e != EWOULDBLOCK) {
-      err = fmt::format("cannot lock {}: {}", path, std::strerror(e));
-      return std::nullopt;
+      const error failure{errc::system_error,
+                          fmt::format("cannot lock {}: {}", path, std::strerror(e))};
+      return failure;
     }
-    err = fmt::format(
-        "another ferryd ({}) is running with listen.client {} (it holds {}); this one exits and "
-        "touches nothing of it",
-        holder.empty() ? "pid unknown: it is still starting" : holder, client_socket, path);
-    return std::nullopt;
+    const error failure{errc::system_error,
+                        fmt::format("another ferryd ({}) is running with listen.client {} (it "
+                                    "holds {}); this one exits and "
+                                    "touches nothing of it",
+                                    holder.empty() ? "pid unknown: it is still starting" : holder,
+                                    client_socket, path)};
+    return failure;
   }
   const auto me = fmt::format("pid {}, node {}, instance {}\n", getpid(), node, instance);
   if (ftruncate(fd, 0) != 0 || pwrite(fd, me.data(), me.size(), 0) < 0) {
-    err = fmt::format("cannot write the config lock {}: {}", path, std::strerror(errno));
+    const error failure{errc::system_error, fmt::format("cannot write the config lock {}: {}", path,
+                                                        std::strerror(errno))};
     close(fd);
-    return std::nullopt;
+    return failure;
   }
   daemon_lock l;
   l.fd_ = fd;
   return l;
 }
 
-std::optional<daemon_lock> lock_instance(const std::string& node, const std::string& instance,
-                                         std::string& err) {
+result<daemon_lock> lock_instance(const std::string& node, const std::string& instance) {
   const auto name = fmt::format("ferry.{}.{}.lock", node, instance);
   const auto path = fmt::format("{}/{}", shm_dir, name);
   // Created under a temporary name, locked, then renamed into place: a scanner never sees the
@@ -108,14 +112,16 @@ std::optional<daemon_lock> lock_instance(const std::string& node, const std::str
   const auto tmp = fmt::format("{}/.{}.{}", shm_dir, name, getpid());
   int fd = open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
-    err = fmt::format("cannot create the instance lock {}: {}", tmp, std::strerror(errno));
-    return std::nullopt;
+    const error failure{errc::system_error, fmt::format("cannot create the instance lock {}: {}",
+                                                        tmp, std::strerror(errno))};
+    return failure;
   }
   if (flock(fd, LOCK_EX | LOCK_NB) != 0 || rename(tmp.c_str(), path.c_str()) != 0) {
-    err = fmt::format("cannot take the instance lock {}: {}", path, std::strerror(errno));
+    const error failure{errc::system_error, fmt::format("cannot take the instance lock {}: {}",
+                                                        path, std::strerror(errno))};
     unlink(tmp.c_str());
     close(fd);
-    return std::nullopt;
+    return failure;
   }
   const auto me = fmt::format("pid {}\n", getpid());
   [[maybe_unused]] auto n = pwrite(fd, me.data(), me.size(), 0);

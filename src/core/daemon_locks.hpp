@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "core/errors.hpp"
+
 namespace ferry {
 
 class daemon_lock {
@@ -32,23 +34,22 @@ class daemon_lock {
   explicit operator bool() const { return fd_ >= 0; }
 
  private:
-  friend std::optional<daemon_lock> lock_config(const std::string&, const std::string&,
-                                                const std::string&, std::string&);
-  friend std::optional<daemon_lock> lock_instance(const std::string&, const std::string&,
-                                                  std::string&);
+  friend result<daemon_lock> lock_config(const std::string&, const std::string&,
+                                         const std::string&);
+  friend result<daemon_lock> lock_instance(const std::string&, const std::string&);
   int fd_ = -1;
   std::string unlink_path_;  ///< empty: the file stays (the config lock)
 };
 
-/// Take the config lock beside `client_socket`. When another live ferryd holds it, nullopt and
-/// `err` names that daemon, e.g. "another ferryd (pid 4242, node decode-0, instance 1a2b3c4d)
-/// is running with listen.client /tmp/d.sock (it holds /tmp/d.sock.lock)".
-std::optional<daemon_lock> lock_config(const std::string& client_socket, const std::string& node,
-                                       const std::string& instance, std::string& err);
+/// Take the config lock beside `client_socket`. When another live ferryd holds it, the error
+/// (`errc::system_error`, as for a lock that cannot be taken) names that daemon, e.g. "another
+/// ferryd (pid 4242, node decode-0, instance 1a2b3c4d) is running with listen.client /tmp/d.sock
+/// (it holds /tmp/d.sock.lock)".
+result<daemon_lock> lock_config(const std::string& client_socket, const std::string& node,
+                                const std::string& instance);
 
 /// Create and take this instance's liveness lock in /dev/shm (unlinked on release).
-std::optional<daemon_lock> lock_instance(const std::string& node, const std::string& instance,
-                                         std::string& err);
+result<daemon_lock> lock_instance(const std::string& node, const std::string& instance);
 
 /// What `reclaim_dead_instances` removed of one dead instance.
 struct reclaimed_instance {

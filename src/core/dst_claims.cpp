@@ -15,18 +15,21 @@ dst_claims::dst_claims(uint64_t pages, uint64_t slots, uint64_t rows) {
   rows_.taken.resize(rows);
 }
 
-std::optional<std::string> dst_claims::claim(uint64_t room, std::span<const uint32_t> pages,
-                                             uint32_t slot, uint32_t row) {
+result<> dst_claims::claim(uint64_t room, std::span<const uint32_t> pages, uint32_t slot,
+                           uint32_t row) {
   for (size_t i = 0; i < pages.size(); ++i)
     if (pages_.taken[pages[i]])
-      return fmt::format("room {}: dst page {} (position {}) is held by active room {}", room,
-                         pages[i], i, pages_.holder[pages[i]]);
+      return error{errc::invalid_request,
+                   fmt::format("room {}: dst page {} (position {}) is held by active room {}", room,
+                               pages[i], i, pages_.holder[pages[i]])};
   if (slot != no_index && slots_.taken[slot])
-    return fmt::format("room {}: dst state slot {} is held by active room {}", room, slot,
-                       slots_.holder[slot]);
+    return error{errc::invalid_request,
+                 fmt::format("room {}: dst state slot {} is held by active room {}", room, slot,
+                             slots_.holder[slot])};
   if (row != no_index && rows_.taken[row])
-    return fmt::format("room {}: dst aux row {} is held by active room {}", room, row,
-                       rows_.holder[row]);
+    return error{errc::invalid_request,
+                 fmt::format("room {}: dst aux row {} is held by active room {}", room, row,
+                             rows_.holder[row])};
   auto take = [&](table& t, uint32_t i) {
     t.taken[i] = true;
     t.holder[i] = room;
@@ -35,7 +38,7 @@ std::optional<std::string> dst_claims::claim(uint64_t room, std::span<const uint
   for (auto p : pages) take(pages_, p);
   if (slot != no_index) take(slots_, slot);
   if (row != no_index) take(rows_, row);
-  return std::nullopt;
+  return {};
 }
 
 void dst_claims::release(uint64_t room, std::span<const uint32_t> pages, uint32_t slot,

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "core/errors.hpp"
+
 namespace ferry {
 
 class dst_claims {
@@ -17,10 +19,9 @@ class dst_claims {
   dst_claims(uint64_t pages, uint64_t slots, uint64_t rows);
 
   /// Claim `pages`, `slot` and `row` (no_index: none) for `room`; on a conflict claim nothing
-  /// and return the first held index and its holder, e.g. "room 11: dst page 103 (position 1) is
-  /// held by active room 10". Indices must be in range (checked before).
-  std::optional<std::string> claim(uint64_t room, std::span<const uint32_t> pages, uint32_t slot,
-                                   uint32_t row);
+  /// and return the first held index and its holder (`errc::invalid_request`), e.g. "room 11: dst
+  /// page 103 (position 1) is held by active room 10". Indices must be in range (checked before).
+  result<> claim(uint64_t room, std::span<const uint32_t> pages, uint32_t slot, uint32_t row);
   /// Release what `room` claimed with the same arguments.
   void release(uint64_t room, std::span<const uint32_t> pages, uint32_t slot, uint32_t row);
   /// Indices held now (pages + slots + rows), for tests and stats.

@@ -12,6 +12,8 @@ const char* to_string(errc e) {
       return "fabric_unavailable";
     case errc::fabric_write_failed:
       return "fabric_write_failed";
+    case errc::fabric_error:
+      return "fabric_error";
     case errc::peer_unreachable:
       return "peer_unreachable";
     case errc::peer_incompatible:
@@ -40,6 +42,8 @@ const char* to_string(errc e) {
       return "cancelled";
     case errc::internal:
       return "internal";
+    case errc::system_error:
+      return "system_error";
   }
   return nullptr;
 }

@@ -1,8 +1,13 @@
 #pragma once
-/// Ferry's error codes, grouped by area. Every value has a stable numeric code (sent to clients)
-/// and a name; the accompanying message always names what was wrong and the value seen.
+/// Ferry's one error vocabulary: `errc`, a stable code grouped by area (sent to clients and
+/// peers), plus a message that names what was wrong and the value seen. Every fallible call
+/// returns `result<T>`; messages between actors carry `error`; the client protocol's error
+/// reply is the same `error`. docs/architecture.md ("One error vocabulary") has the grep that
+/// finds no other shape.
 
 #include <cstdint>
+#include <string>
+#include <utility>
 
 namespace ferry {
 
@@ -13,6 +18,7 @@ enum class errc : uint16_t {
   // fabric (200s)
   fabric_unavailable = 200,   ///< provider missing or endpoint could not be opened
   fabric_write_failed = 201,  ///< a posted write completed with an error
+  fabric_error = 202,         ///< a fabric call failed (registration, address insertion, ...)
   // peer / protocol (300s)
   peer_unreachable = 300,     ///< connect or handshake with a peer daemon failed
   peer_incompatible = 301,    ///< layouts differ between the two daemons
@@ -30,6 +36,7 @@ enum class errc : uint16_t {
   cancelled = 406,        ///< cancelled by a client or the peer
   // internal (500s)
   internal = 500,
+  system_error = 501,  ///< an operating-system call failed (shm, mmap, locks): it names the call
 };
 
 /// Stable lower-case name of the code, e.g. "invalid_request".
@@ -40,6 +47,7 @@ inline constexpr errc all_errc[] = {errc::ok,
                                     errc::config_invalid,
                                     errc::fabric_unavailable,
                                     errc::fabric_write_failed,
+                                    errc::fabric_error,
                                     errc::peer_unreachable,
                                     errc::peer_incompatible,
                                     errc::peer_lost,
@@ -53,6 +61,33 @@ inline constexpr errc all_errc[] = {errc::ok,
                                     errc::wrong_role,
                                     errc::timed_out,
                                     errc::cancelled,
-                                    errc::internal};
+                                    errc::internal,
+                                    errc::system_error};
+
+/// What went wrong: the kind, and words naming what and the value seen.
+struct error {
+  errc code = errc::internal;
+  std::string message;
+};
+
+/// The value of `result<>`, for calls that return nothing but may fail.
+struct none {};
+
+/// A value, or the error that stopped it (`code` is `ok` exactly when `value` is meaningful).
+template <class T = none>
+struct [[nodiscard]] result {
+  T value{};
+  errc code = errc::ok;
+  std::string message;
+
+  result() = default;
+  result(T v) : value(std::move(v)) {}
+  result(ferry::error e) : code(e.code), message(std::move(e.message)) {}
+
+  explicit operator bool() const { return code == errc::ok; }
+  /// The error (meaningful only when failed).
+  ferry::error error() const& { return {code, message}; }
+  ferry::error error() && { return {code, std::move(message)}; }
+};
 
 }  // namespace ferry

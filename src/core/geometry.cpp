@@ -50,34 +50,40 @@ std::string heads_source(const kv_pool_config& kv, uint32_t tp) {
 
 /// KV part of a link: compatibility, buffer pairing by layer id, and the row slice. MLA KV and
 /// replicated heads are sent by the lowest prefill rank of the decode rank's group holding them.
-std::optional<std::string> plan_kv(const rank_schema& s, const rank_schema& d,
-                                   const node_layout& sl, const node_layout& dl, link_plan& plan) {
+result<> plan_kv(const rank_schema& s, const rank_schema& d, const node_layout& sl,
+                 const node_layout& dl, link_plan& plan) {
   const auto& a = *s.pools.kv;
   const auto& b = *d.pools.kv;
-  auto differ = [](const char* what, auto x, auto y) -> std::optional<std::string> {
-    if (x == y) return std::nullopt;
-    return fmt::format("{} differs: prefill has {}, decode has {}", what, x, y);
+  auto differ = [](const char* what, auto x, auto y) -> result<> {
+    if (x == y) return {};
+    return error{errc::peer_incompatible,
+                 fmt::format("{} differs: prefill has {}, decode has {}", what, x, y)};
   };
-  if (auto e = differ("kv.page_tokens", a.page_tokens, b.page_tokens)) return e;
-  if (auto e = differ("kv.dtype_bytes", a.dtype_bytes, b.dtype_bytes)) return e;
-  if (auto e = differ("kv.mla", a.mla, b.mla)) return e;
-  if (auto e = differ("kv.head_dim", a.head_dim, b.head_dim)) return e;
+  if (auto e = differ("kv.page_tokens", a.page_tokens, b.page_tokens); !e) return e;
+  if (auto e = differ("kv.dtype_bytes", a.dtype_bytes, b.dtype_bytes); !e) return e;
+  if (auto e = differ("kv.mla", a.mla, b.mla); !e) return e;
+  if (auto e = differ("kv.head_dim", a.head_dim, b.head_dim); !e) return e;
   const uint32_t H = a.model_heads(s.tp_size);
   if (!a.mla) {
     if (H != b.model_heads(d.tp_size))
-      return fmt::format(
-          "kv total heads differ: prefill has {} ({}), decode has {} ({}); set "
-          "pools.kv.total_heads on the side whose heads are replicated",
-          H, heads_source(a, s.tp_size), b.model_heads(d.tp_size), heads_source(b, d.tp_size));
+      return error{
+          errc::peer_incompatible,
+          fmt::format("kv total heads differ: prefill has {} ({}), decode has {} ({}); set "
+                      "pools.kv.total_heads on the side whose heads are replicated",
+                      H, heads_source(a, s.tp_size), b.model_heads(d.tp_size),
+                      heads_source(b, d.tp_size))};
     for (auto [side, p, heads] : {std::tuple{"prefill", s.tp_size, a.kv_heads},
                                   std::tuple{"decode", d.tp_size, b.kv_heads}}) {
       if (!(divides(p, H) || divides(H, p)))
-        return fmt::format("kv heads do not divide: {} kv heads over {} TP {}", H, side, p);
+        return error{errc::peer_incompatible,
+                     fmt::format("kv heads do not divide: {} kv heads over {} TP {}", H, side, p)};
       if (heads != kv_heads_of(H, p, 0).count)
-        return fmt::format("{} kv_heads {} does not match {} total heads at TP {} (expected {})",
-                           side, heads, H, p, kv_heads_of(H, p, 0).count);
+        return error{
+            errc::peer_incompatible,
+            fmt::format("{} kv_heads {} does not match {} total heads at TP {} (expected {})", side,
+                        heads, H, p, kv_heads_of(H, p, 0).count)};
     }
-  } else if (auto e = differ("kv.kv_heads (MLA)", a.kv_heads, b.kv_heads)) {
+  } else if (auto e = differ("kv.kv_heads (MLA)", a.kv_heads, b.kv_heads); !e) {
     return e;
   }
   plan.page_tokens = a.page_tokens;
@@ -85,7 +91,7 @@ std::optional<std::string> plan_kv(const rank_schema& s, const rank_schema& d,
   plan.dst_page_bytes = b.page_bytes();
   plan.src_row_bytes = plan.src_page_bytes / a.page_tokens;
   plan.dst_row_bytes = plan.dst_page_bytes / b.page_tokens;
-  if (!plan.in_group) return std::nullopt;
+  if (!plan.in_group) return {};
 
   // Pair buffers by (K/V, layer id): every prefill layer must exist at the decode.
   const auto& sp = sl[pool_kind::kv];
@@ -94,8 +100,10 @@ std::optional<std::string> plan_kv(const rank_schema& s, const rank_schema& d,
     const auto& sb = sp.buffers[i];
     const int j = find_buffer(dp, sb.kind, sb.layer_id, 0);
     if (j < 0)
-      return fmt::format("prefill kv layer {} has no counterpart on the decode (decode layers {})",
-                         sb.layer_id, b.layer_ids);
+      return error{
+          errc::peer_incompatible,
+          fmt::format("prefill kv layer {} has no counterpart on the decode (decode layers {})",
+                      sb.layer_id, b.layer_ids)};
     plan.kv_buffers.push_back({i, static_cast<uint32_t>(j), 0});
   }
 
@@ -103,7 +111,7 @@ std::optional<std::string> plan_kv(const rank_schema& s, const rank_schema& d,
   if (a.mla) {
     plan.row = {0, 0, plan.src_row_bytes};
     plan.kv = s.tp_rank == group.front() ? kv_mode::whole_pages : kv_mode::none;
-    return std::nullopt;
+    return {};
   }
   const uint64_t head_bytes = uint64_t{a.head_dim} * a.dtype_bytes;
   const auto hs = kv_heads_of(H, s.tp_size, s.tp_rank);
@@ -116,7 +124,7 @@ std::optional<std::string> plan_kv(const rank_schema& s, const rank_schema& d,
       first_holder = false;
   if (moved.count == 0 || !first_holder) {
     plan.kv = kv_mode::none;
-    return std::nullopt;
+    return {};
   }
   plan.row = {(moved.first - hs.first) * head_bytes, (moved.first - hd.first) * head_bytes,
               moved.count * head_bytes};
@@ -126,66 +134,81 @@ std::optional<std::string> plan_kv(const rank_schema& s, const rank_schema& d,
                                    : kv_mode::unpack;
   // Neither side whole cannot happen when one TP size divides the other: the scatter side's
   // heads are a subset of its single source rank's, the gather side's a superset.
-  return std::nullopt;
+  return {};
 }
 
-std::optional<std::string> plan_state(const rank_schema& s, const rank_schema& d,
-                                      const node_layout& sl, const node_layout& dl,
-                                      link_plan& plan) {
+result<> plan_state(const rank_schema& s, const rank_schema& d, const node_layout& sl,
+                    const node_layout& dl, link_plan& plan) {
   const auto& a = *s.pools.mamba;
   const auto& b = *d.pools.mamba;
   if (a.tensors.size() != b.tensors.size())
-    return fmt::format("mamba.tensors count differs: prefill has {}, decode has {}",
-                       a.tensors.size(), b.tensors.size());
+    return error{errc::peer_incompatible,
+                 fmt::format("mamba.tensors count differs: prefill has {}, decode has {}",
+                             a.tensors.size(), b.tensors.size())};
   const bool same_tp = s.tp_size == d.tp_size;
   for (size_t t = 0; t < a.tensors.size(); ++t) {
     const auto& x = a.tensors[t];
     const auto& y = b.tensors[t];
     const auto key = fmt::format("mamba.tensors[{}] ({})", t, x.name);
     if (x.name != y.name)
-      return fmt::format("mamba.tensors[{}].name differs: prefill has {}, decode has {}", t, x.name,
-                         y.name);
+      return error{errc::peer_incompatible,
+                   fmt::format("mamba.tensors[{}].name differs: prefill has {}, decode has {}", t,
+                               x.name, y.name)};
     if (x.dtype_bytes != y.dtype_bytes)
-      return fmt::format("{} dtype_bytes differs: prefill has {}, decode has {}", key,
-                         x.dtype_bytes, y.dtype_bytes);
+      return error{errc::peer_incompatible,
+                   fmt::format("{} dtype_bytes differs: prefill has {}, decode has {}", key,
+                               x.dtype_bytes, y.dtype_bytes)};
     if (x.slice_axis != y.slice_axis || x.shard_groups != y.shard_groups)
-      return fmt::format(
-          "{} slicing differs: prefill has slice_axis {} shard_groups {}, decode has slice_axis "
-          "{} shard_groups {}",
-          key, x.slice_axis ? std::to_string(*x.slice_axis) : "none", dims_text(x.shard_groups),
-          y.slice_axis ? std::to_string(*y.slice_axis) : "none", dims_text(y.shard_groups));
+      return error{errc::peer_incompatible,
+                   fmt::format("{} slicing differs: prefill has slice_axis {} shard_groups {}, "
+                               "decode has slice_axis "
+                               "{} shard_groups {}",
+                               key, x.slice_axis ? std::to_string(*x.slice_axis) : "none",
+                               dims_text(x.shard_groups),
+                               y.slice_axis ? std::to_string(*y.slice_axis) : "none",
+                               dims_text(y.shard_groups))};
     if (x.shape.size() != y.shape.size())
-      return fmt::format("{} shape differs: prefill has {}, decode has {}", key, dims_text(x.shape),
-                         dims_text(y.shape));
+      return error{errc::peer_incompatible,
+                   fmt::format("{} shape differs: prefill has {}, decode has {}", key,
+                               dims_text(x.shape), dims_text(y.shape))};
     if (same_tp) {
       if (x.shape != y.shape)
-        return fmt::format("{} shape differs: prefill has {}, decode has {}", key,
-                           dims_text(x.shape), dims_text(y.shape));
+        return error{errc::peer_incompatible,
+                     fmt::format("{} shape differs: prefill has {}, decode has {}", key,
+                                 dims_text(x.shape), dims_text(y.shape))};
       plan.state_segments.push_back({{0, 0, x.slot_bytes()}});
       continue;
     }
     if (!x.slice_axis)
-      return fmt::format(
-          "{} has no slice_axis: it cannot be re-sliced from prefill TP {} to decode TP {} "
-          "(refusing a whole-slot copy)",
-          key, s.tp_size, d.tp_size);
+      return error{
+          errc::peer_incompatible,
+          fmt::format(
+              "{} has no slice_axis: it cannot be re-sliced from prefill TP {} to decode TP {} "
+              "(refusing a whole-slot copy)",
+              key, s.tp_size, d.tp_size)};
     const uint32_t axis = *x.slice_axis;
     for (size_t i = 0; i < x.shape.size(); ++i)
       if (i != axis && x.shape[i] != y.shape[i])
-        return fmt::format("{} shape differs outside slice axis {}: prefill has {}, decode has {}",
-                           key, axis, dims_text(x.shape), dims_text(y.shape));
+        return error{
+            errc::peer_incompatible,
+            fmt::format("{} shape differs outside slice axis {}: prefill has {}, decode has {}",
+                        key, axis, dims_text(x.shape), dims_text(y.shape))};
     const uint64_t full = x.shape[axis] * s.tp_size;
     if (y.shape[axis] * d.tp_size != full)
-      return fmt::format("{} full size differs: prefill {} x TP {} = {}, decode {} x TP {} = {}",
-                         key, x.shape[axis], s.tp_size, full, y.shape[axis], d.tp_size,
-                         y.shape[axis] * d.tp_size);
+      return error{
+          errc::peer_incompatible,
+          fmt::format("{} full size differs: prefill {} x TP {} = {}, decode {} x TP {} = {}", key,
+                      x.shape[axis], s.tp_size, full, y.shape[axis], d.tp_size,
+                      y.shape[axis] * d.tp_size)};
     const std::vector<uint64_t> groups =
         x.shard_groups.empty() ? std::vector<uint64_t>{full} : x.shard_groups;
     for (auto g : groups)
       if (g % s.tp_size != 0 || g % d.tp_size != 0)
-        return fmt::format(
-            "{} does not divide evenly: shard group of {} over prefill TP {} and decode TP {}", key,
-            g, s.tp_size, d.tp_size);
+        return error{
+            errc::peer_incompatible,
+            fmt::format(
+                "{} does not divide evenly: shard group of {} over prefill TP {} and decode TP {}",
+                key, g, s.tp_size, d.tp_size)};
     std::vector<segment> segs;
     if (plan.in_group) {
       const uint64_t unit = x.unit_bytes();
@@ -206,19 +229,20 @@ std::optional<std::string> plan_state(const rank_schema& s, const rank_schema& d
     }
     plan.state_segments.push_back(std::move(segs));
   }
-  if (!plan.in_group) return std::nullopt;
+  if (!plan.in_group) return {};
   const auto& sp = sl[pool_kind::state];
   const auto& dp = dl[pool_kind::state];
   for (uint32_t i = 0; i < sp.buffers.size(); ++i) {
     const auto& sb = sp.buffers[i];
     const int j = find_buffer(dp, buffer_kind::state, sb.layer_id, sb.tensor);
     if (j < 0)
-      return fmt::format(
-          "prefill mamba layer {} has no counterpart on the decode (decode layers {})", sb.layer_id,
-          b.layer_ids);
+      return error{
+          errc::peer_incompatible,
+          fmt::format("prefill mamba layer {} has no counterpart on the decode (decode layers {})",
+                      sb.layer_id, b.layer_ids)};
     plan.state_buffers.push_back({i, static_cast<uint32_t>(j), sb.tensor});
   }
-  return std::nullopt;
+  return {};
 }
 
 }  // namespace
@@ -272,13 +296,15 @@ std::string link_plan::describe() const {
       state_buffers.size(), segs, aux ? "yes" : "no");
 }
 
-std::variant<link_plan, std::string> make_link_plan(const rank_schema& s, const rank_schema& d) {
+result<link_plan> make_link_plan(const rank_schema& s, const rank_schema& d) {
   if (d.pp_size != 1 && d.pp_size != s.pp_size)
-    return fmt::format("decode pp.size {} must be 1 or equal the prefill's pp.size {}", d.pp_size,
-                       s.pp_size);
+    return error{errc::peer_incompatible,
+                 fmt::format("decode pp.size {} must be 1 or equal the prefill's pp.size {}",
+                             d.pp_size, s.pp_size)};
   if (!(divides(s.tp_size, d.tp_size) || divides(d.tp_size, s.tp_size)))
-    return fmt::format("TP sizes do not divide: prefill TP {} and decode TP {}", s.tp_size,
-                       d.tp_size);
+    return error{errc::peer_incompatible,
+                 fmt::format("TP sizes do not divide: prefill TP {} and decode TP {}", s.tp_size,
+                             d.tp_size)};
   link_plan plan;
   const auto group = prefill_ranks_for(s.tp_size, d.tp_size, d.tp_rank);
   plan.in_group = std::find(group.begin(), group.end(), s.tp_rank) != group.end() &&
@@ -287,21 +313,23 @@ std::variant<link_plan, std::string> make_link_plan(const rank_schema& s, const 
   const auto dl = make_layout(d.pools);
   // A prefill pool needs a destination; a decode pool may be filled by other PP stages.
   auto missing = [](const char* pool) {
-    return fmt::format("pool {} is present on the prefill but absent on the decode", pool);
+    return error{errc::peer_incompatible,
+                 fmt::format("pool {} is present on the prefill but absent on the decode", pool)};
   };
   if (s.pools.kv) {
     if (!d.pools.kv) return missing("kv");
-    if (auto e = plan_kv(s, d, sl, dl, plan)) return *e;
+    if (auto e = plan_kv(s, d, sl, dl, plan); !e) return e.error();
   }
   if (s.pools.mamba) {
     if (!d.pools.mamba) return missing("mamba");
-    if (auto e = plan_state(s, d, sl, dl, plan)) return *e;
+    if (auto e = plan_state(s, d, sl, dl, plan); !e) return e.error();
   }
   if (s.pools.aux) {
     if (!d.pools.aux) return missing("aux");
     if (s.pools.aux->row_bytes != d.pools.aux->row_bytes)
-      return fmt::format("aux.row_bytes differs: prefill has {}, decode has {}",
-                         s.pools.aux->row_bytes, d.pools.aux->row_bytes);
+      return error{errc::peer_incompatible,
+                   fmt::format("aux.row_bytes differs: prefill has {}, decode has {}",
+                               s.pools.aux->row_bytes, d.pools.aux->row_bytes)};
     // The row comes from the first TP rank of the group, and from the last PP stage (which
     // samples the output token) when one decode stage receives from all of them.
     plan.aux = plan.in_group && s.tp_rank == group.front() &&
@@ -310,27 +338,32 @@ std::variant<link_plan, std::string> make_link_plan(const rank_schema& s, const 
   return plan;
 }
 
-std::variant<std::vector<size_t>, std::string> select_prefill_peers(
-    const rank_schema& d, std::span<const rank_schema> named) {
-  if (named.empty()) return std::string("no prefill peers named");
+result<std::vector<size_t>> select_prefill_peers(const rank_schema& d,
+                                                 std::span<const rank_schema> named) {
+  if (named.empty()) return error{errc::peer_incompatible, std::string("no prefill peers named")};
   const uint32_t ps = named[0].tp_size, pp = named[0].pp_size;
   for (const auto& n : named)
     if (n.tp_size != ps || n.pp_size != pp)
-      return fmt::format(
-          "named prefill peers disagree on geometry: TP {} PP {} and TP {} PP {} (name the ranks "
-          "of one prefill instance)",
-          ps, pp, n.tp_size, n.pp_size);
+      return error{errc::peer_incompatible,
+                   fmt::format("named prefill peers disagree on geometry: TP {} PP {} and TP {} PP "
+                               "{} (name the ranks "
+                               "of one prefill instance)",
+                               ps, pp, n.tp_size, n.pp_size)};
   for (const auto& n : named)
     if (n.dp_size != named[0].dp_size || n.dp_rank != named[0].dp_rank)
-      return fmt::format(
-          "named prefill peers are of different attention DP groups: DP rank {} of {} and DP rank "
-          "{} of {} (a room's KV lives in one group: name that group's ranks)",
-          named[0].dp_rank, named[0].dp_size, n.dp_rank, n.dp_size);
+      return error{errc::peer_incompatible,
+                   fmt::format("named prefill peers are of different attention DP groups: DP rank "
+                               "{} of {} and DP rank "
+                               "{} of {} (a room's KV lives in one group: name that group's ranks)",
+                               named[0].dp_rank, named[0].dp_size, n.dp_rank, n.dp_size)};
   if (!(divides(ps, d.tp_size) || divides(d.tp_size, ps)))
-    return fmt::format("TP sizes do not divide: prefill TP {} and decode TP {}", ps, d.tp_size);
+    return error{
+        errc::peer_incompatible,
+        fmt::format("TP sizes do not divide: prefill TP {} and decode TP {}", ps, d.tp_size)};
   if (d.pp_size != 1 && d.pp_size != pp)
-    return fmt::format("decode pp.size {} must be 1 or equal the prefill's pp.size {}", d.pp_size,
-                       pp);
+    return error{errc::peer_incompatible,
+                 fmt::format("decode pp.size {} must be 1 or equal the prefill's pp.size {}",
+                             d.pp_size, pp)};
   const auto ranks = prefill_ranks_for(ps, d.tp_size, d.tp_rank);
   std::vector<uint32_t> stages;
   if (d.pp_size == 1)
@@ -344,19 +377,21 @@ std::variant<std::vector<size_t>, std::string> select_prefill_peers(
       for (size_t i = 0; i < named.size(); ++i)
         if (named[i].tp_rank == r && named[i].pp_rank == stage) hits.push_back(i);
       if (hits.empty())
-        return fmt::format(
-            "decode TP rank {} of {} needs prefill TP rank {} of {} in PP stage {} of {}, but no "
-            "usable named peer is that rank",
-            d.tp_rank, d.tp_size, r, ps, stage, pp);
+        return error{errc::peer_incompatible,
+                     fmt::format("decode TP rank {} of {} needs prefill TP rank {} of {} in PP "
+                                 "stage {} of {}, but no "
+                                 "usable named peer is that rank",
+                                 d.tp_rank, d.tp_size, r, ps, stage, pp)};
       if (hits.size() > 1)
-        return fmt::format("prefill TP rank {} PP stage {} is named {} times", r, stage,
-                           hits.size());
+        return error{
+            errc::peer_incompatible,
+            fmt::format("prefill TP rank {} PP stage {} is named {} times", r, stage, hits.size())};
       chosen.push_back(hits[0]);
     }
   // Every decode layer must be held by exactly one chosen stage (TP ranks of a stage hold the
   // same layers).
   auto cover = [&](const char* pool, const std::vector<uint32_t>* dst_ids,
-                   auto ids_of) -> std::optional<std::string> {
+                   auto ids_of) -> result<> {
     // The TP ranks of a stage hold the same layers (each its own heads or channels of them).
     std::map<uint32_t, size_t> first_of_stage;
     for (size_t i : chosen) {
@@ -373,10 +408,11 @@ std::variant<std::vector<size_t>, std::string> select_prefill_peers(
             std::tuple{&ys, &xs, named[i].tp_rank, named[it->second].tp_rank}})
         for (uint32_t id : *has)
           if (!lacks->count(id))
-            return fmt::format(
-                "prefill TP rank {} of PP stage {} does not hold {} layer {}, which TP rank {} of "
-                "the same stage holds",
-                rank_lacks, named[i].pp_rank, pool, id, rank_has);
+            return error{errc::peer_incompatible,
+                         fmt::format("prefill TP rank {} of PP stage {} does not hold {} layer {}, "
+                                     "which TP rank {} of "
+                                     "the same stage holds",
+                                     rank_lacks, named[i].pp_rank, pool, id, rank_has)};
     }
     std::map<uint32_t, uint32_t> holder;  // layer -> stage
     for (size_t i : chosen) {
@@ -385,24 +421,29 @@ std::variant<std::vector<size_t>, std::string> select_prefill_peers(
       for (uint32_t id : *ids) {
         auto [it, fresh] = holder.emplace(id, named[i].pp_rank);
         if (!fresh && it->second != named[i].pp_rank)
-          return fmt::format("{} layer {} is held by PP stages {} and {}", pool, id, it->second,
-                             named[i].pp_rank);
+          return error{errc::peer_incompatible,
+                       fmt::format("{} layer {} is held by PP stages {} and {}", pool, id,
+                                   it->second, named[i].pp_rank)};
       }
     }
-    if (!dst_ids) return std::nullopt;
+    if (!dst_ids) return {};
     for (uint32_t id : *dst_ids)
       if (!holder.count(id))
-        return fmt::format("decode {} layer {} is not held by any named prefill stage", pool, id);
-    return std::nullopt;
+        return error{
+            errc::peer_incompatible,
+            fmt::format("decode {} layer {} is not held by any named prefill stage", pool, id)};
+    return {};
   };
-  if (auto e = cover("kv", d.pools.kv ? &d.pools.kv->layer_ids : nullptr, [](const rank_schema& r) {
-        return r.pools.kv ? &r.pools.kv->layer_ids : nullptr;
-      }))
-    return *e;
+  if (auto e =
+          cover("kv", d.pools.kv ? &d.pools.kv->layer_ids : nullptr,
+                [](const rank_schema& r) { return r.pools.kv ? &r.pools.kv->layer_ids : nullptr; });
+      !e)
+    return e.error();
   if (auto e = cover(
           "mamba", d.pools.mamba ? &d.pools.mamba->layer_ids : nullptr,
-          [](const rank_schema& r) { return r.pools.mamba ? &r.pools.mamba->layer_ids : nullptr; }))
-    return *e;
+          [](const rank_schema& r) { return r.pools.mamba ? &r.pools.mamba->layer_ids : nullptr; });
+      !e)
+    return e.error();
   return chosen;
 }
 

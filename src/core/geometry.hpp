@@ -111,17 +111,17 @@ struct link_plan {
 };
 
 /// The plan for prefill rank `src` sending to decode rank `dst`, or the first incompatibility
-/// as text naming the field and both values (page size, dtype, head_dim, head counts that do
-/// not divide, a prefill layer id the decode lacks, a state tensor whose dims do not divide,
-/// missing slicing metadata under a TP mismatch...). A pair outside each other's group gives a
-/// plan with in_group = false (still validated for schema compatibility).
-std::variant<link_plan, std::string> make_link_plan(const rank_schema& src, const rank_schema& dst);
+/// (`errc::peer_incompatible`) naming the field and both values (page size, dtype, head_dim, head
+/// counts that do not divide, a prefill layer id the decode lacks, a state tensor whose dims do not
+/// divide, missing slicing metadata under a TP mismatch...). A pair outside each other's group
+/// gives a plan with in_group = false (still validated for schema compatibility).
+result<link_plan> make_link_plan(const rank_schema& src, const rank_schema& dst);
 
 /// Which of the `named` prefill ranks the decode rank `decode` receives from (indices into
 /// `named`), checking that every required TP rank of every required PP stage is named exactly
 /// once and that the chosen stages hold every decode layer exactly once. Named peers outside
 /// the decode rank's group are left out. The error names what is missing or duplicated.
-std::variant<std::vector<size_t>, std::string> select_prefill_peers(
-    const rank_schema& decode, std::span<const rank_schema> named);
+result<std::vector<size_t>> select_prefill_peers(const rank_schema& decode,
+                                                 std::span<const rank_schema> named);
 
 }  // namespace ferry

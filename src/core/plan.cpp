@@ -163,38 +163,45 @@ void split_pieces(std::vector<planned_write>& writes, uint64_t piece_bytes) {
   writes = std::move(out);
 }
 
-std::optional<std::string> check_indices(std::span<const uint32_t> indices, uint64_t limit,
-                                         const char* what, const char* unit) {
+result<> check_indices(std::span<const uint32_t> indices, uint64_t limit, const char* what,
+                       const char* unit) {
   for (size_t i = 0; i < indices.size(); ++i)
     if (indices[i] >= limit)
-      return fmt::format("{} {} (position {}) is outside the pool of {} {}", what, indices[i], i,
-                         limit, unit);
+      return error{errc::invalid_request,
+                   fmt::format("{} {} (position {}) is outside the pool of {} {}", what, indices[i],
+                               i, limit, unit)};
   // An index named twice would make two positions share one item: one position's bytes lost.
   std::vector<std::pair<uint32_t, uint32_t>> sorted(indices.size());  // (index, position)
   for (size_t i = 0; i < indices.size(); ++i) sorted[i] = {indices[i], static_cast<uint32_t>(i)};
   std::sort(sorted.begin(), sorted.end());
   for (size_t i = 1; i < sorted.size(); ++i)
     if (sorted[i].first == sorted[i - 1].first)
-      return fmt::format("{} {} is named twice (positions {} and {})", what, sorted[i].first,
-                         sorted[i - 1].second, sorted[i].second);
-  return std::nullopt;
+      return error{errc::invalid_request,
+                   fmt::format("{} {} is named twice (positions {} and {})", what, sorted[i].first,
+                               sorted[i - 1].second, sorted[i].second)};
+  return {};
 }
 
-std::optional<std::string> chunk_cursor::take(uint32_t n, bool last, uint32_t& first_position) {
+result<uint32_t> chunk_cursor::take(uint32_t n, bool last) {
   if (finished_)
-    return fmt::format("the last chunk was already sent ({} pages); no further chunk is accepted",
-                       position_);
+    return error{
+        errc::invalid_request,
+        fmt::format("the last chunk was already sent ({} pages); no further chunk is accepted",
+                    position_)};
   if (uint64_t{position_} + n > dst_pages_)
-    return fmt::format(
-        "chunk of {} pages at position {} goes beyond the decode's page list of {} pages", n,
-        position_, dst_pages_);
+    return error{
+        errc::invalid_request,
+        fmt::format(
+            "chunk of {} pages at position {} goes beyond the decode's page list of {} pages", n,
+            position_, dst_pages_)};
   if (last && position_ + n != dst_pages_)
-    return fmt::format("last chunk ends at page position {} but the decode prepared {} pages",
-                       position_ + n, dst_pages_);
-  first_position = position_;
+    return error{errc::invalid_request,
+                 fmt::format("last chunk ends at page position {} but the decode prepared {} pages",
+                             position_ + n, dst_pages_)};
+  const uint32_t first_position = position_;
   position_ += n;
   finished_ = last;
-  return std::nullopt;
+  return first_position;
 }
 
 }  // namespace ferry

@@ -118,9 +118,10 @@ void split_pieces(std::vector<planned_write>& writes, uint64_t piece_bytes);
 
 /// Bounds and uniqueness check of indices into a pool; the error names `what`, the first bad
 /// index, its position and the pool size, e.g. "dst page 9000 (position 3) is outside the kv pool
-/// of 8192 pages", or an index named twice: "dst page 400 is named twice (positions 0 and 1)".
-std::optional<std::string> check_indices(std::span<const uint32_t> indices, uint64_t limit,
-                                         const char* what, const char* unit);
+/// of 8192 pages", or an index named twice: "dst page 400 is named twice (positions 0 and 1)"
+/// (`errc::invalid_request`).
+result<> check_indices(std::span<const uint32_t> indices, uint64_t limit, const char* what,
+                       const char* unit);
 
 /// Maps the chunks of a room onto the decode's destination page list by position.
 class chunk_cursor {
@@ -128,8 +129,8 @@ class chunk_cursor {
   explicit chunk_cursor(uint32_t dst_pages = 0) : dst_pages_(dst_pages) {}
   /// Reserve positions for a chunk of `n` pages; returns the first position, or an error when
   /// the chunk overruns the list, a last chunk leaves pages unfilled, or the last chunk was
-  /// already sent.
-  std::optional<std::string> take(uint32_t n, bool last, uint32_t& first_position);
+  /// already sent (`errc::invalid_request`).
+  result<uint32_t> take(uint32_t n, bool last);
   uint32_t position() const { return position_; }
   bool finished() const { return finished_; }
 

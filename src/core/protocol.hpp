@@ -137,10 +137,8 @@ struct register_memory {
 
 // --- replies and events (ferryd -> client) ---
 struct ok {};
-struct error {
-  errc code = errc::internal;
-  std::string message;
-};
+/// The error reply is the error vocabulary's own type (core/errors.hpp).
+using error = ferry::error;
 struct pool_info {
   bool present = false;
   std::string shm_name;  ///< POSIX shm object to map (shm_open)

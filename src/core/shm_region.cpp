@@ -31,19 +31,21 @@ shm_region::~shm_region() {
   owner_ = false;
 }
 
-shm_region shm_region::create(const std::string& name, uint64_t bytes, std::string& err) {
+result<shm_region> shm_region::create(const std::string& name, uint64_t bytes) {
   shm_region r;
   shm_unlink(name.c_str());  // a stale object from a crashed daemon with the same name
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) {
-    err = fmt::format("shm_open('{}') failed: {}", name, std::strerror(errno));
-    return r;
+    const error failure{errc::system_error,
+                        fmt::format("shm_open('{}') failed: {}", name, std::strerror(errno))};
+    return failure;
   }
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    err = fmt::format("ftruncate('{}', {} bytes) failed: {}", name, bytes, std::strerror(errno));
+    const error failure{errc::system_error, fmt::format("ftruncate('{}', {} bytes) failed: {}",
+                                                        name, bytes, std::strerror(errno))};
     close(fd);
     shm_unlink(name.c_str());
-    return r;
+    return failure;
   }
   // Reserve every byte now. A tmpfs page is otherwise allocated at its first touch, and a
   // /dev/shm that cannot back it then kills the process with SIGBUS in the middle of a transfer
@@ -52,20 +54,22 @@ shm_region shm_region::create(const std::string& name, uint64_t bytes, std::stri
   const uint64_t free_before =
       fstatvfs(fd, &fs) == 0 ? uint64_t{fs.f_bavail} * fs.f_frsize : uint64_t{0};
   if (int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); rc != 0) {
-    err = fmt::format(
-        "/dev/shm cannot hold {}: it needs {} bytes and /dev/shm has {} bytes free; "
-        "posix_fallocate: {}",
-        name, bytes, free_before, std::strerror(rc));
+    const error failure{
+        errc::system_error,
+        fmt::format("/dev/shm cannot hold {}: it needs {} bytes and /dev/shm has {} "
+                    "bytes free; posix_fallocate: {}",
+                    name, bytes, free_before, std::strerror(rc))};
     close(fd);
     shm_unlink(name.c_str());
-    return r;
+    return failure;
   }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   close(fd);
   if (p == MAP_FAILED) {
-    err = fmt::format("mmap('{}', {} bytes) failed: {}", name, bytes, std::strerror(errno));
+    const error failure{errc::system_error, fmt::format("mmap('{}', {} bytes) failed: {}", name,
+                                                        bytes, std::strerror(errno))};
     shm_unlink(name.c_str());
-    return r;
+    return failure;
   }
   r.data_ = static_cast<uint8_t*>(p);
   r.size_ = bytes;
@@ -74,25 +78,28 @@ shm_region shm_region::create(const std::string& name, uint64_t bytes, std::stri
   return r;
 }
 
-shm_region shm_region::open(const std::string& name, uint64_t bytes, std::string& err) {
+result<shm_region> shm_region::open(const std::string& name, uint64_t bytes) {
   shm_region r;
   int fd = shm_open(name.c_str(), O_RDWR, 0);
   if (fd < 0) {
-    err = fmt::format("shm_open('{}') failed: {}", name, std::strerror(errno));
-    return r;
+    const error failure{errc::system_error,
+                        fmt::format("shm_open('{}') failed: {}", name, std::strerror(errno))};
+    return failure;
   }
   struct stat st {};
   if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < bytes) {
-    err = fmt::format("shm object '{}' is {} bytes, expected at least {}", name,
-                      static_cast<uint64_t>(st.st_size), bytes);
+    const error failure{errc::system_error,
+                        fmt::format("shm object '{}' is {} bytes, expected at least {}", name,
+                                    static_cast<uint64_t>(st.st_size), bytes)};
     close(fd);
-    return r;
+    return failure;
   }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (p == MAP_FAILED) {
-    err = fmt::format("mmap('{}', {} bytes) failed: {}", name, bytes, std::strerror(errno));
-    return r;
+    const error failure{errc::system_error, fmt::format("mmap('{}', {} bytes) failed: {}", name,
+                                                        bytes, std::strerror(errno))};
+    return failure;
   }
   r.data_ = static_cast<uint8_t*>(p);
   r.size_ = bytes;

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "core/errors.hpp"
+
 namespace ferry {
 
 class shm_region {
@@ -17,10 +19,11 @@ class shm_region {
   ~shm_region();
 
   /// Create `name` (e.g. "/ferry.prefill-0.1a2b.kv") of `bytes`, replacing a stale object left by
-  /// a crashed daemon of the same name, and map it read-write (pre-faulted). Error text in `err`.
-  static shm_region create(const std::string& name, uint64_t bytes, std::string& err);
+  /// a crashed daemon of the same name, and map it read-write (pre-faulted). Errors
+  /// (`errc::system_error`) name the call, the object and errno.
+  static result<shm_region> create(const std::string& name, uint64_t bytes);
   /// Map an existing object read-write; its size must be at least `bytes`.
-  static shm_region open(const std::string& name, uint64_t bytes, std::string& err);
+  static result<shm_region> open(const std::string& name, uint64_t bytes);
 
   uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }

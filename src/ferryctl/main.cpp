@@ -34,7 +34,7 @@ std::vector<uint32_t> parse_pages(const std::string& text) {
   return out;
 }
 
-int report(const client::outcome<client::none>& r, const std::string& what) {
+int report(const ferry::result<ferry::none>& r, const std::string& what) {
   if (r) {
     std::cout << what << ": ok\n";
     return 0;
@@ -216,16 +216,16 @@ int main(int argc, char** argv) {
   }
   if (auto m = c.map_pools(); !m) return std::cerr << "ferryctl: " << m.message << "\n", 1;
   if (*fill) {
-    auto err = client::fill_kv(c, room, pages, first_position);
-    if (err.empty()) err = client::fill_state_and_aux(c, room, slot, row);
-    if (!err.empty()) return std::cerr << "ferryctl: fill failed: " << err << "\n", 1;
+    auto filled = client::fill_kv(c, room, pages, first_position);
+    if (filled) filled = client::fill_state_and_aux(c, room, slot, row);
+    if (!filled) return std::cerr << "ferryctl: fill failed: " << filled.message << "\n", 1;
     std::cout << fmt::format("room {}: pattern written to {} pages{}\n", room, pages.size(),
                              slot != no_index ? ", state slot and aux row" : "");
     return 0;
   }
   if (*verify) {
-    auto err = client::verify_room(c, room, pages, slot, row);
-    if (!err.empty()) return std::cerr << "ferryctl: verify failed: " << err << "\n", 1;
+    auto verified = client::verify_room(c, room, pages, slot, row);
+    if (!verified) return std::cerr << "ferryctl: verify failed: " << verified.message << "\n", 1;
     std::cout << fmt::format("room {}: all destination bytes verified\n", room);
     return 0;
   }

@@ -29,28 +29,28 @@ int main(int argc, char** argv) {
     return 1;
   }
   auto r = ferry::parse_config_file(check_path.empty() ? config_path : check_path);
-  std::optional<ferry::config_error> err = r.error;
+  ferry::result<> valid = r ? ferry::result<>() : r.error();
   if (r) {
-    if (!log_level.empty()) r.config->log.level = log_level;  // validated like log.level
-    err = ferry::validate_config(*r.config);
+    if (!log_level.empty()) r.value.log.level = log_level;  // validated like log.level
+    valid = ferry::validate_config(r.value);
   }
-  if (err) {
-    std::cerr << "ferryd: invalid config: " << err->what << "\n";
+  if (!valid) {
+    std::cerr << "ferryd: invalid config: " << valid.message << "\n";
     return 1;
   }
-  ferry::fill_derived(*r.config);
+  ferry::fill_derived(r.value);
   // What the daemon would refuse at start because of its config, --check-config refuses too.
-  if (const auto& f = r.config->security.cluster_secret_file; !f.empty()) {
-    if (auto secret = ferry::read_secret_file(f); !secret.error.empty()) {
-      std::cerr << "ferryd: invalid config: " << secret.error << "\n";
+  if (const auto& f = r.value.security.cluster_secret_file; !f.empty()) {
+    if (auto secret = ferry::read_secret_file(f); !secret) {
+      std::cerr << "ferryd: invalid config: " << secret.message << "\n";
       return 1;
     }
   }
   if (!check_path.empty()) {
-    std::cout << ferry::to_yaml(*r.config);
+    std::cout << ferry::to_yaml(r.value);
     return 0;
   }
-  const auto& cfg = *r.config;
+  const auto& cfg = r.value;
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [%n] %v");
   spdlog::set_level(spdlog::level::from_str(cfg.log.level));
   return ferry::run_daemon(cfg, ready_fd);

@@ -23,15 +23,15 @@ void soak::side_terminal(room& r, side_id s, room_status status, const std::stri
     if (t.success) {
       auto& D = sides_[decode];
       if (t.holds && t.hold_gen == D.gen && D.up) {
-        auto err = client::verify_room(*D.c, r.key, r.id, r.dst, r.dst_slot, r.dst_row);
-        if (err.empty()) {
+        auto verified = client::verify_room(*D.c, r.key, r.id, r.dst, r.dst_slot, r.dst_row);
+        if (verified) {
           ++verified_;
         } else {
           ++corrupted_;
           if (evidence_.size() < 20)
             evidence_.push_back(fmt::format(
                 "CORRUPTED room {} (key {:#x}, {} pages, {} chunks, dst slot {} row {}): {}", r.id,
-                r.key, r.dst.size(), r.chunks.size(), r.dst_slot, r.dst_row, err));
+                r.key, r.dst.size(), r.chunks.size(), r.dst_slot, r.dst_row, verified.message));
           std::cout << evidence_.back() << std::endl;
         }
       }

@@ -57,10 +57,10 @@ void soak::start_room(clock_type::time_point now) {
   }
   r.started = now;
   // The source: pattern of this incarnation's key, aux row carrying the room id.
-  if (auto e = client::fill_kv(*P.c, r.key, r.src, 0); !e.empty())
-    throw std::runtime_error("fill_kv: " + e);
-  if (auto e = client::fill_state_and_aux(*P.c, r.key, r.src_slot, r.src_row, r.id); !e.empty())
-    throw std::runtime_error("fill_state_and_aux: " + e);
+  if (auto e = client::fill_kv(*P.c, r.key, r.src, 0); !e)
+    throw std::runtime_error("fill_kv: " + e.message);
+  if (auto e = client::fill_state_and_aux(*P.c, r.key, r.src_slot, r.src_row, r.id); !e)
+    throw std::runtime_error("fill_state_and_aux: " + e.message);
   auto [it, fresh] = rooms_.emplace(r.id, std::move(r));
   if (!fresh) throw std::runtime_error(fmt::format("room id {} taken twice", it->first));
   auto& rm = it->second;

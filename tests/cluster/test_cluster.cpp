@@ -114,7 +114,7 @@ void expect_success(node& p, node& d, const room_spec& r) {
   auto pe = wait_done(*p, r.room);
   INFO("prefill: " << pe.reason);
   REQUIRE(pe.status == room_status::success);
-  CHECK(client::verify_room(*d, r.room, r.dst_pages, r.dst_slot, r.dst_row) == "");
+  CHECK(client::verify_room(*d, r.room, r.dst_pages, r.dst_slot, r.dst_row).message == "");
 }
 
 /// No room left active and no staging held. Staging is given back by the room actors after
@@ -516,7 +516,7 @@ TEST_CASE(
     auto pe = wait_done(*p, a2.room);
     INFO("prefill: " << pe.reason);
     REQUIRE(pe.status == room_status::success);
-    CHECK(client::verify_room(*d0, a2.room, a2.dst_pages, a2.dst_slot, a2.dst_row) == "");
+    CHECK(client::verify_room(*d0, a2.room, a2.dst_pages, a2.dst_slot, a2.dst_row).message == "");
   }
   for (auto* n : {&p, &d0, &d1}) expect_idle(**n, "host " + std::to_string(n->host));
 }

@@ -107,6 +107,7 @@ struct shape {
   uint32_t heartbeat_misses = 3;
   std::string secret_file;  ///< security.cluster_secret_file (empty: none)
   uint32_t transfer_ms = 30000;
+  uint32_t peer_preamble_ms = 3000;  ///< limits.peer_preamble_ms (the config default)
   uint32_t max_active_rooms = 4096;
   uint32_t max_clients = 1024;                ///< 0: auto (half of the descriptor limit)
   uint64_t nofile_soft = 0, nofile_hard = 0;  ///< RLIMIT_NOFILE for the daemon (0: inherited)
@@ -154,7 +155,8 @@ inline std::string make_config(const std::string& name, const std::string& role,
     << "\n  transfer_ms: " << s.transfer_ms
     << "\nlimits:\n  max_active_rooms: " << s.max_active_rooms
     << "\n  max_clients: " << s.max_clients << "\n  client_frame_ms: " << s.client_frame_ms
-    << "\nruntime:\n  workers: " << s.workers << "\nlog:\n  level: info\n"
+    << "\n  peer_preamble_ms: " << s.peer_preamble_ms << "\nruntime:\n  workers: " << s.workers
+    << "\nlog:\n  level: info\n"
     << (s.secret_file.empty() ? "" : "security:\n  cluster_secret_file: " + s.secret_file + "\n") <<
       [&] {
         std::string d;
@@ -414,9 +416,9 @@ inline std::vector<uint32_t> range(uint32_t first, uint32_t count) {
 
 /// Fill the source and clear the destination of a room.
 inline void stage(pair& c, const room_spec& r) {
-  REQUIRE(client::fill_kv(*c.p, r.room, r.src_pages, 0) == "");
-  REQUIRE(client::fill_state_and_aux(*c.p, r.room, r.src_slot, r.src_row) == "");
-  REQUIRE(client::clear_room(*c.d, r.dst_pages, r.dst_slot, r.dst_row) == "");
+  REQUIRE(client::fill_kv(*c.p, r.room, r.src_pages, 0).message == "");
+  REQUIRE(client::fill_state_and_aux(*c.p, r.room, r.src_slot, r.src_row).message == "");
+  REQUIRE(client::clear_room(*c.d, r.dst_pages, r.dst_slot, r.dst_row).message == "");
 }
 
 inline void prepare(pair& c, const room_spec& r) {
@@ -442,9 +444,9 @@ inline void send_chunks(pair& c, const room_spec& r) {
 
 /// The same steps with explicit clients, for tests with more than one pair of daemons.
 inline void stage(client::client& p, client::client& d, const room_spec& r) {
-  REQUIRE(client::fill_kv(p, r.room, r.src_pages, 0) == "");
-  REQUIRE(client::fill_state_and_aux(p, r.room, r.src_slot, r.src_row) == "");
-  REQUIRE(client::clear_room(d, r.dst_pages, r.dst_slot, r.dst_row) == "");
+  REQUIRE(client::fill_kv(p, r.room, r.src_pages, 0).message == "");
+  REQUIRE(client::fill_state_and_aux(p, r.room, r.src_slot, r.src_row).message == "");
+  REQUIRE(client::clear_room(d, r.dst_pages, r.dst_slot, r.dst_row).message == "");
 }
 
 inline void prepare(client::client& d, const std::string& prefill, const room_spec& r) {
@@ -490,7 +492,7 @@ inline std::string field(const std::string& text, const std::string& key) {
 /// Failed, so nothing of the old room may land, not even the rest of a write it had begun to
 /// send (docs/reliability.md section 4).
 inline void check_exact_after_fence(client::client& d, const room_spec& r) {
-  CHECK(client::verify_room(d, r.room, r.dst_pages, r.dst_slot, r.dst_row) == "");
+  CHECK(client::verify_room(d, r.room, r.dst_pages, r.dst_slot, r.dst_row).message == "");
 }
 
 /// A client connection that speaks raw frames, so the test sees every frame with its seq.
@@ -592,7 +594,7 @@ inline void run_and_verify(client::client& p, client::client& d, const std::stri
   auto pe = wait_done(p, r.room);
   INFO(pe.reason);
   REQUIRE(pe.status == room_status::success);
-  CHECK(client::verify_room(d, r.room, r.dst_pages, r.dst_slot, r.dst_row) == "");
+  CHECK(client::verify_room(d, r.room, r.dst_pages, r.dst_slot, r.dst_row).message == "");
 }
 
 /// Run a room end to end and check statuses on both sides and every destination byte.
@@ -606,7 +608,7 @@ inline void run_and_verify(pair& c, const room_spec& r) {
   auto pe = wait_done(*c.p, r.room);
   INFO(pe.reason);
   REQUIRE(pe.status == room_status::success);
-  CHECK(client::verify_room(*c.d, r.room, r.dst_pages, r.dst_slot, r.dst_row) == "");
+  CHECK(client::verify_room(*c.d, r.room, r.dst_pages, r.dst_slot, r.dst_row).message == "");
 }
 
 }  // namespace ferry::test

@@ -18,7 +18,7 @@ void good_request_still_works(pair& c, uint64_t room) {
   run_and_verify(c, r);
 }
 
-std::string error_of(const client::outcome<client::none>& o) {
+std::string error_of(const ferry::result<>& o) {
   REQUIRE_FALSE(o);
   return o.message;
 }
@@ -67,7 +67,7 @@ TEST_CASE("bad client requests get errors naming the problem, and the daemon kee
           "room 5: state slot and aux row go only with the last chunk");
   }
   SECTION("aux row that does not carry the room id") {
-    REQUIRE(client::clear_room(*c.p, {}, 0, 3) == "");
+    REQUIRE(client::clear_room(*c.p, {}, 0, 3).message == "");
     CHECK(error_of(c.p->send({5, {}, true, 0, 3})) ==
           "room 5: src aux row 3 carries room id 0, expected 5");
   }
@@ -90,7 +90,7 @@ TEST_CASE("bad client requests get errors naming the problem, and the daemon kee
   }
   SECTION("send after Success") {
     good_request_still_works(c, 900);
-    REQUIRE(client::fill_state_and_aux(*c.p, 900, 0, 0) == "");
+    REQUIRE(client::fill_state_and_aux(*c.p, 900, 0, 0).message == "");
     auto o = c.p->send({900, {}, true, 0, 0});
     REQUIRE_FALSE(o);
     CHECK(o.code == errc::room_finished);
@@ -109,20 +109,20 @@ TEST_CASE("bad client requests get errors naming the problem, and the daemon kee
           "room 60: chunk of 6 pages at position 0 goes beyond the decode's page list of 4 pages");
     // Nothing was written: the destination is still zero.
     CHECK(client::verify_room(*c.d, 60, r.dst_pages, 0, 0)
-              .find("kv K layer 3 page 0 (position 0) token 0 head 0 differs at byte 0") !=
+              .message.find("kv K layer 3 page 0 (position 0) token 0 head 0 differs at byte 0") !=
           std::string::npos);
     REQUIRE(c.d->cancel(60));
     REQUIRE(wait_done(*c.d, 60).status == room_status::failed);  // releases its slot and row
   }
   SECTION("the client library refuses indices outside the mapped pools, touching nothing") {
     const std::vector<uint32_t> pages{1, 4096};
-    CHECK(client::fill_kv(*c.p, 1, pages, 0) ==
+    CHECK(client::fill_kv(*c.p, 1, pages, 0).message ==
           "kv page 4096 (position 1) is outside the pool of 4096 pages");
-    CHECK(client::fill_state_and_aux(*c.p, 1, 8, 0) ==
+    CHECK(client::fill_state_and_aux(*c.p, 1, 8, 0).message ==
           "state slot 8 is outside the pool of 8 slots");
-    CHECK(client::fill_state_and_aux(*c.p, 1, 0, 64) ==
+    CHECK(client::fill_state_and_aux(*c.p, 1, 0, 64).message ==
           "aux row 64 is outside the pool of 64 rows");
-    CHECK(client::verify_room(*c.d, 1, pages, 0, 0) ==
+    CHECK(client::verify_room(*c.d, 1, pages, 0, 0).message ==
           "kv page 4096 (position 1) is outside the pool of 4096 pages");
     CHECK(c.p->item(pool_kind::state, 0, 8) == nullptr);
   }

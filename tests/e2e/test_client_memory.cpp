@@ -370,5 +370,5 @@ TEST_CASE("engine memory: an engine that outlives a ferryd restart lends the sam
     INFO(de_ev.reason << " / " << pe_ev.reason);
     REQUIRE(attempt == 0);
   }
-  CHECK(client::verify_room(*d, r.room, r.dst_pages, r.dst_slot, r.dst_row) == "");
+  CHECK(client::verify_room(*d, r.room, r.dst_pages, r.dst_slot, r.dst_row).message == "");
 }

@@ -241,8 +241,8 @@ TEST_CASE("a killed prefill fails the decode's rooms at once, and restarted it s
   auto oe = wait_done(*t.cd, other.room);
   INFO(oe.reason);
   CHECK(oe.status == room_status::success);
-  CHECK(client::verify_room(*t.cd, other.room, other.dst_pages, other.dst_slot, other.dst_row) ==
-        "");
+  CHECK(client::verify_room(*t.cd, other.room, other.dst_pages, other.dst_slot, other.dst_row)
+            .message == "");
   check_nothing_held(*t.cd);
 
   // Same address, new instance: it handshakes again and serves the reused pages.
@@ -301,7 +301,7 @@ TEST_CASE("a dead or hung decode fails the prefill's rooms for it, not the other
   INFO(be.reason);
   CHECK(be.status == room_status::success);
   CHECK(wait_done(*cp, b.room).status == room_status::success);
-  CHECK(client::verify_room(*c2, b.room, b.dst_pages, b.dst_slot, b.dst_row) == "");
+  CHECK(client::verify_room(*c2, b.room, b.dst_pages, b.dst_slot, b.dst_row).message == "");
   check_nothing_held(*cp);
 }
 
@@ -416,6 +416,6 @@ TEST_CASE("a client's rooms are cancelled when it disconnects, unless it said ot
     auto de = wait_done(*c.d, a.room);
     INFO(de.reason);
     CHECK(de.status == room_status::success);
-    CHECK(client::verify_room(*c.d, a.room, a.dst_pages, a.dst_slot, a.dst_row) == "");
+    CHECK(client::verify_room(*c.d, a.room, a.dst_pages, a.dst_slot, a.dst_row).message == "");
   }
 }

@@ -45,11 +45,11 @@ struct cluster {
     if (peers.empty()) peers = prefill_controls();
     for (const auto& r : rooms) {
       for (auto& c : p) {
-        REQUIRE(client::fill_kv(*c, r.room, r.src_pages, 0) == "");
-        REQUIRE(client::fill_state_and_aux(*c, r.room, r.src_slot, r.src_row) == "");
+        REQUIRE(client::fill_kv(*c, r.room, r.src_pages, 0).message == "");
+        REQUIRE(client::fill_state_and_aux(*c, r.room, r.src_slot, r.src_row).message == "");
       }
       for (auto& c : d) {
-        REQUIRE(client::clear_room(*c, r.dst_pages, r.dst_slot, r.dst_row) == "");
+        REQUIRE(client::clear_room(*c, r.dst_pages, r.dst_slot, r.dst_row).message == "");
         auto ok = c->prepare({r.room, peers, r.dst_pages, r.dst_slot, r.dst_row});
         INFO(ok.message);
         REQUIRE(ok);
@@ -87,7 +87,7 @@ struct cluster {
       }
       for (size_t i = 0; i < d.size(); ++i) {
         INFO("decode rank " << i);
-        CHECK(client::verify_room(*d[i], r.room, r.dst_pages, r.dst_slot, r.dst_row) == "");
+        CHECK(client::verify_room(*d[i], r.room, r.dst_pages, r.dst_slot, r.dst_row).message == "");
       }
     }
   }

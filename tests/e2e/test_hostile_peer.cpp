@@ -38,12 +38,12 @@ struct fake_decode {
 
   fake_decode(const std::string& config_yaml, uint64_t staging_bytes) {
     auto opened = transport::engine::open({"tcp", "127.0.0.1", 64});
-    INFO(opened.error);
+    INFO(opened.message);
     REQUIRE(opened);
     engine = std::move(opened.value);
     auto parsed = parse_config_text(config_yaml);
     REQUIRE(parsed);
-    const auto& cfg = *parsed.config;
+    const auto& cfg = parsed.value;
     const auto layout = make_layout(cfg.pools);
     hello.node = "evil-decode";
     hello.instance = "0001";
@@ -131,8 +131,8 @@ TEST_CASE("a decode peer naming indices outside its declared pools is refused, n
   room_spec r;
   r.room = 801;
   r.src_pages = range(0, 4);
-  REQUIRE(client::fill_kv(*cp, r.room, r.src_pages, 0) == "");
-  REQUIRE(client::fill_state_and_aux(*cp, r.room, r.src_slot, r.src_row) == "");
+  REQUIRE(client::fill_kv(*cp, r.room, r.src_pages, 0).message == "");
+  REQUIRE(client::fill_state_and_aux(*cp, r.room, r.src_slot, r.src_row).message == "");
   REQUIRE(cp->send({r.room, r.src_pages, true, 0, 0}));
 
   peer_prepare p;

@@ -169,9 +169,9 @@ TEST_CASE(
   r.dst_pages = range(0, 4);
   r.chunks = {4};
   CHECK(p->poll(901).value.status == room_status::bootstrapping);
-  REQUIRE(client::fill_kv(*p, r.room, r.src_pages, 0) == "");
-  REQUIRE(client::fill_state_and_aux(*p, r.room, r.src_slot, r.src_row) == "");
-  REQUIRE(client::clear_room(*d, r.dst_pages, r.dst_slot, r.dst_row) == "");
+  REQUIRE(client::fill_kv(*p, r.room, r.src_pages, 0).message == "");
+  REQUIRE(client::fill_state_and_aux(*p, r.room, r.src_slot, r.src_row).message == "");
+  REQUIRE(client::clear_room(*d, r.dst_pages, r.dst_slot, r.dst_row).message == "");
   prepare(*d, prefill.control(), r);
   send_rest(*p, r, 0);
   auto done = wait_done(*d, r.room);
@@ -212,8 +212,8 @@ TEST_CASE(
   r.src_pages = range(0, 3);
   r.dst_pages = range(20, 3);
   r.chunks = {3};
-  REQUIRE(client::fill_kv(*p, r.room, r.src_pages, 0) == "");
-  REQUIRE(client::fill_state_and_aux(*p, r.room, r.src_slot, r.src_row) == "");
+  REQUIRE(client::fill_kv(*p, r.room, r.src_pages, 0).message == "");
+  REQUIRE(client::fill_state_and_aux(*p, r.room, r.src_slot, r.src_row).message == "");
 
   auto bad = d->prepare({r.room, {prefill.control()}, r.dst_pages, r.dst_slot, r.dst_row, 40});
   CHECK_FALSE(bad);
@@ -243,5 +243,5 @@ TEST_CASE(
   CHECK(done.value.prefix_tokens == 64);
   CHECK(p->poll(r.room).value.prefix_tokens == 64);  // kept with the finished room
   CHECK(wait_done(*d, r.room).status == room_status::success);
-  CHECK(client::verify_room(*d, r.room, r.dst_pages, r.dst_slot, r.dst_row) == "");
+  CHECK(client::verify_room(*d, r.room, r.dst_pages, r.dst_slot, r.dst_row).message == "");
 }

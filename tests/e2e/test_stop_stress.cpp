@@ -173,7 +173,8 @@ void stop_stress(const std::string& provider) {
   }
   send_chunks(c, last);
   REQUIRE(wait_done_or_logs(*c.d, last.room, c).status == room_status::success);
-  CHECK(client::verify_room(*c.d, last.room, last.dst_pages, last.dst_slot, last.dst_row) == "");
+  CHECK(client::verify_room(*c.d, last.room, last.dst_pages, last.dst_slot, last.dst_row).message ==
+        "");
   WARN(fmt::format(
       "{} rounds, {} stopped mid-transfer, {} late bytes{}", n, stopped_mid, late_bytes,
       wedged ? fmt::format(", {} decode(s) held up until the prefill resumed", wedged) : ""));

@@ -93,7 +93,7 @@ TEST_CASE("a send that arrives before its prepare waits for it", "[e2e]") {
   CHECK(st.value.status == room_status::bootstrapping);
   prepare(c, r);
   REQUIRE(wait_done(*c.d, r.room).status == room_status::success);
-  CHECK(client::verify_room(*c.d, r.room, r.dst_pages, r.dst_slot, r.dst_row) == "");
+  CHECK(client::verify_room(*c.d, r.room, r.dst_pages, r.dst_slot, r.dst_row).message == "");
 }
 
 TEST_CASE("a send whose prepare never comes fails after the bounded wait", "[e2e]") {
@@ -147,7 +147,7 @@ TEST_CASE("64 concurrent rooms all commit with their own bytes", "[e2e]") {
     REQUIRE(e.value.status == room_status::success);
   }
   for (auto& r : specs)
-    CHECK(client::verify_room(*c.d, r.room, r.dst_pages, r.dst_slot, r.dst_row) == "");
+    CHECK(client::verify_room(*c.d, r.room, r.dst_pages, r.dst_slot, r.dst_row).message == "");
 }
 
 TEST_CASE("a room id may be reused after its terminal state", "[e2e]") {
@@ -171,8 +171,8 @@ TEST_CASE("a room id may be reused after its terminal state", "[e2e]") {
   send_chunks(c, again);
   REQUIRE(wait_done(*c.d, again.room).status == room_status::success);
   REQUIRE(wait_done(*c.p, again.room).status == room_status::success);
-  CHECK(client::verify_room(*c.d, again.room, again.dst_pages, again.dst_slot, again.dst_row) ==
-        "");
+  CHECK(client::verify_room(*c.d, again.room, again.dst_pages, again.dst_slot, again.dst_row)
+            .message == "");
   auto p = c.d->poll(500);
   REQUIRE(p);
   CHECK(p.value.status == room_status::success);

@@ -66,8 +66,12 @@ TEST_CASE(
   s.temporal_heads = 2;
   shape ds = s;
   ds.workers = 1;
+  // Every bound the stuck room or its connect could reach is far beyond the test's length, so
+  // the check below cannot race the clock however slow the machine is.
   ds.handshake_ms = 120000;
   ds.bootstrapping_ms = 120000;
+  ds.transfer_ms = 600000;
+  ds.peer_preamble_ms = 600000;
   pair c(s, ds);
   CHECK_THAT(c.decode.log_text(), Catch::Contains("actor workers: 1"));
 

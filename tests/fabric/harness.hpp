@@ -182,7 +182,7 @@ inline std::unique_ptr<transport::engine> open_engine(const std::string& provide
   cfg.provider = provider;
   cfg.max_inflight_writes = max_inflight;
   auto r = transport::engine::open(cfg);
-  INFO(r.error);
+  INFO(r.message);
   REQUIRE(r);
   return std::move(r.value);
 }

@@ -16,14 +16,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   auto parsed = parse_config_text(text);
   if (!parsed) {
-    if (parsed.error->what.empty()) std::abort();
+    if (parsed.message.empty()) std::abort();
     return 0;
   }
-  if (validate_config(*parsed.config)) return 0;
-  fill_derived(*parsed.config);
-  const auto yaml = to_yaml(*parsed.config);
+  if (!validate_config(parsed.value)) return 0;
+  fill_derived(parsed.value);
+  const auto yaml = to_yaml(parsed.value);
   auto again = parse_config_text(yaml);
-  if (!again || validate_config(*again.config)) std::abort();
-  if (to_yaml(*again.config) != yaml) std::abort();
+  if (!again || !validate_config(again.value)) std::abort();
+  if (to_yaml(again.value) != yaml) std::abort();
   return 0;
 }

@@ -31,16 +31,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (cut == std::string::npos) return 0;
   auto a = parse_config_text(text.substr(0, cut));
   auto b = parse_config_text(text.substr(cut + 10));
-  if (!a || !b || validate_config(*a.config) || validate_config(*b.config)) return 0;
-  fill_derived(*a.config);
-  fill_derived(*b.config);
-  const auto s = schema_of(*a.config), d = schema_of(*b.config);
+  if (!a || !b || !validate_config(a.value) || !validate_config(b.value)) return 0;
+  fill_derived(a.value);
+  fill_derived(b.value);
+  const auto s = schema_of(a.value), d = schema_of(b.value);
   auto r = make_link_plan(s, d);
-  if (auto* e = std::get_if<std::string>(&r)) {
-    if (e->empty()) std::abort();
+  if (!r) {
+    if (r.message.empty()) std::abort();
     return 0;
   }
-  const auto& link = std::get<link_plan>(r);
+  const auto& link = r.value;
   const auto sl = make_layout(s.pools), dl = make_layout(d.pools);
   // Plan a small room at the ends of both pools, as every mode would.
   std::vector<uint32_t> src, dst;

@@ -451,3 +451,12 @@ def test_pool_numbers() -> None:
     for bad in ("pool", 3, -1, True, None):
         with pytest.raises(ValueError):
             pool_number(bad)  # type: ignore[arg-type]
+
+
+def test_errc_matches_the_cpp_vocabulary():
+    """Every ``ferry::errc`` value has the same number and name in ``Errc``, and no other."""
+    header = (REPO / "src/core/errors.hpp").read_text()
+    body = header[header.index("enum class errc") : header.index("};", header.index("enum class errc"))]
+    cpp = {name: int(num) for name, num in re.findall(r"^\s+(\w+) = (\d+),", body, re.M)}
+    assert cpp, "no errc values found in src/core/errors.hpp"
+    assert {e.wire_name: int(e) for e in Errc} == cpp

@@ -72,23 +72,24 @@ TEST_CASE("the cluster secret file must be private and long enough", "[unit][aut
   SECTION("good") {
     temp_file f("0123456789abcdef-secret\n", 0600);
     auto r = read_secret_file(f.path);
-    CHECK(r.error == "");
-    CHECK(r.secret == "0123456789abcdef-secret");
+    CHECK(r.code == errc::ok);
+    CHECK(r.value == "0123456789abcdef-secret");
   }
   SECTION("readable by others") {
     temp_file f("0123456789abcdef-secret\n", 0644);
     auto r = read_secret_file(f.path);
-    CHECK(r.error == "security.cluster_secret_file '" + f.path +
-                         "': mode 0644 lets group or others access it; chmod 600 it");
-    CHECK(r.secret.empty());
+    CHECK(r.code == errc::config_invalid);
+    CHECK(r.message == "security.cluster_secret_file '" + f.path +
+                           "': mode 0644 lets group or others access it; chmod 600 it");
+    CHECK(r.value.empty());
   }
   SECTION("too short") {
     temp_file f("short\n", 0600);
-    CHECK(read_secret_file(f.path).error ==
+    CHECK(read_secret_file(f.path).message ==
           "security.cluster_secret_file '" + f.path + "': holds 5 bytes; at least 16 are required");
   }
   SECTION("missing") {
-    CHECK(read_secret_file("/nonexistent/ferry-secret").error ==
+    CHECK(read_secret_file("/nonexistent/ferry-secret").message ==
           "security.cluster_secret_file '/nonexistent/ferry-secret': No such file or directory");
   }
 }

@@ -59,28 +59,28 @@ std::string replace(std::string text, const std::string& from, const std::string
 
 /// The parse error for `yaml`, which must fail to parse.
 std::string parse_error(const std::string& yaml) {
-  const config_result r = parse_config_text(yaml);
+  const auto r = parse_config_text(yaml);
   REQUIRE_FALSE(r);
-  REQUIRE(r.error);
-  return r.error->what;
+  CHECK(r.code == errc::config_invalid);
+  return r.message;
 }
 
 /// The validation error for `yaml`, which must parse but fail validation.
 std::string validate_error(const std::string& yaml) {
-  const config_result r = parse_config_text(yaml);
-  INFO((r.error ? r.error->what : std::string()));
+  const auto r = parse_config_text(yaml);
+  INFO(r.message);
   REQUIRE(r);
-  const auto err = validate_config(*r.config);
-  REQUIRE(err);
-  return err->what;
+  const auto valid = validate_config(r.value);
+  REQUIRE_FALSE(valid);
+  CHECK(valid.code == errc::config_invalid);
+  return valid.message;
 }
 
 ferry_config parse_ok(const std::string& yaml) {
-  const config_result r = parse_config_text(yaml);
-  INFO((r.error ? r.error->what : std::string()));
+  const auto r = parse_config_text(yaml);
+  INFO(r.message);
   REQUIRE(r);
-  REQUIRE_FALSE(r.error);
-  return *r.config;
+  return r.value;
 }
 
 // The header declares no operator== for the config structs, so compare field by field.
@@ -182,10 +182,10 @@ void check_qwen3_next_pools(const ferry_config& cfg) {
 }  // namespace
 
 TEST_CASE("example prefill config loads and validates", "[unit][config]") {
-  const config_result r = load_config_file(source_dir() + "/configs/prefill.yaml");
-  INFO((r.error ? r.error->what : std::string()));
+  const auto r = load_config_file(source_dir() + "/configs/prefill.yaml");
+  INFO(r.message);
   REQUIRE(r);
-  const ferry_config& cfg = *r.config;
+  const ferry_config& cfg = r.value;
   REQUIRE(cfg.node_name == "prefill-0");
   REQUIRE(cfg.instance == "auto");
   REQUIRE(cfg.role == node_role::prefill);
@@ -197,10 +197,10 @@ TEST_CASE("example prefill config loads and validates", "[unit][config]") {
 }
 
 TEST_CASE("example decode config loads and validates", "[unit][config]") {
-  const config_result r = load_config_file(source_dir() + "/configs/decode.yaml");
-  INFO((r.error ? r.error->what : std::string()));
+  const auto r = load_config_file(source_dir() + "/configs/decode.yaml");
+  INFO(r.message);
   REQUIRE(r);
-  const ferry_config& cfg = *r.config;
+  const ferry_config& cfg = r.value;
   REQUIRE(cfg.node_name == "decode-0");
   REQUIRE(cfg.role == node_role::decode);
   REQUIRE(cfg.control_listen == "127.0.0.1:7402");
@@ -214,7 +214,7 @@ listen: {client: /tmp/solo.sock}
 pools:
   aux: {rows: 4, row_bytes: 64}
 )");
-  REQUIRE_FALSE(validate_config(cfg));
+  REQUIRE(validate_config(cfg));
   REQUIRE(cfg.node_name == "solo");
   REQUIRE(cfg.instance == "auto");
   REQUIRE(cfg.role == node_role::both);
@@ -248,7 +248,7 @@ pools:
     layer_ids: [1]
     tensors: [{name: s, shape: [4], dtype_bytes: 4}]
 )");
-  REQUIRE_FALSE(validate_config(with_kv));
+  REQUIRE(validate_config(with_kv));
   REQUIRE(with_kv.pools.kv->page_tokens == 1);
   REQUIRE(with_kv.pools.kv->dtype_bytes == 2);
   REQUIRE_FALSE(with_kv.pools.kv->mla);
@@ -259,9 +259,9 @@ pools:
 
 TEST_CASE("base test config is valid", "[unit][config]") {
   const ferry_config cfg = parse_ok(base_yaml);
-  const auto err = validate_config(cfg);
-  INFO((err ? err->what : std::string()));
-  REQUIRE_FALSE(err);
+  const auto valid = validate_config(cfg);
+  INFO(valid.message);
+  REQUIRE(valid);
 }
 
 TEST_CASE("unknown keys are errors naming the full path", "[unit][config]") {
@@ -348,17 +348,17 @@ TEST_CASE("YAML syntax errors report position", "[unit][config]") {
   REQUIRE(fd >= 0);
   ::close(fd);
   std::ofstream(path) << "a: b: c\n";
-  const config_result r = parse_config_file(path);
+  const auto r = parse_config_file(path);
   ::unlink(path);
   REQUIRE_FALSE(r);
-  REQUIRE(r.error->what ==
+  REQUIRE(r.message ==
           std::string(path) + ": YAML syntax error at line 1, column 5: illegal map value");
 }
 
 TEST_CASE("missing config file is reported with its path", "[unit][config]") {
-  const config_result r = load_config_file("/nonexistent/ferry.yaml");
+  const auto r = load_config_file("/nonexistent/ferry.yaml");
   REQUIRE_FALSE(r);
-  REQUIRE(r.error->what ==
+  REQUIRE(r.message ==
           "cannot read config file '/nonexistent/ferry.yaml': No such file or directory");
 }
 
@@ -389,7 +389,7 @@ TEST_CASE("validation errors name the key and the value seen", "[unit][config]")
     yaml = replace(yaml, "[8192, 3]", "[4096, 3]");
     yaml = replace(yaml, "[32, 128, 128]", "[16, 128, 128]");
     const ferry_config cfg = parse_ok(yaml);
-    REQUIRE_FALSE(validate_config(cfg));
+    REQUIRE(validate_config(cfg));
   }
   SECTION("shard groups must split evenly over this rank's TP size") {
     std::string yaml = replace(base_yaml, "size: 1", "size: 2");
@@ -488,7 +488,7 @@ TEST_CASE("validation errors name the key and the value seen", "[unit][config]")
   SECTION("actor workers") {
     REQUIRE(validate_error(base_yaml + "runtime: {workers: 257}\n") ==
             "runtime.workers: expected an integer in 0..256, got 257");
-    REQUIRE_FALSE(validate_config(parse_ok(base_yaml + "runtime: {workers: 1}\n")));
+    REQUIRE(validate_config(parse_ok(base_yaml + "runtime: {workers: 1}\n")));
     REQUIRE(auto_workers(0) == 1);
     REQUIRE(auto_workers(2) == 2);
   }
@@ -535,13 +535,13 @@ TEST_CASE("validation errors name the key and the value seen", "[unit][config]")
 
 TEST_CASE("to_yaml round-trips through the parser", "[unit][config]") {
   SECTION("example config") {
-    const config_result r = load_config_file(source_dir() + "/configs/prefill.yaml");
+    const auto r = load_config_file(source_dir() + "/configs/prefill.yaml");
     REQUIRE(r);
-    const std::string text = to_yaml(*r.config);
+    const std::string text = to_yaml(r.value);
     INFO(text);
     const ferry_config again = parse_ok(text);
-    require_equal(*r.config, again);
-    REQUIRE_FALSE(validate_config(again));
+    require_equal(r.value, again);
+    REQUIRE(validate_config(again));
     REQUIRE(to_yaml(again) == text);
   }
   SECTION("defaults are written out") {

@@ -535,12 +535,12 @@ run_result simulate(const model& m, uint32_t ps, uint32_t pd, const stages& pst,
     }
 
     auto sel = select_prefill_peers(d.schema, named);
-    if (auto* e = std::get_if<std::string>(&sel)) {
-      problem(fmt::format("{}: select_prefill_peers failed: {}", d.name, *e));
+    if (!sel) {
+      problem(fmt::format("{}: select_prefill_peers failed: {}", d.name, sel.message));
       continue;
     }
     std::vector<size_t> chosen;
-    for (auto k : std::get<std::vector<size_t>>(sel)) {
+    for (auto k : sel.value) {
       if (k >= named.size()) {
         problem(
             fmt::format("{}: select_prefill_peers gave index {} of {}", d.name, k, named.size()));
@@ -563,13 +563,13 @@ run_result simulate(const model& m, uint32_t ps, uint32_t pd, const stages& pst,
       if (std::find(group.begin(), group.end(), i) != group.end()) continue;
       auto lp = make_link_plan(pre[i].schema, d.schema);
       const bool other_stage = d.schema.pp_size != 1 && pre[i].stage != d.stage;
-      if (auto* e = std::get_if<std::string>(&lp)) {
+      if (!lp) {
         // A stage the decode does not hold may well be refused for its layer ids: the header
         // does not say whether out-of-group validation covers layers.
         if (!other_stage)
           problem(fmt::format("{} -> {} (outside the group): make_link_plan failed: {}",
-                              pre[i].name, d.name, *e));
-      } else if (std::get<link_plan>(lp).in_group)
+                              pre[i].name, d.name, lp.message));
+      } else if (lp.value.in_group)
         problem(fmt::format("{} -> {}: in_group is true outside the group", pre[i].name, d.name));
     }
 
@@ -577,12 +577,13 @@ run_result simulate(const model& m, uint32_t ps, uint32_t pd, const stages& pst,
     bool ok = true;
     for (auto i : group) {
       auto lp = make_link_plan(pre[i].schema, d.schema);
-      if (auto* e = std::get_if<std::string>(&lp)) {
-        problem(fmt::format("{} -> {}: make_link_plan failed: {}", pre[i].name, d.name, *e));
+      if (!lp) {
+        problem(
+            fmt::format("{} -> {}: make_link_plan failed: {}", pre[i].name, d.name, lp.message));
         ok = false;
         continue;
       }
-      links.push_back(std::get<link_plan>(lp));
+      links.push_back(lp.value);
       if (!links.back().in_group)
         problem(
             fmt::format("{} -> {}: in_group is false for a selected peer", pre[i].name, d.name));
@@ -1020,13 +1021,13 @@ namespace {
 
 std::string link_error(const rank_schema& s, const rank_schema& d) {
   auto r = make_link_plan(s, d);
-  if (auto* e = std::get_if<std::string>(&r)) return *e;
+  if (!r) return r.message;
   return {};
 }
 
 std::string select_error(const rank_schema& d, const std::vector<rank_schema>& named) {
   auto r = select_prefill_peers(d, named);
-  if (auto* e = std::get_if<std::string>(&r)) return *e;
+  if (!r) return r.message;
   return {};
 }
 
@@ -1169,8 +1170,8 @@ TEST_CASE("geometry property: select_prefill_peers names what is missing or dupl
 
   SECTION("all named: the four peers, outsiders left out") {
     auto r = select_prefill_peers(decode, all);
-    REQUIRE(std::holds_alternative<std::vector<size_t>>(r));
-    auto v = std::get<std::vector<size_t>>(r);
+    REQUIRE(static_cast<bool>(r));
+    auto v = r.value;
     std::sort(v.begin(), v.end());
     CHECK(v == std::vector<size_t>{2, 3, 6, 7});
   }
@@ -1229,7 +1230,7 @@ TEST_CASE("geometry property: select_prefill_peers names what is missing or dupl
       return g;
     };
     auto r = select_prefill_peers(decode, group(1));
-    REQUIRE(std::holds_alternative<std::vector<size_t>>(r));
+    REQUIRE(static_cast<bool>(r));
     auto named = group(0);
     named[5].dp_rank = 1;
     const auto e = select_error(decode, named);
@@ -1240,8 +1241,8 @@ TEST_CASE("geometry property: select_prefill_peers names what is missing or dupl
   SECTION("PP 2 -> PP 2: the decode stage's layers must be the prefill stage's") {
     const auto d0 = make_schema(m, 2, 0, 2, 0, &st[0], sz);
     auto r = select_prefill_peers(d0, all);
-    REQUIRE(std::holds_alternative<std::vector<size_t>>(r));
-    auto v = std::get<std::vector<size_t>>(r);
+    REQUIRE(static_cast<bool>(r));
+    auto v = r.value;
     std::sort(v.begin(), v.end());
     CHECK(v == std::vector<size_t>{0, 1});
     const std::vector<uint32_t> more{0, 1, 2, 3};  // decode stage 0 also holds layer 3

@@ -23,7 +23,7 @@ pools_config qwen_like(uint64_t pages = 64, uint32_t page_tokens = 1) {
 /// The equal-geometry link of a config with itself.
 link_plan same_link(const pools_config& c) {
   rank_schema s{c};
-  return std::get<link_plan>(make_link_plan(s, s));
+  return make_link_plan(s, s).value;
 }
 
 /// Qwen3-Next at TP `tp`, rank `rank`: 2 KV heads, GDN conv and temporal state.
@@ -127,43 +127,48 @@ TEST_CASE("state goes as one slot pair, split into pieces", "[unit][plan]") {
 TEST_CASE("index checks name the index, its position and the pool size", "[unit][plan]") {
   const std::vector<uint32_t> pages{1, 2, 9000};
   auto e = check_indices(pages, 8192, "dst page", "pages");
-  REQUIRE(e);
-  CHECK(*e == "dst page 9000 (position 2) is outside the pool of 8192 pages");
-  CHECK_FALSE(check_indices(pages, 9001, "dst page", "pages"));
+  REQUIRE_FALSE(e);
+  CHECK(e.code == errc::invalid_request);
+  CHECK(e.message == "dst page 9000 (position 2) is outside the pool of 8192 pages");
+  CHECK(check_indices(pages, 9001, "dst page", "pages"));
   const std::vector<uint32_t> twice{7, 400, 3, 400};
   e = check_indices(twice, 8192, "dst page", "pages");
-  REQUIRE(e);
-  CHECK(*e == "dst page 400 is named twice (positions 1 and 3)");
+  REQUIRE_FALSE(e);
+  CHECK(e.message == "dst page 400 is named twice (positions 1 and 3)");
 }
 
 TEST_CASE("chunks map onto the decode page list by position", "[unit][plan]") {
   chunk_cursor c(10);
-  uint32_t first = 99;
-  REQUIRE_FALSE(c.take(4, false, first));
-  CHECK(first == 0);
-  REQUIRE_FALSE(c.take(3, false, first));
-  CHECK(first == 4);
+  auto first = c.take(4, false);
+  REQUIRE(first);
+  CHECK(first.value == 0);
+  first = c.take(3, false);
+  REQUIRE(first);
+  CHECK(first.value == 4);
   SECTION("overrun is rejected") {
-    auto e = c.take(4, false, first);
-    REQUIRE(e);
-    CHECK(*e == "chunk of 4 pages at position 7 goes beyond the decode's page list of 10 pages");
+    auto e = c.take(4, false);
+    REQUIRE_FALSE(e);
+    CHECK(e.code == errc::invalid_request);
+    CHECK(e.message ==
+          "chunk of 4 pages at position 7 goes beyond the decode's page list of 10 pages");
   }
   SECTION("a short last chunk is rejected") {
-    auto e = c.take(2, true, first);
-    REQUIRE(e);
-    CHECK(*e == "last chunk ends at page position 9 but the decode prepared 10 pages");
+    auto e = c.take(2, true);
+    REQUIRE_FALSE(e);
+    CHECK(e.message == "last chunk ends at page position 9 but the decode prepared 10 pages");
   }
   SECTION("after the last chunk nothing more is accepted") {
-    REQUIRE_FALSE(c.take(3, true, first));
+    REQUIRE(c.take(3, true));
     CHECK(c.finished());
-    auto e = c.take(0, true, first);
-    REQUIRE(e);
-    CHECK(e->find("the last chunk was already sent") == 0);
+    auto e = c.take(0, true);
+    REQUIRE_FALSE(e);
+    CHECK(e.message.find("the last chunk was already sent") == 0);
   }
   SECTION("a zero-page last chunk is fine when all pages were sent") {
-    REQUIRE_FALSE(c.take(3, false, first));
-    REQUIRE_FALSE(c.take(0, true, first));
-    CHECK(first == 10);
+    REQUIRE(c.take(3, false));
+    auto last = c.take(0, true);
+    REQUIRE(last);
+    CHECK(last.value == 10);
   }
 }
 
@@ -186,7 +191,7 @@ TEST_CASE("compatibility names the first difference", "[unit][plan]") {
   auto b = qwen_like(999);  // pool sizes may differ
   auto error = [](const pools_config& x, const pools_config& y) {
     auto r = make_link_plan(rank_schema{x}, rank_schema{y});
-    return std::holds_alternative<std::string>(r) ? std::get<std::string>(r) : std::string();
+    return r.message;
   };
   CHECK(error(a, b).empty());
   CHECK(compatibility_hash(a) == compatibility_hash(b));
@@ -207,14 +212,14 @@ TEST_CASE("compatibility names the first difference", "[unit][plan]") {
   tp4.mamba->tensors[0].shape[0] = 8192 / 4;
   tp4.mamba->tensors[1].shape[0] = 32 / 4;
   auto heads = make_link_plan(rank_schema{a, 1, 0}, rank_schema{tp4, 4, 0});
-  REQUIRE(std::holds_alternative<std::string>(heads));
-  CHECK(std::get<std::string>(heads) ==
+  REQUIRE(!heads);
+  CHECK(heads.message ==
         "kv total heads differ: prefill has 2 (kv_heads 2 x TP 1), decode has 4 (kv_heads 1 x "
         "TP 4); set pools.kv.total_heads on the side whose heads are replicated");
   tp4.kv->total_heads = 4;
   heads = make_link_plan(rank_schema{a, 1, 0}, rank_schema{tp4, 4, 0});
-  REQUIRE(std::holds_alternative<std::string>(heads));
-  CHECK(std::get<std::string>(heads) ==
+  REQUIRE(!heads);
+  CHECK(heads.message ==
         "kv total heads differ: prefill has 2 (kv_heads 2 x TP 1), decode has 4 "
         "(pools.kv.total_heads 4); set pools.kv.total_heads on the side whose heads are "
         "replicated");
@@ -242,8 +247,8 @@ TEST_CASE("Qwen3-Next TP1 -> TP4: head slices and GDN conv sub-blocks", "[unit][
   for (uint32_t d = 0; d < 4; ++d) {
     CAPTURE(d);
     auto r = make_link_plan(qwen_rank(1, 0), qwen_rank(4, d));
-    REQUIRE(std::holds_alternative<link_plan>(r));
-    const auto& l = std::get<link_plan>(r);
+    REQUIRE(static_cast<bool>(r));
+    const auto& l = r.value;
     CHECK(l.in_group);
     CHECK(l.kv == kv_mode::pack);  // the decode row (one head) is a slice of the prefill row
     CHECK(l.row == segment{d / 2 * 512, 0, 512});
@@ -251,7 +256,7 @@ TEST_CASE("Qwen3-Next TP1 -> TP4: head slices and GDN conv sub-blocks", "[unit][
   }
   // Decode rank 1, conv [8192, 3] bf16 split [2048, 2048, 4096]: q [512,1024) -> [0,512),
   // k [2560,3072) -> [512,1024), v [5120,6144) -> [1024,2048); 6 bytes per channel.
-  const auto l = std::get<link_plan>(make_link_plan(qwen_rank(1, 0), qwen_rank(4, 1)));
+  const auto l = make_link_plan(qwen_rank(1, 0), qwen_rank(4, 1)).value;
   CHECK(l.state_segments[0] == std::vector<segment>{{512 * 6, 0, 512 * 6},
                                                     {2560 * 6, 512 * 6, 512 * 6},
                                                     {5120 * 6, 1024 * 6, 1024 * 6}});
@@ -262,7 +267,7 @@ TEST_CASE("Qwen3-Next TP1 -> TP4: head slices and GDN conv sub-blocks", "[unit][
 TEST_CASE("Qwen3-Next TP4 -> TP2: one replica sends KV, every rank its state", "[unit][geometry]") {
   for (uint32_t p = 0; p < 4; ++p) {
     CAPTURE(p);
-    const auto l = std::get<link_plan>(make_link_plan(qwen_rank(4, p), qwen_rank(2, p / 2)));
+    const auto l = make_link_plan(qwen_rank(4, p), qwen_rank(2, p / 2)).value;
     CHECK(l.in_group);
     // Ranks 0 and 1 both hold head 0; only rank 0 sends it. Heads are whole on both sides.
     CHECK(l.kv == (p % 2 == 0 ? kv_mode::whole_pages : kv_mode::none));
@@ -271,8 +276,7 @@ TEST_CASE("Qwen3-Next TP4 -> TP2: one replica sends KV, every rank its state", "
     REQUIRE(l.state_segments[0].size() == 3);
     CHECK(l.state_segments[0][0] == segment{0, (p % 2) * 512 * 6, 512 * 6});
     CHECK(l.state_segments[1] == std::vector<segment>{{0, (p % 2) * 8 * 65536, 8 * 65536}});
-    const auto other =
-        std::get<link_plan>(make_link_plan(qwen_rank(4, p), qwen_rank(2, 1 - p / 2)));
+    const auto other = make_link_plan(qwen_rank(4, p), qwen_rank(2, 1 - p / 2)).value;
     CHECK_FALSE(other.in_group);
   }
 }
@@ -280,7 +284,7 @@ TEST_CASE("Qwen3-Next TP4 -> TP2: one replica sends KV, every rank its state", "
 TEST_CASE("geometry errors name the tensor and the numbers", "[unit][geometry]") {
   auto text = [](const rank_schema& s, const rank_schema& d) {
     auto r = make_link_plan(s, d);
-    return std::holds_alternative<std::string>(r) ? std::get<std::string>(r) : std::string();
+    return r.message;
   };
   auto d = qwen_rank(4, 0);
   auto s = qwen_rank(1, 0);

@@ -18,34 +18,34 @@ std::string test_name(const char* what) {
 
 TEST_CASE("shm region: created, opened by name, unlinked by its creator", "[unit][shm_region]") {
   const auto name = test_name("a");
-  std::string err;
   {
-    auto owner = shm_region::create(name, 1 << 20, err);
-    REQUIRE(err.empty());
+    auto owner_made = shm_region::create(name, 1 << 20);
+    auto& owner = owner_made.value;
     REQUIRE(owner);
     CHECK(owner.size() == 1u << 20);
     CHECK(owner.name() == name);
     std::memcpy(owner.data() + 4096, "ferry", 5);
-    auto reader = shm_region::open(name, 1 << 20, err);
-    REQUIRE(err.empty());
+    auto reader_made = shm_region::open(name, 1 << 20);
+    auto& reader = reader_made.value;
     REQUIRE(reader);
     CHECK(std::memcmp(reader.data() + 4096, "ferry", 5) == 0);
     reader.data()[0] = 7;  // both map the same pages
     CHECK(owner.data()[0] == 7);
   }
-  auto gone = shm_region::open(name, 1, err);
-  CHECK_FALSE(gone);
-  CHECK(err == "shm_open('" + name + "') failed: No such file or directory");
+  auto gone_made = shm_region::open(name, 1);
+  CHECK_FALSE(gone_made);
+  CHECK(gone_made.code == errc::system_error);
+  CHECK(gone_made.message == "shm_open('" + name + "') failed: No such file or directory");
 }
 
 TEST_CASE("shm region: open refuses an object smaller than asked", "[unit][shm_region]") {
   const auto name = test_name("b");
-  std::string err;
-  auto owner = shm_region::create(name, 8192, err);
+  auto owner_made = shm_region::create(name, 8192);
+  auto& owner = owner_made.value;
   REQUIRE(owner);
-  auto r = shm_region::open(name, 8193, err);
-  CHECK_FALSE(r);
-  CHECK(err == "shm object '" + name + "' is 8192 bytes, expected at least 8193");
+  auto r_made = shm_region::open(name, 8193);
+  CHECK_FALSE(r_made);
+  CHECK(r_made.message == "shm object '" + name + "' is 8192 bytes, expected at least 8193");
 }
 
 TEST_CASE("shm region: create replaces a stale object of a crashed daemon", "[unit][shm_region]") {
@@ -54,9 +54,8 @@ TEST_CASE("shm region: create replaces a stale object of a crashed daemon", "[un
   REQUIRE(fd >= 0);
   REQUIRE(::ftruncate(fd, 4096) == 0);
   ::close(fd);
-  std::string err;
-  auto r = shm_region::create(name, 16384, err);
-  REQUIRE(err.empty());
+  auto r_made = shm_region::create(name, 16384);
+  auto& r = r_made.value;
   REQUIRE(r);
   CHECK(r.size() == 16384);
   CHECK(r.data()[16383] == 0);  // fresh, zeroed, and all of it mapped
@@ -64,14 +63,15 @@ TEST_CASE("shm region: create replaces a stale object of a crashed daemon", "[un
 
 TEST_CASE("shm region: a move hands over the mapping and the unlink", "[unit][shm_region]") {
   const auto name = test_name("d");
-  std::string err;
-  auto a = shm_region::create(name, 4096, err);
+  auto a_made = shm_region::create(name, 4096);
+  auto& a = a_made.value;
   REQUIRE(a);
   shm_region b = std::move(a);
   CHECK_FALSE(a);  // NOLINT(bugprone-use-after-move): the moved-from state is the contract
   REQUIRE(b);
   CHECK(b.name() == name);
   { auto c = std::move(b); }  // unlinks once, here
-  auto r = shm_region::open(name, 1, err);
+  auto r_made = shm_region::open(name, 1);
+  auto& r = r_made.value;
   CHECK_FALSE(r);
 }

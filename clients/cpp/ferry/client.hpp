@@ -24,24 +24,13 @@
 
 namespace ferry::client {
 
-/// Value or error of a client call.
-template <class T>
-struct outcome {
-  T value{};
-  errc code = errc::ok;
-  std::string message;
-  explicit operator bool() const { return code == errc::ok; }
-};
-
-struct none {};
-
 class client {
  public:
   /// Connect to the ferryd at `socket_path`, say hello, and keep its pool description. With
   /// `cancel_on_disconnect` (the default) the rooms this connection creates are cancelled when
   /// it closes, so a crashed engine leaks nothing. The client offers protocol versions
   /// [min_protocol_version, max_version] and speaks what the daemon picks (`version()`).
-  static outcome<std::unique_ptr<client>> connect(
+  static result<std::unique_ptr<client>> connect(
       const std::string& socket_path, const std::string& name = "ferry-client",
       std::chrono::milliseconds timeout = std::chrono::seconds(10),
       bool cancel_on_disconnect = true, uint16_t max_version = proto::protocol_version);
@@ -55,37 +44,37 @@ class client {
   /// nullptr if it could not be read.
   const ferry_config* config() const { return config_ ? &*config_ : nullptr; }
 
-  outcome<none> prepare(const proto::prepare& p);
-  outcome<none> send(const proto::send& s);
-  outcome<proto::poll_reply> poll(uint64_t room);
+  result<none> prepare(const proto::prepare& p);
+  result<none> send(const proto::send& s);
+  result<proto::poll_reply> poll(uint64_t room);
   /// v4: lend the daemon this process's memory for a `memory: client` pool: `fds` (memfds,
   /// sealed against shrinking) go with the frame (SCM_RIGHTS); `req.fd_count` is set from them.
   /// The registration lasts as long as this connection. The caller keeps its descriptors.
-  outcome<none> register_memory(proto::register_memory req, const std::vector<int>& fds);
+  result<none> register_memory(proto::register_memory req, const std::vector<int>& fds);
   /// Use `base` as the mapping of pool `k` (memory this process lent with register_memory,
   /// laid out as the daemon's layout says), so `item` and the helpers reach it.
   void attach_pool(pool_kind k, uint8_t* base) { attached_[static_cast<int>(k)] = base; }
   /// v4: every rank of the engine instance whose daemon listens at `address` (host:port), with
   /// its position, or why it cannot be used.
-  outcome<proto::discover_reply> discover(const std::string& address);
+  result<proto::discover_reply> discover(const std::string& address);
   /// v4: the status of every room in `rooms`, in one round trip, in the order asked.
-  outcome<std::vector<proto::poll_reply>> poll_many(const std::vector<uint64_t>& rooms);
+  result<std::vector<proto::poll_reply>> poll_many(const std::vector<uint64_t>& rooms);
   /// The protocol version of this connection (what the daemon picked at hello).
   uint16_t version() const { return version_; }
-  outcome<none> cancel(uint64_t room);
+  result<none> cancel(uint64_t room);
   /// Ask for status events of `room`; the current status arrives as the first event.
-  outcome<none> subscribe(uint64_t room);
-  outcome<std::string> info(proto::info_topic topic);
+  result<none> subscribe(uint64_t room);
+  result<std::string> info(proto::info_topic topic);
 
   /// The next pushed event (buffered or read now), or errc::timed_out.
-  outcome<proto::event> next_event(std::chrono::milliseconds timeout);
+  result<proto::event> next_event(std::chrono::milliseconds timeout);
   /// Drop the buffered events of `room` (e.g. of an earlier incarnation of a reused id).
   void discard_events(uint64_t room);
   /// Wait for a terminal event of `room` (subscribe first); other rooms' events are kept.
-  outcome<proto::event> wait_terminal(uint64_t room, std::chrono::milliseconds timeout);
+  result<proto::event> wait_terminal(uint64_t room, std::chrono::milliseconds timeout);
 
   /// Map the daemon's pools into this process (idempotent). Pools stay mapped until destruction.
-  outcome<none> map_pools();
+  result<none> map_pools();
   /// Base address of a mapped pool (nullptr when absent or not mapped).
   uint8_t* pool(pool_kind k) const;
   /// Address of item `index` of buffer `buffer` in pool `k`; nullptr when the pool is absent or
@@ -93,9 +82,8 @@ class client {
   uint8_t* item(pool_kind k, size_t buffer, uint64_t index) const;
 
   /// Send raw bytes (for tests of malformed input) and read the next reply frame.
-  outcome<proto::message> raw_exchange(
-      const std::vector<uint8_t>& bytes,
-      std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  result<proto::message> raw_exchange(const std::vector<uint8_t>& bytes,
+                                      std::chrono::milliseconds timeout = std::chrono::seconds(10));
   /// Default wait for a reply.
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
   /// The connection's socket, for a caller that waits on several clients with poll(2) (e.g.
@@ -105,18 +93,18 @@ class client {
 
  private:
   client() = default;
-  outcome<proto::message> request(const proto::message& m);
+  result<proto::message> request(const proto::message& m);
   /// The next frame; its seq goes to `seq` when given.
-  outcome<proto::message> read_frame(std::chrono::steady_clock::time_point deadline,
-                                     uint32_t* seq = nullptr);
+  result<proto::message> read_frame(std::chrono::steady_clock::time_point deadline,
+                                    uint32_t* seq = nullptr);
   /// The next frame, which must be an event (no request is outstanding).
-  outcome<proto::event> read_event(std::chrono::steady_clock::time_point deadline);
+  result<proto::event> read_event(std::chrono::steady_clock::time_point deadline);
   /// Write `bytes`, then read frames (keeping events) up to the first other frame; with
   /// `expect_seq`, a frame with another seq is a protocol error naming it.
-  outcome<proto::message> exchange(const std::vector<uint8_t>& bytes,
-                                   std::chrono::milliseconds timeout,
-                                   std::optional<uint32_t> expect_seq);
-  outcome<none> expect_ok(const proto::message& m);
+  result<proto::message> exchange(const std::vector<uint8_t>& bytes,
+                                  std::chrono::milliseconds timeout,
+                                  std::optional<uint32_t> expect_seq);
+  result<none> expect_ok(const proto::message& m);
 
   int fd_ = -1;
   uint32_t next_seq_ = 1;

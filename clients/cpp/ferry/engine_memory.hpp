@@ -23,7 +23,7 @@ class engine_memory {
   /// Lend memory for every pool of `c`'s daemon that is client memory (its hello_reply names
   /// no shm object); pools the daemon owns are left alone. The registrations last as long as
   /// `c`'s connection; this object must outlive it.
-  static outcome<engine_memory> lend(client& c);
+  static result<engine_memory> lend(client& c);
 
   /// Pools lent.
   int lent() const;

@@ -33,6 +33,7 @@ class Errc(IntEnum):
     # fabric (200s)
     FABRIC_UNAVAILABLE = 200
     FABRIC_WRITE_FAILED = 201
+    FABRIC_ERROR = 202
     # peer / protocol (300s)
     PEER_UNREACHABLE = 300
     PEER_INCOMPATIBLE = 301
@@ -50,6 +51,7 @@ class Errc(IntEnum):
     CANCELLED = 406
     # internal (500s)
     INTERNAL = 500
+    SYSTEM_ERROR = 501
 
     @property
     def wire_name(self) -> str:
