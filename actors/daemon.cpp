@@ -111,7 +111,7 @@ std::string random_instance() {
 
 }  // namespace
 
-int run_daemon(const ferry_config& cfg, int ready_fd) {
+int run_daemon(const ferry_config& cfg, const daemon_options& options) {
   auto log = make_logger("ferryd");
   const auto instance = cfg.instance == "auto" ? random_instance() : cfg.instance;
   // Before anything is touched: a second ferryd with this config finds the first and leaves.
@@ -154,15 +154,18 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
   }
 
   // Block the stop signals (and SIGHUP) in every thread; main waits for them with sigwait.
+  // A daemon told to stop otherwise (options.wait_for_stop) leaves its process's signals be.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  if (!options.wait_for_stop) pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  auto opened = transport::engine::open(
-      {cfg.fabric.provider, cfg.fabric.address, cfg.fabric.max_inflight_writes});
+  const transport::engine_config engine_cfg{cfg.fabric.provider, cfg.fabric.address,
+                                            cfg.fabric.max_inflight_writes};
+  auto opened =
+      options.make_engine ? options.make_engine(engine_cfg) : transport::engine::open(engine_cfg);
   if (!opened) {
     log->error("{}", opened.message);
     return 2;
@@ -276,17 +279,23 @@ int run_daemon(const ferry_config& cfg, int ready_fd) {
         log->warn("FERRY_FAILPOINTS={} is set: this daemon fails on purpose (a test hook)", fp);
       log->info("ready: provider {}, peers on {}, clients on {}", ctx->engine->provider_name(),
                 cfg.control_listen, cfg.client_listen);
-      if (ready_fd >= 0) {
-        [[maybe_unused]] auto n = write(ready_fd, "ready\n", 6);
-        close(ready_fd);
+      if (options.ready_fd >= 0) {
+        [[maybe_unused]] auto n = write(options.ready_fd, "ready\n", 6);
+        close(options.ready_fd);
       }
-      int sig = 0;
-      // SIGHUP (a closed terminal, a log rotation) must not stop a daemon that rooms depend
-      // on. ferryd writes its log to stderr, which it does not own, so there is nothing to
-      // reopen: the signal is logged and ignored.
-      while (sigwait(&stop_signals, &sig) == 0 && sig == SIGHUP)
-        log->info("SIGHUP received: ignored (ferryd logs to stderr; nothing to reopen)");
-      log->info("signal {} received; shutting down", sig);
+      if (options.on_ready) options.on_ready();
+      if (options.wait_for_stop) {
+        options.wait_for_stop();
+        log->info("asked to stop; shutting down");
+      } else {
+        int sig = 0;
+        // SIGHUP (a closed terminal, a log rotation) must not stop a daemon that rooms depend
+        // on. ferryd writes its log to stderr, which it does not own, so there is nothing to
+        // reopen: the signal is logged and ignored.
+        while (sigwait(&stop_signals, &sig) == 0 && sig == SIGHUP)
+          log->info("SIGHUP received: ignored (ferryd logs to stderr; nothing to reopen)");
+        log->info("signal {} received; shutting down", sig);
+      }
       ctx->gateway->stop();
     }
     // Inside the actor system's scope: the gate's callbacks hold actor handles, and a socket it

@@ -53,5 +53,7 @@ int main(int argc, char** argv) {
   const auto& cfg = r.value;
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [%n] %v");
   spdlog::set_level(spdlog::level::from_str(cfg.log.level));
-  return ferry::run_daemon(cfg, ready_fd);
+  ferry::daemon_options options;
+  options.ready_fd = ready_fd;
+  return ferry::run_daemon(cfg, options);
 }

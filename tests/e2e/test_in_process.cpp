@@ -1,0 +1,263 @@
+// Failure paths of two ferryd in this process (actors/daemon.hpp with daemon_options), each over
+// the libfabric engine inside the fault-injecting wrapper (transport/fault_engine.hpp): a fault
+// armed by the test, not a signal or a second process, takes the room down, and the test checks
+// the statuses, codes and reasons on both sides, what landed, and that the daemons serve on.
+
+#include <fmt/format.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "actors/daemon.hpp"
+#include "harness.hpp"
+#include "transport/fault_engine.hpp"
+
+using namespace ferry;
+using namespace ferry::test;
+
+namespace {
+
+/// A ferryd on a thread of this process, its engine wrapped in a fault_engine the test arms.
+class inproc_daemon {
+ public:
+  inproc_daemon(const temp_dir& dir, const std::string& name, const std::string& role,
+                const shape& s)
+      : socket_((dir.path / (name + ".sock")).string()) {
+    // free_port() may be taken by another connection before the daemon listens: then, and
+    // only then, start again on another (as daemon_proc does).
+    for (int attempt = 1; attempt <= 3 && !ready_; ++attempt) start(name, role, s);
+    REQUIRE(ready_);
+  }
+  ~inproc_daemon() { stop(); }
+
+  /// Stop it (as SIGTERM would) and wait for run_daemon to return; its exit code.
+  int stop() {
+    {
+      std::lock_guard lock(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    faults_ = nullptr;  // the engine went with the daemon
+    return rc_;
+  }
+
+  transport::fault_engine& faults() {
+    REQUIRE(faults_ != nullptr);
+    return *faults_;
+  }
+  std::unique_ptr<client::client> connect() const {
+    auto c = client::client::connect(socket_, "test", std::chrono::seconds(10), true);
+    INFO(c.message);
+    REQUIRE(c);
+    REQUIRE(c.value->map_pools());
+    return std::move(c.value);
+  }
+  std::string control() const { return "127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  void start(const std::string& name, const std::string& role, const shape& s) {
+    port_ = free_port();
+    auto parsed = parse_config_text(make_config(name, role, port_, socket_, s));
+    INFO(parsed.message);
+    REQUIRE(parsed);
+    ferry_config cfg = parsed.value;
+    auto valid = validate_config(cfg);
+    INFO(valid.message);
+    REQUIRE(valid);
+    fill_derived(cfg);
+    daemon_options o;
+    o.make_engine = [this](const transport::engine_config& c) {
+      auto opened = transport::engine::open(c);
+      if (opened) {
+        auto wrapped = std::make_unique<transport::fault_engine>(std::move(opened.value));
+        faults_ = wrapped.get();
+        opened.value = std::move(wrapped);
+      }
+      return opened;
+    };
+    o.on_ready = [this] {
+      std::lock_guard lock(m_);
+      ready_ = true;
+      cv_.notify_all();
+    };
+    o.wait_for_stop = [this] {
+      std::unique_lock lock(m_);
+      cv_.wait(lock, [&] { return stop_; });
+    };
+    exited_ = false;
+    thread_ = std::thread([this, cfg, o] {
+      const int rc = run_daemon(cfg, o);
+      std::lock_guard lock(m_);
+      rc_ = rc;
+      exited_ = true;
+      cv_.notify_all();
+    });
+    std::unique_lock lock(m_);
+    const bool settled = cv_.wait_for(lock, 30s, [&] { return ready_ || exited_; });
+    lock.unlock();
+    if (!settled) FAIL("in-process ferryd " << name << " neither became ready nor exited");
+    if (!ready_) thread_.join();  // it exited (start-up failed): try again or give up
+  }
+
+  std::string socket_;
+  uint16_t port_ = 0;
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool ready_ = false, exited_ = false, stop_ = false;
+  int rc_ = -1;
+  transport::fault_engine* faults_ = nullptr;  // owned by the daemon's context
+  std::thread thread_;
+};
+
+/// A small room: 12 pages in one chunk, one state slot and one aux row.
+room_spec small_room(uint64_t id) {
+  room_spec r;
+  r.room = id;
+  r.src_pages = range(0, 12);
+  r.dst_pages = range(40, 12);
+  r.chunks = {12};
+  r.src_slot = 1, r.dst_slot = 2;
+  r.src_row = 3, r.dst_row = 4;
+  return r;
+}
+
+shape small_shape() {
+  shape s;
+  s.pages = 256;
+  s.kv_layers = 2;
+  s.mamba_layers = 1;
+  s.temporal_heads = 2;
+  s.aux_rows = 16;
+  s.staging_bytes = 0;
+  return s;
+}
+
+/// Nothing of any room is held any more on this daemon.
+void check_nothing_held(client::client& c) {
+  const auto s = status_of(c);
+  INFO(s);
+  CHECK_THAT(s, Catch::Contains("prefill_rooms_active: 0\n"));
+  CHECK_THAT(s, Catch::Contains("decode_rooms_active: 0\n"));
+  CHECK_THAT(s, Catch::Contains("stray_writes: 0\n"));
+}
+
+}  // namespace
+
+TEST_CASE(
+    "in process: a write error on the prefill fails the room on both sides once its completed "
+    "writes have landed",
+    "[e2e][in_process]") {
+  require_provider("tcp");
+  temp_dir dir;
+  const shape s = small_shape();
+  inproc_daemon prefill(dir, "prefill-0", "prefill", s);
+  inproc_daemon decode(dir, "decode-0", "decode", s);
+  auto p = prefill.connect();
+  auto d = decode.connect();
+  // The wrapper with nothing armed: a room moves byte-exact.
+  run_and_verify(*p, *d, prefill.control(), small_room(1));
+
+  // The second write of the next batch fails; the rest of it goes out.
+  prefill.faults().arm(transport::fault::of(transport::fault::kind::fail_writes, 1,
+                                            "fi_cq_readerr: Connection reset by peer")
+                           .at_write(1));
+  auto r = small_room(2);
+  stage(*p, *d, r);
+  prepare(*d, prefill.control(), r);
+  send_rest(*p, r, 0);
+  const auto pe = wait_done(*p, r.room);
+  CHECK(pe.status == room_status::failed);
+  CHECK(pe.code == errc::fabric_write_failed);
+  CHECK_THAT(pe.reason, Catch::StartsWith("write to decode ") &&
+                            Catch::EndsWith(" failed: injected: fi_cq_readerr: Connection reset "
+                                            "by peer"));
+  const auto de = wait_done(*d, r.room);
+  CHECK(de.status == room_status::failed);
+  CHECK(de.code == errc::fabric_write_failed);
+  CHECK(de.reason == "prefill " + prefill.control() + " reported: " + pe.reason);
+  // The decode reported Failed only once every write the prefill completed had landed (the
+  // drain): its consumer had every immediate of both rooms but the failed write's.
+  const auto ps = prefill.faults().stats();
+  const auto ds = decode.faults().stats();
+  CHECK(ps.failed_writes == 1);
+  CHECK(ps.failed_batches == 1);
+  CHECK(ds.immediates_delivered == ps.writes_completed);
+  CHECK(ds.immediates_arrived == ps.writes_completed);
+  // The failed write's bytes never arrived.
+  const auto verified = client::verify_room(*d, r.room, r.dst_pages, r.dst_slot, r.dst_row);
+  CHECK_FALSE(verified);
+  CHECK(verified.code == errc::internal);  // a mismatch, not an index the pools lack
+  check_nothing_held(*p);
+  check_nothing_held(*d);
+
+  // The fault is used up: the same pages, slot and row serve the next room byte-exact.
+  run_and_verify(*p, *d, prefill.control(), small_room(3));
+  CHECK(prefill.stop() == 0);
+  CHECK(decode.stop() == 0);
+}
+
+TEST_CASE(
+    "in process: a decode missing an immediate times out, fences the prefill at the drain "
+    "deadline, and reports Failed only once the fence has happened",
+    "[e2e][in_process]") {
+  require_provider("tcp");
+  temp_dir dir;
+  const shape s = small_shape();
+  // Only the decode's bounds are short: the decode, not the prefill, is to time out first.
+  shape ds = s;
+  ds.transferring_ms = 2000;
+  ds.drain_ms = 500;
+  inproc_daemon prefill(dir, "prefill-0", "prefill", s);
+  inproc_daemon decode(dir, "decode-0", "decode", ds);
+  auto p = prefill.connect();
+  auto d = decode.connect();
+
+  // One write's immediate never reaches the decode's Scheduler, and the fence waits for the test.
+  decode.faults().arm(transport::fault::of(transport::fault::kind::drop_immediates, 1));
+  decode.faults().arm(transport::fault::of(transport::fault::kind::hold_fences));
+  auto r = small_room(11);
+  stage(*p, *d, r);
+  prepare(*d, prefill.control(), r);
+  send_rest(*p, r, 0);
+  const auto pe = wait_done(*p, r.room);
+  CHECK(pe.status == room_status::failed);
+  CHECK(pe.code == errc::timed_out);
+  const uint64_t n = prefill.faults().stats().writes_completed;
+  REQUIRE(n > 1);
+
+  // The decode timed out in Transferring, the prefill drained, one write's immediate is missing:
+  // at the drain deadline the decode fences the prefill, and the fence is held.
+  REQUIRE(decode.faults().wait_for([](const auto& st) { return st.fences_held == 1; }, 30s));
+  auto held = d->poll(r.room);
+  INFO(held.message);
+  REQUIRE(held);
+  CHECK(held.value.status != room_status::failed);  // a write may still land: not reusable yet
+  CHECK(held.value.status != room_status::success);
+  CHECK(decode.faults().release_fences() == 1);
+  const auto de = wait_done(*d, r.room);
+  CHECK(de.status == room_status::failed);
+  CHECK(de.code == errc::timed_out);
+  INFO(de.reason);
+  CHECK_THAT(de.reason, Catch::StartsWith(fmt::format(
+                            "timed out in Transferring after 2000 ms (waiting for the remaining "
+                            "writes: {} landed, {} announced)",
+                            n - 1, n)));
+  CHECK_THAT(de.reason, Catch::EndsWith(fmt::format(
+                            "; drain incomplete after 500 ms (timeouts.drain_ms), fenced: {} ({} "
+                            "of {} drained writes landed)",
+                            prefill.control(), n - 1, n)));
+  CHECK_THAT(pe.reason, Catch::StartsWith("decode ") && Catch::Contains(" reported: timed out in "
+                                                                        "Transferring"));
+  const auto seen = decode.faults().stats();
+  CHECK(seen.immediates_dropped == 1);
+  CHECK(seen.immediates_delivered == n - 1);
+
+  // A new connection to the prefill (the fence ended the old one) moves the next room.
+  run_and_verify(*p, *d, prefill.control(), small_room(12));
+  check_nothing_held(*p);
+  check_nothing_held(*d);
+  CHECK(prefill.stop() == 0);
+  CHECK(decode.stop() == 0);
+}
