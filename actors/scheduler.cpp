@@ -81,7 +81,7 @@ void on_client(scheduler_actor* self, client_request& r) {
             }
           reply_error(self, r, errc::unknown_room, fmt::format("unknown room {}", m.room));
         } else if constexpr (std::is_same_v<T, proto::info>) {
-          st.ctx->gateway->reply(r.conn, r.seq, proto::info_reply{info_text(st, m.topic)});
+          st.ctx->gateway->reply(r.conn, r.seq, proto::info_reply{info_json(st, m.topic)});
         } else {
           reply_error(self, r, errc::malformed_frame,
                       fmt::format("{} is a reply type; clients may not send it",

@@ -1,10 +1,10 @@
-// The Scheduler's `info` answers: status, rooms, peers and pools as text.
-
-#include <fmt/format.h>
-#include <fmt/ranges.h>
+// The Scheduler's `info` answers: status, rooms, peers and pools as JSON documents, so that
+// tools and tests read fields instead of parsing text (docs/protocol.md, "Info documents").
 
 #include <algorithm>
-#include <sstream>
+#include <nlohmann/json.hpp>
+#include <tuple>
+#include <vector>
 
 #include "actors/client_gateway.hpp"
 #include "actors/client_memory.hpp"
@@ -13,49 +13,148 @@
 
 namespace ferry::sched {
 
-std::string info_text(scheduler_state& st, proto::info_topic topic) {
+namespace {
+
+// Keys in the order written: a document reads top-down as `ferryctl status` does.
+using json = nlohmann::ordered_json;
+
+json position(uint32_t rank, uint32_t size) { return {{"rank", rank}, {"size", size}}; }
+
+json side_counts(const side_rooms& s) {
+  return {{"active", s.active.size()},
+          {"succeeded", s.succeeded},
+          {"failed", s.failed},
+          {"bytes", s.bytes}};
+}
+
+json status_doc(scheduler_state& st) {
   const auto& c = st.ctx->config;
-  std::ostringstream o;
+  auto* staging = st.ctx->staging.get();
+  return {{"node", c.node_name},
+          {"instance", st.ctx->instance},
+          {"role", to_string(c.role)},
+          {"provider", st.ctx->engine->provider_name()},
+          {"tp", position(c.tp.rank, c.tp.size)},
+          {"pp", position(c.pp.rank, c.pp.size)},
+          {"listen", {{"control", c.control_listen}, {"client", c.client_listen}}},
+          {"clients", st.ctx->gateway->connections()},
+          {"peers", st.connections.size()},
+          {"prefill", side_counts(st.prefill)},
+          {"decode", side_counts(st.decode)},
+          {"stray_writes", st.stray_writes},
+          {"staging",
+           {{"bytes", staging ? staging->bytes : 0},
+            {"in_use", staging ? staging->in_use() : 0},
+            {"waits", staging ? staging->waits() : 0}}}};
+}
+
+json rooms_doc(const scheduler_state& st) {
+  // By side, then room id: the registry's hash order would change from one answer to the next.
+  std::vector<std::tuple<int, uint64_t, const room_entry*>> all;
+  for (const auto* side : {&st.prefill, &st.decode})
+    for (const auto& [room, e] : side->active) all.emplace_back(side == &st.decode, room, &e);
+  std::sort(all.begin(), all.end());
+  json out = json::array();
+  for (const auto& [decode, room, e] : all)
+    out.push_back({{"room", room},
+                   {"side", decode ? "decode" : "prefill"},
+                   {"status", to_string(e->status)},
+                   {"peer", e->peer}});
+  return out;
+}
+
+json peers_doc(const scheduler_state& st) {
+  std::vector<const peer_info*> ready;
+  for (const auto& [conn, info] : st.connections)
+    if (info) ready.push_back(info.get());
+  std::sort(ready.begin(), ready.end(),
+            [](const auto* a, const auto* b) { return a->address < b->address; });
+  json out = json::array();
+  for (const auto* info : ready) {
+    const auto& s = info->schema;
+    out.push_back({{"address", info->address},
+                   {"node", info->node},
+                   {"instance", info->instance},
+                   {"tp", position(s.tp_rank, s.tp_size)},
+                   {"pp", position(s.pp_rank, s.pp_size)},
+                   {"dp", position(s.dp_rank, s.dp_size)},
+                   {"link", info->link ? info->link->describe() : ""},
+                   {"state", "connected"}});
+  }
+  // Outbound connections still in their handshake: only their address is known yet.
+  std::vector<std::string> connecting;
+  for (const auto& [addr, conn] : st.outbound)
+    if (auto it = st.connections.find(conn); it == st.connections.end() || !it->second)
+      connecting.push_back(addr);
+  std::sort(connecting.begin(), connecting.end());
+  for (const auto& addr : connecting) out.push_back({{"address", addr}, {"state", "connecting"}});
+  return out;
+}
+
+/// Runs of buffers of one shape (K, V, each state tensor, aux), as `ferryctl pools` lists them.
+json buffer_groups(const pool_layout& p) {
+  json out = json::array();
+  const auto& b = p.buffers;
+  for (size_t i = 0; i < b.size();) {
+    size_t j = i;
+    while (j < b.size() && b[j].kind == b[i].kind && b[j].tensor == b[i].tensor &&
+           b[j].item_bytes == b[i].item_bytes)
+      ++j;
+    out.push_back({{"kind", to_string(b[i].kind)},
+                   {"tensor", b[i].tensor},
+                   {"buffers", j - i},
+                   {"items", b[i].items},
+                   {"item_bytes", b[i].item_bytes}});
+    i = j;
+  }
+  return out;
+}
+
+json pools_doc(const scheduler_state& st) {
+  const auto& ctx = *st.ctx;
+  // Items a decode's active rooms hold as destinations (dst_claims). A prefill holds none: its
+  // rooms may share source pages (prefix caches), and the engine keeps them until terminal.
+  const uint64_t held[pool_kind_count] = {st.claims->pages_held(), st.claims->slots_held(),
+                                          st.claims->rows_held()};
+  json out = json::object();
+  for (int k = 0; k < pool_kind_count; ++k) {
+    const auto& p = ctx.layout.pools[k];
+    if (!p.present) continue;
+    const bool client = ctx.client_memory(k);
+    const auto state = client ? ctx.client_pools[k].now.load() : client_pool::state::registered;
+    uint64_t item_bytes = 0;
+    for (const auto& b : p.buffers) item_bytes += b.item_bytes;
+    const uint64_t items = p.buffers.empty() ? 0 : p.buffers[0].items;
+    // A daemon pool is registered at start-up, or the daemon does not start.
+    out[to_string(static_cast<pool_kind>(k))] = {
+        {"memory", client ? "client" : "daemon"},
+        {"registered", state == client_pool::state::registered},
+        {"state", to_string(state)},
+        {"shm_name", client ? "" : ctx.pools[k].name()},
+        {"bytes", p.total_bytes},
+        {"items", items},
+        {"item_bytes", item_bytes},
+        {"in_use", held[k]},
+        {"free", items - std::min(items, held[k])},
+        {"buffers", buffer_groups(p)}};
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string info_json(scheduler_state& st, proto::info_topic topic) {
   switch (topic) {
     case proto::info_topic::status:
-      o << "node: " << c.node_name << "\ninstance: " << st.ctx->instance
-        << "\nrole: " << to_string(c.role) << "\nprovider: " << st.ctx->engine->provider_name()
-        << "\ncontrol: " << c.control_listen << "\nclient: " << c.client_listen
-        << "\nclients: " << st.ctx->gateway->connections() << "\npeers: " << st.connections.size()
-        << "\nprefill_rooms_active: " << st.prefill.active.size()
-        << "\nprefill_rooms_succeeded: " << st.prefill.succeeded
-        << "\nprefill_rooms_failed: " << st.prefill.failed
-        << "\nprefill_bytes_sent: " << st.prefill.bytes
-        << "\ndecode_rooms_active: " << st.decode.active.size()
-        << "\ndecode_rooms_succeeded: " << st.decode.succeeded
-        << "\ndecode_rooms_failed: " << st.decode.failed
-        << "\ndecode_bytes_received: " << st.decode.bytes << "\nstray_writes: " << st.stray_writes
-        << "\nstaging_bytes: " << (st.ctx->staging ? st.ctx->staging->bytes : 0)
-        << "\nstaging_in_use: " << (st.ctx->staging ? st.ctx->staging->in_use() : 0)
-        << "\nstaging_waits: " << (st.ctx->staging ? st.ctx->staging->waits() : 0) << "\n";
-      break;
+      return status_doc(st).dump();
     case proto::info_topic::rooms:
-      if (st.prefill.active.empty() && st.decode.active.empty()) o << "no active rooms\n";
-      for (auto* side : {&st.prefill, &st.decode})
-        for (const auto& [room, e] : side->active)
-          o << "room=" << room << " side=" << (side == &st.decode ? "decode" : "prefill")
-            << " status=" << to_string(e.status) << " peer=" << (e.peer.empty() ? "-" : e.peer)
-            << "\n";
-      break;
+      return rooms_doc(st).dump();
     case proto::info_topic::peers:
-      if (st.connections.empty() && st.outbound.empty()) o << "no peers\n";
-      for (const auto& [conn, info] : st.connections)
-        if (info)
-          o << "peer=" << info->address << " node=" << info->node << " instance=" << info->instance
-            << " tp=" << info->schema.tp_rank << "/" << info->schema.tp_size
-            << " pp=" << info->schema.pp_rank << "/" << info->schema.pp_size
-            << " link: " << info->link->describe() << "\n";
-      for (const auto& [addr, conn] : st.outbound)
-        if (!st.connections.count(conn) || !st.connections[conn])
-          o << "peer=" << addr << " connecting\n";
-      break;
+      return peers_doc(st).dump();
+    case proto::info_topic::pools:
+      return pools_doc(st).dump();
   }
-  return o.str();
+  return "null";
 }
 
 }  // namespace ferry::sched

@@ -121,8 +121,8 @@ void on_poll(scheduler_actor* self, client_request& r, uint64_t room);
 void on_poll_many(scheduler_actor* self, client_request& r, const std::vector<uint64_t>& rooms);
 room_entry* find_active(scheduler_state& st, uint64_t room);
 
-// scheduler_info.cpp: the text answers of `info`.
-std::string info_text(scheduler_state& st, proto::info_topic topic);
+// scheduler_info.cpp: the answers of `info`, JSON documents (docs/protocol.md).
+std::string info_json(scheduler_state& st, proto::info_topic topic);
 
 // scheduler_memory.cpp: engine-owned memory, registered and released.
 void on_register_memory(scheduler_actor* self, client_request& r);

@@ -155,10 +155,16 @@ class Daemon:
             self.proc.wait(timeout=15)
             raise RuntimeError(f"{name} did not start; its log:\n{open(self.log).read()[-3000:]}")
 
-    def status(self, bin_dir: Path) -> dict[str, str]:
-        out = subprocess.run([str(bin_dir / "ferryctl"), "-s", self.sock, "status"],
+    def ferryctl(self, bin_dir: Path, command: str) -> dict[str, Any]:
+        """``ferryctl --json COMMAND`` against this daemon: its document (docs/protocol.md,
+        "Info documents")."""
+        out = subprocess.run([str(bin_dir / "ferryctl"), "-s", self.sock, "--json", command],
                              capture_output=True, text=True, timeout=30)
-        return parse_status(out.stdout)
+        doc = json.loads(out.stdout)
+        if out.returncode != 0 or "error" in doc:
+            raise RuntimeError(f"ferryctl {command} on {self.name} failed: {out.stdout}"
+                               f"{out.stderr}")
+        return doc
 
     def stop(self) -> str:
         """SIGTERM and wait (bounded); '' when it exited 0 and its log ends with 'stopped'."""
@@ -176,15 +182,6 @@ class Daemon:
         if not lines or not lines[-1].endswith("[ferryd] stopped"):
             return f"{self.name}'s log does not end with 'stopped': {lines[-3:]}"
         return ""
-
-
-def parse_status(text: str) -> dict[str, str]:
-    out = {}
-    for line in text.splitlines():
-        k, sep, v = line.partition(":")
-        if sep:
-            out[k.strip()] = v.strip()
-    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -401,8 +398,7 @@ class Rank:
         self.page_tokens = self.mgr.page_size
 
     def active_rooms(self, side: str) -> int:
-        st = parse_status(self.mgr.client.info("status"))
-        return int(st[f"{side}_rooms_active"])
+        return int(self.mgr.client.info("status")[side]["active"])
 
     def close(self) -> None:
         self.mgr.close()
@@ -951,19 +947,21 @@ def run_phase(phase: str, bin_dir: Path, work: str, seed: int, n: int, max_token
                 errors.append(f"{phase}/{side} engine reported nothing")
             errors.extend(results.get(side, {}).get("errors", []))
         # after the engines: ferryd itself reports nothing active
+        # and holds none of the pools' items for a room
         for d in daemons:
-            st = d.status(bin_dir)
-            for k in ("prefill_rooms_active", "decode_rooms_active"):
-                if st.get(k) != "0":
-                    errors.append(f"{d.name}: ferryctl status says {k}: {st.get(k)}")
-        dec_st = daemons[-1].status(bin_dir)
-        results["ferryd"] = {"decode_rooms_succeeded": int(dec_st.get("decode_rooms_succeeded",
-                                                                      -1)),
-                             "decode_bytes_received": int(dec_st.get("decode_bytes_received",
-                                                                     -1))}
+            st = d.ferryctl(bin_dir, "status")
+            for side in ("prefill", "decode"):
+                if st[side]["active"] != 0:
+                    errors.append(f"{d.name}: ferryctl status says {st[side]['active']} "
+                                  f"{side} rooms are active")
+            for kind, pool in d.ferryctl(bin_dir, "pools").items():
+                if pool["in_use"] != 0:
+                    errors.append(f"{d.name}: ferryctl pools says {pool['in_use']} items of "
+                                  f"pool {kind} are in use")
+        results["ferryd"] = {"decode": daemons[-1].ferryctl(bin_dir, "status")["decode"]}
         ok = results.get("decode", {}).get("succeeded")
-        if ok is not None and results["ferryd"]["decode_rooms_succeeded"] < ok:
-            errors.append(f"{phase}: ferryd counted {results['ferryd']['decode_rooms_succeeded']}"
+        if ok is not None and results["ferryd"]["decode"]["succeeded"] < ok:
+            errors.append(f"{phase}: ferryd counted {results['ferryd']['decode']['succeeded']}"
                           f" successes, the decode engine verified {ok}")
     finally:
         stop_errors = [why for why in (d.stop() for d in daemons) if why]

@@ -270,9 +270,9 @@ int main(int argc, char** argv) {
   }
   std::string provider = o.provider;
   if (provider.empty() && info) {
-    auto pos = info.value.find("provider: ");
-    if (pos != std::string::npos) {
-      provider = info.value.substr(pos + 10, info.value.find('\n', pos) - pos - 10);
+    const auto status = nlohmann::json::parse(info.value, nullptr, false);
+    if (status.is_object() && status.value("provider", "") != "") {
+      provider = status["provider"].get<std::string>();
       provider = provider.substr(0, provider.find(';'));
     }
   }

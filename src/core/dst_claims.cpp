@@ -33,7 +33,7 @@ result<> dst_claims::claim(uint64_t room, std::span<const uint32_t> pages, uint3
   auto take = [&](table& t, uint32_t i) {
     t.taken[i] = true;
     t.holder[i] = room;
-    ++held_;
+    ++t.held;
   };
   for (auto p : pages) take(pages_, p);
   if (slot != no_index) take(slots_, slot);
@@ -46,7 +46,7 @@ void dst_claims::release(uint64_t room, std::span<const uint32_t> pages, uint32_
   auto drop = [&](table& t, uint32_t i) {
     if (i >= t.taken.size() || !t.taken[i] || t.holder[i] != room) return;
     t.taken[i] = false;
-    --held_;
+    --t.held;
   };
   for (auto p : pages) drop(pages_, p);
   if (slot != no_index) drop(slots_, slot);

@@ -25,15 +25,19 @@ class dst_claims {
   /// Release what `room` claimed with the same arguments.
   void release(uint64_t room, std::span<const uint32_t> pages, uint32_t slot, uint32_t row);
   /// Indices held now (pages + slots + rows), for tests and stats.
-  uint64_t held() const { return held_; }
+  uint64_t held() const { return pages_.held + slots_.held + rows_.held; }
+  /// Held per pool, for the `pools` info document: items in use there.
+  uint64_t pages_held() const { return pages_.held; }
+  uint64_t slots_held() const { return slots_.held; }
+  uint64_t rows_held() const { return rows_.held; }
 
  private:
   struct table {
     std::vector<uint64_t> holder;
     std::vector<bool> taken;
+    uint64_t held = 0;
   };
   table pages_, slots_, rows_;
-  uint64_t held_ = 0;
 };
 
 }  // namespace ferry

@@ -100,7 +100,8 @@ struct cancel {
 struct subscribe {
   uint64_t room = 0;
 };
-enum class info_topic : uint8_t { status = 0, rooms = 1, peers = 2 };
+/// What an `info` asks for; the reply is a JSON document (docs/protocol.md, "Info documents").
+enum class info_topic : uint8_t { status = 0, rooms = 1, peers = 2, pools = 3 };
 struct info {
   info_topic topic = info_topic::status;
 };
@@ -169,7 +170,7 @@ struct poll_reply {
   uint32_t prefix_tokens = 0;
 };
 struct info_reply {
-  std::string text;
+  std::string text;  ///< the topic's JSON document
 };
 struct event {
   uint64_t room = 0;

@@ -151,8 +151,8 @@ bool decode_body(reader& r, cancel& m) { return r.num(m.room, "room"); }
 bool decode_body(reader& r, subscribe& m) { return r.num(m.room, "room"); }
 bool decode_body(reader& r, info& m) {
   if (!r.num(m.topic, "topic")) return false;
-  if (static_cast<uint8_t>(m.topic) > 2) {
-    r.set_error(fmt::format("field 'topic' must be 0..2, got {}", static_cast<int>(m.topic)));
+  if (m.topic > info_topic::pools) {
+    r.set_error(fmt::format("field 'topic' must be 0..3, got {}", static_cast<int>(m.topic)));
     return false;
   }
   return true;

@@ -1,15 +1,21 @@
-// ferryctl: inspect a ferryd and drive its client operations from the shell.
+// ferryctl: inspect a ferryd and drive its client operations from the shell. With --json
+// (before or after the command's name) every command prints one JSON document, its errors
+// included ({"error": {"code", "message"}}); without it, text rendered from the same document.
 
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstring>
 #include <iostream>
 #include <thread>
 
 #include "ferry/client.hpp"
 #include "ferry/workload.hpp"
+#include "ferryctl/render.hpp"
 
 using namespace ferry;
+using ctl::json;
 
 namespace {
 
@@ -34,25 +40,55 @@ std::vector<uint32_t> parse_pages(const std::string& text) {
   return out;
 }
 
-int report(const ferry::result<ferry::none>& r, const std::string& what) {
-  if (r) {
-    std::cout << what << ": ok\n";
-    return 0;
+/// Where a command's outcome goes: with --json its document on stdout, errors included;
+/// otherwise its text on stdout and errors on stderr ("ferryctl: ...").
+struct output {
+  bool json = false;
+
+  int done(const ctl::json& doc, const std::string& text, int rc = 0) const {
+    if (json)
+      std::cout << doc.dump() << "\n";
+    else
+      std::cout << text;
+    return rc;
   }
-  std::cerr << "ferryctl: " << what << " failed [" << to_string(r.code) << "]: " << r.message
-            << "\n";
-  return 1;
-}
+  int fail(errc code, const std::string& message, const std::string& text) const {
+    if (json)
+      std::cout << ctl::error_doc(code, message).dump() << "\n";
+    else
+      std::cerr << "ferryctl: " << text << "\n";
+    return 1;
+  }
+  int fail(errc code, const std::string& message) const { return fail(code, message, message); }
+
+  /// The outcome of a request answered `ok` or `error`.
+  int report(const ferry::result<>& r, const std::string& what, uint64_t room) const {
+    if (!r)
+      return fail(r.code, r.message,
+                  fmt::format("{} failed [{}]: {}", what, to_string(r.code), r.message));
+    return done({{"room", room}, {"ok", true}}, what + ": ok\n");
+  }
+};
+
+/// An index the command named, or null.
+json index_or_null(uint32_t i) { return i == no_index ? json(nullptr) : json(i); }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"ferryctl: talk to a ferryd over its client socket"};
   app.require_subcommand(1);
+  // Inherited by the commands: an option of ferryctl itself (--json, -s) may follow the
+  // command's name too.
+  app.fallthrough();
+  output out;
   std::string socket = "/tmp/ferry-decode.sock";
   app.add_option("-s,--socket", socket, "ferryd client socket")->capture_default_str();
+  app.add_flag("--json", out.json,
+               "print one JSON document: the daemon's own for status, rooms, peers and pools, "
+               "the outcome for the others, and errors as {\"error\": {\"code\", \"message\"}}");
   uint64_t room = 0;
-  std::string pages_text;
+  std::string pages_text, address;
   std::vector<std::string> peer_args, prefill_peers;
   uint32_t slot = no_index, row = no_index, first_position = 0, prefix_tokens = 0;
   bool last = false;
@@ -61,7 +97,11 @@ int main(int argc, char** argv) {
   auto* status = app.add_subcommand("status", "daemon status and counters");
   auto* rooms = app.add_subcommand("rooms", "active rooms");
   auto* peers = app.add_subcommand("peers", "connected peers");
-  auto* hello = app.add_subcommand("pools", "pool names and layouts the daemon hands to clients");
+  auto* pools = app.add_subcommand(
+      "pools", "the pools: shm names, sizes, memory owner, items in use and free, layouts");
+  auto* discover = app.add_subcommand(
+      "discover", "every rank of an engine instance, from the address of one of its ferryds");
+  discover->add_option("address", address, "host:port (control address of one rank)")->required();
   auto* ready =
       app.add_subcommand("wait-ready", "wait until the daemon accepts clients (for scripts)");
   ready->add_option("--timeout-ms", timeout_ms, "give up after this long")->capture_default_str();
@@ -105,15 +145,26 @@ int main(int argc, char** argv) {
       "  ferryctl -s /tmp/ferry-prefill.sock send -r 7 -p 0-63 --last --state-slot 1 --aux-row 1\n"
       "  ferryctl -s /tmp/ferry-decode.sock wait -r 7 && ferryctl -s /tmp/ferry-decode.sock verify "
       "-r 7 -p 100-163 "
-      "--state-slot 2 --aux-row 2");
-  CLI11_PARSE(app, argc, argv);
+      "--state-slot 2 --aux-row 2\n"
+      "  ferryctl -s /tmp/ferry-decode.sock status --json");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // A command line that does not parse is an error like any other under --json (help is not).
+    const bool json_asked = std::any_of(
+        argv + 1, argv + argc, [](const char* a) { return std::strcmp(a, "--json") == 0; });
+    if (!json_asked || e.get_exit_code() == 0) return app.exit(e);
+    out.json = true;
+    out.fail(errc::invalid_request, e.what());
+    return e.get_exit_code();
+  }
 
   std::vector<uint32_t> pages;
   try {
     if (!pages_text.empty()) pages = parse_pages(pages_text);
   } catch (const std::exception& e) {
-    std::cerr << "ferryctl: bad --pages '" << pages_text << "': " << e.what() << "\n";
-    return 1;
+    return out.fail(errc::invalid_request,
+                    fmt::format("bad --pages '{}': {}", pages_text, e.what()));
   }
   if (*ready) {
     // Retry the connect until the daemon has created its pools and socket, bounded in time.
@@ -121,59 +172,45 @@ int main(int argc, char** argv) {
     for (;;) {
       auto c = client::client::connect(socket, "ferryctl", std::chrono::seconds(10), false);
       if (c) {
-        std::cout << fmt::format("{} ({}) is ready\n", c.value->daemon().node,
-                                 c.value->daemon().role);
-        return 0;
+        const auto& d = c.value->daemon();
+        return out.done(
+            {{"ready", true}, {"node", d.node}, {"instance", d.instance}, {"role", d.role}},
+            fmt::format("{} ({}) is ready\n", d.node, d.role));
       }
       if (std::chrono::steady_clock::now() >= deadline)
-        return std::cerr << "ferryctl: not ready after " << timeout_ms << " ms: " << c.message
-                         << "\n",
-               1;
+        return out.fail(errc::timed_out,
+                        fmt::format("not ready after {} ms: {}", timeout_ms, c.message));
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
   // Each ferryctl command is its own connection: its rooms must outlive it.
   auto conn = client::client::connect(socket, "ferryctl", std::chrono::seconds(10), false);
-  if (!conn) {
-    std::cerr << "ferryctl: " << conn.message << "\n";
-    return 1;
-  }
+  if (!conn) return out.fail(conn.code, conn.message);
   auto& c = *conn.value;
   auto print_info = [&](proto::info_topic t) {
     auto r = c.info(t);
-    if (!r) return std::cerr << "ferryctl: " << r.message << "\n", 1;
-    std::cout << r.value;
+    if (!r) return out.fail(r.code, r.message);
+    if (out.json) return std::cout << r.value << "\n", 0;  // the daemon's document, as is
+    try {
+      std::cout << ctl::render_info(t, json::parse(r.value));
+    } catch (const json::exception& e) {
+      return out.fail(
+          errc::malformed_frame,
+          fmt::format("ferryd's info answer is not the document expected: {}", e.what()));
+    }
     return 0;
   };
   if (*status) return print_info(proto::info_topic::status);
   if (*rooms) return print_info(proto::info_topic::rooms);
   if (*peers) return print_info(proto::info_topic::peers);
-  if (*hello) {
-    const auto& d = c.daemon();
-    std::cout << fmt::format("node {} instance {} role {} tp {}/{}\n", d.node, d.instance, d.role,
-                             d.tp_rank, d.tp_size);
-    for (int k = 0; k < pool_kind_count; ++k) {
-      const auto& p = d.pools[k];
-      if (!p.present) continue;
-      std::cout << fmt::format("pool {}: {} ({} bytes)\n", to_string(static_cast<pool_kind>(k)),
-                               p.shm_name, p.layout.total_bytes);
-      // One line per run of buffers of the same shape (K, V, each state tensor, aux).
-      const auto& b = p.layout.buffers;
-      for (size_t i = 0; i < b.size();) {
-        size_t j = i;
-        while (j < b.size() && b[j].kind == b[i].kind && b[j].tensor == b[i].tensor &&
-               b[j].item_bytes == b[i].item_bytes)
-          ++j;
-        static constexpr const char* kinds[] = {"K", "V", "KV", "state tensor", "aux"};
-        auto what = b[i].kind == buffer_kind::state
-                        ? fmt::format("state tensor {}", b[i].tensor)
-                        : std::string(kinds[static_cast<int>(b[i].kind)]);
-        std::cout << fmt::format("  {}: {} buffer(s) of {} x {} bytes\n", what, j - i, b[i].items,
-                                 b[i].item_bytes);
-        i = j;
-      }
-    }
-    return 0;
+  if (*pools) return print_info(proto::info_topic::pools);
+  if (*discover) {
+    auto r = c.discover(address);
+    if (!r)
+      return out.fail(r.code, r.message,
+                      fmt::format("discover failed [{}]: {}", to_string(r.code), r.message));
+    auto doc = ctl::discover_doc(address, r.value);
+    return out.done(doc, ctl::render_discover(doc));
   }
   for (const auto& arg : peer_args) {
     size_t start = 0;
@@ -182,52 +219,72 @@ int main(int argc, char** argv) {
     prefill_peers.push_back(arg.substr(start));
   }
   if (*prepare)
-    return report(c.prepare({room, prefill_peers, pages, slot, row, prefix_tokens}),
-                  fmt::format("prepare room {}", room));
+    return out.report(c.prepare({room, prefill_peers, pages, slot, row, prefix_tokens}),
+                      fmt::format("prepare room {}", room), room);
   if (*send)
-    return report(c.send({room, pages, last, slot, row}), fmt::format("send room {}", room));
-  if (*cancel) return report(c.cancel(room), fmt::format("cancel room {}", room));
+    return out.report(c.send({room, pages, last, slot, row}), fmt::format("send room {}", room),
+                      room);
+  if (*cancel) return out.report(c.cancel(room), fmt::format("cancel room {}", room), room);
   if (*poll) {
     auto r = c.poll(room);
     if (!r)
-      return std::cerr << "ferryctl: poll failed [" << to_string(r.code) << "]: " << r.message
-                       << "\n",
-             1;
-    std::cout << fmt::format(
-        "room {}: {} ({}){}{}{}\n", room, to_string(r.value.status),
-        static_cast<int>(r.value.status), r.value.reason.empty() ? "" : ": ", r.value.reason,
-        r.value.prefix_tokens ? fmt::format(" (decode prefix {} tokens)", r.value.prefix_tokens)
-                              : "");
-    return 0;
+      return out.fail(r.code, r.message,
+                      fmt::format("poll failed [{}]: {}", to_string(r.code), r.message));
+    const auto& p = r.value;
+    return out.done(
+        ctl::room_status_doc(room, p.status, p.code, p.reason, p.prefix_tokens),
+        fmt::format(
+            "room {}: {} ({}){}{}{}\n", room, to_string(p.status), static_cast<int>(p.status),
+            p.reason.empty() ? "" : ": ", p.reason,
+            p.prefix_tokens ? fmt::format(" (decode prefix {} tokens)", p.prefix_tokens) : ""));
   }
   if (*wait) {
-    if (auto s = c.subscribe(room); !s) return report(s, fmt::format("subscribe room {}", room));
+    if (auto s = c.subscribe(room); !s)
+      return out.report(s, fmt::format("subscribe room {}", room), room);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    json events = json::array();
     for (;;) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
       auto e = c.next_event(std::max(left, std::chrono::milliseconds(1)));
-      if (!e) return std::cerr << "ferryctl: " << e.message << "\n", 1;
-      if (e.value.room != room) continue;
-      std::cout << fmt::format("room {}: {}{}{}\n", room, to_string(e.value.status),
-                               e.value.reason.empty() ? "" : ": ", e.value.reason);
-      if (is_terminal(e.value.status)) return e.value.status == room_status::success ? 0 : 1;
+      if (!e) return out.fail(e.code, e.message);
+      const auto& ev = e.value;
+      if (ev.room != room) continue;
+      auto doc = ctl::room_status_doc(room, ev.status, ev.code, ev.reason, ev.prefix_tokens);
+      events.push_back(doc);
+      // Text: each status change as it comes. JSON: one document at the end, with them all.
+      if (!out.json)
+        std::cout << fmt::format("room {}: {}{}{}\n", room, to_string(ev.status),
+                                 ev.reason.empty() ? "" : ": ", ev.reason)
+                  << std::flush;
+      if (!is_terminal(ev.status)) continue;
+      doc["events"] = std::move(events);
+      return out.done(doc, "", ev.status == room_status::success ? 0 : 1);
     }
   }
-  if (auto m = c.map_pools(); !m) return std::cerr << "ferryctl: " << m.message << "\n", 1;
+  if (auto m = c.map_pools(); !m) return out.fail(m.code, m.message);
   if (*fill) {
     auto filled = client::fill_kv(c, room, pages, first_position);
     if (filled) filled = client::fill_state_and_aux(c, room, slot, row);
-    if (!filled) return std::cerr << "ferryctl: fill failed: " << filled.message << "\n", 1;
-    std::cout << fmt::format("room {}: pattern written to {} pages{}\n", room, pages.size(),
-                             slot != no_index ? ", state slot and aux row" : "");
-    return 0;
+    if (!filled) return out.fail(filled.code, "fill failed: " + filled.message);
+    return out.done({{"room", room},
+                     {"filled", true},
+                     {"pages", pages.size()},
+                     {"state_slot", index_or_null(slot)},
+                     {"aux_row", index_or_null(row)}},
+                    fmt::format("room {}: pattern written to {} pages{}\n", room, pages.size(),
+                                slot != no_index ? ", state slot and aux row" : ""));
   }
   if (*verify) {
     auto verified = client::verify_room(c, room, pages, slot, row);
-    if (!verified) return std::cerr << "ferryctl: verify failed: " << verified.message << "\n", 1;
-    std::cout << fmt::format("room {}: all destination bytes verified\n", room);
-    return 0;
+    if (!verified) {
+      // A mismatch is the command's answer, not a failure to ask: a document, exit status 1.
+      if (out.json)
+        return out.done({{"room", room}, {"verified", false}, {"reason", verified.message}}, "", 1);
+      return std::cerr << "ferryctl: verify failed: " << verified.message << "\n", 1;
+    }
+    return out.done({{"room", room}, {"verified", true}},
+                    fmt::format("room {}: all destination bytes verified\n", room));
   }
   return 0;
 }

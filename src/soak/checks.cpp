@@ -10,13 +10,15 @@
 
 namespace ferry::soak {
 
-void soak::side_terminal(room& r, side_id s, room_status status, const std::string& reason) {
+void soak::side_terminal(room& r, side_id s, room_status status, errc code,
+                         const std::string& reason) {
   auto& t = r.side[s];
   t.done = true;
   t.last = status;
+  t.code = code;
   t.reason = reason;
   t.success = status == room_status::success;
-  if (!t.counted) ++side_kind_[s][t.success ? k_success : classify(reason)];
+  if (!t.counted) ++side_kind_[s][t.success ? k_success : classify(code)];
   t.counted = true;
   if (!t.success) ++reasons_[std::string(side_names[s]) + ": " + normalize(reason)];
   if (s == decode) {
@@ -63,9 +65,9 @@ void soak::settle(uint64_t id) {
   else if (r.p_restarted || r.d_restarted)
     k = k_restarted;
   else if (!d.success)
-    k = classify(d.reason);
+    k = classify(d.code);
   else if (!p.unknown)
-    k = classify(p.reason);
+    k = classify(p.code);
   else {
     k = k_other;
     anomaly(fmt::format("room {}: Success on the decode, but the prefill does not know it", id));

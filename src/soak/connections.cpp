@@ -12,16 +12,16 @@ namespace ferry::soak {
 
 using namespace std::chrono_literals;
 
-bool soak::connect(side_id s, std::string& err) {
+result<> soak::connect(side_id s) {
   auto& d = sides_[s];
   auto c = client::client::connect(d.socket, "ferry-soak", ms(2000), true);
-  if (!c) return err = c.message, false;
-  if (auto m = c.value->map_pools(); !m) return err = m.message, false;
+  if (!c) return std::move(c).error();
+  if (auto m = c.value->map_pools(); !m) return m;
   const auto* cfg = c.value->config();
-  if (!cfg) return err = "the daemon sent no readable config", false;
+  if (!cfg) return error{errc::malformed_frame, "the daemon sent no readable config"};
   const auto& h = c.value->daemon();
   if (!h.pools[static_cast<int>(pool_kind::kv)].present)
-    return err = "the daemon has no kv pool", false;
+    return error{errc::wrong_role, "the daemon has no kv pool"};
   c.value->set_timeout(ms(o_.request_timeout_ms));
   d.has_state = h.pools[static_cast<int>(pool_kind::state)].present;
   d.has_aux = h.pools[static_cast<int>(pool_kind::aux)].present;
@@ -38,17 +38,16 @@ bool soak::connect(side_id s, std::string& err) {
   d.down_pending = false;
   ++d.gen;
   ++d.instances;
-  return true;
+  return {};
 }
 
 /// True (and the connection is marked broken) when a call failed locally: the daemon closed the
 /// connection, or did not answer within the request timeout (a reply arriving later would be
-/// taken for the next request's, so the connection cannot be used again either way).
+/// taken for the next request's, so the connection cannot be used again either way). The
+/// client library reports these as peer_lost and timed_out, codes ferryd never gives a
+/// request's error reply (its rooms carry them in statuses instead).
 bool soak::conn_error(side_id s, errc code, const std::string& message) {
-  const bool local = message.find("ferryd closed the connection") != std::string::npos ||
-                     message.find("reading from ferryd failed") != std::string::npos ||
-                     message.find("writing to ferryd failed") != std::string::npos ||
-                     message.find("timed out waiting for ferryd") != std::string::npos;
+  const bool local = code == errc::peer_lost || code == errc::timed_out;
   if (!local) return false;
   auto& d = sides_[s];
   if (d.up) {
@@ -102,8 +101,8 @@ void soak::reconnect_due(clock_type::time_point now) {
   for (auto s : {prefill, decode}) {
     auto& d = sides_[s];
     if (d.up || now < d.next_attempt) continue;
-    std::string err;
-    if (connect(s, err)) {
+    auto connected = connect(s);
+    if (connected) {
       ++d.reconnects;
       fmt::print("[{:7.1f}s] {} reconnected after {:.2f} s: instance {}\n",
                  std::chrono::duration<double>(now - t0_).count(), side_names[s],
@@ -114,7 +113,7 @@ void soak::reconnect_due(clock_type::time_point now) {
     d.next_attempt = now + 100ms;  // retry interval
     if (now - d.down_since > std::chrono::duration<double>(o_.reconnect_seconds))
       throw std::runtime_error(fmt::format("the {} daemon did not come back within {} s: {}",
-                                           side_names[s], o_.reconnect_seconds, err));
+                                           side_names[s], o_.reconnect_seconds, connected.message));
   }
 }
 

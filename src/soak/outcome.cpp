@@ -4,13 +4,20 @@
 
 namespace ferry::soak {
 
-kind classify(const std::string& reason) {
-  if (reason.find("cancelled") != std::string::npos) return k_cancelled;
-  for (const char* s : {" lost", "unresponsive", "restarted", "could not use peer", "not retried",
-                        "went down", "write to decode", "connection closed", "fenced"})
-    if (reason.find(s) != std::string::npos) return k_peer_failed;
-  if (reason.find("timed out") != std::string::npos) return k_timed_out;
-  return k_other;
+kind classify(errc code) {
+  switch (code) {
+    case errc::cancelled:
+      return k_cancelled;
+    case errc::peer_unreachable:
+    case errc::peer_incompatible:
+    case errc::peer_lost:
+    case errc::fabric_write_failed:  // a write to the decode failed: the peer or the link
+      return k_peer_failed;
+    case errc::timed_out:
+      return k_timed_out;
+    default:
+      return k_other;
+  }
 }
 
 std::string normalize(const std::string& reason) {

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "soak/soak.hpp"
 
@@ -18,11 +19,13 @@ using namespace std::chrono_literals;
 
 namespace {
 
-/// "key: value" of a daemon's status text; -1 when absent.
-int64_t status_field(const std::string& text, const std::string& key) {
-  auto pos = text.find("\n" + key + ": ");
-  if (pos == std::string::npos) return -1;
-  return std::strtoll(text.c_str() + pos + key.size() + 3, nullptr, 10);
+/// A counter of a daemon's status document (docs/protocol.md, "Info documents") at `pointer`,
+/// e.g. "/decode/active"; -1 when absent.
+int64_t counter(const nlohmann::json& status, const std::string& pointer) {
+  const nlohmann::json::json_pointer at(pointer);
+  return status.is_object() && status.contains(at) && status[at].is_number_integer()
+             ? status[at].get<int64_t>()
+             : -1;
 }
 
 }  // namespace
@@ -39,7 +42,8 @@ void soak::progress(clock_type::time_point now) {
   std::string stray = "?";
   if (sides_[decode].up) {
     if (auto st = sides_[decode].c->info(proto::info_topic::status))
-      stray = std::to_string(status_field(st.value, "stray_writes"));
+      stray =
+          std::to_string(counter(nlohmann::json::parse(st.value, nullptr, false), "/stray_writes"));
     else
       conn_error(decode, st.code, st.message);
   }
@@ -58,7 +62,7 @@ void soak::progress(clock_type::time_point now) {
 
 /// Read a daemon's status until it shows no active room and no staging in use (bounded: the
 /// staging is given back after the terminal event, and nothing announces it).
-std::string soak::final_status(side_id s, std::string& text) {
+std::string soak::final_status(side_id s, nlohmann::json& status) {
   auto& d = sides_[s];
   const auto until = clock_type::now() + 10s;
   for (;;) {
@@ -68,10 +72,10 @@ std::string soak::final_status(side_id s, std::string& text) {
       conn_error(s, st.code, st.message);
       return "status failed: " + st.message;
     }
-    text = st.value;
-    const auto active =
-        status_field(text, "prefill_rooms_active") + status_field(text, "decode_rooms_active");
-    if ((active == 0 && status_field(text, "staging_in_use") <= 0) || clock_type::now() > until)
+    status = nlohmann::json::parse(st.value, nullptr, false);
+    if (!status.is_object()) return "status is not a JSON document: " + st.value.substr(0, 200);
+    const auto active = counter(status, "/prefill/active") + counter(status, "/decode/active");
+    if ((active == 0 && counter(status, "/staging/in_use") <= 0) || clock_type::now() > until)
       return "";
     pollfd p{d.c->native_handle(), POLLIN, 0};
     ::poll(&p, 1, 100);  // bounded re-read: no event announces the staging release
@@ -84,16 +88,21 @@ bool soak::summary(double run_s, double drain_s) {
   auto& P = sides_[prefill];
   auto& D = sides_[decode];
   // --- the daemons after the drain ---
-  std::string text[2], err[2];
-  for (auto s : {prefill, decode}) err[s] = final_status(s, text[s]);
-  auto field = [&](side_id s, const char* k) {
-    return err[s].empty() ? status_field(text[s], k) : -1;
+  nlohmann::json status[2];
+  std::string err[2];
+  for (auto s : {prefill, decode}) err[s] = final_status(s, status[s]);
+  auto field = [&](side_id s, const std::string& pointer) {
+    return err[s].empty() ? counter(status[s], pointer) : -1;
   };
-  const int64_t stray = field(decode, "stray_writes");
-  const int64_t p_active = field(prefill, "prefill_rooms_active");
-  const int64_t d_active = field(decode, "decode_rooms_active");
+  // A side's own room counters: "/prefill/active" on the prefill, "/decode/..." on the decode.
+  auto own = [&](side_id s, const char* counter_name) {
+    return field(s, fmt::format("/{}/{}", side_names[s], counter_name));
+  };
+  const int64_t stray = field(decode, "/stray_writes");
+  const int64_t p_active = own(prefill, "active");
+  const int64_t d_active = own(decode, "active");
   const int64_t staging =
-      std::max(field(prefill, "staging_in_use"), field(decode, "staging_in_use"));
+      std::max(field(prefill, "/staging/in_use"), field(decode, "/staging/in_use"));
 
   uint64_t lost = outcome_[k_lost];
   std::cout << "\nferry-soak summary\n";
@@ -143,15 +152,11 @@ bool soak::summary(double run_s, double drain_s) {
     fmt::print(
         "  {:<8} status  instance {} rooms_active={} succeeded={} failed={} stray_writes={} "
         "staging_in_use={}\n",
-        side_names[s], sides_[s].instance,
-        field(s, s == prefill ? "prefill_rooms_active" : "decode_rooms_active"),
-        field(s, s == prefill ? "prefill_rooms_succeeded" : "decode_rooms_succeeded"),
-        field(s, s == prefill ? "prefill_rooms_failed" : "decode_rooms_failed"),
-        field(s, "stray_writes"), field(s, "staging_in_use"));
+        side_names[s], sides_[s].instance, own(s, "active"), own(s, "succeeded"), own(s, "failed"),
+        field(s, "/stray_writes"), field(s, "/staging/in_use"));
   }
   if (D.instances == 1 && err[decode].empty()) {
-    const int64_t daemon_total =
-        field(decode, "decode_rooms_succeeded") + field(decode, "decode_rooms_failed");
+    const int64_t daemon_total = own(decode, "succeeded") + own(decode, "failed");
     fmt::print("  decode cross-check: the daemon ended {} rooms, this run prepared {} ({})\n",
                daemon_total, started_,
                daemon_total == static_cast<int64_t>(started_) ? "equal" : "DIFFERENT");

@@ -122,6 +122,7 @@ void soak::track_prefill(room& r) {
     pt.unknown = true;  // the prefill never heard of this incarnation
     ++late_[0];
   } else {
+    pt.code = s.code;
     pt.reason = "subscribe failed: " + s.message;
     anomaly(fmt::format("room {}: subscribe on the prefill failed: {}", r.id, s.message));
   }
@@ -201,7 +202,7 @@ void soak::on_event(side_id s, const proto::event& e) {
       on_decode_ready(r);
     }
   } else {
-    side_terminal(r, s, e.status, e.reason);
+    side_terminal(r, s, e.status, e.code, e.reason);
   }
   settle(e.room);
 }

@@ -19,10 +19,9 @@ using namespace std::chrono_literals;
 /// every room in flight at once, room ids); false, the reason printed, when they cannot.
 bool soak::preflight() {
   for (auto s : {prefill, decode}) {
-    std::string err;
-    if (!connect(s, err)) {
+    if (auto connected = connect(s); !connected) {
       std::cerr << "ferry-soak: cannot use the " << side_names[s] << " daemon at "
-                << sides_[s].socket << ": " << err << "\n";
+                << sides_[s].socket << ": " << connected.message << "\n";
       return false;
     }
   }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <random>
 #include <string>
 #include <unordered_map>
@@ -48,6 +49,7 @@ struct side_track {
   bool done = false;     ///< terminal, gone with a restarted daemon, unknown there, or lost
   bool success = false, restarted = false, lost = false, unknown = false;
   room_status last = room_status::bootstrapping;
+  errc code = errc::ok;  ///< of a Failed status: what it counts as (classify)
   std::string reason;
   uint64_t track_gen = 0;
   clock_type::time_point deadline;
@@ -89,7 +91,7 @@ class soak {
 
  private:
   // --- connections (connections.cpp) ---
-  bool connect(side_id s, std::string& err);
+  result<> connect(side_id s);
   bool conn_error(side_id s, errc code, const std::string& message);
   void process_down(side_id s);
   void reconnect_due(clock_type::time_point now);
@@ -104,7 +106,7 @@ class soak {
   void cancel(room& r, side_id s);
   void release(room& r, side_id s);
   // --- checks (checks.cpp) ---
-  void side_terminal(room& r, side_id s, room_status status, const std::string& reason);
+  void side_terminal(room& r, side_id s, room_status status, errc code, const std::string& reason);
   void settle(uint64_t id);
   void check_deadlines(clock_type::time_point now);
   /// How long a side of a room may take to be terminal before it counts as LOST.
@@ -115,7 +117,8 @@ class soak {
   // --- output (report.cpp) ---
   void progress(clock_type::time_point now);
   void anomaly(const std::string& what);
-  std::string final_status(side_id s, std::string& text);
+  /// The daemon's status document once it shows nothing active (bounded); "" or why not.
+  std::string final_status(side_id s, nlohmann::json& status);
   bool summary(double run_s, double drain_s);
   // --- the run (run.cpp) ---
   bool preflight();

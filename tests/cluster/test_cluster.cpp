@@ -121,28 +121,36 @@ void expect_success(node& p, node& d, const room_spec& r) {
 /// their terminal event, and no event says so: poll, bounded.
 void expect_idle(client::client& c, const std::string& who) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  std::string s;
+  json s;
   auto idle = [&] {
     s = status_of(c);
-    return field(s, "prefill_rooms_active") == "0" && field(s, "decode_rooms_active") == "0" &&
-           field(s, "staging_in_use") == "0";
+    return s["prefill"]["active"] == 0 && s["decode"]["active"] == 0 && s["staging"]["in_use"] == 0;
   };
   while (!idle() && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  INFO(who << " status:\n" << s);
-  CHECK(field(s, "prefill_rooms_active") == "0");
-  CHECK(field(s, "decode_rooms_active") == "0");
-  CHECK(field(s, "staging_in_use") == "0");
+  INFO(who << " status: " << s.dump());
+  CHECK(s["prefill"]["active"] == 0);
+  CHECK(s["decode"]["active"] == 0);
+  CHECK(s["staging"]["in_use"] == 0);
 }
 
-/// `ferryctl -s SOCKET args...` from the root namespace; its stdout.
-std::string ferryctl(const node& n, const std::vector<std::string>& args) {
-  std::vector<std::string> argv{bin("ferryctl"), "-s", n.proc->socket()};
+/// `ferryctl -s SOCKET --json args...` from the root namespace; the document it printed.
+json ferryctl(const node& n, const std::vector<std::string>& args) {
+  std::vector<std::string> argv{bin("ferryctl"), "-s", n.proc->socket(), "--json"};
   argv.insert(argv.end(), args.begin(), args.end());
   auto r = netns::run(argv);
   INFO(r.describe());
   REQUIRE(r.ok());
-  return r.out;
+  auto doc = json::parse(r.out, nullptr, false);
+  REQUIRE_FALSE(doc.is_discarded());
+  return doc;
+}
+
+/// The connected peer of `peers` (a peers document) at `address` or of node `node`, or null.
+json peer_entry(const json& peers, const std::string& key, const std::string& value) {
+  for (const auto& p : peers)
+    if (p.value("state", "") == "connected" && p.value(key, "") == value) return p;
+  return nullptr;
 }
 
 /// kill -9 the daemon (reaped later by its stop()). Its pools, which it can no longer unlink,
@@ -199,13 +207,14 @@ TEST_CASE("cluster: the prefill host moves a room to each decode host across the
   // The decodes reached the prefill at its 198.18 address; ferryctl shows it.
   for (auto* d : {&d0, &d1}) {
     auto peers = ferryctl(*d, {"peers"});
-    INFO(peers);
-    CHECK_THAT(peers, Catch::Contains("peer=198.18.0.1:7400 node=prefill-0 "));
+    INFO(peers.dump());
+    CHECK(peer_entry(peers, "address", "198.18.0.1:7400")["node"] == "prefill-0");
   }
   auto peers = ferryctl(p, {"peers"});
-  INFO(peers);
-  CHECK_THAT(peers, Catch::Contains("node=decode-0 ") && Catch::Contains("node=decode-1 "));
-  CHECK_THAT(ferryctl(d1, {"status"}), Catch::Contains("control: 198.18.0.3:7400\n"));
+  INFO(peers.dump());
+  CHECK_FALSE(peer_entry(peers, "node", "decode-0").is_null());
+  CHECK_FALSE(peer_entry(peers, "node", "decode-1").is_null());
+  CHECK(ferryctl(d1, {"status"})["listen"]["control"] == "198.18.0.3:7400");
 
   // The bytes really crossed the veth: each decode host's eth0 received at least the room's
   // payload (plus TCP and control traffic).
@@ -213,7 +222,7 @@ TEST_CASE("cluster: the prefill host moves a room to each decode host across the
     std::string why;
     const uint64_t rx = f.net->rx_bytes(d->host, &why);
     INFO(why);
-    const auto received = std::stoull(field(status_of(**d), "decode_bytes_received"));
+    const auto received = status_of(**d)["decode"]["bytes"].get<uint64_t>();
     INFO("host " << d->host << ": eth0 rx " << rx << " bytes, room payload " << received);
     CHECK(received > 0);
     CHECK(rx > received);
@@ -248,7 +257,7 @@ TEST_CASE(
   wait_status(*d0, a.room, room_status::transferring);
   wait_status(*d1, b.room, room_status::transferring);
   wait_status(*d1, c.room, room_status::transferring);
-  const auto old_instance = field(status_of(*p0), "instance");
+  const auto old_instance = status_of(*p0)["instance"].get<std::string>();
   REQUIRE(!old_instance.empty());
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -270,7 +279,7 @@ TEST_CASE(
   // prefill-0 restarts on the same address with a new instance and serves both decodes.
   p0 = f.start(0, "prefill-0", "prefill", true);
   REQUIRE(p0.control() == "198.18.0.1:7400");
-  const auto new_instance = field(status_of(*p0), "instance");
+  const auto new_instance = status_of(*p0)["instance"].get<std::string>();
   CHECK(new_instance != old_instance);
   const auto a2 = make_room(204, 0, 1200, 4), b2 = make_room(205, 200, 2200, 5);
   stage(*p0, *d0, a2);
@@ -281,11 +290,11 @@ TEST_CASE(
   send_rest(*p0, b2, 0);
   expect_success(p0, d0, a2);
   expect_success(p0, d1, b2);
-  CHECK_THAT(ferryctl(d0, {"peers"}), Catch::Contains("instance=" + new_instance + " "));
+  CHECK(peer_entry(ferryctl(d0, {"peers"}), "address", p0.control())["instance"] == new_instance);
 
   for (auto* n : {&d0, &d1, &p1, &p0}) expect_idle(**n, "host " + std::to_string(n->host));
-  CHECK(field(status_of(*d0), "decode_rooms_failed") == "1");
-  CHECK(field(status_of(*d1), "decode_rooms_failed") == "1");
+  CHECK(status_of(*d0)["decode"]["failed"] == 1);
+  CHECK(status_of(*d1)["decode"]["failed"] == 1);
 }
 
 TEST_CASE("cluster: kill -9 of a decode daemon mid-transfer fails the prefill's room for it only",
@@ -306,7 +315,7 @@ TEST_CASE("cluster: kill -9 of a decode daemon mid-transfer fails the prefill's 
   send_chunk(*p, b, 0);
   wait_status(*d0, a.room, room_status::transferring);
   wait_status(*d1, b.room, room_status::transferring);
-  const auto instance = field(status_of(*d0), "instance");
+  const auto instance = status_of(*d0)["instance"].get<std::string>();
   REQUIRE(!instance.empty());
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -333,7 +342,7 @@ TEST_CASE("cluster: kill -9 of a decode daemon mid-transfer fails the prefill's 
   expect_success(p, d0, a2);
 
   for (auto* n : {&p, &d1, &d0}) expect_idle(**n, "host " + std::to_string(n->host));
-  CHECK(field(status_of(*p), "prefill_rooms_failed") == "1");
+  CHECK(status_of(*p)["prefill"]["failed"] == 1);
 }
 
 TEST_CASE("cluster: a host's link flaps (pulled, plugged back) and the next room succeeds",
@@ -447,7 +456,7 @@ TEST_CASE(
   send_chunk(*p, b, 0);
   wait_status(*d0, a.room, room_status::transferring);
   wait_status(*p, b.room, room_status::transferring);
-  const auto instance = field(status_of(*d0), "instance");
+  const auto instance = status_of(*d0)["instance"].get<std::string>();
 
   REQUIRE(f.net->set_link(1, false) == "");
   const auto t0 = std::chrono::steady_clock::now();

@@ -32,6 +32,7 @@
 #include "core/daemon_locks.hpp"
 #include "ferry/client.hpp"
 #include "ferry/workload.hpp"
+#include "info.hpp"
 
 namespace ferry::test {
 
@@ -471,22 +472,6 @@ inline void send_rest(client::client& p, const room_spec& r, size_t from) {
   for (size_t k = from; k < r.chunks.size(); ++k) send_chunk(p, r, k);
 }
 
-/// The daemon's `status` text.
-inline std::string status_of(client::client& c) {
-  auto s = c.info(proto::info_topic::status);
-  INFO(s.message);
-  REQUIRE(s);
-  return s.value;
-}
-
-/// The value of `key: value` in an info text ("" when absent).
-inline std::string field(const std::string& text, const std::string& key) {
-  auto at = ("\n" + text).find("\n" + key + ": ");
-  if (at == std::string::npos) return "";
-  auto begin = at + key.size() + 2;
-  return text.substr(begin, text.find('\n', begin) - begin);
-}
-
 /// After a fenced peer resumed: the room that reused its pages holds exactly its own bytes.
 /// The fence closed the peer's keys and cut its fabric connection before its room reported
 /// Failed, so nothing of the old room may land, not even the rest of a write it had begun to
@@ -597,10 +582,8 @@ inline void run_and_verify(client::client& p, client::client& d, const std::stri
   CHECK(client::verify_room(d, r.room, r.dst_pages, r.dst_slot, r.dst_row).message == "");
 }
 
-/// Run a room end to end and check statuses on both sides and every destination byte.
-inline void run_and_verify(pair& c, const room_spec& r) {
-  stage(c, r);
-  prepare(c, r);
+/// Send a prepared room's chunks, then check statuses on both sides and every destination byte.
+inline void send_and_verify(pair& c, const room_spec& r) {
   send_chunks(c, r);
   auto de = wait_done(*c.d, r.room);
   INFO(de.reason);
@@ -609,6 +592,13 @@ inline void run_and_verify(pair& c, const room_spec& r) {
   INFO(pe.reason);
   REQUIRE(pe.status == room_status::success);
   CHECK(client::verify_room(*c.d, r.room, r.dst_pages, r.dst_slot, r.dst_row).message == "");
+}
+
+/// Run a room end to end and check statuses on both sides and every destination byte.
+inline void run_and_verify(pair& c, const room_spec& r) {
+  stage(c, r);
+  prepare(c, r);
+  send_and_verify(c, r);
 }
 
 }  // namespace ferry::test

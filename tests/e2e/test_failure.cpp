@@ -34,10 +34,10 @@ room_spec big_room(uint64_t id) {
 /// Nothing of any room is held any more on this daemon.
 void check_nothing_held(client::client& c) {
   const auto s = status_of(c);
-  INFO(s);
-  CHECK_THAT(s, Catch::Contains("prefill_rooms_active: 0\n"));
-  CHECK_THAT(s, Catch::Contains("decode_rooms_active: 0\n"));
-  CHECK_THAT(s, Catch::Contains("staging_in_use: 0\n"));
+  INFO(s.dump());
+  CHECK(s["prefill"]["active"] == 0);
+  CHECK(s["decode"]["active"] == 0);
+  CHECK(s["staging"]["in_use"] == 0);
 }
 
 double seconds_since(clock_type::time_point t0) {
@@ -104,7 +104,7 @@ TEST_CASE(
   }
   // Every write of the old room that will ever land has landed before Failed was reported:
   // none arrives afterwards (a late write would be counted as stray).
-  CHECK_THAT(status_of(*c.d), Catch::Contains("stray_writes: 0\n"));
+  CHECK(status_of(*c.d)["stray_writes"] == 0);
   check_nothing_held(*c.d);
   check_nothing_held(*c.p);
 
@@ -112,7 +112,7 @@ TEST_CASE(
   auto b = big_room(702);
   b.src_pages = range(0, 2048);
   run_and_verify(c, b);
-  CHECK_THAT(status_of(*c.d), Catch::Contains("stray_writes: 0\n"));
+  CHECK(status_of(*c.d)["stray_writes"] == 0);
 }
 
 TEST_CASE("a room cancelled while waiting for input fails on both sides and holds nothing",
@@ -164,7 +164,7 @@ TEST_CASE("each non-terminal state has its own deadline, and the other side is t
     auto de = wait_done(*c.d, a.room);
     CHECK(de.status == room_status::failed);
     CHECK_THAT(de.reason, Catch::Contains("timed out in Transferring"));
-    CHECK_THAT(status_of(*c.d), Catch::Contains("stray_writes: 0\n"));
+    CHECK(status_of(*c.d)["stray_writes"] == 0);
     check_nothing_held(*c.d);
     check_nothing_held(*c.p);
   }
@@ -250,9 +250,11 @@ TEST_CASE("a killed prefill fails the decode's rooms at once, and restarted it s
   t.c1 = t.p1.connect();
   auto b = big_room(743);
   run_and_verify(*t.c1, *t.cd, t.p1.control(), b);
-  auto peers = t.cd->info(proto::info_topic::peers);
-  REQUIRE(peers);
-  CHECK_THAT(peers.value, Catch::Contains("node=prefill-1"));
+  const auto peers = info_of(*t.cd, proto::info_topic::peers);
+  INFO(peers.dump());
+  CHECK(std::any_of(peers.begin(), peers.end(), [](const json& p) {
+    return p["node"] == "prefill-1" && p["state"] == "connected";
+  }));
 }
 
 TEST_CASE("a dead or hung decode fails the prefill's rooms for it, not the others",
@@ -401,7 +403,7 @@ TEST_CASE("a client's rooms are cancelled when it disconnects, unless it said ot
     auto pe = wait_done(*c.p, a.room);
     CHECK(pe.status == room_status::failed);
     CHECK_THAT(pe.reason, Catch::Contains("cancelled: its client disconnected"));
-    CHECK_THAT(status_of(*c.d), Catch::Contains("stray_writes: 0\n"));
+    CHECK(status_of(*c.d)["stray_writes"] == 0);
     check_nothing_held(*c.d);
     check_nothing_held(*c.p);
   }

@@ -172,9 +172,7 @@ TEST_CASE("a decode peer naming indices outside its declared pools is refused, n
   CHECK_THAT(ack.reason, Catch::Contains(expect));
   // Nothing was written into the fake decode's memory, and the prefill still serves.
   CHECK(evil.untouched());
-  auto st = cp->info(proto::info_topic::status);
-  REQUIRE(st);
-  CHECK_THAT(st.value, Catch::Contains("role: prefill"));
+  CHECK(status_of(*cp)["role"] == "prefill");
 }
 
 TEST_CASE("a peer whose config does not validate is refused at handshake, and the daemon serves on",
@@ -226,7 +224,5 @@ TEST_CASE("a peer whose config does not validate is refused at handshake, and th
   CHECK_FALSE(conn);
   CHECK_THAT(refused, Catch::Contains(expect));
   CHECK(evil.untouched());
-  auto st = cp->info(proto::info_topic::status);
-  REQUIRE(st);
-  CHECK_THAT(st.value, Catch::Contains("role: prefill"));
+  CHECK(status_of(*cp)["role"] == "prefill");
 }

@@ -204,9 +204,9 @@ TEST_CASE("out of file descriptors, every connect is answered and the daemon ser
   INFO("decode log:\n"
        << c.decode.log_text().substr(
               c.decode.log_text().size() > 4000 ? c.decode.log_text().size() - 4000 : 0));
-  for (int i = 0; i < 1000 && field(status_of(*c.d), "clients") != "1"; ++i) {
+  for (int i = 0; i < 1000 && status_of(*c.d)["clients"] != 1; ++i) {
   }
-  CHECK(field(status_of(*c.d), "clients") == "1");
+  CHECK(status_of(*c.d)["clients"] == 1);
   room_spec r;
   r.room = 10;
   r.src_pages = range(0, 16);

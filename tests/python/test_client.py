@@ -4,6 +4,7 @@ replies, protocol errors, the connection-level error, events, close."""
 
 from __future__ import annotations
 
+import json
 import queue
 import struct
 import threading
@@ -156,6 +157,39 @@ def test_a_refusal_before_hello_is_the_daemons_error(fake: FakeDaemon, code: Err
     fake.join()
 
 
+# --- info -----------------------------------------------------------------------------------
+
+def test_info_asks_by_name_or_number_and_returns_the_parsed_document(fake: FakeDaemon) -> None:
+    asked: list[Info] = []
+    docs = {0: '{"role": "decode", "decode": {"active": 2}}', 1: "[]",
+            2: '[{"address": "127.0.0.1:7401", "state": "connecting"}]',
+            3: '{"kv": {"items": 256, "in_use": 3}}'}
+
+    def serve(c: FakeConn) -> None:
+        c.hello()
+        for _ in range(6):
+            seq, msg = c.recv()
+            asked.append(msg)
+            c.send(InfoReply(docs[msg.topic] if len(asked) < 6 else "role: decode\n"), seq)
+        c.wait_closed()
+    fake.serve(serve)
+    with connect(fake) as client:
+        assert client.info("status") == {"role": "decode", "decode": {"active": 2}}
+        assert client.info("rooms") == []
+        assert client.info("peers") == [{"address": "127.0.0.1:7401", "state": "connecting"}]
+        assert client.info("pools")["kv"] == {"items": 256, "in_use": 3}
+        assert client.info(3)["kv"]["in_use"] == 3
+        with pytest.raises(ValueError) as bad:
+            client.info("stats")
+        assert "unknown info topic 'stats'" in str(bad.value)
+        with pytest.raises(ProtocolError) as info:  # text is not a document
+            client.info(0)
+        assert info.value.code == Errc.MALFORMED_FRAME and info.value.field == "text"
+        assert info.value.message.startswith("ferryd's info status reply is not JSON: ")
+    assert asked == [Info(0), Info(1), Info(2), Info(3), Info(3), Info(0)]
+    fake.join()
+
+
 # --- several requests in flight -------------------------------------------------------------
 
 def test_out_of_order_replies_reach_their_requests(fake: FakeDaemon) -> None:
@@ -170,7 +204,7 @@ def test_out_of_order_replies_reach_their_requests(fake: FakeDaemon) -> None:
             if isinstance(msg, Poll):
                 c.send(PollReply(msg.room, Status.Transferring, Errc.OK, f"room {msg.room}"), seq)
             elif isinstance(msg, Info):
-                c.send(InfoReply(f"info {msg.topic} seq {seq}"), seq)
+                c.send(InfoReply(json.dumps({"topic": msg.topic, "seq": seq})), seq)
             elif isinstance(msg, PollMany):
                 c.send(PollManyReply([PollResult(r, Status.Bootstrapping, Errc.OK, "")
                                       for r in msg.rooms]), seq)
@@ -202,7 +236,7 @@ def test_out_of_order_replies_reach_their_requests(fake: FakeDaemon) -> None:
         if kind == 0:
             assert r == PollReply(1000 + i, Status.Transferring, Errc.OK, f"room {1000 + i}")
         elif kind == 1:
-            assert isinstance(r, str) and r.startswith(f"info {i % 3} seq ")
+            assert isinstance(r, dict) and r["topic"] == i % 3 and r["seq"] > 1, r
         elif kind == 2:
             assert isinstance(r, list) and [x.room for x in r] == [i, i + 1, i + 2]
         else:

@@ -184,6 +184,13 @@ def test_the_hello_reply_shows_client_pools(pair: tuple[Daemon, Daemon]) -> None
 def test_a_room_lands_in_the_decode_engines_memfds(engines: tuple[Engine, Engine]) -> None:
     p, d = engines
     assert p.mgr.registered == d.mgr.registered == ["kv", "state", "aux"]
+    for e in (p, d):  # the daemon's pools document says whose memory it is, and that it is lent
+        pools = e.mgr.client.info("pools")
+        assert sorted(pools) == ["aux", "kv", "state"], pools
+        for kind in ("kv", "state", "aux"):
+            got = pools[kind]
+            assert (got["memory"], got["registered"], got["state"], got["shm_name"]) == \
+                ("client", True, "registered", ""), (kind, got)
     expect = run_room(p, d, room=5001, src=[10, 11, 12, 13, 14, 15], dst=[100, 101, 102, 103,
                                                                           104, 105],
                       prefix=0, src_slot=1, dst_slot=2, src_row=3, dst_row=4, chunks=[2, 3, 1])
@@ -260,6 +267,18 @@ def lone(tmpdir_short: str) -> Iterator[Daemon]:
     d = start_daemon(tmpdir_short, "decode-lone", "decode", KV_CLIENT_POOL)
     yield d
     stop_all([d])
+
+
+def test_info_pools_of_a_client_pool_nothing_registered(lone: Daemon) -> None:
+    with Client(lone.sock, name="cm-pools", timeout=IO_TIMEOUT) as c:
+        pools = c.info("pools")
+        assert list(pools) == ["kv"], pools  # the pools of its config, and only those
+        kv = pools["kv"]
+        assert (kv["memory"], kv["registered"], kv["state"], kv["shm_name"]) == \
+            ("client", False, "unregistered", ""), kv
+        hello = c.pools["kv"]
+        assert kv["items"] == 64 and kv["item_bytes"] == sum(b.item_bytes for b in hello.buffers)
+        assert (kv["in_use"], kv["free"], kv["bytes"]) == (0, 64, hello.total_bytes), kv
 
 
 def test_a_refused_table_names_the_buffer(lone: Daemon) -> None:

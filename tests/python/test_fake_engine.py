@@ -31,5 +31,6 @@ def test_the_fake_engine_passes_with_40_requests_and_the_tp2_phase(tmp_path) -> 
     # the schedule forces a full prefix hit of several chunks: zero-page chunks reach the
     # adapter, and only the one carrying the state is taken as the last
     assert pre["zero_page_chunks"] >= 1 and pre["zero_page_last"] >= 1, pre
-    assert r["main"]["ferryd"]["decode_rooms_succeeded"] >= dec["succeeded"]
+    assert r["main"]["ferryd"]["decode"]["succeeded"] >= dec["succeeded"]
+    assert r["main"]["ferryd"]["decode"]["bytes"] > 0
     assert r["tp2"]["ok"] and r["tp2"]["decode"]["succeeded"] >= 12, r["tp2"]

@@ -154,6 +154,62 @@ def test_rooms_end_to_end_from_several_threads(mamba_pair: tuple[Daemon, Daemon]
             view.release()
 
 
+def test_info_documents_follow_a_room(mamba_pair: tuple[Daemon, Daemon]) -> None:
+    """info("pools"), "rooms", "status" and "peers" as documents: a prepared room holds its
+    destination page, slot and row (in_use) and is listed; once it succeeded the decode's
+    counters moved by exactly its bytes, no room is listed and every item is free again."""
+    pd, dd = mamba_pair
+    with client(pd, "it-info-prefill") as p, client(dd, "it-info-decode") as d:
+        kinds = ("kv", "state", "aux")
+        pools = d.info("pools")
+        assert list(pools) == list(kinds), pools
+        for kind in kinds:
+            got, hello = pools[kind], d.pools[kind]
+            assert (got["memory"], got["registered"], got["state"]) == \
+                ("daemon", True, "registered"), got
+            assert (got["shm_name"], got["bytes"]) == (hello.shm_name, hello.total_bytes), got
+            assert got["item_bytes"] == sum(b.item_bytes for b in hello.buffers), got
+            assert (got["in_use"], got["free"]) == (0, got["items"]), got
+        assert [pools[k]["items"] for k in kinds] == [256, 4, 8]
+        assert d.info(3) == pools  # by number as by name
+        before = d.info("status")
+
+        room, src, dst = 4300, [200, 201, 202], [220, 221, 222]
+        ax = p.pool("aux")
+        off, _ = p.item("aux", 0, 2)
+        ax[off:off + 8] = room.to_bytes(8, "little")  # the aux row carries the room id
+        d.prepare(room, [pd.control], dst, state_slot=2, aux_row=2)
+        d.subscribe(room)
+        held = d.info("pools")
+        assert [held[k]["in_use"] for k in kinds] == [3, 1, 1], held
+        assert [held[k]["free"] for k in kinds] == [253, 3, 7], held
+        listed = d.info("rooms")
+        assert [(r["room"], r["side"], r["peer"]) for r in listed] == \
+            [(room, "decode", pd.control)], listed
+        assert listed[0]["status"] in ("Bootstrapping", "WaitingForInput"), listed
+        p.send(room, src, last=True, state_slot=2, aux_row=2)
+        ev = d.wait_terminal(room, timeout=T)
+        assert (ev.status, ev.code) == (Status.Success, Errc.OK), ev
+
+        after = d.info("status")
+        assert after["role"] == "decode" and after["listen"]["control"] == dd.control
+        assert after["decode"]["succeeded"] == before["decode"]["succeeded"] + 1
+        assert after["decode"]["failed"] == before["decode"]["failed"]
+        room_bytes = 3 * pools["kv"]["item_bytes"] + pools["state"]["item_bytes"] + \
+            pools["aux"]["item_bytes"]
+        assert after["decode"]["bytes"] - before["decode"]["bytes"] == room_bytes
+        assert after["decode"]["active"] == 0 and after["stray_writes"] == 0
+        assert d.info("rooms") == []
+        freed = d.info("pools")
+        assert [(freed[k]["in_use"], freed[k]["free"]) for k in kinds] == \
+            [(0, 256), (0, 4), (0, 8)], freed
+        peers = [x for x in d.info("peers") if x["address"] == pd.control]
+        assert len(peers) == 1, d.info("peers")
+        assert (peers[0]["state"], peers[0]["node"], peers[0]["tp"], peers[0]["pp"]) == \
+            ("connected", "prefill-m", {"rank": 0, "size": 1}, {"rank": 0, "size": 1}), peers
+        ax.release()
+
+
 def test_poll_many_of_1000_rooms_in_one_round_trip(kv_pair: tuple[Daemon, Daemon]) -> None:
     pd, dd = kv_pair
     rooms = list(range(50_000, 51_000))
@@ -275,7 +331,7 @@ def test_ferryd_words_decoding_errors_as_the_python_codec(
         (MessageType.SEND, struct.pack("<QIBII", 5, 0, 2, 0xFFFFFFFF, 0xFFFFFFFF)),
         (MessageType.PREPARE, struct.pack("<QI", 7, 300)),
         (MessageType.PREPARE, struct.pack("<QII", 7, 0, 3) + b"\0" * 8),
-        (MessageType.INFO, b"\x03"),
+        (MessageType.INFO, b"\x04"),
         (MessageType.SUBSCRIBE, b""),
         (99, b""),
     ]

@@ -176,7 +176,7 @@ def main():
             check("a cancelled queued room fails by event", ev.status == FAILED and
                   ev.reason == "cancelled by client", str(ev))
             check("the poll after it is the poll's own reply", p.poll(700).status == FAILED)
-            check("info after it is info's own reply", "role: prefill" in p.info("status"))
+            check("info after it is info's own reply", p.info("status")["role"] == "prefill")
             for view in (kv, st, ax, dkv, dst_state, dax):
                 view.release()
             p.close()

@@ -62,13 +62,16 @@ inline std::vector<golden_frame> golden_frames() {
     out.push_back({v, "cancel", 6, cancel{78}});
     out.push_back({v, "subscribe", 7, subscribe{77}});
     out.push_back({v, "info", 8, info{info_topic::peers}});
+    out.push_back({v, "info_pools", 8, info{info_topic::pools}});
     out.push_back({v, "ok", 2, ok{}});
     out.push_back({v, "error", 9, error{errc::unknown_room, "unknown room 79"}});
     out.push_back({v, "poll_reply_success", 5,
                    poll_reply{77, room_status::success, "", errc::ok, v == 4 ? 48u : 0u}});
     out.push_back({v, "poll_reply_failed", 5,
                    poll_reply{78, room_status::failed, "cancelled by client", errc::cancelled}});
-    out.push_back({v, "info_reply", 8, info_reply{"no peers\n"}});
+    out.push_back({v, "info_reply", 8,
+                   info_reply{R"([{"room":77,"side":"decode","status":"Transferring",)"
+                              R"("peer":"127.0.0.1:7401"}])"}});
     out.push_back(
         {v, "event", 0,
          event{78, room_status::failed, "peer 127.0.0.1:7401 lost: gone", errc::peer_lost}});

@@ -26,12 +26,19 @@ TEST_CASE("destination claims: whole or nothing, named conflicts, released by th
   CHECK(e.message == "room 13: dst aux row 1 is held by active room 10");
   REQUIRE(c.claim(14, d, no_index, no_index));  // no slot, no row: pages only
   CHECK(c.held() == 7);
+  CHECK(c.pages_held() == 5);
+  CHECK(c.slots_held() == 1);
+  CHECK(c.rows_held() == 1);
   c.release(99, a, 1, 1);  // not the holder: nothing changes
   CHECK(c.held() == 7);
   c.release(10, a, 1, 1);
   CHECK(c.held() == 2);
+  CHECK(c.pages_held() == 2);
+  CHECK(c.slots_held() == 0);
+  CHECK(c.rows_held() == 0);
   REQUIRE(c.claim(11, std::vector<uint32_t>{2}, 2, 2));
   c.release(11, std::vector<uint32_t>{2}, 2, 2);
   c.release(14, d, no_index, no_index);
   CHECK(c.held() == 0);
+  CHECK(c.pages_held() + c.slots_held() + c.rows_held() == 0);
 }

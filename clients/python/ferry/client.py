@@ -21,6 +21,7 @@ then says hello again in version 3 on a new connection, so new clients work with
 
 from __future__ import annotations
 
+import json
 import logging
 import mmap
 import os
@@ -53,7 +54,8 @@ _EXPECT: dict[type, type] = {
     Hello: HelloReply, Prepare: Ok, Send: Ok, Poll: PollReply, Cancel: Ok, Subscribe: Ok,
     Info: InfoReply, PollMany: PollManyReply, RegisterMemory: Ok, Discover: DiscoverReply,
 }
-_TOPICS = {"status": InfoTopic.STATUS, "rooms": InfoTopic.ROOMS, "peers": InfoTopic.PEERS}
+_TOPICS = {"status": InfoTopic.STATUS, "rooms": InfoTopic.ROOMS, "peers": InfoTopic.PEERS,
+           "pools": InfoTopic.POOLS}
 
 
 class _Pending:
@@ -475,12 +477,25 @@ class Client:
         self.request(Subscribe(room), timeout)
 
     def info(self, topic: Union[str, int] = "status", *,
-             timeout: Optional[float] = None) -> str:
-        """Human-readable text: topic ``"status"``, ``"rooms"`` or ``"peers"``."""
-        t = _TOPICS[topic] if isinstance(topic, str) else InfoTopic(topic)
+             timeout: Optional[float] = None) -> Any:
+        """The daemon's document of ``topic`` (``"status"``, ``"rooms"``, ``"peers"``,
+        ``"pools"`` or their numbers 0..3), parsed: a dict for status and pools, a list for
+        rooms and peers (fields in docs/protocol.md, "info documents"). A reply that is not
+        JSON raises :class:`ProtocolError`."""
+        if isinstance(topic, str):
+            if topic not in _TOPICS:
+                raise ValueError(f"unknown info topic {topic!r}: one of {', '.join(_TOPICS)}")
+            t = _TOPICS[topic]
+        else:
+            t = InfoTopic(topic)
         reply = self.request(Info(t), timeout)
         assert isinstance(reply, InfoReply)
-        return reply.text
+        try:
+            return json.loads(reply.text)
+        except ValueError as e:
+            raise ProtocolError(Errc.MALFORMED_FRAME,
+                                f"ferryd's info {t.name.lower()} reply is not JSON: {e}",
+                                message_type="info_reply", field="text") from None
 
     # --- events ------------------------------------------------------------------------------
 

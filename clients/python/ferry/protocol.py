@@ -124,6 +124,7 @@ class InfoTopic(IntEnum):
     STATUS = 0
     ROOMS = 1
     PEERS = 2
+    POOLS = 3
 
 
 class BufferKind(IntEnum):
@@ -837,8 +838,8 @@ def _decode_hello_reply(r: _Reader) -> HelloReply:
 
 def _decode_info(r: _Reader) -> Info:
     topic = r.num(1, "topic")
-    if topic > 2:
-        raise _Fail(f"field 'topic' must be 0..2, got {topic}", "topic")
+    if topic > InfoTopic.POOLS:
+        raise _Fail(f"field 'topic' must be 0..3, got {topic}", "topic")
     return Info(InfoTopic(topic))
 
 

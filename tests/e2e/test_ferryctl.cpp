@@ -1,0 +1,181 @@
+// ferryctl, run as the real binary: --json before or after the command's name for every command
+// (one document each, errors included), and the text rendered from the same documents.
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include "harness.hpp"
+#include "info.hpp"
+
+using namespace ferry;
+using namespace ferry::test;
+
+namespace {
+
+json position(uint32_t rank, uint32_t size) { return {{"rank", rank}, {"size", size}}; }
+
+struct ctl_result {
+  int code = -1;
+  std::string out, err;
+};
+
+/// Run `ferryctl -s SOCKET args...` to its exit (bounded); its exit code, stdout and stderr.
+ctl_result ferryctl(const temp_dir& dir, const std::string& socket,
+                    const std::vector<std::string>& args) {
+  static int n = 0;
+  const auto out = dir.path / ("ferryctl." + std::to_string(++n) + ".out");
+  const auto err = dir.path / ("ferryctl." + std::to_string(n) + ".err");
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    dup2(open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), 1);
+    dup2(open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), 2);
+    std::vector<std::string> all{"ferryctl", "-s", socket};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(bin("ferryctl").c_str(), argv.data());
+    _exit(127);
+  }
+  int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  pollfd p{pidfd, POLLIN, 0};
+  if (pidfd < 0 || ::poll(&p, 1, 60000) <= 0) kill(pid, SIGKILL);
+  if (pidfd >= 0) close(pidfd);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  auto read = [](const std::filesystem::path& f) {
+    std::ifstream in(f);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  };
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, read(out), read(err)};
+}
+
+/// The one JSON document a `--json` command printed (and nothing on stderr).
+json document(const ctl_result& r) {
+  INFO("stdout: " << r.out << "\nstderr: " << r.err);
+  CHECK(r.err.empty());
+  auto doc = json::parse(r.out, nullptr, false);
+  REQUIRE_FALSE(doc.is_discarded());
+  CHECK(r.out.find('\n') == r.out.size() - 1);  // one document, one line
+  return doc;
+}
+
+}  // namespace
+
+TEST_CASE("ferryctl --json prints one document for every command, before or after its name",
+          "[e2e][info][ferryctl]") {
+  pair c;
+  const auto P = c.prefill.socket(), D = c.decode.socket();
+  const auto peer = c.prefill.control();
+
+  // --json before and after the command's name: the daemon's document, as is.
+  const auto before = document(ferryctl(c.dir, D, {"--json", "status"}));
+  const auto after = document(ferryctl(c.dir, D, {"status", "--json"}));
+  CHECK(before["node"] == "decode-0");
+  CHECK(before["role"] == "decode");
+  CHECK(after["instance"] == before["instance"]);
+  CHECK(after["listen"]["control"] == c.decode.control());
+  CHECK(document(ferryctl(c.dir, D, {"rooms", "--json"})) == json::array());
+  CHECK(document(ferryctl(c.dir, D, {"wait-ready", "--json"})) ==
+        json{{"ready", true},
+             {"node", "decode-0"},
+             {"instance", before["instance"]},
+             {"role", "decode"}});
+
+  // A room driven by ferryctl alone.
+  auto ok = [](const ctl_result& r) {
+    INFO(r.out << r.err);
+    CHECK(r.code == 0);
+    return document(r);
+  };
+  CHECK(ok(ferryctl(
+            c.dir, P,
+            {"fill", "-r", "41", "-p", "0-15", "--state-slot", "1", "--aux-row", "1", "--json"})) ==
+        json{{"room", 41}, {"filled", true}, {"pages", 16}, {"state_slot", 1}, {"aux_row", 1}});
+  CHECK(ok(ferryctl(c.dir, D,
+                    {"--json", "prepare", "-r", "41", "--peer", peer, "-p", "100-115",
+                     "--state-slot", "2", "--aux-row", "2"})) == json{{"room", 41}, {"ok", true}});
+  const auto listed = ok(ferryctl(c.dir, D, {"--json", "rooms"}));
+  REQUIRE(listed.size() == 1);
+  CHECK(listed[0]["room"] == 41);
+  CHECK(listed[0]["peer"] == peer);
+  const auto held = ok(ferryctl(c.dir, D, {"pools", "--json"}));
+  CHECK(held["kv"]["in_use"] == 16);
+  CHECK(held["state"]["in_use"] == 1);
+  CHECK(ok(ferryctl(c.dir, P,
+                    {"send", "-r", "41", "-p", "0-15", "--last", "--state-slot", "1", "--aux-row",
+                     "1", "--json"})) == json{{"room", 41}, {"ok", true}});
+  const auto waited = ok(ferryctl(c.dir, D, {"--json", "wait", "-r", "41"}));
+  CHECK(waited["room"] == 41);
+  CHECK(waited["status"] == "Success");
+  CHECK(waited["code"] == "ok");
+  CHECK(waited["reason"] == "");
+  REQUIRE_FALSE(waited["events"].empty());
+  CHECK(waited["events"].back()["status"] == "Success");
+  CHECK(ok(ferryctl(c.dir, D, {"poll", "-r", "41", "--json"})) == json{{"room", 41},
+                                                                       {"status", "Success"},
+                                                                       {"code", "ok"},
+                                                                       {"reason", ""},
+                                                                       {"prefix_tokens", 0}});
+  CHECK(ok(ferryctl(c.dir, D,
+                    {"--json", "verify", "-r", "41", "-p", "100-115", "--state-slot", "2",
+                     "--aux-row", "2"})) == json{{"room", 41}, {"verified", true}});
+  const auto status = ok(ferryctl(c.dir, D, {"status", "--json"}));
+  CHECK(status["decode"]["succeeded"] == 1);
+  CHECK(status["decode"]["active"] == 0);
+  CHECK(ok(ferryctl(c.dir, D, {"--json", "pools"}))["kv"]["in_use"] == 0);
+  const auto peers = ok(ferryctl(c.dir, D, {"peers", "--json"}));
+  REQUIRE(peers.size() == 1);
+  CHECK(peers[0]["address"] == peer);
+  CHECK(peers[0]["state"] == "connected");
+  CHECK(peers[0]["tp"] == position(0, 1));
+  const auto found = ok(ferryctl(c.dir, D, {"--json", "discover", peer}));
+  REQUIRE(found["ranks"].size() == 1);
+  CHECK(found["ranks"][0]["address"] == peer);
+  CHECK(found["ranks"][0]["up"] == true);
+  CHECK(found["ranks"][0]["node"] == "prefill-0");
+  CHECK(found["ranks"][0]["tp"] == position(0, 1));
+
+  // Errors are documents too, with the errc name, and a non-zero exit status.
+  auto refused = [](const ctl_result& r) {
+    INFO(r.out << r.err);
+    CHECK(r.code != 0);
+    return document(r);
+  };
+  CHECK(refused(ferryctl(c.dir, D, {"--json", "poll", "-r", "999999"})) ==
+        json{{"error", {{"code", "unknown_room"}, {"message", "unknown room 999999"}}}});
+  CHECK(refused(ferryctl(c.dir, D, {"cancel", "-r", "41", "--json"}))["error"]["code"] ==
+        "room_finished");
+  CHECK(refused(ferryctl(c.dir, P, {"--json", "prepare", "-r", "42", "--peer", peer}))["error"] ==
+        json{{"code", "wrong_role"},
+             {"message", "room 42: prepare is a decode operation; this daemon's role is prefill"}});
+  const auto usage = refused(ferryctl(c.dir, D, {"--json", "poll"}));
+  CHECK(usage["error"]["code"] == "invalid_request");
+  CHECK_THAT(usage["error"]["message"].get<std::string>(), Catch::Contains("--room"));
+
+  // Without --json: text rendered from the same documents.
+  const auto text = ferryctl(c.dir, D, {"status"});
+  CHECK(text.code == 0);
+  CHECK_THAT(text.out, Catch::StartsWith("node: decode-0\n") &&
+                           Catch::Contains("\ndecode_rooms_succeeded: 1\n") &&
+                           Catch::Contains("\ncontrol: " + c.decode.control() + "\n"));
+  CHECK(ferryctl(c.dir, D, {"rooms"}).out == "no active rooms\n");
+  CHECK_THAT(ferryctl(c.dir, D, {"peers"}).out,
+             Catch::StartsWith("peer=" + peer + " node=prefill-0 instance=" +
+                               c.p->daemon().instance + " tp=0/1 pp=0/1 link: "));
+  CHECK_THAT(ferryctl(c.dir, D, {"pools"}).out,
+             Catch::StartsWith("pool kv: " + c.d->daemon().pools[0].shm_name + " (") &&
+                 Catch::Contains("  4096 pages of 8192 bytes: 0 in use, 4096 free\n") &&
+                 Catch::Contains("  K: 4 buffer(s) of 4096 x 1024 bytes\n"));
+  const auto polled = ferryctl(c.dir, D, {"poll", "-r", "41"});
+  CHECK(polled.out == "room 41: Success (4)\n");
+  const auto missing = ferryctl(c.dir, D, {"poll", "-r", "999999"});
+  CHECK(missing.code == 1);
+  CHECK(missing.err == "ferryctl: poll failed [unknown_room]: unknown room 999999\n");
+}
