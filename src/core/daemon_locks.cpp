@@ -78,6 +78,7 @@ result<daemon_lock> lock_config(const std::string& client_socket, const std::str
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int e = errno;
     auto holder = read_all(fd);
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
     close(fd);
     if (e != EWOULDBLOCK) {
       const error failure{errc::system_error,
