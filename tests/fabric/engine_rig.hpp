@@ -87,18 +87,10 @@ struct rig {
     fill_pattern(src, 17);
     initiator = make_engine(provider, f, max_inflight);
     target = make_engine(provider, f);
-    auto s = initiator->register_region(src.data(), src.size(), transport::region_access::local);
-    INFO(s.message);
-    REQUIRE(s);
-    src_region = s.value;
-    auto p = initiator->insert_peer(target->local_address());
-    INFO(p.message);
-    REQUIRE(p);
-    peer = p.value;
-    auto b = target->insert_peer(initiator->local_address());
-    INFO(b.message);
-    REQUIRE(b);
-    back = b.value;
+    src_region =
+        must(initiator->register_region(src.data(), src.size(), transport::region_access::local));
+    peer = must(initiator->insert_peer(target->local_address()));
+    back = must(target->insert_peer(initiator->local_address()));
     imms.attach(target.get());
     target->start(imms.callback());
     initiator->start(nullptr);
@@ -141,10 +133,7 @@ struct rig {
   /// answers), then insert it again.
   void cut_and_reinsert() {
     initiator->remove_peer(peer);
-    auto p = initiator->insert_peer(target->local_address());
-    INFO(p.message);
-    REQUIRE(p);
-    peer = p.value;
+    peer = must(initiator->insert_peer(target->local_address()));
   }
 
   /// A valid write that must land, retried while the provider recovers its connection (tcp

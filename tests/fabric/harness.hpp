@@ -175,16 +175,21 @@ inline uint64_t fnv1a(const uint8_t* p, size_t n) {
   return h;
 }
 
+/// The value of a call that must succeed; otherwise the test fails with the call's error.
+template <class T>
+T must(ferry::result<T> r) {
+  INFO(r.message);
+  REQUIRE(r);
+  return std::move(r.value);
+}
+
 /// Open an engine or fail the test with the engine's error text.
 inline std::unique_ptr<transport::engine> open_engine(const std::string& provider,
                                                       uint32_t max_inflight = 64) {
   transport::engine_config cfg;
   cfg.provider = provider;
   cfg.max_inflight_writes = max_inflight;
-  auto r = transport::engine::open(cfg);
-  INFO(r.message);
-  REQUIRE(r);
-  return std::move(r.value);
+  return must(transport::engine::open(cfg));
 }
 
 // ----- a tiny framed channel over a socketpair, for forked-process tests -----------------------

@@ -32,19 +32,13 @@ struct engine_pair {
     fill_pattern(src, 7);
     initiator = open_engine(provider, max_inflight);
     target = open_engine(provider);
-    auto s = initiator->register_region(src.data(), src.size());
-    INFO(s.message);
-    REQUIRE(s);
-    src_region = s.value;
+    src_region = must(initiator->register_region(src.data(), src.size()));
     auto d = target->register_region(dst.data(), dst.size());
     INFO(d.message);
     REQUIRE(d);
     dst_desc = target->describe(d.value);
     REQUIRE(dst_desc.length == dst.size());
-    auto p = initiator->insert_peer(target->local_address());
-    INFO(p.message);
-    REQUIRE(p);
-    peer = p.value;
+    peer = must(initiator->insert_peer(target->local_address()));
   }
   void start_both() {
     imms.attach(target.get());

@@ -117,22 +117,10 @@ struct fence_rig {
     init1 = open_engine(provider);
     init2 = open_engine(provider);
     target = open_engine(provider);
-    auto s1 = init1->register_region(src1.data(), src1.size(), region_access::local);
-    INFO(s1.message);
-    REQUIRE(s1);
-    src1_region = s1.value;
-    auto s2 = init2->register_region(src2.data(), src2.size(), region_access::local);
-    INFO(s2.message);
-    REQUIRE(s2);
-    src2_region = s2.value;
-    auto p1 = init1->insert_peer(target->local_address());
-    INFO(p1.message);
-    REQUIRE(p1);
-    peer1 = p1.value;
-    auto p2 = init2->insert_peer(target->local_address());
-    INFO(p2.message);
-    REQUIRE(p2);
-    peer2 = p2.value;
+    src1_region = must(init1->register_region(src1.data(), src1.size(), region_access::local));
+    src2_region = must(init2->register_region(src2.data(), src2.size(), region_access::local));
+    peer1 = must(init1->insert_peer(target->local_address()));
+    peer2 = must(init2->insert_peer(target->local_address()));
     imms.attach(target.get());
     target->start(imms.callback());
     init1->start(nullptr);
@@ -174,10 +162,7 @@ struct fence_rig {
   /// cut the peer (on shm this renews initiator 1's endpoint), then insert it again.
   void cut_and_reinsert() {
     init1->remove_peer(peer1);
-    auto p = init1->insert_peer(target->local_address());
-    INFO(p.message);
-    REQUIRE(p);
-    peer1 = p.value;
+    peer1 = must(init1->insert_peer(target->local_address()));
   }
 
   /// A valid write (to a live region) that must land: retried while the provider recovers its
@@ -430,10 +415,7 @@ TEST_CASE(
   CHECK(rig.imms.counts()[900] == 0);
 
   // The renewed endpoint writes again, large writes included, and completes them.
-  auto p = rig.init1->insert_peer(rig.target->local_address());
-  INFO(p.message);
-  REQUIRE(p);
-  rig.peer1 = p.value;
+  rig.peer1 = must(rig.init1->insert_peer(rig.target->local_address()));
   CHECK(rig.write_until_landed(1, b, *b_mem, 1 << 20, 0, 1 << 20, 904) == 1);
   auto after = rig.write(1, b, 2 << 20, 0, 65536, 905);
   REQUIRE(after->wait());
