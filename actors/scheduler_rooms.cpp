@@ -224,8 +224,8 @@ void on_prepare(scheduler_actor* self, client_request& r) {
 
 namespace {
 
-/// Whether a send for `room` is refused because that room already finished.
-result<> finished_send(const scheduler_state& st, uint64_t room) {
+/// Whether a send for `room` may still be taken: room_finished once that room has finished.
+result<> send_still_open(const scheduler_state& st, uint64_t room) {
   auto done = st.prefill.finished.find(room);
   if (done == st.prefill.finished.end()) return {};
   const auto* status = to_string(done->second.status);
@@ -271,7 +271,8 @@ void on_send(scheduler_actor* self, client_request& r) {
   }
   auto it = st.prefill.active.find(s.room);
   if (it == st.prefill.active.end()) {
-    if (auto e = finished_send(st, s.room); !e) return reply_error(self, r, std::move(e).error());
+    if (auto open = send_still_open(st, s.room); !open)
+      return reply_error(self, r, std::move(open).error());
     if (auto e = admission(st, st.prefill, "prefill"); !e)
       return reply_error(self, r, e.code, fmt::format("room {}: {}", s.room, e.message));
     auto actor = spawn_sender(self, st.ctx, s.room, caf::actor_cast<caf::actor>(self));
@@ -289,7 +290,7 @@ void on_send(scheduler_actor* self, client_request& r) {
       .then([] {},
             [=](caf::error&) {
               auto& st = self->state;
-              auto open = finished_send(st, room);
+              auto open = send_still_open(st, room);
               reply_error(self, head, errc::room_finished,
                           open ? fmt::format("room {} ended before this chunk reached it", room)
                                : open.message);
