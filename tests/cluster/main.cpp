@@ -1,7 +1,8 @@
-#define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
+// The runner first: it includes Catch2 with its implementation (CATCH_CONFIG_RUNNER).
+// clang-format off
+#include "test_main.hpp"
 #include "netns.hpp"
+// clang-format on
 
 namespace {
 

@@ -326,7 +326,7 @@ class cluster {
   bool last_failure_unsupported_ = false;
 };
 
-/// A cluster of `hosts` hosts, or end the test process as skipped (exit code 4) when this
+/// A cluster of `hosts` hosts, or end the test process as skipped (exit code 77) when this
 /// machine cannot make namespaces, naming why; a setup error that is not the machine's fails.
 inline std::unique_ptr<cluster> require_cluster(size_t hosts) {
   auto m = cluster::make(hosts);
@@ -334,7 +334,7 @@ inline std::unique_ptr<cluster> require_cluster(size_t hosts) {
   if (m.skip) {
     WARN("SKIPPED: " << m.error);
     std::cerr << "SKIPPED: " << m.error << "\n";
-    std::exit(skip_code);
+    std::exit(skip_exit_code);
   }
   FAIL(m.error);
   return nullptr;

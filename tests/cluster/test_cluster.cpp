@@ -2,7 +2,7 @@
 // libfabric tcp provider and the CAF control links crossing veth links and a bridge on
 // 198.18.0.0/24. The test process stays in the root namespace and reaches each daemon over its
 // unix client socket on the shared filesystem. Without the right to make namespaces every test
-// reports skipped (exit code 4), naming why.
+// reports skipped (exit code 77, tests/skip.hpp), naming why.
 
 #include <sys/mman.h>
 

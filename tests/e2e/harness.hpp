@@ -33,13 +33,11 @@
 #include "ferry/client.hpp"
 #include "ferry/workload.hpp"
 #include "info.hpp"
+#include "skip.hpp"
 
 namespace ferry::test {
 
 using namespace std::chrono_literals;
-
-/// Exit code ctest reports as "skipped" (SKIP_RETURN_CODE in tests/CMakeLists.txt).
-inline constexpr int skip_code = 4;
 
 /// Skip the whole test process when a libfabric provider is missing on this machine.
 inline void require_provider(const std::string& prov) {
@@ -53,7 +51,7 @@ inline void require_provider(const std::string& prov) {
   if (info) fi_freeinfo(info);
   if (rc != 0) {
     WARN("SKIPPED: libfabric provider '" << prov << "' is not available here");
-    std::exit(skip_code);
+    std::exit(skip_exit_code);
   }
 }
 

@@ -1,2 +1,1 @@
-#define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "test_main.hpp"

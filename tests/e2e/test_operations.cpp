@@ -98,7 +98,7 @@ TEST_CASE("a /dev/shm too small for the pools is refused at start, naming the po
           "[e2e][operations]") {
   if (geteuid() != 0) {
     WARN("SKIPPED: mounting a small tmpfs over /dev/shm in a mount namespace needs root");
-    std::exit(skip_code);
+    std::exit(skip_exit_code);
   }
   temp_dir dir;
   shape s;  // kv 32 MiB, state about 13 MiB, aux 352 KiB

@@ -20,15 +20,13 @@
 #include <string>
 #include <vector>
 
+#include "skip.hpp"
 #include "transport/engine.hpp"
 
 namespace ferry::test {
 
 /// Every wait in these tests is bounded by this; exceeding it fails the test.
 inline constexpr std::chrono::seconds wait_limit{20};
-
-/// Exit code ctest reports as SKIPPED (SKIP_RETURN_CODE in tests/CMakeLists.txt).
-inline constexpr int skip_exit_code = 4;
 
 /// Whether libfabric offers an RDM endpoint with RMA for `provider` on this machine.
 inline bool provider_available(const std::string& provider) {
@@ -46,7 +44,7 @@ inline bool provider_available(const std::string& provider) {
   return rc == 0;
 }
 
-/// Skip the running test case (exit code 4) when `provider` is missing. Catch2 v2 has no SKIP,
+/// Skip the running test case (tests/skip.hpp) when `provider` is missing. Catch2 v2 has no SKIP,
 /// and ctest runs each TEST_CASE in its own process, so exiting skips exactly this case.
 inline void require_provider(const std::string& provider) {
   if (provider_available(provider)) return;

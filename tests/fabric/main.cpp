@@ -1,3 +1,2 @@
 // Catch2 v2 entry point for the [fabric] tests.
-#define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "test_main.hpp"
