@@ -1,0 +1,192 @@
+#pragma once
+/// A peer connection's handshake and its end, as a pure state machine: its inputs are events
+/// (a dial's outcome, the peer's hello checked, an engine call answered, a refusal, a loss, the
+/// deadline), its outputs are effects (dial, register memory, send our hello, become ready,
+/// fence the peer, tell the rooms, end the actor). The Connection actor (actors/connection.cpp)
+/// turns messages into events, carries out the effects, and holds what the effects need (the
+/// hellos, nonces, registrations, queued room messages); it checks hellos and proofs with the
+/// pure functions of actors/peer_hello.hpp and core/auth.hpp and hands the verdict here.
+///
+/// Connecting side (this daemon dials a peer for one of its rooms):
+///   created -> registering -> dialing -> joining -> awaiting_hello -> inserting -> ready
+///   - registering: our memory is described (registered for the peer when we receive writes);
+///     its keys go into our hello.
+///   - dialing: the peer gate runs Ferry's preamble; a dial reset in the middle of it (a flood
+///     may evict it) is retried, `max_dials` in all, with doubling delays.
+///   - joining: CAF's BASP broker takes the socket and names the Scheduler the peer published.
+///   - awaiting_hello: our hello is sent; the peer answers with its own (or a refusal).
+///   - inserting: the peer's fabric address is added; then (with a cluster secret) our proof is
+///     sent, and the connection is ready.
+/// Accepting side (a peer's hello arrived at our Scheduler):
+///   checking -> inserting -> registering -> [awaiting_auth] -> ready
+///   A hello refused at any of these steps is answered with the reason, and what was made for
+///   the peer is released at once (it never saw our keys): no room knows the peer yet.
+/// Ending, from any phase before `closing`: the connection closes once, with the first reason.
+///   - closing: engine calls still outstanding are waited for (what they made belongs to the
+///     fence: the peer may hold those keys already).
+///   - fencing: the peer's registrations are closed and its fabric connection cut in one engine
+///     step; only then are the rooms told (a room that fails hands its pages back, and no byte
+///     of the peer may land in them afterwards). Without registrations nothing is fenced: the
+///     rooms are told at once.
+///   - ended: the actor quits.
+///
+/// The table of every (side, phase, event) triple is tests/unit/test_peer_handshake.cpp.
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "core/errors.hpp"
+
+namespace ferry::handshake {
+
+enum class side : uint8_t { connecting, accepting };
+
+enum class phase : uint8_t {
+  created,   ///< connecting, before `start`
+  checking,  ///< accepting: the peer's hello is being checked
+  registering,
+  dialing,
+  joining,
+  awaiting_hello,
+  inserting,
+  awaiting_auth,
+  ready,
+  closing,
+  fencing,
+  ended,
+};
+const char* to_string(phase p);
+
+/// A peer gate dial's outcome.
+enum class dial_outcome : uint8_t {
+  connected,  ///< through the preamble; the socket is ours
+  reset,      ///< reset in the middle of the preamble (perhaps evicted by a flood): retry
+  failed,
+};
+
+/// Dials at most, and the delay before the first redial (doubling after each).
+inline constexpr int max_dials = 6;
+inline constexpr uint32_t first_redial_ms = 20;
+
+// The effects, carried out in the order given.
+struct register_memory {};  ///< answered by `registered`
+struct insert_address {};   ///< the peer's fabric address; answered by `inserted`
+struct dial {};             ///< answered by `dialed`
+struct redial_after {       ///< then `redial`
+  uint32_t ms;
+  int dials;  ///< made so far
+  std::string error;
+};
+struct join {};        ///< hand the dialed socket to BASP; answered by `joined`
+struct send_hello {};  ///< connecting: to the peer's Scheduler; accepting: the answer
+struct send_proof {};  ///< connecting, with a cluster secret: our proof (peer_auth)
+struct send_refusal {
+  std::string reason;
+};
+struct report_resources {};  ///< what was made so far, for the Scheduler's fallback fence
+struct become_ready {};
+/// The connection is over: answer pending lookups with this, say it in the log.
+struct closing_with {
+  std::string reason;
+  errc code;
+};
+/// Accepting side, hello refused: close what was made for the peer now and tell the Scheduler
+/// nothing of it remains.
+struct release {
+  std::string reason;
+};
+struct fence {};           ///< close the peer's registrations, cut it; answered by `fenced`
+struct remove_address {};  ///< the address of a peer that never became ready
+/// Tell the Scheduler (and so the rooms) the connection is over, with `closing_with`'s reason.
+struct report_down {
+  bool cut;           ///< the fence cut the peer already
+  bool was_ready;     ///< false: the connect or the handshake failed
+  bool unresponsive;  ///< declared dead by the heartbeat
+};
+struct quit {};
+
+using effect = std::variant<register_memory, insert_address, dial, redial_after, join, send_hello,
+                            send_proof, send_refusal, report_resources, become_ready, closing_with,
+                            release, fence, remove_address, report_down, quit>;
+using effects = std::vector<effect>;
+
+class machine {
+ public:
+  /// `address`: the peer, for reasons; `secret`: a cluster secret is configured (the accepting
+  /// side then waits for the peer's proof).
+  machine(side s, std::string address, bool secret);
+
+  /// Connecting side: register, then dial.
+  effects start();
+  /// The peer's hello, checked (versions, roles, layouts, regions; with a secret, its proof).
+  effects hello(result<> checked);
+  /// An outstanding `register_memory` answered; `made`: registrations exist for this peer
+  /// alone (they are then fenced at the end).
+  effects registered(result<> described, bool made);
+  effects dialed(dial_outcome o, const std::string& error);
+  effects redial();
+  /// BASP's connect answered: `published` is whether a Scheduler is published at the address;
+  /// `error` is set when the connect itself failed.
+  effects joined(bool published, const std::string& error);
+  effects inserted(result<> outcome);
+  /// Accepting side: the peer's proof of the cluster secret, checked.
+  effects authenticated(bool proof_ok);
+  /// The peer refused the handshake.
+  effects refused(const std::string& reason);
+  /// The connection cannot go on: the peer went down, was declared unusable or dead, restarted,
+  /// or a room asked for the fence. peer_lost once ready, peer_unreachable before.
+  effects lost(const std::string& reason, bool unresponsive = false);
+  /// The handshake deadline (timeouts.handshake_ms) passed.
+  effects deadline(uint32_t ms);
+  /// The fence is complete.
+  effects fenced();
+
+  side which() const { return side_; }
+  phase at() const { return phase_; }
+  bool ready() const { return phase_ == phase::ready; }
+  /// Over: nothing but outstanding engine answers and the fence matter any more.
+  bool closed() const { return phase_ >= phase::closing; }
+  /// Engine calls (a registration, an insertion) not yet answered.
+  int engine_calls() const { return int{registering_} + int{inserting_}; }
+  int dials() const { return dials_; }
+  const std::string& reason() const { return reason_; }
+  errc code() const { return code_; }
+
+ private:
+  effects close_with(std::string reason, errc code, bool unresponsive = false);
+  effects refuse(std::string reason);  ///< accepting side's refusal, or the connecting side's
+  void finish_if_idle(effects& out);
+
+  side side_;
+  std::string address_;
+  bool secret_;
+  phase phase_;
+  bool registering_ = false;  ///< a `register_memory` is not answered yet
+  bool inserting_ = false;    ///< an `insert_address` is not answered yet
+  int dials_ = 0;
+  bool redial_pending_ = false;
+  bool made_ = false;      ///< registrations made for this peer (the fence closes them)
+  bool inserted_ = false;  ///< its fabric address is in the address vector
+  bool was_ready_ = false;
+  bool unresponsive_ = false;
+  std::string reason_;
+  errc code_ = errc::ok;
+};
+
+/// What a Connection's heartbeat tick does (timeouts.heartbeat_ms, heartbeat_misses): declare
+/// the peer dead, send a heartbeat, and when to wake next.
+struct beat_step {
+  bool dead = false;
+  int64_t silent_ms = 0;  ///< how long nothing was heard
+  bool send = false;
+  int64_t wake_in_ms = 1;  ///< at least 1
+};
+/// Times are milliseconds on one steady clock. The wake is the next heartbeat, or just after the
+/// silence would exceed the bound if that is sooner, so a silent peer is declared dead within the
+/// bound, not up to a period later. `next_beat` moves when a heartbeat is sent.
+beat_step heartbeat_tick(int64_t now, int64_t last_heard, int64_t& next_beat, uint32_t heartbeat_ms,
+                         uint32_t misses);
+
+}  // namespace ferry::handshake
