@@ -1,6 +1,6 @@
-"""Unit tests of the Python codec (clients/python/ferry/protocol.py): round trips of every
-message in both versions, the C++ codec's error texts, and the constants the C++ headers
-define."""
+"""Unit tests of the Python codec (``ferry.protocol``: clients/python/ferry/messages.py,
+encoder.py, decoder.py and frames.py): round trips of every message in both versions, the C++
+codec's error texts, and the constants the C++ headers define."""
 
 from __future__ import annotations
 

@@ -8,7 +8,9 @@
 
 - :mod:`ferry.client`: :class:`Client`, thread-safe, several requests in flight, events to
   callbacks and a queue, protocol versions 3 and 4 (``poll_many``, error codes on statuses);
-- :mod:`ferry.protocol`: the pure codec (``encode``/``decode``) and the message dataclasses;
+- :mod:`ferry.protocol`: the pure codec (``encode``/``decode``) and the message dataclasses,
+  gathered from :mod:`ferry.messages`, :mod:`ferry.encoder`, :mod:`ferry.decoder` and
+  :mod:`ferry.frames`;
 - :mod:`ferry.errors`: :class:`Errc` and :class:`FerryError`;
 - :mod:`ferry.memory`: :class:`MemfdPool`, engine-owned memory for ``memory: client`` pools
   (lent to ferryd with ``Client.register_memory``);
