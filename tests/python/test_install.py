@@ -46,8 +46,8 @@ def test_offline_install_into_a_venv(tmp_path: Path) -> None:
     assert pip.returncode == 0, pip.stdout + pip.stderr
     probe = run([str(venv / "bin" / "python"), "-c", """
 import ferry, ferry_client, ferry.protocol, ferry.errors, ferry.client, ferry.memory, ferry.sglang, os, importlib.resources
-import ferry.messages, ferry.encoder, ferry.decoder, ferry.frames
-for m in (ferry.messages, ferry.encoder, ferry.decoder, ferry.frames):
+import ferry.messages, ferry.encoder, ferry.decoder, ferry.frames, ferry.connection
+for m in (ferry.messages, ferry.encoder, ferry.decoder, ferry.frames, ferry.connection):
     assert 'site-packages' in m.__file__, m.__file__
 assert 'site-packages' in ferry.__file__, ferry.__file__
 assert 'site-packages' in ferry_client.__file__, ferry_client.__file__

@@ -8,6 +8,8 @@
 
 - :mod:`ferry.client`: :class:`Client`, thread-safe, several requests in flight, events to
   callbacks and a queue, protocol versions 3 and 4 (``poll_many``, error codes on statuses);
+- :mod:`ferry.connection`: the connection under :class:`Client` (hello, seq matching, the
+  reader and dispatcher threads);
 - :mod:`ferry.protocol`: the pure codec (``encode``/``decode``) and the message dataclasses,
   gathered from :mod:`ferry.messages`, :mod:`ferry.encoder`, :mod:`ferry.decoder` and
   :mod:`ferry.frames`;
