@@ -47,7 +47,9 @@ def test_offline_install_into_a_venv(tmp_path: Path) -> None:
     probe = run([str(venv / "bin" / "python"), "-c", """
 import ferry, ferry_client, ferry.protocol, ferry.errors, ferry.client, ferry.memory, ferry.sglang, os, importlib.resources
 import ferry.messages, ferry.encoder, ferry.decoder, ferry.frames, ferry.connection
-for m in (ferry.messages, ferry.encoder, ferry.decoder, ferry.frames, ferry.connection):
+import ferry.sglang_bootstrap, ferry.sglang_kvargs, ferry.sglang_manager, ferry.sglang_rooms
+for m in (ferry.messages, ferry.encoder, ferry.decoder, ferry.frames, ferry.connection,
+          ferry.sglang_bootstrap, ferry.sglang_kvargs, ferry.sglang_manager, ferry.sglang_rooms):
     assert 'site-packages' in m.__file__, m.__file__
 assert 'site-packages' in ferry.__file__, ferry.__file__
 assert 'site-packages' in ferry_client.__file__, ferry_client.__file__

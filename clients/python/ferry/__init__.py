@@ -17,7 +17,8 @@
 - :mod:`ferry.memory`: :class:`MemfdPool`, engine-owned memory for ``memory: client`` pools
   (lent to ferryd with ``Client.register_memory``);
 - :mod:`ferry.sglang`: an adapter with SGLang's disaggregation connector names (import it
-  explicitly).
+  explicitly), gathered from :mod:`ferry.sglang_bootstrap`, :mod:`ferry.sglang_kvargs`,
+  :mod:`ferry.sglang_manager` and :mod:`ferry.sglang_rooms`.
 """
 
 from .client import Client, EventCallback

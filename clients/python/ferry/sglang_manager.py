@@ -1,0 +1,285 @@
+"""The SGLang adapter's manager (see :mod:`ferry.sglang`): one engine rank's link to its local
+ferryd, which lends the rank's memory at construction, tells the bootstrap when a prefill rank
+is ready, and reads SGLang's ``state_indices`` as Ferry's one state slot per request for the
+senders and receivers.
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+from typing import Any, Optional
+
+from .client import Client
+from .errors import Errc, FerryError
+from .protocol import POOL_KINDS, MemoryBuffer, MemoryKind
+from .sglang_bootstrap import FerryBootstrap
+from .sglang_kvargs import FerryKVArgs
+
+
+def _mode_name(mode: Any) -> str:
+    name = str(getattr(mode, "value", mode)).lower()
+    if name not in ("prefill", "decode"):
+        raise ValueError(f"disaggregation_mode must be prefill or decode, got {mode!r}")
+    return name
+
+
+class FerryKVManager:
+    """One engine rank's link to its local ferryd (SGLang's ``KVManager``).
+
+    Connects to ``socket_path`` (v4) and registers, for every pool the daemon marks ``memory:
+    client``, the engine's buffers from ``args`` (register_memory), before any request. A
+    daemon that is still releasing an earlier registration of the pool (``pool kv is still
+    being released``) is asked again until ``register_timeout`` seconds passed. Raises
+    :class:`FerryError` when the memory is refused; the message names the buffer.
+
+    ``bootstrap`` (a :class:`FerryBootstrap`) is needed by receivers, and by senders for
+    ``pop_decode_prefix_len``. ``drain_timeout`` bounds how long ``abort()`` and
+    ``failure_exception()`` wait for ferryd to report a cancelled room terminal (after which
+    its pages, slot and row may be reused). Pass ``client`` to use a connected client instead
+    of ``socket_path``."""
+
+    def __init__(self, args: FerryKVArgs, disaggregation_mode: Any, server_args: Any = None,
+                 is_mla_backend: bool = False, *, socket_path: Optional[str] = None,
+                 bootstrap: Optional[FerryBootstrap] = None, client: Optional[Client] = None,
+                 name: Optional[str] = None, timeout: Optional[float] = 30.0,
+                 register_timeout: float = 30.0, drain_timeout: float = 10.0) -> None:
+        self.kv_args = args
+        self.disaggregation_mode = _mode_name(disaggregation_mode)
+        self.server_args = server_args
+        self.is_mla_backend = is_mla_backend
+        self.bootstrap = bootstrap
+        self.drain_timeout = drain_timeout
+        self.mamba_component = args.mamba_component()
+        own = client is None
+        if client is None:
+            if socket_path is None:
+                raise ValueError("FerryKVManager needs socket_path (the local ferryd's client "
+                                 "socket) or a client")
+            client = Client(socket_path, name=name or f"sglang-{self.disaggregation_mode}-"
+                                                      f"{args.engine_rank}", timeout=timeout)
+        self.client = client
+        try:
+            if client.version < 4:
+                raise FerryError(Errc.UNSUPPORTED_VERSION,
+                                 f"the SGLang adapter needs protocol version 4; ferryd at "
+                                 f"{client.socket_path} speaks {client.daemon_versions[0]}.."
+                                 f"{client.daemon_versions[1]}")
+            roles = {"prefill": ("prefill", "both"), "decode": ("decode", "both")}
+            if client.role not in roles[self.disaggregation_mode]:
+                raise FerryError(Errc.WRONG_ROLE,
+                                 f"a {self.disaggregation_mode} engine rank needs a ferryd whose "
+                                 f"role is {self.disaggregation_mode} or both; the one at "
+                                 f"{client.socket_path} is {client.role}")
+            self.page_size = client.page_tokens or args.page_size
+            self.has_state = client.pools["state"].present
+            self.has_aux = client.pools["aux"].present
+            if self.has_state and self.mamba_component is None:
+                raise FerryError(Errc.INVALID_REQUEST,
+                                 f"ferryd at {client.socket_path} has a state pool (pools.mamba), "
+                                 f"but the KVArgs' state_types name no mamba component")
+            if not self.has_state and self.mamba_component is not None:
+                raise FerryError(Errc.INVALID_REQUEST,
+                                 f"the KVArgs' state_types name a mamba component, but ferryd at "
+                                 f"{client.socket_path} has no state pool (pools.mamba)")
+            self.registered: list[str] = []
+            # Every table first: a KVArgs that does not fit lends nothing.
+            tables = {kind: self.memory_table(kind) for kind in POOL_KINDS
+                      if client.pools[kind].present and not client.pools[kind].shm_name}
+            for kind, (table, fds) in tables.items():
+                self._register(kind, table, fds, register_timeout)
+                self.registered.append(kind)
+            self.register_to_bootstrap()
+        except BaseException:
+            if own:
+                client.close()
+            raise
+
+    # --- registration ---------------------------------------------------------------------------
+
+    def memory_table(self, kind: str) -> tuple[list[MemoryBuffer], list[int]]:
+        """The register_memory table and descriptors of pool ``kind``, from the KVArgs: every
+        buffer as a range of the memfd whose mapping holds its pointer; item sizes from the
+        KVArgs, item counts, tensor ids and kinds from ferryd's layout."""
+        layout = self.client.pools[kind].buffers
+        ptrs, lens, item_lens, layer_ids = self.kv_args._pool_lists(kind)
+        label = {"kv": "kv_data_ptrs", "state": "state_data_ptrs", "aux": "aux_data_ptrs"}[kind]
+        if len(ptrs) != len(layout):
+            raise FerryError(Errc.INVALID_REQUEST,
+                             f"pool {kind}: the KVArgs list {len(ptrs)} buffers ({label}), "
+                             f"ferryd's pool has {len(layout)} (pools.{kind}.memory: client; "
+                             f"see the hello_reply's layout)")
+        if len(item_lens) != len(ptrs):
+            raise FerryError(Errc.INVALID_REQUEST,
+                             f"pool {kind}: the KVArgs give {len(item_lens)} item sizes for "
+                             f"{len(ptrs)} buffers")
+        fds: list[int] = []
+        table: list[MemoryBuffer] = []
+        for i, (ptr, item_len, want) in enumerate(zip(ptrs, item_lens, layout)):
+            length = int(item_len) * want.items
+            # (an item size that differs from ferryd's is for ferryd to name: it knows why)
+            if int(item_len) == want.item_bytes and i < len(lens) and lens[i] and \
+                    int(lens[i]) < length:
+                field_name = label.replace("ptrs", "lens")
+                raise FerryError(Errc.INVALID_REQUEST,
+                                 f"pool {kind}: buffer {i} holds {int(lens[i])} bytes "
+                                 f"({field_name}[{i}]), fewer than ferryd's pool needs there: "
+                                 f"{want.items} items of {want.item_bytes} bytes")
+            region = next((r for r in self.kv_args.memory_regions
+                           if r.contains(int(ptr), max(1, length))), None)
+            if region is None:
+                region = next((r for r in self.kv_args.memory_regions
+                               if r.contains(int(ptr), 1)), None)
+            if region is None:
+                raise FerryError(Errc.INVALID_REQUEST,
+                                 f"pool {kind}: buffer {i} (address {int(ptr):#x}) lies in no "
+                                 f"memory region of the KVArgs: lend memory mapped from a memfd "
+                                 f"(memory_regions)")
+            if region.fd not in fds:
+                fds.append(region.fd)
+            layer = want.layer_id if layer_ids is None or i >= len(layer_ids) else \
+                int(layer_ids[i])
+            table.append(MemoryBuffer(fds.index(region.fd), region.fd_offset(int(ptr)),
+                                      int(item_len), want.items, layer, want.tensor, want.kind))
+        return table, fds
+
+    def _register(self, kind: str, table: list[MemoryBuffer], fds: list[int],
+                  register_timeout: float) -> None:
+        deadline = time.monotonic() + register_timeout
+        while True:
+            try:
+                self.client.register_memory(kind, table, fds, MemoryKind.HOST)
+                return
+            except FerryError as e:
+                if "is still being released" not in e.message or \
+                        time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.05)
+
+    def register_to_bootstrap(self) -> None:
+        """SGLang's prefill registration with its bootstrap server: once this rank's memory is
+        lent (the constructor did it), say so in the bootstrap's ``ready`` store under its
+        ferryd's control address. The constructor of a prefill manager calls it."""
+        if self.disaggregation_mode == "prefill" and self.bootstrap is not None:
+            self.bootstrap.mark_ready(self.client.control)
+
+    def try_ensure_parallel_info(self, bootstrap_addr: str, prefill_dp_rank: int = 0) -> bool:
+        """Decode side, as SGLang's: whether the prefill instance at ``bootstrap_addr`` is ready
+        for prepares (every rank named has registered, when the bootstrap tracks it; with
+        discovery, at least one rank answers). A scheduler keeps the request waiting while this
+        is False; an address that names no rank raises ``LookupError``."""
+        if self.bootstrap is None:
+            raise LookupError("a decode manager needs a FerryBootstrap")
+        try:
+            peers = self.bootstrap.prefill_peers(bootstrap_addr, prefill_dp_rank, self.client)
+        except LookupError:
+            if self.bootstrap.discover:
+                return False  # no rank up yet: asked again on the next call
+            raise
+        return not self.bootstrap.unready(peers)
+
+    # --- helpers for senders and receivers ------------------------------------------------------
+
+    def state_slot(self, state_indices: Any, side: str) -> Optional[int]:
+        """The scalar slot of ``state_indices`` (:mod:`ferry.sglang`), or None without a state
+        pool. Raises :class:`_RequestFailed` with SGLang's text when the Mamba entry does not
+        hold exactly one index."""
+        if not self.has_state:
+            if _entries(state_indices):
+                raise _RequestFailed(Errc.INVALID_REQUEST,
+                                     "state_indices were given, but this ferryd has no state "
+                                     "pool (pools.mamba)")
+            return None
+        entry = _mamba_entry(state_indices, self.mamba_component, len(self.kv_args.state_types))
+        n = 0 if entry is None else len(entry)
+        if n != 1:
+            src, dst = (n, 1) if side == "src" else (1, n)
+            raise _RequestFailed(Errc.INVALID_REQUEST,
+                                 f"PD state transfer failed: mamba requires single state index, "
+                                 f"got src={src}, dst={dst}")
+        assert entry is not None
+        slot = _as_index(entry[0])
+        if slot is None or slot < 0:
+            raise _RequestFailed(Errc.INVALID_REQUEST,
+                                 f"PD state transfer failed: state index {entry[0]!r} is not a "
+                                 f"slot number")
+        return slot
+
+    def close(self) -> None:
+        """Close the connection: ferryd cancels this rank's rooms and releases the lent memory
+        (after which the pools can be registered again, e.g. by a new manager)."""
+        self.client.close()
+
+    def __enter__(self) -> FerryKVManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------------------------
+# What one request names: SGLang's state_indices and aux_index, read as Ferry's scalars
+
+
+class _RequestFailed(Exception):
+    """One request's failure found locally: its code and reason."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+def _as_index(v: Any) -> Optional[int]:
+    try:
+        return operator.index(v)
+    except TypeError:
+        pass
+    try:  # a one-element array
+        f = float(v)
+        return int(f) if f.is_integer() else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _is_sequence(v: Any) -> bool:
+    if isinstance(v, (str, bytes)):
+        return False
+    try:
+        len(v)
+        return True
+    except TypeError:  # ints, numpy 0-d arrays
+        return False
+
+
+def _entries(state_indices: Any) -> int:
+    """How many state indices a request names at all (any component)."""
+    if state_indices is None:
+        return 0
+    items = list(state_indices)
+    if items and all(_is_sequence(x) or x is None for x in items):
+        return sum(len(x) for x in items if x is not None)
+    return len(items)
+
+
+def _mamba_entry(state_indices: Any, component: Optional[int], n_types: int
+                 ) -> Optional[list[Any]]:
+    """The Mamba component's indices: ``state_indices[component]`` of the per-component form,
+    or the flat list itself."""
+    if state_indices is None:
+        return None
+    items = list(state_indices)
+    if not items:
+        return []
+    if all(_is_sequence(x) or x is None for x in items):  # one entry per component
+        if n_types and len(items) != n_types:
+            raise _RequestFailed(Errc.INVALID_REQUEST,
+                                 f"PD state transfer failed: state_indices has {len(items)} "
+                                 f"components, the KVArgs' state_types {n_types}")
+        entry = items[component if component is not None else 0]
+        return None if entry is None else list(entry)
+    return items  # the flat format: the Mamba indices themselves
+
+
+
+__all__ = ["FerryKVManager"]

@@ -1,0 +1,416 @@
+"""The SGLang adapter's senders and receivers (see :mod:`ferry.sglang`): one request's room on
+each side, SGLang's ``KVSender`` and ``KVReceiver`` call by call, with its status as SGLang's
+``KVPoll``, its failure as SGLang's ``KVTransferError``, and :func:`poll_all` for a scheduler's
+batch of them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Sequence
+
+from .client import Client
+from .errors import Errc, FerryError
+from .protocol import PollResult, Status
+from .sglang_manager import FerryKVManager, _as_index, _RequestFailed
+
+KVPoll = Status
+"""SGLang's ``KVPoll``: Failed 0, Bootstrapping 1, WaitingForInput 2, Transferring 3,
+Success 4 (``KVPoll.Failed`` etc. are ints)."""
+
+ABORTED = "Aborted by AbortReq."
+"""SGLang's failure reason of an aborted request."""
+FROM_ANOTHER_RANK = "Failed due to an unknown reason from another rank"
+"""SGLang's reason when this rank saw no failure but another rank did."""
+
+
+class FerryKVTransferError(FerryError):
+    """A failed request, as SGLang's ``KVTransferError``: ``bootstrap_room``, ``failure_reason``,
+    ``is_from_another_rank``, plus ferryd's error ``code`` (an :class:`Errc`)."""
+
+    def __init__(self, bootstrap_room: int, failure_reason: str, code: int = Errc.INTERNAL,
+                 is_from_another_rank: bool = False) -> None:
+        super().__init__(code, failure_reason)
+        self.bootstrap_room = bootstrap_room
+        self.failure_reason = failure_reason
+        self.is_from_another_rank = is_from_another_rank
+
+    def __str__(self) -> str:
+        return (f"KVTransferError(bootstrap_room={self.bootstrap_room}): "
+                f"[{int(self.code)}] {self.failure_reason}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FerryKVTransferError, (self.bootstrap_room, self.failure_reason, int(self.code),
+                                       self.is_from_another_rank))
+
+
+# --------------------------------------------------------------------------------------------
+# Senders and receivers
+
+
+@dataclass
+class FerryTransferMetric:
+    """SGLang's ``KVTransferMetric``: latencies are not measured here (None)."""
+
+    transfer_latency_s: Optional[float] = None
+    alloc_latency_s: Optional[float] = None
+    transfer_total_bytes: Optional[int] = None
+
+
+class _FerryRoom:
+    """What senders and receivers share: the room's status as ferryd reports it, a local
+    failure, and the terminal status once seen."""
+
+    _local_status: Status
+
+    def __init__(self, mgr: FerryKVManager, bootstrap_addr: str,
+                 bootstrap_room: Optional[int]) -> None:
+        if bootstrap_room is None:
+            raise ValueError("Ferry needs a bootstrap_room (the room id) for every request")
+        self.kv_mgr = mgr
+        self.bootstrap_addr = bootstrap_addr
+        self.bootstrap_room = int(bootstrap_room)
+        self.conclude_state: Optional[Status] = None
+        self.failure: Optional[tuple[int, str]] = None  # (code, reason)
+        self.last_result: Optional[PollResult] = None
+        self._cancel_sent = False
+        self._lock = threading.Lock()
+
+    # whether ferryd knows (or may know) the room and is asked for its status
+    def _daemon_room(self) -> bool:
+        raise NotImplementedError
+
+    def _fail(self, code: int, reason: str) -> None:
+        with self._lock:
+            if self.failure is None:
+                self.failure = (int(code), reason)
+
+    def _needs_daemon_poll(self) -> bool:
+        return self.conclude_state is None and self.failure is None and self._daemon_room()
+
+    def _apply(self, r: PollResult) -> Status:
+        """Take ferryd's answer for this room."""
+        self.last_result = r
+        status = Status(r.status)
+        if status == Status.Failed:
+            self._fail(Errc.INTERNAL if not r.code else int(r.code), r.reason)
+        if status.terminal:
+            self.conclude_state = status
+        return status
+
+    def _current(self) -> Optional[Status]:
+        """The status when ferryd need not be asked."""
+        if self.conclude_state is not None:
+            return self.conclude_state
+        if self.failure is not None:
+            self.conclude_state = Status.Failed
+            return Status.Failed
+        if not self._daemon_room():
+            return self._local_status
+        return None
+
+    def poll(self) -> int:
+        """The room's :class:`KVPoll` status; Failed and Success are final."""
+        s = self._current()
+        if s is not None:
+            return s
+        try:
+            r = self.kv_mgr.client.poll(self.bootstrap_room)
+        except FerryError as e:
+            self._fail(e.code, f"polling room {self.bootstrap_room} failed: {e.message}")
+            self.conclude_state = Status.Failed
+            return Status.Failed
+        return self._apply(r)
+
+    def _cancel_and_drain(self) -> None:
+        """Cancel the room on ferryd and wait (bounded) until it reports it terminal, so its
+        memory may be reused."""
+        c = self.kv_mgr.client
+        if not self._send_cancel():
+            return
+        deadline = time.monotonic() + self.kv_mgr.drain_timeout
+        while time.monotonic() < deadline:
+            try:
+                r = c.poll(self.bootstrap_room)
+            except FerryError:
+                return
+            self.last_result = r
+            if Status(r.status).terminal:
+                return
+            time.sleep(0.01)
+
+    def _send_cancel(self) -> bool:
+        """Cancel the room on ferryd (once); False when ferryd has no live room to wait for."""
+        if self._cancel_sent:
+            return True
+        self._cancel_sent = True
+        c = self.kv_mgr.client
+        try:
+            c.cancel(self.bootstrap_room)
+        except FerryError as e:
+            if e.code in (Errc.UNKNOWN_ROOM, Errc.ROOM_FINISHED) or c.closed:
+                return False
+        return True
+
+    def failure_exception(self) -> None:
+        """Raise the request's failure (:class:`FerryKVTransferError`, with ferryd's code); a
+        rank that saw no failure itself (the request failed on another rank) raises SGLang's
+        'from another rank' text. A room ferryd has not reported terminal is cancelled first
+        and waited for (bounded), since the engine reuses its memory next."""
+        from_other = self.failure is None
+        if from_other:
+            self._fail(Errc.CANCELLED, FROM_ANOTHER_RANK)
+        seen_terminal = self.last_result is not None and Status(self.last_result.status).terminal
+        if self._daemon_room() and not seen_terminal:
+            self._cancel_and_drain()  # the engine reuses the room's memory once this returns
+        self.conclude_state = Status.Failed
+        assert self.failure is not None
+        code, reason = self.failure
+        raise FerryKVTransferError(self.bootstrap_room, reason, code, from_other)
+
+    def abort(self) -> None:
+        """Fail the request (``Aborted by AbortReq.``) and cancel its room on ferryd, which tells
+        the peer; returns once ferryd reports the room terminal (bounded by the manager's
+        ``drain_timeout``), so its pages, slot and row may be reused."""
+        if self.conclude_state is not None:
+            return
+        self._fail(Errc.CANCELLED, ABORTED)
+        self.conclude_state = Status.Failed
+        if self._daemon_room():
+            self._cancel_and_drain()
+
+    def clear(self) -> None:
+        """Nothing is held per request beyond this object."""
+
+    def get_transfer_metric(self) -> FerryTransferMetric:
+        return FerryTransferMetric()
+
+
+class FerryKVReceiver(_FerryRoom):
+    """Decode side of one request (SGLang's ``KVReceiver``); see :mod:`ferry.sglang`."""
+
+    def __init__(self, mgr: FerryKVManager, bootstrap_addr: str,
+                 bootstrap_room: Optional[int] = None, **_: Any) -> None:
+        super().__init__(mgr, bootstrap_addr, bootstrap_room)
+        self._local_status = Status.Bootstrapping
+        self.prefill_peers: Optional[list[str]] = None
+        self.prefill_dp_rank: Optional[int] = None
+        self.prepared = False
+        self.decode_prefix_len = 0
+
+    def _daemon_room(self) -> bool:
+        return self.prepared
+
+    def init(self, prefill_dp_rank: int = 0) -> None:
+        """Resolve the prefill instance's ranks (:class:`FerryBootstrap`); WaitingForInput."""
+        if self.conclude_state is not None or self.failure is not None:
+            return
+        self.prefill_dp_rank = prefill_dp_rank
+        boot = self.kv_mgr.bootstrap
+        try:
+            if boot is None:
+                raise LookupError("the FerryKVManager has no FerryBootstrap")
+            self.prefill_peers = boot.prefill_peers(self.bootstrap_addr, prefill_dp_rank,
+                                                    self.kv_mgr.client)
+        except Exception as e:
+            self._fail(Errc.PEER_UNREACHABLE,
+                       f"Could not fetch bootstrap info for bootstrap_addr {self.bootstrap_addr} "
+                       f"(prefill_dp_rank {prefill_dp_rank}): {e}")
+            return
+        self._local_status = Status.WaitingForInput
+
+    def send_metadata(self, kv_indices: Iterable[int], aux_index: Optional[int] = None,
+                      state_indices: Any = None, decode_prefix_len: Optional[int] = None,
+                      **_: Any) -> None:
+        """One ``prepare`` of the room: ``kv_indices`` (the pages after the decode's prefix,
+        in token order) as ``dst_pages``, the Mamba slot, the aux row, naming every prefill
+        rank's control address. A refusal fails this request alone."""
+        if self.conclude_state is not None or self.failure is not None:
+            return
+        try:
+            if self.prefill_peers is None:
+                raise _RequestFailed(Errc.INVALID_REQUEST,
+                                     f"send_metadata of room {self.bootstrap_room} before "
+                                     f"init(prefill_dp_rank)")
+            if self.prepared:
+                raise _RequestFailed(Errc.INVALID_REQUEST,
+                                     f"send_metadata of room {self.bootstrap_room} twice")
+            pages = [int(p) for p in kv_indices]
+            prefix = int(decode_prefix_len or 0)
+            page = self.kv_mgr.page_size
+            if prefix < 0 or prefix % page:
+                raise _RequestFailed(Errc.INVALID_REQUEST,
+                                     f"decode_prefix_len {prefix} of room {self.bootstrap_room} "
+                                     f"is not a multiple of the page size {page}")
+            slot = self.kv_mgr.state_slot(state_indices, "dst")
+            row = None
+            if self.kv_mgr.has_aux:
+                row = _as_index(aux_index) if aux_index is not None else None
+                if row is None or row < 0:
+                    raise _RequestFailed(Errc.INVALID_REQUEST,
+                                         f"room {self.bootstrap_room}: aux_index {aux_index!r} "
+                                         f"is not an aux row (this ferryd has an aux pool)")
+        except _RequestFailed as e:
+            self._fail(e.code, e.reason)
+            return
+        self.decode_prefix_len = prefix
+        try:
+            self.kv_mgr.client.prepare(self.bootstrap_room, self.prefill_peers, pages,
+                                       state_slot=slot, aux_row=row, prefix_tokens=prefix)
+        except FerryError as e:  # refused: no room was created by it
+            self._fail(e.code, e.message)
+            return
+        self.prepared = True
+
+    def clear(self) -> None:
+        """SGLang's cleanup hook: ferryd forgets a terminal room by itself."""
+
+
+class FerryKVSender(_FerryRoom):
+    """Prefill side of one request (SGLang's ``KVSender``); see :mod:`ferry.sglang`."""
+
+    def __init__(self, mgr: FerryKVManager, bootstrap_addr: str, bootstrap_room: int,
+                 dest_tp_ranks: Optional[Sequence[int]] = None, pp_rank: int = 0,
+                 req_has_disagg_prefill_dp_rank: bool = False, **_: Any) -> None:
+        super().__init__(mgr, bootstrap_addr, bootstrap_room)
+        self._local_status = Status.Bootstrapping
+        self.dest_tp_ranks = list(dest_tp_ranks or [])
+        self.pp_rank = pp_rank
+        self.num_kv_indices: Optional[int] = None
+        self.aux_index: Optional[int] = None
+        self.curr_idx = 0
+        self.sent_last = False
+        self.chunks_sent = 0
+
+    def _daemon_room(self) -> bool:
+        return True  # a prefill ferryd answers Bootstrapping for a room it has not seen yet
+
+    def pop_decode_prefix_len(self) -> int:
+        """The decode's ``decode_prefix_len`` for this room, as the last poll of ferryd
+        answered it (``prefix_tokens``; 0 before WaitingForInput)."""
+        r = self.last_result
+        return 0 if r is None else int(r.prefix_tokens)
+
+    def init(self, num_kv_indices: int, aux_index: Optional[int] = None) -> None:
+        """The number of pages this room sends (after the decode's prefix) and its aux row."""
+        self.num_kv_indices = int(num_kv_indices)
+        self.aux_index = aux_index
+
+    def should_send_kv_chunk(self, num_pages: int, last_chunk: bool) -> bool:
+        """A chunk with pages, or the last one (which carries state and aux even with none)."""
+        return num_pages > 0 or last_chunk
+
+    def send(self, kv_indices: Iterable[int], state_indices: Any = None,
+             token_position_offset: int = 0, last_chunk: Optional[bool] = None,
+             **_: Any) -> None:
+        """One chunk: ``send(room, pages, last, state_slot, aux_row)``. The chunk that brings
+        the pages sent to ``num_pages`` (of :meth:`init`) is the last one and carries the Mamba
+        slot (the one element of ``state_indices``' Mamba entry) and the aux row; a zero-page
+        chunk that is not the last is skipped. A refusal fails this request alone (and cancels
+        its room, so the decode learns at once).
+
+        When every page is already sent (or there is none: a full prefix hit on the decode),
+        counting pages cannot tell a zero-page chunk from the last one. SGLang passes
+        ``state_indices`` only with the last chunk, so with a state pool a zero-page chunk
+        without them is not the last; ``last_chunk`` (the scheduler's own flag) settles it
+        outright and is the only way to tell on a model without state."""
+        if self.conclude_state is not None or self.failure is not None:
+            return
+        pages = [int(p) for p in kv_indices]
+        try:
+            if self.num_kv_indices is None:
+                raise _RequestFailed(Errc.INVALID_REQUEST,
+                                     f"send of room {self.bootstrap_room} before "
+                                     f"init(num_pages, aux_index)")
+            if self.sent_last:
+                raise _RequestFailed(Errc.INVALID_REQUEST,
+                                     f"room {self.bootstrap_room}: a chunk of {len(pages)} pages "
+                                     f"after the last one")
+            end = self.curr_idx + len(pages)
+            if end > self.num_kv_indices:
+                raise _RequestFailed(Errc.INVALID_REQUEST,
+                                     f"room {self.bootstrap_room}: chunk of {len(pages)} pages "
+                                     f"at position {self.curr_idx} goes beyond the "
+                                     f"{self.num_kv_indices} pages of init()")
+            if last_chunk is None:
+                last = end == self.num_kv_indices and (
+                    bool(pages) or state_indices is not None or not self.kv_mgr.has_state)
+            else:
+                last = bool(last_chunk)
+                if last and end != self.num_kv_indices:
+                    raise _RequestFailed(Errc.INVALID_REQUEST,
+                                         f"room {self.bootstrap_room}: the last chunk ends at "
+                                         f"page {end} of the {self.num_kv_indices} of init()")
+            if not pages and not last:
+                return
+            slot = row = None
+            if last:
+                slot = self.kv_mgr.state_slot(state_indices, "src")
+                if self.kv_mgr.has_aux:
+                    row = _as_index(self.aux_index) if self.aux_index is not None else None
+                    if row is None or row < 0:
+                        raise _RequestFailed(Errc.INVALID_REQUEST,
+                                             f"room {self.bootstrap_room}: aux_index "
+                                             f"{self.aux_index!r} is not an aux row (this "
+                                             f"ferryd has an aux pool)")
+        except _RequestFailed as e:
+            self._fail_and_cancel(e.code, e.reason)
+            return
+        try:
+            self.kv_mgr.client.send(self.bootstrap_room, pages, last, state_slot=slot,
+                                    aux_row=row)
+        except FerryError as e:
+            self._fail_and_cancel(e.code, e.message)
+            return
+        self.curr_idx = end
+        self.sent_last = last
+        self.chunks_sent += 1
+
+    def _fail_and_cancel(self, code: int, reason: str) -> None:
+        """Fail the request here and cancel its room on ferryd (best effort; a room ferryd
+        does not know is fine)."""
+        self._fail(code, reason)
+        self.conclude_state = Status.Failed
+        self._send_cancel()
+
+    def get_transfer_metric(self) -> FerryTransferMetric:
+        args = self.kv_mgr.kv_args
+        return FerryTransferMetric(transfer_total_bytes=self.curr_idx * sum(args.kv_item_lens))
+
+
+# --------------------------------------------------------------------------------------------
+# Batch polling
+
+
+def poll_all(rooms: Sequence[_FerryRoom]) -> list[int]:
+    """The :class:`KVPoll` status of every sender or receiver in ``rooms``, in order, with one
+    ``poll_many`` per client for those ferryd must be asked about (a scheduler's
+    ``poll_and_all_reduce`` input). Each object is updated as its ``poll()`` would be."""
+    out: list[Optional[int]] = [None] * len(rooms)
+    ask: dict[int, tuple[Client, list[int]]] = {}
+    for i, r in enumerate(rooms):
+        s = r._current()
+        if s is not None:
+            out[i] = s
+            continue
+        c = r.kv_mgr.client
+        ask.setdefault(id(c), (c, []))[1].append(i)
+    for c, idx in ask.values():
+        try:
+            results = c.poll_many([rooms[i].bootstrap_room for i in idx])
+        except FerryError as e:
+            for i in idx:
+                rooms[i]._fail(e.code, f"polling room {rooms[i].bootstrap_room} failed: "
+                                       f"{e.message}")
+                rooms[i].conclude_state = Status.Failed
+                out[i] = Status.Failed
+            continue
+        for i, res in zip(idx, results):
+            out[i] = rooms[i]._apply(res)
+    return [int(s) for s in out]  # type: ignore[arg-type]
+
+
+__all__ = ["KVPoll", "ABORTED", "FROM_ANOTHER_RANK", "FerryKVTransferError",
+           "FerryTransferMetric", "FerryKVReceiver", "FerryKVSender", "poll_all"]
