@@ -1,0 +1,122 @@
+"""The fake engine's daemons (scripts/fake_engine.py): this run's configs, rewritten from
+configs/*.yaml with ``memory: client`` on every pool and their own names, sockets and ports, and
+one ferryd started from each (checked with ``--check-config``, ready on ``--ready-fd``) and
+stopped cleanly. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rewrite_config(text: str, *, name: str, control: str, sock: str, tp: tuple[int, int] = (1, 0),
+                   instance_ranks: Optional[list[str]] = None, pages: Optional[int] = None) -> str:
+    """configs/*.yaml with this run's name, addresses, ``memory: client`` on every pool and,
+    for a TP rank of ``tp[0]``, the per-rank shapes of docs/geometry.md section 7."""
+    size, rank = tp
+    out = []
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith("name:") and line.startswith("  name:"):
+            line = f"  name: {name}"
+        elif s.startswith("control:"):
+            line = f"  control: {control}"
+        elif s.startswith("client:"):
+            line = f"  client: {sock}"
+        elif line.startswith("  size:"):
+            line = f"  size: {size}"
+        elif line.startswith("  rank:"):
+            line = f"  rank: {rank}"
+        elif s.startswith("pages:") and pages is not None:
+            line = f"    pages: {pages}"
+        elif size > 1 and s.startswith("kv_heads:"):
+            line = f"    kv_heads: {2 // size}          # 2 KV heads over TP{size}"
+        elif size > 1 and s.startswith("shape: [8192, 3]"):
+            line = f"        shape: [{8192 // size}, 3]"
+        elif size > 1 and s.startswith("shape: [32, 128, 128]"):
+            line = f"        shape: [{32 // size}, 128, 128]"
+        out.append(line)
+        if line in ("  kv:", "  mamba:", "  aux:"):
+            out.append("    memory: client")
+    if instance_ranks:
+        out.append("discovery:")
+        out.append(f"  instance_ranks: [{', '.join(instance_ranks)}]")
+    return "\n".join(out) + "\n"
+
+
+class Daemon:
+    def __init__(self, bin_dir: Path, work: str, name: str, config_text: str, control: str,
+                 sock: str) -> None:
+        self.name, self.control, self.sock = name, control, sock
+        self.config = os.path.join(work, name + ".yaml")
+        self.log = os.path.join(work, name + ".log")
+        with open(self.config, "w") as f:
+            f.write(config_text)
+        chk = subprocess.run([str(bin_dir / "ferryd"), "--check-config", self.config],
+                             capture_output=True, text=True, timeout=30)
+        if chk.returncode != 0:
+            raise RuntimeError(f"{name}: ferryd --check-config refused {self.config}: "
+                               f"{chk.stderr.strip() or chk.stdout.strip()}")
+        r, w = os.pipe()
+        with open(self.log, "w") as lf:
+            self.proc = subprocess.Popen([str(bin_dir / "ferryd"), "--config", self.config,
+                                          "--ready-fd", str(w)], pass_fds=(w,), stdout=lf,
+                                         stderr=lf)
+        os.close(w)
+        line = b""
+        deadline = time.monotonic() + 30
+        try:
+            while not line.endswith(b"\n") and time.monotonic() < deadline:
+                ready, _, _ = select.select([r], [], [], max(0.0, deadline - time.monotonic()))
+                if not ready:
+                    break
+                chunk = os.read(r, 64)
+                if not chunk:
+                    break
+                line += chunk
+        finally:
+            os.close(r)
+        if line.strip() != b"ready":
+            self.proc.kill()
+            self.proc.wait(timeout=15)
+            raise RuntimeError(f"{name} did not start; its log:\n{open(self.log).read()[-3000:]}")
+
+    def ferryctl(self, bin_dir: Path, command: str) -> dict[str, Any]:
+        """``ferryctl --json COMMAND`` against this daemon: its document (docs/protocol.md,
+        "Info documents")."""
+        out = subprocess.run([str(bin_dir / "ferryctl"), "-s", self.sock, "--json", command],
+                             capture_output=True, text=True, timeout=30)
+        doc = json.loads(out.stdout)
+        if out.returncode != 0 or "error" in doc:
+            raise RuntimeError(f"ferryctl {command} on {self.name} failed: {out.stdout}"
+                               f"{out.stderr}")
+        return doc
+
+    def stop(self) -> str:
+        """SIGTERM and wait (bounded); '' when it exited 0 and its log ends with 'stopped'."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            rc = self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=15)
+            return f"{self.name} did not exit within 20 s of SIGTERM (killed)"
+        lines = open(self.log).read().strip().splitlines()
+        if rc != 0:
+            return f"{self.name} exited {rc}; log tail: {lines[-3:]}"
+        if not lines or not lines[-1].endswith("[ferryd] stopped"):
+            return f"{self.name}'s log does not end with 'stopped': {lines[-3:]}"
+        return ""

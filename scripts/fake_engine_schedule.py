@@ -1,0 +1,119 @@
+"""The fake engine's shared schedule and byte patterns (scripts/fake_engine.py): both engine
+processes derive the same requests (room ids, prompt lengths, chunks, prefix hits, aborts) and
+the same bytes of every (room, pool, buffer, page) from the seed, so the decode can verify what
+the prefill wrote without any channel between them but ferryd.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from typing import Any
+
+R_BYTES = 16 << 20          # the random block every pattern is a slice of
+KV_RANGE = 8 << 20          # KV bases lie below this (8192 pages x 1 KiB fit after them)
+
+
+class Req:
+    __slots__ = ("seq", "room", "tokens", "pages", "prefix_pages", "chunk", "chunks",
+                 "decode_abort", "prefill_abort_after")
+
+    def __init__(self, **kw: Any) -> None:
+        for k, v in kw.items():
+            setattr(self, k, v)
+
+
+def make_schedule(seed: int, n: int, max_tokens: int, page_tokens: int, abort_rate: float,
+                  phase: str) -> list[Req]:
+    """The requests both engines agree on (the same seed gives the same list)."""
+    rng = random.Random(f"{seed}/{phase}/schedule")
+    room_base = rng.randrange(1 << 40, 1 << 50)
+    reqs = []
+    for i in range(n):
+        tokens = rng.randint(1, max_tokens)
+        pages = -(-tokens // page_tokens)
+        prefix_pages = 0
+        if rng.random() < 0.3:                     # a radix-cache hit on the decode
+            whole = tokens // page_tokens
+            if whole >= 1:
+                prefix_pages = whole if rng.random() < 0.3 or whole == 1 else \
+                    rng.randint(1, whole - 1)
+        chunk = rng.choice([256, 512, 1024, 2048, 4096, 8192]) if rng.random() < 0.5 else \
+            rng.randint(1, 64) * 64
+        chunk = max(page_tokens, chunk // page_tokens * page_tokens)
+        chunks = []
+        t = 0
+        while t < tokens:
+            chunks.append(min(chunk, tokens - t))
+            t += chunk
+        reqs.append(Req(seq=i, room=room_base + i, tokens=tokens, pages=pages,
+                        prefix_pages=prefix_pages, chunk=chunk, chunks=chunks,
+                        decode_abort=False, prefill_abort_after=0))
+    # At least one full prefix hit of several chunks (zero-page chunks, the last one among
+    # them) and one partial hit.
+    whole = [r for r in reqs if r.tokens % page_tokens == 0]
+    multi = [r for r in whole if len(r.chunks) >= 2] or whole
+    if multi and not any(r.prefix_pages == r.pages for r in multi):
+        r = multi[len(multi) // 2]
+        r.prefix_pages = r.pages
+    part = [r for r in reqs if r.tokens >= 2 * page_tokens and r.prefix_pages != r.pages]
+    if part and not any(0 < r.prefix_pages for r in part):
+        r = part[0]
+        r.prefix_pages = rng.randint(1, r.tokens // page_tokens - 1)
+    # Aborts (a few percent each), early enough (the first 80 %, or half of a short run) for
+    # later requests to reuse their memory; both kinds on requests of 2 chunks or more, so the
+    # abort comes mid-transfer.
+    late = max(2, int(n * (0.8 if n >= 100 else 0.5)))
+    cand = [r for r in reqs[1:late]]
+    want = max(1, round(n * abort_rate))
+    rng.shuffle(cand)
+    pa = [r for r in cand if len(r.chunks) >= 2][:want]
+    for r in pa:
+        r.prefill_abort_after = rng.randint(1, len(r.chunks) - 1)
+    da = [r for r in cand if not r.prefill_abort_after and len(r.chunks) >= 2][:want]
+    for r in da:
+        r.decode_abort = True
+    return reqs
+
+
+class Pattern:
+    """The bytes of every (room, pool, buffer, page): slices of one random block both
+    processes derive from the seed. A KV buffer's pages of one room are consecutive slices, so
+    a contiguous run of pages is one slice; KV bases of consecutive rooms differ modulo the
+    page size, so a page left over from another room never matches."""
+
+    def __init__(self, seed: int) -> None:
+        self.R = memoryview(random.Random(f"{seed}/bytes").randbytes(R_BYTES))
+
+    @staticmethod
+    def _h(*key: Any) -> int:
+        return int.from_bytes(hashlib.blake2b("/".join(map(str, key)).encode(),
+                                              digest_size=8).digest(), "little")
+
+    def kv_base(self, room: int, b: int, page_bytes: int) -> int:
+        return (self._h(room, "kv", b) % (KV_RANGE // page_bytes)) * page_bytes + \
+            room % page_bytes
+
+    def kv_run(self, room: int, b: int, page_bytes: int, first: int, n: int) -> memoryview:
+        base = self.kv_base(room, b, page_bytes) + first * page_bytes
+        return self.R[base:base + n * page_bytes]
+
+    def state(self, room: int, b: int, nbytes: int) -> memoryview:
+        base = self._h(room, "state", b) % (R_BYTES - nbytes)
+        return self.R[base:base + nbytes]
+
+    def aux(self, room: int, row_bytes: int) -> bytes:
+        base = self._h(room, "aux") % (R_BYTES - row_bytes)
+        return room.to_bytes(8, "little") + bytes(self.R[base + 8:base + row_bytes])
+
+
+def runs(pages: list[int]) -> list[tuple[int, int, int]]:
+    """(position in the list, first page, count) of each run of consecutive pages."""
+    out: list[tuple[int, int, int]] = []
+    for i, p in enumerate(pages):
+        if out and out[-1][1] + out[-1][2] == p:
+            pos, first, n = out[-1]
+            out[-1] = (pos, first, n + 1)
+        else:
+            out.append((i, p, 1))
+    return out
