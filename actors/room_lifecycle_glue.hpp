@@ -1,5 +1,6 @@
 #pragma once
-/// How a room actor (Sender, Receiver) runs core/room_lifecycle.hpp: its deadlines live in the
+/// How a room actor (Sender, Receiver) runs core/room_lifecycle.hpp (the Sender through
+/// core/sender_room.hpp, which holds its lifecycle): its deadlines live in the
 /// daemon's timer service and come back as `room_deadline`; a status report goes to the
 /// Scheduler through the side's own `report`. Written once for both sides.
 
@@ -22,10 +23,13 @@ struct room_deadline {
 
 namespace ferry {
 
+/// The timer tokens of a room's armed deadlines, by kind.
+using deadline_tokens = std::array<timer_service::token, deadline_kind_count>;
+
 /// A room's lifecycle and the tokens of its armed deadlines.
 struct room_life {
   room_lifecycle machine;
-  std::array<timer_service::token, deadline_kind_count> timers{};
+  deadline_tokens timers{};
 };
 
 /// The bounds of a room, from the config.
@@ -37,19 +41,25 @@ lifecycle_limits limits_of(const Timeouts& t) {
 /// Carry out the lifecycle's effects for actor `self`: cancel and arm its deadlines, report a
 /// status through `report(status, reason, code)`, end the actor.
 template <class Actor, class Report>
-void apply_effects(Actor* self, timer_service& timers, room_life& life, const lifecycle_effects& e,
-                   Report&& report) {
+void apply_effects(Actor* self, timer_service& timers, deadline_tokens& tokens,
+                   const lifecycle_effects& e, Report&& report) {
   for (auto k : e.cancel) {
-    auto& t = life.timers[static_cast<int>(k)];
+    auto& t = tokens[static_cast<int>(k)];
     timers.cancel(t);
     t = 0;
   }
   for (const auto& a : e.arm)
-    life.timers[static_cast<int>(a.kind)] =
+    tokens[static_cast<int>(a.kind)] =
         timers.arm(std::chrono::milliseconds(a.ms), caf::actor_cast<caf::actor>(self),
                    caf::make_message(room_deadline{a.kind, a.generation}));
   if (e.report) report(*e.report, e.reason, e.code);
   if (e.quit) self->quit();
+}
+
+template <class Actor, class Report>
+void apply_effects(Actor* self, timer_service& timers, room_life& life, const lifecycle_effects& e,
+                   Report&& report) {
+  apply_effects(self, timers, life.timers, e, std::forward<Report>(report));
 }
 
 }  // namespace ferry

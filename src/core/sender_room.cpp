@@ -1,0 +1,301 @@
+#include "core/sender_room.hpp"
+
+#include <fmt/format.h>
+
+namespace ferry::sender {
+
+room::room(uint64_t id, lifecycle_limits limits, uint32_t tp_rank, uint32_t tp_size,
+           uint32_t pp_rank)
+    : id_(id), life_(limits, waits), tp_rank_(tp_rank), tp_size_(tp_size), pp_rank_(pp_rank) {}
+
+uint64_t room::bytes() const {
+  uint64_t b = 0;
+  for (const auto& l : links_) b += l.bytes;
+  return b;
+}
+
+std::string room::peer_name() const {
+  std::string s;
+  for (const auto& l : links_) s += (s.empty() ? "" : ",") + l.address;
+  return s.empty() ? "?" : s;
+}
+
+void room::advance(room_status s, effects& out) {
+  auto e = life_.advance(s);
+  if (!e.empty()) out.push_back(life{std::move(e)});
+}
+
+effects room::start() { return {life{life_.start()}}; }
+
+result<> room::check(const prepare_in& in, bool& fatal) const {
+  fatal = false;
+  if (!in.in_group)
+    return error{errc::invalid_request,
+                 fmt::format("decode TP rank {} of {} (PP stage {}) does not receive from this "
+                             "prefill (TP rank {} of {}, PP stage {})",
+                             in.tp_rank, in.tp_size, in.pp_rank, tp_rank_, tp_size_, pp_rank_)};
+  for (const auto& l : links_)
+    if (l.link == in.link)
+      return error{errc::invalid_request, fmt::format("duplicate room {}: already prepared", id_)};
+  if (ready())
+    return error{errc::invalid_request,
+                 fmt::format("room {}: all {} decode ranks already prepared", id_, expected_)};
+  // Ranks that disagree: the room cannot succeed any more.
+  fatal = true;
+  for (const auto& l : links_) {
+    if (l.pages != in.pages)
+      return error{errc::invalid_request,
+                   fmt::format("room {}: decode ranks prepared different page counts: {} "
+                               "prepared {} pages, {} prepared {}",
+                               id_, l.address, l.pages, in.address, in.pages)};
+    if (l.prefix_tokens != in.prefix_tokens)
+      return error{errc::invalid_request,
+                   fmt::format("room {}: decode ranks prepared different prefixes: {} prepared "
+                               "{} tokens, {} prepared {}",
+                               id_, l.address, l.prefix_tokens, in.address, in.prefix_tokens)};
+    if (l.tp_size != in.tp_size)
+      return error{errc::invalid_request,
+                   fmt::format("room {}: decode ranks of different TP sizes prepared it: {} has "
+                               "TP {}, {} has TP {}",
+                               id_, l.address, l.tp_size, in.address, in.tp_size)};
+  }
+  fatal = false;
+  return in.indices;
+}
+
+effects room::prepare(prepare_in in) {
+  effects out;
+  if (life_.terminal()) return out;
+  if (life_.draining()) {
+    out.push_back(ack{in.link, in.token,
+                      error{life_.fail_code(), fmt::format("room {} failed on the prefill: {}", id_,
+                                                           life_.fail_reason())}});
+    return out;
+  }
+  bool fatal = false;
+  if (auto ok = check(in, fatal); !ok) {
+    out.push_back(ack{in.link, in.token, ok});
+    if (fatal) fail(ok.code, ok.message, out);
+    return out;
+  }
+  expected_ = in.expected_links;
+  prefix_ = in.prefix_tokens;
+  cursor_ = chunk_cursor(in.pages);
+  link_record l;
+  l.link = in.link;
+  l.address = std::move(in.address);
+  l.tp_size = in.tp_size;
+  l.pages = in.pages;
+  l.prefix_tokens = in.prefix_tokens;
+  l.token = in.token;
+  links_.push_back(std::move(l));
+  out.push_back(ack{in.link, in.token, {}});
+  if (!ready()) return out;
+  advance(room_status::waiting_for_input, out);
+  // Take every queued chunk's positions before posting any: if one does not fit, the room fails
+  // with nothing of it posted (no write may be in flight once Failed is reported).
+  std::vector<std::pair<proto::send, uint32_t>> taken;
+  while (!queued_.empty()) {
+    auto c = std::move(queued_.front());
+    queued_.pop_front();
+    auto first = cursor_.take(static_cast<uint32_t>(c.src_pages.size()), c.last);
+    if (!first) {
+      fail(first.code, first.message, out);
+      return out;
+    }
+    taken.emplace_back(std::move(c), first.value);
+  }
+  for (auto& [c, first] : taken) {
+    last_taken_ = last_taken_ || c.last;
+    ++unposted_;
+    out.push_back(post_chunk{std::move(c), first});
+  }
+  return out;
+}
+
+effects room::chunk(proto::send c) {
+  effects out;
+  if (life_.terminal()) {
+    out.push_back(reply{error{errc::invalid_request, fmt::format("room {} has already ended ({})",
+                                                                 id_, to_string(life_.status()))}});
+    return out;
+  }
+  if (life_.draining()) {
+    out.push_back(
+        reply{error{errc::cancelled, fmt::format("room {} failed: {} (its writes are draining)",
+                                                 id_, life_.fail_reason())}});
+    return out;
+  }
+  // A page in two chunks would be written to two positions: refuse the chunk, naming it.
+  for (size_t i = 0; i < c.src_pages.size(); ++i)
+    if (sent_pages_.count(c.src_pages[i])) {
+      out.push_back(reply{error{errc::invalid_request,
+                                fmt::format("room {}: src page {} (position {}) was already sent "
+                                            "in an earlier chunk of this room",
+                                            id_, c.src_pages[i], i)}});
+      return out;
+    }
+  if (!ready()) {
+    if (queued_.size() >= max_queued_chunks) {
+      out.push_back(reply{error{errc::invalid_request,
+                                fmt::format("room {}: {} chunks already wait for the decode's "
+                                            "prepare",
+                                            id_, max_queued_chunks)}});
+      return out;
+    }
+    // Answered now: the chunk is accepted and posted once every rank has prepared.
+    sent_pages_.insert(c.src_pages.begin(), c.src_pages.end());
+    out.push_back(reply{{}});
+    queued_.push_back(std::move(c));
+    return out;
+  }
+  auto first = cursor_.take(static_cast<uint32_t>(c.src_pages.size()), c.last);
+  if (!first) {
+    out.push_back(reply{error{first.code, fmt::format("room {}: {}", id_, first.message)}});
+    return out;
+  }
+  sent_pages_.insert(c.src_pages.begin(), c.src_pages.end());
+  last_taken_ = last_taken_ || c.last;
+  ++unposted_;
+  out.push_back(post_chunk{std::move(c), first.value});
+  out.push_back(reply{{}});
+  return out;
+}
+
+effects room::posted(size_t link, uint64_t batch, uint64_t writes, uint64_t bytes) {
+  effects out;
+  // Only a post_chunk (once every rank prepared) posts; a batch posted while draining is
+  // waited for like any other.
+  if (!ready() || link >= links_.size()) return out;
+  links_[link].writes += writes;
+  links_[link].bytes += bytes;
+  batches_[batch] = link;
+  advance(room_status::transferring, out);
+  return out;
+}
+
+effects room::chunk_posted(bool pack_pending) {
+  effects out;
+  if (unposted_ > 0) --unposted_;
+  pack_pending_ = pack_pending;
+  maybe_announce(out);
+  return out;
+}
+
+effects room::pumped(bool pack_pending) {
+  effects out;
+  pack_pending_ = pack_pending;
+  maybe_announce(out);
+  return out;
+}
+
+void room::maybe_announce(effects& out) {
+  if (!last_taken_ || announced_ || unposted_ > 0 || pack_pending_) return;
+  if (life_.draining() || life_.terminal()) return;
+  announced_ = true;
+  out.push_back(announce{});
+  // A room with no writes at all (no pages, no state, no aux pool) commits on the announcement.
+  advance(room_status::transferring, out);
+}
+
+effects room::batch_done(uint64_t batch, uint64_t completed, uint64_t failed, const result<>& r) {
+  effects out;
+  std::string to = "?";
+  if (auto it = batches_.find(batch); it != batches_.end()) {
+    auto& l = links_[it->second];
+    l.completed += completed;
+    l.failed += failed;
+    to = l.address;
+    batches_.erase(it);
+  }
+  if (life_.terminal()) return out;
+  if (life_.draining()) {
+    finish_drain({}, out);
+    return out;
+  }
+  if (!r) {
+    fail(r.code, fmt::format("write to decode {} failed: {}", to, r.message), out);
+    return out;
+  }
+  out.push_back(pump{});
+  return out;
+}
+
+effects room::outcome(uint64_t link, const std::string& address, bool in_group, uint64_t token,
+                      bool ok, errc code, const std::string& reason) {
+  effects out;
+  if (life_.draining() || life_.terminal()) return out;
+  const errc c = code == errc::ok ? errc::internal : code;
+  link_record* l = nullptr;
+  for (auto& x : links_)
+    if (x.link == link) l = &x;
+  if (!l) {
+    // A decode rank of this room's group failed before its prepare arrived.
+    if (!ok && in_group) fail(c, fmt::format("decode {} reported: {}", address, reason), out);
+    return out;
+  }
+  if (token != l->token) return out;  // an earlier incarnation of this room id
+  if (!ok) {
+    fail(c, fmt::format("decode {} reported: {}", l->address, reason), out);
+    return out;
+  }
+  // A rank commits only once it knows its total from the announcement: a commit before it (a
+  // confused or hostile peer) counts for nothing.
+  if (!announced_) return out;
+  l->committed = true;
+  for (const auto& x : links_)
+    if (!x.committed) return out;
+  advance(room_status::success, out);
+  return out;
+}
+
+effects room::cancel(const std::string& why) {
+  effects out;
+  fail(errc::cancelled, why, out);
+  return out;
+}
+
+effects room::peer_down(errc code, const std::string& why) {
+  effects out;
+  fail(code, why, out);
+  return out;
+}
+
+effects room::expired(deadline_kind k, uint64_t generation) {
+  effects out;
+  auto x = life_.expired(k, generation);
+  if (!x) return out;  // no longer applies
+  if (x->what == expiry::kind::drain_over) {
+    finish_drain(fmt::format("; {} write batches were still in flight after the {} ms drain "
+                             "(timeouts.drain_ms)",
+                             batches_.size(), x->ms),
+                 out);
+    return out;
+  }
+  fail(errc::timed_out,
+       fmt::format("timed out in {} after {} ms ({})", to_string(x->in), x->ms, x->waits), out);
+  return out;
+}
+
+void room::fail(errc code, std::string reason, effects& out) {
+  lifecycle_effects e;
+  // With batches in flight the drain is bounded by timeouts.drain_ms.
+  if (!life_.fail(code, reason, !batches_.empty(), e)) return;
+  out.push_back(tell_failed{std::move(reason), code, batches_.size()});
+  // Queued chunks were answered ok when they arrived; the room's failure reaches the client as
+  // an event and a poll answer, never as a second reply to those requests.
+  queued_.clear();
+  if (!e.empty()) out.push_back(life{std::move(e)});
+  finish_drain({}, out);
+}
+
+/// Report Failed once nothing is in flight any more (or with `note` when the drain deadline
+/// passed first); tell each rank how many of its writes completed.
+void room::finish_drain(const std::string& note, effects& out) {
+  if (!life_.draining()) return;
+  if (!batches_.empty() && note.empty()) return;
+  if (note.empty()) out.push_back(tell_drained{});
+  out.push_back(life{life_.drained(note)});
+}
+
+}  // namespace ferry::sender

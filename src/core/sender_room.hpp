@@ -1,0 +1,172 @@
+#pragma once
+/// A prefill room (one Sender actor, actors/sender.cpp) as a pure state machine: its inputs are
+/// events (a decode rank's prepare, a client chunk, a batch posted or done, the packing state,
+/// a decode rank's outcome, a cancel, a peer down, a deadline), its outputs are effects (answer
+/// the chunk, acknowledge the prepare, post this chunk to every rank, announce the totals, tell
+/// the ranks the room failed or how its drain ended, and the lifecycle's status reports and
+/// deadlines). The actor keeps the data plane: it plans each chunk with the pure planner
+/// (core/plan.hpp), packs head-sliced KV through staging, and submits write batches, reporting
+/// back what it posted (`posted`, `chunk_posted`, `pumped`).
+///
+/// The rules, on top of the lifecycle's (core/room_lifecycle.hpp):
+/// - The room is ready once every decode rank this prefill rank feeds (max(1, Pd/Ps)) has
+///   prepared, with the same page count, prefix and TP size; chunks that arrive before are
+///   accepted (answered ok) and queued, at most `max_queued_chunks`.
+/// - A source page is sent once; a chunk that names one again is refused, naming it.
+/// - Every chunk takes the next positions of the decode's page list (one cursor: every rank
+///   prepared the same count); a chunk that overruns it, or a last chunk that leaves pages
+///   unfilled, is refused and nothing of it is posted.
+/// - After the last chunk, once every chunk is posted and nothing waits for staging, each rank
+///   is told its total of writes (the announcement); the room succeeds when every rank commits.
+/// - A failure tells every rank at once and drains: Failed is reported only when every batch
+///   posted has completed locally (or the drain deadline passed), so the client never reuses a
+///   source page a write still reads; then each rank learns how many of its writes completed.
+///
+/// The table of every (phase, event) pair is tests/unit/test_sender_room.cpp.
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <variant>
+#include <vector>
+
+#include "core/plan.hpp"
+#include "core/protocol.hpp"
+#include "core/room_lifecycle.hpp"
+
+namespace ferry::sender {
+
+inline constexpr size_t max_queued_chunks = 4096;
+
+/// What the lifecycle waits for in each status, for the timeout reasons.
+inline constexpr std::array<const char*, 3> waits = {
+    "waiting for the decode's prepare", "waiting for the client's first chunk",
+    "waiting for the last chunk and the decode's commit"};
+
+/// A decode rank's prepare, as the actor saw it.
+struct prepare_in {
+  uint64_t link = 0;  ///< the rank, as the actor names it (its connection)
+  std::string address;
+  bool in_group = false;  ///< the rank receives from this prefill rank (its link plan says so)
+  uint32_t tp_size = 1, tp_rank = 0, pp_rank = 0;
+  uint32_t expected_links = 1;  ///< decode ranks per prefill rank for its TP size
+  uint32_t pages = 0;
+  uint32_t prefix_tokens = 0;
+  uint64_t token = 0;
+  result<> indices;  ///< its named indices checked against its declared layout
+};
+
+/// One decode rank of the room, in the order they prepared (the actor's links share the index).
+struct link_record {
+  uint64_t link = 0;
+  std::string address;
+  uint32_t tp_size = 1;
+  uint32_t pages = 0;
+  uint32_t prefix_tokens = 0;
+  uint64_t token = 0;
+  uint64_t writes = 0, bytes = 0;  ///< posted
+  uint64_t completed = 0;          ///< completed locally (they land at the decode)
+  uint64_t failed = 0;             ///< failed or never posted
+  bool committed = false;
+};
+
+// The effects, carried out in the order given.
+/// Answer the chunk being handled.
+struct reply {
+  result<> outcome;
+};
+/// Answer a rank's prepare.
+struct ack {
+  uint64_t link;
+  uint64_t token;
+  result<> outcome;
+};
+/// Plan `chunk` (its pages from position `first`) for every rank and post it, then report
+/// `posted` for each batch and `chunk_posted` once done.
+struct post_chunk {
+  proto::send chunk;
+  uint32_t first;
+};
+/// Pack and post what waits for staging, then report `pumped`.
+struct pump {};
+/// Tell every rank its total (link_record writes and bytes).
+struct announce {};
+/// The room failed: tell every rank (peer_outcome), drop what waits for staging.
+struct tell_failed {
+  std::string reason;
+  errc code;
+  size_t in_flight;  ///< write batches still draining
+};
+/// The drain is over: tell every rank how many of its writes completed (peer_drained).
+struct tell_drained {};
+struct life {
+  lifecycle_effects effects;
+};
+
+using effect =
+    std::variant<reply, ack, post_chunk, pump, announce, tell_failed, tell_drained, life>;
+using effects = std::vector<effect>;
+
+class room {
+ public:
+  /// `tp_rank`, `tp_size`, `pp_rank`: this prefill rank, for refusals.
+  room(uint64_t id, lifecycle_limits limits, uint32_t tp_rank, uint32_t tp_size, uint32_t pp_rank);
+  room() = default;
+
+  effects start();
+  effects prepare(prepare_in in);
+  effects chunk(proto::send c);
+  /// The actor posted batch `batch` to link index `link` (writes and bytes of it).
+  effects posted(size_t link, uint64_t batch, uint64_t writes, uint64_t bytes);
+  /// A `post_chunk` is carried out; `pack_pending`: head-sliced KV still waits for staging.
+  effects chunk_posted(bool pack_pending);
+  /// A `pump` is carried out (or staging freed up); `pack_pending` as above.
+  effects pumped(bool pack_pending);
+  /// Batch `batch` completed locally: `completed` writes landed, `failed` did not; `r` says why.
+  effects batch_done(uint64_t batch, uint64_t completed, uint64_t failed, const result<>& r);
+  /// A rank's outcome (peer_outcome). `in_group`: the rank is one this prefill rank feeds.
+  effects outcome(uint64_t link, const std::string& address, bool in_group, uint64_t token, bool ok,
+                  errc code, const std::string& reason);
+  effects cancel(const std::string& why);
+  effects peer_down(errc code, const std::string& why);
+  effects expired(deadline_kind k, uint64_t generation);
+
+  room_phase phase() const { return life_.phase(); }
+  const room_lifecycle& lifecycle() const { return life_; }
+  bool ready() const { return expected_ && links_.size() == expected_; }
+  const std::vector<link_record>& links() const { return links_; }
+  uint32_t prefix_tokens() const { return ready() ? prefix_ : 0; }
+  size_t queued() const { return queued_.size(); }
+  size_t in_flight() const { return batches_.size(); }
+  uint64_t bytes() const;
+  /// The ranks' addresses, comma-separated, for logs.
+  std::string peer_name() const;
+
+ private:
+  result<> check(const prepare_in& in, bool& fatal) const;
+  void take_chunk(proto::send c, effects& out);
+  void fail(errc code, std::string reason, effects& out);
+  void finish_drain(const std::string& note, effects& out);
+  void maybe_announce(effects& out);
+  void advance(room_status s, effects& out);
+
+  uint64_t id_ = 0;
+  room_lifecycle life_;
+  uint32_t tp_rank_ = 0, tp_size_ = 1, pp_rank_ = 0;
+  std::vector<link_record> links_;
+  uint32_t expected_ = 0;  ///< known from the first prepare's geometry
+  uint32_t prefix_ = 0;
+  chunk_cursor cursor_;
+  std::deque<proto::send> queued_;  ///< accepted before every rank prepared
+  std::unordered_set<uint32_t> sent_pages_;
+  std::unordered_map<uint64_t, size_t> batches_;  ///< in flight -> link index
+  int unposted_ = 0;                              ///< post_chunk effects not yet carried out
+  bool last_taken_ = false;                       ///< the last chunk was taken
+  bool pack_pending_ = false;
+  bool announced_ = false;
+};
+
+}  // namespace ferry::sender
