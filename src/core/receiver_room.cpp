@@ -1,0 +1,357 @@
+#include "core/receiver_room.hpp"
+
+#include <fmt/format.h>
+
+namespace ferry::receiver {
+
+room::room(uint64_t id, lifecycle_limits limits, rank_schema mine, std::vector<std::string> named,
+           uint64_t first_token, uint32_t pages, uint64_t staging_capacity)
+    : id_(id),
+      life_(limits, waits),
+      mine_(mine),
+      first_token_(first_token),
+      pages_(pages),
+      capacity_(staging_capacity) {
+  named_.resize(named.size());
+  for (size_t i = 0; i < named.size(); ++i) named_[i].address = std::move(named[i]);
+}
+
+bool room::all_accepted() const {
+  if (!selected_) return false;
+  for (const auto& l : links_)
+    if (!l.accepted) return false;
+  return true;
+}
+
+const link_record* room::link_of(size_t i) const {
+  for (const auto& l : links_)
+    if (l.named == i) return &l;
+  return nullptr;
+}
+
+link_record* room::link(size_t i, uint64_t token) {
+  for (auto& l : links_)
+    if (l.named == i) return l.token == token ? &l : nullptr;  // not this incarnation's
+  return nullptr;
+}
+
+void room::advance(room_status s, effects& out) {
+  auto e = life_.advance(s);
+  if (!e.empty()) out.push_back(life{std::move(e)});
+}
+
+effects room::start() { return {life{life_.start()}}; }
+
+effects room::resolved(size_t i, const rank_schema& schema, uint64_t unpack_bytes) {
+  effects out;
+  if (i >= named_.size() || ended()) return out;
+  auto& n = named_[i];
+  if (n.resolved || !n.unusable.empty()) return out;
+  n.resolved = true;
+  n.schema = schema;
+  n.unpack_bytes = unpack_bytes;
+  if (++looked_up_ == named_.size()) select(out);
+  return out;
+}
+
+effects room::unusable(size_t i, errc code, std::string why) {
+  effects out;
+  if (i >= named_.size() || ended()) return out;
+  auto& n = named_[i];
+  if (n.resolved || !n.unusable.empty()) return out;
+  n.unusable = std::move(why);
+  n.code = code;
+  if (++looked_up_ == named_.size()) select(out);
+  return out;
+}
+
+/// Every named peer finished its handshake or failed: pick the ranks the geometry needs among
+/// the usable ones. A peer that could not be used matters only if the geometry needs it.
+void room::select(effects& out) {
+  std::vector<rank_schema> schemas;
+  std::vector<size_t> usable;
+  std::string first_unusable;
+  errc first_code = errc::peer_unreachable;
+  for (size_t i = 0; i < named_.size(); ++i) {
+    if (named_[i].resolved) {
+      schemas.push_back(named_[i].schema);
+      usable.push_back(i);
+    } else if (first_unusable.empty()) {
+      first_unusable = named_[i].unusable;
+      first_code = named_[i].code;
+    }
+  }
+  selected_ = true;
+  if (usable.empty()) return fail(first_code, first_unusable, false, out);
+  auto chosen = select_prefill_peers(mine_, schemas);
+  if (!chosen)
+    return fail(
+        first_unusable.empty() ? chosen.code : first_code,
+        first_unusable.empty() ? chosen.message : chosen.message + " (" + first_unusable + ")",
+        false, out);
+  uint64_t need = 0;
+  for (size_t k : chosen.value) {
+    const size_t i = usable[k];
+    link_record l;
+    l.named = i;
+    l.address = named_[i].address;
+    l.token = first_token_ + i;
+    l.unpack_bytes = named_[i].unpack_bytes;
+    need += l.unpack_bytes;
+    links_.push_back(std::move(l));
+  }
+  if (need && (capacity_ == 0 || need > capacity_)) {
+    out.push_back(no_staging{need});
+    for (auto& l : links_) l.unpack_bytes = 0;
+  } else {
+    staging_need_ = need;
+  }
+  reserve_and_prepare(out);
+}
+
+/// Reserve one staging block for every link whose KV lands sliced, then send the prepares.
+void room::reserve_and_prepare(effects& out) {
+  if (!selected_ || prepared_ || reserving_ || ended()) return;
+  if (staging_need_ && !staging_) {
+    reserving_ = true;
+    out.push_back(reserve_staging{staging_need_});
+    return;
+  }
+  prepared_ = true;
+  out.push_back(send_prepares{});
+}
+
+effects room::staging_reserved(uint64_t at) {
+  effects out;
+  if (!reserving_) return {release_staging{at}};  // not asked for: not ours to keep
+  reserving_ = false;
+  staging_ = at;
+  for (auto& l : links_)
+    if (l.unpack_bytes) {
+      l.staging = at;
+      at += l.unpack_bytes;
+    }
+  if (ended()) {
+    release(out);
+    return out;
+  }
+  reserve_and_prepare(out);
+  return out;
+}
+
+effects room::staging_freed() {
+  effects out;
+  reserving_ = false;  // the reservation that waited is answered by asking again
+  reserve_and_prepare(out);
+  return out;
+}
+
+effects room::prepare_ack(size_t i, uint64_t token, bool ok, errc code, const std::string& reason) {
+  effects out;
+  auto* l = link(i, token);
+  if (!l || life_.terminal()) return out;
+  if (!ok) l->refused = true;
+  if (life_.draining()) {
+    finish_drain(out);
+    return out;
+  }
+  if (!ok) {
+    fail(code == errc::ok ? errc::peer_incompatible : code,
+         fmt::format("prefill {} refused the prepare: {}", l->address, reason), true, out);
+    return out;
+  }
+  l->accepted = true;
+  if (all_accepted()) advance(room_status::waiting_for_input, out);
+  return out;
+}
+
+effects room::announce(size_t i, uint64_t token, uint64_t writes, uint64_t bytes) {
+  effects out;
+  auto* l = link(i, token);
+  if (!l || ended()) return out;
+  if (l->announced) {
+    fail(errc::internal, "prefill " + l->address + " announced twice", true, out);
+    return out;
+  }
+  l->announced = writes;
+  bytes_ += bytes;
+  advance(room_status::transferring, out);
+  uint64_t total = 0;
+  for (const auto& x : links_) {
+    if (!x.announced) return out;
+    total += *x.announced;
+  }
+  evaluate(commit_.announce(total), out);
+  return out;
+}
+
+effects room::outcome(size_t i, uint64_t token, bool ok, errc code, const std::string& reason) {
+  effects out;
+  auto* l = link(i, token);
+  if (!l || ok) return out;
+  fail(code == errc::ok ? errc::internal : code,
+       fmt::format("prefill {} reported: {}", l->address, reason), true, out);
+  return out;
+}
+
+effects room::drained(size_t i, uint64_t token, uint64_t completed) {
+  effects out;
+  auto* l = link(i, token);
+  if (!l || l->drained || life_.terminal()) return out;
+  l->drained = completed;
+  // A prefill rank's room may fail (and drain) before this one hears of it.
+  fail(errc::peer_lost, fmt::format("prefill {} failed the room", l->address), true, out);
+  finish_drain(out);
+  return out;
+}
+
+effects room::landed(uint64_t token, uint64_t count) {
+  effects out;
+  for (auto& l : links_)
+    if (l.token == token) l.landed += count;
+  if (life_.terminal()) return out;
+  if (life_.draining()) {
+    finish_drain(out);
+    return out;
+  }
+  advance(room_status::transferring, out);
+  evaluate(commit_.add_landed(count), out);
+  return out;
+}
+
+void room::evaluate(commit_counter::state c, effects& out) {
+  switch (c) {
+    case commit_counter::state::pending:
+      return;
+    case commit_counter::state::overflow:
+      return fail(errc::internal,
+                  fmt::format("{} writes landed but the prefill ranks announced {}",
+                              commit_.landed(), *commit_.expected()),
+                  true, out);
+    case commit_counter::state::complete:
+      if (unpacking_) return;
+      for (const auto& l : links_)
+        if (l.staging) {
+          unpacking_ = true;
+          out.push_back(unpack{});
+          return;
+        }
+      return succeed(out);
+  }
+}
+
+effects room::unpacked() {
+  effects out;
+  if (!unpacking_ || ended()) return out;
+  succeed(out);
+  return out;
+}
+
+void room::succeed(effects& out) {
+  release(out);
+  out.push_back(tell{true, {}, errc::ok});
+  advance(room_status::success, out);
+}
+
+effects room::cancel(const std::string& why) {
+  effects out;
+  fail(errc::cancelled, why, true, out);
+  return out;
+}
+
+effects room::peer_down(size_t i, bool fenced, errc code, const std::string& why) {
+  effects out;
+  if (i >= named_.size() || life_.terminal()) return out;
+  if (!selected_) {
+    // Before selection: this named peer is out; whether that matters is decided once every
+    // named peer is resolved.
+    auto& n = named_[i];
+    if (n.resolved) {
+      n.resolved = false;
+      --looked_up_;
+    }
+    return unusable(i, code, why);
+  }
+  // After selection, a named peer the geometry left out does not matter.
+  link_record* l = nullptr;
+  for (auto& x : links_)
+    if (x.named == i) l = &x;
+  if (!l) return out;
+  l->fenced = l->fenced || fenced;
+  fail(code, why, true, out);
+  finish_drain(out);
+  return out;
+}
+
+effects room::expired(deadline_kind k, uint64_t generation) {
+  effects out;
+  auto x = life_.expired(k, generation);
+  if (!x) return out;  // no longer applies
+  if (x->what == expiry::kind::timed_out) {
+    fail(errc::timed_out,
+         fmt::format("timed out in {} after {} ms ({}: {} landed, {} announced{})",
+                     to_string(x->in), x->ms, x->waits, commit_.landed(),
+                     commit_.expected() ? std::to_string(*commit_.expected()) : "none",
+                     staging_need_ && !staging_
+                         ? fmt::format("; waiting for {} bytes of staging", staging_need_)
+                         : ""),
+         true, out);
+    return out;
+  }
+  // The drain deadline: a rank that has not drained may still have writes of this room in
+  // flight, so the room's pages cannot be handed back yet. Fence those ranks; each fence
+  // arrives as peer_down and completes the drain.
+  std::string waiting;
+  for (size_t j = 0; j < links_.size(); ++j) {
+    const auto& l = links_[j];
+    if (l.refused || l.fenced || (l.drained && l.landed >= *l.drained)) continue;
+    waiting +=
+        fmt::format("{}{} ({})", waiting.empty() ? "" : ", ", l.address,
+                    l.drained ? fmt::format("{} of {} drained writes landed", l.landed, *l.drained)
+                              : "no drain report");
+    out.push_back(fence{j, fmt::format("fenced: room {} did not drain within {} ms "
+                                       "(timeouts.drain_ms)",
+                                       id_, x->ms)});
+  }
+  if (waiting.empty()) {
+    finish_drain(out);
+    return out;
+  }
+  drain_note_ =
+      fmt::format("; drain incomplete after {} ms (timeouts.drain_ms), fenced: {}", x->ms, waiting);
+  return out;
+}
+
+void room::fail(errc code, std::string reason, bool tell_peers, effects& out) {
+  lifecycle_effects e;
+  // Once the prepares went out, prefill ranks may write: the drain is bounded by drain_ms.
+  if (!life_.fail(code, reason, prepared_, e)) return;
+  out.push_back(failed{reason});
+  if (!prepared_) {
+    // No prepare went out: no prefill rank can write into this room.
+    for (auto& l : links_) l.refused = true;
+  } else if (tell_peers) {
+    out.push_back(tell{false, reason, code});
+  }
+  if (!e.empty()) out.push_back(life{std::move(e)});
+  finish_drain(out);
+}
+
+/// Report Failed once no write of the room can land any more: every rank refused, is fenced,
+/// or drained and all of its completed writes landed. Nothing else reports it: when the drain
+/// deadline passes first, the ranks still open are fenced, and their fences complete the drain.
+void room::finish_drain(effects& out) {
+  if (!life_.draining()) return;
+  for (const auto& l : links_)
+    if (!l.refused && !l.fenced && (!l.drained || l.landed < *l.drained)) return;
+  release(out);
+  out.push_back(life{life_.drained(drain_note_)});
+}
+
+void room::release(effects& out) {
+  for (auto& l : links_) l.staging.reset();
+  if (staging_) out.push_back(release_staging{*staging_});
+  staging_.reset();
+}
+
+}  // namespace ferry::receiver

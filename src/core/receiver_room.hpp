@@ -1,0 +1,179 @@
+#pragma once
+/// A decode room (one Receiver actor, actors/receiver.cpp) as a pure state machine: its inputs
+/// are events (a named prefill peer resolved or unusable, staging granted or freed, a prefill
+/// rank's acknowledgement, announcement, outcome or drain report, writes landed, the unpack
+/// done, a cancel, a peer down, a deadline), its outputs are effects (reserve staging, send the
+/// prepares, tell the ranks the outcome, unpack, fence a rank, release staging, and the
+/// lifecycle's status reports and deadlines). The actor keeps the data plane: it looks the
+/// named peers up, sends the messages, copies head-sliced KV out of staging.
+///
+/// The rules, on top of the lifecycle's (core/room_lifecycle.hpp):
+/// - Once every named peer is resolved (handshake done or failed), the ranks the geometry needs
+///   are selected among the usable ones (select_prefill_peers); an unusable peer matters only if
+///   it is needed. Head-sliced KV lands in one staging block for the room, reserved before the
+///   prepares go out (the room waits in Bootstrapping when staging is full; a room larger than
+///   the whole area falls back to one write per token).
+/// - WaitingForInput once every selected rank accepted; Transferring at the first write landed
+///   or announcement. Success is never inferred from a local event: only when the writes counted
+///   as landed (remote CQ data) equal the sum of every rank's announced total, then after the
+///   unpack. More writes than announced fails the room.
+/// - Failed means "the pages, slot, row and staging of this room may be reused". So once the
+///   prepares went out a failing room drains: every rank must have refused, been fenced, or
+///   reported how many of its writes completed and had that many land. At the drain deadline the
+///   ranks still open are fenced (their connections end, closing their keys), and the fences
+///   complete the drain: Failed is never reported while a write may still land.
+///
+/// The table of every (phase, event) pair is tests/unit/test_receiver_room.cpp.
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "core/geometry.hpp"
+#include "core/plan.hpp"
+#include "core/room_lifecycle.hpp"
+
+namespace ferry::receiver {
+
+/// What the lifecycle waits for in each status, for the timeout reasons.
+inline constexpr std::array<const char*, 3> waits = {
+    "waiting for the prefill peers, staging and their acceptance", "waiting for the first write",
+    "waiting for the remaining writes"};
+
+/// One selected prefill rank (named peer `named`; its writes carry `token`).
+struct link_record {
+  size_t named = 0;
+  std::string address;
+  uint64_t token = 0;
+  uint64_t unpack_bytes = 0;        ///< staging its head-sliced KV needs (0: none)
+  std::optional<uint64_t> staging;  ///< where in the room's block it lands
+  bool accepted = false;
+  bool refused = false;  ///< refused the prepare: it never writes
+  bool fenced = false;   ///< its connection ended and its registrations are closed
+  std::optional<uint64_t> announced;
+  std::optional<uint64_t> drained;  ///< writes it completed, once its room failed
+  uint64_t landed = 0;
+};
+
+// The effects, carried out in the order given.
+/// Reserve `bytes` of staging; answered by `staging_reserved`, or later by `staging_freed`.
+struct reserve_staging {
+  uint64_t bytes;
+};
+/// Head-sliced KV needs more staging than the whole area: one write per token instead.
+struct no_staging {
+  uint64_t need;
+};
+/// Send every link its prepare (with its token and staging offset).
+struct send_prepares {};
+/// Tell every link how the room ended (peer_outcome).
+struct tell {
+  bool ok;
+  std::string reason;
+  errc code;
+};
+/// The room failed (for the log).
+struct failed {
+  std::string reason;
+};
+/// Copy head-sliced KV from staging into the pages (links with `staging`); then `unpacked`.
+struct unpack {};
+/// The room's staging block may be reused.
+struct release_staging {
+  uint64_t at;
+};
+/// End link `link`'s connection (its keys closed): its drain did not complete in time.
+struct fence {
+  size_t link;
+  std::string reason;
+};
+struct life {
+  lifecycle_effects effects;
+};
+
+using effect = std::variant<reserve_staging, no_staging, send_prepares, tell, failed, unpack,
+                            release_staging, fence, life>;
+using effects = std::vector<effect>;
+
+class room {
+ public:
+  /// `named`: the prefill peers the client named (their addresses); named peer i's link uses
+  /// token `first_token + i`. `staging_capacity`: fabric.staging_bytes (0: none).
+  room(uint64_t id, lifecycle_limits limits, rank_schema mine, std::vector<std::string> named,
+       uint64_t first_token, uint32_t pages, uint64_t staging_capacity);
+  room() = default;
+
+  effects start();
+  /// Named peer `i` finished its handshake: its geometry, and the staging its KV would need.
+  effects resolved(size_t i, const rank_schema& schema, uint64_t unpack_bytes);
+  /// Named peer `i` cannot be used (its handshake failed).
+  effects unusable(size_t i, errc code, std::string why);
+  effects staging_reserved(uint64_t at);
+  effects staging_freed();
+  effects prepare_ack(size_t i, uint64_t token, bool ok, errc code, const std::string& reason);
+  effects announce(size_t i, uint64_t token, uint64_t writes, uint64_t bytes);
+  effects outcome(size_t i, uint64_t token, bool ok, errc code, const std::string& reason);
+  effects drained(size_t i, uint64_t token, uint64_t completed);
+  /// `count` writes carrying `token` landed.
+  effects landed(uint64_t token, uint64_t count);
+  effects unpacked();
+  effects cancel(const std::string& why);
+  /// Named peer `i`'s connection ended (`fenced`: its registrations are closed).
+  effects peer_down(size_t i, bool fenced, errc code, const std::string& why);
+  effects expired(deadline_kind k, uint64_t generation);
+
+  room_phase phase() const { return life_.phase(); }
+  const room_lifecycle& lifecycle() const { return life_; }
+  bool selected() const { return selected_; }
+  bool prepared() const { return prepared_; }
+  bool all_accepted() const;
+  const std::vector<link_record>& links() const { return links_; }
+  /// The link of named peer `i`, if it was selected.
+  const link_record* link_of(size_t i) const;
+  uint64_t bytes() const { return bytes_; }
+  const commit_counter& commit() const { return commit_; }
+
+ private:
+  struct named_peer {
+    std::string address;
+    bool resolved = false;
+    rank_schema schema;
+    uint64_t unpack_bytes = 0;
+    std::string unusable;  ///< why it cannot be used ("" = fine or not known yet)
+    errc code = errc::ok;
+  };
+  link_record* link(size_t i, uint64_t token);
+  void select(effects& out);
+  void reserve_and_prepare(effects& out);
+  void evaluate(commit_counter::state c, effects& out);
+  void succeed(effects& out);
+  void fail(errc code, std::string reason, bool tell_peers, effects& out);
+  void finish_drain(effects& out);
+  void release(effects& out);
+  void advance(room_status s, effects& out);
+  bool ended() const { return life_.draining() || life_.terminal(); }
+
+  uint64_t id_ = 0;
+  room_lifecycle life_;
+  rank_schema mine_;
+  std::vector<named_peer> named_;
+  size_t looked_up_ = 0;  ///< named peers resolved either way
+  uint64_t first_token_ = 0;
+  uint32_t pages_ = 0;
+  uint64_t capacity_ = 0;
+  bool selected_ = false;
+  std::vector<link_record> links_;
+  uint64_t staging_need_ = 0;
+  bool reserving_ = false;           ///< a reserve_staging is out
+  std::optional<uint64_t> staging_;  ///< the room's block
+  bool prepared_ = false;
+  bool unpacking_ = false;
+  commit_counter commit_;
+  uint64_t bytes_ = 0;
+  std::string drain_note_;  ///< what the drain deadline found (and fenced)
+};
+
+}  // namespace ferry::receiver
