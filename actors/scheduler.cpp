@@ -58,7 +58,7 @@ void on_client(scheduler_actor* self, client_request& r) {
         } else if constexpr (std::is_same_v<T, proto::cancel>) {
           auto* e = find_active(st, m.room);
           if (!e) {
-            if (st.decode.finished.count(m.room) || st.prefill.finished.count(m.room))
+            if (st.decode.finished.contains(m.room) || st.prefill.finished.contains(m.room))
               return reply_error(self, r, errc::room_finished,
                                  fmt::format("room {} already finished", m.room));
             return reply_error(self, r, errc::unknown_room, fmt::format("unknown room {}", m.room));
@@ -73,10 +73,9 @@ void on_client(scheduler_actor* self, client_request& r) {
             return;
           }
           for (auto* side : {&st.decode, &st.prefill})
-            if (auto it = side->finished.find(m.room); it != side->finished.end()) {
+            if (const auto* f = side->finished.find(m.room)) {
               st.ctx->gateway->reply(r.conn, r.seq, proto::ok{});
-              st.ctx->gateway->push(r.conn, proto::event{m.room, it->second.status,
-                                                         it->second.reason, it->second.code});
+              st.ctx->gateway->push(r.conn, proto::event{m.room, f->status, f->reason, f->code});
               return;
             }
           reply_error(self, r, errc::unknown_room, fmt::format("unknown room {}", m.room));
@@ -234,11 +233,11 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
               t == st.token_room.end() ? st.decode.active.end() : st.decode.active.find(t->second);
           if (r == st.decode.active.end()) {
             st.stray_writes += count;  // a late write of a room that already ended
-            if (auto e = st.ended_tokens.find(token); e != st.ended_tokens.end())
+            if (const auto* e = st.ended_tokens.find(token))
               st.ctx->log_sched->error(
                   "{} late write(s) of {} landed after the room ended: its pages, slot or row "
                   "may have been given to a new request",
-                  count, e->second);
+                  count, *e);
             continue;
           }
           self->send(r->second.actor, landed_msg{token, count});
@@ -257,28 +256,17 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
         st.ctx->log_sched->info("room={} peer={} side={} {}{}{}", u.room, it->second.peer,
                                 u.decode_side ? "decode" : "prefill", to_string(u.status),
                                 u.reason.empty() ? "" : ": ", u.reason);
-        if (u.status == room_status::success) {
-          ++side.succeeded;
-          side.bytes += u.bytes;
-        } else {
-          ++side.failed;
-        }
         if (u.decode_side)
           st.claims->release(u.room, it->second.dst_pages, it->second.dst_slot, it->second.dst_row);
         if (u.decode_side)
           for (uint32_t i = 0; i < it->second.tokens; ++i) {
             const uint64_t t = it->second.token + i;
             st.token_room.erase(t);
-            st.ended_tokens[t] =
-                fmt::format("room={} peer={} ({})", u.room, it->second.peer, to_string(u.status));
-            st.ended_order.push_back(t);
-            if (st.ended_order.size() > history_limit) {
-              st.ended_tokens.erase(st.ended_order.front());
-              st.ended_order.pop_front();
-            }
+            st.ended_tokens.put(t, fmt::format("room={} peer={} ({})", u.room, it->second.peer,
+                                               to_string(u.status)));
           }
         self->demonitor(it->second.actor);
-        side.finish(u.room, u.status, u.reason, u.code, it->second.prefix_tokens);
+        side.finish(u.room, u.status, u.reason, u.code, it->second.prefix_tokens, u.bytes);
         try_release(self);
       },
       [=](memory_mapped& m) {
@@ -360,10 +348,10 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
         st.handles.erase(d.connection);
         if (d.unresponsive) {
           const auto& t = st.ctx->config.timeouts;
-          st.unresponsive[d.address] = {
-              d.reason,
+          st.unresponsive.mark(
+              d.address, d.reason,
               std::chrono::steady_clock::now() +
-                  std::chrono::milliseconds(uint64_t{t.heartbeat_ms} * t.heartbeat_misses)};
+                  std::chrono::milliseconds(uint64_t{t.heartbeat_ms} * t.heartbeat_misses));
         }
         st.connections.erase(d.connection);
         for (auto it = st.outbound.begin(); it != st.outbound.end();)

@@ -11,6 +11,7 @@
 #include "actors/client_memory.hpp"
 #include "actors/scheduler_state.hpp"
 #include "core/plan.hpp"
+#include "core/request_checks.hpp"
 
 namespace ferry::sched {
 
@@ -39,70 +40,13 @@ void reply_error(scheduler_actor* self, const client_request& r, errc code, std:
   self->state.ctx->gateway->reply(r.conn, r.seq, proto::error{code, std::move(text)});
 }
 
-namespace {
-
-/// Checks shared by prepare and the last send: exactly one state slot and one aux row when the
-/// pools exist, none when they do not.
-result<> check_slot_and_row(const daemon_context& ctx, uint64_t room, const char* side,
-                            uint32_t slot, uint32_t row) {
-  const auto& l = ctx.layout;
-  if (l[pool_kind::state].present) {
-    const auto slots = ctx.config.pools.mamba->slots;
-    if (slot == no_index)
-      return error{errc::invalid_request, fmt::format("mamba requires single state index: room {} "
-                                                      "got {}=none (exactly one {} state slot is "
-                                                      "required)",
-                                                      room, side, side)};
-    if (slot >= slots)
-      return error{errc::invalid_request,
-                   fmt::format("room {}: {} state slot {} is outside the pool of {} slots", room,
-                               side, slot, slots)};
-  } else if (slot != no_index) {
-    return error{errc::invalid_request,
-                 fmt::format("room {}: {} state slot {} given but this daemon has no mamba pool",
-                             room, side, slot)};
-  }
-  if (l[pool_kind::aux].present) {
-    const auto rows = ctx.config.pools.aux->rows;
-    if (row == no_index)
-      return error{errc::invalid_request,
-                   fmt::format("room {}: exactly one {} aux row is required", room, side)};
-    if (row >= rows)
-      return error{errc::invalid_request,
-                   fmt::format("room {}: {} aux row {} is outside the pool of {} rows", room, side,
-                               row, rows)};
-  } else if (row != no_index) {
-    return error{errc::invalid_request,
-                 fmt::format("room {}: {} aux row {} given but this daemon has no aux pool", room,
-                             side, row)};
-  }
-  return {};
-}
-
-result<> check_pages(const daemon_context& ctx, uint64_t room, const std::vector<uint32_t>& pages,
-                     const char* what) {
-  if (pages.empty()) return {};
-  if (!ctx.config.pools.kv)
-    return error{errc::invalid_request,
-                 fmt::format("room {}: {}s given but this daemon has no kv pool", room, what)};
-  if (auto e = check_indices(pages, ctx.config.pools.kv->pages, what, "pages"); !e)
-    return error{e.code, fmt::format("room {}: {}", room, e.message)};
-  return {};
-}
-
-}  // namespace
-
 /// Admission: a bounded number of non-terminal rooms per side, so one runaway client cannot
 /// exhaust the daemon for everyone else.
 result<> admission(const scheduler_state& st, const side_rooms& side, const char* name) {
   // A room of this client's own daemon: its request, not a peer, is what cannot be served.
   if (auto usable = st.ctx->pools_usable(); !usable)
     return error{errc::invalid_request, usable.message};
-  const auto limit = st.ctx->config.limits.max_active_rooms;
-  if (side.active.size() < limit) return {};
-  return error{errc::invalid_request, fmt::format("admission refused: {} rooms already active on "
-                                                  "the {} side (limits.max_active_rooms = {})",
-                                                  side.active.size(), name, limit)};
+  return admit(side.active.size(), st.ctx->config.limits.max_active_rooms, name);
 }
 
 void notify_subscribers(scheduler_actor* self, const room_entry& e, uint64_t room, room_status s,
@@ -124,7 +68,6 @@ void fail_orphan(scheduler_actor* self, side_rooms& side, uint64_t room, std::st
   }
   st.ctx->log_sched->info("room={} side={} Failed: {}", room,
                           &side == &st.decode ? "decode" : "prefill", reason);
-  ++side.failed;
   side.finish(room, room_status::failed, std::move(reason), errc::internal);
   try_release(self);
 }
@@ -133,15 +76,8 @@ caf::actor connection_for(scheduler_actor* self, const std::string& address) {
   auto& st = self->state;
   auto it = st.outbound.find(address);
   if (it != st.outbound.end()) return it->second;
-  std::string known_down;
-  if (auto u = st.unresponsive.find(address); u != st.unresponsive.end()) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        u->second.second - std::chrono::steady_clock::now());
-    if (left.count() > 0)
-      known_down = fmt::format("{} (not retried for another {} ms)", u->second.first, left.count());
-    else
-      st.unresponsive.erase(u);
-  }
+  std::string known_down =
+      st.unresponsive.known_down(address, std::chrono::steady_clock::now()).value_or("");
   auto conn = spawn_outbound_connection(self, st.ctx, st.basp, address,
                                         caf::actor_cast<caf::actor>(self), std::move(known_down));
   st.outbound.emplace(address, conn);
@@ -163,36 +99,7 @@ void on_prepare(scheduler_actor* self, client_request& r) {
         fmt::format("duplicate room {}: it is already active on this decode daemon", p.room));
   if (auto e = admission(st, st.decode, "decode"); !e)
     return reply_error(self, r, e.code, fmt::format("room {}: {}", p.room, e.message));
-  if (p.prefill_peers.empty())
-    return reply_error(self, r, errc::invalid_request,
-                       fmt::format("room {}: no prefill peer named", p.room));
-  if (const uint32_t page = st.ctx->config.pools.kv ? st.ctx->config.pools.kv->page_tokens : 0;
-      p.prefix_tokens && (page == 0 || p.prefix_tokens % page != 0))
-    return reply_error(self, r, errc::invalid_request,
-                       page == 0 ? fmt::format("room {}: prefix_tokens {} named, but this daemon "
-                                               "has no kv pool",
-                                               p.room, p.prefix_tokens)
-                                 : fmt::format("room {}: prefix_tokens {} is not a multiple of "
-                                               "the page size {} (pools.kv.page_tokens)",
-                                               p.room, p.prefix_tokens, page));
-  for (size_t i = 0; i < p.prefill_peers.size(); ++i) {
-    if (p.prefill_peers[i].empty())
-      return reply_error(self, r, errc::invalid_request,
-                         fmt::format("room {}: prefill peer {} is empty", p.room, i));
-    if (!valid_host_port(p.prefill_peers[i]))
-      return reply_error(self, r, errc::invalid_request,
-                         fmt::format("room {}: prefill peer {} '{}' is not host:port (a port in "
-                                     "1..65535)",
-                                     p.room, i, p.prefill_peers[i]));
-    for (size_t j = 0; j < i; ++j)
-      if (p.prefill_peers[j] == p.prefill_peers[i])
-        return reply_error(
-            self, r, errc::invalid_request,
-            fmt::format("room {}: prefill peer {} is named twice", p.room, p.prefill_peers[i]));
-  }
-  if (auto e = check_pages(*st.ctx, p.room, p.dst_pages, "dst page"); !e)
-    return reply_error(self, r, std::move(e).error());
-  if (auto e = check_slot_and_row(*st.ctx, p.room, "dst", p.state_slot, p.aux_row); !e)
+  if (auto e = check_prepare(st.ctx->config, st.ctx->layout, p); !e)
     return reply_error(self, r, std::move(e).error());
   if (auto e = st.claims->claim(p.room, p.dst_pages, p.state_slot, p.aux_row); !e)
     return reply_error(self, r, std::move(e).error());
@@ -222,20 +129,6 @@ void on_prepare(scheduler_actor* self, client_request& r) {
   st.ctx->gateway->reply(r.conn, r.seq, proto::ok{});
 }
 
-namespace {
-
-/// Whether a send for `room` may still be taken: room_finished once that room has finished.
-result<> send_still_open(const scheduler_state& st, uint64_t room) {
-  auto done = st.prefill.finished.find(room);
-  if (done == st.prefill.finished.end()) return {};
-  const auto* status = to_string(done->second.status);
-  return error{errc::room_finished,
-               fmt::format("room {} already finished ({}); send after {} is rejected", room, status,
-                           status)};
-}
-
-}  // namespace
-
 void on_send(scheduler_actor* self, client_request& r) {
   auto& st = self->state;
   const auto& s = std::get<proto::send>(r.msg);
@@ -247,31 +140,23 @@ void on_send(scheduler_actor* self, client_request& r) {
   if (auto usable = ctx.pools_usable(); !usable)  // before any look at the pools' memory
     return reply_error(self, r, errc::invalid_request,
                        fmt::format("room {}: {}", s.room, usable.message));
-  if (auto e = check_pages(ctx, s.room, s.src_pages, "src page"); !e)
+  if (auto e = check_send(ctx.config, ctx.layout, s); !e)
     return reply_error(self, r, std::move(e).error());
-  if (s.last) {
-    if (auto e = check_slot_and_row(ctx, s.room, "src", s.state_slot, s.aux_row); !e)
-      return reply_error(self, r, std::move(e).error());
-    if (ctx.layout[pool_kind::aux].present) {
-      // The aux row carries the room id: a wrong row would deliver another request's metadata.
-      uint64_t stored = 0;
-      std::memcpy(&stored,
-                  ctx.base(space::aux) + ctx.layout[pool_kind::aux].buffers[0].offset +
-                      uint64_t{s.aux_row} * ctx.config.pools.aux->row_bytes,
-                  sizeof(stored));
-      if (stored != s.room)
-        return reply_error(self, r, errc::invalid_request,
-                           fmt::format("room {}: src aux row {} carries room id {}, expected {}",
-                                       s.room, s.aux_row, stored, s.room));
-    }
-  } else if (s.state_slot != no_index || s.aux_row != no_index) {
-    return reply_error(
-        self, r, errc::invalid_request,
-        fmt::format("room {}: state slot and aux row go only with the last chunk", s.room));
+  if (s.last && ctx.layout[pool_kind::aux].present) {
+    // The aux row carries the room id: a wrong row would deliver another request's metadata.
+    uint64_t stored = 0;
+    std::memcpy(&stored,
+                ctx.base(space::aux) + ctx.layout[pool_kind::aux].buffers[0].offset +
+                    uint64_t{s.aux_row} * ctx.config.pools.aux->row_bytes,
+                sizeof(stored));
+    if (stored != s.room)
+      return reply_error(self, r, errc::invalid_request,
+                         fmt::format("room {}: src aux row {} carries room id {}, expected {}",
+                                     s.room, s.aux_row, stored, s.room));
   }
   auto it = st.prefill.active.find(s.room);
   if (it == st.prefill.active.end()) {
-    if (auto open = send_still_open(st, s.room); !open)
+    if (auto open = send_still_open(st.prefill.finished, s.room); !open)
       return reply_error(self, r, std::move(open).error());
     if (auto e = admission(st, st.prefill, "prefill"); !e)
       return reply_error(self, r, e.code, fmt::format("room {}: {}", s.room, e.message));
@@ -290,7 +175,7 @@ void on_send(scheduler_actor* self, client_request& r) {
       .then([] {},
             [=](caf::error&) {
               auto& st = self->state;
-              auto open = send_still_open(st, room);
+              auto open = send_still_open(st.prefill.finished, room);
               reply_error(self, head, errc::room_finished,
                           open ? fmt::format("room {} ended before this chunk reached it", room)
                                : open.message);
@@ -303,36 +188,21 @@ namespace {
 /// protocol v4 an unknown room is Bootstrapping (the decode's prepare and the engine's first
 /// send may not have arrived yet) until timeouts.bootstrapping_ms after its first such poll.
 std::optional<proto::poll_reply> room_poll(scheduler_state& st, uint64_t room, uint16_t version) {
-  for (auto* side : {&st.decode, &st.prefill})
-    if (auto it = side->active.find(room); it != side->active.end()) {
-      st.polled_unknown.erase(room);
-      return proto::poll_reply{room, it->second.status, {}, errc::ok, it->second.prefix_tokens};
+  // Active rooms first: a daemon of both roles may hold a live room and a finished one of the
+  // same id.
+  for (const auto* side : {&st.decode, &st.prefill})
+    if (auto p = active_poll(*side, room)) {
+      st.polled_unknown.forget(room);
+      return p;
     }
-  for (auto* side : {&st.decode, &st.prefill})
-    if (auto it = side->finished.find(room); it != side->finished.end()) {
-      st.polled_unknown.erase(room);
-      return proto::poll_reply{room, it->second.status, it->second.reason, it->second.code,
-                               it->second.prefix_tokens};
+  for (const auto* side : {&st.decode, &st.prefill})
+    if (auto p = finished_poll(*side, room)) {
+      st.polled_unknown.forget(room);
+      return p;
     }
   if (version < 4 || !st.ctx->serves_prefill()) return std::nullopt;
-  const auto now = std::chrono::steady_clock::now();
-  auto [it, fresh] = st.polled_unknown.try_emplace(room, now);
-  if (fresh) {
-    st.polled_unknown_order.push_back(room);
-    while (st.polled_unknown_order.size() > history_limit) {
-      st.polled_unknown.erase(st.polled_unknown_order.front());
-      st.polled_unknown_order.pop_front();
-    }
-  }
-  const auto ms = st.ctx->config.timeouts.bootstrapping_ms;
-  if (now - it->second < std::chrono::milliseconds(ms))
-    return proto::poll_reply{room, room_status::bootstrapping, {}, errc::ok};
-  return proto::poll_reply{
-      room, room_status::failed,
-      fmt::format("timed out in Bootstrapping after {} ms: no prepare from a decode and no send "
-                  "arrived (timeouts.bootstrapping_ms)",
-                  ms),
-      errc::timed_out};
+  return st.polled_unknown.poll(room, std::chrono::steady_clock::now(),
+                                st.ctx->config.timeouts.bootstrapping_ms);
 }
 
 }  // namespace

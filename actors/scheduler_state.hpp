@@ -14,10 +14,9 @@
 
 #include "actors/actors.hpp"
 #include "core/dst_claims.hpp"
+#include "core/room_registry.hpp"
 
 namespace ferry::sched {
-
-inline constexpr size_t history_limit = 65536;
 
 struct room_entry {
   caf::actor actor;
@@ -37,33 +36,8 @@ struct room_entry {
   std::string orphan_reason;
 };
 
-struct finished_room {
-  room_status status;
-  std::string reason;
-  errc code = errc::ok;
-  uint32_t prefix_tokens = 0;
-};
-
-/// Rooms of one side. A room id may be reused after its terminal state: lookups check `active`
-/// first, and the new incarnation's outcome overwrites the old one in `finished`.
-struct side_rooms {
-  std::unordered_map<uint64_t, room_entry> active;
-  std::unordered_map<uint64_t, finished_room> finished;
-  std::deque<uint64_t> finished_order;
-  uint64_t succeeded = 0, failed = 0, bytes = 0;
-
-  void finish(uint64_t room, room_status s, std::string reason, errc code,
-              uint32_t prefix_tokens = 0) {
-    active.erase(room);
-    if (finished.insert_or_assign(room, finished_room{s, std::move(reason), code, prefix_tokens})
-            .second)
-      finished_order.push_back(room);
-    while (finished_order.size() > history_limit) {
-      finished.erase(finished_order.front());
-      finished_order.pop_front();
-    }
-  }
-};
+/// Rooms of one side (core/room_registry.hpp), their actors and claims in `room_entry`.
+using side_rooms = room_table<room_entry>;
 
 struct scheduler_state {
   static inline const char* name = "ferry.scheduler";
@@ -75,10 +49,8 @@ struct scheduler_state {
   /// Tokens are never reused in a daemon's life, so a late message or write of an ended room
   /// finds nothing here.
   std::unordered_map<uint64_t, uint64_t> token_room;
-  /// Prefill, v4: rooms polled before anything of them arrived, and when first polled (bounded
-  /// by history_limit, oldest forgotten first).
-  std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> polled_unknown;
-  std::deque<uint64_t> polled_unknown_order;
+  /// Prefill, v4: rooms polled before anything of them arrived.
+  unknown_polls polled_unknown;
   uint64_t next_token = 1;
   std::unordered_map<std::string, caf::actor> outbound;       // by control address
   std::unordered_map<caf::actor, peer_info_ptr> connections;  // every live connection
@@ -92,16 +64,14 @@ struct scheduler_state {
   /// Tokens of recently ended decode rooms (bounded), so a write that lands after its room's
   /// terminal state (which should never happen; see docs/reliability.md §4 for the one known
   /// case) is reported naming the room and peer, not just counted.
-  std::unordered_map<uint64_t, std::string> ended_tokens;
-  std::deque<uint64_t> ended_order;
+  bounded_map<uint64_t, std::string> ended_tokens{history_limit};
   std::unordered_set<uint64_t> owning_clients;  // said hello with cancel_on_disconnect
   std::unordered_set<uint64_t> clients;         // said hello, still connected
   /// Client pools being released: whether their peers were told to fence, and whether the
   /// unmapping is under way.
   std::array<bool, pool_kind_count> release_fenced{}, release_unmapping{};
-  /// Outbound peers declared unresponsive: why, and until when new rooms fail at once.
-  std::unordered_map<std::string, std::pair<std::string, std::chrono::steady_clock::time_point>>
-      unresponsive;
+  /// Outbound peers declared unresponsive: new rooms naming one fail at once, for a while.
+  unresponsive_peers unresponsive;
 };
 
 using scheduler_actor = caf::stateful_actor<scheduler_state>;

@@ -1,0 +1,96 @@
+#include "core/request_checks.hpp"
+
+#include <fmt/format.h>
+
+#include "core/plan.hpp"
+
+namespace ferry {
+
+result<> check_slot_and_row(const ferry_config& cfg, const node_layout& l, uint64_t room,
+                            const char* side, uint32_t slot, uint32_t row) {
+  if (l[pool_kind::state].present) {
+    const auto slots = cfg.pools.mamba->slots;
+    if (slot == no_index)
+      return error{errc::invalid_request, fmt::format("mamba requires single state index: room {} "
+                                                      "got {}=none (exactly one {} state slot is "
+                                                      "required)",
+                                                      room, side, side)};
+    if (slot >= slots)
+      return error{errc::invalid_request,
+                   fmt::format("room {}: {} state slot {} is outside the pool of {} slots", room,
+                               side, slot, slots)};
+  } else if (slot != no_index) {
+    return error{errc::invalid_request,
+                 fmt::format("room {}: {} state slot {} given but this daemon has no mamba pool",
+                             room, side, slot)};
+  }
+  if (l[pool_kind::aux].present) {
+    const auto rows = cfg.pools.aux->rows;
+    if (row == no_index)
+      return error{errc::invalid_request,
+                   fmt::format("room {}: exactly one {} aux row is required", room, side)};
+    if (row >= rows)
+      return error{errc::invalid_request,
+                   fmt::format("room {}: {} aux row {} is outside the pool of {} rows", room, side,
+                               row, rows)};
+  } else if (row != no_index) {
+    return error{errc::invalid_request,
+                 fmt::format("room {}: {} aux row {} given but this daemon has no aux pool", room,
+                             side, row)};
+  }
+  return {};
+}
+
+result<> check_pages(const ferry_config& cfg, uint64_t room, const std::vector<uint32_t>& pages,
+                     const char* what) {
+  if (pages.empty()) return {};
+  if (!cfg.pools.kv)
+    return error{errc::invalid_request,
+                 fmt::format("room {}: {}s given but this daemon has no kv pool", room, what)};
+  if (auto e = check_indices(pages, cfg.pools.kv->pages, what, "pages"); !e)
+    return error{e.code, fmt::format("room {}: {}", room, e.message)};
+  return {};
+}
+
+result<> check_prepare(const ferry_config& cfg, const node_layout& layout,
+                       const proto::prepare& p) {
+  if (p.prefill_peers.empty())
+    return error{errc::invalid_request, fmt::format("room {}: no prefill peer named", p.room)};
+  if (const uint32_t page = cfg.pools.kv ? cfg.pools.kv->page_tokens : 0;
+      p.prefix_tokens && (page == 0 || p.prefix_tokens % page != 0))
+    return error{errc::invalid_request,
+                 page == 0 ? fmt::format("room {}: prefix_tokens {} named, but this daemon has no "
+                                         "kv pool",
+                                         p.room, p.prefix_tokens)
+                           : fmt::format("room {}: prefix_tokens {} is not a multiple of the page "
+                                         "size {} (pools.kv.page_tokens)",
+                                         p.room, p.prefix_tokens, page)};
+  for (size_t i = 0; i < p.prefill_peers.size(); ++i) {
+    if (p.prefill_peers[i].empty())
+      return error{errc::invalid_request,
+                   fmt::format("room {}: prefill peer {} is empty", p.room, i)};
+    if (!valid_host_port(p.prefill_peers[i]))
+      return error{errc::invalid_request,
+                   fmt::format("room {}: prefill peer {} '{}' is not host:port (a port in "
+                               "1..65535)",
+                               p.room, i, p.prefill_peers[i])};
+    for (size_t j = 0; j < i; ++j)
+      if (p.prefill_peers[j] == p.prefill_peers[i])
+        return error{errc::invalid_request, fmt::format("room {}: prefill peer {} is named twice",
+                                                        p.room, p.prefill_peers[i])};
+  }
+  if (auto e = check_pages(cfg, p.room, p.dst_pages, "dst page"); !e) return e;
+  return check_slot_and_row(cfg, layout, p.room, "dst", p.state_slot, p.aux_row);
+}
+
+result<> check_send(const ferry_config& cfg, const node_layout& layout, const proto::send& s) {
+  if (auto e = check_pages(cfg, s.room, s.src_pages, "src page"); !e) return e;
+  if (s.last) return check_slot_and_row(cfg, layout, s.room, "src", s.state_slot, s.aux_row);
+  if (s.state_slot != no_index || s.aux_row != no_index)
+    return error{
+        errc::invalid_request,
+        fmt::format("room {}: state slot and aux row go only with the last chunk", s.room)};
+  return {};
+}
+
+}  // namespace ferry

@@ -1,0 +1,32 @@
+#pragma once
+/// The checks a client's prepare and send pass before any room sees them (pure: the config, the
+/// layout and the request). Each refusal is invalid_request and names the room, the field and
+/// the value; the Scheduler (actors/scheduler_rooms.cpp) answers with it.
+
+#include <cstdint>
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/errors.hpp"
+#include "core/layout.hpp"
+#include "core/protocol.hpp"
+
+namespace ferry {
+
+/// Exactly one state slot and one aux row when those pools exist, none when they do not; each
+/// inside its pool. `side` is "src" or "dst".
+result<> check_slot_and_row(const ferry_config& cfg, const node_layout& layout, uint64_t room,
+                            const char* side, uint32_t slot, uint32_t row);
+
+/// `pages` inside the kv pool, each once (`what`: "src page", "dst page").
+result<> check_pages(const ferry_config& cfg, uint64_t room, const std::vector<uint32_t>& pages,
+                     const char* what);
+
+/// A prepare's own fields: the prefill peers (at least one, each host:port, each once), the
+/// prefix (whole pages), the pages, the slot and the row.
+result<> check_prepare(const ferry_config& cfg, const node_layout& layout, const proto::prepare& p);
+
+/// A send's own fields: its pages; the slot and row with the last chunk only.
+result<> check_send(const ferry_config& cfg, const node_layout& layout, const proto::send& s);
+
+}  // namespace ferry

@@ -1,0 +1,55 @@
+#include "core/room_registry.hpp"
+
+#include <fmt/format.h>
+
+namespace ferry {
+
+result<> admit(size_t active, uint32_t limit, const char* side) {
+  if (active < limit) return {};
+  return error{errc::invalid_request,
+               fmt::format("admission refused: {} rooms already active on the {} side "
+                           "(limits.max_active_rooms = {})",
+                           active, side, limit)};
+}
+
+result<> send_still_open(const bounded_map<uint64_t, finished_room>& finished, uint64_t room) {
+  const auto* done = finished.find(room);
+  if (!done) return {};
+  const auto* status = to_string(done->status);
+  return error{errc::room_finished,
+               fmt::format("room {} already finished ({}); send after {} is rejected", room, status,
+                           status)};
+}
+
+proto::poll_reply unknown_polls::poll(uint64_t room, clock::time_point now,
+                                      uint32_t bootstrapping_ms) {
+  const auto first = first_.get_or_put(room, now);
+  if (now - first < std::chrono::milliseconds(bootstrapping_ms))
+    return proto::poll_reply{room, room_status::bootstrapping, {}, errc::ok};
+  return proto::poll_reply{
+      room, room_status::failed,
+      fmt::format("timed out in Bootstrapping after {} ms: no prepare from a decode and no send "
+                  "arrived (timeouts.bootstrapping_ms)",
+                  bootstrapping_ms),
+      errc::timed_out};
+}
+
+void unresponsive_peers::mark(const std::string& address, std::string why,
+                              clock::time_point until) {
+  down_[address] = {std::move(why), until};
+}
+
+std::optional<std::string> unresponsive_peers::known_down(const std::string& address,
+                                                          clock::time_point now) {
+  auto it = down_.find(address);
+  if (it == down_.end()) return std::nullopt;
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(it->second.second - now).count();
+  if (left <= 0) {
+    down_.erase(it);
+    return std::nullopt;
+  }
+  return fmt::format("{} (not retried for another {} ms)", it->second.first, left);
+}
+
+}  // namespace ferry

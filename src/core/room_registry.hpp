@@ -1,0 +1,106 @@
+#pragma once
+/// The Scheduler's room registry as pure code: the rooms of each side (active, and a bounded
+/// history of finished ones for poll), admission, the answers of poll, the rule for a send
+/// after its room ended, and the peers declared unresponsive. The Scheduler (actors/
+/// scheduler*.cpp) keeps only what is actors: the room actors, their connections and
+/// subscribers (its `Entry`).
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "core/bounded_map.hpp"
+#include "core/errors.hpp"
+#include "core/protocol.hpp"
+#include "core/status.hpp"
+
+namespace ferry {
+
+/// Finished rooms, tokens of ended rooms and rooms polled unknown are remembered this long.
+inline constexpr size_t history_limit = 65536;
+
+struct finished_room {
+  room_status status;
+  std::string reason;
+  errc code = errc::ok;
+  uint32_t prefix_tokens = 0;
+};
+
+/// Rooms of one side (`Entry`: what the Scheduler keeps of an active room). A room id may be
+/// reused after its terminal state: lookups check `active` first, and the new incarnation's
+/// outcome replaces the old one in `finished`.
+template <class Entry>
+struct room_table {
+  std::unordered_map<uint64_t, Entry> active;
+  bounded_map<uint64_t, finished_room> finished{history_limit};
+  uint64_t succeeded = 0, failed = 0, bytes = 0;
+
+  /// `room` ended with `s`: counted, no longer active, its outcome kept for poll.
+  void finish(uint64_t room, room_status s, std::string reason, errc code,
+              uint32_t prefix_tokens = 0, uint64_t moved_bytes = 0) {
+    if (s == room_status::success) {
+      ++succeeded;
+      bytes += moved_bytes;
+    } else {
+      ++failed;
+    }
+    active.erase(room);
+    finished.put(room, finished_room{s, std::move(reason), code, prefix_tokens});
+  }
+};
+
+/// Admission: at most `limit` non-terminal rooms per side (limits.max_active_rooms), so one
+/// runaway client cannot exhaust the daemon for everyone else.
+result<> admit(size_t active, uint32_t limit, const char* side);
+
+/// Whether a send for `room` may still be taken: room_finished once that room has finished.
+result<> send_still_open(const bounded_map<uint64_t, finished_room>& finished, uint64_t room);
+
+/// A poll's answer from a side's active rooms (its status), or nothing.
+template <class Entry>
+std::optional<proto::poll_reply> active_poll(const room_table<Entry>& side, uint64_t room) {
+  if (auto it = side.active.find(room); it != side.active.end())
+    return proto::poll_reply{room, it->second.status, {}, errc::ok, it->second.prefix_tokens};
+  return std::nullopt;
+}
+
+/// A poll's answer from a side's finished rooms (its outcome), or nothing.
+template <class Entry>
+std::optional<proto::poll_reply> finished_poll(const room_table<Entry>& side, uint64_t room) {
+  if (const auto* f = side.finished.find(room))
+    return proto::poll_reply{room, f->status, f->reason, f->code, f->prefix_tokens};
+  return std::nullopt;
+}
+
+/// Prefill, protocol v4: a room polled before anything of it arrived (the decode's prepare and
+/// the engine's first send may still be on their way) is Bootstrapping until
+/// timeouts.bootstrapping_ms after its first such poll, then Failed (timed_out).
+class unknown_polls {
+ public:
+  using clock = std::chrono::steady_clock;
+  proto::poll_reply poll(uint64_t room, clock::time_point now, uint32_t bootstrapping_ms);
+  /// The room became known: its first poll no longer matters.
+  void forget(uint64_t room) { first_.erase(room); }
+  size_t size() const { return first_.size(); }
+
+ private:
+  bounded_map<uint64_t, clock::time_point> first_{history_limit};
+};
+
+/// Outbound peers declared unresponsive (by the heartbeat): new rooms naming one fail at once,
+/// naming why, until the bound (heartbeat_ms x heartbeat_misses) has passed again.
+class unresponsive_peers {
+ public:
+  using clock = std::chrono::steady_clock;
+  void mark(const std::string& address, std::string why, clock::time_point until);
+  /// Why `address` is not retried yet, or nothing (an expired mark is forgotten).
+  std::optional<std::string> known_down(const std::string& address, clock::time_point now);
+  size_t size() const { return down_.size(); }
+
+ private:
+  std::unordered_map<std::string, std::pair<std::string, clock::time_point>> down_;
+};
+
+}  // namespace ferry

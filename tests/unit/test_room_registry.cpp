@@ -1,0 +1,95 @@
+// core/room_registry.hpp: the Scheduler's room registry as pure code: a side's rooms and their
+// history, admission, poll answers, a send after its room ended, unresponsive peers.
+
+#include <catch2/catch.hpp>
+
+#include "core/room_registry.hpp"
+
+using namespace ferry;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct entry {
+  room_status status = room_status::bootstrapping;
+  uint32_t prefix_tokens = 0;
+};
+
+}  // namespace
+
+TEST_CASE("room registry: a room ends once, counted, its outcome kept for poll",
+          "[unit][room_registry]") {
+  room_table<entry> side;
+  side.active[7] = entry{room_status::transferring, 16};
+  CHECK(active_poll(side, 7)->status == room_status::transferring);
+  CHECK(active_poll(side, 7)->prefix_tokens == 16);
+  CHECK_FALSE(finished_poll(side, 7));
+  side.finish(7, room_status::success, "", errc::ok, 16, 4096);
+  CHECK_FALSE(active_poll(side, 7));
+  const auto p = finished_poll(side, 7);
+  REQUIRE(p);
+  CHECK(p->status == room_status::success);
+  CHECK(p->prefix_tokens == 16);
+  CHECK(side.succeeded == 1);
+  CHECK(side.bytes == 4096);
+  // The id is reused; the new incarnation's outcome replaces the old one.
+  side.active[7] = entry{};
+  side.finish(7, room_status::failed, "cancelled by client", errc::cancelled);
+  CHECK(finished_poll(side, 7)->reason == "cancelled by client");
+  CHECK(finished_poll(side, 7)->code == errc::cancelled);
+  CHECK(side.failed == 1);
+  CHECK(side.finished.size() == 1);
+  CHECK(side.finished.limit() == history_limit);
+}
+
+TEST_CASE("room registry: admission refuses beyond the limit, naming it", "[unit][room_registry]") {
+  CHECK(admit(3, 4, "decode"));
+  const auto r = admit(4, 4, "decode");
+  REQUIRE_FALSE(r);
+  CHECK(r.code == errc::invalid_request);
+  CHECK(r.message ==
+        "admission refused: 4 rooms already active on the decode side (limits.max_active_rooms "
+        "= 4)");
+}
+
+TEST_CASE("room registry: a send after its room finished is room_finished",
+          "[unit][room_registry]") {
+  room_table<entry> side;
+  CHECK(send_still_open(side.finished, 9));
+  side.active[9] = entry{};
+  side.finish(9, room_status::success, "", errc::ok);
+  const auto r = send_still_open(side.finished, 9);
+  REQUIRE_FALSE(r);
+  CHECK(r.code == errc::room_finished);
+  CHECK(r.message == "room 9 already finished (Success); send after Success is rejected");
+}
+
+TEST_CASE("room registry: a room polled unknown is Bootstrapping for the bound, then timed out",
+          "[unit][room_registry]") {
+  unknown_polls u;
+  const auto t0 = unknown_polls::clock::time_point{} + 1h;
+  auto p = u.poll(5, t0, 100);
+  CHECK(p.status == room_status::bootstrapping);
+  CHECK(u.poll(5, t0 + 99ms, 100).status == room_status::bootstrapping);  // from the first poll
+  p = u.poll(5, t0 + 100ms, 100);
+  CHECK(p.status == room_status::failed);
+  CHECK(p.code == errc::timed_out);
+  CHECK(p.reason ==
+        "timed out in Bootstrapping after 100 ms: no prepare from a decode and no send arrived "
+        "(timeouts.bootstrapping_ms)");
+  u.forget(5);  // it became known; a later unknown poll starts again
+  CHECK(u.poll(5, t0 + 200ms, 100).status == room_status::bootstrapping);
+}
+
+TEST_CASE("room registry: an unresponsive peer is not retried until its mark expires",
+          "[unit][room_registry]") {
+  unresponsive_peers u;
+  const auto t0 = unresponsive_peers::clock::time_point{} + 1h;
+  CHECK_FALSE(u.known_down("p:1", t0));
+  u.mark("p:1", "peer unresponsive: nothing heard for 301 ms", t0 + 300ms);
+  CHECK(u.known_down("p:1", t0 + 100ms) ==
+        "peer unresponsive: nothing heard for 301 ms (not retried for another 200 ms)");
+  CHECK_FALSE(u.known_down("p:2", t0));
+  CHECK_FALSE(u.known_down("p:1", t0 + 300ms));
+  CHECK(u.size() == 0);  // forgotten once expired
+}
