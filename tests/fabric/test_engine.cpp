@@ -1,14 +1,15 @@
-// Contract tests of transport::engine over real libfabric on loopback, for tcp and shm.
-#include <sys/wait.h>
-
+// The write contract of transport::engine over real libfabric on loopback, for tcp and shm, two
+// engines in this process: what arrives and what is counted, asynchronous registration,
+// back-pressure, immediate credit, removed peers, invalid writes, stop. Writes into another
+// process are test_engine_processes.cpp's; what opening an engine reports, test_engine_open.cpp's.
 #include <algorithm>
 #include <ctime>
 #include <future>
 #include <thread>
 
+#include "engine_pair.hpp"
 #include "harness.hpp"
 #include "transport/engine.hpp"
-#include "transport/fabric_handles.hpp"
 
 using namespace ferry::transport;
 using ferry::errc;
@@ -16,49 +17,6 @@ using namespace ferry::test;
 
 namespace {
 using ferry::result;
-
-/// Register one test body for each provider, as separate test cases so a missing provider skips
-/// only its own case.
-#define FERRY_FABRIC_CASE(title, body)                                  \
-  TEST_CASE("fabric " title " (tcp)", "[fabric][tcp]") { body("tcp"); } \
-  TEST_CASE("fabric " title " (shm)", "[fabric][shm]") { body("shm"); }
-
-/// An initiator and a target engine in this process, with registered buffers and the target
-/// inserted as the initiator's peer.
-struct engine_pair {
-  engine_pair(const std::string& provider, size_t bytes, uint32_t max_inflight = 64)
-      : src(bytes), dst(bytes, 0) {
-    require_provider(provider);
-    fill_pattern(src, 7);
-    initiator = open_engine(provider, max_inflight);
-    target = open_engine(provider);
-    src_region = must(initiator->register_region(src.data(), src.size()));
-    auto d = target->register_region(dst.data(), dst.size());
-    INFO(d.message);
-    REQUIRE(d);
-    dst_desc = target->describe(d.value);
-    REQUIRE(dst_desc.length == dst.size());
-    peer = must(initiator->insert_peer(target->local_address()));
-  }
-  void start_both() {
-    imms.attach(target.get());
-    target->start(imms.callback());
-    initiator->start(nullptr);
-  }
-  write_op op(uint64_t src_off, uint64_t dst_off, uint64_t len, uint64_t imm) const {
-    return write_op{src_region, src_off, len, dst_desc.remote_base + dst_off, dst_desc.key, imm};
-  }
-  bool same_bytes(uint64_t src_off, uint64_t dst_off, uint64_t len) const {
-    return std::memcmp(src.data() + src_off, dst.data() + dst_off, len) == 0;
-  }
-
-  std::vector<uint8_t> src, dst;
-  imm_collector imms;
-  std::unique_ptr<engine> initiator, target;  // declared after the buffers: closed before them
-  region_id src_region = 0;
-  region_desc dst_desc;
-  peer_handle peer = 0;
-};
 
 void writes_arrive_with_counted_immediates(const std::string& provider) {
   batch_waiter done;  // declared before the engines: outlives their callbacks
@@ -450,204 +408,4 @@ TEST_CASE("fabric engine progress threads block when idle (tcp)", "[.][timing][t
 TEST_CASE("fabric engine progress threads block when idle (shm)", "[.][timing][shm]") {
   idle_engines_use_little_cpu("shm");
 }
-
-// ----- two processes ----------------------------------------------------------------------------
-
-constexpr uint64_t fork_region = 8 << 20;
-constexpr uint64_t fork_writes = 300;
-
-/// Child side: an engine used only as a write target, reporting what arrived.
-[[noreturn]] void fork_target_child(const std::string& provider, int fd) {
-  auto fail = [fd](const std::string& text) {
-    std::string frame = "E" + text;
-    send_frame(fd, frame.data(), static_cast<uint32_t>(frame.size()));
-    ::_exit(1);
-  };
-  engine_config cfg;
-  cfg.provider = provider;
-  auto opened = engine::open(cfg);
-  if (!opened) fail(opened.message);
-  auto& eng = *opened.value;
-  std::vector<uint8_t> region(fork_region, 0);
-  auto reg = eng.register_region(region.data(), region.size());
-  if (!reg) fail(reg.message);
-  imm_collector imms;
-  imms.attach(&eng);
-  eng.start(imms.callback());
-
-  const region_desc desc = eng.describe(reg.value);
-  const std::vector<uint8_t> addr = eng.local_address();
-  std::vector<uint8_t> hello(1 + sizeof desc + addr.size());
-  hello[0] = 'A';
-  std::memcpy(hello.data() + 1, &desc, sizeof desc);
-  std::memcpy(hello.data() + 1 + sizeof desc, addr.data(), addr.size());
-  send_frame(fd, hello.data(), static_cast<uint32_t>(hello.size()));
-
-  if (!imms.wait_total(fork_writes)) fail("timed out waiting for immediates");
-  std::vector<uint8_t> report(1 + 8);
-  report[0] = 'R';
-  const uint64_t sum = fnv1a(region.data(), region.size());
-  std::memcpy(report.data() + 1, &sum, 8);
-  for (const auto& [imm, n] : imms.counts()) {
-    const uint64_t pair[2] = {imm, n};
-    report.insert(report.end(), reinterpret_cast<const uint8_t*>(pair),
-                  reinterpret_cast<const uint8_t*>(pair) + sizeof pair);
-  }
-  send_frame(fd, report.data(), static_cast<uint32_t>(report.size()));
-  std::vector<uint8_t> bye;
-  recv_frame(fd, bye);  // keep the endpoint up until the parent is done with it
-  eng.stop();
-  // _exit skips destructors: close the endpoint first, or shm leaves its /dev/shm region behind.
-  opened.value.reset();
-  ::_exit(0);
-}
-
-void two_processes(const std::string& provider) {
-  require_provider(provider);
-  int sv[2];
-  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
-  std::fflush(nullptr);
-  const pid_t child = ::fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
-    ::close(sv[0]);
-    try {
-      fork_target_child(provider, sv[1]);
-    } catch (...) {
-      ::_exit(2);
-    }
-  }
-  ::close(sv[1]);
-  const int fd = sv[0];
-  struct reaper {  // never leave the child behind, whatever REQUIRE does
-    pid_t pid;
-    int fd;
-    ~reaper() {
-      ::close(fd);
-      int status = 0;
-      if (::waitpid(pid, &status, WNOHANG) == 0) {
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, &status, 0);
-      }
-    }
-  } reap{child, fd};
-
-  std::vector<uint8_t> frame;
-  REQUIRE(recv_frame(fd, frame));
-  REQUIRE(!frame.empty());
-  if (frame[0] == 'E') FAIL("child: " << std::string(frame.begin() + 1, frame.end()));
-  REQUIRE(frame[0] == 'A');
-  region_desc desc;
-  std::memcpy(&desc, frame.data() + 1, sizeof desc);
-  const std::vector<uint8_t> addr(frame.begin() + 1 + sizeof desc, frame.end());
-  REQUIRE(desc.length == fork_region);
-
-  batch_waiter done;  // outlives the engine's callbacks
-  auto eng = open_engine(provider, 32);
-  std::vector<uint8_t> src(fork_region);
-  fill_pattern(src, 3);
-  auto reg = eng->register_region(src.data(), src.size());
-  REQUIRE(reg);
-  auto peer = eng->insert_peer(addr);
-  INFO(peer.message);
-  REQUIRE(peer);
-  eng->start(nullptr);
-
-  // The expected target image: zeros plus the written ranges.
-  std::vector<uint8_t> expected(fork_region, 0);
-  std::map<uint64_t, uint64_t> expected_imms;
-  const uint64_t sizes[] = {64, 4096, 20000, 65536};
-  uint64_t off = 0;
-  for (int b = 0; b < 3; ++b) {  // three requests, each its own imm
-    write_batch batch;
-    batch.peer = peer.value;
-    for (uint64_t i = 0; i < fork_writes / 3; ++i) {
-      const uint64_t len = sizes[i % 4];
-      batch.ops.push_back(
-          write_op{reg.value, off, len, desc.remote_base + off, desc.key, 77 + uint64_t(b)});
-      std::memcpy(expected.data() + off, src.data() + off, len);
-      off += len + 8;
-    }
-    expected_imms[77 + b] = fork_writes / 3;
-    batch.done = done.callback();
-    eng->submit(std::move(batch));
-  }
-  REQUIRE(off <= fork_region);
-  REQUIRE(done.wait(3));
-  for (const auto& r : done.results()) {
-    INFO(r.message);
-    CHECK(r.ok());
-    CHECK(r.completed == fork_writes / 3);
-  }
-
-  REQUIRE(recv_frame(fd, frame));
-  if (frame[0] == 'E') FAIL("child: " << std::string(frame.begin() + 1, frame.end()));
-  REQUIRE(frame[0] == 'R');
-  uint64_t sum = 0;
-  std::memcpy(&sum, frame.data() + 1, 8);
-  std::map<uint64_t, uint64_t> imms;
-  for (size_t at = 9; at + 16 <= frame.size(); at += 16) {
-    uint64_t pair[2];
-    std::memcpy(pair, frame.data() + at, 16);
-    imms[pair[0]] = pair[1];
-  }
-  CHECK(sum == fnv1a(expected.data(), expected.size()));
-  CHECK(imms == expected_imms);
-
-  eng->stop();
-  const char bye = 'B';
-  send_frame(fd, &bye, 1);
-  REQUIRE(wait_eof(fd));
-  int status = 0;
-  REQUIRE(::waitpid(child, &status, 0) == child);
-  CHECK(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);
-}
-FERRY_FABRIC_CASE("engine writes into a separate target process", two_processes)
-
 }  // namespace
-
-TEST_CASE("fabric engine names a missing provider", "[fabric]") {
-  engine_config cfg;
-  cfg.provider = "nope";
-  auto r = engine::open(cfg);
-  REQUIRE_FALSE(r);
-  CHECK(r.code == errc::fabric_unavailable);
-  CHECK_THAT(r.message, Catch::StartsWith("fabric provider 'nope' is not available on this machine "
-                                          "(fi_getinfo: "));
-  CHECK(r.value == nullptr);
-}
-
-TEST_CASE("fabric engine rejects max_inflight_writes of zero", "[fabric]") {
-  engine_config cfg;
-  cfg.max_inflight_writes = 0;
-  auto r = engine::open(cfg);
-  REQUIRE_FALSE(r);
-  CHECK(r.code == errc::config_invalid);
-  CHECK_THAT(r.message, Catch::Contains("max_inflight_writes"));
-}
-
-TEST_CASE("libfabric codes map onto the error vocabulary", "[fabric][errors]") {
-  // What a caller can act on has its own code, whichever sign the provider reports it with.
-  for (long long rc : {-FI_ENODATA, FI_ENOSYS, -FI_EOPNOTSUPP, -FI_ENODEV})
-    CHECK(errc_of_fi(rc, errc::fabric_error) == errc::fabric_unavailable);
-  for (long long rc : {-FI_ECONNREFUSED, FI_ECONNRESET, -FI_ECONNABORTED, -FI_ENOTCONN,
-                       -FI_EHOSTUNREACH, -FI_ENETUNREACH, -FI_ESHUTDOWN})
-    CHECK(errc_of_fi(rc, errc::fabric_write_failed) == errc::peer_lost);
-  CHECK(errc_of_fi(-FI_ETIMEDOUT, errc::fabric_error) == errc::timed_out);
-  CHECK(errc_of_fi(FI_ECANCELED, errc::fabric_error) == errc::cancelled);
-  CHECK(errc_of_fi(-FI_ENOMEM, errc::fabric_error) == errc::system_error);
-  // Anything else is the call's own failure.
-  CHECK(errc_of_fi(-FI_EINVAL, errc::fabric_error) == errc::fabric_error);
-  CHECK(errc_of_fi(FI_EIO, errc::fabric_write_failed) == errc::fabric_write_failed);
-  const auto e = fi_error("fi_mr_reg", -FI_EINVAL, errc::fabric_error);
-  CHECK(e.code == errc::fabric_error);
-  CHECK(e.message == std::string("fi_mr_reg: ") + fi_strerror(FI_EINVAL) + " (-22)");
-}
-
-TEST_CASE("fabric engine reports the provider in use (tcp resolves to rxm)", "[fabric][tcp]") {
-  require_provider("tcp");
-  auto e = open_engine("tcp");
-  CHECK_THAT(e->provider_name(), Catch::StartsWith("tcp"));
-  CHECK_FALSE(e->local_address().empty());
-}
