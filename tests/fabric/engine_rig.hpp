@@ -70,13 +70,6 @@ struct done_probe {
 
 using batch_probe = probe<transport::batch_result>;
 
-/// Whether [from, from + len) of `v` (to its end by default) is all zero.
-inline bool all_zero(const std::vector<uint8_t>& v, uint64_t from = 0, uint64_t len = ~0ull) {
-  const uint64_t n = std::min<uint64_t>(len, v.size() - std::min<uint64_t>(from, v.size()));
-  const auto first = v.begin() + static_cast<ptrdiff_t>(std::min<uint64_t>(from, v.size()));
-  return std::all_of(first, first + static_cast<ptrdiff_t>(n), [](uint8_t x) { return x == 0; });
-}
-
 /// An initiator and a target engine of one flavour in this process, both started. The initiator
 /// has inserted the target (`peer`), the target the initiator (`back`, what a fence names);
 /// target regions are registered after start, as a daemon registers them per peer.

@@ -1,12 +1,16 @@
 #pragma once
-/// Helpers for the [fabric] tests: provider skip, bounded waits on callbacks, memory patterns.
+/// Helpers for the [fabric] tests: provider skip, bounded waits on callbacks, memory patterns,
+/// a framed channel to a forked child and its reaping.
 
 #include <poll.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_errno.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <condition_variable>
@@ -166,6 +170,13 @@ inline void fill_pattern(std::vector<uint8_t>& buf, uint32_t seed) {
   }
 }
 
+/// Whether [from, from + len) of `v` (to its end by default) is all zero.
+inline bool all_zero(const std::vector<uint8_t>& v, uint64_t from = 0, uint64_t len = ~0ull) {
+  const uint64_t n = std::min<uint64_t>(len, v.size() - std::min<uint64_t>(from, v.size()));
+  const auto first = v.begin() + static_cast<ptrdiff_t>(std::min<uint64_t>(from, v.size()));
+  return std::all_of(first, first + static_cast<ptrdiff_t>(n), [](uint8_t x) { return x == 0; });
+}
+
 /// FNV-1a over a byte range.
 inline uint64_t fnv1a(const uint8_t* p, size_t n) {
   uint64_t h = 0xcbf29ce484222325ull;
@@ -245,5 +256,21 @@ inline bool wait_eof(int fd, std::chrono::milliseconds limit = wait_limit) {
     if (k <= 0) return true;
   }
 }
+
+/// Reaps a forked child whatever the test does: on destruction closes `fd` and, if the child
+/// (stopped or not) still runs, kills it.
+struct child_reaper {
+  pid_t pid;
+  int fd;
+  ~child_reaper() {
+    ::close(fd);
+    int status = 0;
+    if (pid > 0 && ::waitpid(pid, &status, WNOHANG) == 0) {
+      ::kill(pid, SIGCONT);
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+    }
+  }
+};
 
 }  // namespace ferry::test

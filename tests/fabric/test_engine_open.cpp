@@ -1,5 +1,6 @@
-// What opening a transport::engine reports: a missing provider and a bad config refused by name,
-// the provider in use, and libfabric's return codes mapped onto Ferry's error vocabulary.
+// What opening a transport::engine reports: a missing provider, a bad config, and shm without
+// cross-memory attach refused by name; the provider in use; and libfabric's return codes mapped
+// onto Ferry's error vocabulary.
 #include "harness.hpp"
 #include "transport/engine.hpp"
 #include "transport/fabric_handles.hpp"
@@ -51,4 +52,18 @@ TEST_CASE("fabric engine reports the provider in use (tcp resolves to rxm)", "[f
   auto e = open_engine("tcp");
   CHECK_THAT(e->provider_name(), Catch::StartsWith("tcp"));
   CHECK_FALSE(e->local_address().empty());
+}
+
+// The engine sends small shm writes with delivery completion, which needs cross-memory attach
+// (why: the rejected small writes of test_fencing.cpp).
+TEST_CASE("fabric engine refuses shm without cross-memory attach, naming why", "[fabric][shm]") {
+  require_provider("shm");
+  ::setenv("FI_SHM_DISABLE_CMA", "1", 1);
+  engine_config cfg;
+  cfg.provider = "shm";
+  auto r = engine::open(cfg);
+  ::unsetenv("FI_SHM_DISABLE_CMA");
+  REQUIRE_FALSE(r);
+  CHECK_THAT(r.message, Catch::StartsWith("fabric provider 'shm' needs cross-memory attach "
+                                          "(process_vm_writev), and FI_SHM_DISABLE_CMA=1 is set"));
 }
