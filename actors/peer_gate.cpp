@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "actors/name_resolver.hpp"
 #include "core/peer_preamble.hpp"
 
 namespace ferry {
@@ -96,6 +97,7 @@ struct peer_gate::impl {
   std::deque<dial_req> dials;    // guarded by mutex
   bool stopping = false;         // guarded by mutex
   uint32_t dials_in_flight = 0;  // guarded by mutex: queued or in the preamble
+  name_resolver names;           // peers named by a DNS name
 
   void watch(int fd, uint32_t events, int op) {
     epoll_event ev{};
@@ -445,6 +447,7 @@ void peer_gate::start() {
 }
 
 void peer_gate::stop() {
+  impl_->names.stop();  // answers the lookups still pending; none queues a dial after this
   {
     std::lock_guard g(impl_->mutex);
     impl_->stopping = true;
@@ -472,17 +475,36 @@ void peer_gate::dial(const std::string& host, uint16_t port, dial_fn done) {
   addrinfo hints{}, *res = nullptr;
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  const auto service = std::to_string(port);
-  // Blocks the caller only for a DNS name (never the gate thread); peers are usually numeric.
-  if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &res)) {
+  hints.ai_flags = AI_NUMERICSERV | AI_NUMERICHOST;  // parses, never asks DNS
+  const int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (rc == EAI_NONAME) {
+    // A name: resolved on the resolver's thread, whose answer queues the dial.
+    impl_->names.resolve(host, port,
+                         [this, done = std::move(done)](const name_resolver::address* a,
+                                                        const std::string& error) mutable {
+                           if (!a) {
+                             ++stats_.dials_failed;
+                             return done(-1, {}, error, false);
+                           }
+                           queue_dial(a->addr, a->len, std::move(done));
+                         });
+    return;
+  }
+  if (rc != 0) {
     ++stats_.dials_failed;
     return done(-1, {}, "cannot resolve " + host + ": " + gai_strerror(rc), false);
   }
-  dial_req r;
-  std::memcpy(&r.addr, res->ai_addr, res->ai_addrlen);
-  r.len = res->ai_addrlen;
+  sockaddr_storage addr{};
+  std::memcpy(&addr, res->ai_addr, res->ai_addrlen);
+  const socklen_t len = res->ai_addrlen;
   freeaddrinfo(res);
+  queue_dial(addr, len, std::move(done));
+}
+
+void peer_gate::queue_dial(const sockaddr_storage& addr, socklen_t len, dial_fn done) {
+  dial_req r;
+  r.addr = addr;
+  r.len = len;
   std::string refused;
   {
     std::lock_guard g(impl_->mutex);

@@ -24,6 +24,7 @@
 /// - at most `max_dials` outbound preambles at once.
 
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <cstdint>
@@ -53,7 +54,8 @@ class peer_gate {
   /// Outbound result: `fd` >= 0 (the callee owns it) or -1 and `error`; `reset`: the peer reset
   /// or closed the connection in the middle of the preamble, which is what its gate does to a
   /// pending connection it evicts under a flood (worth another dial). Runs on the gate thread,
-  /// or on the caller's when the dial fails at once.
+  /// on the resolver's for a name that does not resolve, or on the caller's when the dial fails
+  /// at once.
   using dial_fn =
       std::function<void(int fd, const std::string& node, const std::string& error, bool reset)>;
 
@@ -77,7 +79,8 @@ class peer_gate {
   /// fail at once. Idempotent.
   void stop();
   /// Connect to host:port (a numeric address or a name) and run the preamble; `done` gets the
-  /// socket or the reason. Thread-safe.
+  /// socket or the reason. Thread-safe, and never waits: a name is resolved on a thread of its
+  /// own (actors/name_resolver.hpp).
   void dial(const std::string& host, uint16_t port, dial_fn done);
 
   const counters& stats() const { return stats_; }
@@ -85,6 +88,8 @@ class peer_gate {
  private:
   struct impl;
   void run();
+  /// Queue a dial to a resolved address for the gate thread (or refuse it at once).
+  void queue_dial(const sockaddr_storage& addr, socklen_t len, dial_fn done);
   std::unique_ptr<impl> impl_;
   std::thread thread_;
   uint16_t port_ = 0;
