@@ -26,6 +26,7 @@
 
 #include "actors/actors.hpp"
 #include "actors/room_lifecycle_glue.hpp"
+#include "actors/room_trace.hpp"
 #include "core/failpoint.hpp"
 #include "core/plan.hpp"
 #include "core/receiver_room.hpp"
@@ -44,6 +45,7 @@ struct receiver_state {
   deadline_tokens timers{};
   std::vector<planned_copy> unpack;  // on commit: staging -> pages, done in quanta
   size_t unpacked = 0;
+  std::unique_ptr<trace::file> trace;  // FERRY_TRACE_DIR (actors/room_trace.hpp)
 
   std::string peers() const { return fmt::format("{}", fmt::join(prep.prefill_peers, ",")); }
 };
@@ -51,6 +53,18 @@ struct receiver_state {
 using receiver_actor = caf::stateful_actor<receiver_state>;
 
 void apply(receiver_actor* self, receiver::effects fx);
+
+/// Feed the machine one event (`call`); with a trace, the event (`describe`, built only then)
+/// and the effects are recorded.
+template <class Describe, class Call>
+receiver::effects feed(receiver_state& st, Describe&& describe, Call&& call) {
+  if (!st.trace) return call();
+  auto ev = describe();
+  auto fx = call();
+  st.trace->write({{"event", std::move(ev)}, {"effects", trace::effects_json(fx)}});
+  return fx;
+}
+using trace::json;
 
 void report(receiver_actor* self, room_status s, const std::string& reason, errc code) {
   auto& st = self->state;
@@ -73,7 +87,12 @@ void unpack_step(receiver_actor* self) {
   if (st.unpacked < st.unpack.size())
     self->send(self, unpack_atom::value);
   else
-    apply(self, st.machine.unpacked());
+    apply(self, feed(
+                    st,
+                    [] {
+                      return json{{"e", "unpacked"}};
+                    },
+                    [&] { return st.machine.unpacked(); }));
 }
 
 /// Carry out the machine's effects, in order.
@@ -90,7 +109,12 @@ void apply(receiver_actor* self, receiver::effects fx) {
                                       x.bytes);
               return;  // staging_atom once some is released
             }
-            apply(self, st.machine.staging_reserved(*at));
+            apply(self, feed(
+                            st,
+                            [&] {
+                              return json{{"e", "staging_reserved"}, {"at", *at}};
+                            },
+                            [&] { return st.machine.staging_reserved(*at); }));
           } else if constexpr (std::is_same_v<E, receiver::no_staging>) {
             st.ctx->log_room->info(
                 "room={} head-sliced KV needs {} bytes of staging but fabric.staging_bytes is "
@@ -157,19 +181,58 @@ void on_peer(receiver_actor* self, peer_inbound& in) {
     in.msg.apply({
         [&](peer_prepare_ack& a) {
           const bool before = st.machine.all_accepted();
-          auto fx = st.machine.prepare_ack(i, a.token, a.ok, static_cast<errc>(a.code), a.reason);
+          auto fx = feed(
+              st,
+              [&] {
+                return json{{"e", "prepare_ack"}, {"i", i},         {"token", a.token},
+                            {"ok", a.ok},         {"code", a.code}, {"reason", a.reason}};
+              },
+              [&] {
+                return st.machine.prepare_ack(i, a.token, a.ok, static_cast<errc>(a.code),
+                                              a.reason);
+              });
           // Test hook: a Receiver dying while its prefill ranks may write (scheduler.cpp).
           if (!before && st.machine.all_accepted() && core::failpoint("receiver_throw_on_accepted"))
             throw std::runtime_error("failpoint receiver_throw_on_accepted");
           apply(self, std::move(fx));
         },
         [&](peer_announce& a) {
-          apply(self, st.machine.announce(i, a.token, a.total_writes, a.total_bytes));
+          apply(self, feed(
+                          st,
+                          [&] {
+                            return json{{"e", "announce"},
+                                        {"i", i},
+                                        {"token", a.token},
+                                        {"writes", a.total_writes},
+                                        {"bytes", a.total_bytes}};
+                          },
+                          [&] {
+                            return st.machine.announce(i, a.token, a.total_writes, a.total_bytes);
+                          }));
         },
         [&](peer_outcome& o) {
-          apply(self, st.machine.outcome(i, o.token, o.ok, static_cast<errc>(o.code), o.reason));
+          apply(self, feed(
+                          st,
+                          [&] {
+                            return json{{"e", "outcome"}, {"i", i},         {"token", o.token},
+                                        {"ok", o.ok},     {"code", o.code}, {"reason", o.reason}};
+                          },
+                          [&] {
+                            return st.machine.outcome(i, o.token, o.ok, static_cast<errc>(o.code),
+                                                      o.reason);
+                          }));
         },
-        [&](peer_drained& d) { apply(self, st.machine.drained(i, d.token, d.completed)); },
+        [&](peer_drained& d) {
+          apply(self, feed(
+                          st,
+                          [&] {
+                            return json{{"e", "drained"},
+                                        {"i", i},
+                                        {"token", d.token},
+                                        {"completed", d.completed}};
+                          },
+                          [&] { return st.machine.drained(i, d.token, d.completed); }));
+        },
     });
   });
 }
@@ -188,7 +251,22 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
       receiver::room(st.prep.room, limits_of(t), schema_of(st.ctx->config), st.prep.prefill_peers,
                      token, static_cast<uint32_t>(st.prep.dst_pages.size()),
                      st.ctx->staging ? st.ctx->staging->bytes : 0);
-  apply(self, st.machine.start());
+  st.trace = trace::file::open("receiver");
+  if (st.trace)
+    st.trace->write({{"e", "new"},
+                     {"id", st.prep.room},
+                     {"limits", trace::limits_json(limits_of(t))},
+                     {"mine", trace::schema_json(schema_of(st.ctx->config))},
+                     {"named", st.prep.prefill_peers},
+                     {"first_token", token},
+                     {"pages", st.prep.dst_pages.size()},
+                     {"staging_capacity", st.ctx->staging ? st.ctx->staging->bytes : 0}});
+  apply(self, feed(
+                  st,
+                  [] {
+                    return json{{"e", "start"}};
+                  },
+                  [&] { return st.machine.start(); }));
   // Learn every named peer's geometry (its handshake may still be running).
   for (size_t i = 0; i < st.connections.size(); ++i)
     self->request(st.connections[i], std::chrono::milliseconds(t.handshake_ms + 1000),
@@ -200,13 +278,29 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
                 const auto need = r.info->link->unpack_staging_bytes(st.prep.dst_pages.size());
                 const auto schema = r.info->schema;
                 if (!st.named[i]) st.named[i] = std::move(r.info);
-                apply(self, st.machine.resolved(i, schema, need));
+                apply(self, feed(
+                                st,
+                                [&] {
+                                  return json{{"e", "resolved"},
+                                              {"i", i},
+                                              {"schema", trace::schema_json(schema)},
+                                              {"unpack", need}};
+                                },
+                                [&] { return st.machine.resolved(i, schema, need); }));
                 return;
               }
-              apply(self,
-                    st.machine.unusable(i, r.code == errc::ok ? errc::peer_unreachable : r.code,
-                                        fmt::format("could not use peer {}: {}",
-                                                    st.prep.prefill_peers[i], r.error)));
+              const auto code = r.code == errc::ok ? errc::peer_unreachable : r.code;
+              const auto why =
+                  fmt::format("could not use peer {}: {}", st.prep.prefill_peers[i], r.error);
+              apply(self, feed(
+                              st,
+                              [&] {
+                                return json{{"e", "unusable"},
+                                            {"i", i},
+                                            {"code", static_cast<int>(code)},
+                                            {"why", why}};
+                              },
+                              [&] { return st.machine.unusable(i, code, why); }));
             },
             [=](caf::error& e) {
               // A Connection that already ended cannot answer; its peer_down, which the
@@ -214,24 +308,76 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
               if (e.category() == caf::atom("system") &&
                   e.code() == static_cast<uint8_t>(caf::sec::request_receiver_down))
                 return;
-              apply(self,
-                    self->state.machine.unusable(
-                        i, errc::peer_unreachable,
-                        fmt::format("could not use peer {}: {}", self->state.prep.prefill_peers[i],
-                                    self->system().render(e))));
+              auto& st = self->state;
+              const auto why = fmt::format("could not use peer {}: {}", st.prep.prefill_peers[i],
+                                           self->system().render(e));
+              apply(self, feed(
+                              st,
+                              [&] {
+                                return json{{"e", "unusable"},
+                                            {"i", i},
+                                            {"code", static_cast<int>(errc::peer_unreachable)},
+                                            {"why", why}};
+                              },
+                              [&] { return st.machine.unusable(i, errc::peer_unreachable, why); }));
             });
   return {
       [=](peer_inbound& in) { on_peer(self, in); },
-      [=](landed_msg& m) { apply(self, self->state.machine.landed(m.token, m.count)); },
-      [=](staging_atom) { apply(self, self->state.machine.staging_freed()); },
+      [=](landed_msg& m) {
+        auto& st = self->state;
+        apply(self, feed(
+                        st,
+                        [&] {
+                          return json{{"e", "landed"}, {"token", m.token}, {"count", m.count}};
+                        },
+                        [&] { return st.machine.landed(m.token, m.count); }));
+      },
+      [=](staging_atom) {
+        auto& st = self->state;
+        apply(self, feed(
+                        st,
+                        [] {
+                          return json{{"e", "staging_freed"}};
+                        },
+                        [&] { return st.machine.staging_freed(); }));
+      },
       [=](unpack_atom) { unpack_step(self); },
-      [=](cancel_atom, const std::string& why) { apply(self, self->state.machine.cancel(why)); },
+      [=](cancel_atom, const std::string& why) {
+        auto& st = self->state;
+        apply(self, feed(
+                        st,
+                        [&] {
+                          return json{{"e", "cancel"}, {"why", why}};
+                        },
+                        [&] { return st.machine.cancel(why); }));
+      },
       [=](peer_down& d) {
         for_named(self, d.connection, [&](size_t i) {
-          apply(self, self->state.machine.peer_down(i, d.fenced, d.code, describe(d)));
+          auto& st = self->state;
+          const auto why = describe(d);
+          apply(self, feed(
+                          st,
+                          [&] {
+                            return json{{"e", "peer_down"},
+                                        {"i", i},
+                                        {"fenced", d.fenced},
+                                        {"code", static_cast<int>(d.code)},
+                                        {"why", why}};
+                          },
+                          [&] { return st.machine.peer_down(i, d.fenced, d.code, why); }));
         });
       },
-      [=](room_deadline& d) { apply(self, self->state.machine.expired(d.kind, d.generation)); },
+      [=](room_deadline& d) {
+        auto& st = self->state;
+        apply(self, feed(
+                        st,
+                        [&] {
+                          return json{{"e", "expired"},
+                                      {"kind", static_cast<int>(d.kind)},
+                                      {"generation", d.generation}};
+                        },
+                        [&] { return st.machine.expired(d.kind, d.generation); }));
+      },
   };
 }
 

@@ -27,6 +27,7 @@
 #include "actors/actors.hpp"
 #include "actors/client_gateway.hpp"
 #include "actors/room_lifecycle_glue.hpp"
+#include "actors/room_trace.hpp"
 #include "core/plan.hpp"
 #include "core/sender_room.hpp"
 
@@ -53,6 +54,7 @@ struct sender_state {
   bool pump_scheduled = false;  // a pump_atom to self is on its way
   std::vector<planned_write> writes;
   std::vector<planned_copy> copies;
+  std::unique_ptr<trace::file> trace;  // FERRY_TRACE_DIR (actors/room_trace.hpp)
 };
 
 using sender_actor = caf::stateful_actor<sender_state>;
@@ -65,6 +67,17 @@ struct answering {
 };
 
 void apply(sender_actor* self, sender::effects fx, const answering& to = {});
+
+/// Feed the machine one event (`call`); with a trace, the event (`describe`, built only then,
+/// before the call moves its arguments) and the effects are recorded.
+template <class Describe, class Call>
+sender::effects feed(sender_state& st, Describe&& describe, Call&& call) {
+  if (!st.trace) return call();
+  auto ev = describe();
+  auto fx = call();
+  st.trace->write({{"event", std::move(ev)}, {"effects", trace::effects_json(fx)}});
+  return fx;
+}
 
 void report(sender_actor* self, room_status s, const std::string& reason, errc code) {
   auto& st = self->state;
@@ -113,7 +126,15 @@ void submit(sender_actor* self, size_t i, std::optional<uint64_t> staging) {
   };
   const uint64_t writes = w.size();
   ctx.engine->submit(std::move(batch));
-  apply(self, st.machine.posted(i, id, writes, bytes));
+  apply(
+      self,
+      feed(
+          st,
+          [&] {
+            return trace::json{
+                {"e", "posted"}, {"link", i}, {"batch", id}, {"writes", writes}, {"bytes", bytes}};
+          },
+          [&] { return st.machine.posted(i, id, writes, bytes); }));
 }
 
 /// Bytes of staging one packed batch may use: small enough that many rooms pack at once.
@@ -156,6 +177,19 @@ void pump(sender_actor* self) {
       }
     }
   }
+}
+
+/// Pump, then tell the machine whether anything still waits for staging.
+void pumped(sender_actor* self) {
+  auto& st = self->state;
+  pump(self);
+  const bool pending = pack_pending(st);
+  apply(self, feed(
+                  st,
+                  [&] {
+                    return trace::json{{"e", "pumped"}, {"pending", pending}};
+                  },
+                  [&] { return st.machine.pumped(pending); }));
 }
 
 /// Plan one chunk for link `i`: whole pages, writes into the decode's staging, or direct
@@ -228,10 +262,15 @@ void apply(sender_actor* self, sender::effects fx, const answering& to) {
             st.ctx->log_room->debug("room={} peer={} chunk pages={} last={}", st.room,
                                     st.machine.peer_name(), x.chunk.src_pages.size(), x.chunk.last);
             pump(self);
-            apply(self, st.machine.chunk_posted(pack_pending(st)));
+            const bool pending = pack_pending(st);
+            apply(self, feed(
+                            st,
+                            [&] {
+                              return trace::json{{"e", "chunk_posted"}, {"pending", pending}};
+                            },
+                            [&] { return st.machine.chunk_posted(pending); }));
           } else if constexpr (std::is_same_v<E, sender::pump>) {
-            pump(self);
-            apply(self, st.machine.pumped(pack_pending(st)));
+            pumped(self);
           } else if constexpr (std::is_same_v<E, sender::announce>) {
             send_to_links(self, [&](const sender::link_record& r) {
               return peer_announce{st.room, r.token, r.writes, r.bytes};
@@ -323,7 +362,17 @@ void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p) {
   m.token = p.token;
   m.indices = check_named_indices(st, in, p);
   const size_t before = st.machine.links().size();
-  auto fx = st.machine.prepare(std::move(m));
+  auto fx = feed(
+      st,
+      [&] {
+        return trace::json{{"e", "prepare"},       {"link", m.link},
+                           {"address", m.address}, {"in_group", m.in_group},
+                           {"tp_size", m.tp_size}, {"tp_rank", m.tp_rank},
+                           {"pp_rank", m.pp_rank}, {"expected_links", m.expected_links},
+                           {"pages", m.pages},     {"prefix_tokens", m.prefix_tokens},
+                           {"token", m.token},     {"indices", trace::result_json(m.indices)}};
+      },
+      [&] { return st.machine.prepare(std::move(m)); });
   if (st.machine.links().size() > before) {
     st.ctx->log_room->debug("room={} peer={} prepared: {} dst pages, state slot {}, aux row {}; {}",
                             st.room, in.from->address, p.dst_pages.size(), p.dst_state_slot,
@@ -338,9 +387,21 @@ void on_peer(sender_actor* self, peer_inbound& in) {
   in.msg.apply({
       [&](peer_prepare& p) { on_prepare(self, in, p); },
       [&](peer_outcome& o) {
+        const uint64_t link = in.connection.id();
+        const bool in_group = in.from->link->in_group;
         apply(self,
-              st.machine.outcome(in.connection.id(), in.from->address, in.from->link->in_group,
-                                 o.token, o.ok, static_cast<errc>(o.code), o.reason));
+              feed(
+                  st,
+                  [&] {
+                    return trace::json{
+                        {"e", "outcome"},       {"link", link},      {"address", in.from->address},
+                        {"in_group", in_group}, {"token", o.token},  {"ok", o.ok},
+                        {"code", o.code},       {"reason", o.reason}};
+                  },
+                  [&] {
+                    return st.machine.outcome(link, in.from->address, in_group, o.token, o.ok,
+                                              static_cast<errc>(o.code), o.reason);
+                  }));
         for (const auto& r : st.machine.links())
           if (r.link == in.connection.id() && r.committed && o.ok)
             st.ctx->log_room->debug("room={} peer={} committed: {} writes, {} bytes", st.room,
@@ -357,32 +418,88 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
   st.room = room;
   const auto& cfg = st.ctx->config;
   st.machine = sender::room(room, limits_of(cfg.timeouts), cfg.tp.rank, cfg.tp.size, cfg.pp.rank);
-  apply(self, st.machine.start());
+  st.trace = trace::file::open("sender");
+  if (st.trace)
+    st.trace->write({{"e", "new"},
+                     {"id", room},
+                     {"limits", trace::limits_json(limits_of(cfg.timeouts))},
+                     {"tp_rank", cfg.tp.rank},
+                     {"tp_size", cfg.tp.size},
+                     {"pp_rank", cfg.pp.rank}});
+  apply(self, feed(
+                  st,
+                  [] {
+                    return trace::json{{"e", "start"}};
+                  },
+                  [&] { return st.machine.start(); }));
   return {
       [=](client_request& req) {
         auto& st = self->state;
-        auto fx = st.machine.chunk(std::get<proto::send>(std::move(req.msg)));
+        auto& c = std::get<proto::send>(req.msg);
+        auto fx = feed(
+            st,
+            [&] {
+              return trace::json{{"e", "chunk"},   {"room", c.room},       {"pages", c.src_pages},
+                                 {"last", c.last}, {"slot", c.state_slot}, {"row", c.aux_row}};
+            },
+            [&] { return st.machine.chunk(std::move(c)); });
         apply(self, std::move(fx), answering{&req, {}});
       },
       [=](peer_inbound& in) { on_peer(self, in); },
       [=](batch_done_msg& d) {
+        auto& st = self->state;
         result<> r;
         if (!d.result.ok()) r = error{d.result.code, d.result.message};
-        apply(self,
-              self->state.machine.batch_done(d.batch, d.result.completed, d.result.failed, r));
+        apply(self, feed(
+                        st,
+                        [&] {
+                          return trace::json{{"e", "batch_done"},
+                                             {"batch", d.batch},
+                                             {"completed", d.result.completed},
+                                             {"failed", d.result.failed},
+                                             {"result", trace::result_json(r)}};
+                        },
+                        [&] {
+                          return st.machine.batch_done(d.batch, d.result.completed, d.result.failed,
+                                                       r);
+                        }));
       },
-      [=](staging_atom) {
-        pump(self);
-        apply(self, self->state.machine.pumped(pack_pending(self->state)));
-      },
+      [=](staging_atom) { pumped(self); },
       [=](pump_atom) {
         self->state.pump_scheduled = false;
-        pump(self);
-        apply(self, self->state.machine.pumped(pack_pending(self->state)));
+        pumped(self);
       },
-      [=](cancel_atom, const std::string& why) { apply(self, self->state.machine.cancel(why)); },
-      [=](peer_down& d) { apply(self, self->state.machine.peer_down(d.code, describe(d))); },
-      [=](room_deadline& d) { apply(self, self->state.machine.expired(d.kind, d.generation)); },
+      [=](cancel_atom, const std::string& why) {
+        auto& st = self->state;
+        apply(self, feed(
+                        st,
+                        [&] {
+                          return trace::json{{"e", "cancel"}, {"why", why}};
+                        },
+                        [&] { return st.machine.cancel(why); }));
+      },
+      [=](peer_down& d) {
+        auto& st = self->state;
+        const auto why = describe(d);
+        apply(self, feed(
+                        st,
+                        [&] {
+                          return trace::json{
+                              {"e", "peer_down"}, {"code", static_cast<int>(d.code)}, {"why", why}};
+                        },
+                        [&] { return st.machine.peer_down(d.code, why); }));
+      },
+      [=](room_deadline& d) {
+        auto& st = self->state;
+        apply(self, feed(
+                        st,
+                        [&] {
+                          return trace::json{{"e", "expired"},
+                                             {"kind", static_cast<int>(d.kind)},
+                                             {"generation", d.generation}};
+                        },
+                        [&] { return st.machine.expired(d.kind, d.generation); }));
+      },
   };
 }
 
