@@ -104,15 +104,17 @@ void on_peer_inbound(scheduler_actor* self, peer_inbound& in) {
   };
   in.msg.apply({
       [&](peer_prepare& p) {
-        auto refuse = [&](std::string why) {
-          self->send(
-              in.connection,
-              peer_outbound{caf::make_message(peer_prepare_ack{p.room, p.token, false, why})});
+        auto refuse = [&](std::string why, errc code = errc::ok) {
+          self->send(in.connection,
+                     peer_outbound{caf::make_message(peer_prepare_ack{
+                         p.room, p.token, false, why, static_cast<uint16_t>(code)})});
         };
         auto it = st.prefill.active.find(p.room);
         if (it == st.prefill.active.end()) {
           if (!st.ctx->serves_prefill())
             return refuse("this daemon does not serve the prefill role");
+          if (auto late = late_prepare(st.prefill.finished, p.room); !late)
+            return refuse(late.message, late.code);
           if (auto e = admission(st, st.prefill, "prefill"); !e) return refuse(e.message);
           auto actor = spawn_sender(self, st.ctx, p.room, caf::actor_cast<caf::actor>(self));
           it = st.prefill.active.emplace(p.room, room_entry{}).first;
@@ -266,7 +268,8 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
                                                to_string(u.status)));
           }
         self->demonitor(it->second.actor);
-        side.finish(u.room, u.status, u.reason, u.code, it->second.prefix_tokens, u.bytes);
+        side.finish(u.room, u.status, u.reason, u.code, it->second.prefix_tokens, u.bytes,
+                    !u.decode_side && it->second.connections.empty());
         try_release(self);
       },
       [=](memory_mapped& m) {

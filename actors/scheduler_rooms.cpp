@@ -68,7 +68,8 @@ void fail_orphan(scheduler_actor* self, side_rooms& side, uint64_t room, std::st
   }
   st.ctx->log_sched->info("room={} side={} Failed: {}", room,
                           &side == &st.decode ? "decode" : "prefill", reason);
-  side.finish(room, room_status::failed, std::move(reason), errc::internal);
+  side.finish(room, room_status::failed, std::move(reason), errc::internal, 0, 0,
+              &side == &st.prefill && e.connections.empty());
   try_release(self);
 }
 

@@ -21,6 +21,14 @@ result<> send_still_open(const bounded_map<uint64_t, finished_room>& finished, u
                            status)};
 }
 
+result<> late_prepare(const bounded_map<uint64_t, finished_room>& finished, uint64_t room) {
+  const auto* f = finished.find(room);
+  if (!f || !f->without_decode || f->status != room_status::failed) return {};
+  return error{f->code == errc::ok ? errc::internal : f->code,
+               fmt::format("room {} failed on the prefill before this decode prepared it: {}", room,
+                           f->reason)};
+}
+
 proto::poll_reply unknown_polls::poll(uint64_t room, clock::time_point now,
                                       uint32_t bootstrapping_ms) {
   const auto first = first_.get_or_put(room, now);

@@ -26,6 +26,9 @@ struct finished_room {
   std::string reason;
   errc code = errc::ok;
   uint32_t prefix_tokens = 0;
+  /// Prefill: the room ended before any decode rank prepared it, so none was told; a prepare
+  /// that arrives now is late for it (see `late_prepare`).
+  bool without_decode = false;
 };
 
 /// Rooms of one side (`Entry`: what the Scheduler keeps of an active room). A room id may be
@@ -39,7 +42,7 @@ struct room_table {
 
   /// `room` ended with `s`: counted, no longer active, its outcome kept for poll.
   void finish(uint64_t room, room_status s, std::string reason, errc code,
-              uint32_t prefix_tokens = 0, uint64_t moved_bytes = 0) {
+              uint32_t prefix_tokens = 0, uint64_t moved_bytes = 0, bool without_decode = false) {
     if (s == room_status::success) {
       ++succeeded;
       bytes += moved_bytes;
@@ -47,7 +50,7 @@ struct room_table {
       ++failed;
     }
     active.erase(room);
-    finished.put(room, finished_room{s, std::move(reason), code, prefix_tokens});
+    finished.put(room, finished_room{s, std::move(reason), code, prefix_tokens, without_decode});
   }
 };
 
@@ -57,6 +60,13 @@ result<> admit(size_t active, uint32_t limit, const char* side);
 
 /// Whether a send for `room` may still be taken: room_finished once that room has finished.
 result<> send_still_open(const bounded_map<uint64_t, finished_room>& finished, uint64_t room);
+
+/// Prefill: whether a decode rank's prepare for `room`, which has no active room, is late for
+/// a room that already failed before any decode rank prepared it (cancelled by its client, or
+/// timed out waiting for the prepare). Such a prepare is refused with the room's own reason and
+/// code, so the decode fails at once instead of opening a new incarnation that no send will
+/// ever feed (and waiting out its whole transfer_ms).
+result<> late_prepare(const bounded_map<uint64_t, finished_room>& finished, uint64_t room);
 
 /// A poll's answer from a side's active rooms (its status), or nothing.
 template <class Entry>

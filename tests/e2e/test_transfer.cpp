@@ -110,6 +110,32 @@ TEST_CASE("a send whose prepare never comes fails after the bounded wait", "[e2e
   CHECK(e.reason == "timed out in Bootstrapping after 300 ms (waiting for the decode's prepare)");
 }
 
+TEST_CASE(
+    "a prepare that arrives after its prefill room failed is refused at once, with the "
+    "prefill's reason and code",
+    "[e2e]") {
+  pair c;
+  room_spec r;
+  r.room = 57;
+  r.src_pages = range(0, 4);
+  r.dst_pages = range(100, 4);
+  stage(c, r);
+  send_chunks(c, r);
+  REQUIRE(c.p->cancel(r.room));
+  auto p = wait_done(*c.p, r.room);
+  REQUIRE(p.status == room_status::failed);
+  CHECK(p.reason == "cancelled by client");
+  // No decode had prepared it, so none was told. Its late prepare must not open a new room
+  // that no send will feed (the decode would wait out its whole transfer_ms).
+  prepare(c, r);
+  auto d = wait_done(*c.d, r.room);
+  CHECK(d.status == room_status::failed);
+  CHECK(d.code == errc::cancelled);
+  CHECK(d.reason == "prefill " + c.prefill.control() +
+                        " refused the prepare: room 57 failed on "
+                        "the prefill before this decode prepared it: cancelled by client");
+}
+
 TEST_CASE("64 concurrent rooms all commit with their own bytes", "[e2e]") {
   shape s;
   s.slots = 64;

@@ -93,3 +93,25 @@ TEST_CASE("room registry: an unresponsive peer is not retried until its mark exp
   CHECK_FALSE(u.known_down("p:1", t0 + 300ms));
   CHECK(u.size() == 0);  // forgotten once expired
 }
+
+TEST_CASE(
+    "room registry: a prepare is late only for a room that failed before any decode "
+    "prepared it",
+    "[unit][room_registry]") {
+  room_table<entry> side;
+  CHECK(late_prepare(side.finished, 1));  // unknown: a new room
+  side.active[1] = entry{};
+  side.finish(1, room_status::failed, "cancelled by client", errc::cancelled, 0, 0, true);
+  const auto r = late_prepare(side.finished, 1);
+  REQUIRE_FALSE(r);
+  CHECK(r.code == errc::cancelled);
+  CHECK(r.message ==
+        "room 1 failed on the prefill before this decode prepared it: cancelled by "
+        "client");
+  side.active[2] = entry{};
+  side.finish(2, room_status::failed, "peer lost", errc::peer_lost, 0, 0, false);
+  CHECK(late_prepare(side.finished, 2));  // its decode ranks were told: a reuse of the id
+  side.active[3] = entry{};
+  side.finish(3, room_status::success, "", errc::ok, 0, 0, true);
+  CHECK(late_prepare(side.finished, 3));
+}
