@@ -44,20 +44,19 @@ proto::poll_reply unknown_polls::poll(uint64_t room, clock::time_point now,
 
 void unresponsive_peers::mark(const std::string& address, std::string why,
                               clock::time_point until) {
-  down_[address] = {std::move(why), until};
+  down_.put(address, {std::move(why), until});
 }
 
 std::optional<std::string> unresponsive_peers::known_down(const std::string& address,
                                                           clock::time_point now) {
-  auto it = down_.find(address);
-  if (it == down_.end()) return std::nullopt;
-  const auto left =
-      std::chrono::duration_cast<std::chrono::milliseconds>(it->second.second - now).count();
+  const auto* d = down_.find(address);
+  if (!d) return std::nullopt;
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(d->second - now).count();
   if (left <= 0) {
-    down_.erase(it);
+    down_.erase(address);
     return std::nullopt;
   }
-  return fmt::format("{} (not retried for another {} ms)", it->second.first, left);
+  return fmt::format("{} (not retried for another {} ms)", d->first, left);
 }
 
 }  // namespace ferry

@@ -100,7 +100,8 @@ class unknown_polls {
 };
 
 /// Outbound peers declared unresponsive (by the heartbeat): new rooms naming one fail at once,
-/// naming why, until the bound (heartbeat_ms x heartbeat_misses) has passed again.
+/// naming why, until the bound (heartbeat_ms x heartbeat_misses) has passed again. Bounded like
+/// the histories: the oldest marks are forgotten first.
 class unresponsive_peers {
  public:
   using clock = std::chrono::steady_clock;
@@ -110,7 +111,7 @@ class unresponsive_peers {
   size_t size() const { return down_.size(); }
 
  private:
-  std::unordered_map<std::string, std::pair<std::string, clock::time_point>> down_;
+  bounded_map<std::string, std::pair<std::string, clock::time_point>> down_{history_limit};
 };
 
 }  // namespace ferry

@@ -3,6 +3,7 @@
 // the preamble like any other; a gate that stops answers every lookup still pending, once.
 // Only `localhost` is looked up (from /etc/hosts): no test asks a DNS server.
 
+#include <condition_variable>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -69,4 +70,62 @@ TEST_CASE("a resolver that stops answers every lookup still pending, exactly onc
   for (size_t i = 0; i < 50; ++i)
     CHECK((answers[i] == "resolved" || answers[i] == "the daemon is stopping"));
   CHECK(answers[50] == "late: the daemon is stopping");
+}
+
+TEST_CASE(
+    "a name whose lookup never answers holds one resolver thread, not the names behind it, "
+    "and a stop answers it at once",
+    "[e2e][peer_names]") {
+  // A lookup the test controls: "stuck" blocks until released, any other name resolves.
+  std::mutex m;
+  std::condition_variable cv;
+  bool release = false, stuck_entered = false, stuck_left = false;
+  auto lookup = [&](const std::string& host, uint16_t, name_resolver::address& out, std::string&) {
+    if (host == "stuck") {
+      std::unique_lock lk(m);
+      stuck_entered = true;
+      cv.notify_all();
+      cv.wait(lk, [&] { return release; });
+      stuck_left = true;  // the last the lookup touches of this test's state
+      cv.notify_all();
+    }
+    out.len = sizeof(sockaddr_in);
+    return true;
+  };
+  std::vector<std::string> answers;  // guarded by m
+  auto record = [&](const std::string& name) {
+    return [&, name](const name_resolver::address* a, const std::string& e) {
+      std::lock_guard g(m);
+      answers.push_back(name + ": " + (a ? "resolved" : e));
+      cv.notify_all();
+    };
+  };
+  auto r = std::make_unique<name_resolver>(lookup);
+  r->resolve("stuck", 1, record("stuck"));
+  {
+    std::unique_lock lk(m);
+    REQUIRE(cv.wait_for(lk, 20s, [&] { return stuck_entered; }));
+  }
+  r->resolve("fast", 1, record("fast"));
+  {
+    std::unique_lock lk(m);
+    REQUIRE(cv.wait_for(lk, 20s, [&] { return !answers.empty(); }));
+    CHECK(answers == std::vector<std::string>{"fast: resolved"});
+  }
+  r->stop();  // returns while "stuck" is still inside its lookup
+  {
+    std::lock_guard g(m);
+    CHECK(answers == std::vector<std::string>{"fast: resolved", "stuck: the daemon is stopping"});
+  }
+  r.reset();
+  {
+    std::lock_guard g(m);
+    release = true;
+    cv.notify_all();
+  }
+  // The detached thread finishes its lookup and must answer nothing more (it finds the resolver
+  // stopped). It cannot be joined: wait until it is past this test's state, then check.
+  std::unique_lock lk(m);
+  REQUIRE(cv.wait_for(lk, 20s, [&] { return stuck_left; }));
+  CHECK(answers.size() == 2);
 }
