@@ -113,6 +113,10 @@ std::string random_instance() {
 
 int run_daemon(const ferry_config& cfg, const daemon_options& options) {
   auto log = make_logger("ferryd");
+  if (const auto bad = core::failpoints_invalid(); !bad.empty()) {
+    log->error("{}", bad);  // a test hook set wrong: the test would prove nothing
+    return 2;
+  }
   const auto instance = cfg.instance == "auto" ? random_instance() : cfg.instance;
   // Before anything is touched: a second ferryd with this config finds the first and leaves.
   // The locks outlive everything below (the socket and the pools go first at a stop).

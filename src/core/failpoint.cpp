@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 
 namespace ferry::core {
@@ -14,6 +15,8 @@ struct failpoints {
   std::mutex mutex;
   std::unordered_map<std::string, int64_t> left;  ///< -1: unlimited
   std::atomic<bool> any{false};
+
+  std::string invalid;  ///< why FERRY_FAILPOINTS is refused ("" when it is well formed)
 
   failpoints() {
     const char* v = std::getenv("FERRY_FAILPOINTS");
@@ -26,13 +29,33 @@ struct failpoints {
       rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
       if (item.empty()) continue;
       int64_t count = -1;
+      std::string_view name = item;
       if (const auto eq = item.find('='); eq != std::string_view::npos) {
-        count = std::strtoll(std::string(item.substr(eq + 1)).c_str(), nullptr, 10);
-        item = item.substr(0, eq);
+        name = item.substr(0, eq);
+        const auto digits = item.substr(eq + 1);
+        const bool numeric = !digits.empty() && digits.size() <= 9 &&
+                             digits.find_first_not_of("0123456789") == std::string_view::npos;
+        if (!numeric) {
+          refuse(item, "the count after '=' must be a whole number of firings (0..999999999)");
+          return;
+        }
+        count = std::stoll(std::string(digits));
       }
-      left[std::string(item)] = count;
+      if (name.empty() || name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") !=
+                              std::string_view::npos) {
+        refuse(item, "a failpoint name is lower-case letters, digits and '_'");
+        return;
+      }
+      left[std::string(name)] = count;
     }
     any.store(!left.empty(), std::memory_order_relaxed);
+  }
+
+  /// A malformed setting sets no failpoint: a test hook that fires differently from what was
+  /// asked would prove nothing.
+  void refuse(std::string_view item, const char* why) {
+    left.clear();
+    invalid = "FERRY_FAILPOINTS='" + text + "': item '" + std::string(item) + "': " + why;
   }
 };
 
@@ -54,5 +77,7 @@ bool failpoint(std::string_view name) {
 }
 
 std::string active_failpoints() { return registry().text; }
+
+std::string failpoints_invalid() { return registry().invalid; }
 
 }  // namespace ferry::core

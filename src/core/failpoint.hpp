@@ -6,6 +6,9 @@
 ///   FERRY_FAILPOINTS=receiver_throw_on_accepted      fires every time
 ///   FERRY_FAILPOINTS=receiver_throw_on_accepted=1    fires once
 ///
+/// Items are separated by commas; a name is lower-case letters, digits and '_', a count a whole
+/// number. Anything else is refused (`failpoints_invalid`), and sets none.
+///
 /// A daemon with failpoints set logs each of them at start (see `active_failpoints`). Costs one
 /// relaxed atomic load per check when none is set.
 
@@ -19,5 +22,9 @@ bool failpoint(std::string_view name);
 
 /// The failpoints set in the environment, as given ("" when none), for the start-up log.
 std::string active_failpoints();
+
+/// Why FERRY_FAILPOINTS is refused, naming the item ("" when it is well formed or unset). A
+/// refused setting sets no failpoint, and ferryd does not start with one.
+std::string failpoints_invalid();
 
 }  // namespace ferry::core

@@ -193,6 +193,20 @@ TEST_CASE("ferryd --check-config refuses what the daemon would refuse at start",
         "daemon's shared-memory objects), got 300\n");
 }
 
+TEST_CASE("a malformed FERRY_FAILPOINTS stops ferryd before it starts, naming the item",
+          "[e2e][bad-input]") {
+  temp_dir dir;
+  const auto path = (dir.path / "x.yaml").string();
+  std::ofstream(path) << make_config("x", "decode", 7000, (dir.path / "x.sock").string(), shape{});
+  auto r = run_ferryd({"--config", path}, dir.path / "start.log", 30s,
+                      [] { setenv("FERRY_FAILPOINTS", "receiver_throw_on_accepted=once", 1); });
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("FERRY_FAILPOINTS='receiver_throw_on_accepted=once': item "
+                                       "'receiver_throw_on_accepted=once': the count after '=' "
+                                       "must be a whole number of firings (0..999999999)"));
+  CHECK_THAT(r.output, !Catch::Contains("ready"));
+}
+
 TEST_CASE("incompatible peers fail the room with the first difference", "[e2e][bad-input]") {
   temp_dir dir;
   shape ps, ds;

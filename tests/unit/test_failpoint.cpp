@@ -1,8 +1,8 @@
 // Failpoints (core/failpoint.hpp): which FERRY_FAILPOINTS texts make which failpoints fire, how
-// often, and what active_failpoints() reports for the start-up log. The variable is read once
-// per process, at the first check (a function-local static in failpoint.cpp), so each case runs
-// this executable again as a child with a FERRY_FAILPOINTS of its choosing, on the hidden probe
-// case below, and asserts on the answers the child wrote down.
+// often, what active_failpoints() reports for the start-up log, and which texts are refused. The
+// variable is read once per process, at the first check (a function-local static in failpoint.cpp),
+// so each case runs this executable again as a child with a FERRY_FAILPOINTS of its choosing, on
+// the hidden probe case below, and asserts on the answers the child wrote down.
 #include <fcntl.h>
 #include <spawn.h>
 #include <stdlib.h>
@@ -37,6 +37,7 @@ const std::string never(checks, '0');
 /// `checks` checks in order ('1' fired, '0' did not).
 struct answers {
   std::string active;
+  std::string invalid;  ///< failpoints_invalid()
   std::map<std::string, std::string> fired;
 };
 
@@ -84,7 +85,8 @@ answers probe(const std::optional<std::string>& value, const std::vector<std::st
   child_output << std::ifstream(log).rdbuf();
   answers a;
   std::ifstream in(report);
-  const bool have_active = static_cast<bool>(std::getline(in, a.active));
+  const bool have_active = static_cast<bool>(std::getline(in, a.active)) &&
+                           static_cast<bool>(std::getline(in, a.invalid));
   for (const auto& n : names) {
     std::string line;
     if (std::getline(in, line)) a.fired[n] = line;
@@ -113,6 +115,7 @@ TEST_CASE("failpoint probe of this process", "[.][failpoint_probe]") {
   REQUIRE(report != nullptr);
   std::ofstream out(report);
   out << ferry::core::active_failpoints() << '\n';
+  out << ferry::core::failpoints_invalid() << '\n';
   std::istringstream in(names);
   for (std::string name; std::getline(in, name);) {
     std::string fired;
@@ -170,12 +173,13 @@ TEST_CASE("several failpoints are separated by commas, each with its own count",
     CHECK(a.fired.at("beta") == "10000");
     CHECK(a.fired.at("") == never);
   }
-  SECTION("only a comma separates: blanks belong to the name, other marks too") {
-    const auto a = probe("alpha, beta,gamma;delta", {"beta", " beta", "gamma", "gamma;delta"});
-    CHECK(a.fired.at("beta") == never);
-    CHECK(a.fired.at(" beta") == always);
-    CHECK(a.fired.at("gamma") == never);
-    CHECK(a.fired.at("gamma;delta") == always);
+  SECTION("only a comma separates: a blank or another mark in a name refuses the setting") {
+    const auto a = probe("alpha, beta,gamma;delta", {"alpha", "beta", " beta", "gamma;delta"});
+    CHECK(a.fired.at("alpha") == never);
+    CHECK(a.fired.at(" beta") == never);
+    CHECK(a.invalid ==
+          "FERRY_FAILPOINTS='alpha, beta,gamma;delta': item ' beta': a failpoint "
+          "name is lower-case letters, digits and '_'");
   }
   SECTION("a name given twice takes its last count") {
     const auto a = probe("alpha=1,alpha,beta,beta=2", {"alpha", "beta"});
@@ -194,20 +198,22 @@ TEST_CASE("active_failpoints gives FERRY_FAILPOINTS as it was set", "[unit][fail
   CHECK(probe("alpha=abc", {}).active == "alpha=abc");
 }
 
-TEST_CASE("a malformed count is accepted without a word, read as strtoll reads it",
+TEST_CASE("a malformed setting sets no failpoint and names the item that is wrong",
           "[unit][failpoint]") {
-  // Nothing is refused or logged: the count is std::strtoll of the text after the first '=',
-  // base 10, and whatever that makes of it is the count.
-  const auto a =
-      probe("none=abc,empty=,trail=2x,blank= 2,neg=-1,twice=1=2,huge=99999999999999999999",
-            {"none", "empty", "trail", "blank", "neg", "twice", "huge"});
-  CHECK(a.fired.at("none") == never);     // no digits: 0, never fires
-  CHECK(a.fired.at("empty") == never);    // likewise
-  CHECK(a.fired.at("trail") == "11000");  // digits up to the first other character
-  CHECK(a.fired.at("blank") == "11000");  // leading blanks skipped
-  CHECK(a.fired.at("neg") == always);     // a negative count is no limit at all
-  CHECK(a.fired.at("twice") == "10000");  // the name ends at the first '=', the count at the second
-  CHECK(a.fired.at("huge") == always);    // out of range: LLONG_MAX
-  // An item that is only a count names the empty failpoint.
-  CHECK(probe("=2", {""}).fired.at("") == "11000");
+  for (const std::string bad : {"none=abc", "empty=", "trail=2x", "blank= 2", "neg=-1", "twice=1=2",
+                                "huge=99999999999999999999", "=2", "Alpha", "a b", "ok,x=abc"}) {
+    INFO("FERRY_FAILPOINTS=" << bad);
+    const auto a = probe(bad, {"none", "ok", "x"});
+    CHECK(a.fired.at("none") == never);
+    CHECK(a.fired.at("ok") == never);  // not even the well-formed items of a refused setting
+    CHECK_THAT(a.invalid, Catch::StartsWith("FERRY_FAILPOINTS='" + bad + "': item '"));
+  }
+  CHECK(probe("trail=2x", {}).invalid ==
+        "FERRY_FAILPOINTS='trail=2x': item 'trail=2x': the count after '=' must be a whole "
+        "number of firings (0..999999999)");
+  CHECK(probe("Alpha", {}).invalid ==
+        "FERRY_FAILPOINTS='Alpha': item 'Alpha': a failpoint name is lower-case letters, digits "
+        "and '_'");
+  CHECK(probe("alpha=2,beta", {}).invalid.empty());
+  CHECK(probe(std::nullopt, {}).invalid.empty());
 }
