@@ -54,15 +54,10 @@ using receiver_actor = caf::stateful_actor<receiver_state>;
 
 void apply(receiver_actor* self, receiver::effects fx);
 
-/// Feed the machine one event (`call`); with a trace, the event (`describe`, built only then)
-/// and the effects are recorded.
+/// Feed the machine one event, traced with FERRY_TRACE_DIR (actors/room_trace.hpp).
 template <class Describe, class Call>
 receiver::effects feed(receiver_state& st, Describe&& describe, Call&& call) {
-  if (!st.trace) return call();
-  auto ev = describe();
-  auto fx = call();
-  st.trace->write({{"event", std::move(ev)}, {"effects", trace::effects_json(fx)}});
-  return fx;
+  return trace::feed(st.trace.get(), std::forward<Describe>(describe), std::forward<Call>(call));
 }
 using trace::json;
 

@@ -44,6 +44,17 @@ rank_schema schema_of(const json& j);
 json effects_json(const sender::effects& fx);
 json effects_json(const receiver::effects& fx);
 
+/// Feed a machine one event: `call` runs it; with a trace, the event (`describe`, built only
+/// then, before the call moves its arguments) and the effects are recorded.
+template <class Describe, class Call>
+auto feed(file* trace, Describe&& describe, Call&& call) {
+  if (!trace) return call();
+  auto ev = describe();
+  auto fx = call();
+  trace->write({{"event", std::move(ev)}, {"effects", effects_json(fx)}});
+  return fx;
+}
+
 /// A machine built from a trace's first line.
 sender::room sender_of(const json& created);
 receiver::room receiver_of(const json& created);

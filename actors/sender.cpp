@@ -68,15 +68,10 @@ struct answering {
 
 void apply(sender_actor* self, sender::effects fx, const answering& to = {});
 
-/// Feed the machine one event (`call`); with a trace, the event (`describe`, built only then,
-/// before the call moves its arguments) and the effects are recorded.
+/// Feed the machine one event, traced with FERRY_TRACE_DIR (actors/room_trace.hpp).
 template <class Describe, class Call>
 sender::effects feed(sender_state& st, Describe&& describe, Call&& call) {
-  if (!st.trace) return call();
-  auto ev = describe();
-  auto fx = call();
-  st.trace->write({{"event", std::move(ev)}, {"effects", trace::effects_json(fx)}});
-  return fx;
+  return trace::feed(st.trace.get(), std::forward<Describe>(describe), std::forward<Call>(call));
 }
 
 void report(sender_actor* self, room_status s, const std::string& reason, errc code) {
