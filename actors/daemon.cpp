@@ -166,8 +166,10 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
   sigaddset(&stop_signals, SIGHUP);
   if (!options.wait_for_stop) pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  const transport::engine_config engine_cfg{cfg.fabric.provider, cfg.fabric.address,
-                                            cfg.fabric.max_inflight_writes};
+  transport::engine_config engine_cfg;
+  engine_cfg.provider = cfg.fabric.provider;
+  engine_cfg.address = cfg.fabric.address;
+  engine_cfg.max_inflight_writes = cfg.fabric.max_inflight_writes;
   auto opened =
       options.make_engine ? options.make_engine(engine_cfg) : transport::engine::open(engine_cfg);
   if (!opened) {

@@ -52,6 +52,8 @@ struct engine_config {
   std::string provider = "tcp";
   std::string address = "127.0.0.1";  ///< node/interface to bind (ignored by providers without one)
   uint32_t max_inflight_writes = 64;
+  /// Test hook: runs on the progress thread when a stop begins its drain (never in ferryd).
+  std::function<void()> on_drain_start;
 };
 
 /// A locally registered memory region, as described to peers.

@@ -10,9 +10,10 @@ void fabric_engine::run_queued(std::function<void()> task) {
   if (on_progress_thread()) return task();
   {
     std::unique_lock<std::mutex> lock(queue_mutex_);
-    if (state_ == run_state::running) {
-      // Asynchronous: the caller must not block on the fabric; FIFO order with submissions
-      // makes everything submitted before this call see the task's effect.
+    if (state_ == run_state::running || state_ == run_state::draining) {
+      // Asynchronous: the caller must not block on the fabric (nor on a stop's drain, which
+      // runs what is queued meanwhile); FIFO order with submissions makes everything submitted
+      // before this call see the task's effect.
       queue_.push_back(work_item{nullptr, std::move(task)});
       queue_nonempty_.store(true);
       lock.unlock();

@@ -201,6 +201,9 @@ class fabric_engine final : public engine {
   bool deliver_immediates();
   void block(clock_type::duration idle_for, clock_type::duration& sleep_step);
   void drain_and_fail_all();
+  /// While draining: run the calls queued since (they are never run on a caller's thread).
+  void run_late_tasks();
+  void run_items(std::deque<work_item>& items);
   /// shm: hold new writes once a peer that was written to is cut, so the endpoint can be
   /// renewed (`renew_endpoint`) as soon as the writes in flight have completed.
   void request_renewal(peer_handle peer);

@@ -428,6 +428,7 @@ void fabric_engine::drain_and_fail_all() {
       item.task();  // insert/remove/register still work while the fabric is open
     }
   }
+  if (cfg_.on_drain_start) cfg_.on_drain_start();
   std::vector<batch_state*> to_finish = pending_.take_all();
   for (batch_state* b : to_finish) {
     b->abort_unposted(stopped_error);
@@ -439,6 +440,7 @@ void fabric_engine::drain_and_fail_all() {
   // provider to finish with them, progressing the CQ.
   const auto deadline = clock_type::now() + stop_drain_limit;
   while (inflight_ > 0 && clock_type::now() < deadline) {
+    run_late_tasks();
     if (read_completions() == 0) {
       timespec ts{0, 100000};  // 100 µs: no busy spin on a 2-core machine
       ::nanosleep(&ts, nullptr);
@@ -458,9 +460,35 @@ void fabric_engine::drain_and_fail_all() {
     owned->outstanding = 0;
     invoke_callback(*log_, "batch_done", owned->batch.done, std::move(owned->result));
   }
+  // Calls queued while draining run here, on this thread, before callers run them directly.
+  std::deque<work_item> late;
   {
     std::lock_guard<std::mutex> lock(queue_mutex_);
     state_ = run_state::stopped;
+    late.swap(queue_);
+    queue_nonempty_.store(false);
+  }
+  run_items(late);
+}
+
+void fabric_engine::run_late_tasks() {
+  std::deque<work_item> late;
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    late.swap(queue_);
+    queue_nonempty_.store(false);
+  }
+  run_items(late);
+}
+
+void fabric_engine::run_items(std::deque<work_item>& items) {
+  for (auto& item : items) {
+    if (item.task) {
+      item.task();
+    } else if (item.batch) {  // submit() queues none once draining; for completeness
+      item.batch->abort_unposted(stopped_error);
+      invoke_callback(*log_, "batch_done", item.batch->batch.done, std::move(item.batch->result));
+    }
   }
 }
 

@@ -37,7 +37,7 @@ struct fake_decode {
   peer_hello hello;
 
   fake_decode(const std::string& config_yaml, uint64_t staging_bytes) {
-    auto opened = transport::engine::open({"tcp", "127.0.0.1", 64});
+    auto opened = transport::engine::open(transport::engine_config{});  // tcp on 127.0.0.1
     INFO(opened.message);
     REQUIRE(opened);
     engine = std::move(opened.value);
