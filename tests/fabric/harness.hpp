@@ -273,4 +273,27 @@ struct child_reaper {
   }
 };
 
+/// Fork a child that runs `body(fd)` on its end of a socket pair; `body` ends the child with
+/// _exit (one that returns or throws exits 2). The parent gets the child and its own end,
+/// reaped (killed if still running) when the result goes out of scope; a test that waits for
+/// the child itself sets `pid` to -1 after.
+template <class Body>
+child_reaper fork_child(Body&& body) {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  std::fflush(nullptr);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::close(sv[0]);
+    try {
+      body(sv[1]);
+    } catch (...) {
+    }
+    ::_exit(2);
+  }
+  ::close(sv[1]);
+  return child_reaper{child, sv[0]};
+}
+
 }  // namespace ferry::test

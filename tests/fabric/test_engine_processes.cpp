@@ -64,33 +64,9 @@ constexpr uint64_t fork_writes = 300;
 
 void two_processes(const std::string& provider) {
   require_provider(provider);
-  int sv[2];
-  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
-  std::fflush(nullptr);
-  const pid_t child = ::fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
-    ::close(sv[0]);
-    try {
-      fork_target_child(provider, sv[1]);
-    } catch (...) {
-      ::_exit(2);
-    }
-  }
-  ::close(sv[1]);
-  const int fd = sv[0];
-  struct reaper {  // never leave the child behind, whatever REQUIRE does
-    pid_t pid;
-    int fd;
-    ~reaper() {
-      ::close(fd);
-      int status = 0;
-      if (::waitpid(pid, &status, WNOHANG) == 0) {
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, &status, 0);
-      }
-    }
-  } reap{child, fd};
+  auto reap = fork_child([&](int fd) { fork_target_child(provider, fd); });
+  const pid_t child = reap.pid;
+  const int fd = reap.fd;
 
   std::vector<uint8_t> frame;
   REQUIRE(recv_frame(fd, frame));
@@ -160,6 +136,7 @@ void two_processes(const std::string& provider) {
   REQUIRE(wait_eof(fd));
   int status = 0;
   REQUIRE(::waitpid(child, &status, 0) == child);
+  reap.pid = -1;
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
 }

@@ -179,22 +179,9 @@ struct stop_hello {
 
 void stopped_writer_resumes_after_fence(const std::string& provider) {
   require_provider(provider);
-  int sv[2];
-  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
-  std::fflush(nullptr);
-  const pid_t child = ::fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
-    ::close(sv[0]);
-    try {
-      stopped_writer_child(provider, sv[1]);
-    } catch (...) {
-      ::_exit(2);
-    }
-  }
-  ::close(sv[1]);
-  child_reaper reap{child, sv[0]};
-  const int fd = sv[0];
+  auto reap = fork_child([&](int fd) { stopped_writer_child(provider, fd); });
+  const pid_t child = reap.pid;
+  const int fd = reap.fd;
 
   std::vector<uint8_t> a(stop_region, 0), b(1 << 20, 0);
   std::vector<uint8_t> expected(stop_region);

@@ -316,24 +316,11 @@ TEST_CASE("fabric fence tcp: writes sent behind a rejected one are lost although
 
 /// Runs rejected_small_writes_child in a fork; returns its wait status and the last count.
 std::pair<int, uint32_t> run_rejected_small_writes_child(uint32_t per_cut) {
-  int sv[2];
-  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
-  std::fflush(nullptr);
-  const pid_t child = ::fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
-    ::close(sv[0]);
-    try {
-      rejected_small_writes_child(sv[1], per_cut);
-    } catch (...) {
-      ::_exit(2);
-    }
-  }
-  ::close(sv[1]);
-  child_reaper reap{child, sv[0]};
+  auto reap = fork_child([&](int fd) { rejected_small_writes_child(fd, per_cut); });
+  const pid_t child = reap.pid;
   uint32_t last = 0;
   std::vector<uint8_t> frame;
-  while (recv_frame(sv[0], frame)) {
+  while (recv_frame(reap.fd, frame)) {
     if (frame.size() == sizeof last) std::memcpy(&last, frame.data(), sizeof last);
   }
   int status = 0;
