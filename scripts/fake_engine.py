@@ -243,7 +243,8 @@ def main() -> int:
           f"while Transferring; {p.get('decode_abort_raced', 0)} "
           f"lost the race with the commit), "
           f"{p.get('prefill_aborts', 0)} by prefill "
-          f"(their memory reused byte-exact by {d.get('reused_after_abort', 0)} later requests), "
+          f"(their memory reused byte-exact by {d.get('reused_after_abort', 0)} later requests, "
+          f"the rest untouched since), "
           f"{d.get('prefix_hits', 0)} prefix hits ({p.get('zero_page_chunks', 0)} zero-page "
           f"chunks, {p.get('zero_page_last', 0)} of them last), {p.get('chunks_sent', 0)} chunks, 0 rooms active, allocators full; "
           f"{tp2_text}; {elapsed:.1f} s", flush=True)

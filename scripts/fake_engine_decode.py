@@ -151,11 +151,11 @@ class DecodeEngine:
         for name, a in (("pages", self.pages), ("slots", self.slots), ("rows", self.rows)):
             if not a.full:
                 self.errors.append(f"{self.who}: the {name} allocator is not full again")
-        if self.uncovered_pages or self.uncovered_slots or self.uncovered_rows:
-            self.errors.append(
-                f"{self.who}: memory of aborted requests never reused by a verified request: "
-                f"{len(self.uncovered_pages)} pages, slots {sorted(self.uncovered_slots)}, rows "
-                f"{sorted(self.uncovered_rows)}")
+        # memory an abort handed back and no later verified request reused: once ferryd ended
+        # the room, no byte may land in it, so it must still hold the poison finish() wrote
+        self.check_poison()
+        self.stats["left_unreused"] = (len(self.uncovered_pages), len(self.uncovered_slots),
+                                       len(self.uncovered_rows))
         self.stats["ferryd_active"] = active
         self.stats["errors"] = self.errors
         return self.stats
@@ -163,13 +163,42 @@ class DecodeEngine:
     def finish(self, t: list, failed: bool) -> None:
         r, rcv, pages, slot, row, _ = t
         rcv.clear()
-        if failed:  # this memory must be reused, byte-exact, by a later request
+        if failed:  # ferryd ended the room: no byte may land here from now on
+            self.poison(pages, slot, row)
             self.uncovered_pages.update(pages)
             self.uncovered_slots.add(slot)
             self.uncovered_rows.add(row)
         self.pages.free(pages)
         self.slots.free(slot, first=failed)
         self.rows.free(row, first=failed)
+
+    POISON = 0xA5
+
+    def _regions(self, pages, slots, rows):
+        """Every (memoryview, what) of the given pages, state slots and aux rows."""
+        pb = self.geo.page_bytes
+        for b in range(len(self.rank.kv.buffers)):
+            view = self.rank.kv.view(b)
+            for p in pages:
+                yield view[p * pb:(p + 1) * pb], f"kv buffer {b} page {p}"
+        for b in range(len(self.rank.state.buffers)):
+            for s in slots:
+                yield self.rank.state.item(b, s), f"state buffer {b} slot {s}"
+        for i in rows:
+            yield self.rank.aux.item(0, i), f"aux row {i}"
+
+    def poison(self, pages: list[int], slot: int, row: int) -> None:
+        for mv, _ in self._regions(pages, [slot], [row]):
+            mv[:] = bytes([self.POISON]) * len(mv)
+
+    def check_poison(self) -> None:
+        bad = [what for mv, what in self._regions(sorted(self.uncovered_pages),
+                                                  sorted(self.uncovered_slots),
+                                                  sorted(self.uncovered_rows))
+               if mv.tobytes().count(self.POISON) != len(mv)]
+        if bad:
+            self.errors.append(f"{self.who}: bytes landed in memory an abort had handed back: "
+                               + ", ".join(bad[:5]))
 
     def verify(self, r: Req, pages: list[int], slot: int, row: int) -> None:
         geo, kv, bad = self.geo, self.rank.kv, []

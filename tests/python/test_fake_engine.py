@@ -34,3 +34,48 @@ def test_the_fake_engine_passes_with_40_requests_and_the_tp2_phase(tmp_path) -> 
     assert r["main"]["ferryd"]["decode"]["succeeded"] >= dec["succeeded"]
     assert r["main"]["ferryd"]["decode"]["bytes"] > 0
     assert r["tp2"]["ok"] and r["tp2"]["decode"]["succeeded"] >= 12, r["tp2"]
+
+
+class _Pool:
+    """A stand-in for a MemfdPool: buffers of equal items over bytearrays."""
+
+    def __init__(self, buffers: int, items: int, item_bytes: int) -> None:
+        self.item_bytes = item_bytes
+        self.mem = [bytearray(items * item_bytes) for _ in range(buffers)]
+        self.buffers = [None] * buffers
+
+    def view(self, b: int) -> memoryview:
+        return memoryview(self.mem[b])
+
+    def item(self, b: int, i: int) -> memoryview:
+        return memoryview(self.mem[b])[i * self.item_bytes:(i + 1) * self.item_bytes]
+
+
+def test_the_fake_engine_finds_a_byte_landing_in_memory_an_abort_handed_back() -> None:
+    """The decode's end check: what an abort handed back and no later request reused still
+    holds the poison written when ferryd ended the room; one stray byte in it is an error."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from fake_engine_decode import DecodeEngine
+    from fake_engine_rank import Geometry
+
+    class Rank:
+        kv, state, aux = _Pool(2, 8, 64), _Pool(2, 4, 32), _Pool(1, 4, 16)
+
+    eng = object.__new__(DecodeEngine)
+    eng.rank, eng.who, eng.errors = Rank(), "decode", []
+    eng.geo = Geometry(1, 1)
+    eng.geo.page_bytes = 64
+    eng.uncovered_pages, eng.uncovered_slots, eng.uncovered_rows = {2, 3}, {1}, {3}
+    eng.poison([2, 3], 1, 3)
+    eng.check_poison()
+    assert eng.errors == []
+    for pool, b, off in ((Rank.kv, 1, 3 * 64 + 63), (Rank.state, 0, 32 + 5), (Rank.aux, 0, 48)):
+        eng.errors = []
+        pool.mem[b][off] ^= 0xFF
+        eng.check_poison()
+        assert len(eng.errors) == 1 and "bytes landed in memory an abort had handed back" in \
+            eng.errors[0], eng.errors
+        pool.mem[b][off] ^= 0xFF
+    eng.errors = []
+    eng.check_poison()
+    assert eng.errors == []
