@@ -100,8 +100,9 @@ struct connection_state {
   std::vector<transport::region_id> fence;       // this peer's own registrations
   std::vector<peer_region> regions;              // as described to this peer, by pool kind
   peer_region staging;
-  int64_t last_heard = 0;  // ms on the steady clock
-  int64_t next_beat = 0;   // when the next heartbeat is due
+  int64_t last_heard = 0;               // ms on the steady clock
+  int64_t next_beat = 0;                // when the next heartbeat is due
+  std::shared_ptr<peer_health> health;  // while ready: the metrics' view of last_heard
 };
 
 using connection_actor = caf::stateful_actor<connection_state>;
@@ -110,6 +111,12 @@ int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+/// Something arrived from the ready peer.
+void heard(connection_state& st) {
+  st.last_heard = now_ms();
+  if (st.health) st.health->last_heard_ms = st.last_heard;
 }
 
 bool from(connection_actor* self, const caf::actor& a) {
@@ -291,7 +298,8 @@ void become_ready(connection_actor* self) {
   st.info = std::move(st.candidate);
   st.remote = st.hello.connection;
   self->monitor(st.remote);
-  st.last_heard = now_ms();
+  st.health = st.ctx->metrics->peer_ready(st.address);
+  heard(st);
   st.next_beat = st.last_heard;  // the first tick sends one
   self->delayed_send(self, std::chrono::milliseconds(st.ctx->config.timeouts.heartbeat_ms),
                      tick_atom::value);
@@ -349,11 +357,14 @@ void apply(connection_actor* self, hs::effects fx) {
             // sees this actor end (messages to it arrive before the down message).
             self->send(st.scheduler, peer_resources{});
           } else if constexpr (std::is_same_v<E, hs::fence>) {
+            st.ctx->metrics->peer_fenced(st.address);
             fence_peer(st, [me] { caf::anon_send(me, fenced_atom::value); });
           } else if constexpr (std::is_same_v<E, hs::remove_address>) {
             if (st.handle) st.ctx->engine->remove_peer(*st.handle);
           } else if constexpr (std::is_same_v<E, hs::report_down>) {
             const auto& m = st.machine;
+            if (x.was_ready) st.ctx->metrics->peer_lost(st.address);
+            st.health.reset();  // no longer ready: out of the scrape
             self->send(st.scheduler, peer_down{st.address, me, m.reason(), x.was_ready, true,
                                                x.unresponsive, x.cut, m.code()});
           } else if constexpr (std::is_same_v<E, hs::quit>) {
@@ -381,7 +392,7 @@ caf::behavior relay(connection_actor* self) {
       return;
     }
     if (!from(self, st.remote)) return;
-    st.last_heard = now_ms();
+    heard(st);
     self->send(st.scheduler,
                peer_inbound{st.info, caf::actor_cast<caf::actor>(self), std::move(m)});
   };
@@ -409,7 +420,7 @@ caf::behavior relay(connection_actor* self) {
       [=](peer_drained& m) { inbound(caf::make_message(std::move(m))); },
       [=](heartbeat_atom) {
         auto& st = self->state;
-        if (st.machine.ready() && from(self, st.remote)) st.last_heard = now_ms();
+        if (st.machine.ready() && from(self, st.remote)) heard(st);
       },
       [=](tick_atom) { tick(self); },
       [=](redial_atom) { apply(self, self->state.machine.redial()); },

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/metrics.hpp"
 #include "actors/timer_service.hpp"
 #include "core/config.hpp"
 #include "core/layout.hpp"
@@ -98,6 +99,9 @@ struct daemon_context {
   std::array<client_pool, pool_kind_count> client_pools;  ///< `memory: client` pools
   /// Local registration of each pool; a client pool's changes with its registration.
   std::array<std::atomic<transport::region_id>, pool_kind_count> regions{};
+  /// Counted always, served when listen.metrics is set (actors/metrics.hpp). Declared before
+  /// the engine: a batch's completion, on the engine's thread, counts into it.
+  std::unique_ptr<daemon_metrics> metrics;
   std::unique_ptr<staging_area> staging;  ///< null when fabric.staging_bytes is 0; declared
                                           ///< before the engine so it outlives its registration
   std::unique_ptr<transport::engine> engine;
@@ -109,6 +113,8 @@ struct daemon_context {
   /// system's scope.
   std::unique_ptr<timer_service> timers;
   std::shared_ptr<spdlog::logger> log_sched, log_room, log_peer;
+  /// Peers and clients are served (set once at start-up), and no drain has begun: /readyz.
+  std::atomic<bool> serving{false};
 
   /// Base address of a local memory space (pool or staging).
   uint8_t* base(space s) const {

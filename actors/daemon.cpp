@@ -18,6 +18,7 @@
 #include "actors/actors.hpp"
 #include "actors/client_gateway.hpp"
 #include "actors/client_memory.hpp"
+#include "actors/operator_endpoint.hpp"
 #include "actors/peer_gate.hpp"
 #include "core/auth.hpp"
 #include "core/daemon_locks.hpp"
@@ -177,6 +178,8 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
     return 2;
   }
   ctx->engine = std::move(opened.value);
+  ctx->metrics = std::make_unique<daemon_metrics>(cfg.node_name, instance, to_string(cfg.role),
+                                                  ctx->engine->provider_name());
   if (auto reserved = reserve_client_pools(*ctx); !reserved) {
     log->error("{}", reserved.message);
     return 2;
@@ -272,8 +275,18 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
           caf::anon_send(basp, caf::publish_atom::value, mm.backend().new_scribe(fd), port, whom,
                          std::set<std::string>{});
         });
+    if (!err.empty())
+      err = fmt::format("cannot listen for peers on {}: {}", cfg.control_listen, err);
+    std::unique_ptr<http_server> operator_http;
+    if (err.empty() && !cfg.metrics_listen.empty()) {
+      auto served = serve_operator_endpoint(sys, scheduler, ctx);
+      if (served)
+        operator_http = std::move(served.value);
+      else
+        err = "listen.metrics: " + served.message;
+    }
     if (!err.empty()) {
-      log->error("cannot listen for peers on {}: {}", cfg.control_listen, err);
+      log->error("{}", err);
       rc = 2;
     } else {
       ctx->peer_port->start();
@@ -283,8 +296,11 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
       ctx->gateway->start(scheduler);
       if (const auto fp = core::active_failpoints(); !fp.empty())
         log->warn("FERRY_FAILPOINTS={} is set: this daemon fails on purpose (a test hook)", fp);
-      log->info("ready: provider {}, peers on {}, clients on {}", ctx->engine->provider_name(),
-                cfg.control_listen, cfg.client_listen);
+      ctx->serving = true;
+      log->info("ready: provider {}, peers on {}, clients on {}{}", ctx->engine->provider_name(),
+                cfg.control_listen, cfg.client_listen,
+                operator_http ? fmt::format(", metrics on http://{}/metrics", cfg.metrics_listen)
+                              : std::string());
       if (options.ready_fd >= 0) {
         [[maybe_unused]] auto n = write(options.ready_fd, "ready\n", 6);
         close(options.ready_fd);
@@ -302,8 +318,10 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
           log->info("SIGHUP received: ignored (ferryd logs to stderr; nothing to reopen)");
         log->info("signal {} received; shutting down", sig);
       }
+      ctx->serving = false;
       ctx->gateway->stop();
     }
+    operator_http.reset();  // its routes ask the Scheduler: gone before the actor system
     // Inside the actor system's scope: the gate's callbacks hold actor handles, and a socket it
     // hands over now goes to a broker that is still there (or is closed with its scribe).
     ctx->peer_port->stop();

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/metrics.hpp"
 #include "core/config.hpp"
 #include "core/geometry.hpp"
 #include "core/layout.hpp"
@@ -226,6 +227,8 @@ struct peer_lookup {
   errc code = errc::ok;  ///< why the peer cannot be used (with `error`)
 };
 using info_atom = caf::atom_constant<caf::atom("info")>;
+/// A metrics scrape -> Scheduler: answered with a metrics_snapshot (actors/metrics.hpp).
+using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
 
 /// A decoded client request, with where to send the reply.
 struct client_request {
@@ -388,6 +391,7 @@ void add_ferry_message_types(caf::actor_system_config& cfg);
 }  // namespace ferry
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_info_ptr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::metrics_snapshot)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::client_request)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::client_gone)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::immediates_msg)

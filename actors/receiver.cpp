@@ -24,6 +24,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <chrono>
+#include <optional>
+
 #include "actors/actors.hpp"
 #include "actors/room_lifecycle_glue.hpp"
 #include "actors/room_trace.hpp"
@@ -46,6 +49,7 @@ struct receiver_state {
   std::vector<planned_copy> unpack;  // on commit: staging -> pages, done in quanta
   size_t unpacked = 0;
   std::unique_ptr<trace::file> trace;  // FERRY_TRACE_DIR (actors/room_trace.hpp)
+  std::optional<std::chrono::steady_clock::time_point> announced;  // the commit phase's start
 
   std::string peers() const { return fmt::format("{}", fmt::join(prep.prefill_peers, ",")); }
 };
@@ -63,6 +67,9 @@ using trace::json;
 
 void report(receiver_actor* self, room_status s, const std::string& reason, errc code) {
   auto& st = self->state;
+  if (s == room_status::success && st.announced)
+    st.ctx->metrics->phase(true, latency_phase::commit,
+                           seconds_since(*st.announced, std::chrono::steady_clock::now()));
   caf::anon_send(st.scheduler,
                  room_update{st.prep.room, true, s, reason,
                              s == room_status::success ? st.machine.bytes() : 0, code});
@@ -192,6 +199,7 @@ void on_peer(receiver_actor* self, peer_inbound& in) {
           apply(self, std::move(fx));
         },
         [&](peer_announce& a) {
+          if (!st.announced) st.announced = std::chrono::steady_clock::now();
           apply(self, feed(
                           st,
                           [&] {

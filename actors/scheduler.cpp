@@ -204,6 +204,7 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
   });
   return {
       [=](client_request& r) { on_client(self, r); },
+      [=](metrics_atom) { return snapshot(self->state); },
       [=](client_gone& g) {
         auto& st = self->state;
         st.owning_clients.erase(g.conn);
@@ -243,6 +244,7 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
             continue;
           }
           self->send(r->second.actor, landed_msg{token, count});
+          st.ctx->metrics->writes_landed(count);
         }
         st.ctx->engine->return_immediate_credit();
       },
@@ -251,6 +253,7 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
         auto& side = u.decode_side ? st.decode : st.prefill;
         auto it = side.active.find(u.room);
         if (it == side.active.end()) return;
+        room_moved(st, u.decode_side, it->second, u.status, u.code, u.bytes);
         it->second.status = u.status;
         if (u.prefix_tokens) it->second.prefix_tokens = u.prefix_tokens;
         notify_subscribers(self, it->second, u.room, u.status, u.reason, u.code);

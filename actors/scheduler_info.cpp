@@ -143,6 +143,50 @@ json pools_doc(const scheduler_state& st) {
 
 }  // namespace
 
+metrics_snapshot snapshot(scheduler_state& st) {
+  metrics_snapshot s;
+  for (const auto* side : {&st.prefill, &st.decode})
+    for (const auto& [room, e] : side->active)
+      ++s.active[side == &st.decode][static_cast<int>(e.status)];
+  s.clients = st.ctx->gateway->connections();
+  for (const auto& [conn, info] : st.connections) s.peers += info != nullptr;
+  s.stray_writes = st.stray_writes;
+  const auto pools = pools_doc(st);
+  for (const auto& [name, p] : pools.items())
+    s.pools.push_back({name, p["memory"] == "client", p["registered"].get<bool>(),
+                       p["bytes"].get<uint64_t>(), p["items"].get<uint64_t>(),
+                       p["in_use"].get<uint64_t>()});
+  if (auto* staging = st.ctx->staging.get()) {
+    s.staging_bytes = staging->bytes;
+    s.staging_in_use = staging->in_use();
+    s.staging_waits = staging->waits();
+  }
+  return s;
+}
+
+void room_moved(scheduler_state& st, bool decode, room_entry& e, room_status to, errc code,
+                uint64_t bytes) {
+  if (to == e.status) return;
+  const auto now = std::chrono::steady_clock::now();
+  std::optional<latency_phase> phase;
+  switch (e.status) {
+    case room_status::bootstrapping:
+      phase = latency_phase::bootstrapping;
+      break;
+    case room_status::waiting_for_input:
+      phase = latency_phase::waiting;
+      break;
+    case room_status::transferring:
+      phase = latency_phase::transferring;
+      break;
+    default:
+      break;
+  }
+  if (phase) st.ctx->metrics->phase(decode, *phase, seconds_since(e.since, now));
+  e.since = now;
+  if (is_terminal(to)) st.ctx->metrics->room_ended(decode, to, code, bytes);
+}
+
 std::string info_json(scheduler_state& st, proto::info_topic topic) {
   switch (topic) {
     case proto::info_topic::status:

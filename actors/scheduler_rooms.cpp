@@ -62,6 +62,7 @@ void fail_orphan(scheduler_actor* self, side_rooms& side, uint64_t room, std::st
   if (it == side.active.end()) return;
   room_entry& e = it->second;
   notify_subscribers(self, e, room, room_status::failed, reason, errc::internal);
+  room_moved(st, &side == &st.decode, e, room_status::failed, errc::internal, 0);
   if (&side == &st.decode) {
     for (uint32_t i = 0; i < e.tokens; ++i) st.token_room.erase(e.token + i);
     st.claims->release(room, e.dst_pages, e.dst_slot, e.dst_row);

@@ -34,6 +34,8 @@ struct room_entry {
   // decode: the room's actor ended abnormally; the room fails once these links are fenced
   std::vector<caf::actor> awaiting_fence;
   std::string orphan_reason;
+  /// When the room entered its current status (the phase histograms, actors/metrics.hpp).
+  std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
 };
 
 /// Rooms of one side (core/room_registry.hpp), their actors and claims in `room_entry`.
@@ -91,8 +93,13 @@ void on_poll(scheduler_actor* self, client_request& r, uint64_t room);
 void on_poll_many(scheduler_actor* self, client_request& r, const std::vector<uint64_t>& rooms);
 room_entry* find_active(scheduler_state& st, uint64_t room);
 
-// scheduler_info.cpp: the answers of `info`, JSON documents (docs/protocol.md).
+// scheduler_info.cpp: the answers of `info`, JSON documents (docs/protocol.md), and what a
+// metrics scrape reads of the Scheduler.
 std::string info_json(scheduler_state& st, proto::info_topic topic);
+metrics_snapshot snapshot(scheduler_state& st);
+/// A room of `side` left status `from` for `to` (its phase observed); counted when terminal.
+void room_moved(scheduler_state& st, bool decode, room_entry& e, room_status to, errc code,
+                uint64_t bytes);
 
 // scheduler_memory.cpp: engine-owned memory, registered and released.
 void on_register_memory(scheduler_actor* self, client_request& r);

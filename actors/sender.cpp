@@ -22,7 +22,9 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <deque>
+#include <optional>
 
 #include "actors/actors.hpp"
 #include "actors/client_gateway.hpp"
@@ -55,6 +57,7 @@ struct sender_state {
   std::vector<planned_write> writes;
   std::vector<planned_copy> copies;
   std::unique_ptr<trace::file> trace;  // FERRY_TRACE_DIR (actors/room_trace.hpp)
+  std::optional<std::chrono::steady_clock::time_point> announced;  // the commit phase's start
 };
 
 using sender_actor = caf::stateful_actor<sender_state>;
@@ -76,6 +79,9 @@ sender::effects feed(sender_state& st, Describe&& describe, Call&& call) {
 
 void report(sender_actor* self, room_status s, const std::string& reason, errc code) {
   auto& st = self->state;
+  if (s == room_status::success && st.announced)
+    st.ctx->metrics->phase(false, latency_phase::commit,
+                           seconds_since(*st.announced, std::chrono::steady_clock::now()));
   caf::anon_send(st.scheduler, room_update{st.room, false, s, reason,
                                            s == room_status::success ? st.machine.bytes() : 0, code,
                                            st.machine.prefix_tokens()});
@@ -115,11 +121,14 @@ void submit(sender_actor* self, size_t i, std::optional<uint64_t> staging) {
   // Packed staging is released by the completion itself: once every write of the batch has
   // completed locally nothing reads it any more, whether or not this room still exists.
   staging_area* area = staging ? ctx.staging.get() : nullptr;
-  batch.done = [me, id, area, at = staging.value_or(0)](transport::batch_result r) {
+  daemon_metrics* metrics = ctx.metrics.get();  // outlives the engine, which runs `done`
+  batch.done = [me, id, area, at = staging.value_or(0), metrics, bytes](transport::batch_result r) {
     if (area) area->release(at);
+    metrics->writes_completed(r.completed, r.failed, bytes);
     caf::anon_send(me, batch_done_msg{id, std::move(r)});
   };
   const uint64_t writes = w.size();
+  metrics->writes_posted(writes, bytes);
   ctx.engine->submit(std::move(batch));
   apply(
       self,
@@ -267,6 +276,7 @@ void apply(sender_actor* self, sender::effects fx, const answering& to) {
           } else if constexpr (std::is_same_v<E, sender::pump>) {
             pumped(self);
           } else if constexpr (std::is_same_v<E, sender::announce>) {
+            if (!st.announced) st.announced = std::chrono::steady_clock::now();
             send_to_links(self, [&](const sender::link_record& r) {
               return peer_announce{st.room, r.token, r.writes, r.bytes};
             });

@@ -171,6 +171,8 @@ struct ferry_config {
   node_role role = node_role::both;
   std::string control_listen = "127.0.0.1:7400";  ///< host:port for peer daemons (CAF)
   std::string client_listen;                      ///< unix socket path for local clients
+  /// host:port of the HTTP endpoint for /metrics, /healthz and /readyz; empty: not served
+  std::string metrics_listen;
   fabric_config fabric;
   timeouts_config timeouts;
   limits_config limits;

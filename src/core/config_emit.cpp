@@ -43,6 +43,8 @@ std::string to_yaml(const ferry_config& cfg) {
   out << YAML::Key << "listen" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "control" << YAML::Value << cfg.control_listen;
   out << YAML::Key << "client" << YAML::Value << cfg.client_listen;
+  if (!cfg.metrics_listen.empty())
+    out << YAML::Key << "metrics" << YAML::Value << cfg.metrics_listen;
   out << YAML::EndMap;
 
   out << YAML::Key << "fabric" << YAML::Value << YAML::BeginMap;

@@ -279,9 +279,10 @@ ferry_config parse_root(const YAML::Node& root) {
   const section discovery(top.get_or_null("discovery"), "discovery", {"instance_ranks"});
   discovery.optional_field("instance_ranks", cfg.instance_ranks);
 
-  const section listen(top.get_or_null("listen"), "listen", {"control", "client"});
+  const section listen(top.get_or_null("listen"), "listen", {"control", "client", "metrics"});
   listen.optional_field("control", cfg.control_listen);
   listen.required_field("client", cfg.client_listen);
+  listen.optional_field("metrics", cfg.metrics_listen);
 
   const section fabric(
       top.get_or_null("fabric"), "fabric",

@@ -260,6 +260,12 @@ void validate_all(const ferry_config& cfg) {
     fail("listen.control",
          "expected host:port with a port in 1..65535, got " + quote(cfg.control_listen));
   }
+  if (!cfg.metrics_listen.empty() && !is_host_port(cfg.metrics_listen)) {
+    fail("listen.metrics",
+         "expected host:port with a port in 1..65535 (or nothing: no metrics "
+         "endpoint), got " +
+             quote(cfg.metrics_listen));
+  }
   if (cfg.client_listen.empty() || cfg.client_listen.front() != '/') {
     fail("listen.client", "expected an absolute path, got " + quote(cfg.client_listen));
   }

@@ -120,6 +120,7 @@ struct shape {
   std::vector<uint32_t> mamba_layer_ids;  ///< empty: mamba_layers ids 0, 4, 8, ...
   bool client_memory = false;  ///< every pool `memory: client` (the engine lends its memfds)
   std::vector<std::string> instance_ranks;  ///< discovery.instance_ranks (empty: none)
+  std::string metrics_listen;               ///< listen.metrics (empty: not served)
 };
 
 inline std::string make_config(const std::string& name, const std::string& role, uint16_t control,
@@ -139,7 +140,9 @@ inline std::string make_config(const std::string& name, const std::string& role,
   // fabric.address only off loopback, so a loopback daemon's config text is as before
   const std::string fabric_at = s.host == "127.0.0.1" ? "" : "\n  address: " + s.host;
   y << "node:\n  name: " << name << "\nrole: " << role << "\nlisten:\n  control: " << control_at
-    << "\n  client: " << socket << "\nfabric:\n  provider: " << s.provider << fabric_at
+    << "\n  client: " << socket
+    << (s.metrics_listen.empty() ? "" : "\n  metrics: " + s.metrics_listen)
+    << "\nfabric:\n  provider: " << s.provider << fabric_at
     << "\n  max_inflight_writes: 64\n  write_piece_bytes: 262144\n  staging_bytes: "
     << s.staging_bytes << "\n"
     << "tp:\n  size: " << s.tp_size << "\n  rank: " << s.tp_rank << "\npp:\n  size: " << s.pp_size

@@ -95,6 +95,11 @@ TEST_CASE("validation errors name the key and the value seen", "[unit][config]")
     REQUIRE(validate_error(replace(base_yaml, "listen:\n", "listen:\n  control: 127.0.0.1:0\n")) ==
             "listen.control: expected host:port with a port in 1..65535, got \"127.0.0.1:0\"");
   }
+  SECTION("metrics address") {
+    REQUIRE(validate_error(replace(base_yaml, "listen:\n", "listen:\n  metrics: 9464\n")) ==
+            "listen.metrics: expected host:port with a port in 1..65535 (or nothing: no metrics "
+            "endpoint), got \"9464\"");
+  }
   SECTION("client path relative") {
     REQUIRE(validate_error(replace(base_yaml, "/tmp/ferry-test.sock", "ferry.sock")) ==
             "listen.client: expected an absolute path, got \"ferry.sock\"");

@@ -26,6 +26,7 @@ void require_equal(const ferry_config& a, const ferry_config& b) {
   REQUIRE(a.role == b.role);
   REQUIRE(a.control_listen == b.control_listen);
   REQUIRE(a.client_listen == b.client_listen);
+  REQUIRE(a.metrics_listen == b.metrics_listen);
   REQUIRE(a.fabric.provider == b.fabric.provider);
   REQUIRE(a.fabric.address == b.fabric.address);
   REQUIRE(a.fabric.max_inflight_writes == b.fabric.max_inflight_writes);
@@ -92,6 +93,14 @@ TEST_CASE("to_yaml round-trips through the parser", "[unit][config]") {
     REQUIRE(text.find("write_piece_bytes: 1048576") != std::string::npos);
     REQUIRE(text.find("transfer_ms: 120000") != std::string::npos);
     REQUIRE(text.find("level: info") != std::string::npos);
+    require_equal(cfg, parse_ok(text));
+  }
+  SECTION("the metrics endpoint survives, and is left out when not served") {
+    ferry_config cfg = parse_ok(base_yaml);
+    REQUIRE(to_yaml(cfg).find("metrics") == std::string::npos);
+    cfg.metrics_listen = "127.0.0.1:9464";
+    const std::string text = to_yaml(cfg);
+    REQUIRE(text.find("metrics: 127.0.0.1:9464") != std::string::npos);
     require_equal(cfg, parse_ok(text));
   }
   SECTION("awkward strings survive") {

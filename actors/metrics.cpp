@@ -1,0 +1,280 @@
+// The daemon's Prometheus metrics (actors/metrics.hpp): prometheus-cpp's registry for what the
+// actors count, and families built at each scrape for what is read then.
+
+#include "actors/metrics.hpp"
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <chrono>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+
+namespace ferry {
+
+const char* to_string(latency_phase p) {
+  switch (p) {
+    case latency_phase::bootstrapping:
+      return "bootstrapping";
+    case latency_phase::waiting:
+      return "waiting";
+    case latency_phase::transferring:
+      return "transferring";
+    case latency_phase::commit:
+      return "commit";
+  }
+  return "?";
+}
+
+namespace {
+
+using prometheus::Counter;
+using prometheus::Gauge;
+using prometheus::Histogram;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+const char* side_name(bool decode) { return decode ? "decode" : "prefill"; }
+
+/// 100 µs to 60 s, about three buckets a decade: a small room's phases take well under a
+/// millisecond on shm, a large room's transfer seconds.
+Histogram::BucketBoundaries phase_buckets() {
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+          0.1,    0.25,    0.5,    1,     2.5,    5,     10,   30,    60};
+}
+
+int64_t steady_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+MetricFamily family(std::string name, std::string help, MetricType type) {
+  return MetricFamily{std::move(name), std::move(help), type, {}};
+}
+
+void add(MetricFamily& f, std::vector<prometheus::ClientMetric::Label> labels, double value) {
+  prometheus::ClientMetric m;
+  m.label = std::move(labels);
+  if (f.type == MetricType::Counter)
+    m.counter.value = value;
+  else
+    m.gauge.value = value;
+  f.metric.push_back(std::move(m));
+}
+
+}  // namespace
+
+struct daemon_metrics::impl {
+  prometheus::Registry registry;
+  prometheus::Family<Counter>& rooms = prometheus::BuildCounter()
+                                           .Name("ferry_rooms_total")
+                                           .Help(
+                                               "Rooms that reached a terminal state, by side, "
+                                               "outcome and error code")
+                                           .Register(registry);
+  prometheus::Family<Counter>& room_bytes =
+      prometheus::BuildCounter()
+          .Name("ferry_room_bytes_total")
+          .Help("Bytes of rooms that reached Success, by side")
+          .Register(registry);
+  prometheus::Family<Histogram>& phases =
+      prometheus::BuildHistogram()
+          .Name("ferry_room_phase_seconds")
+          .Help(
+              "Time rooms spent in each phase: bootstrapping, waiting (for the engine's "
+              "input), transferring, commit (last write posted or first announcement to "
+              "Success)")
+          .Register(registry);
+  prometheus::Family<Counter>& writes =
+      prometheus::BuildCounter()
+          .Name("ferry_writes_total")
+          .Help("One-sided writes: posted and completed (prefill), failed, landed (decode)")
+          .Register(registry);
+  prometheus::Family<Counter>& write_bytes = prometheus::BuildCounter()
+                                                 .Name("ferry_write_bytes_total")
+                                                 .Help(
+                                                     "Bytes of one-sided writes posted and "
+                                                     "completed (prefill)")
+                                                 .Register(registry);
+  prometheus::Family<Gauge>& in_flight =
+      prometheus::BuildGauge()
+          .Name("ferry_writes_in_flight")
+          .Help("Writes posted and not yet completed, and their bytes (unit label)")
+          .Register(registry);
+  prometheus::Family<Counter>& peer_events =
+      prometheus::BuildCounter()
+          .Name("ferry_peer_events_total")
+          .Help("Peer connections lost (heartbeat, closed, failed) and fenced, by peer")
+          .Register(registry);
+  prometheus::Family<Gauge>& info = prometheus::BuildGauge()
+                                        .Name("ferry_info")
+                                        .Help("This daemon: node, instance, role, provider")
+                                        .Register(registry);
+
+  // Resolved once: the write path only adds to an atomic.
+  Counter& posted = writes.Add({{"event", "posted"}});
+  Counter& completed = writes.Add({{"event", "completed"}});
+  Counter& failed = writes.Add({{"event", "failed"}});
+  Counter& landed = writes.Add({{"event", "landed"}});
+  Counter& bytes_posted = write_bytes.Add({{"event", "posted"}});
+  Counter& bytes_completed = write_bytes.Add({{"event", "completed"}});
+  Gauge& writes_in_flight = in_flight.Add({{"unit", "writes"}});
+  Gauge& bytes_in_flight = in_flight.Add({{"unit", "bytes"}});
+  std::array<std::array<Histogram*, latency_phase_count>, 2> phase{};
+  std::array<Counter*, 2> side_bytes{};
+
+  mutable std::mutex peers_mutex;
+  std::vector<std::weak_ptr<peer_health>> peers;  // the Connections own them
+
+  impl() {
+    for (int d = 0; d < 2; ++d) {
+      side_bytes[d] = &room_bytes.Add({{"side", side_name(d)}});
+      for (int p = 0; p < latency_phase_count; ++p)
+        phase[d][p] = &phases.Add(
+            {{"side", side_name(d)}, {"phase", to_string(static_cast<latency_phase>(p))}},
+            phase_buckets());
+    }
+  }
+};
+
+daemon_metrics::daemon_metrics(std::string node, std::string instance, std::string role,
+                               std::string provider)
+    : impl_(std::make_unique<impl>()) {
+  impl_->info
+      .Add({{"node", std::move(node)},
+            {"instance", std::move(instance)},
+            {"role", std::move(role)},
+            {"provider", std::move(provider)}})
+      .Set(1);
+}
+
+daemon_metrics::~daemon_metrics() = default;
+
+void daemon_metrics::room_ended(bool decode, room_status s, errc code, uint64_t bytes) {
+  const bool ok = s == room_status::success;
+  impl_->rooms
+      .Add({{"side", side_name(decode)},
+            {"outcome", ok ? "success" : "failed"},
+            {"code", to_string(code)}})
+      .Increment();
+  if (ok) impl_->side_bytes[decode]->Increment(static_cast<double>(bytes));
+}
+
+void daemon_metrics::phase(bool decode, latency_phase p, double seconds) {
+  impl_->phase[decode][static_cast<int>(p)]->Observe(seconds);
+}
+
+void daemon_metrics::writes_posted(uint64_t writes, uint64_t bytes) {
+  impl_->posted.Increment(static_cast<double>(writes));
+  impl_->bytes_posted.Increment(static_cast<double>(bytes));
+  impl_->writes_in_flight.Increment(static_cast<double>(writes));
+  impl_->bytes_in_flight.Increment(static_cast<double>(bytes));
+}
+
+void daemon_metrics::writes_completed(uint64_t completed, uint64_t failed, uint64_t bytes) {
+  impl_->completed.Increment(static_cast<double>(completed));
+  if (failed) impl_->failed.Increment(static_cast<double>(failed));
+  if (!failed) impl_->bytes_completed.Increment(static_cast<double>(bytes));
+  impl_->writes_in_flight.Decrement(static_cast<double>(completed + failed));
+  impl_->bytes_in_flight.Decrement(static_cast<double>(bytes));
+}
+
+void daemon_metrics::writes_landed(uint64_t count) {
+  impl_->landed.Increment(static_cast<double>(count));
+}
+
+std::shared_ptr<peer_health> daemon_metrics::peer_ready(const std::string& peer) {
+  auto h = std::make_shared<peer_health>();
+  h->peer = peer;
+  h->last_heard_ms = steady_ms();
+  std::lock_guard lock(impl_->peers_mutex);
+  std::erase_if(impl_->peers, [](const auto& w) { return w.expired(); });
+  impl_->peers.push_back(h);
+  return h;
+}
+
+void daemon_metrics::peer_lost(const std::string& peer) {
+  impl_->peer_events.Add({{"peer", peer}, {"event", "lost"}}).Increment();
+}
+
+void daemon_metrics::peer_fenced(const std::string& peer) {
+  impl_->peer_events.Add({{"peer", peer}, {"event", "fenced"}}).Increment();
+}
+
+std::string daemon_metrics::exposition(const metrics_snapshot& s) const {
+  auto all = impl_->registry.Collect();
+
+  auto active =
+      family("ferry_rooms_active", "Rooms not yet terminal, by side and status", MetricType::Gauge);
+  for (int d = 0; d < 2; ++d)
+    for (auto st :
+         {room_status::bootstrapping, room_status::waiting_for_input, room_status::transferring})
+      add(active, {{"side", side_name(d)}, {"status", to_string(st)}},
+          static_cast<double>(s.active[d][static_cast<int>(st)]));
+  all.push_back(std::move(active));
+
+  auto conns = family("ferry_connections", "Connected clients and ready peers", MetricType::Gauge);
+  add(conns, {{"kind", "client"}}, static_cast<double>(s.clients));
+  add(conns, {{"kind", "peer"}}, static_cast<double>(s.peers));
+  all.push_back(std::move(conns));
+
+  auto stray = family("ferry_stray_writes_total",
+                      "Writes that landed for no active room (a late write of an ended room)",
+                      MetricType::Counter);
+  add(stray, {}, static_cast<double>(s.stray_writes));
+  all.push_back(std::move(stray));
+
+  auto items = family("ferry_pool_items",
+                      "Pool items (pages, slots, rows): all, and held by "
+                      "active decode rooms (state label)",
+                      MetricType::Gauge);
+  auto bytes = family("ferry_pool_bytes", "Pool sizes in bytes", MetricType::Gauge);
+  auto registered =
+      family("ferry_pool_registered",
+             "1 when the pool's memory is registered (a client pool: a client's register_memory)",
+             MetricType::Gauge);
+  for (const auto& p : s.pools) {
+    const char* memory = p.client ? "client" : "daemon";
+    add(items, {{"pool", p.name}, {"state", "total"}}, static_cast<double>(p.items));
+    add(items, {{"pool", p.name}, {"state", "in_use"}}, static_cast<double>(p.in_use));
+    add(bytes, {{"memory", memory}, {"pool", p.name}}, static_cast<double>(p.bytes));
+    add(registered, {{"memory", memory}, {"pool", p.name}}, p.registered ? 1 : 0);
+  }
+  all.push_back(std::move(items));
+  all.push_back(std::move(bytes));
+  all.push_back(std::move(registered));
+
+  auto staging = family("ferry_staging_bytes", "Staging (fabric.staging_bytes): size and in use",
+                        MetricType::Gauge);
+  add(staging, {{"state", "total"}}, static_cast<double>(s.staging_bytes));
+  add(staging, {{"state", "in_use"}}, static_cast<double>(s.staging_in_use));
+  all.push_back(std::move(staging));
+  auto waits =
+      family("ferry_staging_waits_total",
+             "Staging allocations that waited for a release (back-pressure)", MetricType::Counter);
+  add(waits, {}, static_cast<double>(s.staging_waits));
+  all.push_back(std::move(waits));
+
+  auto age = family("ferry_peer_heartbeat_age_seconds",
+                    "Time since anything was heard from each ready peer", MetricType::Gauge);
+  {
+    const int64_t now = steady_ms();
+    std::lock_guard lock(impl_->peers_mutex);
+    for (const auto& w : impl_->peers)
+      if (auto h = w.lock())
+        add(age, {{"peer", h->peer}}, static_cast<double>(now - h->last_heard_ms.load()) / 1000.0);
+  }
+  all.push_back(std::move(age));
+
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, all);
+  return out.str();
+}
+
+}  // namespace ferry

@@ -1,0 +1,91 @@
+#pragma once
+/// The daemon's Prometheus metrics (docs/operations.md, "Metrics"). Two kinds:
+///  - counters and histograms the actors update as things happen (rooms ended, writes posted
+///    and completed, phase latencies, peer losses and fences): thread-safe, lock-free on the
+///    write path, always counted whether or not they are served;
+///  - gauges read at each scrape: the Scheduler's own state (rooms active, pools, clients,
+///    staging) as a `metrics_snapshot` it fills, and each live peer's heartbeat age.
+/// Only metrics.cpp sees prometheus-cpp; the rest of the daemon sees this header.
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/errors.hpp"
+#include "core/status.hpp"
+
+namespace ferry {
+
+/// A room's phases, as its side sees them: the time spent in Bootstrapping, WaitingForInput and
+/// Transferring (the Scheduler's status changes), and `commit`: from the last write posted
+/// (prefill) or the first announcement heard (decode) to Success.
+enum class latency_phase : uint8_t { bootstrapping, waiting, transferring, commit };
+inline constexpr int latency_phase_count = 4;
+const char* to_string(latency_phase p);
+
+/// Seconds from `from` to `to`, for `daemon_metrics::phase`.
+template <class TimePoint>
+double seconds_since(TimePoint from, TimePoint to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+/// One live peer's health, shared by its Connection (which writes it) and the scrape.
+struct peer_health {
+  std::string peer;
+  std::atomic<int64_t> last_heard_ms{0};  ///< steady clock, ms; 0: not ready yet
+};
+
+/// What the Scheduler reports at a scrape: plain values, rendered by `render_gauges`.
+struct metrics_snapshot {
+  struct pool {
+    std::string name;  ///< kv, state, aux
+    bool client = false, registered = false;
+    uint64_t bytes = 0, items = 0, in_use = 0;
+  };
+  /// Active rooms by side (0 prefill, 1 decode) and status (room_status value).
+  std::array<std::array<uint64_t, 5>, 2> active{};
+  uint64_t clients = 0, peers = 0, stray_writes = 0;
+  std::vector<pool> pools;
+  uint64_t staging_bytes = 0, staging_in_use = 0, staging_waits = 0;
+};
+
+class daemon_metrics {
+ public:
+  /// `labels`: node, instance, role and provider, for the `ferry_info` series.
+  daemon_metrics(std::string node, std::string instance, std::string role, std::string provider);
+  ~daemon_metrics();
+  daemon_metrics(const daemon_metrics&) = delete;
+  daemon_metrics& operator=(const daemon_metrics&) = delete;
+
+  /// A room of `side` (false prefill, true decode) ended with `s` and `code`, having moved
+  /// `bytes` (counted only on success).
+  void room_ended(bool decode, room_status s, errc code, uint64_t bytes);
+  /// A room of `side` spent `seconds` in `phase`.
+  void phase(bool decode, latency_phase p, double seconds);
+  /// A batch of writes posted to the fabric (prefill), and its completion: `bytes` is the
+  /// batch's, counted as completed only when no write failed.
+  void writes_posted(uint64_t writes, uint64_t bytes);
+  void writes_completed(uint64_t completed, uint64_t failed, uint64_t bytes);
+  /// Decode: writes the fabric reported landed, for rooms this daemon knows.
+  void writes_landed(uint64_t count);
+  /// Peer connections: one became ready (its health, for its Connection to keep updating; the
+  /// peer leaves the scrape when the last copy is dropped), one was lost, one was fenced (its
+  /// registrations closed and fabric connection cut).
+  std::shared_ptr<peer_health> peer_ready(const std::string& peer);
+  void peer_lost(const std::string& peer);
+  void peer_fenced(const std::string& peer);
+
+  /// The whole exposition (Prometheus text format 0.0.4): the counters and histograms, the
+  /// peers' heartbeat ages, and the Scheduler's gauges from `snap`.
+  std::string exposition(const metrics_snapshot& snap) const;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace ferry

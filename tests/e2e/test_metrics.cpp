@@ -1,0 +1,237 @@
+// The operator endpoint (listen.metrics) of real daemons, scraped over HTTP as Prometheus does:
+// the values move as rooms are prepared, moved and cancelled; /healthz and /readyz say what
+// they should; bad requests and a taken port get clear answers.
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "harness.hpp"
+#include "http.hpp"
+
+using namespace ferry;
+using namespace ferry::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// A pair whose daemons each serve the endpoint on a port of their own.
+struct metered_pair {
+  uint16_t prefill_port = free_port(), decode_port = free_port();
+  pair c;
+  explicit metered_pair(shape s = {})
+      : c(with_metrics(s, prefill_port), with_metrics(s, decode_port)) {}
+  static shape with_metrics(shape s, uint16_t port) {
+    s.metrics_listen = fmt::format("127.0.0.1:{}", port);
+    return s;
+  }
+};
+
+std::string scrape(uint16_t port) {
+  auto r = http_get(port, "/metrics");
+  INFO(r.body);
+  REQUIRE(r.status == 200);
+  return r.body;
+}
+
+double value(const std::string& text, const std::string& name,
+             const std::map<std::string, std::string>& labels = {}) {
+  auto v = series(text, name, labels);
+  INFO(name << " in:\n" << text);
+  REQUIRE(v.has_value());
+  return *v;
+}
+
+/// The metric families a scrape declares ("# TYPE name type").
+std::set<std::string> families(const std::string& text) {
+  std::set<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("# TYPE ", 0) == 0) out.insert(line.substr(7, line.find(' ', 7) - 7));
+  return out;
+}
+
+/// Every ferry_* name the Grafana dashboard's queries use, histogram suffixes taken off.
+std::set<std::string> dashboard_names() {
+  const char* dir = std::getenv("FERRY_SOURCE_DIR");
+  std::ifstream f(std::string(dir ? dir : FERRY_DEFAULT_SOURCE_DIR) + "/docs/grafana/ferry.json");
+  REQUIRE(f);
+  std::stringstream text;
+  text << f.rdbuf();
+  auto doc = json::parse(text.str());
+  std::set<std::string> out;
+  const std::regex name("ferry_[a-z_]+");
+  for (const auto& panel : doc["panels"])
+    for (const auto& t : panel["targets"]) {
+      const auto expr = t["expr"].get<std::string>();
+      for (std::sregex_iterator it(expr.begin(), expr.end(), name), end; it != end; ++it) {
+        auto n = it->str();
+        for (const std::string suffix : {"_bucket", "_count", "_sum"})
+          if (n.size() > suffix.size() && n.ends_with(suffix)) n.resize(n.size() - suffix.size());
+        out.insert(n);
+      }
+    }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("metrics follow a room: active while prepared, counted with its bytes once it moved",
+          "[e2e][metrics]") {
+  auto provider = GENERATE(as<std::string>{}, "tcp", "shm");
+  require_provider(provider);
+  shape s;
+  s.provider = provider;
+  metered_pair m(s);
+  auto& c = m.c;
+
+  auto before = scrape(m.decode_port);
+  CHECK(value(before, "ferry_info", {{"role", "decode"}, {"node", "decode-0"}}) == 1);
+  CHECK(value(before, "ferry_rooms_active", {{"side", "decode"}}) == 0);
+  CHECK_FALSE(series(before, "ferry_rooms_total").has_value());
+  CHECK(value(before, "ferry_pool_items", {{"pool", "kv"}, {"state", "in_use"}}) == 0);
+  CHECK(value(before, "ferry_pool_registered", {{"pool", "kv"}, {"memory", "daemon"}}) == 1);
+
+  room_spec r;
+  r.room = 77;
+  r.src_pages = range(0, 96);
+  r.dst_pages = range(200, 96);
+  r.chunks = {48, 48};
+  stage(c, r);
+  prepare(c, r);
+  auto prepared = scrape(m.decode_port);
+  CHECK(value(prepared, "ferry_rooms_active", {{"side", "decode"}}) == 1);
+  CHECK(value(prepared, "ferry_pool_items", {{"pool", "kv"}, {"state", "in_use"}}) == 96);
+  CHECK(value(prepared, "ferry_pool_items", {{"pool", "state"}, {"state", "in_use"}}) == 1);
+
+  send_and_verify(c, r);
+  const auto moved = status_of(*c.p)["prefill"]["bytes"].get<double>();
+  REQUIRE(moved > 0);
+  auto pre = scrape(m.prefill_port);
+  auto dec = scrape(m.decode_port);
+  for (const auto* text : {&pre, &dec}) {
+    const std::string side = text == &pre ? "prefill" : "decode";
+    INFO(side);
+    CHECK(value(*text, "ferry_rooms_total",
+                {{"side", side}, {"outcome", "success"}, {"code", "ok"}}) == 1);
+    CHECK(value(*text, "ferry_room_bytes_total", {{"side", side}}) == moved);
+    CHECK(value(*text, "ferry_rooms_active", {{"side", side}}) == 0);
+    CHECK(value(*text, "ferry_room_phase_seconds_count", {{"side", side}, {"phase", "commit"}}) ==
+          1);
+    CHECK(value(*text, "ferry_room_phase_seconds_count",
+                {{"side", side}, {"phase", "transferring"}}) == 1);
+    CHECK(value(*text, "ferry_connections", {{"kind", "peer"}}) == 1);
+    CHECK(value(*text, "ferry_connections", {{"kind", "client"}}) == 1);
+    CHECK(value(*text, "ferry_peer_heartbeat_age_seconds") >= 0);
+  }
+  const double posted = value(pre, "ferry_writes_total", {{"event", "posted"}});
+  CHECK(posted >= 2);  // two chunks, at least a write each
+  CHECK(value(pre, "ferry_writes_total", {{"event", "completed"}}) == posted);
+  CHECK(value(pre, "ferry_writes_total", {{"event", "failed"}}) == 0);
+  CHECK(value(pre, "ferry_writes_in_flight", {{"unit", "writes"}}) == 0);
+  CHECK(value(pre, "ferry_writes_in_flight", {{"unit", "bytes"}}) == 0);
+  CHECK(value(pre, "ferry_write_bytes_total", {{"event", "completed"}}) >= moved);
+  CHECK(value(dec, "ferry_writes_total", {{"event", "landed"}}) == posted);
+  CHECK(value(dec, "ferry_stray_writes_total") == 0);
+  CHECK(value(dec, "ferry_pool_items", {{"pool", "kv"}, {"state", "in_use"}}) == 0);
+  auto served = families(pre);
+  served.merge(families(dec));
+
+  SECTION("a cancelled room is counted by its code") {
+    room_spec q;
+    q.room = 78;
+    q.dst_pages = range(400, 8);
+    prepare(c, q);
+    REQUIRE(c.d->cancel(q.room));
+    CHECK(wait_done(*c.d, q.room).status == room_status::failed);
+    auto after = scrape(m.decode_port);
+    CHECK(value(after, "ferry_rooms_total",
+                {{"side", "decode"}, {"outcome", "failed"}, {"code", "cancelled"}}) == 1);
+    CHECK(value(after, "ferry_rooms_total", {{"side", "decode"}, {"outcome", "success"}}) == 1);
+    CHECK(value(after, "ferry_rooms_active", {{"side", "decode"}}) == 0);
+  }
+  // The prefill leaves: the decode counts its peer lost, and no longer reports its heartbeat.
+  CHECK(c.prefill.stop() == 0);
+  std::string gone;
+  for (int i = 0; i < 200; ++i) {
+    gone = scrape(m.decode_port);
+    if (series(gone, "ferry_peer_events_total", {{"event", "lost"}})) break;
+    std::this_thread::sleep_for(50ms);  // bounded wait for the loss to be seen: 10 s in all
+  }
+  CHECK(value(gone, "ferry_peer_events_total", {{"event", "lost"}}) == 1);
+  CHECK(value(gone, "ferry_peer_events_total", {{"event", "fenced"}}) >= 1);
+  CHECK_FALSE(series(gone, "ferry_peer_heartbeat_age_seconds").has_value());
+  CHECK(value(gone, "ferry_connections", {{"kind", "peer"}}) == 0);
+  // docs/grafana/ferry.json queries only what daemons serve
+  served.merge(families(gone));
+  const auto used = dashboard_names();
+  CHECK(used.size() >= 10);
+  for (const auto& n : used) {
+    INFO("the dashboard queries " << n);
+    CHECK(served.count(n) == 1);
+  }
+  CHECK(c.decode.stop() == 0);
+}
+
+TEST_CASE("healthz and readyz: alive, and ready only once client memory is registered",
+          "[e2e][metrics]") {
+  temp_dir dir;
+  shape s;
+  s.client_memory = true;
+  const uint16_t port = free_port();
+  s.metrics_listen = fmt::format("127.0.0.1:{}", port);
+  daemon_proc d(dir, "decode-0", "decode", s);
+  auto health = http_get(port, "/healthz");
+  CHECK(health.status == 200);
+  CHECK(health.body == "ok\n");
+  auto ready = http_get(port, "/readyz");
+  CHECK(ready.status == 503);
+  CHECK(ready.body == "not ready: pool kv is client memory and no client has registered it\n");
+  auto text = scrape(port);
+  CHECK(value(text, "ferry_pool_registered", {{"pool", "kv"}, {"memory", "client"}}) == 0);
+  CHECK(d.stop() == 0);
+}
+
+TEST_CASE("the metrics port answers bad requests and garbage clearly and keeps serving",
+          "[e2e][metrics]") {
+  temp_dir dir;
+  shape s;
+  const uint16_t port = free_port();
+  s.metrics_listen = fmt::format("127.0.0.1:{}", port);
+  daemon_proc d(dir, "decode-0", "decode", s);
+  CHECK(http_get(port, "/nothing-here").status == 404);
+  CHECK(http_raw(port, "POST /metrics HTTP/1.0\r\nContent-Length: 0\r\n\r\n").status == 405);
+  const std::string garbage("\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 not http\r\n\r\n", 28);
+  CHECK(http_raw(port, garbage).status != 200);
+  CHECK(http_raw(port, std::string(100000, 'A')).status != 200);
+  CHECK(http_get(port, "/healthz").status == 200);
+  CHECK(value(scrape(port), "ferry_rooms_active", {{"side", "decode"}}) == 0);
+  CHECK(d.stop() == 0);
+}
+
+TEST_CASE("a daemon whose metrics port is taken says so and does not start", "[e2e][metrics]") {
+  temp_dir dir;
+  const int taken = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(taken >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(taken, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(listen(taken, 1) == 0);
+  socklen_t len = sizeof a;
+  REQUIRE(getsockname(taken, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  const uint16_t port = ntohs(a.sin_port);
+  shape s;
+  s.metrics_listen = fmt::format("127.0.0.1:{}", port);
+  const auto config = dir.path / "decode.yaml";
+  std::ofstream(config) << make_config("metrics-taken", "decode", free_port(),
+                                       (dir.path / "d.sock").string(), s);
+  auto r = run_ferryd({"--config", config.string()}, dir.path / "out.log");
+  close(taken);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains(
+                           fmt::format("listen.metrics: cannot serve HTTP on 127.0.0.1:{}", port)));
+}
