@@ -103,6 +103,7 @@ struct connection_state {
   int64_t last_heard = 0;               // ms on the steady clock
   int64_t next_beat = 0;                // when the next heartbeat is due
   std::shared_ptr<peer_health> health;  // while ready: the metrics' view of last_heard
+  std::string leaving;                  // the peer said it is stopping (peer_leaving): why
 };
 
 using connection_actor = caf::stateful_actor<connection_state>;
@@ -399,6 +400,10 @@ caf::behavior relay(connection_actor* self) {
   return {
       [=](info_atom) -> caf::result<peer_lookup> {
         auto& st = self->state;
+        if (st.machine.ready() && !st.leaving.empty())
+          return peer_lookup{nullptr,
+                             fmt::format("peer {} is draining: {}", st.address, st.leaving),
+                             errc::draining};
         if (st.machine.ready()) return peer_lookup{st.info, {}};
         if (st.machine.closed())
           return peer_lookup{nullptr, st.machine.reason(), st.machine.code()};
@@ -423,6 +428,21 @@ caf::behavior relay(connection_actor* self) {
         if (st.machine.ready() && from(self, st.remote)) heard(st);
       },
       [=](tick_atom) { tick(self); },
+      [=](leaving_atom) {
+        auto& st = self->state;
+        if (st.machine.ready() && st.info->version >= peer_leaving_version)
+          self->send(
+              st.remote,
+              peer_leaving{"it began a stop; it finishes the rooms it accepted, then exits"});
+      },
+      [=](peer_leaving& m) {
+        auto& st = self->state;
+        if (!st.machine.ready() || !from(self, st.remote)) return;
+        heard(st);
+        st.leaving = m.reason;
+        st.ctx->log_peer->info("peer={} is draining: {}; new rooms naming it fail (407 draining)",
+                               st.address, m.reason);
+      },
       [=](redial_atom) { apply(self, self->state.machine.redial()); },
       [=](unusable_atom, const std::string& why) { apply(self, self->state.machine.lost(why)); },
       [=](fence_atom, const std::string& why) { apply(self, self->state.machine.lost(why)); },

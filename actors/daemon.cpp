@@ -2,15 +2,18 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <poll.h>
 #include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/signalfd.h>
 #include <unistd.h>
 
 #include <caf/io/all.hpp>
 #include <caf/io/basp_broker.hpp>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -103,6 +106,52 @@ uint32_t client_limit(const ferry_config& cfg, uint64_t nofile, spdlog::logger& 
         "fabric; when they run out, new peer connections fail (auto would be {})",
         cfg.limits.max_clients, nofile, automatic);
   return cfg.limits.max_clients;
+}
+
+/// The stop's drain, after the first stop signal: the Scheduler refuses new rooms and tells the
+/// peers; this returns once the rooms accepted before it finished, a second stop signal came,
+/// or timeouts.stop_ms passed, whichever is first. `signals` are blocked in every thread.
+void drain_before_stop(const caf::actor& scheduler, const ferry_config& cfg,
+                       const sigset_t& signals, spdlog::logger& log) {
+  if (cfg.timeouts.stop_ms == 0) {
+    log.info("timeouts.stop_ms is 0: stopping at once");
+    return;
+  }
+  auto done = std::make_shared<stop_notice>();
+  const int sfd = signalfd(-1, &signals, SFD_CLOEXEC);
+  if (done->fd < 0 || sfd < 0) {
+    log.warn("cannot wait for the drain ({}): stopping at once", std::strerror(errno));
+    if (sfd >= 0) close(sfd);
+    return;
+  }
+  caf::anon_send(scheduler, drain_msg{done});
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(cfg.timeouts.stop_ms);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          until - std::chrono::steady_clock::now())
+                          .count();
+    pollfd fds[2] = {{done->fd, POLLIN, 0}, {sfd, POLLIN, 0}};
+    const int n = left > 0 ? ::poll(fds, 2, static_cast<int>(left)) : 0;
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      log.warn(
+          "timeouts.stop_ms ({} ms) passed with rooms still active: stopping at once; "
+          "their peers see them fail",
+          cfg.timeouts.stop_ms);
+      break;
+    }
+    if (fds[0].revents) break;  // drained: the Scheduler logged it
+    signalfd_siginfo si{};
+    if (read(sfd, &si, sizeof si) != sizeof si) continue;
+    if (si.ssi_signo == SIGHUP) {
+      log.info("SIGHUP received while draining: ignored");
+      continue;
+    }
+    log.warn("signal {} received again while draining: stopping at once", si.ssi_signo);
+    break;
+  }
+  close(sfd);
 }
 
 std::string random_instance() {
@@ -316,7 +365,10 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
         // reopen: the signal is logged and ignored.
         while (sigwait(&stop_signals, &sig) == 0 && sig == SIGHUP)
           log->info("SIGHUP received: ignored (ferryd logs to stderr; nothing to reopen)");
-        log->info("signal {} received; shutting down", sig);
+        log->info("signal {} received; stopping (a second signal stops at once)", sig);
+        ctx->serving = false;
+        drain_before_stop(scheduler, cfg, stop_signals, *log);
+        log->info("shutting down");
       }
       ctx->serving = false;
       ctx->gateway->stop();

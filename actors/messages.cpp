@@ -1,5 +1,8 @@
 #include "actors/messages.hpp"
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 namespace ferry {
 
 void add_ferry_message_types(caf::actor_system_config& cfg) {
@@ -15,6 +18,16 @@ void add_ferry_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<peer_outcome>("ferry::peer_outcome");
   cfg.add_message_type<peer_drained>("ferry::peer_drained");
   cfg.add_message_type<peer_auth>("ferry::peer_auth");
+  cfg.add_message_type<peer_leaving>("ferry::peer_leaving");
+}
+
+stop_notice::stop_notice() : fd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+stop_notice::~stop_notice() {
+  if (fd >= 0) close(fd);
+}
+void stop_notice::notify() const {
+  const uint64_t one = 1;
+  [[maybe_unused]] auto n = write(fd, &one, sizeof one);
 }
 
 }  // namespace ferry

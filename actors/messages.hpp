@@ -35,8 +35,10 @@ namespace ferry {
 /// and immediate in one, and cutting one of those mid-write crashes libfabric 1.17's ofi_rxm at
 /// the decode, so version 3 peers are refused). 5: room failures carry an error code
 /// (`peer_prepare_ack`, `peer_outcome`), and the hello carries the range (`min_version`); the
-/// layouts of version 4 differ, so its peers are refused too.
-inline constexpr uint32_t peer_protocol_version = 5;
+/// layouts of version 4 differ, so its peers are refused too. 6: a daemon that begins a stop
+/// tells its peers (`peer_leaving`), so new rooms naming it fail at once with `draining`; a
+/// version-5 peer is not told, and its new prepares are refused by the draining daemon instead.
+inline constexpr uint32_t peer_protocol_version = 6;
 inline constexpr uint32_t peer_protocol_min_version = 5;
 
 /// "No staging" in peer_prepare::dst_staging.
@@ -186,6 +188,17 @@ typename Inspector::result_type inspect(Inspector& f, peer_drained& x) {
   return f(caf::meta::type_name("peer_drained"), x.room, x.token, x.completed, x.failed);
 }
 
+/// Connection -> Connection (version 6): this daemon began a stop. It finishes the rooms it
+/// accepted and takes no new one; new rooms naming it should fail at once with `draining`.
+struct peer_leaving {
+  std::string reason;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, peer_leaving& x) {
+  return f(caf::meta::type_name("peer_leaving"), x.reason);
+}
+inline constexpr uint32_t peer_leaving_version = 6;
+
 /// Connection <-> Connection liveness: sent every timeouts.heartbeat_ms by both sides; a peer
 /// from which nothing arrived for heartbeat_ms x heartbeat_misses is declared dead.
 using heartbeat_atom = caf::atom_constant<caf::atom("heartbeat")>;
@@ -227,6 +240,26 @@ struct peer_lookup {
   errc code = errc::ok;  ///< why the peer cannot be used (with `error`)
 };
 using info_atom = caf::atom_constant<caf::atom("info")>;
+/// Scheduler -> Connection: tell the peer this daemon is leaving (peer_leaving).
+using leaving_atom = caf::atom_constant<caf::atom("leaving")>;
+
+/// Written once when a drain has nothing left to wait for; its descriptor is closed when the
+/// last holder (the stopping thread, the Scheduler) lets go, so a late write finds it open.
+struct stop_notice {
+  int fd;
+  stop_notice();
+  ~stop_notice();
+  stop_notice(const stop_notice&) = delete;
+  stop_notice& operator=(const stop_notice&) = delete;
+  void notify() const;
+};
+
+/// The stopping thread -> Scheduler: begin the drain; `done` is notified once no room is
+/// active.
+struct drain_msg {
+  std::shared_ptr<stop_notice> done;
+};
+
 /// A metrics scrape -> Scheduler: answered with a metrics_snapshot (actors/metrics.hpp).
 using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
 
@@ -392,6 +425,7 @@ void add_ferry_message_types(caf::actor_system_config& cfg);
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_info_ptr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::metrics_snapshot)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::drain_msg)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::client_request)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::client_gone)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::immediates_msg)

@@ -115,7 +115,7 @@ void on_peer_inbound(scheduler_actor* self, peer_inbound& in) {
             return refuse("this daemon does not serve the prefill role");
           if (auto late = late_prepare(st.prefill.finished, p.room); !late)
             return refuse(late.message, late.code);
-          if (auto e = admission(st, st.prefill, "prefill"); !e) return refuse(e.message);
+          if (auto e = admission(st, st.prefill, "prefill"); !e) return refuse(e.message, e.code);
           auto actor = spawn_sender(self, st.ctx, p.room, caf::actor_cast<caf::actor>(self));
           it = st.prefill.active.emplace(p.room, room_entry{}).first;
           it->second.actor = actor;
@@ -205,6 +205,7 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
   return {
       [=](client_request& r) { on_client(self, r); },
       [=](metrics_atom) { return snapshot(self->state); },
+      [=](drain_msg& m) { start_drain(self, std::move(m.done)); },
       [=](client_gone& g) {
         auto& st = self->state;
         st.owning_clients.erase(g.conn);
@@ -274,6 +275,7 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
         side.finish(u.room, u.status, u.reason, u.code, it->second.prefix_tokens, u.bytes,
                     !u.decode_side && it->second.connections.empty());
         try_release(self);
+        check_drained(self);
       },
       [=](memory_mapped& m) {
         auto& st = self->state;
@@ -323,6 +325,7 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
         auto conn = caf::actor_cast<caf::actor>(self->current_sender());
         st.connections[conn] = p.info;
         st.fences[conn] = p.fence;
+        if (st.draining) self->send(conn, leaving_atom::value);
         // The same node as a new instance: any connection to its old instance belongs to a
         // process that is gone (restarted while its connection still looked open). End it, so
         // its rooms fail now and its registrations are fenced.

@@ -43,6 +43,11 @@ void reply_error(scheduler_actor* self, const client_request& r, errc code, std:
 /// Admission: a bounded number of non-terminal rooms per side, so one runaway client cannot
 /// exhaust the daemon for everyone else.
 result<> admission(const scheduler_state& st, const side_rooms& side, const char* name) {
+  if (st.draining)
+    return error{errc::draining,
+                 fmt::format("ferryd is draining: it finishes the {} rooms it accepted and takes "
+                             "no new one",
+                             st.prefill.active.size() + st.decode.active.size())};
   // A room of this client's own daemon: its request, not a peer, is what cannot be served.
   if (auto usable = st.ctx->pools_usable(); !usable)
     return error{errc::invalid_request, usable.message};
@@ -72,6 +77,28 @@ void fail_orphan(scheduler_actor* self, side_rooms& side, uint64_t room, std::st
   side.finish(room, room_status::failed, std::move(reason), errc::internal, 0, 0,
               &side == &st.prefill && e.connections.empty());
   try_release(self);
+  check_drained(self);
+}
+
+void start_drain(scheduler_actor* self, std::shared_ptr<stop_notice> done) {
+  auto& st = self->state;
+  st.draining = true;
+  st.drained = std::move(done);
+  st.ctx->log_sched->info(
+      "draining: {} prefill and {} decode rooms accepted before the stop may finish within "
+      "timeouts.stop_ms {} ms; new rooms are refused (407 draining), and peers are told",
+      st.prefill.active.size(), st.decode.active.size(), st.ctx->config.timeouts.stop_ms);
+  for (auto& [conn, info] : st.connections)
+    if (info) self->send(conn, leaving_atom::value);
+  check_drained(self);
+}
+
+void check_drained(scheduler_actor* self) {
+  auto& st = self->state;
+  if (!st.drained || !st.prefill.active.empty() || !st.decode.active.empty()) return;
+  st.ctx->log_sched->info("drained: every room accepted before the stop has finished");
+  st.drained->notify();
+  st.drained.reset();
 }
 
 caf::actor connection_for(scheduler_actor* self, const std::string& address) {

@@ -74,6 +74,10 @@ struct scheduler_state {
   std::array<bool, pool_kind_count> release_fenced{}, release_unmapping{};
   /// Outbound peers declared unresponsive: new rooms naming one fail at once, for a while.
   unresponsive_peers unresponsive;
+  /// A stop began (drain_msg): new rooms are refused; `drained` is notified, and dropped, once
+  /// no room is active.
+  bool draining = false;
+  std::shared_ptr<stop_notice> drained;
 };
 
 using scheduler_actor = caf::stateful_actor<scheduler_state>;
@@ -87,6 +91,9 @@ void notify_subscribers(scheduler_actor* self, const room_entry& e, uint64_t roo
                         const std::string& reason, errc code);
 void fail_orphan(scheduler_actor* self, side_rooms& side, uint64_t room, std::string reason);
 caf::actor connection_for(scheduler_actor* self, const std::string& address);
+/// The stop's drain: refuse new rooms, tell the peers, notify `done` once no room is active.
+void start_drain(scheduler_actor* self, std::shared_ptr<stop_notice> done);
+void check_drained(scheduler_actor* self);
 void on_prepare(scheduler_actor* self, client_request& r);
 void on_send(scheduler_actor* self, client_request& r);
 void on_poll(scheduler_actor* self, client_request& r, uint64_t room);

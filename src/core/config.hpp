@@ -114,6 +114,9 @@ struct timeouts_config {
   uint32_t drain_ms = 2000;       ///< after a failure, in-flight writes must drain within this
   uint32_t heartbeat_ms = 1000;   ///< connected peers exchange a heartbeat this often
   uint32_t heartbeat_misses = 3;  ///< a peer silent for heartbeat_ms x misses is declared dead
+  /// A stop (SIGTERM, ferryctl drain) lets the rooms accepted before it finish within this,
+  /// then stops at once; 0: stop at once
+  uint32_t stop_ms = 30000;
 };
 
 struct limits_config {

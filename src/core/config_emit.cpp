@@ -62,6 +62,7 @@ std::string to_yaml(const ferry_config& cfg) {
   out << YAML::Key << "transferring_ms" << YAML::Value << cfg.timeouts.transferring_ms;
   out << YAML::Key << "transfer_ms" << YAML::Value << cfg.timeouts.transfer_ms;
   out << YAML::Key << "drain_ms" << YAML::Value << cfg.timeouts.drain_ms;
+  out << YAML::Key << "stop_ms" << YAML::Value << cfg.timeouts.stop_ms;
   out << YAML::Key << "heartbeat_ms" << YAML::Value << cfg.timeouts.heartbeat_ms;
   out << YAML::Key << "heartbeat_misses" << YAML::Value << cfg.timeouts.heartbeat_misses;
   out << YAML::EndMap;

@@ -296,13 +296,14 @@ ferry_config parse_root(const YAML::Node& root) {
   const section timeouts(
       top.get_or_null("timeouts"), "timeouts",
       {"handshake_ms", "bootstrapping_ms", "waiting_for_input_ms", "transferring_ms", "transfer_ms",
-       "drain_ms", "heartbeat_ms", "heartbeat_misses"});
+       "drain_ms", "heartbeat_ms", "heartbeat_misses", "stop_ms"});
   timeouts.optional_field("handshake_ms", cfg.timeouts.handshake_ms);
   timeouts.optional_field("bootstrapping_ms", cfg.timeouts.bootstrapping_ms);
   timeouts.optional_field("waiting_for_input_ms", cfg.timeouts.waiting_for_input_ms);
   timeouts.optional_field("transferring_ms", cfg.timeouts.transferring_ms);
   timeouts.optional_field("transfer_ms", cfg.timeouts.transfer_ms);
   timeouts.optional_field("drain_ms", cfg.timeouts.drain_ms);
+  timeouts.optional_field("stop_ms", cfg.timeouts.stop_ms);
   timeouts.optional_field("heartbeat_ms", cfg.timeouts.heartbeat_ms);
   timeouts.optional_field("heartbeat_misses", cfg.timeouts.heartbeat_misses);
 

@@ -288,6 +288,7 @@ void validate_all(const ferry_config& cfg) {
   check_range(cfg.timeouts.transferring_ms, 1, 3600000, "timeouts.transferring_ms");
   check_range(cfg.timeouts.transfer_ms, 1, 3600000, "timeouts.transfer_ms");
   check_range(cfg.timeouts.drain_ms, 1, 600000, "timeouts.drain_ms");
+  check_range(cfg.timeouts.stop_ms, 0, 3600000, "timeouts.stop_ms");
   check_range(cfg.timeouts.heartbeat_ms, 10, 600000, "timeouts.heartbeat_ms");
   check_range(cfg.timeouts.heartbeat_misses, 1, 1000, "timeouts.heartbeat_misses");
 

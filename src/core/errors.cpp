@@ -40,6 +40,8 @@ const char* to_string(errc e) {
       return "timed_out";
     case errc::cancelled:
       return "cancelled";
+    case errc::draining:
+      return "draining";
     case errc::internal:
       return "internal";
     case errc::system_error:

@@ -34,6 +34,7 @@ enum class errc : uint16_t {
   wrong_role = 404,       ///< operation not served by this daemon's role
   timed_out = 405,        ///< a bounded wait expired
   cancelled = 406,        ///< cancelled by a client or the peer
+  draining = 407,         ///< the daemon (or the peer named) is stopping: no new rooms
   // internal (500s)
   internal = 500,
   system_error = 501,  ///< an operating-system call failed (shm, mmap, locks): it names the call
@@ -61,6 +62,7 @@ inline constexpr errc all_errc[] = {errc::ok,
                                     errc::wrong_role,
                                     errc::timed_out,
                                     errc::cancelled,
+                                    errc::draining,
                                     errc::internal,
                                     errc::system_error};
 

@@ -103,7 +103,8 @@ struct shape {
   uint32_t drain_ms = 2000;
   uint32_t heartbeat_ms = 1000;
   uint32_t heartbeat_misses = 3;
-  std::string secret_file;  ///< security.cluster_secret_file (empty: none)
+  uint32_t stop_ms = 30000;  ///< timeouts.stop_ms: how long a SIGTERM's drain may take
+  std::string secret_file;   ///< security.cluster_secret_file (empty: none)
   uint32_t transfer_ms = 30000;
   uint32_t peer_preamble_ms = 3000;  ///< limits.peer_preamble_ms (the config default)
   uint32_t max_active_rooms = 4096;
@@ -153,7 +154,7 @@ inline std::string make_config(const std::string& name, const std::string& role,
     << "\n  waiting_for_input_ms: " << s.waiting_for_input_ms
     << "\n  transferring_ms: " << s.transferring_ms << "\n  drain_ms: " << s.drain_ms
     << "\n  heartbeat_ms: " << s.heartbeat_ms << "\n  heartbeat_misses: " << s.heartbeat_misses
-    << "\n  transfer_ms: " << s.transfer_ms
+    << "\n  transfer_ms: " << s.transfer_ms << "\n  stop_ms: " << s.stop_ms
     << "\nlimits:\n  max_active_rooms: " << s.max_active_rooms
     << "\n  max_clients: " << s.max_clients << "\n  client_frame_ms: " << s.client_frame_ms
     << "\n  peer_preamble_ms: " << s.peer_preamble_ms << "\nruntime:\n  workers: " << s.workers
@@ -285,14 +286,27 @@ class daemon_proc {
   }
 
  public:
-  /// Stop with SIGTERM; returns the exit status (or -1 when it had to be killed).
+  /// Stop at once: SIGTERM and SIGINT together (the first begins a drain, the second ends it);
+  /// returns the exit status (or -1 when it had to be killed).
   int stop() {
     if (pid_ <= 0) return exit_status_;
     kill(pid_, SIGTERM);
-    kill(pid_, SIGCONT);  // a SIGSTOPped daemon must run to handle it
+    kill(pid_, SIGINT);
+    kill(pid_, SIGCONT);  // a SIGSTOPped daemon must run to handle them
+    return wait_exit(15000);
+  }
+
+  /// Begin a stop that drains (SIGTERM alone: the rooms accepted before it may finish).
+  void drain() {
+    if (pid_ > 0) kill(pid_, SIGTERM);
+  }
+
+  /// Wait for the process to exit (killed after `ms`); its exit status, -1 when killed.
+  int wait_exit(int ms = 60000) {
+    if (pid_ <= 0) return exit_status_;
     int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid_, 0));
     pollfd p{pidfd, POLLIN, 0};
-    if (pidfd < 0 || ::poll(&p, 1, 15000) <= 0) kill(pid_, SIGKILL);
+    if (pidfd < 0 || ::poll(&p, 1, ms) <= 0) kill(pid_, SIGKILL);
     if (pidfd >= 0) close(pidfd);
     int st = 0;
     waitpid(pid_, &st, 0);

@@ -36,6 +36,7 @@ void require_equal(const ferry_config& a, const ferry_config& b) {
   REQUIRE(a.timeouts.drain_ms == b.timeouts.drain_ms);
   REQUIRE(a.timeouts.heartbeat_ms == b.timeouts.heartbeat_ms);
   REQUIRE(a.timeouts.transfer_ms == b.timeouts.transfer_ms);
+  REQUIRE(a.timeouts.stop_ms == b.timeouts.stop_ms);
   REQUIRE(a.tp.size == b.tp.size);
   REQUIRE(a.tp.rank == b.tp.rank);
   REQUIRE(a.pp.size == b.pp.size);

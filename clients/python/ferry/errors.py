@@ -49,6 +49,7 @@ class Errc(IntEnum):
     WRONG_ROLE = 404
     TIMED_OUT = 405
     CANCELLED = 406
+    DRAINING = 407
     # internal (500s)
     INTERNAL = 500
     SYSTEM_ERROR = 501
