@@ -19,6 +19,7 @@
 #include "actors/client_gateway.hpp"
 #include "actors/client_memory.hpp"
 #include "actors/peer_gate.hpp"
+#include "actors/sd_notify.hpp"
 #include "core/auth.hpp"
 #include "core/daemon_locks.hpp"
 #include "core/failpoint.hpp"
@@ -289,6 +290,9 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
         [[maybe_unused]] auto n = write(options.ready_fd, "ready\n", 6);
         close(options.ready_fd);
       }
+      notify_ready(
+          *log, fmt::format("serving: provider {}, peers on {}, clients on {}",
+                            ctx->engine->provider_name(), cfg.control_listen, cfg.client_listen));
       if (options.on_ready) options.on_ready();
       if (options.wait_for_stop) {
         options.wait_for_stop();
@@ -302,6 +306,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
           log->info("SIGHUP received: ignored (ferryd logs to stderr; nothing to reopen)");
         log->info("signal {} received; shutting down", sig);
       }
+      notify_stopping(*log, "stopping: draining rooms and peers");
       ctx->gateway->stop();
     }
     // Inside the actor system's scope: the gate's callbacks hold actor handles, and a socket it

@@ -5,6 +5,8 @@
 #     prefix alone, check that neither its link line, its binary (ldd) nor the exported targets
 #     reach yaml-cpp, spdlog or OpenSSL, and move one room between an installed ferryd pair
 #     with it, checking every destination byte; then the installed Python client imports.
+#   run.sh unit BUILD_DIR: `systemd-analyze verify` the installed ferryd@.service (exit 77,
+#     skipped, where systemd-analyze is missing or cannot verify a unit here at all).
 # FLAGS: compile and link flags the probe needs to link the build's library (the sanitizers).
 set -euo pipefail
 mode=$1 build=$2
@@ -21,12 +23,39 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 
 prefix=$tmp/prefix
 cmake --install "$build" --prefix "$prefix" > "$tmp/install.log" || fail "cmake --install: $(cat "$tmp/install.log")"
-[ "$mode" = package ] || fail "unknown mode '$mode' (package)"
+unit=$prefix/lib/systemd/system/ferryd@.service
+
+if [ "$mode" = unit ]; then
+  if ! command -v systemd-analyze > /dev/null; then
+    echo "SKIPPED: systemd-analyze is not installed"; exit 77
+  fi
+  # A unit known to be good first: where even it cannot be verified (no systemd in this
+  # container, say), verifying ours would prove nothing.
+  mkdir -p "$tmp/units"
+  printf '[Unit]\nDescription=control\n[Service]\nType=oneshot\nExecStart=/bin/true\n' \
+    > "$tmp/units/ferry-control.service"
+  if ! out=$(systemd-analyze verify "$tmp/units/ferry-control.service" 2>&1); then
+    echo "SKIPPED: systemd-analyze cannot verify units here: $out"; exit 77
+  fi
+  # An instance of the template, as `systemctl start ferryd@prefill` would load it.
+  cp "$unit" "$tmp/units/ferryd@prefill.service"
+  out=$(systemd-analyze verify "$tmp/units/ferryd@prefill.service" 2>&1) ||
+    fail "systemd-analyze verify ferryd@.service: $out"
+  # verify exits 0 on some problems and only prints them.
+  [ -z "$out" ] || fail "systemd-analyze verify ferryd@.service printed: $out"
+  grep -qx "ExecStart=$prefix/bin/ferryd --config /etc/ferry/%i.yaml" "$unit" ||
+    fail "ExecStart does not name the installed ferryd: $(grep ExecStart "$unit")"
+  grep -qx 'Type=notify' "$unit" || fail "the unit is not Type=notify"
+  echo "ok: systemd-analyze verify passes $unit"
+  exit 0
+fi
+
+[ "$mode" = package ] || fail "unknown mode '$mode' (package or unit)"
 cxx=$3 flags=${4:-}
 for f in bin/ferryd bin/ferryctl bin/ferry-bench include/ferry/client.hpp \
          include/ferry/engine_memory.hpp include/ferry/core/protocol.hpp \
          lib/python3/dist-packages/ferry/__init__.py lib/python3/dist-packages/ferry_client.py \
-         share/ferry/configs/prefill.yaml \
+         lib/systemd/system/ferryd@.service share/ferry/configs/prefill.yaml \
          share/ferry/configs/decode.yaml; do
   [ -e "$prefix/$f" ] || fail "cmake --install did not install $f"
 done
