@@ -2,8 +2,7 @@
 /// Ferry daemon configuration as plain structs with in-class defaults, and their size helpers:
 /// what the pool layouts (layout.hpp), the client protocol (protocol.hpp) and the C++ client
 /// need, without the YAML parser or the validation (config.hpp). Installed with the client
-/// (Ferry::client): it includes its neighbours by file name, so it also works from
-/// <prefix>/include/ferry/core.
+/// (Ferry::client) under <prefix>/include/ferry/core; it includes only the standard library.
 
 #include <algorithm>
 #include <cstdint>
