@@ -23,6 +23,7 @@
 #include "actors/client_memory.hpp"
 #include "actors/operator_endpoint.hpp"
 #include "actors/peer_gate.hpp"
+#include "actors/sd_notify.hpp"
 #include "core/auth.hpp"
 #include "core/daemon_locks.hpp"
 #include "core/failpoint.hpp"
@@ -354,6 +355,9 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
         [[maybe_unused]] auto n = write(options.ready_fd, "ready\n", 6);
         close(options.ready_fd);
       }
+      notify_ready(
+          *log, fmt::format("serving: provider {}, peers on {}, clients on {}",
+                            ctx->engine->provider_name(), cfg.control_listen, cfg.client_listen));
       if (options.on_ready) options.on_ready();
       if (options.wait_for_stop) {
         options.wait_for_stop();
@@ -367,6 +371,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
           log->info("SIGHUP received: ignored (ferryd logs to stderr; nothing to reopen)");
         log->info("signal {} received; stopping (a second signal stops at once)", sig);
         ctx->serving = false;
+        notify_stopping(*log, "stopping: draining the rooms accepted before the signal");
         drain_before_stop(scheduler, cfg, stop_signals, *log);
         log->info("shutting down");
       }

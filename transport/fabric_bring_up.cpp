@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "transport/cma_check.hpp"
 #include "transport/fabric_engine.hpp"
 #include "transport/shm_files.hpp"
 
@@ -265,8 +266,11 @@ result<> fabric_engine::post_receives(size_t count) {
 using detail::fabric_engine;
 
 result<std::unique_ptr<engine>> engine::open(const engine_config& cfg) {
+  // Logged for every provider, so an operator sees what a switch to shm would meet.
+  const auto cma = check_cma();
+  transport_log()->info("{}", cma.describe());
   if (cfg.provider == "shm") {
-    if (auto why = shm_without_cma(); !why.empty()) {
+    if (auto why = cma.why_not(); !why.empty()) {
       const error refused{errc::fabric_unavailable,
                           "fabric provider 'shm' needs cross-memory attach (process_vm_writev), "
                           "and " +

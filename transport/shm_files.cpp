@@ -1,12 +1,9 @@
-// What the shm provider needs from the machine: no stale files under our pid, and cross-memory
-// attach.
+// What the shm provider needs from the machine: no stale files under our pid (cross-memory
+// attach: cma_check.cpp).
 #include "transport/shm_files.hpp"
 
 #include <unistd.h>
 
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <system_error>
 
@@ -31,37 +28,6 @@ void remove_stale_shm_files() {
           f.path().string());
     }
   }
-}
-
-/// Why shm would copy writes piecewise (its SAR protocol) instead of with cross-memory attach
-/// (process_vm_writev), or "" when CMA is available. Piecewise copies reopen the window the
-/// fence closes: a write could land partly before and partly after it.
-std::string shm_without_cma() {
-  if (const char* v = std::getenv("FI_SHM_DISABLE_CMA")) {
-    const std::string s = v;
-    if (s == "1" || s == "yes" || s == "true" || s == "on")
-      return "FI_SHM_DISABLE_CMA=" + s + " is set";
-  }
-  int scope = 0;
-  if (FILE* f = std::fopen("/proc/sys/kernel/yama/ptrace_scope", "r")) {
-    if (std::fscanf(f, "%d", &scope) != 1) scope = 0;
-    std::fclose(f);
-  }
-  if (scope >= 3) return "kernel.yama.ptrace_scope is 3 (no process may attach to another)";
-  if (scope >= 1) {
-    // Scope 1 and 2 still let a process with CAP_SYS_PTRACE attach to its peers.
-    uint64_t caps = 0;
-    if (FILE* f = std::fopen("/proc/self/status", "r")) {
-      char line[256];
-      while (std::fgets(line, sizeof line, f))
-        if (std::sscanf(line, "CapEff: %lx", &caps) == 1) break;
-      std::fclose(f);
-    }
-    if ((caps & (uint64_t{1} << 19)) == 0)  // CAP_SYS_PTRACE
-      return "kernel.yama.ptrace_scope is " + std::to_string(scope) +
-             " and ferryd lacks CAP_SYS_PTRACE, so it cannot attach to its peers";
-  }
-  return {};
 }
 
 }  // namespace ferry::transport

@@ -38,7 +38,6 @@ result<std::unique_ptr<client>> client::connect(const std::string& socket_path,
   c->hello_ = std::move(*h);
   c->version_ = c->hello_.version;
   c->reader_.set_version(c->version_);
-  if (auto parsed = parse_config_text(c->hello_.config_yaml)) c->config_ = std::move(parsed.value);
   c->timeout_ = std::chrono::seconds(30);
   result<std::unique_ptr<client>> o;
   o.value = std::move(c);

@@ -70,12 +70,12 @@ uint64_t unit_seed(uint64_t key, uint64_t a, uint64_t b, uint64_t c, uint64_t d)
 
 /// The daemon's geometry, from the config it sent at hello.
 struct geometry {
-  const ferry_config* cfg = nullptr;
+  std::shared_ptr<const ferry_config> cfg;
   uint32_t tp = 1, rank = 0;
 };
 
 result<> geometry_of(const client& c, geometry& g) {
-  g.cfg = c.config();
+  g.cfg = daemon_config(c);
   if (!g.cfg)
     return error{errc::internal, "the daemon's config is not available (hello carried none)"};
   g.tp = g.cfg->tp.size;

@@ -22,6 +22,7 @@
 #include "core/geometry.hpp"
 #include "core/plan.hpp"
 #include "ferry/client.hpp"
+#include "ferry/daemon_config.hpp"
 #include "ferry/engine_memory.hpp"
 #include "ferry/workload.hpp"
 
@@ -168,7 +169,8 @@ int main(int argc, char** argv) {
         text << fmt::format("{}: lent {} pool(s) of this process's memory (memory: client)\n", path,
                             mem.value.lent());
       lent.push_back(std::move(mem.value));
-      if (!c.value->config()) return fail(path + ": the daemon sent no readable config");
+      if (!client::daemon_config(*c.value))
+        return fail(path + ": the daemon sent no readable config");
       side->push_back(std::move(c.value));
     }
   auto& p = *prefills[0];
@@ -213,7 +215,7 @@ int main(int argc, char** argv) {
   std::vector<rank_schema> prefill_schemas;
   for (const auto& c : prefills) {
     prefill_controls.push_back(c->daemon().control);
-    prefill_schemas.push_back(schema_of(*c->config()));
+    prefill_schemas.push_back(schema_of(*client::daemon_config(*c)));
   }
 
   struct slot_plan {
@@ -246,7 +248,7 @@ int main(int argc, char** argv) {
   // planner ferryd uses (with staging for head-sliced KV, as ferryd uses when it has room).
   std::vector<planned_write> one;
   for (const auto& dc : decodes) {
-    const auto ds = schema_of(*dc->config());
+    const auto ds = schema_of(*client::daemon_config(*dc));
     auto chosen = select_prefill_peers(ds, prefill_schemas);
     if (!chosen) return fail("geometry: " + chosen.message);
     for (size_t i : chosen.value) {
@@ -280,8 +282,8 @@ int main(int argc, char** argv) {
     return fmt::format("TP{}{}", c.tp.size, c.pp.size > 1 ? fmt::format(" PP{}", c.pp.size) : "");
   };
   text << fmt::format("ferry-bench: {} ({}, {} daemon(s)) -> {} ({}, {} daemon(s)) over {}\n",
-                      ph.node, geometry_text(*p.config()), prefills.size(), dh.node,
-                      geometry_text(*d.config()), decodes.size(), provider);
+                      ph.node, geometry_text(*client::daemon_config(p)), prefills.size(), dh.node,
+                      geometry_text(*client::daemon_config(d)), decodes.size(), provider);
   text << fmt::format(
       "workload: {} requests x {} tokens ({} pages), concurrency {}, {} chunk(s), fragmentation "
       "{:.2f}\n",
@@ -291,10 +293,12 @@ int main(int argc, char** argv) {
       kv_bytes / 1048576.0, state_bytes / 1048576.0, req_bytes - kv_bytes - state_bytes,
       req_bytes / 1048576.0, one.size());
   out["provider"] = provider;
-  out["prefill"] = {
-      {"node", ph.node}, {"geometry", geometry_text(*p.config())}, {"daemons", prefills.size()}};
-  out["decode"] = {
-      {"node", dh.node}, {"geometry", geometry_text(*d.config())}, {"daemons", decodes.size()}};
+  out["prefill"] = {{"node", ph.node},
+                    {"geometry", geometry_text(*client::daemon_config(p))},
+                    {"daemons", prefills.size()}};
+  out["decode"] = {{"node", dh.node},
+                   {"geometry", geometry_text(*client::daemon_config(d))},
+                   {"daemons", decodes.size()}};
   out["workload"] = {{"requests", o.requests},
                      {"prompt_tokens", o.prompt_tokens},
                      {"pages", pages_per_req},

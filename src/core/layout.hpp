@@ -14,7 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "core/config.hpp"
+// Installed with Ferry::client: neighbours included by file name (src/core/CMakeLists.txt).
+#include "config_types.hpp"
 
 namespace ferry {
 

@@ -19,9 +19,10 @@
 #include <variant>
 #include <vector>
 
-#include "core/errors.hpp"
-#include "core/layout.hpp"
-#include "core/status.hpp"
+// Installed with Ferry::client: neighbours included by file name (src/core/CMakeLists.txt).
+#include "errors.hpp"
+#include "layout.hpp"
+#include "status.hpp"
 
 namespace ferry::proto {
 

@@ -5,7 +5,8 @@
 #include <cstdint>
 #include <string>
 
-#include "core/errors.hpp"
+// Installed with Ferry::client: neighbours included by file name (src/core/CMakeLists.txt).
+#include "errors.hpp"
 
 namespace ferry {
 

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "ferry/daemon_config.hpp"
 #include "soak/soak.hpp"
 
 namespace ferry::soak {
@@ -17,7 +18,7 @@ result<> soak::connect(side_id s) {
   auto c = client::client::connect(d.socket, "ferry-soak", ms(2000), true);
   if (!c) return std::move(c).error();
   if (auto m = c.value->map_pools(); !m) return m;
-  const auto* cfg = c.value->config();
+  const auto cfg = client::daemon_config(*c.value);
   if (!cfg) return error{errc::malformed_frame, "the daemon sent no readable config"};
   const auto& h = c.value->daemon();
   if (!h.pools[static_cast<int>(pool_kind::kv)].present)

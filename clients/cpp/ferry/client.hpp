@@ -7,6 +7,9 @@
 /// pushed for subscribed rooms that arrive while waiting for a reply are kept in order and
 /// returned by `next_event`.
 ///
+/// Installed as Ferry::client (docs/install.md), with the core headers it includes; it depends on
+/// nothing but the C++ standard library and fmt.
+///
 /// Errors: every call returns an `outcome`; on failure `code` and `message` carry the daemon's
 /// error (or a local I/O error with errc::internal) and no exception is thrown.
 
@@ -18,7 +21,6 @@
 #include <string>
 #include <vector>
 
-#include "core/config.hpp"
 #include "core/protocol.hpp"
 #include "core/shm_region.hpp"
 
@@ -40,9 +42,8 @@ class client {
 
   /// The daemon's hello reply: node, role, pool names and layouts.
   const proto::hello_reply& daemon() const { return hello_; }
-  /// The daemon's effective config (pools, TP/PP geometry), parsed from its hello reply;
-  /// nullptr if it could not be read.
-  const ferry_config* config() const { return config_ ? &*config_ : nullptr; }
+  /// The daemon's effective config is `daemon().config_yaml`; the in-tree tools parse it with
+  /// ferry::client::daemon_config (ferry/daemon_config.hpp, not installed: it needs yaml-cpp).
 
   result<none> prepare(const proto::prepare& p);
   result<none> send(const proto::send& s);
@@ -113,7 +114,6 @@ class client {
   proto::frame_reader reader_;
   std::deque<proto::event> events_;
   proto::hello_reply hello_;
-  std::optional<ferry_config> config_;
   shm_region pools_[pool_kind_count];
   uint8_t* attached_[pool_kind_count] = {};
 };

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "ferry/client.hpp"
+#include "ferry/daemon_config.hpp"
 
 namespace ferry::client {
 

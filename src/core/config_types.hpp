@@ -1,0 +1,204 @@
+#pragma once
+/// Ferry daemon configuration as plain structs with in-class defaults, and their size helpers:
+/// what the pool layouts (layout.hpp), the client protocol (protocol.hpp) and the C++ client
+/// need, without the YAML parser or the validation (config.hpp). Installed with the client
+/// (Ferry::client) under <prefix>/include/ferry/core; it includes only the standard library.
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ferry {
+
+/// Which side(s) of a prefill/decode pair this daemon serves.
+enum class node_role { prefill, decode, both };
+
+/// One transferable state tensor of a Mamba (or other recurrent) layer, per slot.
+struct state_tensor_config {
+  std::string name;             ///< e.g. "conv", "temporal"
+  std::vector<uint64_t> shape;  ///< per-slot shape at this rank's TP, e.g. [8192, 3]
+  uint32_t dtype_bytes = 0;     ///< 2 for bf16, 4 for fp32
+  /// Index into `shape` of the TP-sliced axis. Absent: the slicing is unknown, so the tensor can
+  /// move only between equal TP sizes (a mismatch is refused, never copied whole).
+  std::optional<uint32_t> slice_axis;
+  std::vector<uint64_t> shard_groups;  ///< full (unsharded) sub-block sizes along the sliced axis,
+                                       ///< e.g. GDN conv [2048, 2048, 4096]; empty = one block
+
+  /// Bytes of one slot of this tensor for one layer.
+  uint64_t slot_bytes() const;
+  /// Length of the sliced axis at this rank (shape[slice_axis]; 0 without a slice axis).
+  uint64_t sliced_dim() const;
+  /// Product of the dims before the sliced axis (1 unless e.g. Kimi conv [K-1, dim]).
+  uint64_t outer_count() const;
+  /// Bytes of one unit of the sliced axis: product of the dims after it times dtype_bytes.
+  uint64_t unit_bytes() const;
+};
+
+/// Paged KV pool: K and V buffers per attention layer (one buffer per layer for MLA).
+/// Who owns a pool's memory: ferryd (a POSIX shm object it creates and clients map), or a
+/// client that lends its own memory with register_memory (docs/protocol.md).
+enum class pool_memory : uint8_t { daemon, client };
+const char* to_string(pool_memory m);
+
+struct kv_pool_config {
+  std::vector<uint32_t> layer_ids;  ///< global model layer ids of the attention layers
+  uint32_t page_tokens = 1;         ///< tokens per page (SGLang CUDA default 1)
+  uint32_t kv_heads = 0;            ///< KV heads held by this rank
+  uint32_t head_dim = 0;
+  uint32_t dtype_bytes = 2;
+  bool mla = false;    ///< true: one buffer per layer, no K/V split
+  uint64_t pages = 0;  ///< pages per buffer
+  /// KV heads of the whole model; 0 means kv_heads x tp.size. Needed when heads are replicated
+  /// (tp.size > total heads, e.g. Qwen3-Next's 2 heads at TP4: kv_heads 1, total_heads 2).
+  uint32_t total_heads = 0;
+
+  /// Bytes of one page of one layer buffer (K or V).
+  uint64_t page_bytes() const;
+  /// Number of layer buffers: 2 per layer, or 1 per layer for MLA.
+  uint32_t buffer_count() const;
+  /// Total KV heads of the model for a daemon at TP size `tp_size`.
+  uint32_t model_heads(uint32_t tp_size) const {
+    return total_heads ? total_heads : kv_heads * tp_size;
+  }
+  pool_memory memory = pool_memory::daemon;  ///< who owns the memory
+};
+
+/// Mamba state pool: `slots` slots; every layer in `layer_ids` holds every tensor in `tensors`.
+struct mamba_pool_config {
+  uint64_t slots = 0;
+  std::vector<uint32_t> layer_ids;
+  std::vector<state_tensor_config> tensors;
+  pool_memory memory = pool_memory::daemon;  ///< who owns the memory
+};
+
+/// Aux (metadata) rows, one per in-flight request. The first 8 bytes of a row hold the room id
+/// (little-endian u64), as SGLang's aux rows carry `bootstrap_room`.
+struct aux_pool_config {
+  uint64_t rows = 0;
+  uint64_t row_bytes = 0;
+  pool_memory memory = pool_memory::daemon;  ///< who owns the memory
+};
+
+struct pools_config {
+  std::optional<kv_pool_config> kv;
+  std::optional<mamba_pool_config> mamba;
+  std::optional<aux_pool_config> aux;
+};
+
+struct fabric_config {
+  std::string provider = "tcp";          ///< any libfabric provider name: tcp, shm, verbs, efa...
+  std::string address = "127.0.0.1";     ///< interface address the endpoint binds to (if used)
+  uint32_t max_inflight_writes = 64;     ///< credit bound on posted, uncompleted writes
+  uint64_t write_piece_bytes = 1 << 20;  ///< large state tensors are split into pieces this size
+  /// Registered bounce memory for head-sliced KV under a TP mismatch (pack at the source,
+  /// unpack at the destination); 0 disables it (then one write per token and layer).
+  uint64_t staging_bytes = 256ull << 20;
+};
+
+struct timeouts_config {
+  uint32_t handshake_ms = 10000;  ///< connect + handshake with a peer
+  /// Per-state bounds, each counted from entering the state (either side of a room):
+  uint32_t bootstrapping_ms = 30000;      ///< prefill: the decode's prepares; decode: peers,
+                                          ///< staging and the prefill's acceptance
+  uint32_t waiting_for_input_ms = 60000;  ///< prefill: the client's chunks; decode: first write
+  uint32_t transferring_ms = 60000;       ///< first write to commit
+  uint32_t transfer_ms = 120000;  ///< a room must reach a terminal state within this, overall
+  uint32_t drain_ms = 2000;       ///< after a failure, in-flight writes must drain within this
+  uint32_t heartbeat_ms = 1000;   ///< connected peers exchange a heartbeat this often
+  uint32_t heartbeat_misses = 3;  ///< a peer silent for heartbeat_ms x misses is declared dead
+  /// A stop (SIGTERM, SIGINT) lets the rooms accepted before it finish within this, then stops
+  /// at once; 0: stop at once
+  uint32_t stop_ms = 30000;
+};
+
+struct limits_config {
+  uint32_t max_active_rooms = 4096;  ///< admission: non-terminal rooms per side (prefill, decode)
+  /// Client connections at once; more are refused. 0 (the default): half of the descriptors
+  /// ferryd may open, at most 4096, so peers, the fabric and CAF keep the other half.
+  uint32_t max_clients = 0;
+  uint32_t client_frame_ms = 10000;  ///< a started client frame must be complete within this
+  /// The peer port (actors/peer_gate.hpp): a connection must finish Ferry's preamble within
+  /// this, before CAF sees a byte of it; at most `max_pending_peers` connections are in the
+  /// preamble at once, `max_pending_peers_per_source` from one address (over either, the
+  /// oldest pending one in that scope is reset).
+  uint32_t peer_preamble_ms = 3000;
+  uint32_t max_pending_peers = 64;
+  uint32_t max_pending_peers_per_source = 8;
+};
+
+struct tp_config {
+  uint32_t size = 1;
+  uint32_t rank = 0;
+};
+
+/// Pipeline stage; the layers a stage holds are its pools' layer_ids.
+struct pp_config {
+  uint32_t size = 1;
+  uint32_t rank = 0;
+};
+
+/// Attention data parallelism: the group of this rank within its engine instance. `tp` is then
+/// the attention TP inside the group; a room's KV and state live in one group's ranks only.
+struct dp_config {
+  uint32_t size = 1;
+  uint32_t rank = 0;
+};
+
+/// The actor runtime. Workers: CAF's scheduler threads, which run every actor (none of them ever
+/// waits on the fabric or the network); 0 (the default): one per core.
+struct runtime_config {
+  uint32_t workers = 0;
+};
+
+struct log_config {
+  std::string level = "info";  ///< trace, debug, info, warn, error
+};
+
+struct security_config {
+  /// File holding the cluster secret peers prove at handshake (challenge-response); empty: peers
+  /// are not authenticated. The file must not be readable by group or others.
+  std::string cluster_secret_file;
+};
+
+struct ferry_config {
+  std::string node_name;
+  std::string instance = "auto";  ///< "auto": a random id chosen at each start
+  node_role role = node_role::both;
+  std::string control_listen = "127.0.0.1:7400";  ///< host:port for peer daemons (CAF)
+  std::string client_listen;                      ///< unix socket path for local clients
+  /// host:port of the HTTP endpoint for /metrics, /healthz and /readyz; empty: not served
+  std::string metrics_listen;
+  fabric_config fabric;
+  timeouts_config timeouts;
+  limits_config limits;
+  security_config security;
+  tp_config tp;
+  pp_config pp;
+  dp_config dp;
+  runtime_config runtime;
+  pools_config pools;
+  log_config log;
+  /// Control addresses ("host:port") of every rank of the engine instance this daemon serves
+  /// (its TP, PP and DP ranks, this one included or not): what a peer's `discover` of any one
+  /// of them answers (docs/protocol.md).
+  std::vector<std::string> instance_ranks;
+};
+
+/// The client limit for `max_clients` 0 (auto), given the daemon's descriptor limit.
+inline uint32_t auto_max_clients(uint64_t nofile) {
+  return static_cast<uint32_t>(std::clamp<uint64_t>(nofile / 2, 16, 4096));
+}
+
+/// Actor workers for `runtime.workers` 0 (auto): one per core, at least one.
+inline uint32_t auto_workers(uint32_t cores) { return std::clamp<uint32_t>(cores, 1, 256); }
+
+/// Longest node.name and node.instance: together they name the daemon's /dev/shm objects.
+inline constexpr size_t max_node_name = 128;
+inline constexpr size_t max_instance_name = 64;
+
+const char* to_string(node_role r);
+
+}  // namespace ferry

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# The install as an engine sees it (ctest, label install; docs/install.md):
+#   run.sh package BUILD_DIR CXX [FLAGS]: `cmake --install` the build into a temporary prefix,
+#     check the layout, configure and build tests/install/ with find_package(Ferry) against that
+#     prefix alone, check that neither its link line, its binary (ldd) nor the exported targets
+#     reach yaml-cpp, spdlog or OpenSSL, and move one room between an installed ferryd pair
+#     with it, checking every destination byte; then the installed Python client imports.
+#   run.sh unit BUILD_DIR: `systemd-analyze verify` the installed ferryd@.service (exit 77,
+#     skipped, where systemd-analyze is missing or cannot verify a unit here at all).
+# FLAGS: compile and link flags the probe needs to link the build's library (the sanitizers).
+set -euo pipefail
+mode=$1 build=$2
+here=$(cd "$(dirname "$0")" && pwd)
+tmp=$(mktemp -d /tmp/ferry-install-XXXXXX)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  [ "${FERRY_KEEP_TEST_DIRS:-0}" = 1 ] || rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+prefix=$tmp/prefix
+cmake --install "$build" --prefix "$prefix" > "$tmp/install.log" || fail "cmake --install: $(cat "$tmp/install.log")"
+unit=$prefix/lib/systemd/system/ferryd@.service
+
+if [ "$mode" = unit ]; then
+  if ! command -v systemd-analyze > /dev/null; then
+    echo "SKIPPED: systemd-analyze is not installed"; exit 77
+  fi
+  # A unit known to be good first: where even it cannot be verified (no systemd in this
+  # container, say), verifying ours would prove nothing.
+  mkdir -p "$tmp/units"
+  printf '[Unit]\nDescription=control\n[Service]\nType=oneshot\nExecStart=/bin/true\n' \
+    > "$tmp/units/ferry-control.service"
+  if ! out=$(systemd-analyze verify "$tmp/units/ferry-control.service" 2>&1); then
+    echo "SKIPPED: systemd-analyze cannot verify units here: $out"; exit 77
+  fi
+  # An instance of the template, as `systemctl start ferryd@prefill` would load it.
+  cp "$unit" "$tmp/units/ferryd@prefill.service"
+  out=$(systemd-analyze verify "$tmp/units/ferryd@prefill.service" 2>&1) ||
+    fail "systemd-analyze verify ferryd@.service: $out"
+  # verify exits 0 on some problems and only prints them.
+  [ -z "$out" ] || fail "systemd-analyze verify ferryd@.service printed: $out"
+  grep -qx "ExecStart=$prefix/bin/ferryd --config /etc/ferry/%i.yaml" "$unit" ||
+    fail "ExecStart does not name the installed ferryd: $(grep ExecStart "$unit")"
+  grep -qx 'Type=notify' "$unit" || fail "the unit is not Type=notify"
+  echo "ok: systemd-analyze verify passes $unit"
+  exit 0
+fi
+
+[ "$mode" = package ] || fail "unknown mode '$mode' (package or unit)"
+cxx=$3 flags=${4:-}
+for f in bin/ferryd bin/ferryctl bin/ferry-bench include/ferry/client.hpp \
+         include/ferry/engine_memory.hpp include/ferry/core/protocol.hpp \
+         lib/python3/dist-packages/ferry/__init__.py lib/python3/dist-packages/ferry_client.py \
+         lib/systemd/system/ferryd@.service share/ferry/configs/prefill.yaml \
+         share/ferry/configs/decode.yaml; do
+  [ -e "$prefix/$f" ] || fail "cmake --install did not install $f"
+done
+config=$(find "$prefix" -name FerryConfig.cmake)
+[ -n "$config" ] || fail "no FerryConfig.cmake under $prefix"
+if grep -rnE '#include *[<"](yaml-cpp|spdlog|openssl|fmt)/' "$prefix/include"; then
+  fail "an installed header includes yaml-cpp, spdlog, OpenSSL or fmt (above)"
+fi
+
+# The engine's build: this build's compiler, the prefix and nothing of the source tree.
+cmake -S "$here" -B "$tmp/probe" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" \
+  > "$tmp/probe-configure.log" 2>&1 || fail "configure: $(cat "$tmp/probe-configure.log")"
+grep 'INTERFACE_LINK_LIBRARIES' "$tmp/probe-configure.log"
+cmake --build "$tmp/probe" --verbose > "$tmp/probe-build.log" 2>&1 ||
+  fail "build: $(cat "$tmp/probe-build.log")"
+link=$(grep -E -- '-o ferry_install_probe( |$)' "$tmp/probe-build.log") ||
+  fail "no link line for ferry_install_probe in: $(cat "$tmp/probe-build.log")"
+echo "link line: $link"
+if grep -qE 'yaml|spdlog|ssl|crypto' <<< "$link"; then fail "the link line reaches the daemon's libraries"; fi
+if grep -qE "$(cd "$here/../.." && pwd)" <<< "$link"; then fail "the link line names the source tree"; fi
+probe=$tmp/probe/ferry_install_probe
+if ldd "$probe" | grep -E 'yaml|spdlog|ssl|crypto'; then fail "ferry_install_probe loads the above"; fi
+
+# An installed pair on loopback, small pools; ready when each writes its --ready-fd.
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+start() {  # name role control_port
+  local name=$1 role=$2 ctl=$3
+  cat > "$tmp/$name.yaml" <<YAML
+node: {name: install-$name-$$}
+role: $role
+listen: {control: "127.0.0.1:$ctl", client: "$tmp/$name.sock"}
+fabric: {provider: tcp, address: 127.0.0.1, staging_bytes: 0}
+pools:
+  kv: {layer_ids: [3, 7], page_tokens: 2, kv_heads: 2, head_dim: 64, dtype_bytes: 2, pages: 64}
+  mamba:
+    slots: 4
+    layer_ids: [0, 1]
+    tensors:
+      - {name: conv, shape: [256, 3], dtype_bytes: 2, slice_axis: 0}
+  aux: {rows: 8, row_bytes: 256}
+YAML
+  mkfifo "$tmp/$name.ready"
+  "$prefix/bin/ferryd" --config "$tmp/$name.yaml" --ready-fd 3 3> "$tmp/$name.ready" \
+    > "$tmp/$name.log" 2>&1 &
+  pids+=($!)
+  local line=""
+  read -r -t 60 line < "$tmp/$name.ready" || true
+  [ "$line" = ready ] || fail "installed ferryd $name did not become ready: $(cat "$tmp/$name.log")"
+}
+pctl=$(port)
+start prefill prefill "$pctl"
+start decode decode "$(port)"
+"$probe" "$tmp/prefill.sock" "$tmp/decode.sock" "127.0.0.1:$pctl" ||
+  fail "the probe failed; prefill log: $(cat "$tmp/prefill.log"); decode log: $(cat "$tmp/decode.log")"
+for pid in "${pids[@]}"; do kill -TERM "$pid"; done
+for pid in "${pids[@]}"; do wait "$pid" || fail "an installed ferryd exited $? at SIGTERM"; done
+pids=()
+
+# The installed Python client: what PYTHONPATH=<prefix>/lib/python3/dist-packages gives.
+PYTHONPATH=$prefix/lib/python3/dist-packages python3 -c '
+import ferry, ferry_client, sys
+assert ferry.__file__.startswith(sys.argv[1]), ferry.__file__
+assert ferry_client.Client is ferry.Client
+print("python: ferry", ferry.__version__, "from", ferry.__file__)' "$prefix" ||
+  fail "the installed Python client does not import"
+echo "ok: installed, built against find_package(Ferry) and moved a room"
