@@ -187,8 +187,20 @@ struct ferry_config {
   std::vector<std::string> instance_ranks;
 };
 
-/// Parse YAML text into a config (structure and types only). Unknown keys are errors.
-result<ferry_config> parse_config_text(const std::string& yaml_text);
+/// One `ferryd --set key=value`: a key path as the config's errors name it (`fabric.provider`,
+/// `tp.rank`, `pools.mamba.tensors[1].slice_axis`) and a value in YAML (`shm`, `4`, `[0, 4]`).
+struct config_override {
+  std::string key, value;
+};
+/// "key=value" split at its first '='; an error naming the text when there is none, the key is
+/// empty or a part of its path is (`tp..rank`).
+result<config_override> parse_override(std::string_view text);
+
+/// Parse YAML text into a config (structure and types only). Unknown keys are errors. Each
+/// override replaces (or adds) its key in the YAML tree before the typed parse, so it meets the
+/// same checks and error texts as the text's own keys (an unknown key: `tp.rnak: unknown key`).
+result<ferry_config> parse_config_text(const std::string& yaml_text,
+                                       const std::vector<config_override>& overrides = {});
 /// The client limit for `max_clients` 0 (auto), given the daemon's descriptor limit.
 inline uint32_t auto_max_clients(uint64_t nofile) {
   return static_cast<uint32_t>(std::clamp<uint64_t>(nofile / 2, 16, 4096));
@@ -201,8 +213,10 @@ inline uint32_t auto_workers(uint32_t cores) { return std::clamp<uint32_t>(cores
 inline constexpr size_t max_node_name = 128;
 inline constexpr size_t max_instance_name = 64;
 
-/// Read and parse a YAML file; a missing or unreadable file is an error naming the path.
-result<ferry_config> parse_config_file(const std::string& path);
+/// Read and parse a YAML file, with overrides as parse_config_text; a missing or unreadable file
+/// is an error naming the path.
+result<ferry_config> parse_config_file(const std::string& path,
+                                       const std::vector<config_override>& overrides = {});
 /// Check meaning: ranges, consistency between sections, role needs.
 result<> validate_config(const ferry_config& cfg);
 /// Parse then validate.
