@@ -31,17 +31,25 @@ int main(int argc, char** argv) {
       fmt::format("peer protocol versions {}-{}", ferry::peer_protocol_min_version,
                   ferry::peer_protocol_version));
   std::string config_path, check_path, log_level;
+  std::vector<std::string> sets;
   app.add_option("-c,--config", config_path, "YAML config file to run with")
       ->check(CLI::ExistingFile);
   app.add_option("--check-config", check_path,
                  "validate a config file, print the effective config, and exit");
+  app.add_option("--set", sets,
+                 "override a config key after the file is read, e.g. --set fabric.provider=shm "
+                 "--set pools.mamba.tensors[0].shape=[4096,3] (repeatable; checked like the "
+                 "file's keys)")
+      ->type_name("KEY=VALUE")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--log-level", log_level, "override log.level: trace, debug, info, warn, error");
   int ready_fd = -1;
   app.add_option("--ready-fd", ready_fd, "write 'ready' to this file descriptor once serving");
   app.footer(
       "Examples:\n"
       "  ferryd --config configs/decode.yaml\n"
-      "  ferryd --check-config configs/decode.yaml\n"
+      "  ferryd --check-config configs/decode.yaml --set fabric.provider=shm --set tp.rank=0\n"
       "Exit codes: 0 stopped cleanly, 2 bad options or config, 5 could not start "
       "(docs/cli.md)");
   if (auto rc = ferry::cli::parse(app, argc, argv)) return *rc;
@@ -50,7 +58,16 @@ int main(int argc, char** argv) {
     std::cerr << "ferryd: --config FILE is required (or --check-config FILE); see --help\n";
     return ferry::exit_code::usage;
   }
-  auto r = ferry::parse_config_file(check_path.empty() ? config_path : check_path);
+  std::vector<ferry::config_override> overrides;
+  for (const auto& s : sets) {
+    auto o = ferry::parse_override(s);
+    if (!o) {
+      std::cerr << "ferryd: " << o.message << "\n";
+      return ferry::exit_code::usage;
+    }
+    overrides.push_back(std::move(o.value));
+  }
+  auto r = ferry::parse_config_file(check_path.empty() ? config_path : check_path, overrides);
   ferry::result<> valid = r ? ferry::result<>() : r.error();
   if (r) {
     if (!log_level.empty()) r.value.log.level = log_level;  // validated like log.level
