@@ -16,6 +16,7 @@
 #include "ferry/client.hpp"
 #include "ferry/workload.hpp"
 #include "ferryctl/render.hpp"
+#include "ferryctl/top.hpp"
 
 using namespace ferry;
 using ctl::json;
@@ -114,6 +115,14 @@ int main(int argc, char** argv) {
   auto* peers = app.add_subcommand("peers", "connected peers");
   auto* pools = app.add_subcommand(
       "pools", "the pools: shm names, sizes, memory owner, items in use and free, layouts");
+  auto* top = app.add_subcommand(
+      "top", "a live view: rooms by side and status, outcomes and bytes per second, peers");
+  ctl::top_options top_opts;
+  top->add_option("--interval-ms", top_opts.interval_ms, "time between frames")
+      ->capture_default_str()
+      ->check(CLI::Range(10, 3600000));
+  top->add_option("--count", top_opts.count, "stop after this many frames (0: until killed)")
+      ->capture_default_str();
   auto* discover = app.add_subcommand(
       "discover", "every rank of an engine instance, from the address of one of its ferryds");
   discover->add_option("address", address, "host:port (control address of one rank)")->required();
@@ -162,6 +171,7 @@ int main(int argc, char** argv) {
       "-r 7 -p 100-163 "
       "--state-slot 2 --aux-row 2\n"
       "  ferryctl status -s /tmp/ferry-decode.sock --json\n"
+      "  ferryctl -s /tmp/ferry-decode.sock top --interval-ms 500\n"
       "Exit codes: 0 ok, 1 failed or refused, 2 usage, 3 ferryd unreachable or lost, 4 timed "
       "out (docs/cli.md)");
   try {
@@ -222,6 +232,10 @@ int main(int argc, char** argv) {
   if (*rooms) return print_info(proto::info_topic::rooms);
   if (*peers) return print_info(proto::info_topic::peers);
   if (*pools) return print_info(proto::info_topic::pools);
+  if (*top) {
+    auto r = ctl::run_top(c, top_opts, out.json);
+    return r ? exit_code::ok : out.fail(r.code, r.message);
+  }
   if (*discover) {
     auto r = c.discover(address);
     if (!r)
