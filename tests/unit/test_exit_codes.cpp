@@ -3,7 +3,7 @@
 //   ctest never reads a failure as the skip code (tests/skip.hpp). The failing cases are hidden
 //   ([.]): they run only when named, here, in a child process.
 // - core/exit_codes.hpp: the codes every Ferry tool exits with, each distinct, clear of what
-//   shells and ctest give a meaning, and mapped from client errors.
+//   shells and ctest give a meaning, mapped from client errors, and tabled in docs/cli.md.
 
 #include <fcntl.h>
 #include <spawn.h>
@@ -11,7 +11,10 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstdlib>
+#include <fstream>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include "core/exit_codes.hpp"
@@ -85,4 +88,17 @@ TEST_CASE("a client error maps to an exit code by whether the connection was los
   CHECK(exit_code::for_error(errc::timed_out, false) == exit_code::timed_out);
   CHECK(exit_code::for_error(errc::peer_lost, true) == exit_code::unreachable);
   CHECK(exit_code::for_error(errc::timed_out, true) == exit_code::unreachable);
+}
+
+TEST_CASE("docs/cli.md tables every exit code", "[unit][exit_codes]") {
+  const char* dir = std::getenv("FERRY_SOURCE_DIR");
+  std::ifstream f(std::string(dir ? dir : FERRY_DEFAULT_SOURCE_DIR) + "/docs/cli.md");
+  REQUIRE(f);
+  std::stringstream text;
+  text << f.rdbuf();
+  for (const auto& e : ferry::exit_code::all) {
+    INFO(e.name);
+    CHECK_THAT(text.str(),
+               Catch::Contains("| " + std::to_string(e.code) + " | `" + e.name + "` |"));
+  }
 }
