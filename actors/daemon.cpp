@@ -26,6 +26,7 @@
 #include "actors/sd_notify.hpp"
 #include "core/auth.hpp"
 #include "core/daemon_locks.hpp"
+#include "core/exit_codes.hpp"
 #include "core/failpoint.hpp"
 
 namespace ferry {
@@ -166,7 +167,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
   auto log = make_logger("ferryd");
   if (const auto bad = core::failpoints_invalid(); !bad.empty()) {
     log->error("{}", bad);  // a test hook set wrong: the test would prove nothing
-    return 2;
+    return exit_code::usage;
   }
   const auto instance = cfg.instance == "auto" ? random_instance() : cfg.instance;
   // Before anything is touched: a second ferryd with this config finds the first and leaves.
@@ -174,12 +175,12 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
   auto config_lock = lock_config(cfg.client_listen, cfg.node_name, instance);
   if (!config_lock) {
     log->error("{}", config_lock.message);
-    return 2;
+    return exit_code::could_not_start;
   }
   auto instance_lock = lock_instance(cfg.node_name, instance);
   if (!instance_lock) {
     log->error("{}", instance_lock.message);
-    return 2;
+    return exit_code::could_not_start;
   }
   const uint64_t nofile = raise_descriptor_limit(*log);
   for (const auto& r : reclaim_dead_instances(cfg.node_name))
@@ -200,7 +201,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
     auto secret = read_secret_file(cfg.security.cluster_secret_file);
     if (!secret) {
       log->error("{}", secret.message);
-      return 2;
+      return exit_code::could_not_start;
     }
     ctx->cluster_secret = std::move(secret.value);
     log->info("peers must prove the cluster secret ({})", cfg.security.cluster_secret_file);
@@ -225,14 +226,14 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
       options.make_engine ? options.make_engine(engine_cfg) : transport::engine::open(engine_cfg);
   if (!opened) {
     log->error("{}", opened.message);
-    return 2;
+    return exit_code::could_not_start;
   }
   ctx->engine = std::move(opened.value);
   ctx->metrics = std::make_unique<daemon_metrics>(cfg.node_name, instance, to_string(cfg.role),
                                                   ctx->engine->provider_name());
   if (auto reserved = reserve_client_pools(*ctx); !reserved) {
     log->error("{}", reserved.message);
-    return 2;
+    return exit_code::could_not_start;
   }
   for (int k = 0; k < pool_kind_count; ++k) {
     const auto& pool = ctx->layout.pools[k];
@@ -252,7 +253,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
       for (const auto& p : ctx->layout.pools) all += p.present ? p.total_bytes : 0;
       log->error("pool {}: {} (the pools of this config need {} bytes in all)",
                  to_string(static_cast<pool_kind>(k)), created.message, all);
-      return 2;
+      return exit_code::could_not_start;
     }
     ctx->pools[k] = std::move(created.value);
     // Local access only: peers write through their own per-connection registrations
@@ -262,7 +263,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
     if (!reg) {
       log->error("pool {}: memory registration of {} bytes failed: {}",
                  to_string(static_cast<pool_kind>(k)), pool.total_bytes, reg.message);
-      return 2;
+      return exit_code::could_not_start;
     }
     ctx->regions[k] = reg.value;
     log->info("pool {}: {} ({} bytes, {} buffers)", to_string(static_cast<pool_kind>(k)), name,
@@ -275,13 +276,13 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
     if (mem == MAP_FAILED) {
       log->error("fabric.staging_bytes: cannot map {} bytes: {}", cfg.fabric.staging_bytes,
                  std::strerror(errno));
-      return 2;
+      return exit_code::could_not_start;
     }
     st->data = static_cast<uint8_t*>(mem);
     auto reg = ctx->engine->register_region(st->data, st->bytes, transport::region_access::local);
     if (!reg) {
       log->error("staging: memory registration of {} bytes failed: {}", st->bytes, reg.message);
-      return 2;
+      return exit_code::could_not_start;
     }
     st->region = reg.value;
     ctx->staging = std::move(st);
@@ -290,7 +291,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
                                         cfg.limits.client_frame_ms);
   if (!gateway) {
     log->error("{}", gateway.message);
-    return 2;
+    return exit_code::could_not_start;
   }
   ctx->gateway = std::move(gateway.value);
 
@@ -337,7 +338,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
     }
     if (!err.empty()) {
       log->error("{}", err);
-      rc = 2;
+      rc = exit_code::could_not_start;
     } else {
       ctx->peer_port->start();
       ctx->engine->start([scheduler](transport::immediate_counts c) {

@@ -30,7 +30,9 @@ struct daemon_options {
 };
 
 /// Run a daemon until it is told to stop (by default SIGINT or SIGTERM). Returns a process exit
-/// code; start-up errors are logged with what failed.
+/// code (core/exit_codes.hpp): 0 after a clean stop; could_not_start when start-up failed (a
+/// second instance, pools, fabric, registrations, sockets), logged with what failed; usage for a
+/// malformed FERRY_FAILPOINTS.
 int run_daemon(const ferry_config& cfg, const daemon_options& options = {});
 
 }  // namespace ferry

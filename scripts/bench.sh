@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Benchmark matrix behind docs/performance.md: for each provider and KV page size, start a
-# prefill/decode ferryd pair from configs/ (page size rewritten, same KV bytes), run ferry-bench
-# with its raw-fabric baseline in the same run, and stop the pair.
+# prefill/decode ferryd pair from configs/ (provider and page size overridden with ferryd --set,
+# same KV bytes), run ferry-bench with its raw-fabric baseline in the same run, and stop the pair.
+# Each run's text report is printed as it goes; its JSON results (ferry-bench --json FILE) make
+# the summary table at the end.
 #
 #   scripts/bench.sh                          full matrix (tcp, shm) x (page 1, 16, 64)
 #   PROVIDERS=shm PAGES=1 CONCURRENCY=2 scripts/bench.sh --fragmentation 0.5
 #   MEMORY=client scripts/bench.sh            every pool engine-owned (ferry-bench lends memfds)
 #   METRICS=1 scripts/bench.sh                both daemons serve listen.metrics (127.0.0.1:9464
 #                                             and :9465), each scraped once a second meanwhile
+#   BENCH_JSON=results.json scripts/bench.sh  also keep every run's JSON document, in one list
 # Environment: PROVIDERS, PAGES, TOKENS (4096), REQUESTS (16), CONCURRENCY (4), REPEAT (5),
-# MEMORY (daemon), METRICS (0).
+# MEMORY (daemon), METRICS (0), BENCH_JSON.
 # Extra arguments go to ferry-bench. Assumes a built tree (scripts/build.sh).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,24 +23,20 @@ source "$root/scripts/pair-lib.sh"
 
 start() {  # start NAME PROVIDER PAGE_TOKENS: the configs/ daemon with another provider and page size
   local name=$1 provider=$2 page=$3
-  local memory=()
-  if [ "${MEMORY:-daemon}" = client ]; then  # each pool section gets `memory: client`
-    memory=(-e "s/^\(    pages: .*\)$/\1\n    memory: client/"
-            -e "s/^\(    slots: .*\)$/\1\n    memory: client/"
-            -e "s/^\(    row_bytes: .*\)$/\1\n    memory: client/")
+  local sets=(--set "fabric.provider=$provider" --set "pools.kv.page_tokens=$page"
+              --set "pools.kv.pages=$((20480 / page))")
+  if [ "${MEMORY:-daemon}" = client ]; then  # every pool engine-owned
+    sets+=(--set pools.kv.memory=client --set pools.mamba.memory=client --set pools.aux.memory=client)
   fi
-  local metrics=()
   if [ "${METRICS:-0}" = 1 ]; then
     local port=9464
     [ "$name" = decode ] && port=9465
-    metrics=(-e "s|^\(  client: .*\)$|\1\n  metrics: 127.0.0.1:$port|")
+    sets+=(--set "listen.metrics=127.0.0.1:$port")
   fi
-  sed -e "s/provider: tcp/provider: $provider/" -e "s/page_tokens: 1 /page_tokens: $page /" \
-      -e "s/pages: 20480/pages: $((20480 / page))/" "${memory[@]}" "${metrics[@]}" \
-      "$root/configs/$name.yaml" >"$ferry_work/$name.yaml"
-  ferry_start "$name" "$ferry_work/$name.yaml"
+  ferry_start "$name" "$root/configs/$name.yaml" "${sets[@]}"
 }
 
+results=()
 for provider in $providers; do
   for page in $pages; do
     echo "=== provider $provider, page_tokens $page ==="
@@ -53,10 +52,36 @@ for _ in range(3600):
     time.sleep(1)' &
       scraper=$!
     fi
+    out="$ferry_work/bench-$provider-$page.json"
     "$build/src/ferry-bench" --prefill-socket /tmp/ferry-prefill.sock --decode-socket /tmp/ferry-decode.sock \
       --prompt-tokens "${TOKENS:-4096}" --requests "${REQUESTS:-16}" --concurrency "${CONCURRENCY:-4}" \
-      --repeat "${REPEAT:-5}" "$@"
+      --repeat "${REPEAT:-5}" --json "$out" "$@"
+    results+=("$provider" "$page" "$out")
     if [ -n "$scraper" ]; then kill "$scraper" 2>/dev/null || true; wait "$scraper" 2>/dev/null || true; fi
     ferry_stop_all || echo "bench: a daemon did not exit cleanly" >&2
   done
 done
+
+# The summary, from the JSON documents (docs/cli.md lists their fields).
+python3 - "${BENCH_JSON:-}" "${results[@]}" <<'PY'
+import json, sys
+keep, args = sys.argv[1], sys.argv[2:]
+docs = []
+print(f"{'provider':<9}{'page':>5}{'ferry GB/s':>12}{'raw GB/s':>10}{'ratio':>7}"
+      f"{'p50 ms':>9}{'p99 ms':>9}{'committed':>11}{'failed':>8}")
+for i in range(0, len(args), 3):
+    provider, page, path = args[i:i + 3]
+    d = json.load(open(path))
+    d["bench"] = {"provider": provider, "page_tokens": int(page)}
+    docs.append(d)
+    raw = d["raw"]["gbps_median"] if d["raw"] else None
+    fmt = lambda v, f: "-" if v is None else format(v, f)
+    print(f"{provider:<9}{page:>5}{d['ferry']['gbps_median']:>12.2f}{fmt(raw, '.2f'):>10}"
+          f"{fmt(d['ratio'], '.2f'):>7}{d['commit_latency_ms']['p50']:>9.2f}"
+          f"{d['commit_latency_ms']['p99']:>9.2f}{d['ferry']['committed']:>11}"
+          f"{d['ferry']['failed']:>8}")
+if keep:
+    with open(keep, "w") as f:
+        json.dump(docs, f, indent=1)
+    print(f"bench: every run's JSON in {keep}")
+PY

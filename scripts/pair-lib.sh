@@ -10,12 +10,14 @@ ferry_cleanup() {
 }
 trap ferry_cleanup EXIT
 
-# ferry_start NAME CONFIG: run ferryd with CONFIG; fail with its log if it is not ready in 30 s.
+# ferry_start NAME CONFIG [FERRYD_ARGS...]: run ferryd with CONFIG (and e.g. --set key=value
+# overrides); fail with its log if it is not ready in 30 s.
 ferry_start() {
   local name=$1 config=$2 line=""
+  shift 2
   rm -f "$ferry_work/$name.ready"
   mkfifo "$ferry_work/$name.ready"
-  "$build/src/ferryd" --config "$config" --ready-fd 3 3>"$ferry_work/$name.ready" \
+  "$build/src/ferryd" --config "$config" "$@" --ready-fd 3 3>"$ferry_work/$name.ready" \
     >"$ferry_work/$name.log" 2>&1 &
   ferry_pids+=($!)
   read -r -t 30 line <"$ferry_work/$name.ready" || true

@@ -49,7 +49,7 @@ result<proto::message> client::read_frame(std::chrono::steady_clock::time_point 
   std::vector<uint8_t> buf(64 * 1024);
   for (;;) {
     if (auto d = reader_.next()) {
-      if (!d->msg) return error{d->code, "cannot decode ferryd's reply: " + d->error};
+      if (!d->msg) return lose({d->code, "cannot decode ferryd's reply: " + d->error});
       if (seq) *seq = d->seq;
       result<proto::message> o;
       o.value = std::move(*d->msg);
@@ -63,11 +63,11 @@ result<proto::message> client::read_frame(std::chrono::steady_clock::time_point 
     if (n < 0 && errno == EINTR) continue;
     if (n == 0) continue;
     ssize_t got = recv(fd_, buf.data(), buf.size(), 0);
-    if (got == 0) return error{errc::peer_lost, "ferryd closed the connection"};
+    if (got == 0) return lose({errc::peer_lost, "ferryd closed the connection"});
     if (got < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
-      return error{errc::peer_lost,
-                   std::string("reading from ferryd failed: ") + std::strerror(errno)};
+      return lose(
+          {errc::peer_lost, std::string("reading from ferryd failed: ") + std::strerror(errno)});
     }
     reader_.feed(std::span<const uint8_t>(buf.data(), static_cast<size_t>(got)));
   }
@@ -92,8 +92,8 @@ result<proto::message> client::exchange(const std::vector<uint8_t>& bytes,
       uint32_t seq = 0;
       auto r = read_frame(std::chrono::steady_clock::now() + std::chrono::milliseconds(100), &seq);
       if (auto* e = r ? std::get_if<proto::error>(&r.value) : nullptr; e && seq == 0)
-        return error{e->code, e->message};
-      return error{errc::peer_lost, text};
+        return lose({e->code, e->message});
+      return lose({errc::peer_lost, text});
     }
     off += static_cast<size_t>(n);
   }
@@ -109,15 +109,15 @@ result<proto::message> client::exchange(const std::vector<uint8_t>& bytes,
     // An error with seq 0 is about the connection itself (refused, or an incomplete frame),
     // and ferryd closes the connection after it.
     if (auto* e = std::get_if<proto::error>(&r.value); expect_seq && e && seq == 0)
-      return error{e->code, e->message};
+      return lose({e->code, e->message});
     // One request is outstanding at a time: a reply with another seq answers nothing this
     // client asked, and taking it as this request's answer would shift every later reply.
     if (expect_seq && seq != *expect_seq)
-      return error{
-          errc::malformed_frame,
-          fmt::format("protocol error: ferryd sent a {} with seq {}, which matches no outstanding "
-                      "request (waiting for seq {})",
-                      proto::to_string(proto::type_of(r.value)), seq, *expect_seq)};
+      return lose(
+          {errc::malformed_frame,
+           fmt::format("protocol error: ferryd sent a {} with seq {}, which matches no outstanding "
+                       "request (waiting for seq {})",
+                       proto::to_string(proto::type_of(r.value)), seq, *expect_seq)});
     return r;
   }
 }
@@ -209,14 +209,14 @@ result<proto::event> client::read_event(std::chrono::steady_clock::time_point de
   auto r = read_frame(deadline, &seq);
   if (!r) return error{r.code, r.message};
   if (auto* e = std::get_if<proto::error>(&r.value); e && seq == 0)
-    return error{e->code, e->message};  // about the connection itself
+    return lose({e->code, e->message});  // about the connection itself
   auto* ev = std::get_if<proto::event>(&r.value);
   if (!ev)  // no request is outstanding while waiting for events
-    return error{
-        errc::malformed_frame,
-        fmt::format("protocol error: ferryd sent a {} with seq {}, which matches no outstanding "
-                    "request",
-                    proto::to_string(proto::type_of(r.value)), seq)};
+    return lose(
+        {errc::malformed_frame,
+         fmt::format("protocol error: ferryd sent a {} with seq {}, which matches no outstanding "
+                     "request",
+                     proto::to_string(proto::type_of(r.value)), seq)});
   result<proto::event> o;
   o.value = std::move(*ev);
   return o;

@@ -6,6 +6,11 @@
 // Closed loop in waves: `concurrency` rooms are prepared, sent and committed together; each
 // wave's transfer time runs from its first send to its last Success event. Verification and
 // clearing of destinations (with --verify) happen between waves, outside the timed windows.
+//
+// With --json (no file) the results are one JSON document on stdout, the text report on stderr;
+// a run that stops early prints {"ok": false, "error": ...} there instead. Exit codes
+// (core/exit_codes.hpp): 0 every request committed (and verified), 1 some did not, 2 usage or
+// a workload the daemons cannot hold, 3 a daemon cannot be reached or was lost, 4 timed out.
 
 #include <fmt/format.h>
 
@@ -19,6 +24,7 @@
 #include <random>
 
 #include "bench/baseline.hpp"
+#include "cli/common.hpp"
 #include "core/geometry.hpp"
 #include "core/plan.hpp"
 #include "ferry/client.hpp"
@@ -47,7 +53,8 @@ struct options {
   uint32_t repeat = 1;
   uint64_t room_base = 0;
   uint32_t poll_many = 0;  ///< after the runs: time poll_many of this many rooms (0: skip)
-  std::string json;        ///< write the results as JSON here ("-": stdout, the prose to stderr)
+  std::string
+      json;  ///< write the results as JSON here ("-" or no file: stdout, the prose to stderr)
 };
 
 /// Page lists of one concurrency slot: `pages` destination-order entries from a region of the
@@ -82,17 +89,13 @@ double percentile(std::vector<double> v, double p) {
 
 uint64_t pattern_key(uint32_t slot) { return 0xfe77'0000'0000ull + slot; }
 
-int fail(const std::string& msg) {
-  std::cerr << "ferry-bench: " << msg << "\n";
-  return 1;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   options o;
   CLI::App app{
       "ferry-bench: Ferry request throughput and commit latency against a raw-fabric baseline"};
+  cli::add_version(app, "ferry-bench");
   app.add_option("--prefill-socket", o.prefill_sockets,
                  "client socket of a prefill ferryd; repeat (or comma-separate) for every "
                  "prefill rank of a TP/PP geometry")
@@ -140,13 +143,30 @@ int main(int argc, char** argv) {
                  "after the runs, time a poll_many of this many rooms (the run's, then ids "
                  "never used) against as many single polls, on the decode")
       ->check(CLI::Range(0u, 16384u));
-  app.add_option("--json", o.json,
-                 "also write the results as one JSON object to this file ('-': to stdout, and "
-                 "the text report to stderr)");
-  CLI11_PARSE(app, argc, argv);
+  auto* json_opt = app.add_option("--json", o.json,
+                                  "the results as one JSON document: on stdout (the text report "
+                                  "then goes to stderr), or written to FILE ('-': stdout)")
+                       ->type_name("[FILE]")
+                       ->expected(0, 1);
+  app.footer(
+      "Exit codes: 0 all committed, 1 some failed, 2 usage, 3 ferryd unreachable or lost, "
+      "4 timed out (docs/cli.md)");
+  if (auto rc = cli::parse(app, argc, argv)) return *rc;
+  if (json_opt->count() > 0 && o.json.empty()) o.json = "-";
   o.baseline = !no_baseline;
+  // Why the run stopped early, on stderr, and with --json on stdout as the one document too.
+  auto fail = [&o](const std::string& msg, int rc = exit_code::failed) {
+    std::cerr << "ferry-bench: " << msg << "\n";
+    if (o.json == "-")
+      std::cout << nlohmann::json{{"ok", false}, {"error", msg}, {"exit_code", rc}}.dump(1) << "\n";
+    return rc;
+  };
+  // A client call that failed: the daemon's refusal, or the connection's loss or timeout.
+  auto fail_on = [&fail](const client::client& c, const ferry::error& e, const std::string& what) {
+    return fail(what + e.message, exit_code::for_error(e.code, c.lost()));
+  };
   std::ostream& text = o.json == "-" ? std::cerr : std::cout;
-  nlohmann::json out;
+  nlohmann::json out = {{"lent", nlohmann::json::array()}};
   if (o.room_base == 0)
     o.room_base =
         static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) &
@@ -161,13 +181,14 @@ int main(int argc, char** argv) {
   for (auto* side : {&prefills, &decodes})
     for (const auto& path : side == &prefills ? o.prefill_sockets : o.decode_sockets) {
       auto c = client::client::connect(path, "ferry-bench");
-      if (!c) return fail(c.message);
-      if (auto m = c.value->map_pools(); !m) return fail(m.message);
+      if (!c) return fail(c.message, exit_code::unreachable);
+      if (auto m = c.value->map_pools(); !m) return fail_on(*c.value, m.error(), "");
       auto mem = client::engine_memory::lend(*c.value);
-      if (!mem) return fail(path + ": " + mem.message);
+      if (!mem) return fail_on(*c.value, mem.error(), path + ": ");
       if (mem.value.lent())
         text << fmt::format("{}: lent {} pool(s) of this process's memory (memory: client)\n", path,
                             mem.value.lent());
+      out["lent"].push_back({{"socket", path}, {"pools", mem.value.lent()}});
       lent.push_back(std::move(mem.value));
       if (!client::daemon_config(*c.value))
         return fail(path + ": the daemon sent no readable config");
@@ -192,7 +213,7 @@ int main(int argc, char** argv) {
       for (const auto& c : *side) n = std::min(n, c->daemon().pools[k].layout.buffers[0].items);
     return n;
   };
-  if (!all_have(kv)) return fail("every daemon needs a kv pool");
+  if (!all_have(kv)) return fail("every daemon needs a kv pool", exit_code::usage);
 
   auto info = p.info(proto::info_topic::status);
   const uint32_t page_tokens = ph.page_tokens;
@@ -201,16 +222,19 @@ int main(int argc, char** argv) {
       pages_per_req + static_cast<uint32_t>(pages_per_req * o.fragmentation * 2) + 1;
   const uint64_t pool_pages = min_items(kv);
   if (uint64_t{region} * o.concurrency > pool_pages)
-    return fail(fmt::format(
-        "{} rooms x {} pages (with fragmentation slack) do not fit the kv pools ({} pages)",
-        o.concurrency, region, pool_pages));
+    return fail(
+        fmt::format(
+            "{} rooms x {} pages (with fragmentation slack) do not fit the kv pools ({} pages)",
+            o.concurrency, region, pool_pages),
+        exit_code::usage);
   const bool has_state = all_have(st);
   const bool has_aux = all_have(ax);
   const uint64_t slots = has_state ? min_items(st) : ~0ull;
   const uint64_t rows = has_aux ? min_items(ax) : ~0ull;
   if (o.concurrency > slots || o.concurrency > rows)
     return fail(fmt::format("--concurrency {} exceeds the state slots ({}) or aux rows ({})",
-                            o.concurrency, slots, rows));
+                            o.concurrency, slots, rows),
+                exit_code::usage);
   std::vector<std::string> prefill_controls;
   std::vector<rank_schema> prefill_schemas;
   for (const auto& c : prefills) {
@@ -228,11 +252,11 @@ int main(int argc, char** argv) {
                               o.fragmentation, 2000 + c);
     for (auto& pc : prefills) {
       if (auto e = client::fill_kv(*pc, pattern_key(c), plans[c].src, 0); !e)
-        return fail("fill: " + e.message);
+        return fail_on(*pc, e.error(), "fill: ");
       if (auto e = client::fill_state_and_aux(*pc, pattern_key(c), has_state ? c : no_index,
                                               has_aux ? c : no_index, 0);
           !e)
-        return fail("fill: " + e.message);
+        return fail_on(*pc, e.error(), "fill: ");
     }
   }
   std::vector<uint32_t> chunks;
@@ -337,11 +361,11 @@ int main(int argc, char** argv) {
             if (auto e = client::clear_room(*dc, plans[c].dst, has_state ? c : no_index,
                                             has_aux ? c : no_index);
                 !e)
-              return fail("clear: " + e.message);
+              return fail_on(*dc, e.error(), "clear: ");
           auto r = dc->prepare({room[c], prefill_controls, plans[c].dst, has_state ? c : no_index,
                                 has_aux ? c : no_index});
-          if (!r) return fail("prepare: " + r.message);
-          if (auto s = dc->subscribe(room[c]); !s) return fail("subscribe: " + s.message);
+          if (!r) return fail_on(*dc, r.error(), "prepare: ");
+          if (auto s = dc->subscribe(room[c]); !s) return fail_on(*dc, s.error(), "subscribe: ");
         }
       }
       const auto wave_start = clock_type::now();
@@ -354,7 +378,7 @@ int main(int argc, char** argv) {
           for (auto& pc : prefills) {
             auto r = pc->send({room[c], pg, last, last && has_state ? c : no_index,
                                last && has_aux ? c : no_index});
-            if (!r) return fail("send: " + r.message);
+            if (!r) return fail_on(*pc, r.error(), "send: ");
           }
         }
       }
@@ -366,7 +390,7 @@ int main(int argc, char** argv) {
       for (auto& dc : decodes)
         for (uint32_t left = n; left > 0;) {
           auto e = dc->next_event(std::chrono::seconds(120));
-          if (!e) return fail("waiting for commits: " + e.message);
+          if (!e) return fail_on(*dc, e.error(), "waiting for commits: ");
           if (!is_terminal(e.value.status)) continue;
           auto it = std::find(room.begin(), room.end(), e.value.room);
           if (it == room.end()) continue;
@@ -415,11 +439,10 @@ int main(int argc, char** argv) {
     const double gbs = transfer_s > 0 ? double(req_bytes) * run_done / transfer_s / 1e9 : 0;
     ferry_runs.push_back(gbs);
     std::string raw_text = "raw baseline skipped";
-    nlohmann::json run = {{"ferry_gbps", gbs},
-                          {"requests", run_done},
-                          {"transfer_s", transfer_s},
-                          {"rooms_per_s", transfer_s > 0 ? run_done / transfer_s : 0.0},
-                          {"raw_gbps", nullptr}};
+    nlohmann::json run = {
+        {"ferry_gbps", gbs},        {"requests", run_done},
+        {"transfer_s", transfer_s}, {"rooms_per_s", transfer_s > 0 ? run_done / transfer_s : 0.0},
+        {"raw_gbps", nullptr},      {"ratio", nullptr}};
     if (o.baseline) {
       auto r = bench::run_baseline(provider, one, o.concurrency, waves, o.window);
       if (!r.error.empty()) {
@@ -428,6 +451,7 @@ int main(int argc, char** argv) {
       } else {
         raw_runs.push_back(r.gbps);
         run["raw_gbps"] = r.gbps;
+        run["ratio"] = r.gbps > 0 ? gbs / r.gbps : 0.0;
         raw_text =
             fmt::format("raw {:.2f} GB/s, ratio {:.2f}", r.gbps, r.gbps > 0 ? gbs / r.gbps : 0.0);
       }
@@ -498,7 +522,10 @@ int main(int argc, char** argv) {
       auto r = d.poll_many(rooms);
       batch_ms.push_back(
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-      if (!r || r.value.size() != rooms.size()) return fail("poll_many: " + r.message);
+      if (!r) return fail_on(d, r.error(), "poll_many: ");
+      if (r.value.size() != rooms.size())
+        return fail(
+            fmt::format("poll_many: {} answers for {} rooms", r.value.size(), rooms.size()));
     }
     const auto t0 = std::chrono::steady_clock::now();
     for (auto room : rooms) (void)d.poll(room);
@@ -523,5 +550,5 @@ int main(int argc, char** argv) {
     f << out.dump(1) << "\n";
     if (!f.flush()) return fail("cannot write --json file " + o.json);
   }
-  return ok ? 0 : 1;
+  return ok ? exit_code::ok : exit_code::failed;
 }

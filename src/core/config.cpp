@@ -86,11 +86,13 @@ void fill_derived(ferry_config&) {
   // it can say whether it was set.
 }
 
-result<ferry_config> parse_config_text(const std::string& yaml_text) {
-  return parse_text(yaml_text, "config");
+result<ferry_config> parse_config_text(const std::string& yaml_text,
+                                       const std::vector<config_override>& overrides) {
+  return parse_text(yaml_text, "config", overrides);
 }
 
-result<ferry_config> parse_config_file(const std::string& path) {
+result<ferry_config> parse_config_file(const std::string& path,
+                                       const std::vector<config_override>& overrides) {
   // POSIX I/O rather than ifstream so the reported reason is the real errno (ENOENT, EACCES,
   // EISDIR on read of a directory).
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -113,7 +115,7 @@ result<ferry_config> parse_config_file(const std::string& path) {
     text.append(buf, static_cast<size_t>(n));
   }
   ::close(fd);
-  return parse_text(text, path);
+  return parse_text(text, path, overrides);
 }
 
 result<> validate_config(const ferry_config& cfg) {

@@ -15,10 +15,24 @@
 
 namespace ferry {
 
-/// Parse YAML text into a config (structure and types only). Unknown keys are errors.
-result<ferry_config> parse_config_text(const std::string& yaml_text);
-/// Read and parse a YAML file; a missing or unreadable file is an error naming the path.
-result<ferry_config> parse_config_file(const std::string& path);
+/// One `ferryd --set key=value`: a key path as the config's errors name it (`fabric.provider`,
+/// `tp.rank`, `pools.mamba.tensors[1].slice_axis`) and a value in YAML (`shm`, `4`, `[0, 4]`).
+struct config_override {
+  std::string key, value;
+};
+/// "key=value" split at its first '='; an error naming the text when there is none, the key is
+/// empty or a part of its path is (`tp..rank`).
+result<config_override> parse_override(std::string_view text);
+
+/// Parse YAML text into a config (structure and types only). Unknown keys are errors. Each
+/// override replaces (or adds) its key in the YAML tree before the typed parse, so it meets the
+/// same checks and error texts as the text's own keys (an unknown key: `tp.rnak: unknown key`).
+result<ferry_config> parse_config_text(const std::string& yaml_text,
+                                       const std::vector<config_override>& overrides = {});
+/// Read and parse a YAML file, with overrides as parse_config_text; a missing or unreadable file
+/// is an error naming the path.
+result<ferry_config> parse_config_file(const std::string& path,
+                                       const std::vector<config_override>& overrides = {});
 /// Check meaning: ranges, consistency between sections, role needs.
 result<> validate_config(const ferry_config& cfg);
 /// Parse then validate.

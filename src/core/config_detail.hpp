@@ -4,12 +4,18 @@
 // - config.cpp: the struct helpers, the helpers declared here, the public entry points;
 // - config_parse.cpp: YAML to structs, types only;
 // - config_validate.cpp: meaning: ranges and consistency;
-// - config_emit.cpp: structs to YAML (to_yaml).
+// - config_emit.cpp: structs to YAML (to_yaml);
+// - config_override.cpp: `ferryd --set key=value` applied to the YAML tree.
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/config.hpp"
+
+namespace YAML {
+class Node;
+}
 
 namespace ferry::detail {
 
@@ -29,8 +35,14 @@ std::string quote(std::string_view s);
 /// Whether `s` is non-empty and only ASCII digits.
 bool all_digits(std::string_view s);
 
-/// config_parse.cpp: `text` as a config (types only), `source` naming it in errors.
-result<ferry_config> parse_text(const std::string& text, const std::string& source);
+/// config_parse.cpp: `text` as a config (types only), `source` naming it in errors, with
+/// `overrides` applied to its YAML tree first.
+result<ferry_config> parse_text(const std::string& text, const std::string& source,
+                                const std::vector<config_override>& overrides = {});
+
+/// config_override.cpp: each override written into `root` (a map, or null for an empty file),
+/// creating the maps on its path; throws naming the key when its path cannot be followed.
+void apply_overrides(YAML::Node& root, const std::vector<config_override>& overrides);
 
 /// config_validate.cpp: host:port, host being a name, an IPv4 address or a bracketed IPv6 address.
 bool is_host_port(std::string_view s);

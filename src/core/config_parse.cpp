@@ -349,7 +349,8 @@ ferry_config parse_root(const YAML::Node& root) {
 
 namespace detail {
 
-result<ferry_config> parse_text(const std::string& text, const std::string& source) {
+result<ferry_config> parse_text(const std::string& text, const std::string& source,
+                                const std::vector<config_override>& overrides) {
   YAML::Node root;
   try {
     root = YAML::Load(text);
@@ -362,6 +363,7 @@ result<ferry_config> parse_text(const std::string& text, const std::string& sour
     return error{errc::config_invalid, what + ": " + e.msg};
   }
   try {
+    apply_overrides(root, overrides);
     return parse_root(root);
   } catch (const config_failure& f) {
     return error{errc::config_invalid, f.what};

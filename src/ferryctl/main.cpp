@@ -1,6 +1,8 @@
 // ferryctl: inspect a ferryd and drive its client operations from the shell. With --json
 // (before or after the command's name) every command prints one JSON document, its errors
 // included ({"error": {"code", "message"}}); without it, text rendered from the same document.
+// Exit codes (core/exit_codes.hpp, docs/cli.md): 0 ok, 1 the operation failed or ferryd refused
+// it, 2 usage, 3 ferryd cannot be reached or the connection to it was lost, 4 timed out.
 
 #include <fmt/format.h>
 
@@ -10,9 +12,11 @@
 #include <iostream>
 #include <thread>
 
+#include "cli/common.hpp"
 #include "ferry/client.hpp"
 #include "ferry/workload.hpp"
 #include "ferryctl/render.hpp"
+#include "ferryctl/top.hpp"
 
 using namespace ferry;
 using ctl::json;
@@ -41,25 +45,36 @@ std::vector<uint32_t> parse_pages(const std::string& text) {
 }
 
 /// Where a command's outcome goes: with --json its document on stdout, errors included;
-/// otherwise its text on stdout and errors on stderr ("ferryctl: ...").
+/// otherwise its text on stdout and errors on stderr ("ferryctl: ..."). Each failure returns
+/// its exit code.
 struct output {
   bool json = false;
+  /// The connection the command uses, once made: whether it was lost decides the exit code.
+  const client::client* conn = nullptr;
 
-  int done(const ctl::json& doc, const std::string& text, int rc = 0) const {
+  int done(const ctl::json& doc, const std::string& text, int rc = exit_code::ok) const {
     if (json)
       std::cout << doc.dump() << "\n";
     else
       std::cout << text;
     return rc;
   }
-  int fail(errc code, const std::string& message, const std::string& text) const {
+  int fail_with(int rc, errc code, const std::string& message, const std::string& text) const {
     if (json)
       std::cout << ctl::error_doc(code, message).dump() << "\n";
     else
       std::cerr << "ferryctl: " << text << "\n";
-    return 1;
+    return rc;
+  }
+  /// An operation that failed with `code`: unreachable when the connection to ferryd is gone
+  /// (or never was made), timed_out for a timeout, failed for ferryd's refusals.
+  int fail(errc code, const std::string& message, const std::string& text) const {
+    return fail_with(exit_code::for_error(code, !conn || conn->lost()), code, message, text);
   }
   int fail(errc code, const std::string& message) const { return fail(code, message, message); }
+  int usage(const std::string& message) const {
+    return fail_with(exit_code::usage, errc::invalid_request, message, message);
+  }
 
   /// The outcome of a request answered `ok` or `error`.
   int report(const ferry::result<>& r, const std::string& what, uint64_t room) const {
@@ -77,6 +92,7 @@ json index_or_null(uint32_t i) { return i == no_index ? json(nullptr) : json(i);
 
 int main(int argc, char** argv) {
   CLI::App app{"ferryctl: talk to a ferryd over its client socket"};
+  cli::add_version(app, "ferryctl");
   app.require_subcommand(1);
   // Inherited by the commands: an option of ferryctl itself (--json, -s) may follow the
   // command's name too.
@@ -99,6 +115,14 @@ int main(int argc, char** argv) {
   auto* peers = app.add_subcommand("peers", "connected peers");
   auto* pools = app.add_subcommand(
       "pools", "the pools: shm names, sizes, memory owner, items in use and free, layouts");
+  auto* top = app.add_subcommand(
+      "top", "a live view: rooms by side and status, outcomes and bytes per second, peers");
+  ctl::top_options top_opts;
+  top->add_option("--interval-ms", top_opts.interval_ms, "time between frames")
+      ->capture_default_str()
+      ->check(CLI::Range(10, 3600000));
+  top->add_option("--count", top_opts.count, "stop after this many frames (0: until killed)")
+      ->capture_default_str();
   auto* discover = app.add_subcommand(
       "discover", "every rank of an engine instance, from the address of one of its ferryds");
   discover->add_option("address", address, "host:port (control address of one rank)")->required();
@@ -146,25 +170,27 @@ int main(int argc, char** argv) {
       "  ferryctl -s /tmp/ferry-decode.sock wait -r 7 && ferryctl -s /tmp/ferry-decode.sock verify "
       "-r 7 -p 100-163 "
       "--state-slot 2 --aux-row 2\n"
-      "  ferryctl -s /tmp/ferry-decode.sock status --json");
+      "  ferryctl status -s /tmp/ferry-decode.sock --json\n"
+      "  ferryctl -s /tmp/ferry-decode.sock top --interval-ms 500\n"
+      "Exit codes: 0 ok, 1 failed or refused, 2 usage, 3 ferryd unreachable or lost, 4 timed "
+      "out (docs/cli.md)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // A command line that does not parse is an error like any other under --json (help is not).
+    // A command line that does not parse is an error like any other under --json (help and
+    // --version are not).
     const bool json_asked = std::any_of(
         argv + 1, argv + argc, [](const char* a) { return std::strcmp(a, "--json") == 0; });
-    if (!json_asked || e.get_exit_code() == 0) return app.exit(e);
+    if (!json_asked || e.get_exit_code() == 0) return cli::exit_for(app, e);
     out.json = true;
-    out.fail(errc::invalid_request, e.what());
-    return e.get_exit_code();
+    return out.usage(e.what());
   }
 
   std::vector<uint32_t> pages;
   try {
     if (!pages_text.empty()) pages = parse_pages(pages_text);
   } catch (const std::exception& e) {
-    return out.fail(errc::invalid_request,
-                    fmt::format("bad --pages '{}': {}", pages_text, e.what()));
+    return out.usage(fmt::format("bad --pages '{}': {}", pages_text, e.what()));
   }
   if (*ready) {
     // Retry the connect until the daemon has created its pools and socket, bounded in time.
@@ -178,15 +204,17 @@ int main(int argc, char** argv) {
             fmt::format("{} ({}) is ready\n", d.node, d.role));
       }
       if (std::chrono::steady_clock::now() >= deadline)
-        return out.fail(errc::timed_out,
-                        fmt::format("not ready after {} ms: {}", timeout_ms, c.message));
+        return out.fail_with(exit_code::timed_out, errc::timed_out,
+                             fmt::format("not ready after {} ms: {}", timeout_ms, c.message),
+                             fmt::format("not ready after {} ms: {}", timeout_ms, c.message));
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
   // Each ferryctl command is its own connection: its rooms must outlive it.
   auto conn = client::client::connect(socket, "ferryctl", std::chrono::seconds(10), false);
-  if (!conn) return out.fail(conn.code, conn.message);
+  if (!conn) return out.fail_with(exit_code::unreachable, conn.code, conn.message, conn.message);
   auto& c = *conn.value;
+  out.conn = &c;
   auto print_info = [&](proto::info_topic t) {
     auto r = c.info(t);
     if (!r) return out.fail(r.code, r.message);
@@ -204,6 +232,10 @@ int main(int argc, char** argv) {
   if (*rooms) return print_info(proto::info_topic::rooms);
   if (*peers) return print_info(proto::info_topic::peers);
   if (*pools) return print_info(proto::info_topic::pools);
+  if (*top) {
+    auto r = ctl::run_top(c, top_opts, out.json);
+    return r ? exit_code::ok : out.fail(r.code, r.message);
+  }
   if (*discover) {
     auto r = c.discover(address);
     if (!r)
@@ -247,7 +279,12 @@ int main(int argc, char** argv) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
       auto e = c.next_event(std::max(left, std::chrono::milliseconds(1)));
-      if (!e) return out.fail(e.code, e.message);
+      // A timeout exits timed_out, a lost daemon unreachable (out.fail tells them apart).
+      if (!e)
+        return out.fail(e.code,
+                        e.code == errc::timed_out && !c.lost()
+                            ? fmt::format("room {}: not terminal after {} ms", room, timeout_ms)
+                            : e.message);
       const auto& ev = e.value;
       if (ev.room != room) continue;
       auto doc = ctl::room_status_doc(room, ev.status, ev.code, ev.reason, ev.prefix_tokens);
@@ -259,7 +296,8 @@ int main(int argc, char** argv) {
                   << std::flush;
       if (!is_terminal(ev.status)) continue;
       doc["events"] = std::move(events);
-      return out.done(doc, "", ev.status == room_status::success ? 0 : 1);
+      return out.done(doc, "",
+                      ev.status == room_status::success ? exit_code::ok : exit_code::failed);
     }
   }
   if (auto m = c.map_pools(); !m) return out.fail(m.code, m.message);
@@ -280,8 +318,10 @@ int main(int argc, char** argv) {
     if (!verified) {
       // A mismatch is the command's answer, not a failure to ask: a document, exit status 1.
       if (out.json)
-        return out.done({{"room", room}, {"verified", false}, {"reason", verified.message}}, "", 1);
-      return std::cerr << "ferryctl: verify failed: " << verified.message << "\n", 1;
+        return out.done({{"room", room}, {"verified", false}, {"reason", verified.message}}, "",
+                        exit_code::failed);
+      return std::cerr << "ferryctl: verify failed: " << verified.message << "\n",
+             exit_code::failed;
     }
     return out.done({{"room", room}, {"verified", true}},
                     fmt::format("room {}: all destination bytes verified\n", room));

@@ -113,8 +113,8 @@ void soak::reconnect_due(clock_type::time_point now) {
     }
     d.next_attempt = now + 100ms;  // retry interval
     if (now - d.down_since > std::chrono::duration<double>(o_.reconnect_seconds))
-      throw std::runtime_error(fmt::format("the {} daemon did not come back within {} s: {}",
-                                           side_names[s], o_.reconnect_seconds, connected.message));
+      throw daemon_gone(fmt::format("the {} daemon did not come back within {} s: {}",
+                                    side_names[s], o_.reconnect_seconds, connected.message));
   }
 }
 

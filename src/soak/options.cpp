@@ -3,6 +3,8 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 
+#include "cli/common.hpp"
+
 namespace ferry::soak {
 
 std::optional<int> parse_options(int argc, char** argv, options& o) {
@@ -10,8 +12,12 @@ std::optional<int> parse_options(int argc, char** argv, options& o) {
       "ferry-soak: a bounded soak of a prefill and a decode ferryd: rooms at a target rate with "
       "random pages, chunks, reused ids and cancels; every room must be terminal on both sides "
       "within a bound and every Success byte-exact. Survives daemon restarts (rooms in flight on "
-      "a dead daemon count as failed by restart). Exit 0: nothing lost, corrupted or leaked; 1: "
-      "something was; 2: could not run"};
+      "a dead daemon count as failed by restart)"};
+  cli::add_version(app, "ferry-soak");
+  app.footer(
+      "Exit codes: 0 nothing lost, corrupted or leaked; 1 something was, or the run stopped; 2 "
+      "usage, or daemons that cannot carry the run asked; 3 a daemon cannot be reached "
+      "(docs/cli.md)");
   app.add_option("--prefill-socket", o.prefill_socket, "client socket of the prefill ferryd")
       ->capture_default_str();
   app.add_option("--decode-socket", o.decode_socket, "client socket of the decode ferryd")
@@ -60,7 +66,7 @@ std::optional<int> parse_options(int argc, char** argv, options& o) {
                  "a request unanswered this long breaks the connection (a hung daemon)")
       ->capture_default_str()
       ->check(CLI::Range(100, 3600000));
-  CLI11_PARSE(app, argc, argv);
+  if (auto rc = cli::parse(app, argc, argv)) return rc;
   if (o.seed == 0)
     o.seed = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) &
              0xffffff;

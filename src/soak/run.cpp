@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "core/exit_codes.hpp"
 #include "soak/soak.hpp"
 
 namespace ferry::soak {
@@ -16,13 +17,15 @@ namespace ferry::soak {
 using namespace std::chrono_literals;
 
 /// Connect to both daemons and check they can carry the soak (roles, pools large enough for
-/// every room in flight at once, room ids); false, the reason printed, when they cannot.
-bool soak::preflight() {
+/// every room in flight at once, room ids); an exit code, the reason printed, when they cannot.
+int soak::preflight() {
   for (auto s : {prefill, decode}) {
     if (auto connected = connect(s); !connected) {
       std::cerr << "ferry-soak: cannot use the " << side_names[s] << " daemon at "
                 << sides_[s].socket << ": " << connected.message << "\n";
-      return false;
+      // Not a ferryd, gone, or it failed an answer: unreachable. A daemon that answers but has
+      // no kv pool is a wrong --*-socket.
+      return connected.code == errc::wrong_role ? exit_code::usage : exit_code::unreachable;
     }
   }
   auto& P = sides_[prefill];
@@ -31,7 +34,7 @@ bool soak::preflight() {
   if (P.c->daemon().role == "decode" || D.c->daemon().role == "prefill") {
     std::cerr << "ferry-soak: --prefill-socket must reach a prefill daemon and --decode-socket a "
                  "decode daemon\n";
-    return false;
+    return exit_code::usage;
   }
   // Every room in flight must fit the pools at once.
   auto need = [&](const char* what, uint64_t want, uint64_t have, side_id s) {
@@ -46,16 +49,16 @@ bool soak::preflight() {
     if (!need("kv pages", uint64_t{o_.concurrency} * o_.max_pages, d.pages.capacity(), s) ||
         (d.has_state && !need("state slots", o_.concurrency, d.slots.capacity(), s)) ||
         (d.has_aux && !need("aux rows", o_.concurrency, d.rows.capacity(), s)))
-      return false;
+      return exit_code::usage;
   }
   if (P.has_state != D.has_state || P.has_aux != D.has_aux) {
     std::cerr << "ferry-soak: the two daemons must have the same pools\n";
-    return false;
+    return exit_code::usage;
   }
   ids_.reset(o_.room_ids ? o_.room_ids : 2 * o_.concurrency);
   if (ids_.size() < o_.concurrency) {
     std::cerr << "ferry-soak: --room-ids must be at least --concurrency\n";
-    return false;
+    return exit_code::usage;
   }
   fmt::print(
       "ferry-soak: {} ({}) -> {} ({}), prefill control {}; {} s at {} rooms/s, concurrency {}, "
@@ -65,11 +68,11 @@ bool soak::preflight() {
       o_.rate, o_.concurrency, o_.max_pages, o_.max_chunks, o_.cancel_percent, ids_.size(), o_.seed,
       bound(decode).count(), bound(prefill).count());
   std::fflush(stdout);
-  return true;
+  return exit_code::ok;
 }
 
 int soak::run() {
-  if (!preflight()) return 2;
+  if (const int rc = preflight()) return rc;
   auto& P = sides_[prefill];
   auto& D = sides_[decode];
   t0_ = last_progress_ = clock_type::now();
@@ -130,9 +133,12 @@ int soak::run() {
             conn_error(which[i], e.code, e.message);
         }
     }
+  } catch (const daemon_gone& ex) {
+    std::cout << "ferry-soak: stopped: " << ex.what() << std::endl;
+    rc = exit_code::unreachable;
   } catch (const std::exception& ex) {
     std::cout << "ferry-soak: stopped: " << ex.what() << std::endl;
-    rc = 2;
+    rc = exit_code::failed;
   }
   const auto stopped = clock_type::now();
   progress(stopped);
@@ -141,7 +147,7 @@ int soak::run() {
 
   const bool clean = summary(run_s, drain_s);
   if (rc) return rc;
-  return clean ? 0 : 1;
+  return clean ? exit_code::ok : exit_code::failed;
 }
 
 }  // namespace ferry::soak

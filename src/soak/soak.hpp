@@ -10,6 +10,7 @@
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -26,6 +27,12 @@ using ms = std::chrono::milliseconds;
 
 enum side_id : int { prefill = 0, decode = 1 };
 inline constexpr const char* side_names[2] = {"prefill", "decode"};
+
+/// A daemon whose socket did not accept a client again within --reconnect-seconds: the run
+/// stops, exiting unreachable.
+struct daemon_gone : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 /// One daemon and our connection to it.
 struct daemon_side {
@@ -121,7 +128,9 @@ class soak {
   std::string final_status(side_id s, nlohmann::json& status);
   bool summary(double run_s, double drain_s);
   // --- the run (run.cpp) ---
-  bool preflight();
+  /// 0 when both daemons can carry the run; otherwise why not is printed and this is the exit
+  /// code (unreachable, or usage for daemons that do not fit the options).
+  int preflight();
 
   options o_;
   std::mt19937_64 rng_;

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "core/daemon_locks.hpp"
+#include "core/exit_codes.hpp"
 #include "ferry/client.hpp"
 #include "skip.hpp"
 
@@ -347,7 +348,8 @@ class daemon_proc {
 };
 
 /// Run ferryd with `args` to its exit (bounded: killed after `limit`); its exit code (-1 when
-/// killed) and its output. `before_exec` runs in the child (e.g. to enter a mount namespace).
+/// killed; core/exit_codes.hpp) and its output. `before_exec` runs in the child (e.g. to enter a
+/// mount namespace).
 struct run_result {
   int code = -1;
   std::string output;

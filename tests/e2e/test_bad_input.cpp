@@ -162,7 +162,7 @@ TEST_CASE("a config with a bad key is refused with the key path", "[e2e][bad-inp
   char buf[512] = {};
   auto n = fread(buf, 1, sizeof(buf) - 1, f);
   int st = pclose(f);
-  CHECK(WEXITSTATUS(st) == 1);
+  CHECK(WEXITSTATUS(st) == exit_code::usage);
   CHECK(std::string(buf, n) == "ferryd: invalid config: pools.kv.page_tokenz: unknown key\n");
 }
 
@@ -176,18 +176,18 @@ TEST_CASE("ferryd --check-config refuses what the daemon would refuse at start",
   const auto path = (dir.path / "x.yaml").string();
   std::ofstream(path) << make_config("x", "decode", 7000, (dir.path / "x.sock").string(), s);
   auto r = run_ferryd({"--check-config", path}, dir.path / "check.log");
-  CHECK(r.code == 1);
+  CHECK(r.code == exit_code::usage);
   CHECK(r.output == "ferryd: invalid config: security.cluster_secret_file '" + s.secret_file +
                         "': holds 9 bytes; at least 16 are required\n");
   // The same refusal at start.
   auto start = run_ferryd({"--config", path}, dir.path / "start.log");
-  CHECK(start.code == 1);
+  CHECK(start.code == exit_code::usage);
   CHECK(start.output == r.output);
   // A node name too long for its shared-memory objects is refused by both, before shm_open.
   std::ofstream(path) << make_config(std::string(300, 'n'), "decode", 7000,
                                      (dir.path / "x.sock").string(), shape{});
   r = run_ferryd({"--check-config", path}, dir.path / "check.log");
-  CHECK(r.code == 1);
+  CHECK(r.code == exit_code::usage);
   CHECK(r.output ==
         "ferryd: invalid config: node.name: expected at most 128 characters (it names the "
         "daemon's shared-memory objects), got 300\n");
@@ -200,7 +200,7 @@ TEST_CASE("a malformed FERRY_FAILPOINTS stops ferryd before it starts, naming th
   std::ofstream(path) << make_config("x", "decode", 7000, (dir.path / "x.sock").string(), shape{});
   auto r = run_ferryd({"--config", path}, dir.path / "start.log", 30s,
                       [] { setenv("FERRY_FAILPOINTS", "receiver_throw_on_accepted=once", 1); });
-  CHECK(r.code == 2);
+  CHECK(r.code == exit_code::usage);
   CHECK_THAT(r.output, Catch::Contains("FERRY_FAILPOINTS='receiver_throw_on_accepted=once': item "
                                        "'receiver_throw_on_accepted=once': the count after '=' "
                                        "must be a whole number of firings (0..999999999)"));

@@ -142,10 +142,11 @@ TEST_CASE("ferryctl --json prints one document for every command, before or afte
   CHECK(found["ranks"][0]["node"] == "prefill-0");
   CHECK(found["ranks"][0]["tp"] == position(0, 1));
 
-  // Errors are documents too, with the errc name, and a non-zero exit status.
-  auto refused = [](const ctl_result& r) {
+  // Errors are documents too, with the errc name, and an exit status that says what kind
+  // (docs/cli.md): ferryd's refusals 1, a command line that does not parse 2.
+  auto refused = [](const ctl_result& r, int code = exit_code::failed) {
     INFO(r.out << r.err);
-    CHECK(r.code != 0);
+    CHECK(r.code == code);
     return document(r);
   };
   CHECK(refused(ferryctl(c.dir, D, {"--json", "poll", "-r", "999999"})) ==
@@ -155,7 +156,7 @@ TEST_CASE("ferryctl --json prints one document for every command, before or afte
   CHECK(refused(ferryctl(c.dir, P, {"--json", "prepare", "-r", "42", "--peer", peer}))["error"] ==
         json{{"code", "wrong_role"},
              {"message", "room 42: prepare is a decode operation; this daemon's role is prefill"}});
-  const auto usage = refused(ferryctl(c.dir, D, {"--json", "poll"}));
+  const auto usage = refused(ferryctl(c.dir, D, {"--json", "poll"}), exit_code::usage);
   CHECK(usage["error"]["code"] == "invalid_request");
   CHECK_THAT(usage["error"]["message"].get<std::string>(), Catch::Contains("--room"));
 
@@ -176,6 +177,6 @@ TEST_CASE("ferryctl --json prints one document for every command, before or afte
   const auto polled = ferryctl(c.dir, D, {"poll", "-r", "41"});
   CHECK(polled.out == "room 41: Success (4)\n");
   const auto missing = ferryctl(c.dir, D, {"poll", "-r", "999999"});
-  CHECK(missing.code == 1);
+  CHECK(missing.code == exit_code::failed);
   CHECK(missing.err == "ferryctl: poll failed [unknown_room]: unknown room 999999\n");
 }

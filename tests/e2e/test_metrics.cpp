@@ -9,6 +9,7 @@
 #include <set>
 #include <thread>
 
+#include "core/exit_codes.hpp"
 #include "harness.hpp"
 #include "http.hpp"
 
@@ -231,7 +232,7 @@ TEST_CASE("a daemon whose metrics port is taken says so and does not start", "[e
                                        (dir.path / "d.sock").string(), s);
   auto r = run_ferryd({"--config", config.string()}, dir.path / "out.log");
   close(taken);
-  CHECK(r.code == 2);
+  CHECK(r.code == exit_code::could_not_start);
   CHECK_THAT(r.output, Catch::Contains(
                            fmt::format("listen.metrics: cannot serve HTTP on 127.0.0.1:{}", port)));
 }

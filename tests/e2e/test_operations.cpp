@@ -64,7 +64,7 @@ TEST_CASE("a second ferryd with the same config exits naming the first, which se
   pair c;
   auto r = run_ferryd({"--config", c.decode.config_path()}, c.dir.path / "second.log");
   INFO(r.output);
-  CHECK(r.code == 2);
+  CHECK(r.code == exit_code::could_not_start);
   CHECK_THAT(r.output, Catch::Contains(fmt::format("another ferryd (pid {}", c.decode.pid())));
   CHECK_THAT(r.output, Catch::Contains(c.decode.socket()));
   // The first daemon still has its socket, its pools and its peers.
@@ -116,7 +116,7 @@ TEST_CASE("a /dev/shm too small for the pools is refused at start, naming the po
   auto r = run_ferryd({"--config", config}, dir.path / "small.log", 30s, small_shm);
   INFO(r.output);
   REQUIRE(r.code != 125);
-  CHECK(r.code == 2);
+  CHECK(r.code == exit_code::could_not_start);
   CHECK_THAT(r.output, Catch::Contains("pool state: /dev/shm cannot hold /ferry.small-shm."));
   CHECK_THAT(r.output, Catch::Contains("it needs 13762560 bytes and /dev/shm has"));
   CHECK_THAT(r.output, Catch::Contains("bytes free"));

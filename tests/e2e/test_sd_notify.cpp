@@ -5,6 +5,7 @@
 
 #include <sys/un.h>
 
+#include "core/exit_codes.hpp"
 #include "harness.hpp"
 
 using namespace ferry;
@@ -125,7 +126,7 @@ TEST_CASE("a ferryd that fails at its last start-up step never sends READY=1", "
   const pid_t pid = start_ferryd(config, notify.path, log);
   const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
   REQUIRE(pidfd >= 0);
-  CHECK(reap(pid, pidfd) == 2);
+  CHECK(reap(pid, pidfd) == exit_code::could_not_start);
   close(pidfd);
   close(held);
   const auto text = read_file(log);

@@ -11,6 +11,7 @@ from __future__ import annotations
 import array
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -238,8 +239,11 @@ class Daemon:
         self.proc, self.sock, self.control, self.log = proc, sock, control, log
 
     def stop(self) -> int:
+        """Stop at once: SIGTERM begins a drain (the rooms accepted may finish), SIGINT right
+        after it ends the drain (docs/operations.md)."""
         if self.proc.poll() is None:
-            self.proc.terminate()
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(signal.SIGINT)
         try:
             return self.proc.wait(timeout=15)
         except subprocess.TimeoutExpired:

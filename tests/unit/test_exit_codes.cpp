@@ -1,6 +1,9 @@
-// tests/test_main.hpp: a failing test exits 1 whatever its count of failed assertions, so ctest
-// never reads a failure as the skip code (tests/skip.hpp). The failing cases are hidden ([.]):
-// they run only when named, here, in a child process.
+// Exit codes, of the tests and of the tools.
+// - tests/test_main.hpp: a failing test exits 1 whatever its count of failed assertions, so
+//   ctest never reads a failure as the skip code (tests/skip.hpp). The failing cases are hidden
+//   ([.]): they run only when named, here, in a child process.
+// - core/exit_codes.hpp: the codes every Ferry tool exits with, each distinct, clear of what
+//   shells and ctest give a meaning, mapped from client errors, and tabled in docs/cli.md.
 
 #include <fcntl.h>
 #include <spawn.h>
@@ -8,8 +11,13 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <string>
 
+#include "core/exit_codes.hpp"
 #include "skip.hpp"
 
 extern char** environ;
@@ -50,4 +58,47 @@ TEST_CASE("a failing test exits 1, never the code ctest reads as skipped", "[uni
   CHECK(run_self("self check passes") == 0);
   CHECK(run_self("self check fails four times") == 1);
   CHECK(run_self("self check fails as often as the skip code") == 1);
+}
+
+TEST_CASE("the tools' exit codes are distinct and clear of the shell's and ctest's",
+          "[unit][exit_codes]") {
+  std::set<int> codes;
+  std::set<std::string> names;
+  for (const auto& e : ferry::exit_code::all) {
+    INFO(e.name);
+    CHECK(codes.insert(e.code).second);
+    CHECK(names.insert(e.name).second);
+    CHECK(e.code != ferry::test::skip_exit_code);
+    CHECK(e.code < 64);  // 64..78 are sysexits, 126..127 the shell's, 128+ signals
+  }
+  CHECK(ferry::exit_code::ok == 0);
+  CHECK(ferry::exit_code::failed == 1);
+  CHECK(ferry::exit_code::usage == 2);
+  CHECK(ferry::exit_code::unreachable == 3);
+  CHECK(ferry::exit_code::timed_out == 4);
+  CHECK(ferry::exit_code::could_not_start == 5);
+}
+
+TEST_CASE("a client error maps to an exit code by whether the connection was lost",
+          "[unit][exit_codes]") {
+  using namespace ferry;
+  CHECK(exit_code::for_error(errc::ok, false) == exit_code::ok);
+  CHECK(exit_code::for_error(errc::unknown_room, false) == exit_code::failed);
+  CHECK(exit_code::for_error(errc::peer_unreachable, false) == exit_code::failed);  // ferryd's
+  CHECK(exit_code::for_error(errc::timed_out, false) == exit_code::timed_out);
+  CHECK(exit_code::for_error(errc::peer_lost, true) == exit_code::unreachable);
+  CHECK(exit_code::for_error(errc::timed_out, true) == exit_code::unreachable);
+}
+
+TEST_CASE("docs/cli.md tables every exit code", "[unit][exit_codes]") {
+  const char* dir = std::getenv("FERRY_SOURCE_DIR");
+  std::ifstream f(std::string(dir ? dir : FERRY_DEFAULT_SOURCE_DIR) + "/docs/cli.md");
+  REQUIRE(f);
+  std::stringstream text;
+  text << f.rdbuf();
+  for (const auto& e : ferry::exit_code::all) {
+    INFO(e.name);
+    CHECK_THAT(text.str(),
+               Catch::Contains("| " + std::to_string(e.code) + " | `" + e.name + "` |"));
+  }
 }

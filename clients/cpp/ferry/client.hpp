@@ -11,7 +11,8 @@
 /// nothing but the C++ standard library and fmt.
 ///
 /// Errors: every call returns an `outcome`; on failure `code` and `message` carry the daemon's
-/// error (or a local I/O error with errc::internal) and no exception is thrown.
+/// error or a local one (a lost connection, a reply that did not come in time), `lost()` says
+/// whether the connection is gone, and no exception is thrown.
 
 #include <chrono>
 #include <cstdint>
@@ -87,6 +88,11 @@ class client {
                                       std::chrono::milliseconds timeout = std::chrono::seconds(10));
   /// Default wait for a reply.
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+  /// True once the connection to ferryd is gone or unusable: it closed, a read or write failed,
+  /// a frame could not be decoded or matched no request, or ferryd sent an error about the
+  /// connection itself (and closed it). An error while this is false is ferryd's answer.
+  bool lost() const { return lost_; }
+
   /// The connection's socket, for a caller that waits on several clients with poll(2) (e.g.
   /// ferry-soak). Events may already be buffered: take them with `next_event` and a zero timeout
   /// before polling; when the socket is readable, `next_event` reads what arrived.
@@ -107,7 +113,14 @@ class client {
                                   std::optional<uint32_t> expect_seq);
   result<none> expect_ok(const proto::message& m);
 
+  /// The error `e`, and the connection marked lost.
+  ferry::error lose(ferry::error e) {
+    lost_ = true;
+    return e;
+  }
+
   int fd_ = -1;
+  bool lost_ = false;
   uint32_t next_seq_ = 1;
   uint16_t version_ = proto::protocol_version;
   std::chrono::milliseconds timeout_{std::chrono::seconds(30)};

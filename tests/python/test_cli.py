@@ -1,0 +1,310 @@
+"""Every Ferry tool's command line, run as the real binaries (FERRY_BIN_DIR, default build/src):
+--version, the exit codes of docs/cli.md (0 ok, 1 failed, 2 usage, 3 ferryd unreachable or
+lost, 4 timed out, 5 ferryd could not start), ferryctl's options after the command's name,
+`ferryd --set`, `ferryctl top` and `ferry-bench --json`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+from typing import Iterator
+
+import pytest
+
+from conftest import BIN_DIR, KV_ONLY_POOLS, REPO, Daemon, daemon_config, free_port, start_daemon
+
+TOOLS = ("ferryd", "ferryctl", "ferry-bench", "ferry-soak")
+OK, FAILED, USAGE, UNREACHABLE, TIMED_OUT, COULD_NOT_START = 0, 1, 2, 3, 4, 5
+
+
+def run(tool: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN_DIR / tool), *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def one_document(r: subprocess.CompletedProcess[str]) -> dict:
+    """The one JSON document a --json command printed on one line."""
+    assert r.stdout.count("\n") == 1 and r.stdout.endswith("\n"), (r.stdout, r.stderr)
+    return json.loads(r.stdout)
+
+
+@pytest.fixture(scope="module")
+def work() -> Iterator[str]:
+    d = tempfile.mkdtemp(prefix="ferry-cli-")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def pair(work: str) -> Iterator[tuple[Daemon, Daemon]]:
+    """A prefill and a decode ferryd with a small kv pool."""
+    p = start_daemon(work, "prefill-c", "prefill", KV_ONLY_POOLS)
+    try:
+        d = start_daemon(work, "decode-c", "decode", KV_ONLY_POOLS)
+    except BaseException:
+        p.stop()
+        raise
+    yield p, d
+    codes = [p.stop(), d.stop()]
+    assert codes == [0, 0], [open(x.log).read()[-3000:] for x in (p, d)]
+
+
+def config_file(work: str, name: str, role: str = "decode") -> str:
+    path = os.path.join(work, name + ".yaml")
+    with open(path, "w") as f:
+        f.write(daemon_config(name, role, free_port(), os.path.join(work, name + ".sock"),
+                              KV_ONLY_POOLS))
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# --version and usage errors, every tool
+
+
+def test_every_tool_prints_its_version_and_the_protocol_versions() -> None:
+    version = re.search(r"project\(ferry VERSION ([0-9.]+)",
+                        (REPO / "CMakeLists.txt").read_text()).group(1)
+    protocol = (REPO / "src/core/protocol.hpp").read_text()
+    hi = re.search(r"\bprotocol_version = (\d+);", protocol).group(1)
+    lo = re.search(r"\bmin_protocol_version = (\d+);", protocol).group(1)
+    for tool in TOOLS:
+        r = run(tool, "--version")
+        assert r.returncode == OK, (tool, r.stdout, r.stderr)
+        assert r.stdout.startswith(f"{tool} {version} (protocol versions {lo}-{hi}"), r.stdout
+        assert r.stdout.endswith(")\n") and r.stdout.count("\n") == 1 and r.stderr == ""
+    messages = (REPO / "actors/messages.hpp").read_text()
+    peer_hi = re.search(r"peer_protocol_version = (\d+);", messages).group(1)
+    peer_lo = re.search(r"peer_protocol_min_version = (\d+);", messages).group(1)
+    assert f", peer protocol versions {peer_lo}-{peer_hi})" in run("ferryd", "--version").stdout
+    # --help is not an error either
+    for tool in TOOLS:
+        assert run(tool, "--help").returncode == OK
+
+
+@pytest.mark.parametrize("tool,args", [
+    ("ferryd", ["--no-such-option"]),
+    ("ferryd", []),                                   # neither --config nor --check-config
+    ("ferryd", ["--config", "/nonexistent.yaml"]),    # CLI11's ExistingFile check
+    ("ferryctl", ["--no-such-option", "status"]),
+    ("ferryctl", ["status", "--no-such-option"]),
+    ("ferryctl", []),                                 # no command
+    ("ferryctl", ["poll"]),                           # --room is required
+    ("ferryctl", ["wait", "-r", "x"]),
+    ("ferryctl", ["top", "--interval-ms", "0"]),
+    ("ferry-bench", ["--no-such-option"]),
+    ("ferry-bench", ["--requests", "0"]),
+    ("ferry-soak", ["--no-such-option"]),
+    ("ferry-soak", ["--rate", "0"]),
+])
+def test_a_bad_command_line_exits_2(tool: str, args: list[str]) -> None:
+    r = run(tool, *args)
+    assert r.returncode == USAGE, (r.stdout, r.stderr)
+    assert r.stderr != ""
+
+
+def test_ferryctl_usage_errors_under_json_are_documents_and_exit_2(tmp_path) -> None:
+    r = run("ferryctl", "-s", str(tmp_path / "none.sock"), "--json", "poll")
+    assert r.returncode == USAGE
+    doc = one_document(r)
+    assert doc["error"]["code"] == "invalid_request" and "--room" in doc["error"]["message"]
+    # A page list ferryctl cannot read is a usage error too, found before any connection.
+    r = run("ferryctl", "-s", str(tmp_path / "none.sock"), "fill", "-r", "1", "-p", "5-2")
+    assert r.returncode == USAGE and "bad --pages '5-2'" in r.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# ferryd: --set, and its exit codes
+
+
+def test_ferryd_set_changes_the_effective_config(work: str) -> None:
+    path = config_file(work, "set-a")
+    plain = run("ferryd", "--check-config", path)
+    assert plain.returncode == OK, plain.stderr
+    assert "\n  provider: tcp\n" in plain.stdout
+    r = run("ferryd", "--check-config", path, "--set", "fabric.provider=shm", "--set",
+            "tp.size=2", "--set", "tp.rank=1", "--set", "pools.kv.pages=1024")
+    assert r.returncode == OK, r.stderr
+    assert "\n  provider: shm\n" in r.stdout and "\n  provider: tcp\n" not in r.stdout
+    assert re.search(r"\ntp:\n  size: 2\n  rank: 1\n", r.stdout), r.stdout
+    assert "\n    pages: 1024\n" in r.stdout and "\n    pages: 2048\n" not in r.stdout
+
+
+def test_ferryd_set_is_checked_like_the_file(work: str) -> None:
+    path = config_file(work, "set-b")
+    for args, text in [
+        (["--set", "fabric.providr=shm"], "fabric.providr: unknown key"),
+        (["--set", "metricz.port=1"], "metricz: unknown key"),
+        (["--set", "tp.rank=4"], "tp.rank: expected a rank below tp.size 1, got 4"),
+        (["--set", "pools.kv.dtype_bytes=3"],
+         "pools.kv.dtype_bytes: expected 1, 2, 4 or 8, got 3"),
+    ]:
+        for mode in ("--check-config", "--config"):
+            r = run("ferryd", mode, path, *args)
+            assert r.returncode == USAGE, (args, r.stdout, r.stderr)
+            assert r.stderr == f"ferryd: invalid config: {text}\n", r.stderr
+    r = run("ferryd", "--check-config", path, "--set", "fabric.provider")
+    assert r.returncode == USAGE
+    assert r.stderr.startswith("ferryd: --set 'fabric.provider': expected key=value")
+
+
+def test_ferryd_that_cannot_start_exits_5(pair: tuple[Daemon, Daemon], work: str) -> None:
+    # A second ferryd on the running decode's client socket: the config lock refuses it.
+    _, d = pair
+    path = config_file(work, "second")
+    r = run("ferryd", "--config", path, "--set", f"listen.client={d.sock}", timeout=60)
+    assert r.returncode == COULD_NOT_START, r.stdout + r.stderr
+    assert "another ferryd" in r.stdout + r.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# ferryctl: global options after the command, exit codes 1, 3 and 4
+
+
+def test_ferryctl_global_options_go_before_or_after_the_command(
+        pair: tuple[Daemon, Daemon]) -> None:
+    _, d = pair
+    before = one_document(run("ferryctl", "-s", d.sock, "--json", "status"))
+    after = one_document(run("ferryctl", "status", "-s", d.sock, "--json"))
+    mixed = one_document(run("ferryctl", "--json", "status", "--socket", d.sock))
+    assert before["node"] == after["node"] == mixed["node"] == "decode-c"
+    assert before["instance"] == after["instance"]
+    text = run("ferryctl", "peers", "-s", d.sock)
+    assert text.returncode == OK and not text.stdout.startswith("{")
+
+
+def test_ferryctl_cannot_reach_the_daemon_exits_3(tmp_path, fake) -> None:
+    missing = str(tmp_path / "missing.sock")
+    for args in (["status"], ["--json", "status"], ["wait", "-r", "1"], ["top", "--count", "1"]):
+        r = run("ferryctl", "-s", missing, *args)
+        assert r.returncode == UNREACHABLE, (args, r.stdout, r.stderr)
+    assert "cannot connect to ferryd at" in one_document(
+        run("ferryctl", "-s", missing, "--json", "status"))["error"]["message"]
+    # A socket that is not a ferryd's: it closes without answering the hello.
+    fake.serve(lambda conn: conn.sock.close(), connections=1)
+    r = run("ferryctl", "-s", fake.path, "status")
+    fake.join()
+    assert r.returncode == UNREACHABLE, (r.stdout, r.stderr)
+    r = run("ferry-bench", "--prefill-socket", missing, "--decode-socket", missing)
+    assert r.returncode == UNREACHABLE, r.stderr
+
+
+def test_ferryctl_refusals_exit_1(pair: tuple[Daemon, Daemon]) -> None:
+    p, d = pair
+    r = run("ferryctl", "-s", d.sock, "poll", "-r", "424242")
+    assert r.returncode == FAILED and "unknown room 424242" in r.stderr
+    r = run("ferryctl", "-s", p.sock, "--json", "prepare", "-r", "5", "--peer", p.control)
+    assert r.returncode == FAILED and one_document(r)["error"]["code"] == "wrong_role"
+
+
+def test_ferryctl_wait_exits_1_for_a_failed_room(pair: tuple[Daemon, Daemon]) -> None:
+    _, d = pair
+    # The prefill it names does not listen: the room fails (peer_unreachable).
+    closed = f"127.0.0.1:{free_port()}"
+    r = run("ferryctl", "-s", d.sock, "prepare", "-r", "7001", "--peer", closed, "-p", "0-3")
+    assert r.returncode == OK, r.stderr
+    r = run("ferryctl", "-s", d.sock, "wait", "-r", "7001", "--json", "--timeout-ms", "60000")
+    assert r.returncode == FAILED, (r.stdout, r.stderr)
+    doc = one_document(r)
+    assert doc["room"] == 7001 and doc["status"] == "Failed" and doc["reason"] != ""
+
+
+def test_ferryctl_wait_exits_4_on_its_timeout(pair: tuple[Daemon, Daemon]) -> None:
+    p, _ = pair
+    # A chunk no decode prepared: the room stays Bootstrapping (timeouts.bootstrapping_ms, 30 s).
+    assert run("ferryctl", "-s", p.sock, "send", "-r", "7002", "-p", "0-3").returncode == OK
+    r = run("ferryctl", "-s", p.sock, "wait", "-r", "7002", "--timeout-ms", "200")
+    assert r.returncode == TIMED_OUT, (r.stdout, r.stderr)
+    assert r.stdout == "room 7002: Bootstrapping\n"
+    assert "room 7002: not terminal after 200 ms" in r.stderr
+    r = run("ferryctl", "-s", p.sock, "--json", "wait", "-r", "7002", "--timeout-ms", "200")
+    assert r.returncode == TIMED_OUT
+    assert one_document(r)["error"]["code"] == "timed_out"
+
+
+def test_ferryctl_wait_exits_3_when_the_daemon_goes_away(work: str) -> None:
+    d = start_daemon(work, "lost-c", "prefill", KV_ONLY_POOLS)
+    try:
+        assert run("ferryctl", "-s", d.sock, "send", "-r", "7003", "-p", "0-3").returncode == OK
+        w = subprocess.Popen([str(BIN_DIR / "ferryctl"), "-s", d.sock, "wait", "-r", "7003",
+                              "--timeout-ms", "60000"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        try:
+            assert w.stdout is not None
+            # Its first line comes after it subscribed: then the daemon stops.
+            assert w.stdout.readline() == "room 7003: Bootstrapping\n"
+            assert d.stop() == 0
+            assert w.wait(timeout=30) == UNREACHABLE
+            assert w.stderr is not None and w.stderr.read().startswith("ferryctl: ")
+        finally:
+            if w.poll() is None:
+                w.kill()
+                w.wait()
+    finally:
+        d.stop()
+
+
+# --------------------------------------------------------------------------------------------
+# ferryctl top
+
+
+def test_ferryctl_top_prints_count_frames(pair: tuple[Daemon, Daemon]) -> None:
+    p, _ = pair
+    assert run("ferryctl", "-s", p.sock, "send", "-r", "7004", "-p", "8-11").returncode == OK
+    r = run("ferryctl", "-s", p.sock, "top", "--count", "2", "--interval-ms", "50", "--json")
+    assert r.returncode == OK, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2 and r.stdout.endswith("\n")
+    frames = [json.loads(x) for x in lines]
+    assert [f["frame"] for f in frames] == [1, 2]
+    for f in frames:
+        assert f["node"] == "prefill-c" and f["role"] == "prefill"
+        assert isinstance(f["clients"], int) and isinstance(f["peers"], list)
+        for side in ("prefill", "decode"):
+            s = f["rooms"][side]
+            for key in ("active", "succeeded", "failed", "bytes"):
+                assert isinstance(s[key], int), (side, key, s)
+            assert set(s["by_status"]) >= {"Bootstrapping", "WaitingForInput", "Transferring"}
+        assert f["rooms"]["prefill"]["by_status"]["Bootstrapping"] >= 1
+        assert f["rooms"]["prefill"]["active"] >= 1
+    first, second = frames
+    assert first["elapsed_s"] is None and first["rooms"]["prefill"]["bytes_per_s"] is None
+    assert second["elapsed_s"] > 0
+    for side in ("prefill", "decode"):
+        for key in ("succeeded_per_s", "failed_per_s", "bytes_per_s"):
+            assert isinstance(second["rooms"][side][key], (int, float)), (side, key)
+    # Text, to a pipe: no screen clearing, the table and the peers.
+    r = run("ferryctl", "-s", p.sock, "top", "--count", "1")
+    assert r.returncode == OK and "\x1b[" not in r.stdout
+    assert r.stdout.startswith("prefill-c (prefill)") and "\nprefill " in r.stdout
+
+
+# --------------------------------------------------------------------------------------------
+# ferry-bench --json
+
+
+def test_ferry_bench_json_is_one_document_on_stdout(pair: tuple[Daemon, Daemon]) -> None:
+    p, d = pair
+    r = run("ferry-bench", "--prefill-socket", p.sock, "--decode-socket", d.sock,
+            "--prompt-tokens", "8", "--requests", "2", "--concurrency", "1", "--verify",
+            "--room-base", "880000", "--poll-many", "4", "--json", timeout=300)
+    assert r.returncode == OK, r.stdout + r.stderr
+    doc = json.loads(r.stdout)  # the whole of stdout is the document; the report went to stderr
+    assert "ferry-bench: prefill-c" in r.stderr and "commit latency" in r.stderr
+    assert doc["ok"] is True and doc["provider"] == "tcp"
+    assert doc["workload"]["requests"] == 2 and doc["workload"]["prompt_tokens"] == 8
+    assert doc["ferry"]["committed"] == 2 and doc["ferry"]["failed"] == 0
+    assert doc["verified"] == 2 and doc["first_failure"] == ""
+    assert doc["per_request"]["bytes"] > 0 and doc["per_request"]["writes"] > 0
+    assert len(doc["runs"]) == 1 and doc["runs"][0]["requests"] == 2
+    run0 = doc["runs"][0]
+    assert isinstance(run0["raw_gbps"], (int, float)) and isinstance(run0["ratio"], (int, float))
+    assert doc["raw"]["gbps_median"] > 0 and doc["ratio"] > 0
+    assert doc["commit_latency_ms"]["samples"] == 2
+    assert doc["poll_many"]["rooms"] == 4
+    assert doc["lent"] == [{"socket": p.sock, "pools": 0}, {"socket": d.sock, "pools": 0}]
