@@ -12,7 +12,7 @@
 namespace ferry {
 
 enum class errc : uint16_t {
-  ok = 0,
+  ok = 0,  ///< no error (a Success, an answered request)
   // config (100s)
   config_invalid = 100,  ///< a config key has a bad value or is unknown
   // fabric (200s)
@@ -21,7 +21,7 @@ enum class errc : uint16_t {
   fabric_error = 202,         ///< a fabric call failed (registration, address insertion, ...)
   // peer / protocol (300s)
   peer_unreachable = 300,     ///< connect or handshake with a peer daemon failed
-  peer_incompatible = 301,    ///< layouts differ between the two daemons
+  peer_incompatible = 301,    ///< layouts, geometry, versions or cluster secrets do not fit
   peer_lost = 302,            ///< an established peer connection went down
   malformed_frame = 310,      ///< a client frame could not be decoded
   frame_too_large = 311,      ///< a client frame exceeds the size limit
@@ -36,7 +36,7 @@ enum class errc : uint16_t {
   cancelled = 406,        ///< cancelled by a client or the peer
   draining = 407,         ///< the daemon (or the peer named) is stopping: no new rooms
   // internal (500s)
-  internal = 500,
+  internal = 500,      ///< should not happen: a room actor ended abnormally, an invariant broke
   system_error = 501,  ///< an operating-system call failed (shm, mmap, locks): it names the call
 };
 
