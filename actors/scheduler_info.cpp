@@ -110,34 +110,51 @@ json buffer_groups(const pool_layout& p) {
   return out;
 }
 
-json pools_doc(const scheduler_state& st) {
+/// What the pools document and a metrics scrape both say of one present pool.
+struct pool_row {
+  int kind = 0;
+  bool client = false;
+  client_pool::state state = client_pool::state::registered;
+  uint64_t bytes = 0, items = 0, item_bytes = 0, in_use = 0;
+};
+
+std::vector<pool_row> pool_rows(const scheduler_state& st) {
   const auto& ctx = *st.ctx;
   // Items a decode's active rooms hold as destinations (dst_claims). A prefill holds none: its
   // rooms may share source pages (prefix caches), and the engine keeps them until terminal.
   const uint64_t held[pool_kind_count] = {st.claims->pages_held(), st.claims->slots_held(),
                                           st.claims->rows_held()};
-  json out = json::object();
+  std::vector<pool_row> rows;
   for (int k = 0; k < pool_kind_count; ++k) {
     const auto& p = ctx.layout.pools[k];
     if (!p.present) continue;
-    const bool client = ctx.client_memory(k);
-    const auto state = client ? ctx.client_pools[k].now.load() : client_pool::state::registered;
-    uint64_t item_bytes = 0;
-    for (const auto& b : p.buffers) item_bytes += b.item_bytes;
-    const uint64_t items = p.buffers.empty() ? 0 : p.buffers[0].items;
+    pool_row r{k, ctx.client_memory(k)};
     // A daemon pool is registered at start-up, or the daemon does not start.
-    out[to_string(static_cast<pool_kind>(k))] = {
-        {"memory", client ? "client" : "daemon"},
-        {"registered", state == client_pool::state::registered},
-        {"state", to_string(state)},
-        {"shm_name", client ? "" : ctx.pools[k].name()},
-        {"bytes", p.total_bytes},
-        {"items", items},
-        {"item_bytes", item_bytes},
-        {"in_use", held[k]},
-        {"free", items - std::min(items, held[k])},
-        {"buffers", buffer_groups(p)}};
+    if (r.client) r.state = ctx.client_pools[k].now.load();
+    r.bytes = p.total_bytes;
+    r.items = p.buffers.empty() ? 0 : p.buffers[0].items;
+    for (const auto& b : p.buffers) r.item_bytes += b.item_bytes;
+    r.in_use = held[k];
+    rows.push_back(r);
   }
+  return rows;
+}
+
+json pools_doc(const scheduler_state& st) {
+  const auto& ctx = *st.ctx;
+  json out = json::object();
+  for (const auto& r : pool_rows(st))
+    out[to_string(static_cast<pool_kind>(r.kind))] = {
+        {"memory", r.client ? "client" : "daemon"},
+        {"registered", r.state == client_pool::state::registered},
+        {"state", to_string(r.state)},
+        {"shm_name", r.client ? "" : ctx.pools[r.kind].name()},
+        {"bytes", r.bytes},
+        {"items", r.items},
+        {"item_bytes", r.item_bytes},
+        {"in_use", r.in_use},
+        {"free", r.items - std::min(r.items, r.in_use)},
+        {"buffers", buffer_groups(ctx.layout.pools[r.kind])}};
   return out;
 }
 
@@ -151,11 +168,9 @@ metrics_snapshot snapshot(scheduler_state& st) {
   s.clients = st.ctx->gateway->connections();
   for (const auto& [conn, info] : st.connections) s.peers += info != nullptr;
   s.stray_writes = st.stray_writes;
-  const auto pools = pools_doc(st);
-  for (const auto& [name, p] : pools.items())
-    s.pools.push_back({name, p["memory"] == "client", p["registered"].get<bool>(),
-                       p["bytes"].get<uint64_t>(), p["items"].get<uint64_t>(),
-                       p["in_use"].get<uint64_t>()});
+  for (const auto& r : pool_rows(st))
+    s.pools.push_back({to_string(static_cast<pool_kind>(r.kind)), r.client,
+                       r.state == client_pool::state::registered, r.bytes, r.items, r.in_use});
   if (auto* staging = st.ctx->staging.get()) {
     s.staging_bytes = staging->bytes;
     s.staging_in_use = staging->in_use();

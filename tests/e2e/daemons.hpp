@@ -72,6 +72,27 @@ inline uint16_t free_port() {
   return ntohs(a.sin_port);
 }
 
+/// A loopback port this test listens on for as long as it lives, so a daemon told to use it
+/// finds it taken.
+struct held_port {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  uint16_t port = 0;
+  held_port() {
+    REQUIRE(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(listen(fd, 1) == 0);
+    socklen_t len = sizeof a;
+    REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    port = ntohs(a.sin_port);
+  }
+  ~held_port() { close(fd); }
+  held_port(const held_port&) = delete;
+  held_port& operator=(const held_port&) = delete;
+};
+
 struct temp_dir {
   std::filesystem::path path;
   temp_dir() {

@@ -217,23 +217,14 @@ TEST_CASE("the metrics port answers bad requests and garbage clearly and keeps s
 
 TEST_CASE("a daemon whose metrics port is taken says so and does not start", "[e2e][metrics]") {
   temp_dir dir;
-  const int taken = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  REQUIRE(taken >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(taken, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  REQUIRE(listen(taken, 1) == 0);
-  socklen_t len = sizeof a;
-  REQUIRE(getsockname(taken, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  const uint16_t port = ntohs(a.sin_port);
+  const held_port taken;
+  const uint16_t port = taken.port;
   shape s;
   s.metrics_listen = fmt::format("127.0.0.1:{}", port);
   const auto config = dir.path / "decode.yaml";
   std::ofstream(config) << make_config("metrics-taken", "decode", free_port(),
                                        (dir.path / "d.sock").string(), s);
   auto r = run_ferryd({"--config", config.string()}, dir.path / "out.log");
-  close(taken);
   CHECK(r.code == exit_code::could_not_start);
   CHECK_THAT(r.output, Catch::Contains(
                            fmt::format("listen.metrics: cannot serve HTTP on 127.0.0.1:{}", port)));

@@ -109,29 +109,21 @@ TEST_CASE("a ferryd that fails at its last start-up step never sends READY=1", "
   notify_socket notify(dir);
   // The peer port is the last thing ferryd opens before it serves (its pools, engine and client
   // socket are there by then): a port this test holds makes exactly that step fail.
-  const int held = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(held, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  REQUIRE(listen(held, 1) == 0);
-  socklen_t len = sizeof a;
-  REQUIRE(getsockname(held, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  const held_port held;
   shape s;
   s.pages = 64;
   s.slots = 2;
   const auto sock = (dir.path / "d.sock").string(), config = (dir.path / "d.yaml").string();
   const auto log = (dir.path / "d.log").string();
-  std::ofstream(config) << make_config("notify-fail", "decode", ntohs(a.sin_port), sock, s);
+  std::ofstream(config) << make_config("notify-fail", "decode", held.port, sock, s);
   const pid_t pid = start_ferryd(config, notify.path, log);
   const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
   REQUIRE(pidfd >= 0);
   CHECK(reap(pid, pidfd) == exit_code::could_not_start);
   close(pidfd);
-  close(held);
   const auto text = read_file(log);
   INFO(text);
-  CHECK(text.find("cannot listen for peers on 127.0.0.1:" + std::to_string(ntohs(a.sin_port))) !=
+  CHECK(text.find("cannot listen for peers on 127.0.0.1:" + std::to_string(held.port)) !=
         std::string::npos);
   CHECK(text.find("ready:") == std::string::npos);
   for (std::string m; !(m = notify.next(0ms)).empty();)
