@@ -27,6 +27,7 @@ import logging
 import mmap
 import os
 import queue
+import re
 import socket
 import threading
 import time
@@ -130,10 +131,13 @@ def _seq_list(seqs: Sequence[int]) -> str:
     return f"waiting for {shown}{more}"
 
 
+_OWN_DRAIN = re.compile(r"(room \d+: )?ferryd is draining")
+
+
 def _own_drain(err: FerryError) -> bool:
-    """Whether an error reply says this client's own ferryd is draining (not a peer it
-    named)."""
-    return err.code == Errc.DRAINING and err.message.startswith("ferryd is draining")
+    """Whether an error reply says this client's own ferryd is draining (``room 3: ferryd is
+    draining: ...``), not a peer it named (``peer HOST:PORT is draining: ...``)."""
+    return err.code == Errc.DRAINING and _OWN_DRAIN.match(err.message) is not None
 
 
 class Connection:
