@@ -292,8 +292,17 @@ def test_the_sglang_manager_lends_its_memory_again_after_a_restart(tmp: str) -> 
         s.abort()  # the prefill engine gives up its side of the request too
         assert s.poll() == Status.Failed
 
-        expect = run_room(p, d, room=31, src=[10, 11, 12], dst=[40, 41, 42], prefix=0,
-                          src_slot=1, dst_slot=2, src_row=3, dst_row=4, chunks=[2, 1])
+        # The prefill may still hold its connection to the killed decode instance; a room
+        # that fails for that is retried once, as the scheduler would (as in the C++ e2e test).
+        for room in (31, 32):
+            try:
+                expect = run_room(p, d, room=room, src=[10, 11, 12], dst=[40, 41, 42],
+                                  prefix=0, src_slot=1, dst_slot=2, src_row=3, dst_row=4,
+                                  chunks=[2, 1])
+                break
+            except FerryKVTransferError:
+                if room == 32:
+                    raise
         assert not check_landed(d, expect)
     finally:
         for e in (d, p):
