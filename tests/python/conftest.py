@@ -233,10 +233,13 @@ KV_ONLY_POOLS = """pools:
 
 
 class Daemon:
-    """A running ferryd: ``sock`` (client socket path), ``control`` ("127.0.0.1:port")."""
+    """A running ferryd: ``sock`` (client socket path), ``control`` ("127.0.0.1:port"),
+    ``config`` (its file)."""
 
-    def __init__(self, proc: subprocess.Popen, sock: str, control: str, log: str) -> None:
+    def __init__(self, proc: subprocess.Popen, sock: str, control: str, log: str,
+                 config: str = "") -> None:
         self.proc, self.sock, self.control, self.log = proc, sock, control, log
+        self.config = config
 
     def stop(self) -> int:
         """Stop at once: SIGTERM begins a drain (the rooms accepted may finish), SIGINT right
@@ -254,17 +257,28 @@ class Daemon:
 
 def start_daemon(tmp: str, name: str, role: str, pools: str, extra: str = "") -> Daemon:
     """Start ferryd with ``--ready-fd`` and wait (bounded) until it says ``ready``."""
-    ferryd = BIN_DIR / "ferryd"
-    if not ferryd.is_file():
-        pytest.fail(f"no ferryd at {ferryd}: build it, or set FERRY_BIN_DIR to the directory "
-                    f"holding it")
+    if not (BIN_DIR / "ferryd").is_file():
+        pytest.fail(f"no ferryd at {BIN_DIR / 'ferryd'}: build it, or set FERRY_BIN_DIR to the "
+                    f"directory holding it")
     port, sock = free_port(), os.path.join(tmp, name + ".sock")
     path = os.path.join(tmp, name + ".yaml")
     with open(path, "w") as f:
         f.write(daemon_config(name, role, port, sock, pools, extra))
+    return _launch(path, name, sock, f"127.0.0.1:{port}", os.path.join(tmp, name + ".log"))
+
+
+def restart_daemon(d: Daemon) -> Daemon:
+    """Start ferryd again on the config of ``d``, which has exited: the same socket and ports
+    (a new instance); its log is appended to ``d``'s."""
+    assert d.proc.poll() is not None, "restart_daemon: the daemon is still running"
+    return _launch(d.config, Path(d.config).stem, d.sock, d.control, d.log, append=True)
+
+
+def _launch(path: str, name: str, sock: str, control: str, log: str,
+            append: bool = False) -> Daemon:
+    ferryd = BIN_DIR / "ferryd"
     r, w = os.pipe()
-    log = os.path.join(tmp, name + ".log")
-    with open(log, "w") as logf:
+    with open(log, "a" if append else "w") as logf:
         proc = subprocess.Popen([str(ferryd), "--config", path, "--ready-fd", str(w)],
                                 pass_fds=(w,), stdout=logf, stderr=logf)
     os.close(w)
@@ -280,4 +294,4 @@ def start_daemon(tmp: str, name: str, role: str, pools: str, extra: str = "") ->
         proc.kill()
         proc.wait(timeout=15)
         pytest.fail(f"{name} did not start: {open(log).read()}")
-    return Daemon(proc, sock, f"127.0.0.1:{port}", log)
+    return Daemon(proc, sock, control, log, path)

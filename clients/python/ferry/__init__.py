@@ -9,7 +9,10 @@
 - :mod:`ferry.client`: :class:`Client`, thread-safe, several requests in flight, events to
   callbacks and a queue, protocol versions 3 and 4 (``poll_many``, error codes on statuses);
 - :mod:`ferry.connection`: the connection under :class:`Client` (hello, seq matching, the
-  reader and dispatcher threads);
+  reader and dispatcher threads, reconnecting);
+- :mod:`ferry.reconnect`: :class:`Reconnect`, the policy of a client that reconnects by itself
+  when its ferryd comes back, and the notices it gives (:class:`Draining`,
+  :class:`Disconnected`, :class:`Reconnected`);
 - :mod:`ferry.protocol`: the pure codec (``encode``/``decode``) and the message dataclasses,
   gathered from :mod:`ferry.messages`, :mod:`ferry.encoder`, :mod:`ferry.decoder` and
   :mod:`ferry.frames`;
@@ -24,6 +27,7 @@
 from .client import Client, EventCallback
 from .errors import EncodeError, Errc, FerryError, ProtocolError, to_errc
 from .memory import MemfdPool
+from .reconnect import ConnectionNotice, Disconnected, Draining, Reconnect, Reconnected
 from .protocol import (MAX_POLL_MANY, MAX_REGISTER_BUFFERS, MAX_REGISTER_FDS,
                        MIN_PROTOCOL_VERSION, NO_INDEX, POOL_KINDS, PROTOCOL_VERSION,
                        SUPPORTED_VERSIONS, Buffer, BufferKind, Event, HelloReply, InfoTopic,
@@ -34,7 +38,8 @@ __version__ = "0.5.0"
 
 __all__ = [
     "Client", "EventCallback", "EncodeError", "Errc", "FerryError", "ProtocolError", "to_errc",
-    "MemfdPool", "MAX_POLL_MANY", "MAX_REGISTER_BUFFERS", "MAX_REGISTER_FDS",
+    "MemfdPool", "ConnectionNotice", "Disconnected", "Draining", "Reconnect", "Reconnected",
+    "MAX_POLL_MANY", "MAX_REGISTER_BUFFERS", "MAX_REGISTER_FDS",
     "MIN_PROTOCOL_VERSION", "NO_INDEX", "POOL_KINDS", "PROTOCOL_VERSION", "SUPPORTED_VERSIONS",
     "Buffer", "BufferKind", "Event", "HelloReply", "InfoTopic", "MemoryBuffer", "MemoryKind",
     "MessageType", "Pool", "PollReply", "PollResult", "RegisterMemory", "Status", "decode",

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import mmap
-import os
 import queue
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
@@ -35,6 +34,7 @@ from .protocol import (MAX_POLL_MANY, MAX_REGISTER_FDS, SUPPORTED_VERSIONS, Canc
                        MemoryBuffer, MemoryKind, Poll, PollMany, PollManyReply, PollReply,
                        PollResult, Prepare, RegisterMemory, Send, Subscribe, encode,
                        pool_number)
+from .reconnect import NoticeCallback
 
 _TOPICS = {"status": InfoTopic.STATUS, "rooms": InfoTopic.ROOMS, "peers": InfoTopic.PEERS,
            "pools": InfoTopic.POOLS}
@@ -59,6 +59,9 @@ class Client(Connection):
     ``config_yaml`` and ``pools`` (``{"kv": Pool, "state": Pool, "aux": Pool}``).
 
     The constructor is :class:`~ferry.connection.Connection`'s: it connects and says hello.
+    With ``reconnect=True`` (or a :class:`~ferry.reconnect.Reconnect`) it connects again by
+    itself when ferryd goes away, registers the memory it lent again, and says so to
+    :meth:`on_connection` (:mod:`ferry.reconnect`).
     """
 
     # --- requests ----------------------------------------------------------------------------
@@ -77,6 +80,7 @@ class Client(Connection):
             raise FerryError(Errc.UNSUPPORTED_VERSION,
                              f"prefix_tokens needs protocol version 4; this connection speaks "
                              f"{self.version}")
+        self._forget_lost(room)
         self.request(Prepare(room, peers, list(dst_pages), state_slot, aux_row, prefix_tokens),
                      timeout)
 
@@ -159,6 +163,7 @@ class Client(Connection):
         if len(fds) > MAX_REGISTER_FDS:
             encode(msg, 0, self.version)  # raises the codec's EncodeError naming fd_count
         self._wait(self._start(msg, fds), timeout)
+        self._remember_registration(msg, fds)
 
     def discover(self, address: str, *, timeout: Optional[float] = None
                  ) -> list[DiscoveredRank]:
@@ -180,8 +185,18 @@ class Client(Connection):
 
     def subscribe(self, room: int, *, timeout: Optional[float] = None) -> None:
         """Have ferryd push an :class:`Event` with the room's current status and one per change
-        until it is terminal (see :meth:`on_event`, :meth:`events`, :meth:`wait_terminal`)."""
-        self.request(Subscribe(room), timeout)
+        until it is terminal (see :meth:`on_event`, :meth:`events`, :meth:`wait_terminal`).
+        Should the connection be lost before that, the client reports the room Failed (code
+        302, the reason says ferryd went away)."""
+        self._forget_lost(room)
+        with self._lock:  # before the request: its first event may come before the reply
+            self._subscribed.add(room)
+        try:
+            self.request(Subscribe(room), timeout)
+        except FerryError:
+            with self._lock:
+                self._subscribed.discard(room)
+            raise
 
     def info(self, topic: Union[str, int] = "status", *,
              timeout: Optional[float] = None) -> Any:
@@ -218,6 +233,23 @@ class Client(Connection):
                 self._callbacks = [c for c in self._callbacks if c is not callback]
         return remove
 
+    def on_connection(self, callback: NoticeCallback) -> Callable[[], None]:
+        """Call ``callback(notice)`` when the connection changes, on the dispatcher thread and
+        in order with the events: :class:`~ferry.reconnect.Draining` (ferryd answered 407
+        ``ferryd is draining``: it is going away), :class:`~ferry.reconnect.Disconnected` (after
+        the Failed events of the rooms it failed), :class:`~ferry.reconnect.Reconnected`
+        (connected again, memory registered again, daemon pools mapped anew). An exception it
+        raises is logged and dropped; it must not wait for the reconnect. Returns a function
+        that unregisters it."""
+        with self._events_cond:
+            self._notice_callbacks = self._notice_callbacks + [callback]
+
+        def remove() -> None:
+            with self._events_cond:
+                self._notice_callbacks = [c for c in self._notice_callbacks
+                                          if c is not callback]
+        return remove
+
     def events(self) -> queue.Queue[Optional[Event]]:
         """The queue that receives every pushed event from the first call of this method on
         (call it before subscribing); the same queue on each call. After the connection ends
@@ -246,12 +278,14 @@ class Client(Connection):
     def wait_terminal(self, room: int, timeout: float = 60.0) -> Event:
         """Wait for the Success or Failed event of a subscribed ``room`` (it may have arrived
         already) and return it. Raises FerryError 405 when none comes in ``timeout`` seconds,
-        or the connection's error when it ends first."""
+        or the connection's error when it ends first. A subscribed room whose connection is
+        lost is Failed with code 302 (the reason says ferryd went away)."""
         deadline = time.monotonic() + timeout
         with self._events_cond:
             while True:
                 ev = self._terminal.pop(room, None)
                 if ev is not None:
+                    self._lost.discard(room)
                     return ev
                 if self._dispatch_done:
                     raise self._closed_error()
@@ -270,7 +304,7 @@ class Client(Connection):
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else "open"
+        state = "closed" if self.closed else "open" if self.connected else "reconnecting"
         return (f"<ferry.Client {self.socket_path!r} {self.role} {self.node}/{self.instance} "
                 f"v{self.version} {state}>")
 
@@ -278,23 +312,10 @@ class Client(Connection):
 
     def pool(self, kind: str) -> memoryview:
         """The daemon's pool ``kind`` (``"kv"``, ``"state"``, ``"aux"``) mapped read-write, as a
-        memoryview (release the views before :meth:`close` to unmap it at once)."""
-        with self._lock:
-            if kind not in self._maps:
-                p = self.pools[kind]
-                if not p.present:
-                    raise FerryError(Errc.INVALID_REQUEST, f"the daemon has no {kind} pool")
-                if not p.shm_name:
-                    raise FerryError(Errc.INVALID_REQUEST,
-                                     f"pool {kind} is client memory (memory: client): there is "
-                                     f"no shm object to map; use the memory lent with "
-                                     f"register_memory (ferry.memory.MemfdPool)")
-                fd = os.open("/dev/shm" + p.shm_name, os.O_RDWR)
-                try:
-                    self._maps[kind] = mmap.mmap(fd, p.total_bytes)
-                finally:
-                    os.close(fd)
-            return memoryview(self._maps[kind])
+        memoryview (release the views before :meth:`close` to unmap it at once). After a
+        reconnect the pool is mapped anew (:class:`~ferry.reconnect.Reconnected` ``remapped``):
+        views taken before it no longer share memory with ferryd; call this again."""
+        return memoryview(self._map_pool(kind))
 
     @property
     def maps(self) -> dict[str, mmap.mmap]:

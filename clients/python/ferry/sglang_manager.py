@@ -6,15 +6,19 @@ senders and receivers.
 
 from __future__ import annotations
 
+import logging
 import operator
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from .client import Client
 from .errors import Errc, FerryError
 from .protocol import POOL_KINDS, MemoryBuffer, MemoryKind
+from .reconnect import ConnectionNotice, Reconnect, Reconnected
 from .sglang_bootstrap import FerryBootstrap
 from .sglang_kvargs import FerryKVArgs
+
+_log = logging.getLogger("ferry")
 
 
 def _mode_name(mode: Any) -> str:
@@ -37,13 +41,21 @@ class FerryKVManager:
     ``pop_decode_prefix_len``. ``drain_timeout`` bounds how long ``abort()`` and
     ``failure_exception()`` wait for ferryd to report a cancelled room terminal (after which
     its pages, slot and row may be reused). Pass ``client`` to use a connected client instead
-    of ``socket_path``."""
+    of ``socket_path``.
+
+    ``reconnect`` (on by default; a :class:`~ferry.reconnect.Reconnect` to tune it, False to
+    turn it off) is the client's: when ferryd goes away (a drain and restart, a crash), the
+    client connects again by itself and registers this rank's memory again; the requests whose
+    rooms lived on the lost connection fail with 302 ``peer_lost`` (the reason says ferryd went
+    away) and the scheduler retries them, and new requests work once it is back. A prefill
+    rank marks itself ready in the bootstrap again after each reconnect."""
 
     def __init__(self, args: FerryKVArgs, disaggregation_mode: Any, server_args: Any = None,
                  is_mla_backend: bool = False, *, socket_path: Optional[str] = None,
                  bootstrap: Optional[FerryBootstrap] = None, client: Optional[Client] = None,
                  name: Optional[str] = None, timeout: Optional[float] = 30.0,
-                 register_timeout: float = 30.0, drain_timeout: float = 10.0) -> None:
+                 register_timeout: float = 30.0, drain_timeout: float = 10.0,
+                 reconnect: Union[bool, Reconnect] = True) -> None:
         self.kv_args = args
         self.disaggregation_mode = _mode_name(disaggregation_mode)
         self.server_args = server_args
@@ -57,7 +69,8 @@ class FerryKVManager:
                 raise ValueError("FerryKVManager needs socket_path (the local ferryd's client "
                                  "socket) or a client")
             client = Client(socket_path, name=name or f"sglang-{self.disaggregation_mode}-"
-                                                      f"{args.engine_rank}", timeout=timeout)
+                                                      f"{args.engine_rank}", timeout=timeout,
+                            reconnect=reconnect)
         self.client = client
         try:
             if client.version < 4:
@@ -90,6 +103,7 @@ class FerryKVManager:
                 self._register(kind, table, fds, register_timeout)
                 self.registered.append(kind)
             self.register_to_bootstrap()
+            self._unwatch = client.on_connection(self._on_connection)
         except BaseException:
             if own:
                 client.close()
@@ -156,6 +170,19 @@ class FerryKVManager:
                     raise
             time.sleep(0.05)
 
+    def _on_connection(self, notice: ConnectionNotice) -> None:
+        """The client reconnected: with every pool registered again, this rank is ready
+        again."""
+        if not isinstance(notice, Reconnected):
+            return
+        if notice.not_registered:
+            _log.error("ferry: %s rank %s: ferryd at %s came back, but refused this rank's "
+                       "memory again (%s); its rooms will be refused", self.disaggregation_mode,
+                       self.kv_args.engine_rank, self.client.socket_path,
+                       "; ".join(f"{k}: {e}" for k, e in notice.not_registered.items()))
+            return
+        self.register_to_bootstrap()
+
     def register_to_bootstrap(self) -> None:
         """SGLang's prefill registration with its bootstrap server: once this rank's memory is
         lent (the constructor did it), say so in the bootstrap's ``ready`` store under its
@@ -208,6 +235,7 @@ class FerryKVManager:
     def close(self) -> None:
         """Close the connection: ferryd cancels this rank's rooms and releases the lent memory
         (after which the pools can be registered again, e.g. by a new manager)."""
+        self._unwatch()
         self.client.close()
 
     def __enter__(self) -> FerryKVManager:

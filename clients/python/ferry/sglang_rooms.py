@@ -75,8 +75,31 @@ class _FerryRoom:
         self.conclude_state: Optional[Status] = None
         self.failure: Optional[tuple[int, str]] = None  # (code, reason)
         self.last_result: Optional[PollResult] = None
+        self.generation: Optional[int] = None  # the client's connection the room lives on
         self._cancel_sent = False
+        self._gone = False
         self._lock = threading.Lock()
+
+    def _bind(self) -> None:
+        """The room now lives on the client's current connection to ferryd."""
+        c = self.kv_mgr.client
+        if c.connected:
+            self.generation = c.generation
+
+    def _lost(self) -> bool:
+        """Fail the room when the connection it lives on was lost: its ferryd went away, and
+        a restarted ferryd does not know it (a client that reconnects is on a new generation)."""
+        c = self.kv_mgr.client
+        if self.generation is None or (c.connected and c.generation == self.generation):
+            return False
+        why = c.error.message if c.error is not None else \
+            f"connected again as connection {c.generation}"
+        self._fail(Errc.PEER_LOST,
+                   f"ferryd at {c.socket_path} went away while room {self.bootstrap_room} was in "
+                   f"flight ({why}); a room does not survive its ferryd: a restarted daemon does "
+                   f"not know it")
+        self._gone = True  # no ferryd knows the room any more: nothing to cancel or wait for
+        return True
 
     # whether ferryd knows (or may know) the room and is asked for its status
     def _daemon_room(self) -> bool:
@@ -104,7 +127,7 @@ class _FerryRoom:
         """The status when ferryd need not be asked."""
         if self.conclude_state is not None:
             return self.conclude_state
-        if self.failure is not None:
+        if self.failure is not None or (self._daemon_room() and self._lost()):
             self.conclude_state = Status.Failed
             return Status.Failed
         if not self._daemon_room():
@@ -143,6 +166,8 @@ class _FerryRoom:
 
     def _send_cancel(self) -> bool:
         """Cancel the room on ferryd (once); False when ferryd has no live room to wait for."""
+        if self._gone or self._lost():
+            return False
         if self._cancel_sent:
             return True
         self._cancel_sent = True
@@ -262,6 +287,7 @@ class FerryKVReceiver(_FerryRoom):
         except FerryError as e:  # refused: no room was created by it
             self._fail(e.code, e.message)
             return
+        self._bind()
         self.prepared = True
 
     def clear(self) -> None:
@@ -283,6 +309,7 @@ class FerryKVSender(_FerryRoom):
         self.curr_idx = 0
         self.sent_last = False
         self.chunks_sent = 0
+        self._bind()  # a prefill ferryd knows the room from its first poll
 
     def _daemon_room(self) -> bool:
         return True  # a prefill ferryd answers Bootstrapping for a room it has not seen yet
@@ -317,6 +344,9 @@ class FerryKVSender(_FerryRoom):
         without them is not the last; ``last_chunk`` (the scheduler's own flag) settles it
         outright and is the only way to tell on a model without state."""
         if self.conclude_state is not None or self.failure is not None:
+            return
+        if self._lost():
+            self.conclude_state = Status.Failed
             return
         pages = [int(p) for p in kv_indices]
         try:
