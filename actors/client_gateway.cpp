@@ -20,6 +20,7 @@
 #include <unordered_map>
 
 #include "actors/context.hpp"
+#include "actors/logging.hpp"
 #include "actors/messages.hpp"
 
 namespace ferry {
@@ -348,7 +349,7 @@ result<std::shared_ptr<client_gateway>> client_gateway::listen(const std::string
   auto& im = *g->impl_;
   im.max_clients = max_clients;
   im.frame_limit = std::chrono::milliseconds(frame_ms);
-  im.log = make_logger("client");
+  im.log = logging::get("client");
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
     return error{errc::config_invalid, "listen.client: socket path '" + path + "' is too long"};

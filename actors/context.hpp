@@ -115,6 +115,10 @@ struct daemon_context {
   std::shared_ptr<spdlog::logger> log_sched, log_room, log_peer;
   /// Peers and clients are served (set once at start-up), and no drain has begun: /readyz.
   std::atomic<bool> serving{false};
+  /// A client may start the drain (the client protocol's `drain`): ferryd waits for its stop
+  /// signals itself. False when it runs inside another program, which stops it.
+  bool drain_on_request = false;
+  std::atomic<bool> drain_begun{false};  ///< a stop signal or a client's drain came
 
   /// Base address of a local memory space (pool or staging).
   uint8_t* base(space s) const {
@@ -142,7 +146,8 @@ struct daemon_context {
 
 using context_ptr = std::shared_ptr<daemon_context>;
 
-/// A named logger sharing the default sink and level.
-std::shared_ptr<spdlog::logger> make_logger(const std::string& name);
+/// A client's drain request: starts the drain a SIGTERM starts, unless one has begun. Returns
+/// whether this call started it.
+bool request_drain(daemon_context& ctx);
 
 }  // namespace ferry

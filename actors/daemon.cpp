@@ -21,6 +21,7 @@
 #include "actors/actors.hpp"
 #include "actors/client_gateway.hpp"
 #include "actors/client_memory.hpp"
+#include "actors/logging.hpp"
 #include "actors/operator_endpoint.hpp"
 #include "actors/peer_gate.hpp"
 #include "actors/sd_notify.hpp"
@@ -30,15 +31,6 @@
 #include "core/failpoint.hpp"
 
 namespace ferry {
-
-std::shared_ptr<spdlog::logger> make_logger(const std::string& name) {
-  if (auto l = spdlog::get(name)) return l;
-  auto def = spdlog::default_logger();
-  auto l = std::make_shared<spdlog::logger>(name, def->sinks().begin(), def->sinks().end());
-  l->set_level(def->level());
-  spdlog::register_logger(l);
-  return l;
-}
 
 staging_area::~staging_area() {
   if (data) munmap(data, bytes);
@@ -110,6 +102,13 @@ uint32_t client_limit(const ferry_config& cfg, uint64_t nofile, spdlog::logger& 
   return cfg.limits.max_clients;
 }
 
+/// The value a client's drain request queues SIGTERM with, which tells it from an operator's.
+constexpr int drain_request_value = 0x46455259;  // "FERY"
+
+bool is_drain_request(int code, pid_t pid, int value) {
+  return code == SI_QUEUE && pid == getpid() && value == drain_request_value;
+}
+
 /// The stop's drain, after the first stop signal: the Scheduler refuses new rooms and tells the
 /// peers; this returns once the rooms accepted before it finished, a second stop signal came,
 /// or timeouts.stop_ms passed, whichever is first. `signals` are blocked in every thread.
@@ -150,6 +149,8 @@ void drain_before_stop(const caf::actor& scheduler, const ferry_config& cfg,
       log.info("SIGHUP received while draining: ignored");
       continue;
     }
+    if (is_drain_request(si.ssi_code, static_cast<pid_t>(si.ssi_pid), si.ssi_int))
+      continue;  // a client's drain, asked for as the operator's signal came: already draining
     log.warn("signal {} received again while draining: stopping at once", si.ssi_signo);
     break;
   }
@@ -163,8 +164,18 @@ std::string random_instance() {
 
 }  // namespace
 
+bool request_drain(daemon_context& ctx) {
+  if (ctx.drain_begun.exchange(true)) return false;
+  sigval value{};
+  value.sival_int = drain_request_value;
+  // The main thread waits for SIGTERM (blocked in every thread): this one it tells apart.
+  sigqueue(getpid(), SIGTERM, value);
+  return true;
+}
+
 int run_daemon(const ferry_config& cfg, const daemon_options& options) {
-  auto log = make_logger("ferryd");
+  logging::configure(cfg.log);
+  auto log = logging::get("ferryd");
   if (const auto bad = core::failpoints_invalid(); !bad.empty()) {
     log->error("{}", bad);  // a test hook set wrong: the test would prove nothing
     return exit_code::usage;
@@ -191,9 +202,9 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
   ctx->instance = instance;
   ctx->config_yaml = to_yaml(cfg);
   ctx->layout = make_layout(cfg.pools);
-  ctx->log_sched = make_logger("scheduler");
-  ctx->log_room = make_logger("room");
-  ctx->log_peer = make_logger("peer");
+  ctx->log_sched = logging::get("scheduler");
+  ctx->log_room = logging::get("room");
+  ctx->log_peer = logging::get("peer");
   log->info("starting node={} instance={} role={}", cfg.node_name, ctx->instance,
             to_string(cfg.role));
   log->info("effective config:\n{}", ctx->config_yaml);
@@ -344,6 +355,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
       ctx->engine->start([scheduler](transport::immediate_counts c) {
         caf::anon_send(scheduler, immediates_msg{std::move(c)});
       });
+      ctx->drain_on_request = !options.wait_for_stop;
       ctx->gateway->start(scheduler);
       if (const auto fp = core::active_failpoints(); !fp.empty())
         log->warn("FERRY_FAILPOINTS={} is set: this daemon fails on purpose (a test hook)", fp);
@@ -364,13 +376,19 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
         options.wait_for_stop();
         log->info("asked to stop; shutting down");
       } else {
-        int sig = 0;
         // SIGHUP (a closed terminal, a log rotation) must not stop a daemon that rooms depend
         // on. ferryd writes its log to stderr, which it does not own, so there is nothing to
         // reopen: the signal is logged and ignored.
-        while (sigwait(&stop_signals, &sig) == 0 && sig == SIGHUP)
-          log->info("SIGHUP received: ignored (ferryd logs to stderr; nothing to reopen)");
-        log->info("signal {} received; stopping (a second signal stops at once)", sig);
+        siginfo_t si{};
+        int sig = 0;
+        while ((sig = sigwaitinfo(&stop_signals, &si)) == SIGHUP || (sig < 0 && errno == EINTR))
+          if (sig == SIGHUP)
+            log->info("SIGHUP received: ignored (ferryd logs to stderr; nothing to reopen)");
+        ctx->drain_begun = true;
+        if (is_drain_request(si.si_code, si.si_pid, si.si_value.sival_int))
+          log->info("a client asked for a drain; stopping (a stop signal stops at once)");
+        else
+          log->info("signal {} received; stopping (a second signal stops at once)", sig);
         ctx->serving = false;
         notify_stopping(*log, "stopping: draining the rooms accepted before the signal");
         drain_before_stop(scheduler, cfg, stop_signals, *log);

@@ -11,6 +11,7 @@
 
 #include "actors/client_gateway.hpp"
 #include "actors/client_memory.hpp"
+#include "actors/logging.hpp"
 #include "actors/scheduler_state.hpp"
 #include "core/plan.hpp"
 
@@ -79,6 +80,20 @@ void on_client(scheduler_actor* self, client_request& r) {
               return;
             }
           reply_error(self, r, errc::unknown_room, fmt::format("unknown room {}", m.room));
+        } else if constexpr (std::is_same_v<T, proto::drain>) {
+          if (!st.ctx->drain_on_request)
+            return reply_error(self, r, errc::invalid_request,
+                               "this ferryd runs inside another program, which stops it: it "
+                               "cannot drain on a client's request");
+          if (request_drain(*st.ctx))
+            st.ctx->log_sched->info("client conn={} asked for a drain", r.conn);
+          st.ctx->gateway->reply(r.conn, r.seq, proto::ok{});
+        } else if constexpr (std::is_same_v<T, proto::set_log_level>) {
+          if (auto set = logging::set_level(m.logger, m.level); !set)
+            return reply_error(self, r, set.error());
+          st.ctx->log_sched->info("client conn={} set the log level of {} to {}", r.conn,
+                                  m.logger.empty() ? "every logger" : m.logger, m.level);
+          st.ctx->gateway->reply(r.conn, r.seq, proto::ok{});
         } else if constexpr (std::is_same_v<T, proto::info>) {
           st.ctx->gateway->reply(r.conn, r.seq, proto::info_reply{info_json(st, m.topic)});
         } else {
@@ -259,9 +274,12 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
         if (u.prefix_tokens) it->second.prefix_tokens = u.prefix_tokens;
         notify_subscribers(self, it->second, u.room, u.status, u.reason, u.code);
         if (!is_terminal(u.status)) return;
-        st.ctx->log_sched->info("room={} peer={} side={} {}{}{}", u.room, it->second.peer,
-                                u.decode_side ? "decode" : "prefill", to_string(u.status),
-                                u.reason.empty() ? "" : ": ", u.reason);
+        // One line per room per side; `code=` only when it failed (a JSON log's "code").
+        st.ctx->log_sched->info(
+            "room={} peer={} side={} {}{}{}{}{}", u.room, it->second.peer,
+            u.decode_side ? "decode" : "prefill", to_string(u.status),
+            u.code == errc::ok ? "" : " code=", u.code == errc::ok ? "" : to_string(u.code),
+            u.reason.empty() ? "" : ": ", u.reason);
         if (u.decode_side)
           st.claims->release(u.room, it->second.dst_pages, it->second.dst_slot, it->second.dst_row);
         if (u.decode_side)

@@ -8,6 +8,7 @@
 
 #include "actors/client_gateway.hpp"
 #include "actors/client_memory.hpp"
+#include "actors/logging.hpp"
 #include "actors/scheduler_state.hpp"
 #include "core/plan.hpp"
 
@@ -25,6 +26,13 @@ json side_counts(const side_rooms& s) {
           {"succeeded", s.succeeded},
           {"failed", s.failed},
           {"bytes", s.bytes}};
+}
+
+/// The log format and every logger's level now (set_log_level changes them).
+json log_doc() {
+  json levels = json::object();
+  for (const auto& [logger, level] : logging::levels()) levels[logger] = level;
+  return {{"format", logging::format()}, {"levels", std::move(levels)}};
 }
 
 json status_doc(scheduler_state& st) {
@@ -45,7 +53,9 @@ json status_doc(scheduler_state& st) {
           {"staging",
            {{"bytes", staging ? staging->bytes : 0},
             {"in_use", staging ? staging->in_use() : 0},
-            {"waits", staging ? staging->waits() : 0}}}};
+            {"waits", staging ? staging->waits() : 0}}},
+          {"draining", st.draining},
+          {"log", log_doc()}};
 }
 
 json rooms_doc(const scheduler_state& st) {

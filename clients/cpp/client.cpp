@@ -145,6 +145,22 @@ result<none> client::send(const proto::send& s) { return expect_ok(s); }
 result<none> client::cancel(uint64_t room) { return expect_ok(proto::cancel{room}); }
 result<none> client::subscribe(uint64_t room) { return expect_ok(proto::subscribe{room}); }
 
+result<none> client::drain() {
+  if (version_ < 5)
+    return error{
+        errc::unsupported_version,
+        fmt::format("drain needs protocol version 5; this connection speaks {}", version_)};
+  return expect_ok(proto::drain{});
+}
+
+result<none> client::set_log_level(const std::string& logger, const std::string& level) {
+  if (version_ < 5)
+    return error{
+        errc::unsupported_version,
+        fmt::format("set_log_level needs protocol version 5; this connection speaks {}", version_)};
+  return expect_ok(proto::set_log_level{logger, level});
+}
+
 result<proto::poll_reply> client::poll(uint64_t room) {
   auto r = request(proto::poll{room});
   if (!r) return error{r.code, r.message};

@@ -104,6 +104,11 @@ std::string to_yaml(const ferry_config& cfg) {
 
   out << YAML::Key << "log" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "level" << YAML::Value << cfg.log.level;
+  out << YAML::Key << "format" << YAML::Value << cfg.log.format;
+  out << YAML::Key << "levels" << YAML::Value << YAML::BeginMap;
+  for (const auto& [logger, level] : cfg.log.levels)
+    out << YAML::Key << logger << YAML::Value << level;
+  out << YAML::EndMap;
   out << YAML::EndMap;
 
   out << YAML::Key << "pools" << YAML::Value << YAML::BeginMap;

@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <limits>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -135,6 +136,9 @@ void read(const YAML::Node& n, const std::string& path, std::vector<T>& out) {
 class section {
  public:
   section(const YAML::Node& node, std::string path, std::initializer_list<std::string_view> keys)
+      : section(node, std::move(path),
+                std::span<const std::string_view>(keys.begin(), keys.size())) {}
+  section(const YAML::Node& node, std::string path, std::span<const std::string_view> keys)
       : path_(std::move(path)) {
     const std::string where = path_.empty() ? "config" : path_;
     if (node.IsNull()) return;
@@ -335,8 +339,15 @@ ferry_config parse_root(const YAML::Node& root) {
   const section runtime(top.get_or_null("runtime"), "runtime", {"workers"});
   runtime.optional_field("workers", cfg.runtime.workers);
 
-  const section log(top.get_or_null("log"), "log", {"level"});
+  const section log(top.get_or_null("log"), "log", {"level", "format", "levels"});
   log.optional_field("level", cfg.log.level);
+  log.optional_field("format", cfg.log.format);
+  const section levels(log.get_or_null("levels"), "log.levels", logger_names);
+  for (std::string_view name : logger_names) {
+    std::optional<std::string> level;
+    levels.optional_field(name, level);
+    if (level) cfg.log.levels.emplace_back(name, *level);
+  }
 
   const section pools(top.get_or_null("pools"), "pools", {"kv", "mamba", "aux"});
   if (auto kv = pools.find("kv")) cfg.pools.kv = parse_kv(*kv);

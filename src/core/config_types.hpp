@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace ferry {
@@ -153,8 +154,18 @@ struct runtime_config {
   uint32_t workers = 0;
 };
 
+/// ferryd's named loggers (docs/operations.md, "Logs"): what `log.levels` may name.
+inline constexpr std::string_view logger_names[] = {"ferryd", "scheduler", "room",
+                                                    "peer",   "client",    "transport"};
+/// The levels a logger may have, least severe first.
+inline constexpr std::string_view log_level_names[] = {"trace", "debug", "info",
+                                                       "warn",  "error", "off"};
+
 struct log_config {
-  std::string level = "info";  ///< trace, debug, info, warn, error
+  std::string level = "info";   ///< every logger's level unless `levels` names it
+  std::string format = "text";  ///< text (a line per record) or json (an object per line)
+  /// Per-logger levels, e.g. {peer: debug}: a logger of `logger_names` and its level.
+  std::vector<std::pair<std::string, std::string>> levels;
 };
 
 struct security_config {

@@ -58,6 +58,12 @@ void check_positive(uint64_t v, const std::string& path) {
   if (v == 0) fail(path, "expected a positive integer, got 0");
 }
 
+void check_log_level(const std::string& level, const std::string& path) {
+  for (std::string_view known : log_level_names)
+    if (level == known) return;
+  fail(path, "expected trace, debug, info, warn, error or off, got " + level);
+}
+
 void check_range(uint64_t v, uint64_t lo, uint64_t hi, const std::string& path) {
   if (v < lo || v > hi) {
     fail(path, "expected an integer in " + std::to_string(lo) + ".." + std::to_string(hi) +
@@ -320,11 +326,10 @@ void validate_all(const ferry_config& cfg) {
 
   check_range(cfg.runtime.workers, 0, 256, "runtime.workers");  // 0: one per core
 
-  const std::string& level = cfg.log.level;
-  if (level != "trace" && level != "debug" && level != "info" && level != "warn" &&
-      level != "error") {
-    fail("log.level", "expected trace, debug, info, warn or error, got " + level);
-  }
+  check_log_level(cfg.log.level, "log.level");
+  for (const auto& [logger, level] : cfg.log.levels) check_log_level(level, "log.levels." + logger);
+  if (cfg.log.format != "text" && cfg.log.format != "json")
+    fail("log.format", "expected text or json, got " + cfg.log.format);
 
   validate_pools(cfg);
 }

@@ -25,7 +25,9 @@ msg_type type_of(const message& m) {
                                        msg_type::poll_many_reply,
                                        msg_type::register_memory,
                                        msg_type::discover,
-                                       msg_type::discover_reply};
+                                       msg_type::discover_reply,
+                                       msg_type::drain,
+                                       msg_type::set_log_level};
   return types[m.index()];
 }
 
@@ -67,6 +69,10 @@ const char* to_string(msg_type t) {
       return "discover";
     case msg_type::discover_reply:
       return "discover_reply";
+    case msg_type::drain:
+      return "drain";
+    case msg_type::set_log_level:
+      return "set_log_level";
   }
   return "unknown";
 }

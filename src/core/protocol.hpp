@@ -5,7 +5,7 @@
 /// All integers little-endian. Strings: u32 byte count + bytes. Lists: u32 count + elements.
 /// A reply echoes the request's seq; pushed events carry seq 0.
 ///
-/// Versions 3 and 4 (docs/protocol.md, "Versions"): the hello says the client's range, the
+/// Versions 3, 4 and 5 (docs/protocol.md, "Versions"): the hello says the client's range, the
 /// daemon answers in the highest common version, and the encoding of a few messages depends on
 /// it (`encode`/`decode` take the connection's version).
 ///
@@ -26,7 +26,7 @@
 
 namespace ferry::proto {
 
-inline constexpr uint16_t protocol_version = 4;         ///< the highest version spoken
+inline constexpr uint16_t protocol_version = 5;         ///< the highest version spoken
 inline constexpr uint16_t min_protocol_version = 3;     ///< the lowest version spoken
 inline constexpr uint32_t max_poll_many = 16384;        ///< rooms in one poll_many
 inline constexpr uint32_t max_register_fds = 64;        ///< descriptors with one register_memory
@@ -49,6 +49,8 @@ enum class msg_type : uint16_t {
   poll_many = 8,        ///< v4
   register_memory = 9,  ///< v4
   discover = 10,        ///< v4
+  drain = 11,           ///< v5
+  set_log_level = 12,   ///< v5
   ok = 100,
   error = 101,
   hello_reply = 102,
@@ -137,6 +139,17 @@ struct register_memory {
   std::vector<memory_buffer> buffers;
 };
 
+/// v5: start the drain a SIGTERM starts (docs/operations.md, "Drain"): no new rooms, the
+/// accepted ones run to their end, then ferryd exits. Answered `ok` at once; again while the
+/// drain runs, `ok` again (it never turns into the second signal's stop at once).
+struct drain {};
+/// v5: set the level of one of ferryd's loggers (`logger`), or of all of them (`logger` empty),
+/// while it runs; answered `ok`, or invalid_request naming the unknown logger or level.
+struct set_log_level {
+  std::string logger;
+  std::string level;  ///< trace, debug, info, warn, error or off
+};
+
 // --- replies and events (ferryd -> client) ---
 struct ok {};
 /// The error reply is the error vocabulary's own type (core/errors.hpp).
@@ -199,7 +212,7 @@ struct poll_many_reply {
 
 using message = std::variant<hello, prepare, send, poll, cancel, subscribe, info, ok, error,
                              hello_reply, poll_reply, info_reply, event, poll_many, poll_many_reply,
-                             register_memory, discover, discover_reply>;
+                             register_memory, discover, discover_reply, drain, set_log_level>;
 
 msg_type type_of(const message& m);
 const char* to_string(msg_type t);

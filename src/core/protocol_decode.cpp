@@ -199,6 +199,10 @@ bool decode_body(reader& r, register_memory& m) {
   return true;
 }
 bool decode_body(reader& r, discover& m) { return r.str(m.address, "address"); }
+bool decode_body(reader&, drain&) { return true; }
+bool decode_body(reader& r, set_log_level& m) {
+  return r.str(m.logger, "logger") && r.str(m.level, "level");
+}
 bool decode_body(reader& r, discover_reply& m) {
   uint32_t n = 0;
   if (!r.num(n, "ranks")) return false;
@@ -345,6 +349,18 @@ decoded decode(uint16_t type, uint32_t seq, std::span<const uint8_t> body, uint1
       if (t == msg_type::discover_reply) return decode_as<discover_reply>(body, seq, t, version);
       return t == msg_type::poll_many ? decode_as<poll_many>(body, seq, t, version)
                                       : decode_as<poll_many_reply>(body, seq, t, version);
+    case msg_type::drain:
+    case msg_type::set_log_level:
+      if (version < 5) {
+        decoded out;
+        out.seq = seq;
+        out.code = errc::malformed_frame;
+        out.error = fmt::format("{} needs protocol version 5; this connection speaks {}",
+                                to_string(t), version);
+        return out;
+      }
+      if (t == msg_type::drain) return decode_as<drain>(body, seq, t, version);
+      return decode_as<set_log_level>(body, seq, t, version);
   }
   decoded out;
   out.seq = seq;

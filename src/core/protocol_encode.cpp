@@ -81,6 +81,11 @@ void encode_body(writer& w, const register_memory& m) {
   }
 }
 void encode_body(writer& w, const discover& m) { w.str(m.address); }
+void encode_body(writer&, const drain&) {}
+void encode_body(writer& w, const set_log_level& m) {
+  w.str(m.logger);
+  w.str(m.level);
+}
 void encode_body(writer& w, const discover_reply& m) {
   w.num(static_cast<uint32_t>(m.ranks.size()));
   for (const auto& r : m.ranks) {

@@ -126,6 +126,25 @@ int main(int argc, char** argv) {
   auto* discover = app.add_subcommand(
       "discover", "every rank of an engine instance, from the address of one of its ferryds");
   discover->add_option("address", address, "host:port (control address of one rank)")->required();
+  auto* drain = app.add_subcommand(
+      "drain",
+      "start the daemon's drain, as SIGTERM does: no new rooms, the accepted ones run to their "
+      "end (bounded by timeouts.stop_ms), then ferryd exits 0");
+  bool drain_wait = false;
+  drain->add_flag("--wait", drain_wait, "return once ferryd has exited (bounded by --timeout-ms)");
+  drain->add_option("--timeout-ms", timeout_ms, "with --wait: give up after this long")
+      ->capture_default_str();
+  auto* log_level = app.add_subcommand(
+      "log-level", "show the daemon's log levels, or set one logger's or every logger's level");
+  std::string level;
+  std::vector<std::string> loggers;
+  log_level->add_option("level", level, "trace, debug, info, warn, error or off (none: show)");
+  log_level
+      ->add_option("--logger", loggers,
+                   "only this logger: ferryd, scheduler, room, peer, client, transport "
+                   "(repeatable; none: every logger)")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   auto* ready =
       app.add_subcommand("wait-ready", "wait until the daemon accepts clients (for scripts)");
   ready->add_option("--timeout-ms", timeout_ms, "give up after this long")->capture_default_str();
@@ -172,6 +191,8 @@ int main(int argc, char** argv) {
       "--state-slot 2 --aux-row 2\n"
       "  ferryctl status -s /tmp/ferry-decode.sock --json\n"
       "  ferryctl -s /tmp/ferry-decode.sock top --interval-ms 500\n"
+      "  ferryctl -s /tmp/ferry-prefill.sock log-level debug --logger peer\n"
+      "  ferryctl -s /tmp/ferry-prefill.sock drain --wait --timeout-ms 60000\n"
       "Exit codes: 0 ok, 1 failed or refused, 2 usage, 3 ferryd unreachable or lost, 4 timed "
       "out (docs/cli.md)");
   try {
@@ -235,6 +256,47 @@ int main(int argc, char** argv) {
   if (*top) {
     auto r = ctl::run_top(c, top_opts, out.json);
     return r ? exit_code::ok : out.fail(r.code, r.message);
+  }
+  if (*log_level) {
+    if (!level.empty()) {
+      if (loggers.empty()) loggers.emplace_back();  // every logger
+      for (const auto& l : loggers)
+        if (auto r = c.set_log_level(l, level); !r)
+          return out.fail(r.code, r.message,
+                          fmt::format("log-level failed [{}]: {}", to_string(r.code), r.message));
+    }
+    auto r = c.info(proto::info_topic::status);
+    if (!r) return out.fail(r.code, r.message);
+    json doc;
+    try {
+      doc = json::parse(r.value).at("log");
+    } catch (const json::exception& e) {
+      return out.fail(errc::malformed_frame,
+                      fmt::format("ferryd's status has no log levels: {}", e.what()));
+    }
+    std::string text;
+    for (const auto& [logger, lv] : doc.at("levels").items())
+      text += fmt::format("{:<10} {}\n", logger, lv.get<std::string>());
+    return out.done(doc, text);
+  }
+  if (*drain) {
+    if (auto r = c.drain(); !r)
+      return out.fail(r.code, r.message,
+                      fmt::format("drain failed [{}]: {}", to_string(r.code), r.message));
+    if (!drain_wait) return out.done({{"draining", true}}, "draining\n");
+    // ferryd closes this connection as it exits: wait for that, bounded.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (!c.lost()) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0)
+        return out.fail_with(
+            exit_code::timed_out, errc::timed_out,
+            fmt::format("ferryd still runs {} ms after the drain began", timeout_ms),
+            fmt::format("ferryd still runs {} ms after the drain began", timeout_ms));
+      (void)c.next_event(left);
+    }
+    return out.done({{"draining", true}, {"stopped", true}}, "drained; ferryd stopped\n");
   }
   if (*discover) {
     auto r = c.discover(address);

@@ -84,8 +84,6 @@ int main(int argc, char** argv) {
     return ferry::exit_code::ok;
   }
   const auto& cfg = r.value;
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [%n] %v");
-  spdlog::set_level(spdlog::level::from_str(cfg.log.level));
   ferry::daemon_options options;
   options.ready_fd = ready_fd;
   return ferry::run_daemon(cfg, options);

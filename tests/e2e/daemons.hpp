@@ -144,6 +144,7 @@ struct shape {
   bool client_memory = false;  ///< every pool `memory: client` (the engine lends its memfds)
   std::vector<std::string> instance_ranks;  ///< discovery.instance_ranks (empty: none)
   std::string metrics_listen;               ///< listen.metrics (empty: not served)
+  std::string log_yaml;  ///< the log section as a flow map, e.g. "{format: json}" (empty: info)
 };
 
 inline std::string make_config(const std::string& name, const std::string& role, uint16_t control,
@@ -180,7 +181,7 @@ inline std::string make_config(const std::string& name, const std::string& role,
     << "\nlimits:\n  max_active_rooms: " << s.max_active_rooms
     << "\n  max_clients: " << s.max_clients << "\n  client_frame_ms: " << s.client_frame_ms
     << "\n  peer_preamble_ms: " << s.peer_preamble_ms << "\nruntime:\n  workers: " << s.workers
-    << "\nlog:\n  level: info\n"
+    << (s.log_yaml.empty() ? "\nlog:\n  level: info\n" : "\nlog: " + s.log_yaml + "\n")
     << (s.secret_file.empty() ? "" : "security:\n  cluster_secret_file: " + s.secret_file + "\n") <<
       [&] {
         std::string d;
@@ -367,6 +368,16 @@ class daemon_proc {
   pid_t pid_ = -1;
   int exit_status_ = -1;
 };
+
+/// Wait (bounded: 10 s) until `d`'s log holds `text`; whether it did. (ferryd's log is a file
+/// it appends to; nothing to wait on but its contents.)
+inline bool log_shows(const daemon_proc& d, const std::string& text) {
+  for (int i = 0; i < 400; ++i) {
+    if (d.log_text().find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  return false;
+}
 
 /// Run ferryd with `args` to its exit (bounded: killed after `limit`); its exit code (-1 when
 /// killed; core/exit_codes.hpp) and its output. `before_exec` runs in the child (e.g. to enter a

@@ -14,15 +14,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-/// Wait (bounded: 10 s) until `d`'s log holds `text`; whether it did.
-bool log_shows(const daemon_proc& d, const std::string& text) {
-  for (int i = 0; i < 400; ++i) {
-    if (d.log_text().find(text) != std::string::npos) return true;
-    std::this_thread::sleep_for(25ms);
-  }
-  return false;
-}
-
 room_spec two_chunk_room(uint64_t id, uint32_t k) {
   room_spec r;
   r.room = id;

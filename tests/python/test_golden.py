@@ -15,8 +15,8 @@ from typing import NamedTuple
 import pytest
 
 from conftest import REPO
-from ferry.protocol import (MessageType, SUPPORTED_VERSIONS, V4_ONLY, decode_frame, encode,
-                            message_type, split_frame, type_name)
+from ferry.protocol import (MessageType, SUPPORTED_VERSIONS, V4_ONLY, V5_ONLY, decode_frame,
+                            encode, first_version, message_type, split_frame, type_name)
 
 # FERRY_GOLDEN_FRAMES may name another copy (e.g. one just generated from a C++ build).
 GOLDEN = Path(os.environ.get("FERRY_GOLDEN_FRAMES", str(REPO / "tests" / "golden" / "frames.txt")))
@@ -60,7 +60,7 @@ def test_every_golden_frame_round_trips() -> None:
     for g in load(GOLDEN):
         where = f"{GOLDEN.name}:{g.line} ({g.version} {g.name} {g.seq})"
         try:
-            assert g.version in SUPPORTED_VERSIONS, f"version {g.version} is not 3 or 4"
+            assert g.version in SUPPORTED_VERSIONS, f"version {g.version} is not one of {SUPPORTED_VERSIONS}"
             header = split_frame(g.frame)
             assert type_name(header.type) == type_of_case(g.name), \
                 f"the header's type {header.type} is {type_name(header.type)}, not " \
@@ -78,18 +78,20 @@ def test_every_golden_frame_round_trips() -> None:
 def test_golden_frames_cover_every_message_in_both_versions() -> None:
     have = {(g.version, type_of_case(g.name)) for g in load(GOLDEN)}
     want = {(v, t.wire_name) for v in SUPPORTED_VERSIONS for t in MessageType
-            if v >= 4 or t not in V4_ONLY}
+            if v >= first_version(t)}
     assert not want - have, f"missing from {GOLDEN.name}: {sorted(want - have)}"
 
 
-def test_v4_only_messages_are_golden_in_version_4_only() -> None:
-    """poll_many, register_memory, discover and their replies exist only in v4: a golden frame of
-    one in version 3 would mean the codecs disagree on what v3 is."""
-    v4_only = {t.wire_name for t in V4_ONLY}
+def test_newer_messages_are_golden_only_from_their_first_version() -> None:
+    """poll_many, register_memory, discover and their replies exist from v4 on, drain and
+    set_log_level from v5 on: a golden frame of one in an earlier version would mean the codecs
+    disagree on what that version is."""
+    first = {t.wire_name: first_version(t) for t in MessageType}
     bad = [f"{GOLDEN.name}:{g.line} ({g.version} {g.name})" for g in load(GOLDEN)
-           if g.version != 4 and type_of_case(g.name) in v4_only]
+           if g.version < first[type_of_case(g.name)]]
     assert not bad, bad
-    assert {"register_memory", "discover", "discover_reply"} <= v4_only
+    assert {"register_memory", "discover", "discover_reply"} <= {t.wire_name for t in V4_ONLY}
+    assert {t.wire_name for t in V5_ONLY} == {"drain", "set_log_level"}
 
 
 def test_case_names() -> None:

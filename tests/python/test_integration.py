@@ -30,11 +30,11 @@ T = 60.0  # a room's whole transfer on a loaded 2-core machine
 
 def client(d: Daemon, name: str, **kw: object) -> Client:
     c = Client(d.sock, name=name, timeout=IO_TIMEOUT * 3, **kw)  # type: ignore[arg-type]
-    if kw.get("version_range") is None and c.version != 4:
+    if kw.get("version_range") is None and c.version != 5:
         c.close()
-        pytest.fail(f"{BIN_DIR / 'ferryd'} answered a hello offering versions 3..4 in version "
+        pytest.fail(f"{BIN_DIR / 'ferryd'} answered a hello offering versions 3..5 in version "
                     f"{c.version} (it speaks {c.daemon_versions[0]}..{c.daemon_versions[1]}): "
-                    f"these tests need a ferryd that speaks protocol version 4; rebuild it")
+                    f"these tests need a ferryd that speaks protocol version 5; rebuild it")
     return c
 
 
@@ -80,7 +80,7 @@ def kv_pair(tmpdir_short: str) -> Iterator[tuple[Daemon, Daemon]]:
 def test_the_daemons_speak_v4_and_v3(mamba_pair: tuple[Daemon, Daemon]) -> None:
     pd, dd = mamba_pair
     with client(pd, "it-v4") as p:
-        assert p.version == 4 and p.daemon_versions == (3, 4) and not p.fell_back_to_v3
+        assert p.version == 5 and p.daemon_versions == (3, 5) and not p.fell_back_to_v3
         assert p.role == "prefill" and p.control == pd.control
         assert p.pools["kv"].present and len(p.pools["kv"].buffers) == 4
     with client(dd, "it-v3", version_range=(3, 3)) as d:
@@ -367,3 +367,33 @@ def test_the_legacy_script_passes() -> None:
                         str(BIN_DIR)], capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
     assert " 0 failed" in r.stdout
+
+
+def test_v5_log_levels_and_drain_from_the_python_client(tmpdir_short: str) -> None:
+    """v5: set_log_level changes what info("status")["log"] shows and names what it refuses;
+    drain answers ok and ferryd exits 0 by itself (tests/e2e/test_logs.cpp drains with a room
+    in flight)."""
+    pd = start_daemon(tmpdir_short, "prefill-v5", "prefill", KV_ONLY_POOLS)
+    try:
+        with client(pd, "it-v5") as p, client(pd, "it-v4", version_range=(3, 4)) as p4:
+            assert p.info("status")["log"] == {"format": "text", "levels": {
+                n: "info" for n in ("ferryd", "scheduler", "room", "peer", "client",
+                                    "transport")}}
+            p.set_log_level("debug", "peer")
+            p.set_log_level("warn")
+            levels = p.info("status")["log"]["levels"]
+            assert set(levels.values()) == {"warn"}, levels
+            with pytest.raises(FerryError) as bad:
+                p.set_log_level("loud")
+            assert bad.value.code == Errc.INVALID_REQUEST
+            assert str(bad.value.message).startswith("unknown log level 'loud'")
+            with pytest.raises(FerryError) as old:
+                p4.drain()
+            assert old.value.code == Errc.UNSUPPORTED_VERSION
+            assert "drain needs protocol version 5" in old.value.message
+            p.set_log_level("info")
+            p.drain()  # no room is active: the drain ends at once
+        assert pd.proc.wait(timeout=60) == 0
+        assert "a client asked for a drain" in open(pd.log).read()
+    finally:
+        stop_all([pd])

@@ -19,7 +19,7 @@ from ferry.protocol import (MAX_FRAME_BYTES, MAX_LIST_STRINGS, MAX_POLL_MANY,
                             Discover, DiscoveredRank, DiscoverReply, MemoryBuffer, MemoryKind,
                             Message, MessageType, Ok, Poll, PollMany,
                             PollManyReply, PollReply, PollResult, Pool, Prepare, RegisterMemory,
-                            Send, Status, Subscribe, decode, decode_frame, encode, message_type,
+                            Send, SetLogLevel, Status, Subscribe, Drain, first_version, decode, decode_frame, encode, message_type,
                             pool_number, split_frame, type_name)
 
 U64_MAX = 0xFFFFFFFFFFFFFFFF
@@ -36,7 +36,7 @@ def hello_reply(version: int) -> HelloReply:
                       control="127.0.0.1:7402", tp_size=4, tp_rank=1, page_tokens=16,
                       config_yaml="role: decode\npools: {}\n", pools=(kv, state, aux),
                       min_version=3 if version >= 4 else version,
-                      max_version=4 if version >= 4 else version)
+                      max_version=version)
 
 
 def samples(version: int) -> list[Message]:
@@ -91,6 +91,8 @@ def samples(version: int) -> list[Message]:
                 MemoryBuffer(63, U64_MAX, U64_MAX, U64_MAX, 0xFFFFFFFF, 0xFFFFFFFF,
                              BufferKind.STATE)] * 3),
         ]
+    if version >= 5:
+        out += [Drain(), SetLogLevel("peer", "debug"), SetLogLevel("", "off")]
     return out
 
 
@@ -98,14 +100,14 @@ def sample_ids(version: int) -> list[str]:
     return [f"v{version}-{i}-{type_name(message_type(m))}" for i, m in enumerate(samples(version))]
 
 
-@pytest.mark.parametrize("version", [3, 4])
+@pytest.mark.parametrize("version", [3, 4, 5])
 def test_every_message_type_has_a_sample(version: int) -> None:
     have = {message_type(m) for m in samples(version)}
-    want = set(MessageType) if version >= 4 else set(MessageType) - V4_ONLY
+    want = {t for t in MessageType if version >= first_version(t)}
     assert have == want
 
 
-@pytest.mark.parametrize("version", [3, 4])
+@pytest.mark.parametrize("version", [3, 4, 5])
 def test_round_trip(version: int) -> None:
     for i, msg in enumerate(samples(version)):
         frame = encode(msg, 1000 + i, version)
@@ -181,7 +183,7 @@ def malformed(mtype: int, body: bytes, version: int = 4) -> ProtocolError:
     return info.value
 
 
-@pytest.mark.parametrize("version", [3, 4])
+@pytest.mark.parametrize("version", [3, 4, 5])
 def test_every_truncation_names_the_type_and_a_field(version: int) -> None:
     for msg in samples(version):
         body = encode(msg, 1, version)[12:]
@@ -265,12 +267,16 @@ def test_hello_reply_v4_needs_its_version_range() -> None:
 
 
 def test_unknown_and_v4_only_types() -> None:
-    assert malformed(11, b"").message == "unknown message type 11"
+    assert malformed(13, b"").message == "unknown message type 13"
     assert malformed(108, b"").message == "unknown message type 108"
     for mtype in (MessageType.POLL_MANY, MessageType.POLL_MANY_REPLY):
         e = malformed(mtype, struct.pack("<I", 0), 3)
         assert e.message == (f"{type_name(mtype)} needs protocol version 4; this connection "
                              f"speaks 3")
+    for mtype in (MessageType.DRAIN, MessageType.SET_LOG_LEVEL):
+        e = malformed(mtype, b"", 4)
+        assert e.message == (f"{type_name(mtype)} needs protocol version 5; this connection "
+                             f"speaks 4")
 
 
 def test_framing_errors() -> None:
@@ -352,8 +358,12 @@ def test_v4_only_messages_do_not_encode_in_v3() -> None:
         with pytest.raises(EncodeError) as info:
             encode(msg, 1, 3)
         assert "needs protocol version 4; this connection speaks 3" in info.value.message
+    for msg in (Drain(), SetLogLevel("peer", "debug")):
+        with pytest.raises(EncodeError) as info:
+            encode(msg, 1, 4)
+        assert "needs protocol version 5; this connection speaks 4" in info.value.message
     with pytest.raises(ValueError):
-        encode(Ok(), 1, 5)
+        encode(Ok(), 1, 6)
     with pytest.raises(TypeError):
         encode(object(), 1, 4)  # type: ignore[arg-type]
 
@@ -398,7 +408,7 @@ def test_limits_match_protocol_hpp() -> None:
         m = re.search(r"constexpr\s+\w+\s+" + name + r"\s*=\s*([^;]+);", text)
         assert m, name
         return m.group(1).strip()
-    assert const("protocol_version") == "4" and const("min_protocol_version") == "3"
+    assert const("protocol_version") == "5" and const("min_protocol_version") == "3"
     assert const("max_poll_many") == str(MAX_POLL_MANY)
     assert const("poll_many_reason_bytes") == str(POLL_MANY_REASON_BYTES)
     assert const("max_frame_bytes") == "16u << 20" and MAX_FRAME_BYTES == 16 << 20

@@ -43,9 +43,9 @@ inline std::vector<golden_frame> golden_frames() {
   hr.pools[2].layout.buffers = {{0, 32, 2, 0, 0, buffer_kind::aux}};
 
   std::vector<golden_frame> out;
-  for (uint16_t v : {uint16_t{3}, uint16_t{4}}) {
+  for (uint16_t v : {uint16_t{3}, uint16_t{4}, uint16_t{5}}) {
     hello h{v, "engine-7", true, v};
-    if (v == 4) h.min_version = 3;
+    if (v >= 4) h.min_version = 3;
     auto r = hr;
     r.version = v;
     r.min_version = 3;  // on the wire in v4 only
@@ -55,7 +55,7 @@ inline std::vector<golden_frame> golden_frames() {
     // prefix_tokens (v4) is on the wire in v4 only
     out.push_back(
         {v, "prepare", 2,
-         prepare{77, {"127.0.0.1:7401", "10.0.0.2:7401"}, {5, 6, 9}, 2, 3, v == 4 ? 48u : 0u}});
+         prepare{77, {"127.0.0.1:7401", "10.0.0.2:7401"}, {5, 6, 9}, 2, 3, v >= 4 ? 48u : 0u}});
     out.push_back({v, "send", 3, send{77, {1, 2}, false, no_index, no_index}});
     out.push_back({v, "send_last", 4, send{77, {}, true, 1, 1}});
     out.push_back({v, "poll", 5, poll{77}});
@@ -66,7 +66,7 @@ inline std::vector<golden_frame> golden_frames() {
     out.push_back({v, "ok", 2, ok{}});
     out.push_back({v, "error", 9, error{errc::unknown_room, "unknown room 79"}});
     out.push_back({v, "poll_reply_success", 5,
-                   poll_reply{77, room_status::success, "", errc::ok, v == 4 ? 48u : 0u}});
+                   poll_reply{77, room_status::success, "", errc::ok, v >= 4 ? 48u : 0u}});
     out.push_back({v, "poll_reply_failed", 5,
                    poll_reply{78, room_status::failed, "cancelled by client", errc::cancelled}});
     out.push_back({v, "info_reply", 8,
@@ -75,7 +75,7 @@ inline std::vector<golden_frame> golden_frames() {
     out.push_back(
         {v, "event", 0,
          event{78, room_status::failed, "peer 127.0.0.1:7401 lost: gone", errc::peer_lost}});
-    if (v == 4) {
+    if (v >= 4) {
       register_memory reg;
       reg.pool = pool_kind::kv;
       reg.kind = memory_kind::host;
@@ -94,6 +94,11 @@ inline std::vector<golden_frame> golden_frames() {
                                       poll_reply{78, room_status::failed, "cancelled by client",
                                                  errc::cancelled},
                                       poll_reply{79, room_status::bootstrapping, "", errc::ok}}}});
+    }
+    if (v >= 5) {
+      out.push_back({v, "drain", 13, drain{}});
+      out.push_back({v, "set_log_level", 14, set_log_level{"peer", "debug"}});
+      out.push_back({v, "set_log_level_all", 14, set_log_level{"", "warn"}});
     }
   }
   return out;

@@ -154,7 +154,20 @@ TEST_CASE("validation errors name the key and the value seen", "[unit][config]")
   }
   SECTION("log level") {
     REQUIRE(validate_error(base_yaml + "log: {level: verbose}\n") ==
-            "log.level: expected trace, debug, info, warn or error, got verbose");
+            "log.level: expected trace, debug, info, warn, error or off, got verbose");
+    REQUIRE(validate_error(base_yaml + "log: {levels: {peer: loud}}\n") ==
+            "log.levels.peer: expected trace, debug, info, warn, error or off, got loud");
+    REQUIRE(validate_error(base_yaml + "log: {format: xml}\n") ==
+            "log.format: expected text or json, got xml");
+    REQUIRE(parse_error(base_yaml + "log: {levels: {fabric: debug}}\n") ==
+            "log.levels.fabric: unknown key");
+    const auto cfg =
+        parse_ok(base_yaml + "log: {format: json, levels: {transport: warn, peer: debug}}\n");
+    REQUIRE(validate_config(cfg));
+    REQUIRE(cfg.log.format == "json");
+    // In logger_names order, whatever order the file says them in.
+    REQUIRE(cfg.log.levels == std::vector<std::pair<std::string, std::string>>{
+                                  {"peer", "debug"}, {"transport", "warn"}});
   }
   SECTION("aux row bytes") {
     REQUIRE(validate_error(replace(base_yaml, "row_bytes: 5632", "row_bytes: 100")) ==

@@ -45,6 +45,8 @@ void require_equal(const ferry_config& a, const ferry_config& b) {
   REQUIRE(a.dp.rank == b.dp.rank);
   REQUIRE(a.runtime.workers == b.runtime.workers);
   REQUIRE(a.log.level == b.log.level);
+  REQUIRE(a.log.format == b.log.format);
+  REQUIRE(a.log.levels == b.log.levels);
 
   REQUIRE(a.pools.kv.has_value() == b.pools.kv.has_value());
   if (a.pools.kv) {

@@ -91,12 +91,14 @@ TEST_CASE("golden frames: every frame decodes and re-encodes to the same bytes",
   CHECK(frames == static_cast<int>(test::golden_frames().size()));
 }
 
-TEST_CASE("protocol v4: version negotiation picks the highest common version", "[protocol]") {
+TEST_CASE("protocol: version negotiation picks the highest common version", "[protocol]") {
   CHECK(proto::negotiate(3, 3) == 3);
   CHECK(proto::negotiate(3, 4) == 4);
-  CHECK(proto::negotiate(3, 9) == 4);
+  CHECK(proto::negotiate(3, 9) == 5);
   CHECK(proto::negotiate(4, 4) == 4);
-  CHECK(proto::negotiate(5, 6) == 0);
+  CHECK(proto::negotiate(4, 5) == 5);
+  CHECK(proto::negotiate(5, 6) == 5);
+  CHECK(proto::negotiate(6, 7) == 0);
   CHECK(proto::negotiate(1, 2) == 0);
 }
 

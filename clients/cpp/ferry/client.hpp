@@ -67,6 +67,12 @@ class client {
   /// Ask for status events of `room`; the current status arrives as the first event.
   result<none> subscribe(uint64_t room);
   result<std::string> info(proto::info_topic topic);
+  /// v5: start the daemon's drain (what a SIGTERM starts): no new rooms; it exits once the
+  /// accepted ones ended (docs/operations.md, "Drain").
+  result<none> drain();
+  /// v5: set the level of the daemon's logger `logger` (ferryd, scheduler, room, peer, client,
+  /// transport), or of all of them when it is empty, to `level` (trace ... error, off).
+  result<none> set_log_level(const std::string& logger, const std::string& level);
 
   /// The next pushed event (buffered or read now), or errc::timed_out.
   result<proto::event> next_event(std::chrono::milliseconds timeout);

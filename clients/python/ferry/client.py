@@ -11,7 +11,7 @@
 Any number of threads may issue requests at once: each request gets its own seq and waits for
 its own reply, whatever order ferryd answers in. Pushed events go to the callbacks registered
 with :meth:`Client.on_event`, to the queue of :meth:`Client.events` and to
-:meth:`Client.wait_terminal`. The client offers protocol versions 3..4 by default and speaks
+:meth:`Client.wait_terminal`. The client offers protocol versions 3..5 by default and speaks
 what ferryd's ``hello_reply`` says (``client.version``), falling back to version 3 with an old
 daemon.
 
@@ -30,9 +30,9 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequenc
 from .connection import Connection, EventCallback
 from .errors import Errc, FerryError, ProtocolError
 from .protocol import (MAX_POLL_MANY, MAX_REGISTER_FDS, SUPPORTED_VERSIONS, Cancel, Discover,
-                       DiscoveredRank, DiscoverReply, Event, Info, InfoReply, InfoTopic,
+                       DiscoveredRank, DiscoverReply, Drain, Event, Info, InfoReply, InfoTopic,
                        MemoryBuffer, MemoryKind, Poll, PollMany, PollManyReply, PollReply,
-                       PollResult, Prepare, RegisterMemory, Send, Subscribe, encode,
+                       PollResult, Prepare, RegisterMemory, Send, SetLogLevel, Subscribe, encode,
                        pool_number)
 from .reconnect import NoticeCallback
 
@@ -178,6 +178,27 @@ class Client(Connection):
         reply = self.request(Discover(address), timeout)
         assert isinstance(reply, DiscoverReply)
         return list(reply.ranks)
+
+    def drain(self, *, timeout: Optional[float] = None) -> None:
+        """(v5) Start the daemon's drain, as a SIGTERM does: it refuses new rooms (407
+        ``draining``), lets the accepted ones end (bounded by ``timeouts.stop_ms``), then exits.
+        Asking again while it drains is answered the same way."""
+        self._need_version(5, "drain")
+        self.request(Drain(), timeout)
+
+    def set_log_level(self, level: str, logger: str = "", *,
+                      timeout: Optional[float] = None) -> None:
+        """(v5) Set the level (trace, debug, info, warn, error, off) of the daemon's logger
+        ``logger`` (ferryd, scheduler, room, peer, client, transport), or of every logger when
+        it is empty; ``info("status")["log"]`` shows them all."""
+        self._need_version(5, "set_log_level")
+        self.request(SetLogLevel(logger, level), timeout)
+
+    def _need_version(self, version: int, what: str) -> None:
+        if self.version < version:
+            raise FerryError(Errc.UNSUPPORTED_VERSION,
+                             f"{what} needs protocol version {version}, but this connection "
+                             f"speaks version {self.version}")
 
     def cancel(self, room: int, *, timeout: Optional[float] = None) -> None:
         """Fail ``room`` with ``cancelled by client``; the peer daemon is told."""

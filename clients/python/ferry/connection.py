@@ -9,7 +9,7 @@ dispatcher thread, which hands them to the callbacks and the queue the client re
 (:meth:`~ferry.Client.on_event`, :meth:`~ferry.Client.events`) and keeps terminal ones for
 :meth:`~ferry.Client.wait_terminal`; a slow callback delays other events, never replies.
 
-The connection offers protocol versions 3..4 by default and speaks what ferryd's
+The connection offers protocol versions 3..5 by default and speaks what ferryd's
 ``hello_reply`` says (``version``). A daemon that only speaks version 3 refuses the v4 hello;
 the connection then says hello again in version 3 on a new socket, so new clients work with old
 daemons.
@@ -37,10 +37,10 @@ from typing import Callable, Optional, Sequence, Union
 
 from .errors import Errc, FerryError, ProtocolError
 from .protocol import (MIN_PROTOCOL_VERSION, POOL_KINDS, PROTOCOL_VERSION, Cancel, Discover,
-                       DiscoverReply, Error, Event, Frame, FrameReader, Hello, HelloReply, Info,
+                       DiscoverReply, Drain, Error, Event, Frame, FrameReader, Hello, HelloReply, Info,
                        InfoReply, Message, MessageType, Ok, Poll, PollMany, PollManyReply,
-                       PollReply, Pool, Prepare, RegisterMemory, Send, Status, Subscribe,
-                       check_flags, decode, encode, message_type, type_name)
+                       PollReply, Pool, Prepare, RegisterMemory, Send, SetLogLevel, Status,
+                       Subscribe, check_flags, decode, encode, message_type, type_name)
 from .reconnect import (AttemptLog, Disconnected, Draining, NoticeCallback, Reconnect,
                         Reconnected, reconnect_policy)
 
@@ -55,6 +55,7 @@ _HELLO_SEQ = 1
 _EXPECT: dict[type, type] = {
     Hello: HelloReply, Prepare: Ok, Send: Ok, Poll: PollReply, Cancel: Ok, Subscribe: Ok,
     Info: InfoReply, PollMany: PollManyReply, RegisterMemory: Ok, Discover: DiscoverReply,
+    Drain: Ok, SetLogLevel: Ok,
 }
 
 class _Pending:

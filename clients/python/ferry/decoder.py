@@ -25,8 +25,8 @@ from typing import Optional, TypeVar, Union
 from .errors import Errc, ProtocolError, to_errc
 from .frames import check_flags, split_frame
 from .messages import (MAX_LIST_STRINGS, MAX_POLL_MANY, MAX_REGISTER_BUFFERS, MAX_REGISTER_FDS,
-                       MAX_STRING_BYTES, NO_INDEX, POOL_KINDS, PROTOCOL_VERSION, V4_ONLY, Buffer,
-                       BufferKind, Cancel, Discover, DiscoveredRank, DiscoverReply, Error, Event,
+                       MAX_STRING_BYTES, NO_INDEX, POOL_KINDS, PROTOCOL_VERSION, Buffer,
+                       BufferKind, Cancel, Discover, DiscoveredRank, Drain, SetLogLevel, first_version, DiscoverReply, Error, Event,
                        Hello, HelloReply, Info, InfoReply, InfoTopic, MemoryBuffer, MemoryKind,
                        Message, MessageType, Ok, Poll, PollMany, PollManyReply, PollReply,
                        PollResult, Pool, Prepare, RegisterMemory, Send, Status, Subscribe,
@@ -264,6 +264,10 @@ def _decode_body(mtype: MessageType, r: _Reader) -> Message:
         return Discover(r.string("address"))
     if mtype == MessageType.DISCOVER_REPLY:
         return _decode_discover_reply(r)
+    if mtype == MessageType.DRAIN:
+        return Drain()
+    if mtype == MessageType.SET_LOG_LEVEL:
+        return SetLogLevel(r.string("logger"), r.string("level"))
     if mtype == MessageType.OK:
         return Ok()
     if mtype == MessageType.ERROR:
@@ -292,10 +296,10 @@ def decode(mtype: int, seq: int, body: bytes, version: int = PROTOCOL_VERSION) -
         t = MessageType(mtype)
     except ValueError:
         raise ProtocolError(Errc.MALFORMED_FRAME, f"unknown message type {mtype}") from None
-    if t in V4_ONLY and version < 4:
+    if version < first_version(t):
         raise ProtocolError(Errc.MALFORMED_FRAME,
-                            f"{t.wire_name} needs protocol version 4; this connection "
-                            f"speaks {version}", message_type=t.wire_name)
+                            f"{t.wire_name} needs protocol version {first_version(t)}; this "
+                            f"connection speaks {version}", message_type=t.wire_name)
     r = _Reader(body, version)
     try:
         msg = _decode_body(t, r)

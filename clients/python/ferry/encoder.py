@@ -20,7 +20,7 @@ from .errors import EncodeError
 from .frames import HEADER
 from .messages import (HEADER_BYTES, MAX_FRAME_BYTES, MAX_LIST_STRINGS, MAX_POLL_MANY,
                        MAX_REGISTER_BUFFERS, MAX_REGISTER_FDS, MAX_STRING_BYTES, NO_INDEX,
-                       POOL_KINDS, PROTOCOL_VERSION, V4_ONLY, BufferKind, Cancel, Discover,
+                       POOL_KINDS, PROTOCOL_VERSION, BufferKind, Cancel, Discover, Drain, SetLogLevel, first_version,
                        DiscoverReply, Error, Event, Hello, HelloReply, Info, InfoReply,
                        MemoryBuffer, Message, MessageType, Ok, Poll, PollMany, PollManyReply,
                        PollReply, Prepare, RegisterMemory, Send, Subscribe, check_version,
@@ -142,6 +142,11 @@ def _encode_body(w: _Writer, m: Message) -> None:
         _encode_register_memory(w, m)
     elif isinstance(m, Discover):
         w.string(m.address, "address")
+    elif isinstance(m, Drain):
+        pass
+    elif isinstance(m, SetLogLevel):
+        w.string(m.logger, "logger")
+        w.string(m.level, "level")
     elif isinstance(m, DiscoverReply):
         ranks = list(m.ranks)
         if len(ranks) > MAX_LIST_STRINGS:
@@ -249,9 +254,9 @@ def encode(msg: Message, seq: int, version: int = PROTOCOL_VERSION) -> bytes:
     16 MiB, and for a v4-only message in version 3."""
     check_version(version)
     mtype = message_type(msg)
-    if mtype in V4_ONLY and version < 4:
-        raise EncodeError(f"{mtype.wire_name} needs protocol version 4; this connection "
-                          f"speaks {version}", message_type=mtype.wire_name)
+    if version < first_version(mtype):
+        raise EncodeError(f"{mtype.wire_name} needs protocol version {first_version(mtype)}; "
+                          f"this connection speaks {version}", message_type=mtype.wire_name)
     w = _Writer(mtype, version)
     seq = w._int(seq, 4, "seq")
     _encode_body(w, msg)

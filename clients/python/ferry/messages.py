@@ -1,5 +1,5 @@
 """The client protocol's vocabulary (docs/protocol.md): versions and limits, frame types, enums,
-and one dataclass per message of versions 3 and 4.
+and one dataclass per message of versions 3, 4 and 5.
 
 Pure data: :mod:`ferry.encoder` turns these messages into frames, :mod:`ferry.decoder` reads
 them back and :mod:`ferry.frames` cuts a byte stream into frames; :mod:`ferry.protocol` gathers
@@ -18,11 +18,11 @@ from typing import NamedTuple, Optional, Union
 
 from .errors import Errc
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 """The highest protocol version this codec speaks."""
 MIN_PROTOCOL_VERSION = 3
 """The lowest protocol version this codec speaks."""
-SUPPORTED_VERSIONS = (3, 4)
+SUPPORTED_VERSIONS = (3, 4, 5)
 
 NO_INDEX = 0xFFFFFFFF
 """``no_index``: the wire value of an absent state slot or aux row (``None`` in Python)."""
@@ -57,6 +57,8 @@ class MessageType(IntEnum):
     POLL_MANY = 8  # v4
     REGISTER_MEMORY = 9  # v4
     DISCOVER = 10  # v4
+    DRAIN = 11  # v5
+    SET_LOG_LEVEL = 12  # v5
     OK = 100
     ERROR = 101
     HELLO_REPLY = 102
@@ -74,6 +76,12 @@ class MessageType(IntEnum):
 V4_ONLY = frozenset({MessageType.POLL_MANY, MessageType.POLL_MANY_REPLY,
                      MessageType.REGISTER_MEMORY, MessageType.DISCOVER,
                      MessageType.DISCOVER_REPLY})
+V5_ONLY = frozenset({MessageType.DRAIN, MessageType.SET_LOG_LEVEL})
+
+
+def first_version(mtype: MessageType) -> int:
+    """The first protocol version that has message type ``mtype``."""
+    return 5 if mtype in V5_ONLY else 4 if mtype in V4_ONLY else 3
 
 
 def type_name(mtype: int) -> str:
@@ -284,6 +292,22 @@ class Discover:
 
 
 @dataclass
+class Drain:
+    """(v5) Start the daemon's drain, as a SIGTERM does: no new rooms, the accepted ones run to
+    their end, then ferryd exits. Answered ``Ok``, again ``Ok`` while the drain runs."""
+
+
+@dataclass
+class SetLogLevel:
+    """(v5) Set the level of one of ferryd's loggers (``logger``: ferryd, scheduler, room, peer,
+    client, transport), or of all of them (``logger`` empty): trace, debug, info, warn, error or
+    off."""
+
+    logger: str = ""
+    level: str = "info"
+
+
+@dataclass
 class Ok:
     pass
 
@@ -395,7 +419,7 @@ class PollManyReply:
 
 Message = Union[Hello, Prepare, Send, Poll, Cancel, Subscribe, Info, PollMany, RegisterMemory,
                 Discover, Ok, Error, HelloReply, PollReply, InfoReply, Event, PollManyReply,
-                DiscoverReply]
+                DiscoverReply, Drain, SetLogLevel]
 
 MESSAGE_CLASSES: dict[MessageType, type] = {
     MessageType.HELLO: Hello,
@@ -416,6 +440,8 @@ MESSAGE_CLASSES: dict[MessageType, type] = {
     MessageType.EVENT: Event,
     MessageType.POLL_MANY_REPLY: PollManyReply,
     MessageType.DISCOVER_REPLY: DiscoverReply,
+    MessageType.DRAIN: Drain,
+    MessageType.SET_LOG_LEVEL: SetLogLevel,
 }
 _TYPE_OF: dict[type, MessageType] = {cls: t for t, cls in MESSAGE_CLASSES.items()}
 
@@ -440,7 +466,7 @@ __all__ = [
     "PROTOCOL_VERSION", "MIN_PROTOCOL_VERSION", "SUPPORTED_VERSIONS", "NO_INDEX",
     "MAX_FRAME_BYTES", "HEADER_BYTES", "MAX_STRING_BYTES", "MAX_LIST_STRINGS", "MAX_POLL_MANY",
     "POLL_MANY_REASON_BYTES", "MAX_REGISTER_FDS", "MAX_REGISTER_BUFFERS", "MessageType",
-    "V4_ONLY", "type_name", "Status", "InfoTopic", "BufferKind", "Buffer", "Pool", "POOL_KINDS",
+    "V4_ONLY", "V5_ONLY", "first_version", "Drain", "SetLogLevel", "type_name", "Status", "InfoTopic", "BufferKind", "Buffer", "Pool", "POOL_KINDS",
     "MemoryKind", "pool_number", "MemoryBuffer", "RegisterMemory", "Discover", "DiscoveredRank",
     "DiscoverReply", "Hello", "Prepare", "Send", "Poll", "Cancel", "Subscribe", "Info",
     "PollMany", "Ok", "Error", "HelloReply", "PollResult", "PollReply", "Event", "InfoReply",

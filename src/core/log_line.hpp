@@ -1,0 +1,29 @@
+#pragma once
+/// ferryd's JSON log line (`log.format: json`, docs/operations.md "Logs"): one object per record,
+/// built from the record's parts so a log shipper needs no pattern to read it.
+///
+///   {"ts":"2026-12-02T11:20:00.123456Z","level":"warn","logger":"room","room":7,"peer":"p0",
+///    "msg":"room=7 peer=p0 failed: peer lost"}
+///
+/// Fields beside ts, level, logger and msg come from the `key=value` words ferryd's messages
+/// start with: room, conn (numbers), peer, side, code (strings). Only the words before the
+/// message's first ": " count, so text a peer or a client supplied (a reason, always after it)
+/// cannot add or change a field. Bytes that are not UTF-8 become U+FFFD: every line parses.
+
+#include <chrono>
+#include <string>
+#include <string_view>
+
+namespace ferry {
+
+/// The JSON line (without its newline) of one record; `ts` is written in UTC.
+std::string json_log_line(std::chrono::system_clock::time_point ts, std::string_view level,
+                          std::string_view logger, std::string_view msg);
+
+/// `s` as a JSON string literal, quotes included (invalid UTF-8 replaced by U+FFFD).
+void append_json_string(std::string& out, std::string_view s);
+
+/// `ts` as RFC 3339 in UTC with microseconds: 2026-12-02T11:20:00.123456Z.
+void append_utc_timestamp(std::string& out, std::chrono::system_clock::time_point ts);
+
+}  // namespace ferry

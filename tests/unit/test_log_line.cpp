@@ -1,0 +1,36 @@
+// The JSON log line (core/log_line.hpp): fields from the message's own leading words only,
+// escapes, invalid UTF-8 replaced, UTC time to the microsecond.
+#include <catch2/catch.hpp>
+
+#include "core/log_line.hpp"
+
+using namespace ferry;
+
+namespace {
+const auto t0 = std::chrono::system_clock::time_point(std::chrono::microseconds(1764674400123456));
+}
+
+TEST_CASE("json log line: fields from the leading words, UTC time", "[unit][logs]") {
+  CHECK(json_log_line(t0, "info", "scheduler",
+                      "room=7 peer=10.0.0.2:7401 side=decode Failed code=peer_lost: gone") ==
+        R"({"ts":"2025-12-02T11:20:00.123456Z","level":"info","logger":"scheduler","room":7,)"
+        R"("peer":"10.0.0.2:7401","side":"decode","code":"peer_lost","msg":"room=7 )"
+        R"(peer=10.0.0.2:7401 side=decode Failed code=peer_lost: gone"})");
+  // Words after the first ": " are another party's text: they add no field.
+  CHECK(json_log_line(t0, "warn", "client", "client conn=3 sent a bad frame: room=9 code=x") ==
+        R"({"ts":"2025-12-02T11:20:00.123456Z","level":"warn","logger":"client","conn":3,)"
+        R"("msg":"client conn=3 sent a bad frame: room=9 code=x"})");
+  // The first occurrence wins; a room that is not a number stays a string.
+  CHECK(json_log_line(t0, "info", "room", "room=abc room=5 done") ==
+        R"({"ts":"2025-12-02T11:20:00.123456Z","level":"info","logger":"room","room":"abc",)"
+        R"("msg":"room=abc room=5 done"})");
+}
+
+TEST_CASE("json log line: every string is valid JSON, whatever its bytes", "[unit][logs]") {
+  std::string out;
+  append_json_string(out, "a\"b\\c\nd\te\x01 \xC3\xA9 \xFF \xE2\x82");
+  CHECK(out == "\"a\\\"b\\\\c\\nd\\te\\u0001 \xC3\xA9 \xEF\xBF\xBD \xEF\xBF\xBD\xEF\xBF\xBD\"");
+  out.clear();
+  append_json_string(out, "\xED\xA0\x80");  // a UTF-16 surrogate encoded as UTF-8: not valid
+  CHECK(out == "\"\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\"");
+}
