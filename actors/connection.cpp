@@ -17,7 +17,9 @@
 //
 // Authentication: with a cluster secret (security.cluster_secret_file) the hellos carry nonces,
 // the accepting side's hello carries its proof, and the connecting side answers `peer_auth`
-// with its own; the accepting side becomes ready only then (core/auth.hpp).
+// with its own; the accepting side becomes ready only then (core/auth.hpp). Each side proves
+// with its own secret and accepts a proof made with any of its accepted ones (a second one while
+// the cluster rotates), and logs and counts which file's secret the peer proved.
 //
 // Fencing: a daemon that receives writes registers its pools and staging anew for each peer
 // connection (its own remote keys). When the connection ends, it closes those registrations and
@@ -96,6 +98,7 @@ struct connection_state {
   std::vector<caf::message> queued;
   std::vector<caf::response_promise> waiting;    // info requests before the handshake finished
   bytes nonce;                                   // ours, when a cluster secret is configured
+  int proved_with = -1;                          // which of the accepted secrets the peer proved
   std::optional<transport::peer_handle> handle;  // the peer's fabric address, once inserted
   std::vector<transport::region_id> fence;       // this peer's own registrations
   std::vector<peer_region> regions;              // as described to this peer, by pool kind
@@ -188,16 +191,17 @@ peer_hello make_hello(const connection_state& st, caf::actor self) {
 /// Connecting side: the peer's answer, checked (its proof of the cluster secret, then
 /// versions, roles, layouts and regions).
 result<> check_answer(connection_state& st) {
-  const auto& secret = st.ctx->cluster_secret;
+  const auto& secrets = st.ctx->secrets;
   const auto& h = st.hello;
-  if (!secret.empty()) {
+  if (!secrets.empty()) {
     if (h.proof.empty())
       return error{errc::peer_incompatible,
                    fmt::format("peer {} did not prove the cluster secret (is its "
                                "security.cluster_secret_file set?)",
                                identity(h.node, h.instance))};
-    if (!proofs_equal(h.proof, auth_proof(secret, "ferry-accept", st.nonce, h.nonce,
-                                          identity(h.node, h.instance))))
+    st.proved_with = matching_secret(secrets, h.proof, "ferry-accept", st.nonce, h.nonce,
+                                     identity(h.node, h.instance));
+    if (st.proved_with < 0)
       return error{errc::peer_incompatible,
                    fmt::format("peer {} failed the cluster-secret challenge (different secrets?)",
                                identity(h.node, h.instance))};
@@ -210,7 +214,7 @@ result<> check_answer(connection_state& st) {
 
 /// Accepting side: the hello this actor was spawned for, checked.
 result<> check_hello(connection_state& st) {
-  const bool secret = !st.ctx->cluster_secret.empty();
+  const bool secret = !st.ctx->secrets.empty();
   if (secret && st.hello.nonce.size() != auth_nonce_bytes)
     return error{errc::peer_incompatible,
                  "this daemon requires peers to prove the cluster secret, and the peer offered "
@@ -284,11 +288,11 @@ void send_hello(connection_actor* self) {
     self->send(st.peer_scheduler, std::move(h));
     return;
   }
-  const auto& secret = st.ctx->cluster_secret;
-  if (!secret.empty()) {
+  const auto& secrets = st.ctx->secrets;
+  if (!secrets.empty()) {
     st.nonce = random_bytes(auth_nonce_bytes);
     h.nonce = st.nonce;
-    h.proof = auth_proof(secret, "ferry-accept", st.hello.nonce, st.nonce,
+    h.proof = auth_proof(secrets.proving(), "ferry-accept", st.hello.nonce, st.nonce,
                          identity(st.ctx->config.node_name, st.ctx->instance));
   }
   self->send(st.hello.connection, std::move(h));
@@ -304,8 +308,16 @@ void become_ready(connection_actor* self) {
   st.next_beat = st.last_heard;  // the first tick sends one
   self->delayed_send(self, std::chrono::milliseconds(st.ctx->config.timeouts.heartbeat_ms),
                      tick_atom::value);
-  st.ctx->log_peer->info("peer={} connected: node {} instance {}; link {}", st.address,
-                         st.info->node, st.info->instance, st.info->link->describe());
+  std::string proved;
+  if (st.proved_with >= 0) {
+    const auto& file = st.ctx->secret_files[static_cast<size_t>(st.proved_with)];
+    proved = fmt::format("; it proved the cluster secret of {} ({})", file,
+                         st.proved_with == 0 ? "security.cluster_secret_file"
+                                             : "security.accepted_cluster_secret_file");
+    st.ctx->metrics->peer_authenticated(file);
+  }
+  st.ctx->log_peer->info("peer={} connected: node {} instance {}; link {}{}", st.address,
+                         st.info->node, st.info->instance, st.info->link->describe(), proved);
   for (auto& rp : st.waiting) rp.deliver(peer_lookup{st.info, {}});
   st.waiting.clear();
   self->send(st.scheduler, peer_ready{st.address, st.info, {}, st.fence});
@@ -337,8 +349,8 @@ void apply(connection_actor* self, hs::effects fx) {
             send_hello(self);
           } else if constexpr (std::is_same_v<E, hs::send_proof>) {
             self->send(st.hello.connection,
-                       peer_auth{auth_proof(st.ctx->cluster_secret, "ferry-connect", st.hello.nonce,
-                                            st.nonce,
+                       peer_auth{auth_proof(st.ctx->secrets.proving(), "ferry-connect",
+                                            st.hello.nonce, st.nonce,
                                             identity(st.ctx->config.node_name, st.ctx->instance))});
           } else if constexpr (std::is_same_v<E, hs::send_refusal>) {
             if (st.hello.connection) self->send(st.hello.connection, peer_refused{x.reason});
@@ -489,10 +501,10 @@ caf::behavior relay(connection_actor* self) {
       [=](peer_auth& a) {
         auto& st = self->state;
         if (st.machine.at() != hs::phase::awaiting_auth || !from(self, st.hello.connection)) return;
-        const auto expected =
-            auth_proof(st.ctx->cluster_secret, "ferry-connect", st.nonce, st.hello.nonce,
-                       identity(st.candidate->node, st.candidate->instance));
-        apply(self, st.machine.authenticated(proofs_equal(a.proof, expected)));
+        st.proved_with =
+            matching_secret(st.ctx->secrets, a.proof, "ferry-connect", st.nonce, st.hello.nonce,
+                            identity(st.candidate->node, st.candidate->instance));
+        apply(self, st.machine.authenticated(st.proved_with >= 0));
       },
       [=](peer_refused& r) { apply(self, self->state.machine.refused(r.reason)); },
       [=](peer_dialed& d) {
@@ -515,14 +527,14 @@ caf::behavior outbound_behavior(connection_actor* self, context_ptr ctx, caf::ac
   st.basp = std::move(basp);
   st.address = address;
   st.scheduler = std::move(scheduler);
-  st.machine = hs::machine(hs::side::connecting, address, !st.ctx->cluster_secret.empty());
+  st.machine = hs::machine(hs::side::connecting, address, !st.ctx->secrets.empty());
   const auto ms = st.ctx->config.timeouts.handshake_ms;
   self->delayed_send(self, std::chrono::milliseconds(ms), deadline_msg{"handshake", ms, {}});
   if (!known_down.empty()) {
     self->send(self, unusable_atom::value, std::move(known_down));
     return relay(self);
   }
-  if (!st.ctx->cluster_secret.empty()) st.nonce = random_bytes(auth_nonce_bytes);
+  if (!st.ctx->secrets.empty()) st.nonce = random_bytes(auth_nonce_bytes);
   const auto colon = address.rfind(':');
   int port = 0;
   if (colon != std::string::npos) port = std::atoi(address.c_str() + colon + 1);
@@ -544,7 +556,7 @@ caf::behavior inbound_behavior(connection_actor* self, context_ptr ctx, peer_hel
   st.ctx = std::move(ctx);
   st.scheduler = std::move(scheduler);
   st.address = identity(hello.node, hello.instance);
-  st.machine = hs::machine(hs::side::accepting, st.address, !st.ctx->cluster_secret.empty());
+  st.machine = hs::machine(hs::side::accepting, st.address, !st.ctx->secrets.empty());
   const auto ms = st.ctx->config.timeouts.handshake_ms;
   self->delayed_send(self, std::chrono::milliseconds(ms), deadline_msg{"handshake", ms, {}});
   st.hello = std::move(hello);

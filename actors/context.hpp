@@ -16,6 +16,7 @@
 
 #include "actors/metrics.hpp"
 #include "actors/timer_service.hpp"
+#include "core/auth.hpp"
 #include "core/config.hpp"
 #include "core/layout.hpp"
 #include "core/plan.hpp"
@@ -91,9 +92,10 @@ const char* to_string(client_pool::state s);
 
 struct daemon_context {
   ferry_config config;
-  std::string instance;        ///< resolved instance id
-  std::string config_yaml;     ///< effective config, sent to peers
-  std::string cluster_secret;  ///< empty: peers are not authenticated
+  std::string instance;                   ///< resolved instance id
+  std::string config_yaml;                ///< effective config, sent to peers
+  cluster_secrets secrets;                ///< empty: peers are not authenticated
+  std::vector<std::string> secret_files;  ///< the file of each of `secrets.accepted`
   node_layout layout;
   std::array<shm_region, pool_kind_count> pools;  ///< daemon-owned pools (empty when absent)
   std::array<client_pool, pool_kind_count> client_pools;  ///< `memory: client` pools

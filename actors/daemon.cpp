@@ -208,14 +208,31 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
   log->info("starting node={} instance={} role={}", cfg.node_name, ctx->instance,
             to_string(cfg.role));
   log->info("effective config:\n{}", ctx->config_yaml);
-  if (!cfg.security.cluster_secret_file.empty()) {
-    auto secret = read_secret_file(cfg.security.cluster_secret_file);
+  if (const auto& sec = cfg.security; !sec.cluster_secret_file.empty()) {
+    auto secret = read_secret_file(sec.cluster_secret_file);
     if (!secret) {
       log->error("{}", secret.message);
       return exit_code::could_not_start;
     }
-    ctx->cluster_secret = std::move(secret.value);
-    log->info("peers must prove the cluster secret ({})", cfg.security.cluster_secret_file);
+    ctx->secret_files = {sec.cluster_secret_file};
+    std::string second;
+    if (!sec.accepted_cluster_secret_file.empty()) {
+      auto accepted = read_secret_file(sec.accepted_cluster_secret_file,
+                                       "security.accepted_cluster_secret_file");
+      if (!accepted) {
+        log->error("{}", accepted.message);
+        return exit_code::could_not_start;
+      }
+      second = std::move(accepted.value);
+      ctx->secret_files.push_back(sec.accepted_cluster_secret_file);
+      log->info(
+          "peers must prove the cluster secret of {} or, while the cluster rotates, the one of {} "
+          "(security.accepted_cluster_secret_file); this daemon proves the first",
+          sec.cluster_secret_file, sec.accepted_cluster_secret_file);
+    } else {
+      log->info("peers must prove the cluster secret ({})", sec.cluster_secret_file);
+    }
+    ctx->secrets = cluster_secrets(std::move(secret.value), std::move(second));
   } else {
     log->warn("security.cluster_secret_file is not set: peers are not authenticated");
   }
@@ -325,7 +342,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
     auto host = cfg.control_listen.substr(0, colon);
     auto port = static_cast<uint16_t>(std::stoi(cfg.control_listen.substr(colon + 1)));
     ctx->peer_port = std::make_shared<peer_gate>(
-        cfg.node_name, ctx->cluster_secret,
+        cfg.node_name, ctx->secrets,
         peer_gate::limits{cfg.limits.max_pending_peers, cfg.limits.max_pending_peers_per_source, 32,
                           cfg.limits.peer_preamble_ms},
         ctx->log_peer);

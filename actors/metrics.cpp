@@ -112,6 +112,11 @@ struct daemon_metrics::impl {
           .Name("ferry_peer_events_total")
           .Help("Peer connections lost (heartbeat, closed, failed) and fenced, by peer")
           .Register(registry);
+  prometheus::Family<Counter>& peer_auth =
+      prometheus::BuildCounter()
+          .Name("ferry_peer_auth_total")
+          .Help("Peer handshakes authenticated, by the cluster secret file the peer proved")
+          .Register(registry);
   prometheus::Family<Gauge>& info = prometheus::BuildGauge()
                                         .Name("ferry_info")
                                         .Help("This daemon: node, instance, role, provider")
@@ -205,6 +210,10 @@ void daemon_metrics::peer_lost(const std::string& peer) {
 
 void daemon_metrics::peer_fenced(const std::string& peer) {
   impl_->peer_events.Add({{"peer", peer}, {"event", "fenced"}}).Increment();
+}
+
+void daemon_metrics::peer_authenticated(const std::string& secret_file) {
+  impl_->peer_auth.Add({{"file", secret_file}}).Increment();
 }
 
 std::string daemon_metrics::exposition(const metrics_snapshot& s) const {

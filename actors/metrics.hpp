@@ -78,6 +78,8 @@ class daemon_metrics {
   std::shared_ptr<peer_health> peer_ready(const std::string& peer);
   void peer_lost(const std::string& peer);
   void peer_fenced(const std::string& peer);
+  /// A peer's handshake proved the cluster secret held in `secret_file`.
+  void peer_authenticated(const std::string& secret_file);
 
   /// The whole exposition (Prometheus text format 0.0.4): the counters and histograms, the
   /// peers' heartbeat ages, and the Scheduler's gauges from `snap`.

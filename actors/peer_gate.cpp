@@ -79,7 +79,8 @@ struct dial_req {
 }  // namespace
 
 struct peer_gate::impl {
-  std::string node, secret;
+  std::string node;
+  cluster_secrets secrets;
   limits lim;
   counters* stats = nullptr;
   std::shared_ptr<spdlog::logger> log;
@@ -312,7 +313,7 @@ struct peer_gate::impl {
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       conn c;
       c.fd = fd;
-      c.in.emplace(node, secret);
+      c.in.emplace(node, secrets);
       c.source = std::move(src);
       c.started = clock_type::now();
       c.deadline = c.started + std::chrono::milliseconds(lim.preamble_ms);
@@ -342,7 +343,7 @@ struct peer_gate::impl {
     conn c;
     c.fd = fd;
     c.connecting = true;
-    c.out.emplace(node, secret);
+    c.out.emplace(node, secrets);
     c.done = std::move(r.done);
     c.started = clock_type::now();
     c.deadline = c.started + std::chrono::milliseconds(lim.preamble_ms);
@@ -391,11 +392,11 @@ struct peer_gate::impl {
   }
 };
 
-peer_gate::peer_gate(std::string node, std::string secret, limits lim,
+peer_gate::peer_gate(std::string node, cluster_secrets secrets, limits lim,
                      std::shared_ptr<spdlog::logger> log)
     : impl_(std::make_unique<impl>()) {
   impl_->node = std::move(node);
-  impl_->secret = std::move(secret);
+  impl_->secrets = std::move(secrets);
   impl_->lim = lim;
   impl_->log = std::move(log);
   impl_->last_summary = clock_type::now();

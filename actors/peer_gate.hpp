@@ -33,6 +33,8 @@
 #include <string>
 #include <thread>
 
+#include "core/auth.hpp"
+
 namespace ferry {
 
 class peer_gate {
@@ -59,10 +61,10 @@ class peer_gate {
   using dial_fn =
       std::function<void(int fd, const std::string& node, const std::string& error, bool reset)>;
 
-  /// `node` is this daemon's name, `secret` the cluster secret (empty: none). With `log`, the
+  /// `node` is this daemon's name, `secrets` its cluster secrets (empty: none). With `log`, the
   /// gate reports refused preambles (at most one line a second) and, every 10 s at most, how many
   /// connections it reset as garbage, late or evicted, so a flood cannot flood the log too.
-  peer_gate(std::string node, std::string secret, limits lim,
+  peer_gate(std::string node, cluster_secrets secrets, limits lim,
             std::shared_ptr<spdlog::logger> log = nullptr);
   ~peer_gate();
   peer_gate(const peer_gate&) = delete;

@@ -55,8 +55,25 @@ bool proofs_equal(const bytes& x, const bytes& y) {
   return x.size() == y.size() && !x.empty() && CRYPTO_memcmp(x.data(), y.data(), x.size()) == 0;
 }
 
-result<std::string> read_secret_file(const std::string& path) {
-  const std::string what = "security.cluster_secret_file '" + path + "': ";
+cluster_secrets::cluster_secrets(std::string proving, std::string also_accepted) {
+  if (proving.empty()) return;
+  accepted.push_back(std::move(proving));
+  if (!also_accepted.empty()) accepted.push_back(std::move(also_accepted));
+}
+
+int matching_secret(const cluster_secrets& secrets, const bytes& proof, std::string_view label,
+                    const bytes& a, const bytes& b, std::string_view c) {
+  // No early exit: each candidate costs the same whether an earlier one matched or not.
+  int found = -1;
+  for (size_t i = 0; i < secrets.accepted.size(); ++i) {
+    const bool ok = proofs_equal(proof, auth_proof(secrets.accepted[i], label, a, b, c));
+    found = ok && found < 0 ? static_cast<int>(i) : found;
+  }
+  return found;
+}
+
+result<std::string> read_secret_file(const std::string& path, std::string_view key) {
+  const std::string what = std::string(key) + " '" + path + "': ";
   auto invalid = [&](const std::string& why) { return error{errc::config_invalid, what + why}; };
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return invalid(std::strerror(errno));

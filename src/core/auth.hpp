@@ -35,9 +35,32 @@ bytes auth_proof(std::string_view secret, std::string_view label, const bytes& a
 /// Constant-time comparison (length leaks, content does not).
 bool proofs_equal(const bytes& x, const bytes& y);
 
-/// Read the cluster secret file: it must exist, not be readable or writable by group or others,
+/// The cluster secrets of a daemon. It proves with one (`security.cluster_secret_file`) and
+/// accepts a peer's proof made with that one or, while the cluster rotates its secret, with a
+/// second (`security.accepted_cluster_secret_file`). A peer proving either is authenticated;
+/// which one it used is reported only to this daemon's operator (its log and metrics).
+struct cluster_secrets {
+  cluster_secrets() = default;
+  /// `proving` empty: no secret (peers are not authenticated); `also_accepted` empty: none.
+  cluster_secrets(std::string proving, std::string also_accepted = {});
+  cluster_secrets(const char* proving) : cluster_secrets(std::string(proving)) {}
+
+  std::vector<std::string> accepted;  ///< the proving one first; empty: no secret
+
+  bool empty() const { return accepted.empty(); }
+  const std::string& proving() const { return accepted.front(); }
+};
+
+/// Which of `secrets.accepted` the peer's `proof` over (label, a, b, c) was made with: its
+/// index, or -1 for none. Every accepted secret's proof is computed and compared in constant
+/// time, whichever matched, so the time taken does not tell which one did.
+int matching_secret(const cluster_secrets& secrets, const bytes& proof, std::string_view label,
+                    const bytes& a, const bytes& b, std::string_view c);
+
+/// Read a cluster secret file: it must exist, not be readable or writable by group or others,
 /// and hold at least `min_secret_bytes` bytes (one trailing newline is dropped). The error names
-/// the path and what is wrong (`errc::config_invalid`).
-result<std::string> read_secret_file(const std::string& path);
+/// the key, the path and what is wrong (`errc::config_invalid`).
+result<std::string> read_secret_file(const std::string& path,
+                                     std::string_view key = "security.cluster_secret_file");
 
 }  // namespace ferry

@@ -67,9 +67,12 @@ std::string to_yaml(const ferry_config& cfg) {
   out << YAML::Key << "heartbeat_misses" << YAML::Value << cfg.timeouts.heartbeat_misses;
   out << YAML::EndMap;
 
-  if (!cfg.security.cluster_secret_file.empty()) {
+  if (const auto& sec = cfg.security; !sec.cluster_secret_file.empty()) {
     out << YAML::Key << "security" << YAML::Value << YAML::BeginMap;
-    out << YAML::Key << "cluster_secret_file" << YAML::Value << cfg.security.cluster_secret_file;
+    out << YAML::Key << "cluster_secret_file" << YAML::Value << sec.cluster_secret_file;
+    if (!sec.accepted_cluster_secret_file.empty())
+      out << YAML::Key << "accepted_cluster_secret_file" << YAML::Value
+          << sec.accepted_cluster_secret_file;
     out << YAML::EndMap;
   }
 

@@ -172,6 +172,9 @@ struct security_config {
   /// File holding the cluster secret peers prove at handshake (challenge-response); empty: peers
   /// are not authenticated. The file must not be readable by group or others.
   std::string cluster_secret_file;
+  /// A second secret file accepted from peers but never proved with, while a cluster rotates
+  /// its secret (docs/operations.md, "Secrets"); empty: none. Needs `cluster_secret_file`.
+  std::string accepted_cluster_secret_file;
 };
 
 struct ferry_config {

@@ -326,6 +326,17 @@ void validate_all(const ferry_config& cfg) {
 
   check_range(cfg.runtime.workers, 0, 256, "runtime.workers");  // 0: one per core
 
+  if (const auto& sec = cfg.security; !sec.accepted_cluster_secret_file.empty()) {
+    if (sec.cluster_secret_file.empty())
+      fail("security.accepted_cluster_secret_file",
+           "needs security.cluster_secret_file too: the secret this daemon proves with (the "
+           "accepted one is only checked in peers' proofs)");
+    if (sec.accepted_cluster_secret_file == sec.cluster_secret_file)
+      fail("security.accepted_cluster_secret_file",
+           "expected a file other than security.cluster_secret_file, got the same " +
+               quote(sec.cluster_secret_file));
+  }
+
   check_log_level(cfg.log.level, "log.level");
   for (const auto& [logger, level] : cfg.log.levels) check_log_level(level, "log.levels." + logger);
   if (cfg.log.format != "text" && cfg.log.format != "json")

@@ -64,7 +64,7 @@ step fail(std::string why, bool garbage = false) {
   return s;
 }
 
-uint8_t flags_for(const std::string& secret) { return secret.empty() ? 0 : 1; }
+uint8_t flags_for(const cluster_secrets& secrets) { return secrets.empty() ? 0 : 1; }
 
 }  // namespace
 
@@ -98,8 +98,8 @@ bool valid_node_name(const std::string& node) {
 
 // --- accepting side ---
 
-acceptor::acceptor(std::string node, std::string secret)
-    : node_(std::move(node)), secret_(std::move(secret)) {}
+acceptor::acceptor(std::string node, cluster_secrets secrets)
+    : node_(std::move(node)), secrets_(std::move(secrets)) {}
 
 step acceptor::feed(const uint8_t* data, size_t n) {
   n = std::min(n, want());
@@ -114,7 +114,7 @@ step acceptor::feed(const uint8_t* data, size_t n) {
 
 step acceptor::refuse(status s, char type) {
   done_ = true;
-  auto f = frame(type == 'C' ? challenge_size : verdict_size, type, flags_for(secret_));
+  auto f = frame(type == 'C' ? challenge_size : verdict_size, type, flags_for(secrets_));
   put32(f.data() + 12, static_cast<uint32_t>(s));
   step r = fail(status_text(static_cast<uint32_t>(s)));
   r.out = std::move(f);
@@ -130,16 +130,16 @@ step acceptor::on_hello() {
   // The name first, so a refusal below can be logged with it.
   if (!get_node(in_ + 44, peer_node_)) return refuse(status::name, 'C');
   const bool peer_secret = (in_[11] & 1) != 0;
-  if (!peer_secret && !secret_.empty()) return refuse(status::secret_required, 'C');
-  if (peer_secret && secret_.empty()) return refuse(status::secret_unexpected, 'C');
+  if (!peer_secret && !secrets_.empty()) return refuse(status::secret_required, 'C');
+  if (peer_secret && secrets_.empty()) return refuse(status::secret_unexpected, 'C');
   peer_nonce_.assign(in_ + 12, in_ + 12 + nonce_size);
   nonce_ = random_bytes(nonce_size);
-  auto f = frame(challenge_size, 'C', flags_for(secret_));
+  auto f = frame(challenge_size, 'C', flags_for(secrets_));
   put32(f.data() + 12, static_cast<uint32_t>(status::ok));
   std::memcpy(f.data() + 16, nonce_.data(), nonce_size);
   put_node(f.data() + 48, node_);
-  if (!secret_.empty()) {
-    auto p = auth_proof(secret_, "ferry-pp-accept", peer_nonce_, nonce_, node_);
+  if (!secrets_.empty()) {
+    auto p = auth_proof(secrets_.proving(), "ferry-pp-accept", peer_nonce_, nonce_, node_);
     std::memcpy(f.data() + 176, p.data(), mac_size);
   }
   have_hello_ = true;
@@ -155,10 +155,10 @@ step acceptor::on_proof() {
     done_ = true;
     return fail("peer sent a preamble frame other than PROOF second", true);
   }
-  if (!secret_.empty()) {
+  if (!secrets_.empty()) {
     bytes got(in_ + 16, in_ + 16 + mac_size);
-    auto want = auth_proof(secret_, "ferry-pp-connect", nonce_, peer_nonce_, peer_node_);
-    if (!proofs_equal(got, want)) return refuse(status::auth, 'V');
+    if (matching_secret(secrets_, got, "ferry-pp-connect", nonce_, peer_nonce_, peer_node_) < 0)
+      return refuse(status::auth, 'V');
   }
   done_ = true;
   auto f = frame(verdict_size, 'V', 0);
@@ -171,12 +171,12 @@ step acceptor::on_proof() {
 
 // --- connecting side ---
 
-dialer::dialer(std::string node, std::string secret)
-    : node_(std::move(node)), secret_(std::move(secret)) {}
+dialer::dialer(std::string node, cluster_secrets secrets)
+    : node_(std::move(node)), secrets_(std::move(secrets)) {}
 
 std::vector<uint8_t> dialer::hello() {
   nonce_ = random_bytes(nonce_size);
-  auto f = frame(hello_size, 'H', flags_for(secret_));
+  auto f = frame(hello_size, 'H', flags_for(secrets_));
   std::memcpy(f.data() + 12, nonce_.data(), nonce_size);
   put_node(f.data() + 44, node_);
   return f;
@@ -204,18 +204,17 @@ step dialer::on_challenge() {
   if (get16(in_ + 8) != version)
     return fail("peer speaks preamble version " + std::to_string(get16(in_ + 8)) +
                 ", this daemon " + std::to_string(version));
-  if (((in_[11] & 1) != 0) != !secret_.empty())
+  if (((in_[11] & 1) != 0) != !secrets_.empty())
     return fail("the peer accepted the preamble with a different cluster-secret setting");
   if (!get_node(in_ + 48, peer_node_)) return fail("peer sent a bad node name in the preamble");
   peer_nonce_.assign(in_ + 16, in_ + 16 + nonce_size);
   auto f = frame(proof_size, 'P', 0);
-  if (!secret_.empty()) {
+  if (!secrets_.empty()) {
     bytes got(in_ + 176, in_ + 176 + mac_size);
-    auto want = auth_proof(secret_, "ferry-pp-accept", nonce_, peer_nonce_, peer_node_);
     // Mutual: our socket goes to our own CAF only if the other side proved the secret.
-    if (!proofs_equal(got, want))
+    if (matching_secret(secrets_, got, "ferry-pp-accept", nonce_, peer_nonce_, peer_node_) < 0)
       return fail("peer failed the cluster-secret challenge (different secrets?)");
-    auto p = auth_proof(secret_, "ferry-pp-connect", peer_nonce_, nonce_, node_);
+    auto p = auth_proof(secrets_.proving(), "ferry-pp-connect", peer_nonce_, nonce_, node_);
     std::memcpy(f.data() + 16, p.data(), mac_size);
   }
   done_ = false;

@@ -14,8 +14,10 @@
 ///                           c_node)
 ///   S->C VERDICT    16 B: magic | u16 version | 'V' | 0 | u32 status
 /// Then both sides hand the socket to CAF. Authentication is mutual: the connecting side checks
-/// the accepting side's proof before it sends its own or gives its socket to its CAF. Without a
-/// secret the proofs are zero and only structure, version and node name are checked.
+/// the accepting side's proof before it sends its own or gives its socket to its CAF. Each side
+/// proves with its own secret and accepts a proof made with any of its accepted ones (two while
+/// a cluster rotates its secret: core/auth.hpp). Without a secret the proofs are zero and only
+/// structure, version and node name are checked.
 ///
 /// Fixed sizes are the point: a side asks for exactly the rest of the current frame (`want()`)
 /// and never reads past it, so no byte that belongs to BASP is consumed, and there is no length
@@ -65,7 +67,7 @@ bool valid_node_name(const std::string& node);
 /// The accepting side of one connection.
 class acceptor {
  public:
-  acceptor(std::string node, std::string secret);
+  acceptor(std::string node, cluster_secrets secrets);
   /// Bytes still needed to complete the current frame (0 once finished or failed).
   size_t want() const { return done_ ? 0 : need_ - got_; }
   /// Consume `n` <= want() bytes that arrived.
@@ -76,7 +78,8 @@ class acceptor {
   step on_hello();
   step on_proof();
   step refuse(status s, char frame);
-  std::string node_, secret_, peer_node_;
+  std::string node_, peer_node_;
+  cluster_secrets secrets_;
   bytes nonce_, peer_nonce_;
   uint8_t in_[hello_size] = {};
   size_t need_ = hello_size, got_ = 0;
@@ -86,7 +89,7 @@ class acceptor {
 /// The connecting side of one connection; send `hello()` first.
 class dialer {
  public:
-  dialer(std::string node, std::string secret);
+  dialer(std::string node, cluster_secrets secrets);
   std::vector<uint8_t> hello();
   size_t want() const { return done_ ? 0 : need_ - got_; }
   step feed(const uint8_t* data, size_t n);
@@ -95,7 +98,8 @@ class dialer {
  private:
   step on_challenge();
   step on_verdict();
-  std::string node_, secret_, peer_node_;
+  std::string node_, peer_node_;
+  cluster_secrets secrets_;
   bytes nonce_, peer_nonce_;
   uint8_t in_[challenge_size] = {};
   size_t need_ = challenge_size, got_ = 0;

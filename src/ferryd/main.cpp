@@ -79,6 +79,10 @@ int main(int argc, char** argv) {
   if (const auto& f = r.value.security.cluster_secret_file; !f.empty()) {
     if (auto secret = ferry::read_secret_file(f); !secret) return invalid_config(secret.message);
   }
+  if (const auto& f = r.value.security.accepted_cluster_secret_file; !f.empty()) {
+    if (auto secret = ferry::read_secret_file(f, "security.accepted_cluster_secret_file"); !secret)
+      return invalid_config(secret.message);
+  }
   if (!check_path.empty()) {
     std::cout << ferry::to_yaml(r.value);
     return ferry::exit_code::ok;

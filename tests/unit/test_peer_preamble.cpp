@@ -31,7 +31,8 @@ step feed(Side& side, const std::vector<uint8_t>& frame, size_t slice) {
   return s;
 }
 
-result run(const std::string& accept_secret, const std::string& connect_secret, size_t slice) {
+result run(const ferry::cluster_secrets& accept_secret,
+           const ferry::cluster_secrets& connect_secret, size_t slice) {
   acceptor a("prefill-0", accept_secret);
   dialer d("decode-0", connect_secret);
   result r;
@@ -87,6 +88,42 @@ TEST_CASE("the preamble refuses mismatched secrets with a reason on the connecti
   CHECK_THAT(only_dialer.connect_error,
              Catch::StartsWith("peer refused the preamble: the peer requires a cluster secret but "
                                "this daemon has none"));
+}
+
+TEST_CASE("the preamble accepts either of two secrets while a cluster rotates", "[preamble]") {
+  const std::string old_secret = secret, new_secret = "the new secret of the cluster";
+  using ferry::cluster_secrets;
+  // Step 1: every daemon accepts both and proves the old one; step 2: proves the new one.
+  const cluster_secrets only_old(old_secret), step1(old_secret, new_secret),
+      step2(new_secret, old_secret), only_new(new_secret);
+  struct pairing {
+    const char* what;
+    cluster_secrets accept, connect;
+    bool admitted;
+  };
+  const pairing pairs[] = {
+      {"old -> step 1", only_old, step1, true},
+      {"step 1 -> old", step1, only_old, true},
+      {"step 1 -> step 2", step1, step2, true},
+      {"step 2 -> step 1", step2, step1, true},
+      {"step 2 -> new", step2, only_new, true},
+      {"new -> step 2", only_new, step2, true},
+      // Who skipped a step: one side cannot check the other's proof.
+      {"old -> new", only_old, only_new, false},
+      {"new -> old", only_new, only_old, false},
+      {"old -> step 2", only_old, step2, false},
+      {"step 2 -> old", step2, only_old, false},
+      {"step 1 -> new", step1, only_new, false},
+      {"new -> step 1", only_new, step1, false},
+  };
+  for (const auto& p : pairs) {
+    INFO(p.what << " (accepting -> connecting)");
+    auto r = run(p.accept, p.connect, 0);
+    CHECK(r.admitted == p.admitted);
+    CHECK(r.connected == p.admitted);
+    // Refused by whichever side checks a proof it cannot match first, with the same words.
+    if (!p.admitted) CHECK_THAT(r.connect_error, Catch::EndsWith("(different secrets?)"));
+  }
 }
 
 TEST_CASE("the preamble rejects garbage at the first byte that differs from the magic",
