@@ -46,6 +46,10 @@ struct client_gateway::impl {
   std::string path;
   caf::actor scheduler;
   uint32_t max_clients = 1024;
+  client_access access;  // who may connect beside ferryd's user and root
+  uid_t self_uid = geteuid();
+  std::optional<std::chrono::steady_clock::time_point> last_denied_warning;
+  uint64_t denied_unlogged = 0;  // refusals since the last warning
   std::chrono::milliseconds frame_limit{10000};
   std::atomic<bool> stopping{false};
   std::shared_ptr<spdlog::logger> log;
@@ -241,8 +245,8 @@ struct client_gateway::impl {
   }
 
   /// Tell a just-accepted connection why it is refused, and close it.
-  static void refuse(int fd, const std::string& why) {
-    auto f = proto::encode(proto::error{errc::invalid_request, why}, 0);
+  static void refuse(int fd, const std::string& why, errc code = errc::invalid_request) {
+    auto f = proto::encode(proto::error{code, why}, 0);
     [[maybe_unused]] auto w = ::send(fd, f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     close(fd);
   }
@@ -258,6 +262,7 @@ struct client_gateway::impl {
           log->error("accepting a client connection failed: {}", std::strerror(errno));
         return;
       }
+      if (!admit(fd)) continue;
       if (conns.size() >= max_clients) {
         refuse(fd, fmt::format("too many clients: {} connections already open "
                                "(limits.max_clients)",
@@ -274,6 +279,30 @@ struct client_gateway::impl {
       epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev);
       log->debug("client conn={} connected", id);
     }
+  }
+
+  /// Whether the process that connected `fd` may use this daemon (the credentials the kernel
+  /// took at its connect()); one that may not is told why and closed before any byte of it is
+  /// read. Logged at most every 10 s, with the count since, so a local flood cannot flood the log.
+  bool admit(int fd) {
+    auto peer = credentials_of(fd);
+    if (peer && admitted(access, self_uid, peer.value)) return true;
+    const auto why =
+        peer ? access_denied_reason(peer.value)
+             : "access denied: the client's credentials cannot be read: " + peer.message;
+    ++denied_unlogged;
+    const auto now = std::chrono::steady_clock::now();
+    if (!last_denied_warning || now - *last_denied_warning >= std::chrono::seconds(10)) {
+      log->warn("client connection refused: {}{}", why,
+                denied_unlogged > 1
+                    ? fmt::format(" ({} refused since the last warning, this one included)",
+                                  denied_unlogged)
+                    : std::string());
+      last_denied_warning = now;
+      denied_unlogged = 0;
+    }
+    refuse(fd, why, errc::access_denied);  // after the log line: a test reads it once refused
+    return false;
   }
 
   /// accept4 failed for want of a descriptor: give up the reserve to accept one connection and
@@ -343,11 +372,13 @@ struct client_gateway::impl {
 
 result<std::shared_ptr<client_gateway>> client_gateway::listen(const std::string& path,
                                                                uint32_t max_clients,
-                                                               uint32_t frame_ms) {
+                                                               uint32_t frame_ms,
+                                                               client_access access) {
   std::shared_ptr<client_gateway> g(new client_gateway());
   g->impl_ = std::make_unique<impl>();
   auto& im = *g->impl_;
   im.max_clients = max_clients;
+  im.access = std::move(access);
   im.frame_limit = std::chrono::milliseconds(frame_ms);
   im.log = logging::get("client");
   sockaddr_un addr{};
@@ -382,6 +413,7 @@ result<std::shared_ptr<client_gateway>> client_gateway::listen(const std::string
                  "cannot bind client socket '" + path + "': " + std::strerror(errno)};
   }
   im.path = path;
+  if (auto shared = share_socket_file(im.access, path); !shared) return shared.error();
   if (::listen(im.listen_fd, listen_backlog()) != 0) {
     return error{errc::system_error,
                  "cannot listen on client socket '" + path + "': " + std::strerror(errno)};

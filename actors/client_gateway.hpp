@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/access.hpp"
 #include "core/protocol.hpp"
 
 namespace ferry {
@@ -31,10 +32,13 @@ class client_gateway {
  public:
   static constexpr size_t max_output_bytes = 64u << 20;
 
-  /// Bind and listen on `path` (an existing socket file is replaced).
+  /// Bind and listen on `path` (an existing socket file is replaced), open to the users and
+  /// groups of `access` beside ferryd's own user and root; every other connection is refused
+  /// with `access_denied` (core/access.hpp).
   static result<std::shared_ptr<client_gateway>> listen(const std::string& path,
                                                         uint32_t max_clients = 1024,
-                                                        uint32_t frame_ms = 10000);
+                                                        uint32_t frame_ms = 10000,
+                                                        client_access access = {});
   ~client_gateway();
 
   /// Start serving; requests go to `scheduler`.

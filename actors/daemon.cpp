@@ -25,6 +25,7 @@
 #include "actors/operator_endpoint.hpp"
 #include "actors/peer_gate.hpp"
 #include "actors/sd_notify.hpp"
+#include "core/access.hpp"
 #include "core/auth.hpp"
 #include "core/daemon_locks.hpp"
 #include "core/exit_codes.hpp"
@@ -237,6 +238,14 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
     log->warn("security.cluster_secret_file is not set: peers are not authenticated");
   }
 
+  // Who may use the client socket and map the pools beside ferryd's user and root.
+  auto access = resolve_client_access(cfg.security);
+  if (!access) {
+    log->error("{}", access.message);
+    return exit_code::could_not_start;
+  }
+  log->info("clients: {}", describe_access(cfg.security, access.value, geteuid()));
+
   // Block the stop signals (and SIGHUP) in every thread; main waits for them with sigwait.
   // A daemon told to stop otherwise (options.wait_for_stop) leaves its process's signals be.
   sigset_t stop_signals;
@@ -275,7 +284,8 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
     }
     auto name = fmt::format("/ferry.{}.{}.{}", cfg.node_name, ctx->instance,
                             to_string(static_cast<pool_kind>(k)));
-    auto created = shm_region::create(name, pool.total_bytes);
+    auto created = shm_region::create(name, pool.total_bytes,
+                                      [&](int fd) { return share_shm_object(access.value, fd); });
     if (!created) {
       uint64_t all = 0;
       for (const auto& p : ctx->layout.pools) all += p.present ? p.total_bytes : 0;
@@ -316,7 +326,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
     ctx->staging = std::move(st);
   }
   auto gateway = client_gateway::listen(cfg.client_listen, client_limit(cfg, nofile, *log),
-                                        cfg.limits.client_frame_ms);
+                                        cfg.limits.client_frame_ms, access.value);
   if (!gateway) {
     log->error("{}", gateway.message);
     return exit_code::could_not_start;

@@ -67,12 +67,18 @@ std::string to_yaml(const ferry_config& cfg) {
   out << YAML::Key << "heartbeat_misses" << YAML::Value << cfg.timeouts.heartbeat_misses;
   out << YAML::EndMap;
 
-  if (const auto& sec = cfg.security; !sec.cluster_secret_file.empty()) {
+  if (const auto& sec = cfg.security;
+      !sec.cluster_secret_file.empty() || !sec.client_users.empty() || !sec.client_groups.empty()) {
     out << YAML::Key << "security" << YAML::Value << YAML::BeginMap;
-    out << YAML::Key << "cluster_secret_file" << YAML::Value << sec.cluster_secret_file;
+    if (!sec.cluster_secret_file.empty())
+      out << YAML::Key << "cluster_secret_file" << YAML::Value << sec.cluster_secret_file;
     if (!sec.accepted_cluster_secret_file.empty())
       out << YAML::Key << "accepted_cluster_secret_file" << YAML::Value
           << sec.accepted_cluster_secret_file;
+    if (!sec.client_users.empty())
+      out << YAML::Key << "client_users" << YAML::Value << YAML::Flow << sec.client_users;
+    if (!sec.client_groups.empty())
+      out << YAML::Key << "client_groups" << YAML::Value << YAML::Flow << sec.client_groups;
     out << YAML::EndMap;
   }
 

@@ -311,11 +311,14 @@ ferry_config parse_root(const YAML::Node& root) {
   timeouts.optional_field("heartbeat_ms", cfg.timeouts.heartbeat_ms);
   timeouts.optional_field("heartbeat_misses", cfg.timeouts.heartbeat_misses);
 
-  const section security(top.get_or_null("security"), "security",
-                         {"cluster_secret_file", "accepted_cluster_secret_file"});
+  const section security(
+      top.get_or_null("security"), "security",
+      {"cluster_secret_file", "accepted_cluster_secret_file", "client_users", "client_groups"});
   security.optional_field("cluster_secret_file", cfg.security.cluster_secret_file);
   security.optional_field("accepted_cluster_secret_file",
                           cfg.security.accepted_cluster_secret_file);
+  security.optional_field("client_users", cfg.security.client_users);
+  security.optional_field("client_groups", cfg.security.client_groups);
 
   const section limits(top.get_or_null("limits"), "limits",
                        {"max_active_rooms", "max_clients", "client_frame_ms", "peer_preamble_ms",

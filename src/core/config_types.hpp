@@ -175,6 +175,10 @@ struct security_config {
   /// A second secret file accepted from peers but never proved with, while a cluster rotates
   /// its secret (docs/operations.md, "Secrets"); empty: none. Needs `cluster_secret_file`.
   std::string accepted_cluster_secret_file;
+  /// Users (names or uids) and groups (names or gids) admitted to the client socket and the
+  /// pools beside ferryd's own user and root (core/access.hpp); empty: nobody else.
+  std::vector<std::string> client_users;
+  std::vector<std::string> client_groups;
 };
 
 struct ferry_config {

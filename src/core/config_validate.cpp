@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/access.hpp"
 #include "core/config.hpp"
 #include "core/config_detail.hpp"
 
@@ -336,6 +337,9 @@ void validate_all(const ferry_config& cfg) {
            "expected a file other than security.cluster_secret_file, got the same " +
                quote(sec.cluster_secret_file));
   }
+  // Names are resolved now, so a user or group this host does not know stops the start.
+  if (auto access = resolve_client_access(cfg.security); !access)
+    throw detail::config_failure{access.message};
 
   check_log_level(cfg.log.level, "log.level");
   for (const auto& [logger, level] : cfg.log.levels) check_log_level(level, "log.levels." + logger);

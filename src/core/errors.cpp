@@ -26,6 +26,8 @@ const char* to_string(errc e) {
       return "frame_too_large";
     case errc::unsupported_version:
       return "unsupported_version";
+    case errc::access_denied:
+      return "access_denied";
     case errc::invalid_request:
       return "invalid_request";
     case errc::duplicate_room:

@@ -26,6 +26,7 @@ enum class errc : uint16_t {
   malformed_frame = 310,      ///< a client frame could not be decoded
   frame_too_large = 311,      ///< a client frame exceeds the size limit
   unsupported_version = 312,  ///< client protocol version not supported
+  access_denied = 313,        ///< a client whose user ferryd does not admit (security.client_*)
   // request (400s)
   invalid_request = 400,  ///< a field of a request is out of range or inconsistent
   duplicate_room = 401,   ///< a non-terminal room with this id already exists
@@ -55,6 +56,7 @@ inline constexpr errc all_errc[] = {errc::ok,
                                     errc::malformed_frame,
                                     errc::frame_too_large,
                                     errc::unsupported_version,
+                                    errc::access_denied,
                                     errc::invalid_request,
                                     errc::duplicate_room,
                                     errc::unknown_room,

@@ -31,7 +31,8 @@ shm_region::~shm_region() {
   owner_ = false;
 }
 
-result<shm_region> shm_region::create(const std::string& name, uint64_t bytes) {
+result<shm_region> shm_region::create(const std::string& name, uint64_t bytes,
+                                      const std::function<result<>(int fd)>& share) {
   shm_region r;
   shm_unlink(name.c_str());  // a stale object from a crashed daemon with the same name
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
@@ -39,6 +40,16 @@ result<shm_region> shm_region::create(const std::string& name, uint64_t bytes) {
     const error failure{errc::system_error,
                         fmt::format("shm_open('{}') failed: {}", name, std::strerror(errno))};
     return failure;
+  }
+  if (share) {
+    if (auto shared = share(fd); !shared) {
+      const error failure{shared.code, fmt::format("cannot open shm object '{}' to the clients' "
+                                                   "users: {}",
+                                                   name, shared.message)};
+      close(fd);
+      shm_unlink(name.c_str());
+      return failure;
+    }
   }
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     const error failure{errc::system_error, fmt::format("ftruncate('{}', {} bytes) failed: {}",

@@ -3,6 +3,7 @@
 /// name by a client. Move-only RAII.
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 // Installed with Ferry::client: neighbours included by file name (src/core/CMakeLists.txt).
@@ -21,8 +22,11 @@ class shm_region {
 
   /// Create `name` (e.g. "/ferry.prefill-0.1a2b.kv") of `bytes`, replacing a stale object left by
   /// a crashed daemon of the same name, and map it read-write (pre-faulted). Errors
-  /// (`errc::system_error`) name the call, the object and errno.
-  static result<shm_region> create(const std::string& name, uint64_t bytes);
+  /// (`errc::system_error`) name the call, the object and errno. The object is made mode 0600;
+  /// `share`, when given, runs on its descriptor before a byte is reserved in it (ferryd opens
+  /// it to the users its clients run as, core/access.hpp), and its error ends the creation.
+  static result<shm_region> create(const std::string& name, uint64_t bytes,
+                                   const std::function<result<>(int fd)>& share = {});
   /// Map an existing object read-write; its size must be at least `bytes`.
   static result<shm_region> open(const std::string& name, uint64_t bytes);
 
