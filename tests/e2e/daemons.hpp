@@ -125,8 +125,10 @@ struct shape {
   uint32_t drain_ms = 2000;
   uint32_t heartbeat_ms = 1000;
   uint32_t heartbeat_misses = 3;
-  uint32_t stop_ms = 30000;  ///< timeouts.stop_ms: how long a SIGTERM's drain may take
-  std::string secret_file;   ///< security.cluster_secret_file (empty: none)
+  uint32_t stop_ms = 30000;          ///< timeouts.stop_ms: how long a SIGTERM's drain may take
+  std::string secret_file;           ///< security.cluster_secret_file (empty: none)
+  std::string accepted_secret_file;  ///< security.accepted_cluster_secret_file (empty: none)
+  std::vector<std::string> client_users, client_groups;  ///< security.client_users, _groups
   uint32_t transfer_ms = 30000;
   uint32_t peer_preamble_ms = 3000;  ///< limits.peer_preamble_ms (the config default)
   uint32_t max_active_rooms = 4096;
@@ -181,8 +183,22 @@ inline std::string make_config(const std::string& name, const std::string& role,
     << "\nlimits:\n  max_active_rooms: " << s.max_active_rooms
     << "\n  max_clients: " << s.max_clients << "\n  client_frame_ms: " << s.client_frame_ms
     << "\n  peer_preamble_ms: " << s.peer_preamble_ms << "\nruntime:\n  workers: " << s.workers
-    << (s.log_yaml.empty() ? "\nlog:\n  level: info\n" : "\nlog: " + s.log_yaml + "\n")
-    << (s.secret_file.empty() ? "" : "security:\n  cluster_secret_file: " + s.secret_file + "\n") <<
+    << (s.log_yaml.empty() ? "\nlog:\n  level: info\n" : "\nlog: " + s.log_yaml + "\n") <<
+      [&] {
+        std::string sec;
+        if (!s.secret_file.empty()) sec += "\n  cluster_secret_file: " + s.secret_file;
+        if (!s.accepted_secret_file.empty())
+          sec += "\n  accepted_cluster_secret_file: " + s.accepted_secret_file;
+        auto list = [](const std::vector<std::string>& v) {
+          std::string l;
+          for (const auto& x : v) l += (l.empty() ? "\"" : ", \"") + x + "\"";
+          return "[" + l + "]";
+        };
+        if (!s.client_users.empty()) sec += "\n  client_users: " + list(s.client_users);
+        if (!s.client_groups.empty()) sec += "\n  client_groups: " + list(s.client_groups);
+        return sec.empty() ? sec : "security:" + sec + "\n";
+      }()
+    <<
       [&] {
         std::string d;
         for (const auto& a : s.instance_ranks) d += (d.empty() ? "" : ", ") + ("\"" + a + "\"");
