@@ -92,4 +92,10 @@ TEST_CASE("the cluster secret file must be private and long enough", "[unit][aut
     CHECK(read_secret_file("/nonexistent/ferry-secret").message ==
           "security.cluster_secret_file '/nonexistent/ferry-secret': No such file or directory");
   }
+  SECTION("the accepted one is named by its own key") {
+    temp_file f("short\n", 0600);
+    CHECK(read_secret_file(f.path, "security.accepted_cluster_secret_file").message ==
+          "security.accepted_cluster_secret_file '" + f.path +
+              "': holds 5 bytes; at least 16 are required");
+  }
 }
