@@ -404,7 +404,8 @@ result<std::shared_ptr<client_gateway>> client_gateway::listen(const std::string
     }
   }
   unlink(path.c_str());  // a stale socket file of a daemon that is gone
-  // Only the daemon's user may connect: clients are local inference workers.
+  // Created for the daemon's user alone; share_socket_file then opens it as far as
+  // security.client_users and client_groups need (core/access.hpp).
   mode_t old = umask(0077);
   int rc = bind(im.listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   umask(old);
