@@ -122,7 +122,20 @@ result<proto::message> client::exchange(const std::vector<uint8_t>& bytes,
   }
 }
 
+namespace {
+
+/// A request this connection's version does not have, refused before it is sent.
+std::optional<error> too_new(proto::msg_type t, uint16_t version) {
+  if (version >= proto::first_version(t)) return std::nullopt;
+  return error{errc::unsupported_version,
+               fmt::format("{} needs protocol version {}; this connection speaks {}",
+                           proto::to_string(t), proto::first_version(t), version)};
+}
+
+}  // namespace
+
 result<proto::message> client::request(const proto::message& m) {
+  if (auto e = too_new(proto::type_of(m), version_)) return *e;
   const uint32_t seq = next_seq_++;
   if (next_seq_ == 0) next_seq_ = 1;  // seq 0 is for events
   auto r = exchange(proto::encode(m, seq, version_), timeout_, seq);
@@ -145,19 +158,9 @@ result<none> client::send(const proto::send& s) { return expect_ok(s); }
 result<none> client::cancel(uint64_t room) { return expect_ok(proto::cancel{room}); }
 result<none> client::subscribe(uint64_t room) { return expect_ok(proto::subscribe{room}); }
 
-result<none> client::drain() {
-  if (version_ < 5)
-    return error{
-        errc::unsupported_version,
-        fmt::format("drain needs protocol version 5; this connection speaks {}", version_)};
-  return expect_ok(proto::drain{});
-}
+result<none> client::drain() { return expect_ok(proto::drain{}); }
 
 result<none> client::set_log_level(const std::string& logger, const std::string& level) {
-  if (version_ < 5)
-    return error{
-        errc::unsupported_version,
-        fmt::format("set_log_level needs protocol version 5; this connection speaks {}", version_)};
   return expect_ok(proto::set_log_level{logger, level});
 }
 
@@ -172,10 +175,6 @@ result<proto::poll_reply> client::poll(uint64_t room) {
 }
 
 result<std::vector<proto::poll_reply>> client::poll_many(const std::vector<uint64_t>& rooms) {
-  if (version_ < 4)
-    return error{
-        errc::unsupported_version,
-        fmt::format("poll_many needs protocol version 4; this connection speaks {}", version_)};
   auto r = request(proto::poll_many{rooms});
   if (!r) return error{r.code, r.message};
   auto* p = std::get_if<proto::poll_many_reply>(&r.value);
@@ -184,10 +183,6 @@ result<std::vector<proto::poll_reply>> client::poll_many(const std::vector<uint6
 }
 
 result<proto::discover_reply> client::discover(const std::string& address) {
-  if (version_ < 4)
-    return error{
-        errc::unsupported_version,
-        fmt::format("discover needs protocol version 4; this connection speaks {}", version_)};
   auto r = request(proto::discover{address});
   if (!r) return error{r.code, r.message};
   auto* p = std::get_if<proto::discover_reply>(&r.value);
@@ -275,11 +270,7 @@ uint8_t* client::pool(pool_kind k) const {
 }
 
 result<none> client::register_memory(proto::register_memory req, const std::vector<int>& fds) {
-  if (version_ < 4)
-    return error{errc::unsupported_version,
-                 fmt::format("register_memory needs protocol version 4; this connection "
-                             "speaks {}",
-                             version_)};
+  if (auto e = too_new(proto::msg_type::register_memory, version_)) return *e;
   req.fd_count = static_cast<uint32_t>(fds.size());
   const uint32_t seq = next_seq_++;
   if (next_seq_ == 0) next_seq_ = 1;

@@ -31,6 +31,22 @@ msg_type type_of(const message& m) {
   return types[m.index()];
 }
 
+uint16_t first_version(msg_type t) {
+  switch (t) {
+    case msg_type::poll_many:
+    case msg_type::poll_many_reply:
+    case msg_type::register_memory:
+    case msg_type::discover:
+    case msg_type::discover_reply:
+      return 4;
+    case msg_type::drain:
+    case msg_type::set_log_level:
+      return 5;
+    default:
+      return 3;
+  }
+}
+
 const char* to_string(msg_type t) {
   switch (t) {
     case msg_type::hello:

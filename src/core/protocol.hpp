@@ -215,6 +215,8 @@ using message = std::variant<hello, prepare, send, poll, cancel, subscribe, info
                              register_memory, discover, discover_reply, drain, set_log_level>;
 
 msg_type type_of(const message& m);
+/// The first protocol version that has message type `t` (3 for an unknown type).
+uint16_t first_version(msg_type t);
 const char* to_string(msg_type t);
 
 /// Encode a complete frame (header + body) in protocol `version`.

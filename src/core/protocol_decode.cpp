@@ -304,6 +304,14 @@ decoded decode_as(std::span<const uint8_t> body, uint32_t seq, msg_type t, uint1
 
 decoded decode(uint16_t type, uint32_t seq, std::span<const uint8_t> body, uint16_t version) {
   const auto t = static_cast<msg_type>(type);
+  if (version < first_version(t)) {
+    decoded out;
+    out.seq = seq;
+    out.code = errc::malformed_frame;
+    out.error = fmt::format("{} needs protocol version {}; this connection speaks {}", to_string(t),
+                            first_version(t), version);
+    return out;
+  }
   switch (t) {
     case msg_type::hello:
       return decode_as<hello>(body, seq, t, version);
@@ -332,34 +340,18 @@ decoded decode(uint16_t type, uint32_t seq, std::span<const uint8_t> body, uint1
     case msg_type::event:
       return decode_as<event>(body, seq, t, version);
     case msg_type::poll_many:
+      return decode_as<poll_many>(body, seq, t, version);
     case msg_type::poll_many_reply:
+      return decode_as<poll_many_reply>(body, seq, t, version);
     case msg_type::register_memory:
+      return decode_as<register_memory>(body, seq, t, version);
     case msg_type::discover:
+      return decode_as<discover>(body, seq, t, version);
     case msg_type::discover_reply:
-      if (version < 4) {
-        decoded out;
-        out.seq = seq;
-        out.code = errc::malformed_frame;
-        out.error = fmt::format("{} needs protocol version 4; this connection speaks {}",
-                                to_string(t), version);
-        return out;
-      }
-      if (t == msg_type::register_memory) return decode_as<register_memory>(body, seq, t, version);
-      if (t == msg_type::discover) return decode_as<discover>(body, seq, t, version);
-      if (t == msg_type::discover_reply) return decode_as<discover_reply>(body, seq, t, version);
-      return t == msg_type::poll_many ? decode_as<poll_many>(body, seq, t, version)
-                                      : decode_as<poll_many_reply>(body, seq, t, version);
+      return decode_as<discover_reply>(body, seq, t, version);
     case msg_type::drain:
+      return decode_as<drain>(body, seq, t, version);
     case msg_type::set_log_level:
-      if (version < 5) {
-        decoded out;
-        out.seq = seq;
-        out.code = errc::malformed_frame;
-        out.error = fmt::format("{} needs protocol version 5; this connection speaks {}",
-                                to_string(t), version);
-        return out;
-      }
-      if (t == msg_type::drain) return decode_as<drain>(body, seq, t, version);
       return decode_as<set_log_level>(body, seq, t, version);
   }
   decoded out;

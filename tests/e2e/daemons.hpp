@@ -385,6 +385,15 @@ class daemon_proc {
   int exit_status_ = -1;
 };
 
+/// A cluster secret file `name` in `dir` holding `text` (mode 0600, as ferryd requires); its path.
+inline std::string write_secret(const temp_dir& dir, const std::string& name,
+                                const std::string& text) {
+  auto path = (dir.path / name).string();
+  std::ofstream(path) << text << "\n";
+  REQUIRE(chmod(path.c_str(), 0600) == 0);
+  return path;
+}
+
 /// Wait (bounded: 10 s) until `d`'s log holds `text`; whether it did. (ferryd's log is a file
 /// it appends to; nothing to wait on but its contents.)
 inline bool log_shows(const daemon_proc& d, const std::string& text) {

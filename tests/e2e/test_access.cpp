@@ -195,14 +195,8 @@ TEST_CASE("a client user or group this host does not know stops the start, namin
 
 TEST_CASE("a cluster rotates its secret without refusing a handshake", "[e2e][security]") {
   temp_dir secrets;
-  auto write_secret = [&](const std::string& name, const std::string& text) {
-    auto path = (secrets.path / name).string();
-    std::ofstream(path) << text << "\n";
-    REQUIRE(chmod(path.c_str(), 0600) == 0);
-    return path;
-  };
-  const auto old_key = write_secret("old.key", "the cluster secret of last year");
-  const auto new_key = write_secret("new.key", "the cluster secret of this year");
+  const auto old_key = write_secret(secrets, "old.key", "the cluster secret of last year");
+  const auto new_key = write_secret(secrets, "new.key", "the cluster secret of this year");
   // Step 1 of a rotation: every daemon accepts the new secret while proving the old one; step 2:
   // every daemon proves the new one and still accepts the old one; step 3: the old one goes.
   shape only_old, step1, step2, only_new;

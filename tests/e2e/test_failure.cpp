@@ -335,14 +335,8 @@ TEST_CASE("a daemon stopped while it connects to a peer exits cleanly", "[e2e][f
 
 TEST_CASE("peers prove the cluster secret at handshake", "[e2e][failure][security]") {
   temp_dir secrets;
-  auto write_secret = [&](const std::string& name, const std::string& text) {
-    auto path = (secrets.path / name).string();
-    std::ofstream(path) << text << "\n";
-    REQUIRE(chmod(path.c_str(), 0600) == 0);
-    return path;
-  };
-  const auto good = write_secret("good", "correct horse battery staple");
-  const auto other = write_secret("other", "a different secret of the cluster");
+  const auto good = write_secret(secrets, "good", "correct horse battery staple");
+  const auto other = write_secret(secrets, "other", "a different secret of the cluster");
   shape ps, ds;
   std::string expect;
   SECTION("same secret: the room succeeds") { ps.secret_file = ds.secret_file = good; }
