@@ -77,13 +77,13 @@ inline uint16_t free_port() {
 struct held_port {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   uint16_t port = 0;
-  held_port() {
+  explicit held_port(int backlog = 1) {
     REQUIRE(fd >= 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    REQUIRE(listen(fd, 1) == 0);
+    REQUIRE(listen(fd, backlog) == 0);
     socklen_t len = sizeof a;
     REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
     port = ntohs(a.sin_port);

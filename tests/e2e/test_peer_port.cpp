@@ -155,23 +155,13 @@ class test_caf_config : public caf::actor_system_config {
 class resetting_relay {
  public:
   resetting_relay(uint16_t target, int resets) : target_(target), resets_(resets) {
-    listener_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(bind(listener_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    REQUIRE(listen(listener_, 16) == 0);
-    socklen_t len = sizeof a;
-    getsockname(listener_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
     thread_ = std::thread([this] { run(); });
   }
   ~resetting_relay() {
     stop_ = true;
     thread_.join();
-    close(listener_);
   }
-  uint16_t port() const { return port_; }
+  uint16_t port() const { return listener_.port; }
   int resets_done() const { return done_.load(); }
 
  private:
@@ -182,8 +172,8 @@ class resetting_relay {
   }
   void run() {
     while (!stop_) {
-      if (!readable(listener_)) continue;
-      const int c = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (!readable(listener_.fd)) continue;
+      const int c = accept4(listener_.fd, nullptr, nullptr, SOCK_CLOEXEC);
       if (c < 0) continue;
       if (done_ < resets_) {
         for (int i = 0; i < 50 && !stop_ && !readable(c); ++i) {
@@ -215,9 +205,9 @@ class resetting_relay {
       }
     }
   }
-  uint16_t target_, port_ = 0;
+  uint16_t target_;
   int resets_;
-  int listener_ = -1;
+  held_port listener_{16};
   std::atomic<bool> stop_{false};
   std::atomic<int> done_{0};
   std::thread thread_;
