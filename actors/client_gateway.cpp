@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <poll.h>
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -149,6 +150,54 @@ struct client_gateway::impl {
     }
     update_interest(id, c);
     return true;
+  }
+
+  /// Encode the replies and events actors queued since the last call and write them out; a
+  /// connection whose unsent output passes max_output_bytes is closed.
+  void deliver_outbox(std::vector<outgoing>& batch, std::atomic<size_t>& count) {
+    {
+      std::lock_guard<std::mutex> lock(outbox_mutex);
+      batch.swap(outbox);
+    }
+    for (const auto& o : batch) {
+      auto it = conns.find(o.conn);
+      if (it == conns.end()) continue;
+      auto frame = encode_for(it->second, o.msg, o.seq);
+      it->second.out.insert(it->second.out.end(), frame.begin(), frame.end());
+    }
+    for (const auto& o : batch) {
+      auto it = conns.find(o.conn);
+      if (it == conns.end() || it->second.out.empty()) continue;
+      if (it->second.out.size() - it->second.out_pos > max_output_bytes) {
+        log->warn("client conn={} is not reading its replies; disconnecting", o.conn);
+        close_conn(o.conn, count);
+        continue;
+      }
+      if (!flush(o.conn, it->second)) close_conn(o.conn, count);
+    }
+    batch.clear();
+  }
+
+  /// At a stop: what actors queued before it (the outcome of the last room of a drain, say)
+  /// still reaches its client. Bounded: a client that does not read within `limit` loses the
+  /// rest with its connection.
+  void deliver_before_close(std::atomic<size_t>& count, std::chrono::milliseconds limit) {
+    std::vector<outgoing> batch;
+    deliver_outbox(batch, count);
+    const auto until = std::chrono::steady_clock::now() + limit;
+    std::vector<pollfd> waiting;
+    for (;;) {
+      waiting.clear();
+      for (auto& [id, c] : conns)
+        if (c.out_pos < c.out.size() && flush(id, c) && c.out_pos < c.out.size())
+          waiting.push_back({c.fd, POLLOUT, 0});
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            until - std::chrono::steady_clock::now())
+                            .count();
+      if (waiting.empty() || left <= 0) return;
+      if (::poll(waiting.data(), waiting.size(), static_cast<int>(left)) < 0 && errno != EINTR)
+        return;
+    }
   }
 
   /// The session rules of docs/protocol.md: hello first, once, in a version both sides speak
@@ -552,29 +601,7 @@ void client_gateway::run() {
         im.close_conn(key, conn_count_);
       }
     }
-    {
-      std::lock_guard<std::mutex> lock(im.outbox_mutex);
-      outbox.swap(im.outbox);
-    }
-    for (const auto& o : outbox) {
-      auto it = im.conns.find(o.conn);
-      if (it == im.conns.end()) continue;
-      auto& c = it->second;
-      auto frame = impl::encode_for(c, o.msg, o.seq);
-      c.out.insert(c.out.end(), frame.begin(), frame.end());
-    }
-    for (const auto& o : outbox) {
-      const uint64_t id = o.conn;
-      auto it = im.conns.find(id);
-      if (it == im.conns.end() || it->second.out.empty()) continue;
-      if (it->second.out.size() - it->second.out_pos > max_output_bytes) {
-        im.log->warn("client conn={} is not reading its replies; disconnecting", id);
-        im.close_conn(id, conn_count_);
-        continue;
-      }
-      if (!im.flush(id, it->second)) im.close_conn(id, conn_count_);
-    }
-    outbox.clear();
+    im.deliver_outbox(outbox, conn_count_);
     // A frame started but not finished in time: a stalled or slow-loris client. Everyone else
     // was served meanwhile (the socket is non-blocking); this one is told and closed.
     const auto t = std::chrono::steady_clock::now();
@@ -593,6 +620,7 @@ void client_gateway::run() {
       im.close_conn(id, conn_count_);
     }
   }
+  im.deliver_before_close(conn_count_, std::chrono::milliseconds(1000));
 }
 
 }  // namespace ferry

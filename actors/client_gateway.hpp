@@ -43,7 +43,8 @@ class client_gateway {
 
   /// Start serving; requests go to `scheduler`.
   void start(caf::actor scheduler);
-  /// Stop the thread and close every connection; idempotent.
+  /// Stop the thread and close every connection, once what actors queued before the call is
+  /// written (for up to a second per stop: a client that does not read loses it); idempotent.
   void stop();
 
   /// Send a reply frame to connection `conn` (dropped if it has gone).
