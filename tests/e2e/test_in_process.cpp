@@ -261,3 +261,24 @@ TEST_CASE(
   CHECK(prefill.stop() == 0);
   CHECK(decode.stop() == 0);
 }
+
+TEST_CASE("in process: a client's drain is refused with 400 naming why, and the daemon serves on",
+          "[e2e][in_process][drain]") {
+  require_provider("tcp");
+  temp_dir dir;
+  const shape s = small_shape();
+  inproc_daemon prefill(dir, "prefill-0", "prefill", s);
+  inproc_daemon decode(dir, "decode-0", "decode", s);
+  auto p = prefill.connect();
+  auto d = decode.connect();
+  // The program around the daemon stops it, not a client: a drain would signal that program.
+  const auto refused = d->drain();
+  CHECK(refused.code == errc::invalid_request);
+  CHECK(refused.message ==
+        "this ferryd runs inside another program, which stops it: it cannot drain on a "
+        "client's request");
+  CHECK(status_of(*d).at("draining") == false);
+  run_and_verify(*p, *d, prefill.control(), small_room(21));
+  CHECK(prefill.stop() == 0);
+  CHECK(decode.stop() == 0);
+}
