@@ -11,8 +11,13 @@
 #   METRICS=1 scripts/bench.sh                both daemons serve listen.metrics (127.0.0.1:9464
 #                                             and :9465), each scraped once a second meanwhile
 #   BENCH_JSON=results.json scripts/bench.sh  also keep every run's JSON document, in one list
+#   MODEL=small TOKENS=16 CONCURRENCY=64 REQUESTS=4096 PAGES=1 scripts/bench.sh
+#                                             small rooms: the same 12 attention layers, 2 state
+#                                             layers of 44 KiB (conv [2048,3] bf16, temporal
+#                                             [4,32,64] fp32), 128 state slots and aux rows
 # Environment: PROVIDERS, PAGES, TOKENS (4096), REQUESTS (16), CONCURRENCY (4), REPEAT (5),
-# MEMORY (daemon), METRICS (0), BENCH_JSON.
+# MEMORY (daemon), METRICS (0), MODEL (qwen3-next, or small), SETS (more ferryd --set
+# overrides for both daemons, space-separated: SETS="runtime.workers=1 log.level=warn"), BENCH_JSON.
 # Extra arguments go to ferry-bench. Assumes a built tree (scripts/build.sh).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,6 +32,14 @@ start() {  # start NAME PROVIDER PAGE_TOKENS: the configs/ daemon with another p
               --set "pools.kv.pages=$((20480 / page))")
   if [ "${MEMORY:-daemon}" = client ]; then  # every pool engine-owned
     sets+=(--set pools.kv.memory=client --set pools.mamba.memory=client --set pools.aux.memory=client)
+  fi
+  local extra
+  for extra in ${SETS:-}; do sets+=(--set "$extra"); done
+  if [ "${MODEL:-qwen3-next}" = small ]; then
+    sets+=(--set "pools.mamba.layer_ids=[0,1]" --set "pools.mamba.tensors[0].shape=[2048,3]"
+           --set "pools.mamba.tensors[0].shard_groups=[512,512,1024]"
+           --set "pools.mamba.tensors[1].shape=[4,32,64]" --set pools.mamba.slots=128
+           --set pools.aux.rows=128)
   fi
   if [ "${METRICS:-0}" = 1 ]; then
     local port=9464

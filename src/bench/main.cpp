@@ -13,6 +13,9 @@
 // a workload the daemons cannot hold, 3 a daemon cannot be reached or was lost, 4 timed out.
 
 #include <fmt/format.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -20,8 +23,11 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
+#include <sstream>
 
 #include "bench/baseline.hpp"
 #include "cli/common.hpp"
@@ -46,6 +52,7 @@ struct options {
   uint32_t chunk_tokens = 0;
   double fragmentation = 0.0;
   bool verify = false;
+  bool pipeline = false;  ///< keep `concurrency` rooms in flight instead of running waves
   bool baseline = true;
   std::string provider;
   uint64_t piece_bytes = 1 << 20;
@@ -56,6 +63,50 @@ struct options {
   std::string
       json;  ///< write the results as JSON here ("-" or no file: stdout, the prose to stderr)
 };
+
+/// CPU seconds (user + system, every thread) the ferryd at the other end of a client's socket
+/// has used so far, read from /proc through its pid (SO_PEERCRED); nullopt when it cannot be
+/// read (a daemon in another pid namespace, or /proc closed to this user).
+std::optional<double> daemon_cpu_seconds(const client::client& c) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (getsockopt(c.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.pid <= 0)
+    return std::nullopt;
+  std::ifstream f(fmt::format("/proc/{}/stat", cred.pid));
+  std::string line;
+  if (!std::getline(f, line)) return std::nullopt;
+  // Fields after the command (which may hold spaces) end at the last ')': utime and stime are
+  // the 14th and 15th fields of the line, the 12th and 13th after it.
+  const auto close = line.rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  std::istringstream rest(line.substr(close + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 1; i <= 13 && rest >> field; ++i)
+    if (i >= 12) ticks += std::stod(field);
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+/// The sum of daemon_cpu_seconds over `clients`; nullopt if one cannot be read.
+std::optional<double> cpu_seconds(const std::vector<std::unique_ptr<client::client>>& clients) {
+  double sum = 0;
+  for (const auto& c : clients) {
+    auto s = daemon_cpu_seconds(*c);
+    if (!s) return std::nullopt;
+    sum += *s;
+  }
+  return sum;
+}
+
+double rusage_seconds(int who) {
+  rusage u{};
+  getrusage(who, &u);
+  auto secs = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) / 1e6; };
+  return secs(u.ru_utime) + secs(u.ru_stime);
+}
+double own_cpu_seconds() { return rusage_seconds(RUSAGE_SELF); }
+/// Children that have been waited for (the raw baseline's target).
+double children_cpu_seconds() { return rusage_seconds(RUSAGE_CHILDREN); }
 
 /// Page lists of one concurrency slot: `pages` destination-order entries from a region of the
 /// pool; with fragmentation f, each next page skips ahead with probability f.
@@ -124,6 +175,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
   app.add_flag("--verify", o.verify, "check every destination byte of every request");
+  app.add_flag("--pipeline", o.pipeline,
+               "keep --concurrency rooms in flight: a slot starts its next room as soon as its "
+               "room has committed (default: waves of --concurrency rooms)");
   bool no_baseline = false;
   app.add_flag("--no-baseline", no_baseline, "skip the raw-fabric baseline");
   app.add_option("--provider", o.provider,
@@ -345,10 +399,118 @@ int main(int argc, char** argv) {
   const uint32_t waves = (o.requests + o.concurrency - 1) / o.concurrency;
   auto last_progress = clock_type::now();
   uint64_t next_room = o.room_base;
+  // --pipeline: every slot starts its next room once its room has committed on every decode
+  // rank (and, with --verify, was verified: inside the timed window then). Events are read
+  // from the decode where the oldest live room still waits, so none is waited for in vain.
+  auto run_pipeline = [&](double& transfer_s, uint32_t& run_done) -> std::optional<int> {
+    struct live {
+      uint32_t slot;
+      std::vector<bool> done_on;  // per decode rank
+      uint32_t pending;
+      bool ok = true;
+      clock_type::time_point started, finished;
+    };
+    std::map<uint64_t, live> rooms;  // by id: the first is the oldest
+    std::vector<uint32_t> free_slots;
+    for (uint32_t c = o.concurrency; c-- > 0;) free_slots.push_back(c);
+    uint32_t started = 0, ended = 0;
+    std::optional<clock_type::time_point> first_send;
+    clock_type::time_point last_end{};
+    while (ended < o.requests) {
+      while (!free_slots.empty() && started < o.requests) {
+        const uint32_t c = free_slots.back();
+        free_slots.pop_back();
+        const uint64_t id = next_room++;
+        ++started;
+        if (has_aux)
+          for (auto& pc : prefills) std::memcpy(pc->item(pool_kind::aux, 0, c), &id, 8);
+        for (auto& dc : decodes) {
+          if (o.verify)
+            if (auto e = client::clear_room(*dc, plans[c].dst, has_state ? c : no_index,
+                                            has_aux ? c : no_index);
+                !e)
+              return fail_on(*dc, e.error(), "clear: ");
+          auto r = dc->prepare({id, prefill_controls, plans[c].dst, has_state ? c : no_index,
+                                has_aux ? c : no_index});
+          if (!r) return fail_on(*dc, r.error(), "prepare: ");
+          if (auto sub = dc->subscribe(id); !sub) return fail_on(*dc, sub.error(), "subscribe: ");
+        }
+        live& l = rooms[id];
+        l.slot = c;
+        l.done_on.assign(decodes.size(), false);
+        l.pending = static_cast<uint32_t>(decodes.size());
+        l.started = clock_type::now();
+        if (!first_send) first_send = l.started;
+        for (uint32_t k = 0, pos = 0; k < chunks.size(); pos += chunks[k], ++k) {
+          const bool last = k + 1 == chunks.size();
+          std::vector<uint32_t> pg(plans[c].src.begin() + pos,
+                                   plans[c].src.begin() + pos + chunks[k]);
+          for (auto& pc : prefills) {
+            auto r = pc->send(
+                {id, pg, last, last && has_state ? c : no_index, last && has_aux ? c : no_index});
+            if (!r) return fail_on(*pc, r.error(), "send: ");
+          }
+        }
+      }
+      const live& oldest = rooms.begin()->second;
+      const size_t rank = static_cast<size_t>(
+          std::find(oldest.done_on.begin(), oldest.done_on.end(), false) - oldest.done_on.begin());
+      auto& dc = *decodes[rank];
+      auto e = dc.next_event(std::chrono::seconds(120));
+      if (!e) return fail_on(dc, e.error(), "waiting for commits: ");
+      if (!is_terminal(e.value.status)) continue;
+      auto it = rooms.find(e.value.room);
+      if (it == rooms.end() || it->second.done_on[rank]) continue;
+      live& l = it->second;
+      l.done_on[rank] = true;
+      l.finished = clock_type::now();
+      if (e.value.status != room_status::success) {
+        l.ok = false;
+        if (first_failure.empty())
+          first_failure = fmt::format("room {}: {}", e.value.room, e.value.reason);
+      }
+      if (--l.pending > 0) continue;
+      if (l.ok && o.verify) {
+        std::string err;
+        for (size_t r = 0; r < decodes.size() && err.empty(); ++r) {
+          err = client::verify_room(*decodes[r], pattern_key(l.slot), it->first, plans[l.slot].dst,
+                                    has_state ? l.slot : no_index, has_aux ? l.slot : no_index)
+                    .message;
+          if (!err.empty()) err = fmt::format("decode rank {}: {}", r, err);
+        }
+        if (err.empty())
+          ++verified;
+        else if (first_failure.empty())
+          first_failure = "verify: " + err;
+      }
+      if (l.ok) {
+        ++done;
+        ++run_done;
+        latencies_ms.push_back(
+            std::chrono::duration<double, std::milli>(l.finished - l.started).count());
+      } else {
+        ++failed;
+      }
+      last_end = std::max(last_end, l.finished);
+      free_slots.push_back(l.slot);
+      rooms.erase(it);
+      ++ended;
+      if (clock_type::now() - last_progress > std::chrono::seconds(2)) {
+        std::cerr << fmt::format("  ... {}/{} requests committed\n", run_done, o.requests);
+        last_progress = clock_type::now();
+      }
+    }
+    transfer_s = std::chrono::duration<double>(last_end - *first_send).count();
+    return std::nullopt;
+  };
   for (uint32_t rep = 0; rep < o.repeat; ++rep) {
     double transfer_s = 0;
     uint32_t run_done = 0;
-    for (uint32_t w = 0; w < waves; ++w) {
+    const auto cpu_prefill = cpu_seconds(prefills), cpu_decode = cpu_seconds(decodes);
+    const double cpu_bench = own_cpu_seconds();
+    if (o.pipeline)
+      if (auto rc = run_pipeline(transfer_s, run_done)) return *rc;
+    for (uint32_t w = 0; w < (o.pipeline ? 0 : waves); ++w) {
       const uint32_t n = std::min(o.concurrency, o.requests - w * o.concurrency);
       std::vector<uint64_t> room(n);
       std::vector<clock_type::time_point> started(n);
@@ -438,13 +600,31 @@ int main(int argc, char** argv) {
     }
     const double gbs = transfer_s > 0 ? double(req_bytes) * run_done / transfer_s / 1e9 : 0;
     ferry_runs.push_back(gbs);
+    // CPU of the whole run (prepares, sends and waits included), per room, on each side.
+    auto per_room_ms = [&](std::optional<double> before, std::optional<double> after) {
+      return before && after && run_done > 0 ? nlohmann::json((*after - *before) * 1e3 / run_done)
+                                             : nlohmann::json(nullptr);
+    };
+    const nlohmann::json cpu = {{"prefill", per_room_ms(cpu_prefill, cpu_seconds(prefills))},
+                                {"decode", per_room_ms(cpu_decode, cpu_seconds(decodes))},
+                                {"bench", per_room_ms(cpu_bench, own_cpu_seconds())}};
     std::string raw_text = "raw baseline skipped";
     nlohmann::json run = {
-        {"ferry_gbps", gbs},        {"requests", run_done},
-        {"transfer_s", transfer_s}, {"rooms_per_s", transfer_s > 0 ? run_done / transfer_s : 0.0},
-        {"raw_gbps", nullptr},      {"ratio", nullptr}};
+        {"ferry_gbps", gbs},
+        {"requests", run_done},
+        {"transfer_s", transfer_s},
+        {"rooms_per_s", transfer_s > 0 ? run_done / transfer_s : 0.0},
+        {"raw_gbps", nullptr},
+        {"ratio", nullptr},
+        {"writes_per_s", transfer_s > 0 ? double(run_done) * one.size() / transfer_s : 0.0},
+        {"cpu_ms_per_room", cpu}};
     if (o.baseline) {
+      // The raw run's CPU: its initiator is this process, its target a child it waits for.
+      const double raw_self = own_cpu_seconds(), raw_child = children_cpu_seconds();
       auto r = bench::run_baseline(provider, one, o.concurrency, waves, o.window);
+      const double rooms = double(o.concurrency) * waves;
+      run["raw_cpu_ms_per_room"] = {{"initiator", (own_cpu_seconds() - raw_self) * 1e3 / rooms},
+                                    {"target", (children_cpu_seconds() - raw_child) * 1e3 / rooms}};
       if (!r.error.empty()) {
         raw_text = "raw baseline failed: " + r.error;
         run["raw_error"] = r.error;
@@ -456,8 +636,19 @@ int main(int argc, char** argv) {
             fmt::format("raw {:.2f} GB/s, ratio {:.2f}", r.gbps, r.gbps > 0 ? gbs / r.gbps : 0.0);
       }
     }
-    text << fmt::format("run {}/{}: ferry {:.2f} GB/s ({} requests, {:.3f} s of transfer); {}\n",
-                        rep + 1, o.repeat, gbs, run_done, transfer_s, raw_text);
+    text << fmt::format(
+        "run {}/{}: ferry {:.2f} GB/s ({} requests, {:.3f} s of transfer, {:.0f} rooms/s); {}\n",
+        rep + 1, o.repeat, gbs, run_done, transfer_s, transfer_s > 0 ? run_done / transfer_s : 0.0,
+        raw_text);
+    if (cpu["prefill"].is_number() && cpu["decode"].is_number())
+      text << fmt::format(
+          "  cpu per room: prefill {:.3f} ms, decode {:.3f} ms, bench {:.3f} ms{}\n",
+          cpu["prefill"].get<double>(), cpu["decode"].get<double>(), cpu["bench"].get<double>(),
+          run.contains("raw_cpu_ms_per_room")
+              ? fmt::format("; raw initiator {:.3f} ms, target {:.3f} ms",
+                            run["raw_cpu_ms_per_room"]["initiator"].get<double>(),
+                            run["raw_cpu_ms_per_room"]["target"].get<double>())
+              : "");
     out["runs"].push_back(std::move(run));
   }
   const double ferry_gbs = percentile(ferry_runs, 0.5);
@@ -480,15 +671,29 @@ int main(int argc, char** argv) {
   }
   const uint64_t total_requests = uint64_t{o.requests} * o.repeat;
   {
-    std::vector<double> rates;
-    for (const auto& r : out["runs"]) rates.push_back(r["rooms_per_s"].get<double>());
+    std::vector<double> rates, writes, cpu_p, cpu_d;
+    for (const auto& r : out["runs"]) {
+      rates.push_back(r["rooms_per_s"].get<double>());
+      writes.push_back(r["writes_per_s"].get<double>());
+      if (r["cpu_ms_per_room"]["prefill"].is_number())
+        cpu_p.push_back(r["cpu_ms_per_room"]["prefill"].get<double>());
+      if (r["cpu_ms_per_room"]["decode"].is_number())
+        cpu_d.push_back(r["cpu_ms_per_room"]["decode"].get<double>());
+    }
+    auto median_or_null = [](std::vector<double>& v) {
+      return v.empty() ? nlohmann::json(nullptr) : nlohmann::json(percentile(v, 0.5));
+    };
     out["ferry"] = {{"committed", done},
                     {"failed", failed},
                     {"bytes", req_bytes * done},
                     {"gbps_median", ferry_gbs},
                     {"gbps_min", percentile(ferry_runs, 0)},
                     {"gbps_max", percentile(ferry_runs, 1)},
-                    {"rooms_per_s_median", percentile(rates, 0.5)}};
+                    {"rooms_per_s_median", percentile(rates, 0.5)},
+                    {"writes_per_s_median", percentile(writes, 0.5)},
+                    {"cpu_ms_per_room_median",
+                     {{"prefill", median_or_null(cpu_p)}, {"decode", median_or_null(cpu_d)}}},
+                    {"mode", o.pipeline ? "pipeline" : "waves"}};
     out["commit_latency_ms"] = {{"from", "first send"},
                                 {"to", "Success on decode"},
                                 {"p50", percentile(latencies_ms, 0.5)},

@@ -308,3 +308,26 @@ def test_ferry_bench_json_is_one_document_on_stdout(pair: tuple[Daemon, Daemon])
     assert doc["commit_latency_ms"]["samples"] == 2
     assert doc["poll_many"]["rooms"] == 4
     assert doc["lent"] == [{"socket": p.sock, "pools": 0}, {"socket": d.sock, "pools": 0}]
+
+
+def test_ferry_bench_pipeline_verifies_every_room_and_reports_cpu_per_room(
+        pair: tuple[Daemon, Daemon]) -> None:
+    p, d = pair
+    r = run("ferry-bench", "--prefill-socket", p.sock, "--decode-socket", d.sock,
+            "--prompt-tokens", "8", "--requests", "7", "--concurrency", "3", "--pipeline",
+            "--verify", "--room-base", "890000", "--json", timeout=300)
+    assert r.returncode == OK, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["ferry"]["mode"] == "pipeline"
+    assert doc["ferry"]["committed"] == 7 and doc["verified"] == 7
+    assert doc["commit_latency_ms"]["samples"] == 7
+    run0 = doc["runs"][0]
+    assert run0["requests"] == 7 and run0["rooms_per_s"] > 0
+    writes = doc["per_request"]["writes"]
+    assert abs(run0["writes_per_s"] - run0["rooms_per_s"] * writes) <= 1e-6 * run0["writes_per_s"]
+    # Both daemons run here, so their CPU is read through /proc; the raw run's too.
+    for side in ("prefill", "decode", "bench"):
+        assert run0["cpu_ms_per_room"][side] >= 0, run0
+    assert set(run0["raw_cpu_ms_per_room"]) == {"initiator", "target"}
+    assert doc["ferry"]["cpu_ms_per_room_median"]["decode"] >= 0
+    assert "cpu per room: prefill" in r.stderr
