@@ -259,6 +259,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
   engine_cfg.provider = cfg.fabric.provider;
   engine_cfg.address = cfg.fabric.address;
   engine_cfg.max_inflight_writes = cfg.fabric.max_inflight_writes;
+  engine_cfg.max_inflight_bytes = cfg.fabric.max_inflight_bytes;
   auto opened =
       options.make_engine ? options.make_engine(engine_cfg) : transport::engine::open(engine_cfg);
   if (!opened) {

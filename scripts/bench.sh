@@ -87,6 +87,11 @@ for i in range(0, len(args), 3):
     d = json.load(open(path))
     d["bench"] = {"provider": provider, "page_tokens": int(page)}
     docs.append(d)
+    if "fairness" in d:  # --background-rooms: its own figures, already printed by the run
+        f = d["fairness"]
+        print(f"{provider:<9}{page:>5}  fairness: idle p50 {f['idle_ms']['p50']:.2f} ms, "
+              f"loaded p50 {f['loaded_ms']['p50']:.2f} ms, ratio {f['ratio_p50']:.2f}")
+        continue
     raw = d["raw"]["gbps_median"] if d["raw"] else None
     fmt = lambda v, f: "-" if v is None else format(v, f)
     print(f"{provider:<9}{page:>5}{d['ferry']['gbps_median']:>12.2f}{fmt(raw, '.2f'):>10}"

@@ -52,6 +52,9 @@ struct engine_config {
   std::string provider = "tcp";
   std::string address = "127.0.0.1";  ///< node/interface to bind (ignored by providers without one)
   uint32_t max_inflight_writes = 64;
+  /// Payload bytes posted and not yet completed to one peer (0: bounded by the write count
+  /// alone); a write larger than the bound goes out alone.
+  uint64_t max_inflight_bytes = 0;
   /// Test hook: runs on the progress thread when a stop begins its drain (never in ferryd).
   std::function<void()> on_drain_start;
 };

@@ -53,9 +53,12 @@ inline const error stopped_error{errc::fabric_unavailable, "engine stopped"};
 
 /// Per-batch bookkeeping, owned by the engine from `submit` until `done` has run.
 struct batch_state {
-  explicit batch_state(write_batch b) : batch(std::move(b)) {}
+  explicit batch_state(write_batch b) : batch(std::move(b)) {
+    for (const auto& op : batch.ops) unposted_bytes += op.length;
+  }
   write_batch batch;
   size_t next = 0;              ///< index of the next op to post
+  uint64_t unposted_bytes = 0;  ///< bytes of the ops from `next` on: its place in its peer's queue
   bool marker_pending = false;  ///< split commit: op `next`'s data is posted, its marker not yet
   uint32_t outstanding = 0;     ///< posts (data or marker) not yet completed
   bool in_pending = false;      ///< still referenced by pending_ (must not finish yet)
@@ -80,8 +83,16 @@ struct batch_state {
     if (all_posted()) return;
     fail(static_cast<uint32_t>(batch.ops.size() - next), why);
     next = batch.ops.size();
+    unposted_bytes = 0;
     marker_pending = false;
   }
+  /// Op `next` is posted (with its marker, in a split commit).
+  void advance() { unposted_bytes -= batch.ops[next++].length; }
+};
+
+/// A batch's place in its peer's posting queue: its bytes not yet posted.
+struct unposted_bytes_of {
+  uint64_t operator()(const batch_state* b) const { return b->unposted_bytes; }
 };
 
 /// Context handed to the provider with every operation. FI_CONTEXT/FI_CONTEXT2 let the provider
@@ -93,6 +104,8 @@ struct op_context {
   batch_state* batch = nullptr;
   region_id source = 0;  ///< local region of a posted write (its MR stays open until completion)
   bool marker = false;   ///< split commit: the 0-byte write carrying the op's immediate
+  uint64_t bytes = 0;    ///< payload bytes of a posted write, counted in its peer's bytes in flight
+  uint64_t peer = 0;
 };
 
 /// A queued request for the progress thread; FIFO order between submissions and commands keeps
@@ -286,8 +299,12 @@ class fabric_engine final : public engine {
   std::unordered_map<fi_addr_t, std::vector<uint8_t>> av_removals_after_renewal_;
   std::unordered_set<fi_addr_t> removed_peers_;
   std::list<std::unique_ptr<batch_state>> live_;  ///< every batch not yet finished
-  peer_queues<batch_state*> pending_;             ///< batches with ops left to post: FIFO per peer,
-                                                  ///< peers served round-robin one write at a time
+  /// Batches with ops left to post: peers served round-robin one write at a time, and within a
+  /// peer the batch with the fewest bytes left first (transport/peer_queues.hpp).
+  peer_queues<batch_state*, unposted_bytes_of> pending_;
+  /// Payload bytes posted and not yet completed, per peer: bounded by max_inflight_bytes, so
+  /// a small room's writes wait behind that much of a large room's, not behind a whole window.
+  std::unordered_map<uint64_t, uint64_t> inflight_bytes_;
   std::vector<op_context*> free_contexts_;
   uint32_t inflight_ = 0;
   ssize_t last_cq_error_ = 0;

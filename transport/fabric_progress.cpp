@@ -123,6 +123,7 @@ void fabric_engine::admit(std::unique_ptr<batch_state> b) {
 bool fabric_engine::post_writes() {
   bool posted_any = false;
   if (renew_pending_) return false;  // held until the endpoint is renewed
+  size_t peers_at_bound = 0;         // consecutive peers passed over for their bytes in flight
   while (inflight_ < write_contexts_.size() && !pending_.empty()) {
     batch_state* b = pending_.front();
     if (b->all_posted()) {
@@ -137,10 +138,19 @@ bool fabric_engine::post_writes() {
       // The data is posted; its marker carries the immediate (split commit, tcp).
       if (!post_one(b, op, *r, true)) break;
       b->marker_pending = false;
-      ++b->next;
+      if (!b->all_posted()) b->advance();  // (a failed post gave up on the rest)
       posted_any = true;
+      peers_at_bound = 0;
       pending_.next_turn();
       continue;
+    }
+    if (cfg_.max_inflight_bytes != 0) {
+      const uint64_t in_flight = inflight_bytes_[b->batch.peer];
+      if (in_flight != 0 && in_flight + op.length > cfg_.max_inflight_bytes) {
+        if (++peers_at_bound >= pending_.peers()) break;  // every peer is at its bound
+        pending_.skip_peer();
+        continue;
+      }
     }
     if (r != nullptr && r->deregistered) {
       b->abort_unposted(
@@ -158,11 +168,12 @@ bool fabric_engine::post_writes() {
     }
     if (!post_one(b, op, *r, false)) break;
     posted_any = true;
+    peers_at_bound = 0;
     if (split_commit_ && !b->all_posted()) {
       b->marker_pending = true;  // the marker goes next, before any other write of this peer
       continue;
     }
-    ++b->next;
+    if (!b->all_posted()) b->advance();
     pending_.next_turn();
   }
   return posted_any;
@@ -216,6 +227,9 @@ bool fabric_engine::post_one(batch_state* b, const write_op& op, region& r, bool
     return true;
   }
   free_contexts_.pop_back();
+  ctx->peer = b->batch.peer;
+  ctx->bytes = marker ? 0 : op.length;
+  if (ctx->bytes != 0) inflight_bytes_[ctx->peer] += ctx->bytes;
   if (renew_on_cut_)
     if (auto p = peers_.find(b->batch.peer); p != peers_.end()) ++p->second.writes_posted;
   ++r.posted;
@@ -311,6 +325,11 @@ void fabric_engine::complete_op(op_context* ctx, bool ok, const error& why) {
   ctx->batch = nullptr;
   free_contexts_.push_back(ctx);
   --inflight_;
+  if (ctx->bytes != 0) {
+    auto in_flight = inflight_bytes_.find(ctx->peer);
+    if ((in_flight->second -= ctx->bytes) == 0) inflight_bytes_.erase(in_flight);
+    ctx->bytes = 0;
+  }
   region& r = regions_[ctx->source];
   // The deferred close; a failure is logged there, and nobody waits for it.
   if (--r.posted == 0 && r.deregistered && r.mr) (void)close_region_mr(ctx->source);

@@ -27,7 +27,9 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
+#include <set>
 #include <sstream>
+#include <variant>
 
 #include "bench/baseline.hpp"
 #include "cli/common.hpp"
@@ -52,7 +54,9 @@ struct options {
   uint32_t chunk_tokens = 0;
   double fragmentation = 0.0;
   bool verify = false;
-  bool pipeline = false;  ///< keep `concurrency` rooms in flight instead of running waves
+  bool pipeline = false;          ///< keep `concurrency` rooms in flight instead of running waves
+  uint32_t background_rooms = 0;  ///< fairness: this many large rooms flow meanwhile
+  uint32_t background_tokens = 4096;
   bool baseline = true;
   std::string provider;
   uint64_t piece_bytes = 1 << 20;
@@ -190,6 +194,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--repeat", o.repeat,
                  "repeat the run (each followed by a baseline run); medians are reported")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--background-rooms", o.background_rooms,
+                 "fairness: time --requests rooms one at a time, idle and then while this many "
+                 "rooms of --background-tokens flow to the same decode (0: off)");
+  app.add_option("--background-tokens", o.background_tokens, "tokens of each background room")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--room-base", o.room_base, "first room id (default: time-based)");
@@ -399,6 +409,133 @@ int main(int argc, char** argv) {
   const uint32_t waves = (o.requests + o.concurrency - 1) / o.concurrency;
   auto last_progress = clock_type::now();
   uint64_t next_room = o.room_base;
+  // --background-rooms: the latency of one room at a time, first idle, then while large rooms
+  // flow to the same decode (started together right before the first timed room); the timed
+  // rooms use slot 0, the large ones the pages, slots and rows after the timed rooms' regions.
+  auto run_fairness = [&]() -> int {
+    const uint32_t big_pages = (o.background_tokens + page_tokens - 1) / page_tokens;
+    const uint64_t first_big = uint64_t{region} * o.concurrency;
+    if (first_big + uint64_t{big_pages} * o.background_rooms > pool_pages ||
+        o.concurrency + o.background_rooms > std::min(slots, rows))
+      return fail(fmt::format("{} background rooms of {} pages do not fit beside the timed rooms "
+                              "(kv pages {}, state slots {}, aux rows {})",
+                              o.background_rooms, big_pages, pool_pages, slots, rows),
+                  exit_code::usage);
+    auto one_room = [&](uint64_t id, const std::vector<uint32_t>& src,
+                        const std::vector<uint32_t>& dst, uint32_t slot) -> std::optional<int> {
+      if (has_aux)
+        for (auto& pc : prefills) std::memcpy(pc->item(pool_kind::aux, 0, slot), &id, 8);
+      for (auto& dc : decodes) {
+        auto r = dc->prepare(
+            {id, prefill_controls, dst, has_state ? slot : no_index, has_aux ? slot : no_index});
+        if (!r) return fail_on(*dc, r.error(), "prepare: ");
+        if (auto sub = dc->subscribe(id); !sub) return fail_on(*dc, sub.error(), "subscribe: ");
+      }
+      for (auto& pc : prefills) {
+        auto r = pc->send({id, src, true, has_state ? slot : no_index, has_aux ? slot : no_index});
+        if (!r) return fail_on(*pc, r.error(), "send: ");
+      }
+      return std::nullopt;
+    };
+    std::set<uint64_t> background_left;  // per decode rank's count below: rooms not yet ended
+    std::map<uint64_t, uint32_t> ends_left;
+    // Waits for `room` on every decode rank; terminal events of background rooms on the way
+    // are counted. Returns the latency in ms, or an exit code.
+    auto wait_room = [&](uint64_t room, clock_type::time_point t0) -> std::variant<double, int> {
+      for (size_t rank = 0; rank < decodes.size(); ++rank)
+        for (bool mine = false; !mine;) {
+          auto e = decodes[rank]->next_event(std::chrono::seconds(120));
+          if (!e) return fail_on(*decodes[rank], e.error(), "waiting for commits: ");
+          if (!is_terminal(e.value.status)) continue;
+          if (e.value.status != room_status::success)
+            return fail(fmt::format("room {}: {}", e.value.room, e.value.reason));
+          if (e.value.room == room) {
+            mine = true;
+          } else if (auto it = ends_left.find(e.value.room); it != ends_left.end()) {
+            if (--it->second == 0) {
+              background_left.erase(e.value.room);
+              ends_left.erase(it);
+            }
+          }
+        }
+      return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+    };
+    std::vector<double> idle_ms, loaded_ms;
+    for (uint32_t i = 0; i < o.requests; ++i) {
+      const auto t0 = clock_type::now();
+      if (auto rc = one_room(next_room++, plans[0].src, plans[0].dst, 0)) return *rc;
+      auto r = wait_room(next_room - 1, t0);
+      if (auto* rc = std::get_if<int>(&r)) return *rc;
+      idle_ms.push_back(std::get<double>(r));
+    }
+    for (uint32_t k = 0; k < o.background_rooms; ++k) {
+      std::vector<uint32_t> pages(big_pages);
+      for (uint32_t i = 0; i < big_pages; ++i)
+        pages[i] = static_cast<uint32_t>(first_big + uint64_t{k} * big_pages + i);
+      const uint64_t id = next_room++;
+      background_left.insert(id);
+      ends_left[id] = static_cast<uint32_t>(decodes.size());
+      if (auto rc = one_room(id, pages, pages, o.concurrency + k)) return *rc;
+    }
+    const auto load_start = clock_type::now();
+    for (uint32_t i = 0; i < o.requests && !background_left.empty(); ++i) {
+      const auto t0 = clock_type::now();
+      if (auto rc = one_room(next_room++, plans[0].src, plans[0].dst, 0)) return *rc;
+      auto r = wait_room(next_room - 1, t0);
+      if (auto* rc = std::get_if<int>(&r)) return *rc;
+      loaded_ms.push_back(std::get<double>(r));
+    }
+    // The rest of the background rooms, then their time.
+    for (size_t rank = 0; rank < decodes.size() && !background_left.empty(); ++rank)
+      for (int guard = 0; guard < 1000000 && !background_left.empty(); ++guard) {
+        auto e = decodes[rank]->next_event(std::chrono::seconds(120));
+        if (!e) return fail_on(*decodes[rank], e.error(), "waiting for background rooms: ");
+        if (!is_terminal(e.value.status)) continue;
+        if (e.value.status != room_status::success)
+          return fail(fmt::format("room {}: {}", e.value.room, e.value.reason));
+        if (auto it = ends_left.find(e.value.room); it != ends_left.end() && --it->second == 0) {
+          background_left.erase(e.value.room);
+          ends_left.erase(it);
+        }
+      }
+    const double load_s = std::chrono::duration<double>(clock_type::now() - load_start).count();
+    const double idle_p50 = percentile(idle_ms, 0.5);
+    const double loaded_p50 = loaded_ms.empty() ? 0 : percentile(loaded_ms, 0.5);
+    text << fmt::format(
+        "fairness: {} rooms of {} tokens one at a time: idle p50 {:.2f} ms p99 {:.2f} ms; while "
+        "{} rooms of {} tokens flow ({:.3f} s, {:.2f} GB/s of them): {} rooms, p50 {:.2f} ms "
+        "p99 {:.2f} ms, max {:.2f} ms; p50 loaded / idle = {:.2f}\n",
+        idle_ms.size(), o.prompt_tokens, idle_p50, percentile(idle_ms, 0.99), o.background_rooms,
+        o.background_tokens, load_s,
+        double(big_pages) * o.background_rooms * kv_bytes / pages_per_req / load_s / 1e9,
+        loaded_ms.size(), loaded_p50, loaded_ms.empty() ? 0 : percentile(loaded_ms, 0.99),
+        loaded_ms.empty() ? 0 : percentile(loaded_ms, 1), idle_p50 > 0 ? loaded_p50 / idle_p50 : 0);
+    out["fairness"] = {
+        {"background_rooms", o.background_rooms},
+        {"background_tokens", o.background_tokens},
+        {"background_s", load_s},
+        {"idle_ms",
+         {{"p50", idle_p50}, {"p99", percentile(idle_ms, 0.99)}, {"samples", idle_ms.size()}}},
+        {"loaded_ms",
+         {{"p50", loaded_p50},
+          {"p99", loaded_ms.empty() ? 0 : percentile(loaded_ms, 0.99)},
+          {"max", loaded_ms.empty() ? 0 : percentile(loaded_ms, 1)},
+          {"samples", loaded_ms.size()}}},
+        {"ratio_p50", idle_p50 > 0 ? loaded_p50 / idle_p50 : 0}};
+    out["ok"] = !loaded_ms.empty();
+    if (o.json == "-") {
+      std::cout << out.dump(1) << "\n";
+    } else if (!o.json.empty()) {
+      std::ofstream f(o.json);
+      f << out.dump(1) << "\n";
+      if (!f.flush()) return fail("cannot write --json file " + o.json);
+    }
+    if (loaded_ms.empty())
+      return fail("the background rooms ended before a timed room could run beside them");
+    return exit_code::ok;
+  };
+  if (o.background_rooms > 0) return run_fairness();
+
   // --pipeline: every slot starts its next room once its room has committed on every decode
   // rank (and, with --verify, was verified: inside the timed window then). Events are read
   // from the decode where the oldest live room still waits, so none is waited for in vain.

@@ -51,6 +51,7 @@ std::string to_yaml(const ferry_config& cfg) {
   out << YAML::Key << "provider" << YAML::Value << cfg.fabric.provider;
   out << YAML::Key << "address" << YAML::Value << cfg.fabric.address;
   out << YAML::Key << "max_inflight_writes" << YAML::Value << cfg.fabric.max_inflight_writes;
+  out << YAML::Key << "max_inflight_bytes" << YAML::Value << cfg.fabric.max_inflight_bytes;
   out << YAML::Key << "write_piece_bytes" << YAML::Value << cfg.fabric.write_piece_bytes;
   out << YAML::Key << "staging_bytes" << YAML::Value << cfg.fabric.staging_bytes;
   out << YAML::EndMap;

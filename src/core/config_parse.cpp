@@ -288,12 +288,13 @@ ferry_config parse_root(const YAML::Node& root) {
   listen.required_field("client", cfg.client_listen);
   listen.optional_field("metrics", cfg.metrics_listen);
 
-  const section fabric(
-      top.get_or_null("fabric"), "fabric",
-      {"provider", "address", "max_inflight_writes", "write_piece_bytes", "staging_bytes"});
+  const section fabric(top.get_or_null("fabric"), "fabric",
+                       {"provider", "address", "max_inflight_writes", "max_inflight_bytes",
+                        "write_piece_bytes", "staging_bytes"});
   fabric.optional_field("provider", cfg.fabric.provider);
   fabric.optional_field("address", cfg.fabric.address);
   fabric.optional_field("max_inflight_writes", cfg.fabric.max_inflight_writes);
+  fabric.optional_field("max_inflight_bytes", cfg.fabric.max_inflight_bytes);
   fabric.optional_field("write_piece_bytes", cfg.fabric.write_piece_bytes);
   fabric.optional_field("staging_bytes", cfg.fabric.staging_bytes);
 

@@ -90,9 +90,11 @@ struct pools_config {
 };
 
 struct fabric_config {
-  std::string provider = "tcp";          ///< any libfabric provider name: tcp, shm, verbs, efa...
-  std::string address = "127.0.0.1";     ///< interface address the endpoint binds to (if used)
-  uint32_t max_inflight_writes = 64;     ///< credit bound on posted, uncompleted writes
+  std::string provider = "tcp";       ///< any libfabric provider name: tcp, shm, verbs, efa...
+  std::string address = "127.0.0.1";  ///< interface address the endpoint binds to (if used)
+  uint32_t max_inflight_writes = 64;  ///< credit bound on posted, uncompleted writes
+  /// Bound on one peer's posted, uncompleted payload bytes (0: the write count alone)
+  uint64_t max_inflight_bytes = 0;
   uint64_t write_piece_bytes = 1 << 20;  ///< large state tensors are split into pieces this size
   /// Registered bounce memory for head-sliced KV under a TP mismatch (pack at the source,
   /// unpack at the destination); 0 disables it (then one write per token and layer).

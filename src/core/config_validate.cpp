@@ -285,6 +285,9 @@ void validate_all(const ferry_config& cfg) {
   if (cfg.fabric.provider.empty()) fail("fabric.provider", "expected a provider name, got \"\"");
   if (cfg.fabric.address.empty()) fail("fabric.address", "expected an address, got \"\"");
   check_range(cfg.fabric.max_inflight_writes, 1, 65536, "fabric.max_inflight_writes");
+  if (cfg.fabric.max_inflight_bytes != 0)
+    check_range(cfg.fabric.max_inflight_bytes, 4096, uint64_t{1} << 40,
+                "fabric.max_inflight_bytes");
   check_range(cfg.fabric.write_piece_bytes, 4096, uint64_t{1} << 30, "fabric.write_piece_bytes");
   if (cfg.fabric.staging_bytes != 0)
     check_range(cfg.fabric.staging_bytes, 1 << 20, uint64_t{1} << 40, "fabric.staging_bytes");

@@ -137,7 +137,14 @@ TEST_CASE(
 }
 
 TEST_CASE("64 concurrent rooms all commit with their own bytes", "[e2e]") {
+  // The engine posts each peer's shortest batch first; with fabric.max_inflight_bytes it also
+  // holds a peer's writes at that many bytes in flight (4096: every write goes out alone).
+  auto [provider, bound] =
+      GENERATE(table<std::string, uint64_t>({{"tcp", 0}, {"tcp", 4096}, {"shm", 65536}}));
+  require_provider(provider);
   shape s;
+  s.provider = provider;
+  s.max_inflight_bytes = bound;
   s.slots = 64;
   s.temporal_heads = 2;
   pair c(s);

@@ -163,6 +163,18 @@ TEST_CASE(
   REQUIRE(rig.target->deregister_region(a_id));
 
   auto stale = rig.write(1, a, 0, 0, 65536, 900);
+  // The engine posts a peer's shortest batch first: the later writes must not be queued with
+  // the stale one. A call that goes through the progress thread's queue after it returns once
+  // that thread has taken the stale write, and the thread posts what it took before it looks
+  // at its queue again (fabric_progress.cpp, run()).
+  {
+    auto taken = std::make_shared<tracked>();
+    rig.init1->register_regions({},
+                                [taken](ferry::result<std::vector<ferry::transport::region_id>>) {
+                                  tracked::recorder(taken)({});
+                                });
+    REQUIRE(taken->wait());
+  }
   // A later write from the same initiator still lands at the target...
   auto small = rig.write(1, b, 0, 0, 64, 901);
   auto big = rig.write(1, b, 4096, 4096, 65536, 902);

@@ -114,6 +114,10 @@ TEST_CASE("validation errors name the key and the value seen", "[unit][config]")
     REQUIRE(validate_error(base_yaml + "fabric: {max_inflight_writes: 0}\n") ==
             "fabric.max_inflight_writes: expected an integer in 1..65536, got 0");
   }
+  SECTION("inflight bytes") {
+    REQUIRE(validate_error(base_yaml + "fabric: {max_inflight_bytes: 10}\n") ==
+            "fabric.max_inflight_bytes: expected an integer in 4096..1099511627776, got 10");
+  }
   SECTION("write piece") {
     REQUIRE(validate_error(base_yaml + "fabric: {write_piece_bytes: 1024}\n") ==
             "fabric.write_piece_bytes: expected an integer in 4096..1073741824, got 1024");
