@@ -4,7 +4,8 @@
 // while the daemon is down fails at once with 300, and after the restart the same client
 // object connects again by itself and moves a room byte for byte, once with daemon pools
 // (mapped anew) and once with `memory: client` pools (the memfds registered again by the
-// client). A client that gives up after max_attempts stays given up.
+// client). A client that gives up after max_attempts stays given up; one whose ferryd drains is
+// told (407), its accepted room finishes, and it reconnects to the restarted daemon.
 
 #include <dirent.h>
 #include <linux/sockios.h>
@@ -345,4 +346,59 @@ TEST_CASE(
   auto refused = plain->reconnect(1s);
   CHECK(refused.code == errc::invalid_request);
   CHECK(plain->poll(1).code == errc::peer_lost);
+}
+
+TEST_CASE(
+    "reconnect: a client whose decode ferryd drains is told, its accepted room finishes, and it "
+    "connects to the restarted daemon",
+    "[e2e][reconnect]") {
+  temp_dir dir;
+  shape s;
+  s.pages = 512;
+  daemon_proc prefill(dir, "prefill-0", "prefill", s);
+  daemon_proc decode(dir, "decode-0", "decode", s);
+  client::reconnect_policy policy;
+  policy.initial_delay = policy.max_delay = 0ms;
+  std::vector<notice> notes;
+  auto p = prefill.connect();
+  auto d = reconnecting(decode, policy, notes);
+
+  // Room 30 accepted before the SIGTERM; a new one is refused with 407 and the client is told.
+  const auto r = room(30, 0, 0, 1);
+  stage(*p, *d, r);
+  prepare(*d, prefill.control(), r);
+  REQUIRE(d->subscribe(r.room));
+  decode.drain();
+  REQUIRE(log_shows(decode, "draining: "));
+  auto refused = d->prepare({31, {prefill.control()}, range(100, 4), 2, 2});
+  INFO(refused.message);
+  CHECK(refused.code == errc::draining);
+  REQUIRE(notes.size() == 1);
+  CHECK(notes[0].what == notice::kind::draining);
+  CHECK(starts_with(notes[0].message, "room 31: ferryd is draining"));
+  CHECK(d->draining());
+  send_rest(*p, r, 0);
+  auto done = d->wait_terminal(r.room, 60s);
+  INFO(done.message);
+  REQUIRE(done);
+  CHECK(done.value.status == room_status::success);
+  CHECK(client::verify_room(*d, r.room, r.dst_pages, r.dst_slot, r.dst_row).message == "");
+  CHECK(decode.wait_exit() == 0);  // drained: it exits once room 30 ended
+
+  // The next call finds the connection gone (302), the one after reconnects to the new daemon.
+  auto first = d->poll(r.room);
+  INFO(first.message);
+  CHECK(first.code == errc::peer_lost);
+  REQUIRE(notes.size() == 2);
+  CHECK(notes[1].what == notice::kind::disconnected);
+  CHECK(notes[1].drained);
+  CHECK(notes[1].failed_rooms.empty());
+  decode.restart();
+  auto back = d->info(proto::info_topic::status);
+  INFO(back.message);
+  REQUIRE(back);
+  REQUIRE(notes.size() == 3);
+  CHECK(notes[2].what == notice::kind::reconnected);
+  CHECK_FALSE(d->draining());
+  move_room(*p, *d, prefill.control(), room(32, 32, 64, 2));
 }
