@@ -1,5 +1,6 @@
 #include "ferry/client.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -9,43 +10,142 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <string_view>
+#include <thread>
 
 namespace ferry::client {
+
+namespace {
+
+/// A policy field outside its bounds, named.
+std::optional<error> check_policy(const reconnect_policy& p) {
+  using std::chrono::milliseconds;
+  constexpr milliseconds limit = std::chrono::minutes(10);
+  auto bad = [](const std::string& what) {
+    return error{errc::invalid_request, "reconnect_policy: " + what};
+  };
+  if (p.initial_delay.count() < 0 || p.initial_delay > p.max_delay)
+    return bad(fmt::format("needs 0 <= initial_delay <= max_delay, got {} ms and {} ms",
+                           p.initial_delay.count(), p.max_delay.count()));
+  if (p.max_delay > limit)
+    return bad(
+        fmt::format("max_delay is {} ms; at most {} ms", p.max_delay.count(), limit.count()));
+  if (!(p.multiplier >= 1.0 && p.multiplier <= 100.0))
+    return bad(fmt::format("multiplier is {}; it must be in [1, 100]", p.multiplier));
+  if (p.call_wait.count() < 0 || p.call_wait > limit)
+    return bad(fmt::format("call_wait is {} ms; it must be in [0, {}] ms", p.call_wait.count(),
+                           limit.count()));
+  if (p.attempt_timeout.count() < 1 || p.attempt_timeout > limit)
+    return bad(fmt::format("attempt_timeout is {} ms; it must be in [1, {}] ms",
+                           p.attempt_timeout.count(), limit.count()));
+  return std::nullopt;
+}
+
+/// The wait after failed attempt number `attempt` (1, 2, ...).
+std::chrono::milliseconds backoff(const reconnect_policy& p, uint32_t attempt) {
+  double ms = static_cast<double>(p.initial_delay.count());
+  for (uint32_t i = 1; i < attempt && ms < static_cast<double>(p.max_delay.count()); ++i)
+    ms *= p.multiplier;
+  return std::min(p.max_delay, std::chrono::milliseconds(static_cast<int64_t>(ms)));
+}
+
+/// Whether a 407 says this client's own ferryd is draining ("room 3: ferryd is draining: ..."),
+/// not a peer it named ("peer HOST:PORT is draining: ...").
+bool own_drain(const std::string& m) {
+  std::string_view v(m);
+  if (v.starts_with("room ")) {
+    size_t i = 5;
+    while (i < v.size() && v[i] >= '0' && v[i] <= '9') ++i;
+    if (i > 5 && v.substr(i).starts_with(": ")) v.remove_prefix(i + 2);
+  }
+  return v.starts_with("ferryd is draining");
+}
+
+double seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+}  // namespace
+
 client::~client() {
   if (fd_ >= 0) close(fd_);
+  for (auto& r : registrations_)
+    for (int fd : r.fds) close(fd);
 }
 
 result<std::unique_ptr<client>> client::connect(const std::string& socket_path,
                                                 const std::string& name,
                                                 std::chrono::milliseconds timeout,
                                                 bool cancel_on_disconnect, uint16_t max_version) {
+  connect_options o;
+  o.name = name;
+  o.timeout = timeout;
+  o.cancel_on_disconnect = cancel_on_disconnect;
+  o.max_version = max_version;
+  return connect(socket_path, o);
+}
+
+result<std::unique_ptr<client>> client::connect(const std::string& socket_path,
+                                                const connect_options& options) {
+  if (options.reconnect)
+    if (auto e = check_policy(*options.reconnect)) return *e;
   std::unique_ptr<client> c(new client());
-  c->timeout_ = timeout;
-  sockaddr_un addr{};
-  if (socket_path.size() >= sizeof(addr.sun_path))
-    return error{errc::invalid_request, "socket path is too long: " + socket_path};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, socket_path.c_str(), sizeof(addr.sun_path) - 1);
-  c->fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (c->fd_ < 0 || ::connect(c->fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)
-    return error{errc::peer_unreachable, fmt::format("cannot connect to ferryd at '{}': {}",
-                                                     socket_path, std::strerror(errno))};
-  auto r = c->request(
-      proto::hello{max_version, name, cancel_on_disconnect, proto::min_protocol_version});
-  if (!r) return error{r.code, r.message};
-  auto* h = std::get_if<proto::hello_reply>(&r.value);
-  if (!h) return error{errc::malformed_frame, "ferryd answered hello with an unexpected message"};
-  c->hello_ = std::move(*h);
-  c->version_ = c->hello_.version;
-  c->reader_.set_version(c->version_);
-  c->timeout_ = std::chrono::seconds(30);
+  c->socket_path_ = socket_path;
+  c->name_ = options.name;
+  c->cancel_on_disconnect_ = options.cancel_on_disconnect;
+  c->max_version_ = options.max_version;
+  c->policy_ = options.reconnect;
+  if (auto h = c->handshake(options.timeout); !h) return std::move(h).error();
   result<std::unique_ptr<client>> o;
   o.value = std::move(c);
   return o;
 }
 
+result<none> client::handshake(std::chrono::milliseconds timeout) {
+  sockaddr_un addr{};
+  if (socket_path_.size() >= sizeof(addr.sun_path))
+    return error{errc::invalid_request, "socket path is too long: " + socket_path_};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, socket_path_.c_str(), sizeof(addr.sun_path) - 1);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int err = errno;
+    if (fd >= 0) close(fd);
+    return error{errc::peer_unreachable, fmt::format("cannot connect to ferryd at '{}': {}",
+                                                     socket_path_, std::strerror(err))};
+  }
+  fd_ = fd;
+  lost_ = false;
+  draining_ = false;
+  reader_ = proto::frame_reader{};
+  version_ = proto::protocol_version;
+  const bool was_attempting = attempting_;
+  attempting_ = true;  // a loss during the hello fails the hello only
+  const auto saved_timeout = timeout_;
+  timeout_ = timeout;
+  auto r = request(
+      proto::hello{max_version_, name_, cancel_on_disconnect_, proto::min_protocol_version});
+  timeout_ = saved_timeout;
+  attempting_ = was_attempting;
+  auto fail = [this](error e) -> result<none> {
+    close(fd_);
+    fd_ = -1;
+    lost_ = true;
+    return e;
+  };
+  if (!r) return fail({r.code, r.message});
+  auto* h = std::get_if<proto::hello_reply>(&r.value);
+  if (!h) return fail({errc::malformed_frame, "ferryd answered hello with an unexpected message"});
+  hello_ = std::move(*h);
+  version_ = hello_.version;
+  reader_.set_version(version_);
+  return {};
+}
+
 result<proto::message> client::read_frame(std::chrono::steady_clock::time_point deadline,
                                           uint32_t* seq) {
+  // A reconnecting client closed its lost connection: nothing more comes from it.
+  if (fd_ < 0) return error{loss_.code, loss_.message};
   std::vector<uint8_t> buf(64 * 1024);
   for (;;) {
     if (auto d = reader_.next()) {
@@ -75,6 +175,7 @@ result<proto::message> client::read_frame(std::chrono::steady_clock::time_point 
 
 result<proto::message> client::raw_exchange(const std::vector<uint8_t>& bytes,
                                             std::chrono::milliseconds timeout) {
+  if (auto e = enter(); !e) return std::move(e).error();
   return exchange(bytes, timeout, std::nullopt);
 }
 
@@ -103,6 +204,7 @@ result<proto::message> client::exchange(const std::vector<uint8_t>& bytes,
     auto r = read_frame(deadline, &seq);
     if (!r) return r;
     if (auto* ev = std::get_if<proto::event>(&r.value)) {
+      note_event(*ev);
       events_.push_back(std::move(*ev));
       continue;
     }
@@ -135,12 +237,16 @@ std::optional<error> too_new(proto::msg_type t, uint16_t version) {
 }  // namespace
 
 result<proto::message> client::request(const proto::message& m) {
+  if (auto e = enter(); !e) return std::move(e).error();
   if (auto e = too_new(proto::type_of(m), version_)) return *e;
   const uint32_t seq = next_seq_++;
   if (next_seq_ == 0) next_seq_ = 1;  // seq 0 is for events
   auto r = exchange(proto::encode(m, seq, version_), timeout_, seq);
   if (!r) return r;
-  if (auto* e = std::get_if<proto::error>(&r.value)) return error{e->code, e->message};
+  if (auto* e = std::get_if<proto::error>(&r.value)) {
+    note_error_reply(*e);
+    return error{e->code, e->message};
+  }
   return r;
 }
 
@@ -153,10 +259,22 @@ result<none> client::expect_ok(const proto::message& m) {
   return {};
 }
 
-result<none> client::prepare(const proto::prepare& p) { return expect_ok(p); }
+result<none> client::prepare(const proto::prepare& p) {
+  forget_lost(p.room);
+  return expect_ok(p);
+}
 result<none> client::send(const proto::send& s) { return expect_ok(s); }
 result<none> client::cancel(uint64_t room) { return expect_ok(proto::cancel{room}); }
-result<none> client::subscribe(uint64_t room) { return expect_ok(proto::subscribe{room}); }
+result<none> client::subscribe(uint64_t room) {
+  forget_lost(room);
+  if (auto e = enter(); !e) return e;
+  // Counted before it is sent: the first event (the current status) may come before the ok.
+  const bool added = std::find(subscribed_.begin(), subscribed_.end(), room) == subscribed_.end();
+  if (added) subscribed_.push_back(room);
+  auto r = expect_ok(proto::subscribe{room});
+  if (!r && added) std::erase(subscribed_, room);
+  return r;
+}
 
 result<none> client::drain() { return expect_ok(proto::drain{}); }
 
@@ -204,9 +322,12 @@ result<std::string> client::info(proto::info_topic topic) {
 
 result<proto::event> client::next_event(std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  if (events_.empty())
+    if (auto e = enter(); !e) return std::move(e).error();
   while (events_.empty()) {
     auto r = read_event(deadline);
-    if (!r) return r;
+    if (!r && events_.empty()) return r;
+    if (!r) break;  // the loss left the Failed events of the subscribed rooms
     events_.push_back(std::move(r.value));
   }
   result<proto::event> o;
@@ -228,6 +349,7 @@ result<proto::event> client::read_event(std::chrono::steady_clock::time_point de
          fmt::format("protocol error: ferryd sent a {} with seq {}, which matches no outstanding "
                      "request",
                      proto::to_string(proto::type_of(r.value)), seq)});
+  note_event(*ev);
   result<proto::event> o;
   o.value = std::move(*ev);
   return o;
@@ -239,7 +361,7 @@ void client::discard_events(uint64_t room) {
 
 result<proto::event> client::wait_terminal(uint64_t room, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
+  for (bool entered = false;;) {
     for (auto it = events_.begin(); it != events_.end(); ++it)
       if (it->room == room && is_terminal(it->status)) {
         result<proto::event> o;
@@ -247,8 +369,19 @@ result<proto::event> client::wait_terminal(uint64_t room, std::chrono::milliseco
         events_.erase(it);
         return o;
       }
+    if (!entered) {  // not kept already: ferryd must say it
+      entered = true;
+      if (auto e = enter(); !e) return error{e.code, fmt::format("room {}: {}", room, e.message)};
+    }
     auto r = read_event(deadline);
-    if (!r) return error{r.code, fmt::format("room {}: {}", room, r.message)};
+    if (!r) {
+      // A loss keeps a Failed event for every subscribed room: this one's answers the wait.
+      auto it = std::find_if(events_.begin(), events_.end(), [room](const proto::event& e) {
+        return e.room == room && is_terminal(e.status);
+      });
+      if (it == events_.end()) return error{r.code, fmt::format("room {}: {}", room, r.message)};
+      continue;
+    }
     events_.push_back(std::move(r.value));
   }
 }
@@ -266,12 +399,49 @@ result<none> client::map_pools() {
 
 uint8_t* client::pool(pool_kind k) const {
   const int i = static_cast<int>(k);
-  return attached_[i] ? attached_[i] : pools_[i].data();
+  if (attached_[i]) return attached_[i];
+  // A daemon pool of a lost connection is no longer ferryd's memory: not used until remapped.
+  if (policy_ && lost_) return nullptr;
+  return pools_[i].data();
 }
 
 result<none> client::register_memory(proto::register_memory req, const std::vector<int>& fds) {
+  if (auto e = enter(); !e) return e;
   if (auto e = too_new(proto::msg_type::register_memory, version_)) return *e;
   req.fd_count = static_cast<uint32_t>(fds.size());
+  if (!policy_) return send_register(req, fds);
+  // Duplicates of the caller's descriptors, kept to register the same memory again after a
+  // reconnect (the caller may close its own).
+  registration kept{req, {}};
+  for (int fd : fds) {
+    int d = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (d < 0) {
+      const int err = errno;
+      for (int x : kept.fds) close(x);
+      return error{errc::system_error,
+                   fmt::format("register_memory: cannot duplicate descriptor {} to keep it for "
+                               "reconnecting: {} (nothing was sent)",
+                               fd, std::strerror(err))};
+    }
+    kept.fds.push_back(d);
+  }
+  auto r = send_register(req, fds);
+  if (!r) {
+    for (int x : kept.fds) close(x);
+    return r;
+  }
+  auto same = std::find_if(registrations_.begin(), registrations_.end(),
+                           [&](const registration& g) { return g.req.pool == req.pool; });
+  if (same != registrations_.end()) {
+    for (int x : same->fds) close(x);
+    *same = std::move(kept);
+  } else {
+    registrations_.push_back(std::move(kept));
+  }
+  return {};
+}
+
+result<none> client::send_register(const proto::register_memory& req, const std::vector<int>& fds) {
   const uint32_t seq = next_seq_++;
   if (next_seq_ == 0) next_seq_ = 1;
   const auto frame = proto::encode(req, seq, version_);
@@ -291,14 +461,20 @@ result<none> client::register_memory(proto::register_memory req, const std::vect
     std::memcpy(CMSG_DATA(h), fds.data(), sizeof(int) * fds.size());
   }
   ssize_t sent = sendmsg(fd_, &msg, MSG_NOSIGNAL);
-  if (sent < 0)
-    return error{errc::peer_unreachable,
-                 fmt::format("cannot send register_memory: {}", std::strerror(errno))};
+  if (sent < 0) {
+    const std::string text = fmt::format("cannot send register_memory: {}", std::strerror(errno));
+    // A reconnecting client takes the broken connection as lost, as a failed write elsewhere.
+    if (policy_) return lose({errc::peer_lost, text});
+    return error{errc::peer_unreachable, text};
+  }
   // A stream socket may take part of a large frame; the rest goes without descriptors.
   std::vector<uint8_t> rest(frame.begin() + sent, frame.end());
   auto r = exchange(rest, timeout_, seq);
   if (!r) return error{r.code, r.message};
-  if (auto* e = std::get_if<proto::error>(&r.value)) return error{e->code, e->message};
+  if (auto* e = std::get_if<proto::error>(&r.value)) {
+    note_error_reply(*e);
+    return error{e->code, e->message};
+  }
   if (!std::holds_alternative<proto::ok>(r.value))
     return error{errc::malformed_frame, "unexpected reply to register_memory"};
   return {};
@@ -308,6 +484,224 @@ uint8_t* client::item(pool_kind k, size_t buffer, uint64_t index) const {
   const auto& buffers = hello_.pools[static_cast<int>(k)].layout.buffers;
   if (!pool(k) || buffer >= buffers.size() || index >= buffers[buffer].items) return nullptr;
   return pool(k) + buffers[buffer].offset + index * buffers[buffer].item_bytes;
+}
+
+// --- losing the connection, and reconnecting ------------------------------------------------
+
+result<none> client::enter() {
+  if (attempting_) return {};
+  if (in_callback_)
+    return error{errc::invalid_request,
+                 "a connection callback (on_connection) must not call its client; note what "
+                 "happened and act after the call that gave the notice returns"};
+  if (!policy_ || !lost_) return {};
+  return ensure_connected(policy_->call_wait, false);
+}
+
+result<none> client::reconnect(std::chrono::milliseconds wait) {
+  if (in_callback_)
+    return error{errc::invalid_request,
+                 "a connection callback (on_connection) must not call its client"};
+  if (!policy_)
+    return error{errc::invalid_request,
+                 "reconnect: this client was connected without a reconnect_policy "
+                 "(connect_options::reconnect); make a new client instead"};
+  if (wait.count() < 0) wait = std::chrono::milliseconds(0);
+  return ensure_connected(wait, true);
+}
+
+result<none> client::ensure_connected(std::chrono::milliseconds wait, bool now) {
+  if (!lost_) return {};
+  if (gave_up_) return unavailable();
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  // Within one call, attempts are at least this far apart even with a zero backoff.
+  constexpr auto spacing = std::chrono::milliseconds(10);
+  std::chrono::steady_clock::time_point earliest{};
+  for (;;) {
+    const auto t = std::chrono::steady_clock::now();
+    if (now || (t >= next_attempt_ && t >= earliest)) {
+      now = false;
+      auto n = attempt_once(attempts_ + 1);
+      if (n) {
+        ++generation_;
+        n.value.generation = generation_;
+        n.value.downtime = std::chrono::duration_cast<std::chrono::milliseconds>(
+            std::chrono::steady_clock::now() - down_since_);
+        attempts_ = 0;
+        attempt_error_ = {};
+        notify(n.value);
+        return {};
+      }
+      ++attempts_;
+      attempt_error_ = std::move(n).error();
+      if (policy_->max_attempts && attempts_ >= policy_->max_attempts) {
+        gave_up_ = true;
+        connection_notice g;
+        g.what = connection_notice::kind::disconnected;
+        g.error = unavailable();
+        g.reconnecting = false;
+        notify(g);
+        return unavailable();
+      }
+      const auto after = std::chrono::steady_clock::now();
+      next_attempt_ = after + backoff(*policy_, attempts_);
+      earliest = after + spacing;
+      if (after >= deadline) return unavailable();
+      continue;
+    }
+    if (t >= deadline) return unavailable();
+    // The backoff, within the bound the caller gave this call.
+    std::this_thread::sleep_until(std::min(std::max(next_attempt_, earliest), deadline));
+  }
+}
+
+result<connection_notice> client::attempt_once(uint32_t attempt) {
+  struct attempting {
+    bool& flag;
+    explicit attempting(bool& f) : flag(f) { flag = true; }
+    ~attempting() { flag = false; }
+  } guard(attempting_);
+  if (auto h = handshake(policy_->attempt_timeout); !h) return std::move(h).error();
+  connection_notice n;
+  n.what = connection_notice::kind::reconnected;
+  n.attempts = attempt;
+  n.instance = hello_.instance;
+  n.previous_instance = lost_instance_;
+  const auto saved_timeout = timeout_;
+  timeout_ = policy_->attempt_timeout;
+  for (const auto& reg : registrations_) {
+    auto r = register_again(reg);
+    if (r) {
+      n.registered.push_back(reg.req.pool);
+      continue;
+    }
+    if (lost_) {  // the new connection broke: this attempt failed
+      timeout_ = saved_timeout;
+      if (fd_ >= 0) close(fd_);
+      fd_ = -1;
+      return error{
+          r.code, fmt::format("registering pool {} again: {}", to_string(reg.req.pool), r.message)};
+    }
+    n.not_registered.push_back({reg.req.pool, std::move(r).error()});
+  }
+  timeout_ = saved_timeout;
+  // A restarted ferryd's shm objects are new (even under the same name): the old mappings
+  // share nothing with it.
+  for (int k = 0; k < pool_kind_count; ++k) {
+    if (!was_mapped_[k]) continue;
+    was_mapped_[k] = false;
+    pools_[k] = shm_region{};
+    const auto kind = static_cast<pool_kind>(k);
+    const auto& p = hello_.pools[k];
+    if (!p.present || p.shm_name.empty()) {
+      n.not_remapped.push_back(
+          {kind,
+           {errc::invalid_request,
+            fmt::format("pool {}: the daemon at {} has {} now", to_string(kind), socket_path_,
+                        p.present ? "client memory there" : "no such pool")}});
+      continue;
+    }
+    auto m = shm_region::open(p.shm_name, p.layout.total_bytes);
+    if (!m) {
+      n.not_remapped.push_back({kind, std::move(m).error()});
+      continue;
+    }
+    pools_[k] = std::move(m.value);
+    n.remapped.push_back(kind);
+  }
+  return n;
+}
+
+result<none> client::register_again(const registration& reg) {
+  const auto deadline = std::chrono::steady_clock::now() + policy_->attempt_timeout;
+  for (;;) {
+    auto r = send_register(reg.req, reg.fds);
+    // The same daemon, after a broken connection, may still be releasing the old registration.
+    if (r || lost_ || r.message.find("is still being released") == std::string::npos ||
+        std::chrono::steady_clock::now() >= deadline)
+      return r;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+ferry::error client::unavailable() const {
+  if (gave_up_)
+    return {attempt_error_.code,
+            fmt::format("gave up reconnecting to ferryd at {} after {} attempts: {}", socket_path_,
+                        attempts_, attempt_error_.message)};
+  const auto t = std::chrono::steady_clock::now();
+  const std::string tried =
+      attempts_ ? fmt::format("attempt {} failed: {}", attempts_, attempt_error_.message)
+                : std::string("no attempt made yet");
+  return {errc::peer_unreachable,
+          fmt::format("not connected to ferryd at {}: the connection was lost {:.1f} s ago ({}); "
+                      "reconnecting ({}; the next attempt is made by a call from {:.2f} s on)",
+                      socket_path_, seconds(t - down_since_), loss_.message, tried,
+                      std::max(0.0, seconds(next_attempt_ - t)))};
+}
+
+void client::note_lost(const ferry::error& e) {
+  loss_ = e;
+  down_since_ = next_attempt_ = std::chrono::steady_clock::now();  // the first attempt at once
+  attempts_ = 0;
+  attempt_error_ = {};
+  lost_instance_ = hello_.instance;
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+  for (int k = 0; k < pool_kind_count; ++k) was_mapped_[k] = was_mapped_[k] || bool(pools_[k]);
+  const bool drained = draining_;
+  const std::string reason = fmt::format(
+      "ferryd at {} went away ({}) before the room ended; a room does not survive its ferryd: a "
+      "restarted daemon does not know it",
+      socket_path_, drained ? "it drained and stopped" : e.message);
+  std::vector<uint64_t> rooms = std::move(subscribed_);
+  subscribed_.clear();
+  std::sort(rooms.begin(), rooms.end());
+  for (uint64_t room : rooms) {
+    events_.push_back(proto::event{room, room_status::failed, reason, errc::peer_lost, 0});
+    if (std::find(lost_rooms_.begin(), lost_rooms_.end(), room) == lost_rooms_.end())
+      lost_rooms_.push_back(room);
+  }
+  connection_notice n;
+  n.what = connection_notice::kind::disconnected;
+  n.error = e;
+  n.failed_rooms = std::move(rooms);
+  n.reconnecting = true;
+  n.drained = drained;
+  notify(n);
+}
+
+void client::notify(const connection_notice& n) {
+  if (!on_connection_) return;
+  struct in_callback {
+    bool& flag;
+    explicit in_callback(bool& f) : flag(f) { flag = true; }
+    ~in_callback() { flag = false; }
+  } guard(in_callback_);
+  on_connection_(n);
+}
+
+void client::note_event(const proto::event& ev) {
+  if (is_terminal(ev.status)) std::erase(subscribed_, ev.room);
+}
+
+void client::note_error_reply(const proto::error& e) {
+  if (e.code != errc::draining || draining_ || !own_drain(e.message)) return;
+  draining_ = true;
+  if (!policy_) return;
+  connection_notice n;
+  n.what = connection_notice::kind::draining;
+  n.message = e.message;
+  notify(n);
+}
+
+void client::forget_lost(uint64_t room) {
+  auto it = std::find(lost_rooms_.begin(), lost_rooms_.end(), room);
+  if (it == lost_rooms_.end()) return;
+  lost_rooms_.erase(it);
+  std::erase_if(events_, [room](const proto::event& e) {
+    return e.room == room && e.status == room_status::failed && e.code == errc::peer_lost;
+  });
 }
 
 }  // namespace ferry::client

@@ -15,7 +15,7 @@ namespace ferry {
 
 shm_region& shm_region::operator=(shm_region&& o) noexcept {
   if (this != &o) {
-    this->~shm_region();
+    release();  // not the destructor: name_ stays a live string to be assigned to
     data_ = std::exchange(o.data_, nullptr);
     size_ = std::exchange(o.size_, 0);
     name_ = std::move(o.name_);
@@ -24,10 +24,13 @@ shm_region& shm_region::operator=(shm_region&& o) noexcept {
   return *this;
 }
 
-shm_region::~shm_region() {
+shm_region::~shm_region() { release(); }
+
+void shm_region::release() noexcept {
   if (data_) munmap(data_, size_);
   if (owner_) shm_unlink(name_.c_str());
   data_ = nullptr;
+  size_ = 0;
   owner_ = false;
 }
 

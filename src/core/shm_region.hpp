@@ -36,6 +36,9 @@ class shm_region {
   explicit operator bool() const { return data_ != nullptr; }
 
  private:
+  /// Unmap, and unlink when this region created the object; leaves it empty.
+  void release() noexcept;
+
   uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
   std::string name_;

@@ -75,3 +75,23 @@ TEST_CASE("shm region: a move hands over the mapping and the unlink", "[unit][sh
   auto& r = r_made.value;
   CHECK_FALSE(r);
 }
+
+TEST_CASE("shm region: a move onto a mapped region releases the old one first",
+          "[unit][shm_region]") {
+  // What a reconnecting client does when it maps a restarted daemon's pool over the old one.
+  const auto old_name = test_name("e-old-with-a-name-longer-than-sso");
+  const auto new_name = test_name("e-new-with-a-name-longer-than-sso");
+  auto target_made = shm_region::create(old_name, 4096);
+  auto& target = target_made.value;
+  REQUIRE(target);
+  auto other_made = shm_region::create(new_name, 8192);
+  REQUIRE(other_made.value);
+  target = std::move(other_made.value);
+  REQUIRE(target);
+  CHECK(target.name() == new_name);
+  CHECK(target.size() == 8192u);
+  CHECK_FALSE(shm_region::open(old_name, 1));  // the old one was unlinked by its creator
+  target = shm_region{};                       // and onto an empty one
+  CHECK_FALSE(target);
+  CHECK_FALSE(shm_region::open(new_name, 1));
+}

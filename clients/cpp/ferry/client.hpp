@@ -13,10 +13,19 @@
 /// Errors: every call returns an `outcome`; on failure `code` and `message` carry the daemon's
 /// error or a local one (a lost connection, a reply that did not come in time), `lost()` says
 /// whether the connection is gone, and no exception is thrown.
+///
+/// Reconnecting (opt-in: `connect_options::reconnect`): when the connection is lost, the call
+/// that saw it fails with 302 `peer_lost`, and every subscribed room not yet terminal gets a
+/// Failed event (code 302, the reason naming the socket) kept for `next_event`/`wait_terminal`.
+/// A later call connects again by itself (lazily, no thread): hello, the memory lent with
+/// `register_memory` registered again (from duplicates of the descriptors kept by the client),
+/// and the daemon pools that were mapped mapped anew. A call made while ferryd is away fails at
+/// once with 300 `peer_unreachable` (or waits up to `reconnect_policy::call_wait` for it).
 
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,6 +35,75 @@
 #include "core/shm_region.hpp"
 
 namespace ferry::client {
+
+/// How a client connects again after losing its ferryd (a drain and restart, a crash and a
+/// restart by systemd): the policy of the Python client's `ferry.Reconnect`, made synchronous.
+/// Attempts are made by the client's calls, never in the background: the first by the first
+/// call after the loss, then no earlier than `initial_delay` after a failed one, each wait
+/// `multiplier` times the one before, at most `max_delay`. Every field is bounded (`connect`
+/// refuses a policy outside the bounds, naming the field).
+struct reconnect_policy {
+  std::chrono::milliseconds initial_delay{100};  ///< 0 ... max_delay
+  std::chrono::milliseconds max_delay{5000};     ///< at most 10 minutes
+  double multiplier = 2.0;                       ///< 1 ... 100
+  /// Failed attempts after which the client gives up for good (0: no limit); its calls then
+  /// fail with the last attempt's error ("gave up reconnecting to ferryd at ...").
+  uint32_t max_attempts = 0;
+  /// How long a call made while disconnected may wait for ferryd to come back (attempting as
+  /// the backoff allows) before it fails with 300; 0 (the default): it never waits, so an
+  /// engine's scheduler step is not held up. At most 10 minutes.
+  std::chrono::milliseconds call_wait{0};
+  /// The bound of one attempt's hello and each register_memory it makes again (1 ms ... 10 min).
+  std::chrono::milliseconds attempt_timeout{10000};
+};
+
+/// What `client::connect` takes beyond the socket (the defaults are the 5-argument overload's).
+struct connect_options {
+  std::string name = "ferry-client";
+  /// The bound of the hello (and of every reconnect's hello unless the policy says otherwise).
+  std::chrono::milliseconds timeout{std::chrono::seconds(10)};
+  bool cancel_on_disconnect = true;
+  uint16_t max_version = proto::protocol_version;
+  /// Reconnect by itself when the connection is lost (absent: a lost connection stays lost).
+  std::optional<reconnect_policy> reconnect;
+};
+
+/// What happened to a reconnecting client's connection (`client::on_connection`); the fields
+/// mirror the Python client's Draining, Disconnected and Reconnected notices.
+struct connection_notice {
+  enum class kind {
+    /// ferryd answered 407 `ferryd is draining: ...`: it is stopping; route new rooms elsewhere.
+    draining,
+    /// The connection was lost (`error` says how), after the Failed events of `failed_rooms`
+    /// were kept. `reconnecting` is false when the client gave up (`max_attempts`): `error` is
+    /// then the last attempt's. `drained`: ferryd had said it was draining.
+    disconnected,
+    /// Connected again and serving requests.
+    reconnected,
+  };
+  kind what = kind::disconnected;
+  std::string message;  ///< draining: ferryd's text
+  ferry::error error;   ///< disconnected: why
+  std::vector<uint64_t> failed_rooms;
+  bool reconnecting = true;
+  bool drained = false;
+  /// reconnected: the connection's number (1 is the first), the attempts it took since the
+  /// loss, and how long the client was without ferryd.
+  uint32_t generation = 1;
+  uint32_t attempts = 0;
+  std::chrono::milliseconds downtime{0};
+  std::string instance, previous_instance;  ///< the daemon's instance now and before
+  /// The `memory: client` pools registered again with the memory they had.
+  std::vector<pool_kind> registered;
+  /// Those ferryd refused this time (e.g. a changed layout), with its error: the engine must
+  /// handle them (the client keeps the registration and offers it again on the next reconnect).
+  std::vector<std::pair<pool_kind, ferry::error>> not_registered;
+  /// The daemon pools that were mapped and are mapped anew: pointers from `pool`/`item` taken
+  /// before the loss are no longer valid (the old mapping is gone); take them again.
+  std::vector<pool_kind> remapped;
+  /// Daemon pools that were mapped but could not be mapped again, with the error.
+  std::vector<std::pair<pool_kind, ferry::error>> not_remapped;
+};
 
 class client {
  public:
@@ -37,6 +115,11 @@ class client {
       const std::string& socket_path, const std::string& name = "ferry-client",
       std::chrono::milliseconds timeout = std::chrono::seconds(10),
       bool cancel_on_disconnect = true, uint16_t max_version = proto::protocol_version);
+  /// The same with options; with `options.reconnect` the client reconnects by itself (see the
+  /// top of this file). The first connection is not retried: a socket that cannot be
+  /// connected fails with 300 as without reconnect. A policy outside its bounds: 400 naming it.
+  static result<std::unique_ptr<client>> connect(const std::string& socket_path,
+                                                 const connect_options& options);
   ~client();
   client(const client&) = delete;
   client& operator=(const client&) = delete;
@@ -51,7 +134,9 @@ class client {
   result<proto::poll_reply> poll(uint64_t room);
   /// v4: lend the daemon this process's memory for a `memory: client` pool: `fds` (memfds,
   /// sealed against shrinking) go with the frame (SCM_RIGHTS); `req.fd_count` is set from them.
-  /// The registration lasts as long as this connection. The caller keeps its descriptors.
+  /// The registration lasts as long as this connection. The caller keeps its descriptors; a
+  /// reconnecting client keeps duplicates of them (closed with it, or when the pool is
+  /// registered anew) to register the same memory again after a reconnect.
   result<none> register_memory(proto::register_memory req, const std::vector<int>& fds);
   /// Use `base` as the mapping of pool `k` (memory this process lent with register_memory,
   /// laid out as the daemon's layout says), so `item` and the helpers reach it.
@@ -64,7 +149,8 @@ class client {
   /// The protocol version of this connection (what the daemon picked at hello).
   uint16_t version() const { return version_; }
   result<none> cancel(uint64_t room);
-  /// Ask for status events of `room`; the current status arrives as the first event.
+  /// Ask for status events of `room`; the current status arrives as the first event. A
+  /// reconnecting client reports a subscribed room Failed (302) when the connection is lost.
   result<none> subscribe(uint64_t room);
   result<std::string> info(proto::info_topic topic);
   /// v5: start the daemon's drain (what a SIGTERM starts): no new rooms; it exits once the
@@ -81,9 +167,11 @@ class client {
   /// Wait for a terminal event of `room` (subscribe first); other rooms' events are kept.
   result<proto::event> wait_terminal(uint64_t room, std::chrono::milliseconds timeout);
 
-  /// Map the daemon's pools into this process (idempotent). Pools stay mapped until destruction.
+  /// Map the daemon's pools into this process (idempotent). Pools stay mapped until destruction
+  /// (a reconnecting client maps them anew after a reconnect, `connection_notice::remapped`).
   result<none> map_pools();
-  /// Base address of a mapped pool (nullptr when absent or not mapped).
+  /// Base address of a mapped pool (nullptr when absent or not mapped; for a daemon pool, also
+  /// while a reconnecting client is disconnected: its memory is no longer the daemon's).
   uint8_t* pool(pool_kind k) const;
   /// Address of item `index` of buffer `buffer` in pool `k`; nullptr when the pool is absent or
   /// not mapped, or the buffer or index is out of range.
@@ -99,13 +187,65 @@ class client {
   /// connection itself (and closed it). An error while this is false is ferryd's answer.
   bool lost() const { return lost_; }
 
+  /// Connect again now if the connection is lost (a reconnecting client only; else 400), without
+  /// waiting for the backoff, and keep attempting as the backoff allows for up to `wait`.
+  /// Succeeds at once when connected. The lazy reconnect of any other call does the same with
+  /// `reconnect_policy::call_wait`, and only once the backoff allows the next attempt.
+  result<none> reconnect(std::chrono::milliseconds wait = std::chrono::milliseconds(0));
+  /// Call `cb` on every connection notice (draining, disconnected, reconnected), synchronously
+  /// from within the call that saw it; replaces the previous one (an empty function: none). `cb`
+  /// must not call this client (such a call fails with 400).
+  void on_connection(std::function<void(const connection_notice&)> cb) {
+    on_connection_ = std::move(cb);
+  }
+  /// The number of the current connection: 1 for the first, one more for each reconnect. A
+  /// room created under an earlier generation is gone.
+  uint32_t generation() const { return generation_; }
+  /// True once ferryd answered 407 `ferryd is draining` on the current connection.
+  bool draining() const { return draining_; }
+  /// True once a reconnecting client gave up (`max_attempts`), or a client without reconnect
+  /// lost its connection: nothing will connect it again.
+  bool ended() const { return lost_ && (!policy_ || gave_up_); }
+
   /// The connection's socket, for a caller that waits on several clients with poll(2) (e.g.
   /// ferry-soak). Events may already be buffered: take them with `next_event` and a zero timeout
-  /// before polling; when the socket is readable, `next_event` reads what arrived.
+  /// before polling; when the socket is readable, `next_event` reads what arrived. A reconnecting
+  /// client's socket changes with each connection (-1 while disconnected).
   int native_handle() const { return fd_; }
 
  private:
   client() = default;
+  /// A register_memory this client made, kept (with reconnect) to make it again.
+  struct registration {
+    proto::register_memory req;
+    std::vector<int> fds;  ///< duplicates, owned
+  };
+  /// Open the socket and say hello (the first connection and every reconnect attempt).
+  result<none> handshake(std::chrono::milliseconds timeout);
+  /// Send a register_memory with `fds` and wait for ok.
+  result<none> send_register(const proto::register_memory& req, const std::vector<int>& fds);
+  /// Before every call: refused inside on_connection; a lost reconnecting connection is made
+  /// again (ensure_connected with the policy's call_wait).
+  result<none> enter();
+  /// Fine when connected; else (with reconnect) attempt as the backoff allows
+  /// for up to `wait`, or the error the call fails with.
+  result<none> ensure_connected(std::chrono::milliseconds wait, bool now);
+  /// One attempt: connect, hello, register again, remap; the notice on success.
+  result<connection_notice> attempt_once(uint32_t attempt);
+  /// register_memory of `reg` again (a pool ferryd is still releasing is asked again, bounded).
+  result<none> register_again(const registration& reg);
+  /// Drop the Failed event kept for `room` by a lost connection: the id is used again.
+  void forget_lost(uint64_t room);
+  /// What a call made while disconnected fails with (300, naming the socket and the attempts).
+  ferry::error unavailable() const;
+  /// The connection was just lost with `e` (reconnecting client): close it, fail the
+  /// subscribed rooms, tell on_connection.
+  void note_lost(const ferry::error& e);
+  void notify(const connection_notice& n);
+  /// Track subscriptions: a terminal event ends one.
+  void note_event(const proto::event& ev);
+  /// A 407 that says this client's own ferryd is draining.
+  void note_error_reply(const proto::error& e);
   result<proto::message> request(const proto::message& m);
   /// The next frame; its seq goes to `seq` when given.
   result<proto::message> read_frame(std::chrono::steady_clock::time_point deadline,
@@ -119,9 +259,12 @@ class client {
                                   std::optional<uint32_t> expect_seq);
   result<none> expect_ok(const proto::message& m);
 
-  /// The error `e`, and the connection marked lost.
+  /// The error `e`, and the connection marked lost (the first loss of a connection is the one
+  /// reported: a reconnecting client closes it and fails its subscribed rooms).
   ferry::error lose(ferry::error e) {
+    const bool first = !lost_;
     lost_ = true;
+    if (first && policy_ && !attempting_) note_lost(e);
     return e;
   }
 
@@ -135,6 +278,28 @@ class client {
   proto::hello_reply hello_;
   shm_region pools_[pool_kind_count];
   uint8_t* attached_[pool_kind_count] = {};
+
+  // Reconnecting (all unused without a policy).
+  std::string socket_path_;
+  std::string name_;
+  bool cancel_on_disconnect_ = true;
+  uint16_t max_version_ = proto::protocol_version;
+  std::optional<reconnect_policy> policy_;
+  std::function<void(const connection_notice&)> on_connection_;
+  bool in_callback_ = false;
+  bool attempting_ = false;  ///< inside a reconnect attempt: a loss there only fails it
+  bool gave_up_ = false;
+  bool draining_ = false;
+  uint32_t generation_ = 1;
+  std::vector<uint64_t> subscribed_;  ///< subscribed on this connection, not yet terminal
+  std::vector<registration> registrations_;
+  bool was_mapped_[pool_kind_count] = {};  ///< daemon pools mapped before the loss
+  std::vector<uint64_t> lost_rooms_;       ///< rooms reported Failed for a loss, until reused
+  ferry::error loss_;                      ///< why the connection was lost
+  std::string lost_instance_;              ///< the daemon's instance before the loss
+  std::chrono::steady_clock::time_point down_since_{}, next_attempt_{};
+  uint32_t attempts_ = 0;  ///< failed attempts since the loss
+  ferry::error attempt_error_;
 };
 
 }  // namespace ferry::client
