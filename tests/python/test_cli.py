@@ -331,3 +331,24 @@ def test_ferry_bench_pipeline_verifies_every_room_and_reports_cpu_per_room(
     assert set(run0["raw_cpu_ms_per_room"]) == {"initiator", "target"}
     assert doc["ferry"]["cpu_ms_per_room_median"]["decode"] >= 0
     assert "cpu per room: prefill" in r.stderr
+
+
+def test_ferry_bench_background_rooms_reports_idle_and_loaded_latency(
+        pair: tuple[Daemon, Daemon]) -> None:
+    p, d = pair
+    r = run("ferry-bench", "--prefill-socket", p.sock, "--decode-socket", d.sock,
+            "--prompt-tokens", "8", "--requests", "3", "--concurrency", "1",
+            "--background-rooms", "2", "--background-tokens", "512", "--no-baseline",
+            "--room-base", "895000", "--json", timeout=300)
+    assert r.returncode == OK, r.stdout + r.stderr
+    f = json.loads(r.stdout)["fairness"]
+    assert f["background_rooms"] == 2 and f["background_tokens"] == 512
+    assert f["idle_ms"]["samples"] == 3 and 1 <= f["loaded_ms"]["samples"] <= 3
+    assert f["ratio_p50"] == f["loaded_ms"]["p50"] / f["idle_ms"]["p50"]
+    assert "fairness: 3 rooms of 8 tokens one at a time" in r.stderr
+    # Background rooms that do not fit the pools are refused before anything starts.
+    r = run("ferry-bench", "--prefill-socket", p.sock, "--decode-socket", d.sock,
+            "--prompt-tokens", "8", "--requests", "1", "--background-rooms", "3",
+            "--background-tokens", "4096", "--no-baseline", timeout=60)
+    assert r.returncode == USAGE
+    assert "3 background rooms of 4096 pages do not fit beside the timed rooms" in r.stderr
