@@ -409,6 +409,20 @@ int main(int argc, char** argv) {
   const uint32_t waves = (o.requests + o.concurrency - 1) / o.concurrency;
   auto last_progress = clock_type::now();
   uint64_t next_room = o.room_base;
+  // --verify: every destination byte of the room that slot `c` moved, on every decode rank.
+  auto verify_slot = [&](uint32_t c, uint64_t room) {
+    std::string err;
+    for (size_t r = 0; r < decodes.size() && err.empty(); ++r) {
+      err = client::verify_room(*decodes[r], pattern_key(c), room, plans[c].dst,
+                                has_state ? c : no_index, has_aux ? c : no_index)
+                .message;
+      if (!err.empty()) err = fmt::format("decode rank {}: {}", r, err);
+    }
+    if (err.empty())
+      ++verified;
+    else if (first_failure.empty())
+      first_failure = "verify: " + err;
+  };
   // --background-rooms: the latency of one room at a time, first idle, then while large rooms
   // flow to the same decode (started together right before the first timed room); the timed
   // rooms use slot 0, the large ones the pages, slots and rows after the timed rooms' regions.
@@ -607,19 +621,7 @@ int main(int argc, char** argv) {
           first_failure = fmt::format("room {}: {}", e.value.room, e.value.reason);
       }
       if (--l.pending > 0) continue;
-      if (l.ok && o.verify) {
-        std::string err;
-        for (size_t r = 0; r < decodes.size() && err.empty(); ++r) {
-          err = client::verify_room(*decodes[r], pattern_key(l.slot), it->first, plans[l.slot].dst,
-                                    has_state ? l.slot : no_index, has_aux ? l.slot : no_index)
-                    .message;
-          if (!err.empty()) err = fmt::format("decode rank {}: {}", r, err);
-        }
-        if (err.empty())
-          ++verified;
-        else if (first_failure.empty())
-          first_failure = "verify: " + err;
-      }
+      if (l.ok && o.verify) verify_slot(l.slot, it->first);
       if (l.ok) {
         ++done;
         ++run_done;
@@ -716,19 +718,7 @@ int main(int argc, char** argv) {
       }
       transfer_s += std::chrono::duration<double>(wave_end - wave_start).count();
       if (o.verify)
-        for (uint32_t c = 0; c < n; ++c) {
-          std::string err;
-          for (size_t r = 0; r < decodes.size() && err.empty(); ++r) {
-            err = client::verify_room(*decodes[r], pattern_key(c), room[c], plans[c].dst,
-                                      has_state ? c : no_index, has_aux ? c : no_index)
-                      .message;
-            if (!err.empty()) err = fmt::format("decode rank {}: {}", r, err);
-          }
-          if (err.empty())
-            ++verified;
-          else if (first_failure.empty())
-            first_failure = "verify: " + err;
-        }
+        for (uint32_t c = 0; c < n; ++c) verify_slot(c, room[c]);
       if (clock_type::now() - last_progress > std::chrono::seconds(2)) {
         std::cerr << fmt::format("  ... run {}/{}: {}/{} requests committed\n", rep + 1, o.repeat,
                                  run_done, o.requests);

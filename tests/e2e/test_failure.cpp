@@ -132,9 +132,11 @@ TEST_CASE("a room cancelled while waiting for input fails on both sides and hold
 TEST_CASE("each non-terminal state has its own deadline, and the other side is told",
           "[e2e][failure]") {
   SECTION("decode WaitingForInput: the prefill never sends") {
-    shape s;
-    s.waiting_for_input_ms = 300;
-    pair c(s);
+    // Only the decode's bound is short: the prefill enters WaitingForInput a little earlier
+    // (at the prepare), so with the same bound it could time out first.
+    shape s, d;
+    d.waiting_for_input_ms = 300;
+    pair c(s, d);
     auto a = big_room(721);
     stage(c, a);
     prepare(c, a);
