@@ -420,6 +420,23 @@ int main(int argc, char** argv) {
     }
     return std::nullopt;
   };
+  // A room's decode side: its id in the source aux row (the workload's check), and on every
+  // decode rank its destination cleared (`clear`, for --verify), prepared and subscribed to.
+  auto open_room = [&](uint64_t id, const std::vector<uint32_t>& dst, uint32_t slot,
+                       bool clear) -> std::optional<int> {
+    const uint32_t state = has_state ? slot : no_index, row = has_aux ? slot : no_index;
+    if (has_aux)
+      for (auto& pc : prefills) std::memcpy(pc->item(pool_kind::aux, 0, slot), &id, 8);
+    for (auto& dc : decodes) {
+      if (clear)
+        if (auto e = client::clear_room(*dc, dst, state, row); !e)
+          return fail_on(*dc, e.error(), "clear: ");
+      if (auto r = dc->prepare({id, prefill_controls, dst, state, row}); !r)
+        return fail_on(*dc, r.error(), "prepare: ");
+      if (auto sub = dc->subscribe(id); !sub) return fail_on(*dc, sub.error(), "subscribe: ");
+    }
+    return std::nullopt;
+  };
   // --verify: every destination byte of the room that slot `c` moved, on every decode rank.
   auto verify_slot = [&](uint32_t c, uint64_t room) {
     std::string err;
@@ -448,14 +465,7 @@ int main(int argc, char** argv) {
                   exit_code::usage);
     auto one_room = [&](uint64_t id, const std::vector<uint32_t>& src,
                         const std::vector<uint32_t>& dst, uint32_t slot) -> std::optional<int> {
-      if (has_aux)
-        for (auto& pc : prefills) std::memcpy(pc->item(pool_kind::aux, 0, slot), &id, 8);
-      for (auto& dc : decodes) {
-        auto r = dc->prepare(
-            {id, prefill_controls, dst, has_state ? slot : no_index, has_aux ? slot : no_index});
-        if (!r) return fail_on(*dc, r.error(), "prepare: ");
-        if (auto sub = dc->subscribe(id); !sub) return fail_on(*dc, sub.error(), "subscribe: ");
-      }
+      if (auto rc = open_room(id, dst, slot, false)) return rc;
       for (auto& pc : prefills) {
         auto r = pc->send({id, src, true, has_state ? slot : no_index, has_aux ? slot : no_index});
         if (!r) return fail_on(*pc, r.error(), "send: ");
@@ -578,19 +588,7 @@ int main(int argc, char** argv) {
         free_slots.pop_back();
         const uint64_t id = next_room++;
         ++started;
-        if (has_aux)
-          for (auto& pc : prefills) std::memcpy(pc->item(pool_kind::aux, 0, c), &id, 8);
-        for (auto& dc : decodes) {
-          if (o.verify)
-            if (auto e = client::clear_room(*dc, plans[c].dst, has_state ? c : no_index,
-                                            has_aux ? c : no_index);
-                !e)
-              return fail_on(*dc, e.error(), "clear: ");
-          auto r = dc->prepare({id, prefill_controls, plans[c].dst, has_state ? c : no_index,
-                                has_aux ? c : no_index});
-          if (!r) return fail_on(*dc, r.error(), "prepare: ");
-          if (auto sub = dc->subscribe(id); !sub) return fail_on(*dc, sub.error(), "subscribe: ");
-        }
+        if (auto rc = open_room(id, plans[c].dst, c, o.verify)) return rc;
         live& l = rooms[id];
         l.slot = c;
         l.done_on.assign(decodes.size(), false);
@@ -660,19 +658,7 @@ int main(int argc, char** argv) {
       std::vector<clock_type::time_point> started(n);
       for (uint32_t c = 0; c < n; ++c) {
         room[c] = next_room++;
-        if (has_aux)
-          for (auto& pc : prefills) std::memcpy(pc->item(pool_kind::aux, 0, c), &room[c], 8);
-        for (auto& dc : decodes) {
-          if (o.verify)
-            if (auto e = client::clear_room(*dc, plans[c].dst, has_state ? c : no_index,
-                                            has_aux ? c : no_index);
-                !e)
-              return fail_on(*dc, e.error(), "clear: ");
-          auto r = dc->prepare({room[c], prefill_controls, plans[c].dst, has_state ? c : no_index,
-                                has_aux ? c : no_index});
-          if (!r) return fail_on(*dc, r.error(), "prepare: ");
-          if (auto s = dc->subscribe(room[c]); !s) return fail_on(*dc, s.error(), "subscribe: ");
-        }
+        if (auto rc = open_room(room[c], plans[c].dst, c, o.verify)) return *rc;
       }
       const auto wave_start = clock_type::now();
       for (uint32_t k = 0, pos = 0; k < chunks.size(); pos += chunks[k], ++k) {
