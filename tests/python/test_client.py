@@ -45,10 +45,10 @@ def test_hello_offers_3_to_5_and_speaks_4_with_a_v4_daemon(fake: FakeDaemon) -> 
         c.wait_closed()
     fake.serve(serve)
     with connect(fake) as client:
-        assert seen == [Hello(5, "test", True, 3)]
         assert client.version == 4 and client.daemon_versions == (3, 4)
         assert not client.fell_back_to_v3
         r = client.poll(5)
+        assert seen == [Hello(5, "test", True, 3)]  # kept by the server before it read the poll
         assert r == PollReply(5, Status.Failed, Errc.TIMED_OUT, "timed out")
         assert r.code is Errc.TIMED_OUT
     fake.join()

@@ -128,6 +128,46 @@ def test_memory_is_registered_again_with_the_same_memfds_on_the_new_connection(
     fake.join()
 
 
+def test_a_registration_answered_just_before_the_loss_is_made_again(fake: FakeDaemon) -> None:
+    # ferryd's Ok and the end of the stream come together. The caller of register_memory is
+    # held after its reply until the reconnect is over: what the reconnect registers must not
+    # depend on the caller having run first (the reader keeps the registration with the reply).
+    fd = create_memfd("reconnect-race", 1 << 16)
+    table = [MemoryBuffer(0, 0, 4096, 16, 0, 0, 0)]
+    pools: list[int] = []
+
+    def serve(c: FakeConn) -> None:
+        c.hello()
+        seq, msg = c.recv()
+        assert isinstance(msg, RegisterMemory)
+        pools.append(msg.pool)
+        c.send(Ok(), seq)
+        if len(pools) == 2:
+            c.wait_closed()
+    fake.serve(serve, connections=2)
+    client, notices = connect(fake)
+    seen: list[object] = []
+    wait, caller = client._wait, threading.current_thread()
+
+    def held_wait(p: object, timeout: object) -> object:
+        reply = wait(p, timeout)  # type: ignore[arg-type]
+        if threading.current_thread() is caller and not seen:  # not the reconnect's own
+            seen.append(next_notice(notices, Disconnected))
+            seen.append(next_notice(notices, Reconnected))
+        return reply
+    client._wait = held_wait  # type: ignore[method-assign]
+    try:
+        client.register_memory("kv", table, [fd])
+        os.close(fd)
+        n = seen[1]
+        assert isinstance(n, Reconnected)
+        assert (n.generation, n.registered, n.not_registered) == (2, ("kv",), {})
+        assert pools == [0, 0] and len(client._registrations[0].fds) == 1
+    finally:
+        client.close()
+    fake.join()
+
+
 def test_a_draining_ferryd_is_noticed_and_its_end_is_not_a_surprise(fake: FakeDaemon) -> None:
     def serve(c: FakeConn) -> None:
         c.hello()

@@ -162,8 +162,13 @@ class Client(Connection):
         msg = RegisterMemory(pool_number(pool), memory_kind, len(fds), table)
         if len(fds) > MAX_REGISTER_FDS:
             encode(msg, 0, self.version)  # raises the codec's EncodeError naming fd_count
-        self._wait(self._start(msg, fds), timeout)
-        self._remember_registration(msg, fds)
+        reg = self._registration(msg, fds)
+        try:
+            self._wait(self._start(msg, fds, on_ok=None if reg is None else
+                                   lambda: self._keep_registration(reg)), timeout)
+        finally:
+            if reg is not None and not reg.kept:  # refused, timed out, or the link was lost
+                reg.close()
 
     def discover(self, address: str, *, timeout: Optional[float] = None
                  ) -> list[DiscoveredRank]:

@@ -61,9 +61,10 @@ _EXPECT: dict[type, type] = {
 class _Pending:
     """One request waiting for its reply on ``link``."""
 
-    __slots__ = ("seq", "request", "expect", "done", "result", "error", "link")
+    __slots__ = ("seq", "request", "expect", "done", "result", "error", "link", "on_ok")
 
-    def __init__(self, request: str, expect: type) -> None:
+    def __init__(self, request: str, expect: type,
+                 on_ok: Optional[Callable[[], None]] = None) -> None:
         self.seq = 0
         self.request = request
         self.expect = expect
@@ -71,6 +72,7 @@ class _Pending:
         self.result: Optional[Message] = None
         self.error: Optional[FerryError] = None
         self.link: Optional[_Link] = None
+        self.on_ok = on_ok  # run by the reader on a successful reply, before the waiter wakes
 
     def resolve(self, msg: Message) -> None:
         self.result = msg
@@ -104,6 +106,7 @@ class _Registration:
     def __init__(self, msg: RegisterMemory, fds: Sequence[int]) -> None:
         self.msg = msg
         self.fds = [os.dup(fd) for fd in fds]
+        self.kept = False  # set by the reader thread once ferryd accepted it
 
     def close(self) -> None:
         for fd in self.fds:
@@ -337,15 +340,18 @@ class Connection:
         return self._wait(self._start(msg), timeout)
 
     def _start(self, msg: Message, fds: Sequence[int] = (), *,
-               link: Optional[_Link] = None) -> _Pending:
+               link: Optional[_Link] = None,
+               on_ok: Optional[Callable[[], None]] = None) -> _Pending:
         """Encode, register and send ``msg``; the pending request to wait on. ``fds`` go with
         the frame's first byte (SCM_RIGHTS; register_memory). ``link`` is given by a reconnect
-        that registers memory again on a link that does not serve requests yet."""
+        that registers memory again on a link that does not serve requests yet. ``on_ok`` runs
+        on the reader thread when the reply is a success, before the end of the stream that
+        may follow it is seen (so a reconnect already knows what it did)."""
         expect = _EXPECT.get(type(msg))
         if expect is None:
             raise TypeError(f"{type(msg).__name__} is not a request")
         frame = bytearray(encode(msg, 0, self.version))  # may raise EncodeError: nothing sent
-        p = _Pending(message_type(msg).wire_name, expect)
+        p = _Pending(message_type(msg).wire_name, expect, on_ok)
         with self._send_lock:
             with self._lock:
                 if link is None:
@@ -479,17 +485,21 @@ class Connection:
                 self._lost.discard(room)
                 self._terminal.pop(room, None)
 
-    def _remember_registration(self, msg: RegisterMemory, fds: Sequence[int]) -> None:
-        """Keep a successful register_memory for a reconnect (only when reconnecting)."""
-        if self.reconnect is None:
-            return
-        reg = _Registration(msg, fds)
+    def _registration(self, msg: RegisterMemory, fds: Sequence[int]) -> Optional[_Registration]:
+        """What a register_memory keeps for a reconnect (None without reconnect): duplicates of
+        ``fds`` taken before the request is sent, so the engine may close its own at any time."""
+        return None if self.reconnect is None else _Registration(msg, fds)
+
+    def _keep_registration(self, reg: _Registration) -> None:
+        """ferryd accepted ``reg`` (on the reader thread, in order with the stream: a reconnect
+        triggered by a loss after this reply registers it again)."""
         with self._lock:
-            old = self._registrations.pop(msg.pool, None)
+            old = self._registrations.pop(reg.msg.pool, None)
+            reg.kept = True
             if self._closed:
                 reg.close()
             else:
-                self._registrations[msg.pool] = reg
+                self._registrations[reg.msg.pool] = reg
         if old is not None:
             old.close()
 
@@ -616,6 +626,8 @@ class Connection:
                                  f"with {type_name(f.type)}, expected "
                                  f"{type_name(message_type(p.expect))}"))
         else:
+            if p.on_ok is not None:
+                p.on_ok()
             p.resolve(msg)
 
     # --- losing the connection, and reconnecting ---------------------------------------------
