@@ -355,6 +355,12 @@ class daemon_proc {
     waitpid(pid_, &st, 0);
     exit_status_ = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
     pid_ = -1;
+    if (exit_status_ != 0) {  // shown with the next assertion: why (a sanitizer report, ...)
+      const std::string text = log_text();
+      const size_t keep = 12000;
+      UNSCOPED_INFO("ferryd " << name_ << " exited with " << exit_status_ << "; its log ends:\n"
+                              << (text.size() > keep ? text.substr(text.size() - keep) : text));
+    }
     return exit_status_;
   }
 
