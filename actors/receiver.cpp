@@ -232,9 +232,12 @@ void on_peer(receiver_actor* self, peer_inbound& in) {
                             return json{{"e", "drained"},
                                         {"i", i},
                                         {"token", d.token},
-                                        {"completed", d.completed}};
+                                        {"completed", d.completed},
+                                        {"failed", d.failed}};
                           },
-                          [&] { return st.machine.drained(i, d.token, d.completed); }));
+                          [&] {
+                            return st.machine.drained(i, d.token, d.completed, d.failed);
+                          }));
         },
     });
   });

@@ -272,7 +272,8 @@ receiver::effects replay(receiver::room& m, const json& ev) {
   if (e == "outcome")
     return m.outcome(ev.at("i"), ev.at("token"), ev.at("ok"), code_of(ev.at("code")),
                      ev.at("reason"));
-  if (e == "drained") return m.drained(ev.at("i"), ev.at("token"), ev.at("completed"));
+  if (e == "drained")
+    return m.drained(ev.at("i"), ev.at("token"), ev.at("completed"), ev.value("failed", 0));
   if (e == "landed") return m.landed(ev.at("token"), ev.at("count"));
   if (e == "unpacked") return m.unpacked();
   if (e == "cancel") return m.cancel(ev.at("why"));

@@ -89,15 +89,27 @@ struct write_op {
   uint64_t imm = 0;  ///< remote CQ data delivered to the target
 };
 
-/// Outcome of a batch: all writes locally completed, or the first error.
+/// Outcome of a batch: all writes locally completed, or the first error. Counted in
+/// notifications (what `submit` returned): with notify::batch_end on tcp, 1 for the whole batch.
 struct batch_result {
-  uint32_t completed = 0;  ///< writes locally completed successfully
-  uint32_t failed = 0;     ///< writes that completed with an error or were never posted
+  uint32_t completed = 0;  ///< notifying writes locally completed successfully
+  /// Writes that completed with an error or were never posted: more than 0 whenever a write
+  /// of the batch may not have landed.
+  uint32_t failed = 0;
   /// The first error, as in result<T>: ok, or fabric_write_failed unless the code says more
   /// (peer_lost, ...), with the libfabric call, fi_strerror text and context.
   errc code = errc::ok;
   std::string message;
   bool ok() const { return code == errc::ok; }
+};
+
+/// Which writes of a batch deliver their immediate at the target (see `engine::submit`).
+enum class notify : uint8_t {
+  every_write,  ///< each write's immediate is delivered: the target counts ops.size()
+  /// Where the engine can order writes (tcp: FI_ORDER_WAW), one immediate after the batch's
+  /// last write, placed only after every write of the batch: the target counts 1. Elsewhere
+  /// (shm) the same as every_write. All ops must carry the same `imm`.
+  batch_end,
 };
 
 /// A group of writes to one peer; `done` runs once on the progress thread when every write has
@@ -106,6 +118,7 @@ struct write_batch {
   peer_handle peer = 0;
   std::vector<write_op> ops;
   std::function<void(batch_result)> done;
+  notify mode = notify::every_write;
 };
 
 /// Aggregated arrived immediates: (imm value, number of writes carrying it).
@@ -192,8 +205,13 @@ class engine {
   virtual void fence_peer(std::optional<peer_handle> peer, std::vector<region_id> regions,
                           std::function<void()> done) = 0;
 
-  /// Queue a batch for posting. Never blocks on the fabric.
-  virtual void submit(write_batch batch) = 0;
+  /// The number of immediates the target receives once every write of `batch` has landed (its
+  /// notifications): ops.size() with notify::every_write; with notify::batch_end 1 where the
+  /// engine orders writes (tcp), else ops.size(). A commit counts these, never the writes.
+  virtual uint32_t notifications(const write_batch& batch) const = 0;
+  /// Queue a batch for posting. Never blocks on the fabric. Returns `notifications(batch)`,
+  /// whatever becomes of the batch later.
+  virtual uint32_t submit(write_batch batch) = 0;
   /// The consumer finished with the last `immediates` batch; the next may be delivered.
   virtual void return_immediate_credit() = 0;
 };

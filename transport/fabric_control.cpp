@@ -25,7 +25,8 @@ void fabric_engine::run_queued(std::function<void()> task) {
   task();
 }
 
-void fabric_engine::submit(write_batch batch) {
+uint32_t fabric_engine::submit(write_batch batch) {
+  const uint32_t notes = notifications(batch);
   auto b = std::make_unique<batch_state>(std::move(batch));
   {
     std::lock_guard<std::mutex> lock(queue_mutex_);
@@ -38,9 +39,10 @@ void fabric_engine::submit(write_batch batch) {
     // Stopped: nobody will post it; fail here, on the caller's thread.
     b->abort_unposted(stopped_error);
     invoke_callback(*log_, "batch_done", b->batch.done, std::move(b->result));
-    return;
+    return notes;
   }
   wake();
+  return notes;
 }
 
 void fabric_engine::return_immediate_credit() {

@@ -60,8 +60,13 @@ struct batch_state {
   size_t next = 0;              ///< index of the next op to post
   uint64_t unposted_bytes = 0;  ///< bytes of the ops from `next` on: its place in its peer's queue
   bool marker_pending = false;  ///< split commit: op `next`'s data is posted, its marker not yet
-  uint32_t outstanding = 0;     ///< posts (data or marker) not yet completed
-  bool in_pending = false;      ///< still referenced by pending_ (must not finish yet)
+  /// Split commit: whether op `i`'s data write is followed by a marker (every op, or with
+  /// notify::batch_end only the last).
+  bool marked(size_t i) const {
+    return batch.mode == notify::every_write || i + 1 == batch.ops.size();
+  }
+  uint32_t outstanding = 0;  ///< posts (data or marker) not yet completed
+  bool in_pending = false;   ///< still referenced by pending_ (must not finish yet)
   batch_result result;
   std::list<std::unique_ptr<batch_state>>::iterator self;  ///< position in live_
 
@@ -156,7 +161,11 @@ class fabric_engine final : public engine {
   void fence_peer(std::optional<peer_handle> peer, std::vector<region_id> regions,
                   std::function<void()> done) override;
 
-  void submit(write_batch batch) override;
+  uint32_t notifications(const write_batch& b) const override {
+    if (split_commit_ && b.mode == notify::batch_end) return b.ops.empty() ? 0 : 1;
+    return static_cast<uint32_t>(b.ops.size());
+  }
+  uint32_t submit(write_batch batch) override;
   void return_immediate_credit() override;
 
  private:

@@ -169,7 +169,7 @@ bool fabric_engine::post_writes() {
     if (!post_one(b, op, *r, false)) break;
     posted_any = true;
     peers_at_bound = 0;
-    if (split_commit_ && !b->all_posted()) {
+    if (split_commit_ && !b->all_posted() && b->marked(b->next)) {
       b->marker_pending = true;  // the marker goes next, before any other write of this peer
       continue;
     }
@@ -336,11 +336,13 @@ void fabric_engine::complete_op(op_context* ctx, bool ok, const error& why) {
   if (b == nullptr) return;
   --b->outstanding;
   // A write counts once: by its marker in a split commit (the data part only reports errors).
+  // With notify::batch_end one marker stands for every write of the batch, so a failed data
+  // write counts as failed itself: `failed` > 0 says some write may not have landed.
   const bool counts = !split_commit_ || ctx->marker;
   if (ok) {
     if (counts) ++b->result.completed;
   } else {
-    if (counts) {
+    if (counts || b->batch.mode == notify::batch_end) {
       b->fail(1, why);
     } else {
       b->note(why);

@@ -204,7 +204,9 @@ size_t fault_engine::release_removals() {
 
 // ----- writes --------------------------------------------------------------------------------
 
-void fault_engine::submit(write_batch batch) {
+uint32_t fault_engine::submit(write_batch batch) {
+  // What the real engine answers: the notifications of the whole batch, as submitted.
+  const uint32_t notes = inner_->notifications(batch);
   std::optional<fault> f;
   {
     std::lock_guard lock(mutex_);
@@ -215,7 +217,7 @@ void fault_engine::submit(write_batch batch) {
     });
     if (f) {
       ++stats_.failed_batches;
-      stats_.failed_writes += f->write ? 1 : n;
+      stats_.failed_writes += f->write && batch.mode != notify::batch_end ? 1 : n;
       changed();
     }
   }
@@ -224,11 +226,12 @@ void fault_engine::submit(write_batch batch) {
   if (f) {
     // The failed writes are never posted; the rest of the batch goes on as usual, and the
     // batch completes once they have (an empty batch completes at once, on the progress thread).
-    injected = f->write ? 1 : static_cast<uint32_t>(batch.ops.size());
-    if (f->write)
-      batch.ops.erase(batch.ops.begin() + *f->write);
-    else
+    const bool whole = !f->write || batch.mode == notify::batch_end;
+    injected = whole ? static_cast<uint32_t>(batch.ops.size()) : 1;
+    if (whole)
       batch.ops.clear();
+    else
+      batch.ops.erase(batch.ops.begin() + *f->write);
     why = injected_error(*f, errc::fabric_write_failed, "write");
   }
   batch.done = [this, done = std::move(batch.done), injected,
@@ -249,6 +252,7 @@ void fault_engine::submit(write_batch batch) {
     if (done) done(std::move(r));
   };
   inner_->submit(std::move(batch));
+  return notes;
 }
 
 // ----- immediates ----------------------------------------------------------------------------

@@ -38,7 +38,9 @@ struct fault {
     fail_register,    ///< register_region / register_regions fail with `message`
     fail_insert,      ///< insert_peer / insert_peer_async fail with `message`
     fail_writes,      ///< a batch's writes (all, or the one at index `write`) fail with `message`
-                      ///< and are never posted: their bytes and immediates never arrive
+                      ///< and are never posted: their bytes and immediates never arrive. A
+                      ///< notify::batch_end batch fails whole (one notification covers all of
+                      ///< its writes, so none may arrive for a batch missing one)
     hold_immediates,  ///< arrived immediates are kept from the consumer until
                       ///< `release_immediates`
     drop_immediates,  ///< arrived immediates are discarded: the consumer sees fewer than landed
@@ -156,7 +158,10 @@ class fault_engine final : public engine {
   void remove_peer(peer_handle peer) override;
   void fence_peer(std::optional<peer_handle> peer, std::vector<region_id> regions,
                   std::function<void()> done) override;
-  void submit(write_batch batch) override;
+  uint32_t notifications(const write_batch& batch) const override {
+    return inner_->notifications(batch);
+  }
+  uint32_t submit(write_batch batch) override;
   void return_immediate_credit() override;
 
  private:

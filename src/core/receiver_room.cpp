@@ -194,13 +194,22 @@ effects room::outcome(size_t i, uint64_t token, bool ok, errc code, const std::s
   return out;
 }
 
-effects room::drained(size_t i, uint64_t token, uint64_t completed) {
+effects room::drained(size_t i, uint64_t token, uint64_t completed, uint64_t failed) {
   effects out;
   auto* l = link(i, token);
   if (!l || l->drained || life_.terminal()) return out;
   l->drained = completed;
   // A prefill rank's room may fail (and drain) before this one hears of it.
   fail(errc::peer_lost, fmt::format("prefill {} failed the room", l->address), true, out);
+  // Landed notifications account for the writes they cover, and no notification covers a
+  // batch whose write failed (tcp: one marker after the batch's last write): its other writes
+  // may still be in flight. Only the fence makes sure none of them lands later.
+  if (failed > 0 && !l->fenced) {
+    l->must_fence = true;
+    out.push_back(fence{i, fmt::format("fenced: prefill {} reported {} failed write(s) of room "
+                                       "{}; the rest of their batches may still land",
+                                       l->address, failed, id_)});
+  }
   finish_drain(out);
   return out;
 }
@@ -304,7 +313,7 @@ effects room::expired(deadline_kind k, uint64_t generation) {
   std::string waiting;
   for (size_t j = 0; j < links_.size(); ++j) {
     const auto& l = links_[j];
-    if (l.refused || l.fenced || (l.drained && l.landed >= *l.drained)) continue;
+    if (l.settled() || l.must_fence) continue;  // (a fence is on its way)
     waiting +=
         fmt::format("{}{} ({})", waiting.empty() ? "" : ", ", l.address,
                     l.drained ? fmt::format("{} of {} drained writes landed", l.landed, *l.drained)
@@ -343,7 +352,7 @@ void room::fail(errc code, std::string reason, bool tell_peers, effects& out) {
 void room::finish_drain(effects& out) {
   if (!life_.draining()) return;
   for (const auto& l : links_)
-    if (!l.refused && !l.fenced && (!l.drained || l.landed < *l.drained)) return;
+    if (!l.settled()) return;
   release(out);
   out.push_back(life{life_.drained(drain_note_)});
 }

@@ -55,7 +55,12 @@ struct link_record {
   bool fenced = false;   ///< its connection ended and its registrations are closed
   std::optional<uint64_t> announced;
   std::optional<uint64_t> drained;  ///< writes it completed, once its room failed
+  bool must_fence = false;          ///< it reported failed writes: only its fence settles it
   uint64_t landed = 0;
+  /// No write of this rank can land in the room any more.
+  bool settled() const {
+    return refused || fenced || (!must_fence && drained && landed >= *drained);
+  }
 };
 
 // The effects, carried out in the order given.
@@ -116,7 +121,10 @@ class room {
   effects prepare_ack(size_t i, uint64_t token, bool ok, errc code, const std::string& reason);
   effects announce(size_t i, uint64_t token, uint64_t writes, uint64_t bytes);
   effects outcome(size_t i, uint64_t token, bool ok, errc code, const std::string& reason);
-  effects drained(size_t i, uint64_t token, uint64_t completed);
+  /// Rank `i` drained: `completed` of its writes (notifications) completed and `failed` did
+  /// not. A failed write may leave writes of its batch placed or in flight that no landed
+  /// notification covers, so a rank that reports one is fenced.
+  effects drained(size_t i, uint64_t token, uint64_t completed, uint64_t failed = 0);
   /// `count` writes carrying `token` landed.
   effects landed(uint64_t token, uint64_t count);
   effects unpacked();

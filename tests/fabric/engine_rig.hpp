@@ -106,15 +106,19 @@ struct rig {
 
   /// Submit `ops` to `to` (default: the target) as one batch.
   std::shared_ptr<batch_probe> submit(std::vector<transport::write_op> ops,
-                                      std::optional<transport::peer_handle> to = {}) {
+                                      std::optional<transport::peer_handle> to = {},
+                                      transport::notify mode = transport::notify::every_write) {
     auto t = std::make_shared<batch_probe>();
     transport::write_batch b;
     b.peer = to.value_or(peer);
     b.ops = std::move(ops);
     b.done = batch_probe::recorder(t);
-    initiator->submit(std::move(b));
+    b.mode = mode;
+    last_notifications = initiator->submit(std::move(b));
     return t;
   }
+  /// What the last `submit` said its target would count.
+  uint32_t last_notifications = 0;
 
   bool same(const std::vector<uint8_t>& dst, uint64_t dst_off, uint64_t src_off,
             uint64_t len) const {

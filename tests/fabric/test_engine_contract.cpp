@@ -105,6 +105,47 @@ void batch_lands_byte_exact(const std::string& provider, flavour f) {
 FERRY_CONTRACT_CASE("a write batch lands byte-exact with its immediates counted",
                     batch_lands_byte_exact)
 
+void batch_end_notifies_once_after_every_write(const std::string& provider, flavour f) {
+  rig r(provider, f);
+  auto [d, dst] = r.add_region(8 << 20);
+  const region_desc dd = r.target->describe(d);
+  // Many small writes and a few large ones; one batch per round, each with its own immediate.
+  const uint64_t sizes[] = {64, 1300, 4096, 65536, 1 << 20};
+  const bool ordered = provider == "tcp";  // tcp orders writes; shm notifies every write
+  for (uint64_t round = 0; round < 8; ++round) {
+    std::vector<write_op> ops;
+    uint64_t off = 0;
+    for (int i = 0; i < 29; ++i) {
+      const uint64_t len = sizes[(i + round) % 5];
+      ops.push_back(r.op(dd, off, (off * 7 + round) % (1 << 20), len, 2000 + round));
+      off += len + 64;
+    }
+    REQUIRE(off < dst->size());
+    std::fill(dst->begin(), dst->end(), 0);
+    auto t = r.submit(ops, {}, notify::batch_end);
+    const uint32_t notes = r.last_notifications;
+    CHECK(notes == (ordered ? 1u : 29u));
+    // The notifications' arrival alone says the batch is placed: every byte is there when the
+    // last one is counted, before the initiator's local completion is even looked at.
+    REQUIRE(r.imms.wait_count(2000 + round, notes));
+    std::vector<uint8_t> image(dst->size(), 0);
+    for (const auto& o : ops)
+      std::memcpy(image.data() + (o.remote_addr - dd.remote_base), r.src.data() + o.local_offset,
+                  o.length);
+    CHECK(*dst == image);
+    REQUIRE(t->wait());
+    const batch_result res = t->get();
+    INFO(res.message);
+    CHECK(res.ok());
+    CHECK(res.completed == notes);
+    CHECK(res.failed == 0);
+    CHECK(r.imms.counts()[2000 + round] == notes);
+  }
+  CHECK_FALSE(r.imms.duplicate_in_batch());
+}
+FERRY_CONTRACT_CASE("a batch_end batch is counted once where writes are ordered, after every byte",
+                    batch_end_notifies_once_after_every_write)
+
 void removed_peer_fails_batches(const std::string& provider, flavour f) {
   rig r(provider, f);
   auto [d, dst] = r.add_region(1 << 20);

@@ -63,7 +63,7 @@ struct harness {
     const auto it = live.find(k);
     const uint64_t gen = it == live.end() ? 12345 : it->second;  // not armed: any is stale
     auto fx = m.expired(k, gen);
-    if (!fx.empty()) live.erase(k);
+    if (it != live.end()) live.erase(it);  // it fired, whatever the room made of it
     return apply(fx);
   }
   /// Both named peers resolved: the prepares go out.
@@ -443,6 +443,16 @@ TEST_CASE(
     CHECK(h.last_reason ==
           "cancelled by test; drain incomplete after 50 ms (timeouts.drain_ms), fenced: p0:7401 "
           "(1 of 3 drained writes landed), p1:7401 (no drain report)");
+  }
+  SECTION("a rank that reports failed writes is fenced: its landed writes do not settle it") {
+    harness h;
+    bring_to(h, room_phase::draining);
+    CHECK(h.apply(h.m.drained(0, 100, 1, 2)) == "fence");  // 1 landed already
+    CHECK(h.apply(h.m.drained(1, 101, 0)) == "");
+    CHECK(h.apply(h.m.landed(100, 5)) == "");  // still open: only the fence settles it
+    CHECK(h.m.phase() == room_phase::draining);
+    CHECK(h.expire(deadline_kind::drain) == "");  // its fence is on its way already
+    CHECK(h.apply(h.m.peer_down(0, true, errc::peer_lost, "fenced")) == "report:Failed");
   }
   SECTION("a peer down that did not fence does not end the drain") {
     harness h;
