@@ -44,10 +44,23 @@ class daemon_system_config : public caf::actor_system_config {
   explicit daemon_system_config(uint32_t workers) {
     load<caf::io::middleman>();
     add_ferry_message_types(*this);
-    // No actor waits on the fabric or the network, so one worker per core suffices; the sharing
-    // policy's idle wake-ups are faster than work stealing's on few cores.
+    // No actor waits on the fabric or the network, so one worker per core suffices.
+    // Work stealing, because a message one actor sends another from a worker stays in that
+    // worker's own queue: a room's chain (Scheduler -> Receiver -> Connection -> ...) runs on
+    // one thread without a wake-up. The sharing policy puts every such message on one shared
+    // queue and signals a sleeping worker for each: on 2 cores that was a context switch per
+    // hop, half of a small room's CPU (docs/performance.md section 13). Its polling is cut to
+    // a short spin: no moderate phase (500 sleeps of 50 µs, a wake-up every 50 µs while
+    // idle), so an idle worker blocks on its condition variable at once and a message from a
+    // thread outside the pool (client gateway, progress thread, multiplexer) wakes it, as fast
+    // as sharing's. A blocked worker steals every relaxed-sleep-duration.
     set("scheduler.max-threads", static_cast<size_t>(workers));
-    set("scheduler.policy", caf::atom("sharing"));
+    set("scheduler.policy", caf::atom("stealing"));
+    set("work-stealing.aggressive-poll-attempts", size_t{100});
+    set("work-stealing.aggressive-steal-interval", size_t{10});
+    set("work-stealing.moderate-poll-attempts", size_t{0});
+    set("work-stealing.relaxed-steal-interval", size_t{1});
+    set("work-stealing.relaxed-sleep-duration", caf::timespan{std::chrono::milliseconds(10)});
     set("logger.verbosity", caf::atom("quiet"));
     // CAF's middleman actor runs on the worker pool, not on a thread of its own: on its own
     // thread, a stop that came while it was setting up a peer connection hung in the actor

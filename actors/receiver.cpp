@@ -235,9 +235,7 @@ void on_peer(receiver_actor* self, peer_inbound& in) {
                                         {"completed", d.completed},
                                         {"failed", d.failed}};
                           },
-                          [&] {
-                            return st.machine.drained(i, d.token, d.completed, d.failed);
-                          }));
+                          [&] { return st.machine.drained(i, d.token, d.completed, d.failed); }));
         },
     });
   });
@@ -275,8 +273,10 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
                   [&] { return st.machine.start(); }));
   // Learn every named peer's geometry (its handshake may still be running).
   for (size_t i = 0; i < st.connections.size(); ++i)
-    self->request(st.connections[i], std::chrono::milliseconds(t.handshake_ms + 1000),
-                  info_atom::value)
+    // No timeout of its own: the room's Bootstrapping deadline bounds the wait, and a CAF
+    // request timeout costs two wake-ups of CAF's clock thread per room (set and cancel).
+    // A Connection that dies answers with an error.
+    self->request(st.connections[i], caf::infinite, info_atom::value)
         .then(
             [=](peer_lookup& r) {
               auto& st = self->state;
