@@ -495,10 +495,15 @@ void client_gateway::stop() {
 }
 
 void client_gateway::reply(uint64_t conn, uint32_t seq, const proto::message& m) {
+  bool first = false;
   {
     std::lock_guard<std::mutex> lock(impl_->outbox_mutex);
+    first = impl_->outbox.empty();
     impl_->outbox.push_back(impl::outgoing{conn, seq, m});
   }
+  // Only the frame that makes the outbox non-empty wakes the thread: it takes the whole outbox
+  // at once (deliver_outbox, under the same mutex), so later frames ride on that wake-up.
+  if (!first) return;
   uint64_t one = 1;
   [[maybe_unused]] auto n = write(impl_->wake_fd, &one, sizeof(one));
 }
