@@ -13,9 +13,10 @@ timer_service::token timer_service::arm(std::chrono::milliseconds after, const c
   const auto due = std::chrono::steady_clock::now() + after;
   std::lock_guard lock(mutex_);
   if (stopping_) return 0;
-  const bool earliest = !queue_.next_due() || due < *queue_.next_due();
   const token t = queue_.arm(due, entry{caf::actor_cast<caf::actor_addr>(to), std::move(msg)});
-  if (earliest) changed_.notify_one();
+  // Only a deadline before the thread's next wake-up needs it woken. It never sleeps longer
+  // than `max_sleep`, so the deadlines of rooms (seconds away) are armed without a wake-up each.
+  if (due < wake_at_) changed_.notify_one();
   return t;
 }
 
@@ -46,12 +47,12 @@ void timer_service::run() {
   pthread_setname_np(pthread_self(), "ferry.timers");
   std::unique_lock lock(mutex_);
   while (!stopping_) {
-    const auto next = queue_.next_due();
-    if (!next) {
-      changed_.wait(lock);
+    const auto now = std::chrono::steady_clock::now();
+    wake_at_ = std::min(queue_.next_due().value_or(now + max_sleep), now + max_sleep);
+    if (wake_at_ > now && changed_.wait_until(lock, wake_at_) == std::cv_status::no_timeout)
       continue;
-    }
-    if (changed_.wait_until(lock, *next) == std::cv_status::no_timeout) continue;
+    // Awake: what `arm` adds meanwhile is seen before the next wait.
+    wake_at_ = std::chrono::steady_clock::time_point::min();
     auto due = queue_.take_due(std::chrono::steady_clock::now());
     lock.unlock();
     for (auto& e : due)

@@ -1,5 +1,7 @@
 #pragma once
-/// The daemon's deadlines: one thread sleeps until the earliest one and then sends its message.
+/// The daemon's deadlines: one thread sleeps until the earliest one (or `max_sleep`, whichever
+/// comes first) and then sends its message. Arming a deadline wakes it only when the deadline
+/// comes before its next wake-up, so a room's deadlines, seconds away, cost no wake-up.
 /// Unlike CAF 0.17's `delayed_send`, a deadline can be cancelled, and a cancelled one is gone at
 /// once, so a room holds at most one deadline per kind (core/room_lifecycle.hpp) instead of
 /// leaving one pending timer behind for every status it passed through.
@@ -43,8 +45,13 @@ class timer_service {
   };
   void run();
 
+  /// The longest the thread sleeps: deadlines further away than this never wake it early.
+  static constexpr std::chrono::milliseconds max_sleep{250};
+
   mutable std::mutex mutex_;
   std::condition_variable changed_;
+  /// When the thread wakes next (guarded by mutex_); min() while it is awake.
+  std::chrono::steady_clock::time_point wake_at_ = std::chrono::steady_clock::time_point::min();
   deadline_queue<entry> queue_;
   bool stopping_ = false;
   std::thread thread_;
