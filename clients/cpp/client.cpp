@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -182,6 +183,14 @@ result<proto::message> client::raw_exchange(const std::vector<uint8_t>& bytes,
 result<proto::message> client::exchange(const std::vector<uint8_t>& bytes,
                                         std::chrono::milliseconds timeout,
                                         std::optional<uint32_t> expect_seq) {
+  if (auto sent = send_bytes(bytes); !sent) return std::move(sent).error();
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  if (!expect_seq) return await_reply(deadline, {}, nullptr);
+  const uint32_t one[] = {*expect_seq};
+  return await_reply(deadline, one, nullptr);
+}
+
+result<none> client::send_bytes(const std::vector<uint8_t>& bytes) {
   size_t off = 0;
   while (off < bytes.size()) {
     ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
@@ -198,7 +207,12 @@ result<proto::message> client::exchange(const std::vector<uint8_t>& bytes,
     }
     off += static_cast<size_t>(n);
   }
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  return {};
+}
+
+result<proto::message> client::await_reply(std::chrono::steady_clock::time_point deadline,
+                                           std::span<const uint32_t> outstanding,
+                                           uint32_t* replied) {
   for (;;) {
     uint32_t seq = 0;
     auto r = read_frame(deadline, &seq);
@@ -210,16 +224,19 @@ result<proto::message> client::exchange(const std::vector<uint8_t>& bytes,
     }
     // An error with seq 0 is about the connection itself (refused, or an incomplete frame),
     // and ferryd closes the connection after it.
-    if (auto* e = std::get_if<proto::error>(&r.value); expect_seq && e && seq == 0)
+    if (auto* e = std::get_if<proto::error>(&r.value); !outstanding.empty() && e && seq == 0)
       return lose({e->code, e->message});
-    // One request is outstanding at a time: a reply with another seq answers nothing this
-    // client asked, and taking it as this request's answer would shift every later reply.
-    if (expect_seq && seq != *expect_seq)
-      return lose(
-          {errc::malformed_frame,
-           fmt::format("protocol error: ferryd sent a {} with seq {}, which matches no outstanding "
-                       "request (waiting for seq {})",
-                       proto::to_string(proto::type_of(r.value)), seq, *expect_seq)});
+    // A reply with a seq no request of this client is waiting for answers nothing it asked,
+    // and taking it as another request's answer would mismatch every later reply. (Replies
+    // of pipelined requests may come in any order: different rooms answer them.)
+    if (!outstanding.empty() &&
+        std::find(outstanding.begin(), outstanding.end(), seq) == outstanding.end())
+      return lose({errc::malformed_frame,
+                   fmt::format("protocol error: ferryd sent a {} with seq {}, which matches no "
+                               "outstanding request (waiting for seq {})",
+                               proto::to_string(proto::type_of(r.value)), seq,
+                               fmt::join(outstanding, ", "))});
+    if (replied) *replied = seq;
     return r;
   }
 }
@@ -257,6 +274,71 @@ result<none> client::expect_ok(const proto::message& m) {
     return error{errc::malformed_frame,
                  fmt::format("expected ok, got {}", proto::to_string(proto::type_of(r.value)))};
   return {};
+}
+
+std::vector<result<none>> client::pipeline(const std::vector<proto::message>& requests) {
+  std::vector<result<none>> out;
+  out.reserve(requests.size());
+  auto rest_fail = [&](const error& e) {
+    while (out.size() < requests.size()) out.emplace_back(e);
+    return out;
+  };
+  if (requests.empty()) return out;
+  if (auto e = enter(); !e) return rest_fail(e.error());
+  // Checked whole before anything is sent: a request that cannot go fails the call alone.
+  for (const auto& m : requests) {
+    const auto t = proto::type_of(m);
+    if (t != proto::msg_type::prepare && t != proto::msg_type::send &&
+        t != proto::msg_type::subscribe && t != proto::msg_type::cancel)
+      return rest_fail(error{errc::invalid_request,
+                             fmt::format("pipeline takes prepare, send, subscribe and cancel, "
+                                         "not {}",
+                                         proto::to_string(t))});
+    if (auto e = too_new(t, version_)) return rest_fail(*e);
+  }
+  std::vector<uint8_t> bytes;
+  std::vector<uint32_t> seqs;
+  seqs.reserve(requests.size());
+  for (const auto& m : requests) {
+    if (const auto* p = std::get_if<proto::prepare>(&m)) forget_lost(p->room);
+    if (const auto* s = std::get_if<proto::subscribe>(&m)) {
+      forget_lost(s->room);
+      // Counted before it is sent: the first event may come before the ok (see subscribe).
+      if (std::find(subscribed_.begin(), subscribed_.end(), s->room) == subscribed_.end())
+        subscribed_.push_back(s->room);
+    }
+    const uint32_t seq = next_seq_++;
+    if (next_seq_ == 0) next_seq_ = 1;  // seq 0 is for events
+    seqs.push_back(seq);
+    const auto frame = proto::encode(m, seq, version_);
+    bytes.insert(bytes.end(), frame.begin(), frame.end());
+  }
+  if (auto sent = send_bytes(bytes); !sent) return rest_fail(sent.error());
+  // Replies come in any order (requests of different rooms are answered by their rooms):
+  // each is matched by its seq, and the ones still outstanding are the only seqs taken.
+  out.assign(requests.size(), result<none>{});
+  std::vector<uint32_t> waiting = seqs;
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  while (!waiting.empty()) {
+    uint32_t seq = 0;
+    auto r = await_reply(deadline, waiting, &seq);
+    if (!r) {  // the connection is gone: no later reply comes
+      for (auto w : waiting) out[std::find(seqs.begin(), seqs.end(), w) - seqs.begin()] = r.error();
+      return out;
+    }
+    std::erase(waiting, seq);
+    const size_t i = static_cast<size_t>(std::find(seqs.begin(), seqs.end(), seq) - seqs.begin());
+    if (auto* e = std::get_if<proto::error>(&r.value)) {
+      note_error_reply(*e);
+      if (const auto* s = std::get_if<proto::subscribe>(&requests[i]))
+        std::erase(subscribed_, s->room);
+      out[i] = error{e->code, e->message};
+    } else if (!std::holds_alternative<proto::ok>(r.value)) {
+      out[i] = error{errc::malformed_frame,
+                     fmt::format("expected ok, got {}", proto::to_string(proto::type_of(r.value)))};
+    }
+  }
+  return out;
 }
 
 result<none> client::prepare(const proto::prepare& p) {

@@ -28,6 +28,65 @@ TEST_CASE("one request moves KV pages, one state slot and the aux row byte for b
   CHECK(c.decode.stop() == 0);
 }
 
+TEST_CASE(
+    "pipelined requests: four rooms prepared, subscribed and sent in one write each move "
+    "byte-exact, and a refused request in the middle fails alone",
+    "[e2e][pipeline]") {
+  auto provider = GENERATE(as<std::string>{}, "tcp", "shm");
+  require_provider(provider);
+  shape s;
+  s.provider = provider;
+  pair c(s);
+  std::vector<room_spec> rooms(4);
+  std::vector<proto::message> prepares, sends;
+  for (uint32_t i = 0; i < rooms.size(); ++i) {
+    auto& r = rooms[i];
+    r.room = 900 + i;
+    r.src_pages = range(10 + 40 * i, 33);
+    r.dst_pages = range(500 + 40 * i, 33);
+    r.src_slot = r.dst_slot = i;
+    r.src_row = r.dst_row = i;
+    stage(c, r);
+    prepares.push_back(
+        proto::prepare{r.room, {c.prefill.control()}, r.dst_pages, r.dst_slot, r.dst_row});
+    prepares.push_back(proto::subscribe{r.room});
+    sends.push_back(proto::send{r.room, r.src_pages, true, r.src_slot, r.src_row});
+    if (i == 1)  // a page outside the pool: refused, and the next requests still answered
+      prepares.push_back(proto::prepare{990, {c.prefill.control()}, {1u << 30}, 7, 7});
+  }
+  const auto prepared = c.d->pipeline(prepares);
+  REQUIRE(prepared.size() == prepares.size());
+  for (size_t i = 0; i < prepared.size(); ++i) {
+    INFO(i << ": " << prepared[i].message);
+    if (i == 4) {
+      CHECK(prepared[i].code == errc::invalid_request);
+      CHECK_THAT(prepared[i].message, Catch::Contains("dst page 1073741824"));
+    } else {
+      CHECK(prepared[i]);
+    }
+  }
+  const auto sent = c.p->pipeline(sends);
+  REQUIRE(sent.size() == sends.size());
+  for (const auto& r : sent) CHECK(r);
+  for (const auto& r : rooms) {
+    auto e = c.d->wait_terminal(r.room, 60s);  // subscribed in the pipeline
+    INFO(e.message);
+    REQUIRE(e);
+    INFO(e.value.reason);
+    CHECK(e.value.status == room_status::success);
+    CHECK(client::verify_room(*c.d, r.room, r.dst_pages, r.dst_slot, r.dst_row).message == "");
+    CHECK(wait_done(*c.p, r.room).status == room_status::success);
+  }
+  // Only requests answered with ok go in a pipeline: anything else fails before it is sent.
+  const auto refused = c.d->pipeline({proto::poll{900}, proto::cancel{901}});
+  REQUIRE(refused.size() == 2);
+  CHECK(refused[0].code == errc::invalid_request);
+  CHECK(refused[0].message == "pipeline takes prepare, send, subscribe and cancel, not poll");
+  CHECK(refused[1].code == errc::invalid_request);
+  CHECK(c.prefill.stop() == 0);
+  CHECK(c.decode.stop() == 0);
+}
+
 TEST_CASE("fragmented pages land at their positions", "[e2e]") {
   pair c;
   room_spec r;

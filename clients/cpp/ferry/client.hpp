@@ -28,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -131,6 +132,11 @@ class client {
 
   result<none> prepare(const proto::prepare& p);
   result<none> send(const proto::send& s);
+  /// Several requests in one write, their replies read as they come (one round trip for all):
+  /// what an engine does for the requests of one scheduler step. Each gets its own result, as
+  /// if made alone; a lost connection fails the rest. Takes prepare, send, subscribe and
+  /// cancel (the requests answered with ok); anything else fails the call before it is sent.
+  std::vector<result<none>> pipeline(const std::vector<proto::message>& requests);
   result<proto::poll_reply> poll(uint64_t room);
   /// v4: lend the daemon this process's memory for a `memory: client` pool: `fds` (memfds,
   /// sealed against shrinking) go with the frame (SCM_RIGHTS); `req.fd_count` is set from them.
@@ -247,6 +253,12 @@ class client {
   /// A 407 that says this client's own ferryd is draining.
   void note_error_reply(const proto::error& e);
   result<proto::message> request(const proto::message& m);
+  /// Write a whole buffer of frames (a broken pipe reads ferryd's reason, if it sent one).
+  result<none> send_bytes(const std::vector<uint8_t>& bytes);
+  /// Read until a reply to one of the `outstanding` seqs (empty: any frame but an event),
+  /// which it stores in `replied`; events on the way are queued.
+  result<proto::message> await_reply(std::chrono::steady_clock::time_point deadline,
+                                     std::span<const uint32_t> outstanding, uint32_t* replied);
   /// The next frame; its seq goes to `seq` when given.
   result<proto::message> read_frame(std::chrono::steady_clock::time_point deadline,
                                     uint32_t* seq = nullptr);
