@@ -133,6 +133,7 @@ struct daemon_metrics::impl {
   Gauge& bytes_in_flight = in_flight.Add({{"unit", "bytes"}});
   std::array<std::array<Histogram*, latency_phase_count>, 2> phase{};
   std::array<Counter*, 2> side_bytes{};
+  std::array<Counter*, 2> successes{};  // the common room end: no label lookup per room
 
   mutable std::mutex peers_mutex;
   std::vector<std::weak_ptr<peer_health>> peers;  // the Connections own them
@@ -140,6 +141,8 @@ struct daemon_metrics::impl {
   impl() {
     for (int d = 0; d < 2; ++d) {
       side_bytes[d] = &room_bytes.Add({{"side", side_name(d)}});
+      successes[d] = &rooms.Add(
+          {{"side", side_name(d)}, {"outcome", "success"}, {"code", to_string(errc::ok)}});
       for (int p = 0; p < latency_phase_count; ++p)
         phase[d][p] = &phases.Add(
             {{"side", side_name(d)}, {"phase", to_string(static_cast<latency_phase>(p))}},
@@ -162,13 +165,14 @@ daemon_metrics::daemon_metrics(std::string node, std::string instance, std::stri
 daemon_metrics::~daemon_metrics() = default;
 
 void daemon_metrics::room_ended(bool decode, room_status s, errc code, uint64_t bytes) {
-  const bool ok = s == room_status::success;
+  if (s == room_status::success) {
+    impl_->successes[decode]->Increment();
+    impl_->side_bytes[decode]->Increment(static_cast<double>(bytes));
+    return;
+  }
   impl_->rooms
-      .Add({{"side", side_name(decode)},
-            {"outcome", ok ? "success" : "failed"},
-            {"code", to_string(code)}})
+      .Add({{"side", side_name(decode)}, {"outcome", "failed"}, {"code", to_string(code)}})
       .Increment();
-  if (ok) impl_->side_bytes[decode]->Increment(static_cast<double>(bytes));
 }
 
 void daemon_metrics::phase(bool decode, latency_phase p, double seconds) {

@@ -92,7 +92,12 @@ TEST_CASE("metrics follow a room: active while prepared, counted with its bytes 
   auto before = scrape(m.decode_port);
   CHECK(value(before, "ferry_info", {{"role", "decode"}, {"node", "decode-0"}}) == 1);
   CHECK(value(before, "ferry_rooms_active", {{"side", "decode"}}) == 0);
-  CHECK_FALSE(series(before, "ferry_rooms_total").has_value());
+  // The success series exist from the start (at 0, so a rate over them starts at once); no
+  // failure series until a room fails.
+  for (const char* side : {"prefill", "decode"})
+    CHECK(value(before, "ferry_rooms_total",
+                {{"side", side}, {"outcome", "success"}, {"code", "ok"}}) == 0);
+  CHECK_FALSE(series(before, "ferry_rooms_total", {{"outcome", "failed"}}).has_value());
   CHECK(value(before, "ferry_pool_items", {{"pool", "kv"}, {"state", "in_use"}}) == 0);
   CHECK(value(before, "ferry_pool_registered", {{"pool", "kv"}, {"memory", "daemon"}}) == 1);
 
@@ -136,7 +141,8 @@ TEST_CASE("metrics follow a room: active while prepared, counted with its bytes 
   CHECK(value(pre, "ferry_writes_in_flight", {{"unit", "bytes"}}) == 0);
   CHECK(value(pre, "ferry_write_bytes_total", {{"event", "completed"}}) >= moved);
   // Landed counts notifications: one per write on shm, one per batch (here one per chunk) on tcp.
-  CHECK(value(dec, "ferry_writes_total", {{"event", "landed"}}) == (provider == "tcp" ? 2 : posted));
+  CHECK(value(dec, "ferry_writes_total", {{"event", "landed"}}) ==
+        (provider == "tcp" ? 2 : posted));
   CHECK(value(dec, "ferry_stray_writes_total") == 0);
   CHECK(value(dec, "ferry_pool_items", {{"pool", "kv"}, {"state", "in_use"}}) == 0);
   auto served = families(pre);
