@@ -37,6 +37,11 @@
 namespace ferry {
 namespace {
 
+/// How long after its prepares a room has the progress thread watch closely for writes: the
+/// prefill may send at once (then the first write is seen within 200 µs on shm, not after a
+/// sleep of up to 4 ms); an engine that sends later pays the long sleep only after this.
+constexpr std::chrono::milliseconds expect_writes_window{100};
+
 struct receiver_state {
   static inline const char* name = "ferry.receiver";
   context_ptr ctx;
@@ -123,6 +128,9 @@ void apply(receiver_actor* self, receiver::effects fx) {
                 "{}; one write per token instead",
                 st.prep.room, x.need, st.ctx->staging ? st.ctx->staging->bytes : 0);
           } else if constexpr (std::is_same_v<E, receiver::send_prepares>) {
+            // The prefill ranks may write as soon as they accept: have the progress thread
+            // watch for it closely (shm: no sleeping in long steps meanwhile).
+            st.ctx->engine->expect_writes(expect_writes_window);
             for (const auto& l : st.machine.links()) {
               const auto& peer = st.named[l.named];
               st.ctx->log_room->debug("room={} peer={} prepare: {} pages; {}", st.prep.room,

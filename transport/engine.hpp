@@ -35,6 +35,7 @@
 /// Keys are random where the application chooses them (no FI_MR_PROV_KEY), so a peer cannot
 /// derive another registration's key from its own.
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -214,6 +215,11 @@ class engine {
   virtual uint32_t submit(write_batch batch) = 0;
   /// The consumer finished with the last `immediates` batch; the next may be delivered.
   virtual void return_immediate_credit() = 0;
+  /// A hint: peers are about to write here (a decode room sent its prepares), so for `window`
+  /// the progress thread notices arrivals as soon as it would right after traffic. Matters
+  /// where the provider has no wait object (shm): an idle thread there sleeps in steps of up
+  /// to 4 ms, the wait of a first write after a quiet second. Cheap; no effect on tcp.
+  virtual void expect_writes(std::chrono::milliseconds window) = 0;
 };
 
 }  // namespace ferry::transport

@@ -50,6 +50,17 @@ void fabric_engine::return_immediate_credit() {
   wake();
 }
 
+void fabric_engine::expect_writes(std::chrono::milliseconds window) {
+  if (wait_kind_ == wait_kind::fd) return;  // arrivals wake the thread through the CQ's fd
+  const int64_t until = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            (clock_type::now() + window).time_since_epoch())
+                            .count();
+  int64_t seen = expect_until_ns_.load();
+  while (seen < until && !expect_until_ns_.compare_exchange_weak(seen, until)) {
+  }
+  wake();  // a thread in a long sleep starts again from its shortest step
+}
+
 void fabric_engine::wake() {
   // Pairs with the sleeping_ store / queue re-check in block(): one of the two sides always sees
   // the other (both seq_cst), so a wake-up is never lost and the common case costs no syscall.

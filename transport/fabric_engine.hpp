@@ -167,6 +167,7 @@ class fabric_engine final : public engine {
   }
   uint32_t submit(write_batch batch) override;
   void return_immediate_credit() override;
+  void expect_writes(std::chrono::milliseconds window) override;
 
  private:
   struct region {
@@ -281,6 +282,9 @@ class fabric_engine final : public engine {
   int cq_wait_fd_ = -1;  ///< owned by the CQ
   unique_fd wake_fd_;
   std::atomic<bool> sleeping_{false};
+  /// expect_writes: until then (steady clock, ns since epoch) the thread sleeps in its short
+  /// steps, as right after traffic.
+  std::atomic<int64_t> expect_until_ns_{0};
 
   // Cross-thread state.
   std::mutex lifecycle_mutex_;  ///< serialises start/stop

@@ -413,10 +413,13 @@ void fabric_engine::block(clock_type::duration idle_for, clock_type::duration& s
       timeout = sleep_cap_recent;
     }
   } else {
+    const bool expecting =
+        clock_type::now().time_since_epoch() <
+        std::chrono::nanoseconds(expect_until_ns_.load(std::memory_order_relaxed));
     const clock_type::duration cap =
-        idle_for < recent_window ? clock_type::duration(sleep_cap_recent)
-        : idle_for < warm_window ? clock_type::duration(sleep_cap_warm)
-                                 : clock_type::duration(sleep_cap_cold);
+        idle_for < recent_window || expecting ? clock_type::duration(sleep_cap_recent)
+        : idle_for < warm_window              ? clock_type::duration(sleep_cap_warm)
+                                              : clock_type::duration(sleep_cap_cold);
     timeout = std::min(sleep_step, cap);
     sleep_step = std::min<clock_type::duration>(sleep_step * 2, cap);
   }

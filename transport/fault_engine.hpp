@@ -163,6 +163,7 @@ class fault_engine final : public engine {
   }
   uint32_t submit(write_batch batch) override;
   void return_immediate_credit() override;
+  void expect_writes(std::chrono::milliseconds window) override { inner_->expect_writes(window); }
 
  private:
   struct held_fence {

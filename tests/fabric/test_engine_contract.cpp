@@ -146,6 +146,22 @@ void batch_end_notifies_once_after_every_write(const std::string& provider, flav
 FERRY_CONTRACT_CASE("a batch_end batch is counted once where writes are ordered, after every byte",
                     batch_end_notifies_once_after_every_write)
 
+void expect_writes_is_only_a_hint(const std::string& provider, flavour f) {
+  rig r(provider, f);
+  auto [d, dst] = r.add_region(1 << 20);
+  const region_desc dd = r.target->describe(d);
+  // Before any traffic, repeatedly, and with a window already passed: writes land as ever.
+  r.target->expect_writes(std::chrono::milliseconds(100));
+  r.target->expect_writes(std::chrono::milliseconds(0));
+  r.write_until_landed(dd, *dst, 0, 0, 65536, 31);
+  r.target->expect_writes(std::chrono::milliseconds(100));
+  r.write_until_landed(dd, *dst, 65536, 65536, 4096, 32);
+  r.target->stop();
+  r.target->expect_writes(std::chrono::milliseconds(100));  // after stop: nothing to wake
+}
+FERRY_CONTRACT_CASE("expect_writes is a hint: writes land with and without it, also after stop",
+                    expect_writes_is_only_a_hint)
+
 void removed_peer_fails_batches(const std::string& provider, flavour f) {
   rig r(provider, f);
   auto [d, dst] = r.add_region(1 << 20);
