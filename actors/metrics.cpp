@@ -170,8 +170,7 @@ void daemon_metrics::room_ended(bool decode, room_status s, errc code, uint64_t 
     impl_->side_bytes[decode]->Increment(static_cast<double>(bytes));
     return;
   }
-  impl_->rooms
-      .Add({{"side", side_name(decode)}, {"outcome", "failed"}, {"code", to_string(code)}})
+  impl_->rooms.Add({{"side", side_name(decode)}, {"outcome", "failed"}, {"code", to_string(code)}})
       .Increment();
 }
 
