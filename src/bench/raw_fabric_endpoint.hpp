@@ -1,11 +1,12 @@
 #pragma once
-/// What the raw-fabric baseline (raw_fabric.cpp) and other raw references share: their own minimal
-/// RAII over libfabric, one RDM endpoint with a CQ and one registered buffer, and the framed
-/// messages their two processes exchange on a stream socket. Like the rest of raw_fabric.*, it
-/// shares no code with Ferry's transport on purpose, so the reference cannot be flattered (or
-/// slowed) by Ferry's own code; errors are texts.
+/// What the raw-fabric baseline (raw_fabric.cpp) and the raw latency reference (raw_latency.cpp)
+/// share: their own minimal RAII over libfabric, one RDM endpoint with a CQ and one registered
+/// buffer, and the framed messages their two processes exchange on a stream socket. Like the
+/// rest of raw_fabric.*, it shares no code with Ferry's transport on purpose, so the reference
+/// cannot be flattered (or slowed) by Ferry's own code; errors are texts.
 ///
-/// Not thread-safe: one endpoint per thread.
+/// Not thread-safe: one endpoint per thread, except that the latency reference reads its socket
+/// on another thread than the one driving the endpoint (raw_latency.cpp).
 
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
@@ -46,7 +47,16 @@ std::string fi_text(const char* call, long long rc);
 // ----- socket messages -----------------------------------------------------------------------
 
 inline constexpr uint32_t magic = 0x57415246;  // "FRAW"
-enum class msg_kind : uint32_t { hello = 1, start = 2, done = 3, error = 4 };
+/// hello/start/done: the baseline; hello/ready/go/bye: the latency reference; error: either.
+enum class msg_kind : uint32_t {
+  hello = 1,
+  start = 2,
+  done = 3,
+  error = 4,
+  ready = 5,
+  go = 6,
+  bye = 7
+};
 
 struct msg_header {
   uint32_t magic;
