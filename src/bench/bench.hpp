@@ -4,7 +4,7 @@
 /// uses to open, send, verify and report rooms.
 ///
 /// Modes (one per file): throughput.cpp (closed-loop waves, --pipeline, --poll-many),
-/// fairness.cpp (--background-rooms).
+/// fairness.cpp (--background-rooms), latency.cpp (--latency).
 /// Each returns the process's exit code (core/exit_codes.hpp) and writes its figures into
 /// `context::out`, which `emit_json` prints once.
 ///
@@ -42,6 +42,8 @@ struct options {
   bool pipeline = false;          ///< keep `concurrency` rooms in flight instead of running waves
   uint32_t background_rooms = 0;  ///< fairness: this many large rooms flow meanwhile
   uint32_t background_tokens = 4096;
+  bool latency = false;                ///< --latency: one room at a time, prepare to Success
+  std::vector<double> gaps_ms{0, 50};  ///< --latency: idle gaps before each timed room
   bool baseline = true;
   std::string provider;
   uint64_t piece_bytes = 1 << 20;
@@ -137,5 +139,6 @@ double children_cpu_seconds();
 /// The modes. Each returns the exit code.
 int run_throughput(context& ctx);
 int run_fairness(context& ctx);
+int run_latency(context& ctx);
 
 }  // namespace ferry::bench

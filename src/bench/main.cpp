@@ -43,7 +43,7 @@ CLI::Option* add_options(CLI::App& app, options& o, bool& no_baseline) {
   app.add_option("--prompt-tokens", o.prompt_tokens, "tokens per request")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--requests", o.requests, "requests to move")
+  app.add_option("--requests", o.requests, "requests to move (--latency: timed rooms per gap)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--concurrency", o.concurrency,
@@ -61,7 +61,7 @@ CLI::Option* add_options(CLI::App& app, options& o, bool& no_baseline) {
   app.add_flag("--pipeline", o.pipeline,
                "keep --concurrency rooms in flight: a slot starts its next room as soon as its "
                "room has committed (default: waves of --concurrency rooms)");
-  app.add_flag("--no-baseline", no_baseline, "skip the raw-fabric baseline");
+  app.add_flag("--no-baseline", no_baseline, "skip the raw-fabric baseline (and reference)");
   app.add_option("--provider", o.provider,
                  "libfabric provider of the baseline (default: the daemons' provider)");
   app.add_option("--piece-bytes", o.piece_bytes,
@@ -80,6 +80,14 @@ CLI::Option* add_options(CLI::App& app, options& o, bool& no_baseline) {
   app.add_option("--background-tokens", o.background_tokens, "tokens of each background room")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_flag("--latency", o.latency,
+               "latency: one room at a time, the decode's prepare sent to its Success event, "
+               "--requests times after each --gap-ms idle gap, beside the raw reference");
+  app.add_option("--gap-ms", o.gaps_ms,
+                 "--latency: idle gaps before each timed room, in ms (comma-separated)")
+      ->capture_default_str()
+      ->delimiter(',')
+      ->check(CLI::Range(0.0, 10000.0));
   app.add_option("--room-base", o.room_base, "first room id (default: time-based)");
   app.add_option("--poll-many", o.poll_many,
                  "after the runs, time a poll_many of this many rooms (the run's, then ids "
@@ -232,8 +240,7 @@ void describe_pair(context& ctx) {
 int main(int argc, char** argv) {
   context ctx;
   options& o = ctx.o;
-  CLI::App app{
-      "ferry-bench: Ferry request throughput and commit latency against a raw-fabric baseline"};
+  CLI::App app{"ferry-bench: Ferry request throughput and latency against a raw-fabric reference"};
   cli::add_version(app, "ferry-bench");
   bool no_baseline = false;
   auto* json_opt = add_options(app, o, no_baseline);
@@ -245,11 +252,18 @@ int main(int argc, char** argv) {
   o.baseline = !no_baseline;
   ctx.provider = o.provider;
   ctx.text = o.json == "-" ? &std::cerr : &std::cout;
+  const int modes = (o.latency ? 1 : 0) + (o.background_rooms > 0 ? 1 : 0) + (o.pipeline ? 1 : 0);
+  if (modes > 1)
+    return ctx.fail(
+        "--latency, --background-rooms and --pipeline are separate modes: "
+        "choose one",
+        exit_code::usage);
   if (o.room_base == 0)
     o.room_base =
         static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) &
         0x7fff'ffff'0000'0000ull;
   ctx.next_room = o.room_base;
+  if (o.latency) o.concurrency = 1;  // one room at a time, by definition
 
   if (auto rc = connect_all(ctx)) return *rc;
   if (auto rc = read_pools(ctx)) return *rc;
@@ -279,5 +293,6 @@ int main(int argc, char** argv) {
                             {"bytes", ctx.req_bytes},
                             {"writes", ctx.one.size()}};
   if (o.background_rooms > 0) return run_fairness(ctx);
+  if (o.latency) return run_latency(ctx);
   return run_throughput(ctx);
 }

@@ -352,3 +352,77 @@ def test_ferry_bench_background_rooms_reports_idle_and_loaded_latency(
             "--background-tokens", "4096", "--no-baseline", timeout=60)
     assert r.returncode == USAGE
     assert "3 background rooms of 4096 pages do not fit beside the timed rooms" in r.stderr
+
+
+def check_latency_document(doc: dict, gaps: list[float], rooms: int, provider: str) -> None:
+    """--latency's figures: every gap with its samples, percentiles in order, ratios of p50s."""
+    assert doc["ok"] is True and doc["provider"] == provider
+    assert doc["workload"]["concurrency"] == 1
+    lat = doc["latency"]
+    assert lat["rooms_per_gap"] == rooms and lat["warmup"] == 2
+    assert lat["raw_writes"] == doc["per_request"]["writes"]
+    assert lat["raw_provider"].startswith(provider) and lat["raw_error"] is None
+    assert [g["gap_ms"] for g in lat["gaps"]] == gaps
+    for g in lat["gaps"]:
+        for key in ("ferry_ms", "raw_ms", "raw_single_write_ms"):
+            s = g[key]
+            assert s["samples"] == rooms, (key, s)
+            assert 0 < s["min"] <= s["p50"] <= s["p99"] <= s["max"], (key, s)
+        assert g["ratio_p50"] == pytest.approx(g["ferry_ms"]["p50"] / g["raw_ms"]["p50"])
+        assert g["ratio_p50_single_write"] == pytest.approx(
+            g["ferry_ms"]["p50"] / g["raw_single_write_ms"]["p50"])
+    # Every timed room and the 2 warm-up rooms committed.
+    assert doc["ferry"] == {"committed": rooms * len(gaps) + 2, "failed": 0}
+
+
+def test_ferry_bench_latency_times_rooms_against_the_raw_reference(
+        pair: tuple[Daemon, Daemon]) -> None:
+    p, d = pair
+    r = run("ferry-bench", "--prefill-socket", p.sock, "--decode-socket", d.sock,
+            "--prompt-tokens", "8", "--requests", "3", "--concurrency", "4", "--latency",
+            "--gap-ms", "0,5", "--verify", "--room-base", "897000", "--json", timeout=300)
+    assert r.returncode == OK, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    check_latency_document(doc, [0, 5], 3, "tcp")
+    assert doc["verified"] == 3 * 2 + 2 and doc["first_failure"] == ""
+    assert "latency, gap 5 ms: ferry p50" in r.stderr
+    # Without the reference: Ferry's figures only.
+    r = run("ferry-bench", "--prefill-socket", p.sock, "--decode-socket", d.sock,
+            "--prompt-tokens", "8", "--requests", "2", "--latency", "--gap-ms", "1",
+            "--no-baseline", "--json", timeout=300)
+    assert r.returncode == OK, r.stdout + r.stderr
+    g = json.loads(r.stdout)["latency"]["gaps"]
+    assert len(g) == 1 and g[0]["ferry_ms"]["samples"] == 2
+    assert g[0]["raw_ms"] is None and g[0]["ratio_p50"] is None
+    # One mode at a time.
+    r = run("ferry-bench", "--prefill-socket", p.sock, "--decode-socket", d.sock, "--latency",
+            "--pipeline", timeout=60)
+    assert r.returncode == USAGE
+    assert "--latency, --background-rooms and --pipeline are separate modes" in r.stderr
+
+
+def shm_available() -> bool:
+    fi_info = shutil.which("fi_info")
+    return fi_info is not None and subprocess.run(
+        [fi_info, "-p", "shm"], capture_output=True, timeout=30).returncode == 0
+
+
+def test_ferry_bench_latency_runs_on_shm(work: str) -> None:
+    if not shm_available():
+        pytest.skip("the shm provider is missing (fi_info -p shm)")
+    p = start_daemon(work, "prefill-shm", "prefill", KV_ONLY_POOLS, provider="shm")
+    try:
+        d = start_daemon(work, "decode-shm", "decode", KV_ONLY_POOLS, provider="shm")
+    except BaseException:
+        p.stop()
+        raise
+    try:
+        r = run("ferry-bench", "--prefill-socket", p.sock, "--decode-socket", d.sock,
+                "--prompt-tokens", "8", "--requests", "2", "--latency", "--gap-ms", "0,2",
+                "--verify", "--json", timeout=300)
+        assert r.returncode == OK, r.stdout + r.stderr
+        doc = json.loads(r.stdout)
+        check_latency_document(doc, [0, 2], 2, "shm")
+        assert doc["verified"] == 2 * 2 + 2
+    finally:
+        assert [p.stop(), d.stop()] == [0, 0]
