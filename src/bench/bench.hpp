@@ -4,7 +4,7 @@
 /// uses to open, send, verify and report rooms.
 ///
 /// Modes (one per file): throughput.cpp (closed-loop waves, --pipeline, --poll-many),
-/// fairness.cpp (--background-rooms), latency.cpp (--latency).
+/// fairness.cpp (--background-rooms), latency.cpp (--latency), open_loop.cpp (--open-loop).
 /// Each returns the process's exit code (core/exit_codes.hpp) and writes its figures into
 /// `context::out`, which `emit_json` prints once.
 ///
@@ -35,6 +35,7 @@ struct options {
   std::vector<std::string> decode_sockets{"/tmp/ferry-decode.sock"};
   uint32_t prompt_tokens = 4096;
   uint32_t requests = 32;
+  bool requests_given = false;  ///< --requests was on the command line (open loop: a bound)
   uint32_t concurrency = 4;
   uint32_t chunk_tokens = 0;
   double fragmentation = 0.0;
@@ -44,6 +45,11 @@ struct options {
   uint32_t background_tokens = 4096;
   bool latency = false;                ///< --latency: one room at a time, prepare to Success
   std::vector<double> gaps_ms{0, 50};  ///< --latency: idle gaps before each timed room
+  double open_loop_rate = 0;           ///< --open-loop: Poisson arrivals per second (0: off)
+  std::string mix = "16:0.90,4096:0.09,32768:0.01";  ///< --open-loop: token count:fraction
+  double duration_s = 10;                            ///< --open-loop: arrivals stop after this
+  uint64_t seed = 1;                                 ///< --open-loop: arrivals and classes
+  double max_lag_ms = 10;  ///< --open-loop: a room started later than this is late
   bool baseline = true;
   std::string provider;
   uint64_t piece_bytes = 1 << 20;
@@ -140,5 +146,6 @@ double children_cpu_seconds();
 int run_throughput(context& ctx);
 int run_fairness(context& ctx);
 int run_latency(context& ctx);
+int run_open_loop(context& ctx);
 
 }  // namespace ferry::bench

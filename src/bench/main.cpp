@@ -43,7 +43,9 @@ CLI::Option* add_options(CLI::App& app, options& o, bool& no_baseline) {
   app.add_option("--prompt-tokens", o.prompt_tokens, "tokens per request")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--requests", o.requests, "requests to move (--latency: timed rooms per gap)")
+  app.add_option("--requests", o.requests,
+                 "requests to move (--latency: timed rooms per gap; --open-loop: at most this "
+                 "many arrivals)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--concurrency", o.concurrency,
@@ -88,6 +90,24 @@ CLI::Option* add_options(CLI::App& app, options& o, bool& no_baseline) {
       ->capture_default_str()
       ->delimiter(',')
       ->check(CLI::Range(0.0, 10000.0));
+  app.add_option("--open-loop", o.open_loop_rate,
+                 "open loop: Poisson arrivals at RATE rooms/s of the --mix sizes, each room "
+                 "prepared and sent at its arrival time")
+      ->type_name("RATE")
+      ->check(CLI::Range(0.001, 1e6));
+  app.add_option("--mix", o.mix,
+                 "--open-loop: room sizes as TOKENS:FRACTION,... (fractions sum to 1)")
+      ->capture_default_str();
+  app.add_option("--duration-s", o.duration_s,
+                 "--open-loop: arrivals stop after this many seconds (or --requests arrivals)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 3600.0));
+  app.add_option("--seed", o.seed, "--open-loop: seed of the arrivals and sizes")
+      ->capture_default_str();
+  app.add_option("--max-lag-ms", o.max_lag_ms,
+                 "--open-loop: a room started later than this after its arrival counts as late")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 60000.0));
   app.add_option("--room-base", o.room_base, "first room id (default: time-based)");
   app.add_option("--poll-many", o.poll_many,
                  "after the runs, time a poll_many of this many rooms (the run's, then ids "
@@ -249,13 +269,15 @@ int main(int argc, char** argv) {
       "4 timed out (docs/cli.md)");
   if (auto rc = cli::parse(app, argc, argv)) return *rc;
   if (json_opt->count() > 0 && o.json.empty()) o.json = "-";
+  o.requests_given = app.count("--requests") > 0;
   o.baseline = !no_baseline;
   ctx.provider = o.provider;
   ctx.text = o.json == "-" ? &std::cerr : &std::cout;
-  const int modes = (o.latency ? 1 : 0) + (o.background_rooms > 0 ? 1 : 0) + (o.pipeline ? 1 : 0);
+  const int modes = (o.latency ? 1 : 0) + (o.open_loop_rate > 0 ? 1 : 0) +
+                    (o.background_rooms > 0 ? 1 : 0) + (o.pipeline ? 1 : 0);
   if (modes > 1)
     return ctx.fail(
-        "--latency, --background-rooms and --pipeline are separate modes: "
+        "--latency, --open-loop, --background-rooms and --pipeline are separate modes: "
         "choose one",
         exit_code::usage);
   if (o.room_base == 0)
@@ -268,6 +290,7 @@ int main(int argc, char** argv) {
   if (auto rc = connect_all(ctx)) return *rc;
   if (auto rc = read_pools(ctx)) return *rc;
   describe_pair(ctx);
+  if (o.open_loop_rate > 0) return run_open_loop(ctx);
   if (auto rc = prepare_workload(ctx)) return *rc;
   ctx.report() << fmt::format(
       "workload: {} requests x {} tokens ({} pages), concurrency {}, {} chunk(s), fragmentation "

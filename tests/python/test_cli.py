@@ -398,7 +398,7 @@ def test_ferry_bench_latency_times_rooms_against_the_raw_reference(
     r = run("ferry-bench", "--prefill-socket", p.sock, "--decode-socket", d.sock, "--latency",
             "--pipeline", timeout=60)
     assert r.returncode == USAGE
-    assert "--latency, --background-rooms and --pipeline are separate modes" in r.stderr
+    assert "--latency, --open-loop, --background-rooms and --pipeline are separate modes" in r.stderr
 
 
 def shm_available() -> bool:
@@ -426,3 +426,62 @@ def test_ferry_bench_latency_runs_on_shm(work: str) -> None:
         assert doc["verified"] == 2 * 2 + 2
     finally:
         assert [p.stop(), d.stop()] == [0, 0]
+
+
+def test_ferry_bench_open_loop_counts_every_arrival_per_class(
+        pair: tuple[Daemon, Daemon]) -> None:
+    p, d = pair
+    r = run("ferry-bench", "--prefill-socket", p.sock, "--decode-socket", d.sock,
+            "--open-loop", "200", "--mix", "8:0.75,64:0.2,512:0.05", "--duration-s", "10",
+            "--requests", "24", "--seed", "3", "--verify", "--room-base", "905000", "--json",
+            timeout=300)
+    assert r.returncode == OK, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    ol = doc["open_loop"]
+    assert doc["ok"] is True and doc["first_failure"] == ""
+    assert ol["rate"] == 200 and ol["mix"] == "8:0.75,64:0.2,512:0.05" and ol["seed"] == 3
+    assert ol["max_arrivals"] == 24 and ol["arrivals"] == 24  # --requests bounds the arrivals
+    assert ol["kv_pages"] == 2048 and ol["slots"] == 4096  # no state pool: admission bounds it
+    classes = ol["classes"]
+    assert [c["tokens"] for c in classes] == [8, 64, 512]
+    assert [c["pages"] for c in classes] == [8, 64, 512]
+    assert sum(c["arrivals"] for c in classes) == 24
+    for c in classes:
+        # Every arrival started or was refused, and counted; every started room committed.
+        assert c["arrivals"] == c["started"] + c["refused_no_pages"] + c["refused_no_slot"], c
+        assert c["committed"] == c["started"] and c["failed"] == 0, c
+        assert c["latency_ms"]["samples"] == c["committed"]
+        if c["committed"]:
+            lat = c["latency_ms"]
+            assert 0 < lat["p50"] <= lat["p99"] <= lat["max"]
+        assert c["bytes_per_room"] == c["pages"] * 2 * 64 * 2  # 1 layer x K, V x 64 dims x bf16
+    refused = ol["refused"]["no_pages"] + ol["refused"]["no_slot"]
+    assert ol["started"] + refused == 24
+    assert ol["committed"] == ol["started"] == sum(c["committed"] for c in classes)
+    assert ol["verified"] == ol["committed"] and ol["failed"] == 0
+    assert ol["start_lag_ms"]["samples"] == ol["started"]
+    assert ol["bytes"] == sum(c["committed"] * c["bytes_per_room"] for c in classes)
+    assert ol["achieved_rooms_per_s"] > 0 and ol["gbps"] > 0 and ol["window_s"] > 0
+    assert ol["sustained"] == (refused == 0 and ol["failed"] == 0 and ol["late_starts"] == 0)
+    assert 1 <= ol["in_flight_max"] <= 24
+    assert "open loop: 24 arrivals in" in r.stderr and "     8 tokens: " in r.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--mix", "8:0.5,64:0.4"], "--mix '8:0.5,64:0.4': the fractions sum to 0.9, not 1"),
+    (["--mix", "8:0.5;64:0.5"], "--mix entry '8:0.5;64:0.5': the fraction must be a number"),
+    (["--mix", "8:1,4096:0"], "--mix entry '4096:0': the fraction must be in (0, 1], got 0"),
+    (["--mix", "8:0.5,4096:0.5"], "--mix: a room of 4096 tokens needs 4096 kv pages, the kv "
+                                  "pools hold 2048: start the pair with more pools.kv.pages"),
+    (["--latency"], "--latency, --open-loop, --background-rooms and --pipeline are separate "
+                    "modes: choose one"),
+])
+def test_ferry_bench_open_loop_refuses_a_mix_it_cannot_run(
+        pair: tuple[Daemon, Daemon], args: list[str], message: str) -> None:
+    p, d = pair
+    r = run("ferry-bench", "--prefill-socket", p.sock, "--decode-socket", d.sock,
+            "--open-loop", "10", "--duration-s", "1", *args, "--json", timeout=60)
+    assert r.returncode == USAGE, r.stdout + r.stderr
+    assert message in r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is False and doc["exit_code"] == USAGE and message in doc["error"]
