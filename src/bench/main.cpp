@@ -280,10 +280,14 @@ int main(int argc, char** argv) {
         "--latency, --open-loop, --background-rooms and --pipeline are separate modes: "
         "choose one",
         exit_code::usage);
+  // Time-based ids: the milliseconds since the epoch, shifted past 2^20 ids per run, so runs
+  // one after the other against the same pair never reuse a room id (a finished room's id is
+  // refused for its history's lifetime).
   if (o.room_base == 0)
-    o.room_base =
-        static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) &
-        0x7fff'ffff'0000'0000ull;
+    o.room_base = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                            std::chrono::system_clock::now().time_since_epoch())
+                                            .count())
+                  << 20;
   ctx.next_room = o.room_base;
   if (o.latency) o.concurrency = 1;  // one room at a time, by definition
 
