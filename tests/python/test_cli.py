@@ -451,6 +451,7 @@ def test_ferry_bench_open_loop_counts_every_arrival_per_class(
         assert c["arrivals"] == c["started"] + c["refused_no_pages"] + c["refused_no_slot"], c
         assert c["committed"] == c["started"] and c["failed"] == 0, c
         assert c["latency_ms"]["samples"] == c["committed"]
+        assert c["issue_ms"]["samples"] == c["started"]
         if c["committed"]:
             lat = c["latency_ms"]
             assert 0 < lat["p50"] <= lat["p99"] <= lat["max"]
@@ -462,7 +463,9 @@ def test_ferry_bench_open_loop_counts_every_arrival_per_class(
     assert ol["start_lag_ms"]["samples"] == ol["started"]
     assert ol["bytes"] == sum(c["committed"] * c["bytes_per_room"] for c in classes)
     assert ol["achieved_rooms_per_s"] > 0 and ol["gbps"] > 0 and ol["window_s"] > 0
-    assert ol["sustained"] == (refused == 0 and ol["failed"] == 0 and ol["late_starts"] == 0)
+    assert ol["sustained"] == (refused == 0 and ol["failed"] == 0 and
+                               ol["start_lag_ms"]["p99"] <= ol["max_lag_ms"])
+    assert ol["late_starts"] <= ol["started"]
     assert 1 <= ol["in_flight_max"] <= 24
     assert "open loop: 24 arrivals in" in r.stderr and "     8 tokens: " in r.stderr
 
