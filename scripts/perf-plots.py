@@ -313,13 +313,18 @@ def draw(results: dict, outdir: Path) -> list[Path]:
         ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
         ax.minorticks_off()
 
-    def label_bars(ax, bars, fmt: str) -> None:
+    def label_bars(ax, bars, fmt: str, inside: bool = False) -> None:
+        """Each bar's value: above it, or (`inside`, clear of error bars) in its lower part."""
         for b in bars:
             h = b.get_height()
             if h > 0:
-                ax.annotate(format(h, fmt), (b.get_x() + b.get_width() / 2, h),
-                            ha="center", va="bottom", fontsize=8, xytext=(0, 2),
-                            textcoords="offset points")
+                x = b.get_x() + b.get_width() / 2
+                if inside:
+                    ax.annotate(format(h, fmt), (x, h * 0.08), ha="center", va="bottom",
+                                fontsize=9, color="white", fontweight="bold")
+                else:
+                    ax.annotate(format(h, fmt), (x, h), ha="center", va="bottom", fontsize=8,
+                                xytext=(0, 2), textcoords="offset points")
 
     bulk = bulk_series(results["bulk"])
     if bulk:
@@ -332,7 +337,7 @@ def draw(results: dict, outdir: Path) -> list[Path]:
                    [(bulk[p][key][2] if bulk[p][key] else 0) - v for p, v in zip(provs, vals)]]
             bars = ax.bar([j + (i - 0.5) * 0.38 for j in x], vals, 0.38, yerr=err, capsize=3,
                           label=name, color=colors["Ferry" if key == "ferry" else "raw"])
-            label_bars(ax, bars, ".2f")
+            label_bars(ax, bars, ".2f", inside=True)
         ax.set_xticks(list(x), [f"{p}\nFerry/raw {bulk[p]['ratio']:.2f}" if bulk[p]["ratio"]
                                 else p for p in provs])
         ax.set_ylabel("GB/s (median, min-max)")
@@ -351,7 +356,7 @@ def draw(results: dict, outdir: Path) -> list[Path]:
             vals = [small[p][key] or 0 for p in provs]
             bars = ax.bar([j + (i - 0.5) * 0.38 for j in x], vals, 0.38, label=name,
                           color=colors["Ferry" if key == "ferry" else "raw"])
-            label_bars(ax, bars, ".0f")
+            label_bars(ax, bars, ".0f", inside=True)
         ax.set_xticks(list(x), [f"{p}\nFerry/raw {small[p]['ratio']:.2f}" if small[p]["ratio"]
                                 else p for p in provs])
         ax.set_ylabel("rooms/s")
@@ -434,8 +439,8 @@ def draw(results: dict, outdir: Path) -> list[Path]:
                 ax.plot([s for s, _ in pts], [g for _, g in pts], style, marker="o",
                         label=name, color=colors[kind if kind != "raw" else "raw"])
                 for x, y in pts:
-                    ax.annotate(f"{y:.2g}", (x, y), fontsize=7, xytext=(4, 3),
-                                textcoords="offset points")
+                    ax.annotate(f"{y:.0f}" if y >= 10 else f"{y:.2g}", (x, y), fontsize=7,
+                                xytext=(4, 3), textcoords="offset points")
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             plain_log_ticks(ax)
