@@ -323,7 +323,8 @@ void open_loop::report() {
   const uint64_t refused = no_pages + no_slot;
   // Sustained: every arrival started, none failed, and the bench kept up (its own synchronous
   // calls delayed at most 1 % of the starts by more than --max-lag-ms).
-  const bool sustained = refused == 0 && failed == 0 && percentile(lag_ms_, 0.99) <= o_.max_lag_ms;
+  const bool sustained =
+      arrivals_ > 0 && refused == 0 && failed == 0 && percentile(lag_ms_, 0.99) <= o_.max_lag_ms;
   const double drain_s = committed > 0 && last_end_ > last_arrival_
                              ? std::chrono::duration<double>(last_end_ - last_arrival_).count()
                              : 0;
