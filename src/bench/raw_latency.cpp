@@ -440,7 +440,7 @@ std::string raw_latency_reference::measure(bool single_write, std::chrono::micro
   for (uint32_t i = 0; i < warmup + samples; ++i) {
     // The gap: idle, as the decode's progress thread is between rooms (nothing may arrive).
     const auto gap_end = clock_type::now() + gap;
-    for (uint64_t polls = 0; clock_type::now() < gap_end; ++polls) {
+    while (clock_type::now() < gap_end) {
       const ssize_t n = fi_cq_read(s.ep.cq.get(), entries, 64);
       if (n > 0) return "a notification arrived during the idle gap";
       if (n == -FI_EAVAIL) return s.ep.cq_error();
