@@ -484,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
             bad = [p for p in providers if p not in PROVIDERS]
             if bad:
                 raise PlotError(f"--providers: unknown {', '.join(bad)} (expected tcp, shm)")
-            if (pids := subprocess.run(["pgrep", "-f", "ferry-bench"], capture_output=True,
+            if (pids := subprocess.run(["pgrep", "-x", "ferry-bench"], capture_output=True,
                                        text=True).stdout.split()):
                 raise PlotError(f"another ferry-bench is running (pid {', '.join(pids)}): "
                                 "bench.sh uses fixed sockets and ports")
