@@ -102,7 +102,8 @@ raw_initiator_result raw_initiator(const raw_options& options, int fd, const voi
 /// constants copied, not shared): spin 30 µs after activity, then on an FI_WAIT_FD CQ (tcp)
 /// fi_trywait and ppoll on the CQ's fd and the eventfd, at most 1 ms while writes are in flight
 /// and 10 ms otherwise; without one (shm) sleeps doubling from 20 µs, capped at 200 µs within
-/// 20 ms of the last activity, 1 ms within 1 s, 4 ms beyond.
+/// 20 ms of the last activity or within 100 ms of the target's `go` (a decode room's prepares give
+/// its engine that hint, engine::expect_writes), 1 ms within 1 s, 4 ms beyond.
 class raw_latency_reference {
  public:
   /// Fork the initiator, open both endpoints and exchange addresses. `room`: the room's writes

@@ -42,6 +42,9 @@ constexpr auto recent_window = 20ms;
 constexpr auto sleep_cap_warm = 1ms;
 constexpr auto warm_window = 1s;
 constexpr auto sleep_cap_cold = 4ms;
+/// The decode's hint when its room sent its prepares (engine::expect_writes, window from
+/// actors/receiver.cpp): for this long the shm sleeps stay at sleep_cap_recent.
+constexpr auto expect_writes_window = 100ms;
 
 /// A control read of the initiator waits at most this long for the target's next message.
 constexpr auto control_wait = 600s;
@@ -59,6 +62,7 @@ struct waiter {
   int wake_fd = -1;
   clock_type::time_point last_activity = clock_type::now();
   clock_type::duration sleep_step = sleep_first;
+  clock_type::time_point expect_until{};  ///< expect_writes: short sleeps until then (shm)
 
   void activity(clock_type::time_point now) {
     last_activity = now;
@@ -86,10 +90,11 @@ struct waiter {
       }
     } else {
       const auto idle_for = now - last_activity;
+      const bool expecting = now < expect_until;
       const clock_type::duration cap =
-          idle_for < recent_window ? clock_type::duration(sleep_cap_recent)
-          : idle_for < warm_window ? clock_type::duration(sleep_cap_warm)
-                                   : clock_type::duration(sleep_cap_cold);
+          idle_for < recent_window || expecting ? clock_type::duration(sleep_cap_recent)
+          : idle_for < warm_window              ? clock_type::duration(sleep_cap_warm)
+                                                : clock_type::duration(sleep_cap_cold);
       timeout = std::min(sleep_step, cap);
       sleep_step = std::min<clock_type::duration>(sleep_step * 2, cap);
     }
@@ -452,6 +457,7 @@ std::string raw_latency_reference::measure(bool single_write, std::chrono::micro
     const auto deadline = clock_type::now() + std::chrono::milliseconds(s.options.timeout_ms);
     const auto t0 = clock_type::now();
     if (auto e = send_msg(s.sock, msg_kind::go, &g, sizeof g); !e.empty()) return e;
+    s.w.expect_until = clock_type::now() + expect_writes_window;  // as a decode room's prepares
     uint64_t count = 0;
     for (uint64_t polls = 0; count < expected;) {
       const ssize_t n = fi_cq_read(s.ep.cq.get(), entries, 64);
