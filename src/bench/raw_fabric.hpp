@@ -29,7 +29,11 @@
 ///
 /// Not thread-safe; each call opens and closes its own fabric objects.
 
+#include <sys/types.h>
+
+#include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -83,6 +87,58 @@ raw_target_result raw_target(const raw_options& options, int fd, void* buffer, u
 raw_initiator_result raw_initiator(const raw_options& options, int fd, const void* source,
                                    uint64_t length, const std::vector<raw_write>& writes,
                                    uint32_t window);
+
+/// The latency reference (raw_latency.cpp): one TCP control message, then a room's writes with
+/// remote CQ data, and the target's notifications, timed by the target from the moment it sends
+/// the message until it has counted the last notification. Two processes on one machine:
+/// - the target (this process) measures: for each sample it stays idle for the gap, then sends
+///   `go` on a loopback TCP connection (TCP_NODELAY) and progresses its CQ until every write of
+///   the room has been notified;
+/// - the initiator (a forked child) has a control thread blocked in a read of that connection
+///   (as ferryd's peer connections are read) that queues each `go` for its progress thread and
+///   wakes it through an eventfd; the progress thread posts the writes (`fi_writedata`, at most
+///   `window` in flight) and reads its CQ.
+/// Both progress loops wait as Ferry's progress thread does (transport/fabric_progress.cpp, its
+/// constants copied, not shared): spin 30 µs after activity, then on an FI_WAIT_FD CQ (tcp)
+/// fi_trywait and ppoll on the CQ's fd and the eventfd, at most 1 ms while writes are in flight
+/// and 10 ms otherwise; without one (shm) sleeps doubling from 20 µs, capped at 200 µs within
+/// 20 ms of the last activity or within 100 ms of the target's `go` (a decode room's prepares give
+/// its engine that hint, engine::expect_writes), 1 ms within 1 s, 4 ms beyond.
+class raw_latency_reference {
+ public:
+  /// Fork the initiator, open both endpoints and exchange addresses. `room`: the room's writes
+  /// (offsets into source and target buffers this object allocates, sized to the writes; the
+  /// source is filled with a pattern). Null with `error` set when something failed.
+  static std::unique_ptr<raw_latency_reference> start(const raw_options& options,
+                                                      std::vector<raw_write> room, uint32_t window,
+                                                      std::string& error);
+  /// Tells the initiator to stop and waits for it (bounded; killed after 5 s).
+  ~raw_latency_reference();
+  raw_latency_reference(const raw_latency_reference&) = delete;
+  raw_latency_reference& operator=(const raw_latency_reference&) = delete;
+
+  /// `warmup` untimed rooms, then `samples` timed ones, each after `gap` of idleness; with
+  /// `single_write` the room is one write of all its bytes (source offset 0 to target offset
+  /// 0) instead of its writes. Appends the latencies in ms to `ms_out`; returns an error text
+  /// (empty on success).
+  std::string measure(bool single_write, std::chrono::microseconds gap, uint32_t warmup,
+                      uint32_t samples, std::vector<double>& ms_out);
+  /// The provider actually used, e.g. "tcp;ofi_rxm".
+  const std::string& provider() const;
+  /// The buffers (the target's is written by the samples), `bytes()` long.
+  const uint8_t* source() const;
+  const uint8_t* target() const;
+  uint64_t bytes() const;
+  /// Writes of one room, and notifications counted so far.
+  size_t room_writes() const;
+  uint64_t notifications() const;
+
+  struct state;
+
+ private:
+  explicit raw_latency_reference(std::unique_ptr<state> s);
+  std::unique_ptr<state> s_;
+};
 
 /// Order-sensitive 64-bit checksum over whole 8-byte words plus the tail bytes (fast enough to
 /// verify a 1 GiB target buffer).

@@ -96,3 +96,61 @@ TEST_CASE("raw fabric baseline reports a missing provider to both sides", "[fabr
   ::close(sv[0]);
   ::close(sv[1]);
 }
+
+namespace {
+
+// The latency reference: every sample's writes land (the target equals the source where they
+// go), one notification per write is counted, and a sample is timed per room and variant.
+void latency_reference(const std::string& provider) {
+  require_provider(provider);
+  // A small room's shape: a few KV runs, a state write, an aux row; laid out back to back.
+  std::vector<raw_write> room;
+  uint64_t off = 0;
+  for (uint64_t len : {16384ull, 16384ull, 45056ull, 1000ull, 5632ull}) {
+    room.push_back({off, off, len});
+    off += len;
+  }
+  raw_options o;
+  o.provider = provider;
+  o.timeout_ms = 15000;
+  std::string error;
+  auto ref = raw_latency_reference::start(o, room, 4, error);
+  INFO(error);
+  REQUIRE(ref);
+  CHECK(ref->bytes() == off);
+  CHECK(ref->room_writes() == room.size());
+  std::vector<double> ms;
+  REQUIRE(ref->measure(false, std::chrono::microseconds(0), 1, 3, ms).empty());
+  CHECK(ms.size() == 3);
+  CHECK(ref->notifications() == 4 * room.size());
+  CHECK(std::memcmp(ref->target(), ref->source(), off) == 0);
+  // After an idle gap, and as one write of all the bytes.
+  std::vector<double> single;
+  REQUIRE(ref->measure(true, std::chrono::microseconds(2000), 0, 2, single).empty());
+  CHECK(single.size() == 2);
+  CHECK(ref->notifications() == 4 * room.size() + 2);
+  for (double x : ms) CHECK(x > 0);
+  for (double x : single) CHECK(x > 0);
+  CHECK(std::memcmp(ref->target(), ref->source(), off) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("raw latency reference times rooms whose bytes land (tcp)", "[fabric][tcp]") {
+  latency_reference("tcp");
+}
+TEST_CASE("raw latency reference times rooms whose bytes land (shm)", "[fabric][shm]") {
+  latency_reference("shm");
+}
+
+TEST_CASE("raw latency reference reports a missing provider", "[fabric]") {
+  raw_options o;
+  o.provider = "nope";
+  o.timeout_ms = 5000;
+  std::string error;
+  auto ref = raw_latency_reference::start(o, {raw_write{0, 0, 64}}, 1, error);
+  CHECK_FALSE(ref);
+  CHECK_THAT(error, Catch::StartsWith("fabric provider 'nope' is not available"));
+  CHECK_FALSE(raw_latency_reference::start(o, {}, 1, error));
+  CHECK(error == "the latency reference needs a room with at least one write");
+}

@@ -208,11 +208,11 @@ def free_port() -> int:
 
 
 def daemon_config(name: str, role: str, port: int, sock: str, pools: str,
-                  extra: str = "") -> str:
+                  extra: str = "", provider: str = "tcp") -> str:
     return f"""node: {{name: {name}}}
 role: {role}
 listen: {{control: "127.0.0.1:{port}", client: {sock}}}
-fabric: {{provider: tcp, write_piece_bytes: 262144}}
+fabric: {{provider: {provider}, write_piece_bytes: 262144}}
 {pools}{extra}"""
 
 
@@ -255,7 +255,8 @@ class Daemon:
             return -9
 
 
-def start_daemon(tmp: str, name: str, role: str, pools: str, extra: str = "") -> Daemon:
+def start_daemon(tmp: str, name: str, role: str, pools: str, extra: str = "",
+                 provider: str = "tcp") -> Daemon:
     """Start ferryd with ``--ready-fd`` and wait (bounded) until it says ``ready``."""
     if not (BIN_DIR / "ferryd").is_file():
         pytest.fail(f"no ferryd at {BIN_DIR / 'ferryd'}: build it, or set FERRY_BIN_DIR to the "
@@ -263,7 +264,7 @@ def start_daemon(tmp: str, name: str, role: str, pools: str, extra: str = "") ->
     port, sock = free_port(), os.path.join(tmp, name + ".sock")
     path = os.path.join(tmp, name + ".yaml")
     with open(path, "w") as f:
-        f.write(daemon_config(name, role, port, sock, pools, extra))
+        f.write(daemon_config(name, role, port, sock, pools, extra, provider))
     return _launch(path, name, sock, f"127.0.0.1:{port}", os.path.join(tmp, name + ".log"))
 
 

@@ -352,3 +352,139 @@ def test_ferry_bench_background_rooms_reports_idle_and_loaded_latency(
             "--background-tokens", "4096", "--no-baseline", timeout=60)
     assert r.returncode == USAGE
     assert "3 background rooms of 4096 pages do not fit beside the timed rooms" in r.stderr
+
+
+def check_latency_document(doc: dict, gaps: list[float], rooms: int, provider: str) -> None:
+    """--latency's figures: every gap with its samples, percentiles in order, ratios of p50s."""
+    assert doc["ok"] is True and doc["provider"] == provider
+    assert doc["workload"]["concurrency"] == 1
+    lat = doc["latency"]
+    assert lat["rooms_per_gap"] == rooms and lat["warmup"] == 2
+    assert lat["raw_writes"] == doc["per_request"]["writes"]
+    assert lat["raw_provider"].startswith(provider) and lat["raw_error"] is None
+    assert [g["gap_ms"] for g in lat["gaps"]] == gaps
+    for g in lat["gaps"]:
+        for key in ("ferry_ms", "raw_ms", "raw_single_write_ms"):
+            s = g[key]
+            assert s["samples"] == rooms, (key, s)
+            assert 0 < s["min"] <= s["p50"] <= s["p99"] <= s["max"], (key, s)
+        assert g["ratio_p50"] == pytest.approx(g["ferry_ms"]["p50"] / g["raw_ms"]["p50"])
+        assert g["ratio_p50_single_write"] == pytest.approx(
+            g["ferry_ms"]["p50"] / g["raw_single_write_ms"]["p50"])
+    # Every timed room and the 2 warm-up rooms committed.
+    assert doc["ferry"] == {"committed": rooms * len(gaps) + 2, "failed": 0}
+
+
+def test_ferry_bench_latency_times_rooms_against_the_raw_reference(
+        pair: tuple[Daemon, Daemon]) -> None:
+    p, d = pair
+    r = run("ferry-bench", "--prefill-socket", p.sock, "--decode-socket", d.sock,
+            "--prompt-tokens", "8", "--requests", "3", "--concurrency", "4", "--latency",
+            "--gap-ms", "0,5", "--verify", "--room-base", "897000", "--json", timeout=300)
+    assert r.returncode == OK, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    check_latency_document(doc, [0, 5], 3, "tcp")
+    assert doc["verified"] == 3 * 2 + 2 and doc["first_failure"] == ""
+    assert "latency, gap 5 ms: ferry p50" in r.stderr
+    # Without the reference: Ferry's figures only.
+    r = run("ferry-bench", "--prefill-socket", p.sock, "--decode-socket", d.sock,
+            "--prompt-tokens", "8", "--requests", "2", "--latency", "--gap-ms", "1",
+            "--no-baseline", "--json", timeout=300)
+    assert r.returncode == OK, r.stdout + r.stderr
+    g = json.loads(r.stdout)["latency"]["gaps"]
+    assert len(g) == 1 and g[0]["ferry_ms"]["samples"] == 2
+    assert g[0]["raw_ms"] is None and g[0]["ratio_p50"] is None
+    # One mode at a time.
+    r = run("ferry-bench", "--prefill-socket", p.sock, "--decode-socket", d.sock, "--latency",
+            "--pipeline", timeout=60)
+    assert r.returncode == USAGE
+    assert "--latency, --open-loop, --background-rooms and --pipeline are separate modes" in r.stderr
+
+
+def shm_available() -> bool:
+    fi_info = shutil.which("fi_info")
+    return fi_info is not None and subprocess.run(
+        [fi_info, "-p", "shm"], capture_output=True, timeout=30).returncode == 0
+
+
+def test_ferry_bench_latency_runs_on_shm(work: str) -> None:
+    if not shm_available():
+        pytest.skip("the shm provider is missing (fi_info -p shm)")
+    p = start_daemon(work, "prefill-shm", "prefill", KV_ONLY_POOLS, provider="shm")
+    try:
+        d = start_daemon(work, "decode-shm", "decode", KV_ONLY_POOLS, provider="shm")
+    except BaseException:
+        p.stop()
+        raise
+    try:
+        r = run("ferry-bench", "--prefill-socket", p.sock, "--decode-socket", d.sock,
+                "--prompt-tokens", "8", "--requests", "2", "--latency", "--gap-ms", "0,2",
+                "--verify", "--json", timeout=300)
+        assert r.returncode == OK, r.stdout + r.stderr
+        doc = json.loads(r.stdout)
+        check_latency_document(doc, [0, 2], 2, "shm")
+        assert doc["verified"] == 2 * 2 + 2
+    finally:
+        assert [p.stop(), d.stop()] == [0, 0]
+
+
+def test_ferry_bench_open_loop_counts_every_arrival_per_class(
+        pair: tuple[Daemon, Daemon]) -> None:
+    p, d = pair
+    r = run("ferry-bench", "--prefill-socket", p.sock, "--decode-socket", d.sock,
+            "--open-loop", "200", "--mix", "8:0.75,64:0.2,512:0.05", "--duration-s", "10",
+            "--requests", "24", "--seed", "3", "--verify", "--room-base", "905000", "--json",
+            timeout=300)
+    assert r.returncode == OK, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    ol = doc["open_loop"]
+    assert doc["ok"] is True and doc["first_failure"] == ""
+    assert ol["rate"] == 200 and ol["mix"] == "8:0.75,64:0.2,512:0.05" and ol["seed"] == 3
+    assert ol["max_arrivals"] == 24 and ol["arrivals"] == 24  # --requests bounds the arrivals
+    assert ol["kv_pages"] == 2048 and ol["slots"] == 4096  # no state pool: admission bounds it
+    classes = ol["classes"]
+    assert [c["tokens"] for c in classes] == [8, 64, 512]
+    assert [c["pages"] for c in classes] == [8, 64, 512]
+    assert sum(c["arrivals"] for c in classes) == 24
+    for c in classes:
+        # Every arrival started or was refused, and counted; every started room committed.
+        assert c["arrivals"] == c["started"] + c["refused_no_pages"] + c["refused_no_slot"], c
+        assert c["committed"] == c["started"] and c["failed"] == 0, c
+        assert c["latency_ms"]["samples"] == c["committed"]
+        assert c["issue_ms"]["samples"] == c["started"]
+        if c["committed"]:
+            lat = c["latency_ms"]
+            assert 0 < lat["p50"] <= lat["p99"] <= lat["max"]
+        assert c["bytes_per_room"] == c["pages"] * 2 * 64 * 2  # 1 layer x K, V x 64 dims x bf16
+    refused = ol["refused"]["no_pages"] + ol["refused"]["no_slot"]
+    assert ol["started"] + refused == 24
+    assert ol["committed"] == ol["started"] == sum(c["committed"] for c in classes)
+    assert ol["verified"] == ol["committed"] and ol["failed"] == 0
+    assert ol["start_lag_ms"]["samples"] == ol["started"]
+    assert ol["bytes"] == sum(c["committed"] * c["bytes_per_room"] for c in classes)
+    assert ol["achieved_rooms_per_s"] > 0 and ol["gbps"] > 0 and ol["window_s"] > 0
+    assert ol["sustained"] == (refused == 0 and ol["failed"] == 0 and
+                               ol["start_lag_ms"]["p99"] <= ol["max_lag_ms"])
+    assert ol["late_starts"] <= ol["started"]
+    assert 1 <= ol["in_flight_max"] <= 24
+    assert "open loop: 24 arrivals in" in r.stderr and "     8 tokens: " in r.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--mix", "8:0.5,64:0.4"], "--mix '8:0.5,64:0.4': the fractions sum to 0.9, not 1"),
+    (["--mix", "8:0.5;64:0.5"], "--mix entry '8:0.5;64:0.5': the fraction must be a number"),
+    (["--mix", "8:1,4096:0"], "--mix entry '4096:0': the fraction must be in (0, 1], got 0"),
+    (["--mix", "8:0.5,4096:0.5"], "--mix: a room of 4096 tokens needs 4096 kv pages, the kv "
+                                  "pools hold 2048: start the pair with more pools.kv.pages"),
+    (["--latency"], "--latency, --open-loop, --background-rooms and --pipeline are separate "
+                    "modes: choose one"),
+])
+def test_ferry_bench_open_loop_refuses_a_mix_it_cannot_run(
+        pair: tuple[Daemon, Daemon], args: list[str], message: str) -> None:
+    p, d = pair
+    r = run("ferry-bench", "--prefill-socket", p.sock, "--decode-socket", d.sock,
+            "--open-loop", "10", "--duration-s", "1", *args, "--json", timeout=60)
+    assert r.returncode == USAGE, r.stdout + r.stderr
+    assert message in r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is False and doc["exit_code"] == USAGE and message in doc["error"]
