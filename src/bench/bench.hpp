@@ -41,6 +41,8 @@ struct options {
   double fragmentation = 0.0;
   bool verify = false;
   bool pipeline = false;          ///< keep `concurrency` rooms in flight instead of running waves
+  /// Waves: one request per round trip, as before pipelined requests (client::pipeline).
+  bool serial_requests = false;
   uint32_t background_rooms = 0;  ///< fairness: this many large rooms flow meanwhile
   uint32_t background_tokens = 4096;
   bool latency = false;                ///< --latency: one room at a time, prepare to Success
@@ -112,6 +114,9 @@ struct context {
                                bool clear);
   /// Send the room's pages in one last chunk from every prefill rank.
   std::optional<int> send_room(uint64_t id, const std::vector<uint32_t>& src, uint32_t slot);
+  /// Open rooms `ids` in slots 0.. (as open_room), every decode rank's prepares and subscribes
+  /// in one client::pipeline: what an engine does for the requests of one scheduler step.
+  std::optional<int> open_rooms(const std::vector<uint64_t>& ids, bool clear);
   /// Check every destination byte of a room filled with pattern `key` on every decode rank;
   /// counts `verified` or keeps the first failure. Returns whether it matched.
   bool verify_room(uint64_t key, uint64_t room, const std::vector<uint32_t>& dst, uint32_t slot);

@@ -143,6 +143,28 @@ std::optional<int> context::open_room(uint64_t id, const std::vector<uint32_t>& 
   return std::nullopt;
 }
 
+std::optional<int> context::open_rooms(const std::vector<uint64_t>& ids, bool clear) {
+  for (uint32_t c = 0; c < ids.size(); ++c)
+    if (has_aux)
+      for (auto& pc : prefills) std::memcpy(pc->item(pool_kind::aux, 0, c), &ids[c], 8);
+  for (auto& dc : decodes) {
+    std::vector<proto::message> batch;
+    batch.reserve(2 * ids.size());
+    for (uint32_t c = 0; c < ids.size(); ++c) {
+      if (clear)
+        if (auto e = client::clear_room(*dc, plans[c].dst, state_of(c), row_of(c)); !e)
+          return fail_on(*dc, e.error(), "clear: ");
+      batch.push_back(proto::prepare{ids[c], prefill_controls, plans[c].dst, state_of(c), row_of(c)});
+      batch.push_back(proto::subscribe{ids[c]});
+    }
+    const auto answers = dc->pipeline(batch);
+    for (size_t i = 0; i < answers.size(); ++i)
+      if (!answers[i])
+        return fail_on(*dc, answers[i].error(), i % 2 == 0 ? "prepare: " : "subscribe: ");
+  }
+  return std::nullopt;
+}
+
 std::optional<int> context::send_room(uint64_t id, const std::vector<uint32_t>& src,
                                       uint32_t slot) {
   for (auto& pc : prefills) {

@@ -63,6 +63,10 @@ CLI::Option* add_options(CLI::App& app, options& o, bool& no_baseline) {
   app.add_flag("--pipeline", o.pipeline,
                "keep --concurrency rooms in flight: a slot starts its next room as soon as its "
                "room has committed (default: waves of --concurrency rooms)");
+  app.add_flag("--serial-requests", o.serial_requests,
+               "waves: one request per round trip (default: each wave's prepares and subscribes, "
+               "and then its sends, in one pipelined write per daemon, as an engine's scheduler "
+               "step would)");
   app.add_flag("--no-baseline", no_baseline, "skip the raw-fabric baseline (and reference)");
   app.add_option("--provider", o.provider,
                  "libfabric provider of the baseline (default: the daemons' provider)");

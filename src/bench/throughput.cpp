@@ -110,23 +110,34 @@ std::optional<int> run_wave(context& ctx, tally& t, uint32_t rep, uint32_t w, do
   const uint32_t n = std::min(o.concurrency, o.requests - w * o.concurrency);
   std::vector<uint64_t> room(n);
   std::vector<clock_type::time_point> started(n);
-  for (uint32_t c = 0; c < n; ++c) {
-    room[c] = ctx.next_room++;
-    if (auto rc = ctx.open_room(room[c], ctx.plans[c].dst, c, o.verify)) return rc;
+  for (uint32_t c = 0; c < n; ++c) room[c] = ctx.next_room++;
+  if (o.serial_requests) {
+    for (uint32_t c = 0; c < n; ++c)
+      if (auto rc = ctx.open_room(room[c], ctx.plans[c].dst, c, o.verify)) return rc;
+  } else if (auto rc = ctx.open_rooms(room, o.verify)) {
+    return rc;
   }
   const auto wave_start = clock_type::now();
   for (uint32_t k = 0, pos = 0; k < ctx.chunks.size(); pos += ctx.chunks[k], ++k) {
     const bool last = k + 1 == ctx.chunks.size();
+    std::vector<proto::message> sends;  // the wave's sends of chunk k, pipelined
     for (uint32_t c = 0; c < n; ++c) {
       if (k == 0) started[c] = clock_type::now();
       std::vector<uint32_t> pg(ctx.plans[c].src.begin() + pos,
                                ctx.plans[c].src.begin() + pos + ctx.chunks[k]);
-      for (auto& pc : ctx.prefills) {
-        auto r = pc->send({room[c], pg, last, last && ctx.has_state ? c : no_index,
-                           last && ctx.has_aux ? c : no_index});
-        if (!r) return ctx.fail_on(*pc, r.error(), "send: ");
+      const proto::send s{room[c], std::move(pg), last, last && ctx.has_state ? c : no_index,
+                          last && ctx.has_aux ? c : no_index};
+      if (!o.serial_requests) {
+        sends.push_back(s);
+        continue;
       }
+      for (auto& pc : ctx.prefills)
+        if (auto r = pc->send(s); !r) return ctx.fail_on(*pc, r.error(), "send: ");
     }
+    if (sends.empty()) continue;
+    for (auto& pc : ctx.prefills)
+      for (const auto& r : pc->pipeline(sends))
+        if (!r) return ctx.fail_on(*pc, r.error(), "send: ");
   }
   // A request is done when every decode rank reports a terminal status for it.
   clock_type::time_point wave_end = wave_start;
@@ -276,7 +287,8 @@ void summarize(context& ctx, const tally& t) {
                       {"writes_per_s_median", percentile(writes, 0.5)},
                       {"cpu_ms_per_room_median",
                        {{"prefill", median_or_null(cpu_p)}, {"decode", median_or_null(cpu_d)}}},
-                      {"mode", o.pipeline ? "pipeline" : "waves"}};
+                      {"mode", o.pipeline ? "pipeline" : "waves"},
+                      {"requests", o.pipeline || o.serial_requests ? "serial" : "pipelined"}};
   ctx.out["commit_latency_ms"] = {{"from", "first send"},
                                   {"to", "Success on decode"},
                                   {"p50", percentile(t.latencies_ms, 0.5)},
