@@ -15,6 +15,9 @@
 #                                             small rooms: the same 12 attention layers, 2 state
 #                                             layers of 44 KiB (conv [2048,3] bf16, temporal
 #                                             [4,32,64] fp32), 128 state slots and aux rows
+#   PAGES=1 REQUESTS=20 scripts/bench.sh --layer-wise 2 --no-baseline
+#                                             layer-wise streaming: a layer every 2 ms, last
+#                                             send -> Success against a whole send
 # Environment: PROVIDERS, PAGES, TOKENS (4096), REQUESTS (16), CONCURRENCY (4), REPEAT (5),
 # MEMORY (daemon), METRICS (0), MODEL (qwen3-next, or small), SETS (more ferryd --set
 # overrides for both daemons, space-separated: SETS="runtime.workers=1 log.level=warn"), BENCH_JSON.
@@ -91,6 +94,12 @@ for i in range(0, len(args), 3):
         f = d["fairness"]
         print(f"{provider:<9}{page:>5}  fairness: idle p50 {f['idle_ms']['p50']:.2f} ms, "
               f"loaded p50 {f['loaded_ms']['p50']:.2f} ms, ratio {f['ratio_p50']:.2f}")
+        continue
+    if "layer_wise" in d:  # --layer-wise: its own figures, already printed by the run
+        w = d["layer_wise"]
+        print(f"{provider:<9}{page:>5}  layer-wise every {w['t_ms']} ms: last send -> Success "
+              f"p50 {w['last_send_to_success_ms']['p50']:.2f} ms, whole "
+              f"{w['whole_send_to_success_ms']['p50']:.2f} ms, ratio {w['ratio_p50']:.3f}")
         continue
     raw = d["raw"]["gbps_median"] if d["raw"] else None
     fmt = lambda v, f: "-" if v is None else format(v, f)

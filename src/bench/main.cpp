@@ -32,6 +32,7 @@
 #include <variant>
 
 #include "bench/baseline.hpp"
+#include "bench/layerwise.hpp"
 #include "cli/common.hpp"
 #include "core/geometry.hpp"
 #include "core/plan.hpp"
@@ -63,7 +64,9 @@ struct options {
   uint32_t window = 64;
   uint32_t repeat = 1;
   uint64_t room_base = 0;
-  uint32_t poll_many = 0;  ///< after the runs: time poll_many of this many rooms (0: skip)
+  uint32_t poll_many = 0;    ///< after the runs: time poll_many of this many rooms (0: skip)
+  double layer_wise_ms = 0;  ///< --layer-wise: one layer group made every this many ms (0: off)
+  uint32_t layer_group = 1;  ///< --layer-group: global layers per layer-wise send
   std::string
       json;  ///< write the results as JSON here ("-" or no file: stdout, the prose to stderr)
 };
@@ -207,6 +210,15 @@ int main(int argc, char** argv) {
                  "after the runs, time a poll_many of this many rooms (the run's, then ids "
                  "never used) against as many single polls, on the decode")
       ->check(CLI::Range(0u, 16384u));
+  app.add_option("--layer-wise", o.layer_wise_ms,
+                 "layer-wise streaming: per room, send each layer group as a forward pass making "
+                 "one every T_MS ms would, then the same room whole after the last layer; report "
+                 "last send -> Success of both (src/bench/layerwise.cpp)")
+      ->type_name("T_MS")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--layer-group", o.layer_group, "with --layer-wise: global layers per send")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   auto* json_opt = app.add_option("--json", o.json,
                                   "the results as one JSON document: on stdout (the text report "
                                   "then goes to stderr), or written to FILE ('-': stdout)")
@@ -564,6 +576,34 @@ int main(int argc, char** argv) {
     return exit_code::ok;
   };
   if (o.background_rooms > 0) return run_fairness();
+  if (o.layer_wise_ms > 0) {
+    bench::layer_wise_env env{
+        prefills,
+        decodes,
+        plans[0].src,
+        0,
+        has_state,
+        has_aux,
+        [&](uint64_t id) { return open_room(id, plans[0].dst, 0, o.verify); },
+        o.verify ? std::function<void(uint64_t)>([&](uint64_t id) { verify_slot(0, id); })
+                 : std::function<void(uint64_t)>(),
+        fail_on,
+        [&](const std::string& m) { return fail(m); },
+        next_room,
+        text,
+        out};
+    if (auto rc = bench::run_layer_wise({o.layer_wise_ms, o.layer_group, o.requests, chunks}, env))
+      return *rc;
+    if (o.verify)  // both rooms of every pair, every destination byte
+      text << fmt::format("verified: {}/{} rooms\n", verified, 2 * o.requests);
+    if (!first_failure.empty()) text << "first failure: " << first_failure << "\n";
+    const bool ok = first_failure.empty() && (!o.verify || verified == 2 * o.requests);
+    out["ok"] = ok;
+    out["verified"] = o.verify ? nlohmann::json(verified) : nlohmann::json(nullptr);
+    out["first_failure"] = first_failure;
+    if (auto rc = emit_json()) return *rc;
+    return ok ? exit_code::ok : exit_code::failed;
+  }
 
   // --pipeline: every slot starts its next room once its room has committed on every decode
   // rank (and, with --verify, was verified: inside the timed window then). Events are read
