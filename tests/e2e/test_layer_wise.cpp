@@ -2,7 +2,8 @@
 // a room sent one layer range at a time, in and out of order, lands exactly the bytes of the
 // same room sent whole; duplicates, ranges outside the rank's layers and a second chunk while
 // one is open are refused with their texts and leave the room as it was; a cancel in the middle
-// of a layer-wise room drains, and its pages reused at once get only the new room's bytes.
+// of a layer-wise room (by either side) drains, and a prefill killed in the middle of one is
+// fenced: the pages reused at once get only the new room's bytes.
 
 #include <fmt/format.h>
 
@@ -64,6 +65,21 @@ void check_same_destination(const client::client& d, const room_spec& one, const
   compare(pool_kind::aux, 0, one.dst_row, two.dst_row, 8);
   INFO(first);
   CHECK(differ == 0);
+}
+
+/// Fragmented enough that many writes are in flight when a cancel or a kill comes: 2048
+/// single-page runs per buffer, one chunk.
+room_spec fragmented_room(uint64_t id) {
+  room_spec a;
+  a.room = id;
+  for (uint32_t i = 0; i < 2048; ++i) {
+    a.src_pages.push_back(2 * i);
+    a.dst_pages.push_back(4095 - 2 * i);
+  }
+  a.chunks = {2048};
+  a.src_slot = 1, a.dst_slot = 5;
+  a.src_row = 2, a.dst_row = 7;
+  return a;
 }
 
 void wait_success(pair& c, uint64_t room) {
@@ -192,32 +208,26 @@ TEST_CASE(
     "a layer-wise room cancelled in the middle drains, and its pages reused at once get "
     "only the new bytes",
     "[e2e][layer_wise]") {
-  auto provider = GENERATE(as<std::string>{}, "tcp", "shm");
+  auto [provider, by_prefill] =
+      GENERATE(table<std::string, bool>({{"tcp", true}, {"tcp", false}, {"shm", true}}));
   require_provider(provider);
   shape s;
   s.provider = provider;
   pair c(s);
-  // Fragmented enough that many writes are in flight when the cancel comes.
-  room_spec a;
-  a.room = 130;
-  for (uint32_t i = 0; i < 2048; ++i) {
-    a.src_pages.push_back(2 * i);
-    a.dst_pages.push_back(4095 - 2 * i);
-  }
-  a.chunks = {2048};
-  a.src_slot = 1, a.dst_slot = 5;
-  a.src_row = 2, a.dst_row = 7;
+  auto a = fragmented_room(130);
   stage(c, a);
   prepare(c, a);
   send_layers(*c.p, a, 0, {{0, 4}, {4, 4}});  // layers 0, 3, 4, 7 of 7
   wait_status(*c.d, a.room, room_status::transferring);
-  REQUIRE(c.p->cancel(a.room));
-  auto pe = wait_done(*c.p, a.room);
-  CHECK(pe.status == room_status::failed);
-  CHECK(pe.reason == "cancelled by client");
-  auto de = wait_done(*c.d, a.room);
-  CHECK(de.status == room_status::failed);
-  CHECK_THAT(de.reason, Catch::Contains("reported: cancelled by client"));
+  auto& canceller = by_prefill ? *c.p : *c.d;
+  auto& told = by_prefill ? *c.d : *c.p;
+  REQUIRE(canceller.cancel(a.room));
+  auto own = wait_done(canceller, a.room);
+  CHECK(own.status == room_status::failed);
+  CHECK(own.reason == "cancelled by client");
+  auto other = wait_done(told, a.room);
+  CHECK(other.status == room_status::failed);
+  CHECK_THAT(other.reason, Catch::Contains("reported: cancelled by client"));
   // Its remaining layers are refused, not queued.
   auto late = c.p->send({a.room, a.src_pages, true, a.src_slot, a.src_row, 8, 8});
   CHECK_FALSE(late);
@@ -231,4 +241,37 @@ TEST_CASE(
   b.src_pages = range(0, 2048);
   run_and_verify(c, b);
   CHECK(status_of(*c.d)["stray_writes"] == 0);
+}
+
+TEST_CASE(
+    "a prefill killed in the middle of a layer-wise room is fenced, and the pages reused from "
+    "another prefill get only the new bytes",
+    "[e2e][layer_wise][failure]") {
+  temp_dir dir;
+  shape s;
+  s.heartbeat_ms = 200;
+  daemon_proc p1(dir, "prefill-1", "prefill", s), p2(dir, "prefill-2", "prefill", s),
+      d(dir, "decode-0", "decode", s);
+  auto c1 = p1.connect(), c2 = p2.connect(), cd = d.connect();
+  auto a = fragmented_room(140);
+  stage(*c1, *cd, a);
+  prepare(*cd, p1.control(), a);
+  send_layers(*c1, a, 0, {{0, 4}, {4, 4}});
+  wait_status(*cd, a.room, room_status::transferring);
+  p1.signal(SIGKILL);
+  auto de = wait_done(*cd, a.room);
+  CHECK(de.status == room_status::failed);
+  CHECK_THAT(de.reason, Catch::Contains("lost"));
+  // Failed came after the fence: nothing of the dead prefill lands on the reused pages.
+  auto b = a;
+  b.room = 141;
+  b.src_pages = range(0, 2048);
+  stage(*c2, *cd, b);
+  prepare(*cd, p2.control(), b);
+  send_layers(*c2, b, 0, {{8, 8}, {0, 8}});
+  auto be = wait_done(*cd, b.room);
+  INFO(be.reason);
+  REQUIRE(be.status == room_status::success);
+  CHECK(client::verify_room(*cd, b.room, b.dst_pages, b.dst_slot, b.dst_row).message == "");
+  CHECK(status_of(*cd)["stray_writes"] == 0);
 }
