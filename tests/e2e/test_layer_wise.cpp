@@ -213,6 +213,7 @@ TEST_CASE(
   require_provider(provider);
   shape s;
   s.provider = provider;
+  s.drain_ms = 10000;  // 8192 writes drain within it even on a loaded machine
   pair c(s);
   auto a = fragmented_room(130);
   stage(c, a);
