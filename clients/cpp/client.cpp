@@ -243,14 +243,18 @@ result<proto::message> client::await_reply(std::chrono::steady_clock::time_point
 
 namespace {
 
-/// A request this connection's version does not have, refused before it is sent. A send's
-/// layer range (v6) too: an older daemon would read it as a whole send.
+/// A request this connection's version does not have, refused before it is sent.
+std::optional<error> too_new(proto::msg_type t, uint16_t version) {
+  if (version >= proto::first_version(t)) return std::nullopt;
+  return error{errc::unsupported_version,
+               fmt::format("{} needs protocol version {}; this connection speaks {}",
+                           proto::to_string(t), proto::first_version(t), version)};
+}
+
+/// The same for a whole request, and a send's layer range (v6) too: an older daemon would read
+/// it as a whole send.
 std::optional<error> too_new(const proto::message& m, uint16_t version) {
-  const auto t = proto::type_of(m);
-  if (version < proto::first_version(t))
-    return error{errc::unsupported_version,
-                 fmt::format("{} needs protocol version {}; this connection speaks {}",
-                             proto::to_string(t), proto::first_version(t), version)};
+  if (auto e = too_new(proto::type_of(m), version)) return e;
   const auto* s = std::get_if<proto::send>(&m);
   if (s && (s->layer_count != 0 || s->first_layer != 0) && version < 6)
     return error{

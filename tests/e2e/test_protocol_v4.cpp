@@ -25,6 +25,9 @@ TEST_CASE(
   auto ranged = c5->send({9, {1}, false, no_index, no_index, 3, 1});
   CHECK(ranged.code == errc::unsupported_version);
   CHECK(ranged.message == "a layer range needs protocol version 6; this connection speaks 5");
+  auto piped = c5->pipeline({proto::send{9, {1}, false, no_index, no_index, 3, 1}});
+  REQUIRE(piped.size() == 1);
+  CHECK(piped[0].code == errc::unsupported_version);
   auto c4 = decode.connect(4);
   CHECK(c4->version() == 4);
   CHECK(c4->daemon().max_version == 6);
