@@ -160,9 +160,12 @@ json effects_json(const sender::effects& fx) {
                 {{"ack",
                   {{"link", x.link}, {"token", x.token}, {"outcome", result_json(x.outcome)}}}});
           if constexpr (std::is_same_v<E, post_chunk>)
-            out.push_back(
-                {{"post_chunk",
-                  {{"pages", x.chunk.src_pages}, {"first", x.first}, {"last", x.chunk.last}}}});
+            out.push_back({{"post_chunk",
+                            {{"pages", x.chunk.src_pages},
+                             {"first", x.first},
+                             {"last", x.chunk.last},
+                             {"layers", {x.chunk.first_layer, x.chunk.layer_count}},
+                             {"ends_room", x.ends_room}}}});
           if constexpr (std::is_same_v<E, pump>) out.push_back("pump");
           if constexpr (std::is_same_v<E, announce>) out.push_back("announce");
           if constexpr (std::is_same_v<E, tell_failed>)
@@ -206,7 +209,7 @@ json effects_json(const receiver::effects& fx) {
 
 sender::room sender_of(const json& c) {
   return sender::room(c.at("id"), limits_of(c.at("limits")), c.at("tp_rank"), c.at("tp_size"),
-                      c.at("pp_rank"));
+                      c.at("pp_rank"), c.at("layers").get<std::vector<uint32_t>>());
 }
 
 receiver::room receiver_of(const json& c) {
@@ -239,7 +242,8 @@ sender::effects replay(sender::room& m, const json& ev) {
   }
   if (e == "chunk")
     return m.chunk(proto::send{ev.at("room"), ev.at("pages").get<std::vector<uint32_t>>(),
-                               ev.at("last"), ev.at("slot"), ev.at("row")});
+                               ev.at("last"), ev.at("slot"), ev.at("row"), ev.at("layers").at(0),
+                               ev.at("layers").at(1)});
   if (e == "posted")
     return m.posted(ev.at("link"), ev.at("batch"), ev.at("writes"), ev.at("bytes"));
   if (e == "chunk_posted") return m.chunk_posted(ev.at("pending"));

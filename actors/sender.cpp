@@ -17,8 +17,10 @@
 //
 // Each chunk is planned for each decode rank with the link plan cached at handshake: its page
 // list by position, coalesced into runs, head-sliced KV packed into staging when the decode holds
-// a slice of our heads. The last chunk adds the one state slot pair and the aux row, and is
-// followed by each rank's announcement of its total write count.
+// a slice of our heads. A chunk may come as layer ranges (core/layer_ranges.hpp), each planned
+// for its layers alone. The last chunk adds the one state slot pair (each range its layers'
+// segments), the send that completes it the aux row, and then each rank's announcement of its
+// total write count follows.
 
 #include <fmt/format.h>
 
@@ -203,13 +205,18 @@ void pumped(sender_actor* self) {
                   [&] { return st.machine.pumped(pending); }));
 }
 
-/// Plan one chunk for link `i`: whole pages, writes into the decode's staging, or direct
-/// per-token writes go out now; packed slices queue for staging.
-void post_link(sender_actor* self, size_t i, const proto::send& chunk, uint32_t first) {
+/// Plan one send for link `i`, the layers of its range: whole pages, writes into the decode's
+/// staging, or direct per-token writes go out now; packed slices queue for staging. The last
+/// chunk's sends add the state segments of their layers, and the send that ends the room the
+/// aux row.
+void post_link(sender_actor* self, size_t i, const sender::post_chunk& post) {
   auto& st = self->state;
   const auto& ctx = *st.ctx;
   auto& l = st.links[i];
   const auto& link = *l.peer->link;
+  const auto& chunk = post.chunk;
+  const uint32_t first = post.first;
+  const auto layers = layer_range::of(chunk);
   st.writes.clear();
   st.copies.clear();
   if (!chunk.src_pages.empty()) {
@@ -220,22 +227,20 @@ void post_link(sender_actor* self, size_t i, const proto::send& chunk, uint32_t 
     if (link.kv == kv_mode::pack && ctx.staging && link.row.length <= pack_slice_bytes(ctx)) {
       std::vector<pack_job> jobs;
       plan_pack_jobs(link, ctx.layout, l.peer->layout, runs,
-                     pack_slice_bytes(ctx) / link.row.length, jobs);
+                     pack_slice_bytes(ctx) / link.row.length, jobs, layers);
       l.jobs.insert(l.jobs.end(), jobs.begin(), jobs.end());
     } else {
       staging_use su;
       su.room_pages = static_cast<uint32_t>(l.prep.dst_pages.size());
       if (l.prep.dst_staging != no_staging) su.dst = l.prep.dst_staging;
-      plan_kv_chunk(link, ctx.layout, l.peer->layout, runs, su, st.copies, st.writes);
+      plan_kv_chunk(link, ctx.layout, l.peer->layout, runs, su, st.copies, st.writes, layers);
     }
   }
-  if (chunk.last) {
-    if (ctx.layout[pool_kind::state].present)
-      plan_state_link(link, ctx.layout, l.peer->layout, chunk.state_slot, l.prep.dst_state_slot,
-                      st.writes);
-    if (ctx.layout[pool_kind::aux].present)
-      plan_aux_link(link, ctx.layout, l.peer->layout, chunk.aux_row, l.prep.dst_aux_row, st.writes);
-  }
+  if (chunk.last && ctx.layout[pool_kind::state].present)
+    plan_state_link(link, ctx.layout, l.peer->layout, chunk.state_slot, l.prep.dst_state_slot,
+                    st.writes, layers);
+  if (post.ends_room && ctx.layout[pool_kind::aux].present)
+    plan_aux_link(link, ctx.layout, l.peer->layout, chunk.aux_row, l.prep.dst_aux_row, st.writes);
   submit(self, i, std::nullopt);
 }
 
@@ -269,9 +274,11 @@ void apply(sender_actor* self, sender::effects fx, const answering& to) {
                            st.room, x.token, static_cast<bool>(x.outcome), x.outcome.message,
                            static_cast<uint16_t>(x.outcome.code)})});
           } else if constexpr (std::is_same_v<E, sender::post_chunk>) {
-            for (size_t i = 0; i < st.links.size(); ++i) post_link(self, i, x.chunk, x.first);
-            st.ctx->log_room->debug("room={} peer={} chunk pages={} last={}", st.room,
-                                    st.machine.peer_name(), x.chunk.src_pages.size(), x.chunk.last);
+            for (size_t i = 0; i < st.links.size(); ++i) post_link(self, i, x);
+            st.ctx->log_room->debug("room={} peer={} chunk pages={} last={} layers={}+{} ends={}",
+                                    st.room, st.machine.peer_name(), x.chunk.src_pages.size(),
+                                    x.chunk.last, x.chunk.first_layer, x.chunk.layer_count,
+                                    x.ends_room);
             pump(self);
             const bool pending = pack_pending(st);
             apply(self, feed(
@@ -429,7 +436,7 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
   st.scheduler = std::move(scheduler);
   st.room = room;
   const auto& cfg = st.ctx->config;
-  st.machine = sender::room(room, limits_of(cfg.timeouts), cfg.tp.rank, cfg.tp.size, cfg.pp.rank);
+  auto layers = layer_ids(st.ctx->layout);
   st.trace = trace::file::open("sender");
   if (st.trace)
     st.trace->write({{"e", "new"},
@@ -437,7 +444,10 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
                      {"limits", trace::limits_json(limits_of(cfg.timeouts))},
                      {"tp_rank", cfg.tp.rank},
                      {"tp_size", cfg.tp.size},
-                     {"pp_rank", cfg.pp.rank}});
+                     {"pp_rank", cfg.pp.rank},
+                     {"layers", layers}});
+  st.machine = sender::room(room, limits_of(cfg.timeouts), cfg.tp.rank, cfg.tp.size, cfg.pp.rank,
+                            std::move(layers));
   apply(self, feed(
                   st,
                   [] {
@@ -451,8 +461,13 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
         auto fx = feed(
             st,
             [&] {
-              return trace::json{{"e", "chunk"},   {"room", c.room},       {"pages", c.src_pages},
-                                 {"last", c.last}, {"slot", c.state_slot}, {"row", c.aux_row}};
+              return trace::json{{"e", "chunk"},
+                                 {"room", c.room},
+                                 {"pages", c.src_pages},
+                                 {"last", c.last},
+                                 {"slot", c.state_slot},
+                                 {"row", c.aux_row},
+                                 {"layers", {c.first_layer, c.layer_count}}};
             },
             [&] { return st.machine.chunk(std::move(c)); });
         apply(self, std::move(fx), answering{&req, {}});

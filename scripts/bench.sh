@@ -24,6 +24,9 @@
 #                                             workload: TOKENS, REQUESTS, CONCURRENCY and REPEAT
 #                                             are not passed) against each pair; so does
 #                                             --open-loop (bounded by its --duration-s)
+#   PAGES=1 REQUESTS=20 scripts/bench.sh --layer-wise 2 --no-baseline
+#                                             layer-wise streaming: a layer every 2 ms, last
+#                                             send -> Success against a whole send
 # Environment: PROVIDERS, PAGES, TOKENS (4096), REQUESTS (16), CONCURRENCY (4), REPEAT (5),
 # MEMORY (daemon), METRICS (0), MODEL (qwen3-next, small or kv), KV_TOKENS (20480: the kv pool
 # in tokens, whatever the page size), SETS (more ferryd --set overrides for both daemons,
@@ -145,6 +148,12 @@ for i in range(0, len(args), 4):
         f = d["fairness"]
         print(f"{provider:<9}{page:>5}  fairness: idle p50 {f['idle_ms']['p50']:.2f} ms, "
               f"loaded p50 {f['loaded_ms']['p50']:.2f} ms, ratio {f['ratio_p50']:.2f}")
+        continue
+    if "layer_wise" in d:  # --layer-wise: its own figures, already printed by the run
+        w = d["layer_wise"]
+        print(f"{provider:<9}{page:>5}  layer-wise every {w['t_ms']} ms: last send -> Success "
+              f"p50 {w['last_send_to_success_ms']['p50']:.2f} ms, whole "
+              f"{w['whole_send_to_success_ms']['p50']:.2f} ms, ratio {w['ratio_p50']:.3f}")
         continue
     raw = d["raw"]["gbps_median"] if d["raw"] else None
     fmt = lambda v, f: "-" if v is None else format(v, f)

@@ -251,11 +251,23 @@ std::optional<error> too_new(proto::msg_type t, uint16_t version) {
                            proto::to_string(t), proto::first_version(t), version)};
 }
 
+/// The same for a whole request, and a send's layer range (v6) too: an older daemon would read
+/// it as a whole send.
+std::optional<error> too_new(const proto::message& m, uint16_t version) {
+  if (auto e = too_new(proto::type_of(m), version)) return e;
+  const auto* s = std::get_if<proto::send>(&m);
+  if (s && (s->layer_count != 0 || s->first_layer != 0) && version < 6)
+    return error{
+        errc::unsupported_version,
+        fmt::format("a layer range needs protocol version 6; this connection speaks {}", version)};
+  return std::nullopt;
+}
+
 }  // namespace
 
 result<proto::message> client::request(const proto::message& m) {
   if (auto e = enter(); !e) return std::move(e).error();
-  if (auto e = too_new(proto::type_of(m), version_)) return *e;
+  if (auto e = too_new(m, version_)) return *e;
   const uint32_t seq = next_seq_++;
   if (next_seq_ == 0) next_seq_ = 1;  // seq 0 is for events
   auto r = exchange(proto::encode(m, seq, version_), timeout_, seq);
@@ -294,7 +306,7 @@ std::vector<result<none>> client::pipeline(const std::vector<proto::message>& re
                              fmt::format("pipeline takes prepare, send, subscribe and cancel, "
                                          "not {}",
                                          proto::to_string(t))});
-    if (auto e = too_new(t, version_)) return rest_fail(*e);
+    if (auto e = too_new(m, version_)) return rest_fail(*e);
   }
   std::vector<uint8_t> bytes;
   std::vector<uint32_t> seqs;
@@ -346,6 +358,12 @@ result<none> client::prepare(const proto::prepare& p) {
   return expect_ok(p);
 }
 result<none> client::send(const proto::send& s) { return expect_ok(s); }
+
+std::vector<uint32_t> client::layers() const {
+  node_layout l;
+  for (int k = 0; k < pool_kind_count; ++k) l.pools[k] = hello_.pools[k].layout;
+  return layer_ids(l);
+}
 result<none> client::cancel(uint64_t room) { return expect_ok(proto::cancel{room}); }
 result<none> client::subscribe(uint64_t room) {
   forget_lost(room);

@@ -45,6 +45,8 @@ struct options {
   bool serial_requests = false;
   uint32_t background_rooms = 0;  ///< fairness: this many large rooms flow meanwhile
   uint32_t background_tokens = 4096;
+  double layer_wise_ms = 0;  ///< --layer-wise: one layer group made every this many ms (0: off)
+  uint32_t layer_group = 1;  ///< --layer-group: global layers per layer-wise send
   bool latency = false;                ///< --latency: one room at a time, prepare to Success
   std::vector<double> gaps_ms{0, 50};  ///< --latency: idle gaps before each timed room
   double open_loop_rate = 0;           ///< --open-loop: Poisson arrivals per second (0: off)
@@ -152,5 +154,6 @@ int run_throughput(context& ctx);
 int run_fairness(context& ctx);
 int run_latency(context& ctx);
 int run_open_loop(context& ctx);
+int run_layer_wise(context& ctx);  ///< src/bench/layerwise.cpp
 
 }  // namespace ferry::bench

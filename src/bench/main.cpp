@@ -112,6 +112,15 @@ CLI::Option* add_options(CLI::App& app, options& o, bool& no_baseline) {
                  "--open-loop: a room started later than this after its arrival counts as late")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 60000.0));
+  app.add_option("--layer-wise", o.layer_wise_ms,
+                 "layer-wise streaming: per room, send each layer group as a forward pass making "
+                 "one every T_MS ms would, then the same room whole after the last layer; report "
+                 "last send -> Success of both (src/bench/layerwise.cpp)")
+      ->type_name("T_MS")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--layer-group", o.layer_group, "with --layer-wise: global layers per send")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--room-base", o.room_base, "first room id (default: time-based)");
   app.add_option("--poll-many", o.poll_many,
                  "after the runs, time a poll_many of this many rooms (the run's, then ids "
@@ -278,11 +287,12 @@ int main(int argc, char** argv) {
   ctx.provider = o.provider;
   ctx.text = o.json == "-" ? &std::cerr : &std::cout;
   const int modes = (o.latency ? 1 : 0) + (o.open_loop_rate > 0 ? 1 : 0) +
-                    (o.background_rooms > 0 ? 1 : 0) + (o.pipeline ? 1 : 0);
+                    (o.background_rooms > 0 ? 1 : 0) + (o.pipeline ? 1 : 0) +
+                    (o.layer_wise_ms > 0 ? 1 : 0);
   if (modes > 1)
     return ctx.fail(
-        "--latency, --open-loop, --background-rooms and --pipeline are separate modes: "
-        "choose one",
+        "--latency, --open-loop, --background-rooms, --layer-wise and --pipeline are separate "
+        "modes: choose one",
         exit_code::usage);
   // Time-based ids: the milliseconds since the epoch, shifted past 2^20 ids per run, so runs
   // one after the other against the same pair never reuse a room id (a finished room's id is
@@ -325,5 +335,6 @@ int main(int argc, char** argv) {
                             {"writes", ctx.one.size()}};
   if (o.background_rooms > 0) return run_fairness(ctx);
   if (o.latency) return run_latency(ctx);
+  if (o.layer_wise_ms > 0) return run_layer_wise(ctx);
   return run_throughput(ctx);
 }

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 namespace ferry {
 namespace {
 
@@ -85,6 +87,15 @@ node_layout make_layout(const pools_config& cfg) {
     add_buffer(pool, {0, cfg.aux->row_bytes, cfg.aux->rows, 0, 0, buffer_kind::aux});
   }
   return out;
+}
+
+std::vector<uint32_t> layer_ids(const node_layout& layout) {
+  std::vector<uint32_t> ids;
+  for (auto k : {pool_kind::kv, pool_kind::state})
+    for (const auto& b : layout[k].buffers) ids.push_back(b.layer_id);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
 }
 
 uint64_t compatibility_hash(const pools_config& c) {

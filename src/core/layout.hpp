@@ -51,6 +51,10 @@ struct node_layout {
 
 node_layout make_layout(const pools_config& cfg);
 
+/// The global layer ids a rank holds: those of its KV and state buffers, ascending, each once.
+/// A send's layer range (docs/protocol.md, "Layer-wise sends") names these.
+std::vector<uint32_t> layer_ids(const node_layout& layout);
+
 /// A stable 64-bit hash of a pool schema: a peer sends it with its config so the receiver can
 /// tell a corrupted handshake from a real difference.
 uint64_t compatibility_hash(const pools_config& cfg);

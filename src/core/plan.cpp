@@ -45,14 +45,15 @@ uint64_t pack_bytes(const link_plan& link, std::span<const page_run> runs) {
 }
 
 void plan_pack_jobs(const link_plan& link, const node_layout& src, const node_layout& dst,
-                    std::span<const page_run> runs, uint64_t max_tokens,
-                    std::vector<pack_job>& out) {
+                    std::span<const page_run> runs, uint64_t max_tokens, std::vector<pack_job>& out,
+                    layer_range layers) {
   if (link.kv != kv_mode::pack) return;
   max_tokens = std::max<uint64_t>(max_tokens, 1);
   const auto& sp = src[pool_kind::kv];
   const auto& dp = dst[pool_kind::kv];
   for (const auto& run : runs)
     for (const auto& pair : link.kv_buffers) {
+      if (!layers.contains(sp.buffers[pair.src].layer_id)) continue;
       const uint64_t s0 =
           sp.buffers[pair.src].offset + uint64_t{run.src} * link.src_page_bytes + link.row.src;
       const uint64_t d0 = dp.buffers[pair.dst].offset + uint64_t{run.dst} * link.dst_page_bytes;
@@ -75,7 +76,8 @@ void expand_pack_job(const link_plan& link, const pack_job& job, uint64_t stagin
 
 void plan_kv_chunk(const link_plan& link, const node_layout& src, const node_layout& dst,
                    std::span<const page_run> runs, const staging_use& staging,
-                   std::vector<planned_copy>& pack, std::vector<planned_write>& writes) {
+                   std::vector<planned_copy>& pack, std::vector<planned_write>& writes,
+                   layer_range layers) {
   if (link.kv == kv_mode::none) return;
   const auto& sp = src[pool_kind::kv];
   const auto& dp = dst[pool_kind::kv];
@@ -86,6 +88,8 @@ void plan_kv_chunk(const link_plan& link, const node_layout& src, const node_lay
   for (const auto& run : runs)
     for (size_t i = 0; i < link.kv_buffers.size(); ++i) {
       const auto& pair = link.kv_buffers[i];
+      // A pair keeps its index i when others are left out: it places the pair in staging.
+      if (!layers.contains(sp.buffers[pair.src].layer_id)) continue;
       const uint64_t s0 = sp.buffers[pair.src].offset + uint64_t{run.src} * link.src_page_bytes;
       const uint64_t d0 = dp.buffers[pair.dst].offset + uint64_t{run.dst} * link.dst_page_bytes;
       const uint64_t tokens = run.count * pt;
@@ -110,11 +114,13 @@ void plan_kv_chunk(const link_plan& link, const node_layout& src, const node_lay
 }
 
 void plan_state_link(const link_plan& link, const node_layout& src, const node_layout& dst,
-                     uint32_t src_slot, uint32_t dst_slot, std::vector<planned_write>& out) {
+                     uint32_t src_slot, uint32_t dst_slot, std::vector<planned_write>& out,
+                     layer_range layers) {
   const auto& sp = src[pool_kind::state];
   const auto& dp = dst[pool_kind::state];
   for (const auto& pair : link.state_buffers) {
     const auto& s = sp.buffers[pair.src];
+    if (!layers.contains(s.layer_id)) continue;
     const auto& d = dp.buffers[pair.dst];
     const uint64_t s0 = s.offset + uint64_t{src_slot} * s.item_bytes;
     const uint64_t d0 = d.offset + uint64_t{dst_slot} * d.item_bytes;

@@ -11,6 +11,9 @@
 ///   per segment of the link (one segment at equal TP).
 /// - Aux: one (source row, destination row) pair; one write, from one prefill rank.
 /// Any write longer than `piece_bytes` is split into pieces so many can be in flight.
+/// A `layer_range` (core/layer_ranges.hpp) restricts the KV and state writes to the buffers of
+/// those global layer ids, keeping each buffer pair's place (its staging offset) as in a whole
+/// plan, so a room sent layer by layer moves exactly the bytes of a room sent whole.
 
 #include <cstdint>
 #include <optional>
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "core/geometry.hpp"
+#include "core/layer_ranges.hpp"
 #include "core/layout.hpp"
 
 namespace ferry {
@@ -89,8 +93,8 @@ struct pack_job {
 /// Append the pack jobs of these runs (kv_mode::pack only), each at most `max_tokens` tokens so
 /// a bounded staging area can carry them a slice at a time.
 void plan_pack_jobs(const link_plan& link, const node_layout& src, const node_layout& dst,
-                    std::span<const page_run> runs, uint64_t max_tokens,
-                    std::vector<pack_job>& out);
+                    std::span<const page_run> runs, uint64_t max_tokens, std::vector<pack_job>& out,
+                    layer_range layers = {});
 /// The copies into staging at `staging` and the one write of a pack job.
 void expand_pack_job(const link_plan& link, const pack_job& job, uint64_t staging,
                      std::vector<planned_copy>& copies, std::vector<planned_write>& writes);
@@ -101,10 +105,12 @@ uint64_t pack_bytes(const link_plan& link, std::span<const page_run> runs);
 /// Plan the KV of a chunk: local copies to do first (packing), then the writes.
 void plan_kv_chunk(const link_plan& link, const node_layout& src, const node_layout& dst,
                    std::span<const page_run> runs, const staging_use& staging,
-                   std::vector<planned_copy>& pack, std::vector<planned_write>& writes);
+                   std::vector<planned_copy>& pack, std::vector<planned_write>& writes,
+                   layer_range layers = {});
 /// Append the writes of the single state slot pair (one per segment per buffer pair).
 void plan_state_link(const link_plan& link, const node_layout& src, const node_layout& dst,
-                     uint32_t src_slot, uint32_t dst_slot, std::vector<planned_write>& out);
+                     uint32_t src_slot, uint32_t dst_slot, std::vector<planned_write>& out,
+                     layer_range layers = {});
 /// Append the aux row write when the link carries aux.
 void plan_aux_link(const link_plan& link, const node_layout& src, const node_layout& dst,
                    uint32_t src_row, uint32_t dst_row, std::vector<planned_write>& out);

@@ -5,7 +5,7 @@
 /// All integers little-endian. Strings: u32 byte count + bytes. Lists: u32 count + elements.
 /// A reply echoes the request's seq; pushed events carry seq 0.
 ///
-/// Versions 3, 4 and 5 (docs/protocol.md, "Versions"): the hello says the client's range, the
+/// Versions 3 to 6 (docs/protocol.md, "Versions"): the hello says the client's range, the
 /// daemon answers in the highest common version, and the encoding of a few messages depends on
 /// it (`encode`/`decode` take the connection's version).
 ///
@@ -26,7 +26,7 @@
 
 namespace ferry::proto {
 
-inline constexpr uint16_t protocol_version = 5;         ///< the highest version spoken
+inline constexpr uint16_t protocol_version = 6;         ///< the highest version spoken
 inline constexpr uint16_t min_protocol_version = 3;     ///< the lowest version spoken
 inline constexpr uint32_t max_poll_many = 16384;        ///< rooms in one poll_many
 inline constexpr uint32_t max_register_fds = 64;        ///< descriptors with one register_memory
@@ -86,13 +86,19 @@ struct prepare {
   /// to the prefill, whose poll answers it, so its engine sends from there.
   uint32_t prefix_tokens = 0;
 };
-/// Prefill side: one chunk of the room; the last chunk carries the state slot and aux row.
+/// Prefill side: one chunk of the room, or (v6) the layers [first_layer, first_layer +
+/// layer_count) of one chunk; the last chunk's sends carry the state slot and aux row.
+/// Layer-wise sends (docs/protocol.md, "Layer-wise sends"): every send of a chunk names its
+/// pages, each of the rank's layers once; the chunk is complete when all were named, and the
+/// room's aux row goes with the send that completes its last chunk.
 struct send {
   uint64_t room = 0;
   std::vector<uint32_t> src_pages;
   bool last = false;
   uint32_t state_slot = no_index;  ///< exactly one source Mamba slot (last chunk only)
   uint32_t aux_row = no_index;     ///< source aux row (last chunk only)
+  uint32_t first_layer = 0;        ///< v6: the first global layer id of the range
+  uint32_t layer_count = 0;        ///< v6: layers in the range; 0 = every layer of the rank
 };
 struct poll {
   uint64_t room = 0;

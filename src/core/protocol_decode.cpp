@@ -144,7 +144,9 @@ bool decode_body(reader& r, prepare& m) {
 bool decode_body(reader& r, send& m) {
   return r.num(m.room, "room") && r.num_list(m.src_pages, "src_pages") &&
          r.boolean(m.last, "last") && r.num(m.state_slot, "state_slot") &&
-         r.num(m.aux_row, "aux_row");
+         r.num(m.aux_row, "aux_row") &&
+         (r.version < 6 ||
+          (r.num(m.first_layer, "first_layer") && r.num(m.layer_count, "layer_count")));
 }
 bool decode_body(reader& r, poll& m) { return r.num(m.room, "room"); }
 bool decode_body(reader& r, cancel& m) { return r.num(m.room, "room"); }

@@ -60,6 +60,10 @@ void encode_body(writer& w, const send& m) {
   w.num(static_cast<uint8_t>(m.last));
   w.num(m.state_slot);
   w.num(m.aux_row);
+  if (w.version >= 6) {
+    w.num(m.first_layer);
+    w.num(m.layer_count);
+  }
 }
 void encode_body(writer& w, const poll& m) { w.num(m.room); }
 void encode_body(writer& w, const cancel& m) { w.num(m.room); }

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "core/layer_ranges.hpp"
 #include "core/plan.hpp"
 
 namespace ferry {
@@ -85,6 +86,8 @@ result<> check_prepare(const ferry_config& cfg, const node_layout& layout,
 
 result<> check_send(const ferry_config& cfg, const node_layout& layout, const proto::send& s) {
   if (auto e = check_pages(cfg, s.room, s.src_pages, "src page"); !e) return e;
+  if (s.layer_count != 0 || s.first_layer != 0)
+    if (auto e = check_layer_range(layer_ids(layout), s.room, layer_range::of(s)); !e) return e;
   if (s.last) return check_slot_and_row(cfg, layout, s.room, "src", s.state_slot, s.aux_row);
   if (s.state_slot != no_index || s.aux_row != no_index)
     return error{

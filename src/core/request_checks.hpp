@@ -26,7 +26,9 @@ result<> check_pages(const ferry_config& cfg, uint64_t room, const std::vector<u
 /// prefix (whole pages), the pages, the slot and the row.
 result<> check_prepare(const ferry_config& cfg, const node_layout& layout, const proto::prepare& p);
 
-/// A send's own fields: its pages; the slot and row with the last chunk only.
+/// A send's own fields: its pages; its layer range within this rank's layers
+/// (core/layer_ranges.hpp); the slot and row with the last chunk only (with each of its layer
+/// ranges).
 result<> check_send(const ferry_config& cfg, const node_layout& layout, const proto::send& s);
 
 }  // namespace ferry

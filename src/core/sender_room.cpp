@@ -5,8 +5,13 @@
 namespace ferry::sender {
 
 room::room(uint64_t id, lifecycle_limits limits, uint32_t tp_rank, uint32_t tp_size,
-           uint32_t pp_rank)
-    : id_(id), life_(limits, waits), tp_rank_(tp_rank), tp_size_(tp_size), pp_rank_(pp_rank) {}
+           uint32_t pp_rank, std::vector<uint32_t> layers)
+    : id_(id),
+      life_(limits, waits),
+      tp_rank_(tp_rank),
+      tp_size_(tp_size),
+      pp_rank_(pp_rank),
+      layers_(std::move(layers)) {}
 
 uint64_t room::bytes() const {
   uint64_t b = 0;
@@ -93,22 +98,27 @@ effects room::prepare(prepare_in in) {
   if (!ready()) return out;
   advance(room_status::waiting_for_input, out);
   // Take every queued chunk's positions before posting any: if one does not fit, the room fails
-  // with nothing of it posted (no write may be in flight once Failed is reported).
-  std::vector<std::pair<proto::send, uint32_t>> taken;
+  // with nothing of it posted (no write may be in flight once Failed is reported). A chunk sent
+  // in layer ranges takes its positions once, with its first range.
+  std::vector<post_chunk> taken;
   while (!queued_.empty()) {
-    auto c = std::move(queued_.front());
+    auto q = std::move(queued_.front());
     queued_.pop_front();
-    auto first = cursor_.take(static_cast<uint32_t>(c.src_pages.size()), c.last);
-    if (!first) {
-      fail(first.code, first.message, out);
-      return out;
+    if (q.step.opens) {
+      auto first = cursor_.take(static_cast<uint32_t>(q.send.src_pages.size()), q.send.last);
+      if (!first) {
+        fail(first.code, first.message, out);
+        return out;
+      }
+      open_first_ = first.value;
     }
-    taken.emplace_back(std::move(c), first.value);
+    const bool ends = q.step.completes && q.send.last;
+    taken.push_back(post_chunk{std::move(q.send), open_first_, ends});
   }
-  for (auto& [c, first] : taken) {
-    last_taken_ = last_taken_ || c.last;
+  for (auto& p : taken) {
+    last_taken_ = last_taken_ || p.ends_room;
     ++unposted_;
-    out.push_back(post_chunk{std::move(c), first});
+    out.push_back(std::move(p));
   }
   return out;
 }
@@ -126,8 +136,15 @@ effects room::chunk(proto::send c) {
                                                  id_, life_.fail_reason())}});
     return out;
   }
-  // A page in two chunks would be written to two positions: refuse the chunk, naming it.
-  for (size_t i = 0; i < c.src_pages.size(); ++i)
+  // Its layers: a range of the open chunk, or the first send of the next chunk.
+  auto step = layers_.check(c);
+  if (!step) {
+    out.push_back(reply{error{step.code, fmt::format("room {}: {}", id_, step.message)}});
+    return out;
+  }
+  // A page in two chunks would be written to two positions: refuse the chunk, naming it. (A
+  // later range of the open chunk names the pages its first range named.)
+  for (size_t i = 0; step.value.opens && i < c.src_pages.size(); ++i)
     if (sent_pages_.count(c.src_pages[i])) {
       out.push_back(reply{error{errc::invalid_request,
                                 fmt::format("room {}: src page {} (position {}) was already sent "
@@ -145,19 +162,25 @@ effects room::chunk(proto::send c) {
     }
     // Answered now: the chunk is accepted and posted once every rank has prepared.
     sent_pages_.insert(c.src_pages.begin(), c.src_pages.end());
+    layers_.take(c);
     out.push_back(reply{{}});
-    queued_.push_back(std::move(c));
+    queued_.push_back({std::move(c), step.value});
     return out;
   }
-  auto first = cursor_.take(static_cast<uint32_t>(c.src_pages.size()), c.last);
-  if (!first) {
-    out.push_back(reply{error{first.code, fmt::format("room {}: {}", id_, first.message)}});
-    return out;
+  if (step.value.opens) {
+    auto first = cursor_.take(static_cast<uint32_t>(c.src_pages.size()), c.last);
+    if (!first) {
+      out.push_back(reply{error{first.code, fmt::format("room {}: {}", id_, first.message)}});
+      return out;
+    }
+    open_first_ = first.value;
+    sent_pages_.insert(c.src_pages.begin(), c.src_pages.end());
   }
-  sent_pages_.insert(c.src_pages.begin(), c.src_pages.end());
-  last_taken_ = last_taken_ || c.last;
+  layers_.take(c);
+  const bool ends = step.value.completes && c.last;
+  last_taken_ = last_taken_ || ends;
   ++unposted_;
-  out.push_back(post_chunk{std::move(c), first.value});
+  out.push_back(post_chunk{std::move(c), open_first_, ends});
   out.push_back(reply{{}});
   return out;
 }

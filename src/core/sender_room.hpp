@@ -16,8 +16,13 @@
 /// - Every chunk takes the next positions of the decode's page list (one cursor: every rank
 ///   prepared the same count); a chunk that overruns it, or a last chunk that leaves pages
 ///   unfilled, is refused and nothing of it is posted.
-/// - After the last chunk, once every chunk is posted and nothing waits for staging, each rank
-///   is told its total of writes (the announcement); the room succeeds when every rank commits.
+/// - A chunk may come in layer ranges (core/layer_ranges.hpp): its first send takes its
+///   positions, each send posts its layers, and the chunk is complete once every layer of this
+///   rank was sent; only then may the next chunk start. The send that completes the last chunk
+///   ends the room: the aux row goes with it.
+/// - After the send that ends the room, once every send is posted and nothing waits for
+///   staging, each rank is told its total of writes (the announcement); the room succeeds when
+///   every rank commits.
 /// - A failure tells every rank at once and drains: Failed is reported only when every batch
 ///   posted has completed locally (or the drain deadline passed), so the client never reuses a
 ///   source page a write still reads; then each rank learns how many of its writes completed.
@@ -33,6 +38,7 @@
 #include <variant>
 #include <vector>
 
+#include "core/layer_ranges.hpp"
 #include "core/plan.hpp"
 #include "core/protocol.hpp"
 #include "core/room_lifecycle.hpp"
@@ -84,11 +90,14 @@ struct ack {
   uint64_t token;
   result<> outcome;
 };
-/// Plan `chunk` (its pages from position `first`) for every rank and post it, then report
-/// `posted` for each batch and `chunk_posted` once done.
+/// Plan `chunk` (its pages from position `first`, the layers of its range) for every rank and
+/// post it, then report `posted` for each batch and `chunk_posted` once done. The last chunk's
+/// sends carry the state segments of their layers; `ends_room` (the send completes the last
+/// chunk) carries the aux row.
 struct post_chunk {
   proto::send chunk;
   uint32_t first;
+  bool ends_room = false;
 };
 /// Pack and post what waits for staging, then report `pumped`.
 struct pump {};
@@ -112,8 +121,10 @@ using effects = std::vector<effect>;
 
 class room {
  public:
-  /// `tp_rank`, `tp_size`, `pp_rank`: this prefill rank, for refusals.
-  room(uint64_t id, lifecycle_limits limits, uint32_t tp_rank, uint32_t tp_size, uint32_t pp_rank);
+  /// `tp_rank`, `tp_size`, `pp_rank`: this prefill rank, for refusals; `layers`: the global
+  /// layer ids it holds (core/layout.hpp `layer_ids`), which layer-wise sends name.
+  room(uint64_t id, lifecycle_limits limits, uint32_t tp_rank, uint32_t tp_size, uint32_t pp_rank,
+       std::vector<uint32_t> layers = {});
   room() = default;
 
   effects start();
@@ -160,11 +171,18 @@ class room {
   uint32_t expected_ = 0;  ///< known from the first prepare's geometry
   uint32_t prefix_ = 0;
   chunk_cursor cursor_;
-  std::deque<proto::send> queued_;  ///< accepted before every rank prepared
+  chunk_layers layers_;      ///< the open chunk's layers sent (layer-wise sends)
+  uint32_t open_first_ = 0;  ///< the open chunk's first page position (once ready)
+  /// A send accepted before every rank prepared, with what taking it did to its chunk.
+  struct queued_send {
+    proto::send send;
+    chunk_layers::step step;
+  };
+  std::deque<queued_send> queued_;
   std::unordered_set<uint32_t> sent_pages_;
   std::unordered_map<uint64_t, size_t> batches_;  ///< in flight -> link index
   int unposted_ = 0;                              ///< post_chunk effects not yet carried out
-  bool last_taken_ = false;                       ///< the last chunk was taken
+  bool last_taken_ = false;                       ///< the send that ends the room was taken
   bool pack_pending_ = false;
   bool announced_ = false;
 };

@@ -107,6 +107,7 @@ int main(int argc, char** argv) {
   std::string pages_text, address;
   std::vector<std::string> peer_args, prefill_peers;
   uint32_t slot = no_index, row = no_index, first_position = 0, prefix_tokens = 0;
+  uint32_t first_layer = 0, layer_count = 0;
   bool last = false;
   int timeout_ms = 30000;
 
@@ -178,6 +179,11 @@ int main(int argc, char** argv) {
                       "tokens of the prompt the decode already holds (a multiple of the page "
                       "size); the prefill's poll answers it");
   send->add_flag("--last", last, "this is the last chunk (carries state slot and aux row)");
+  send->add_option("--first-layer", first_layer,
+                   "layer-wise send: the first global layer id of the range (protocol v6)");
+  send->add_option("--layer-count", layer_count,
+                   "layer-wise send: layers in the range (0, the default: every layer of the "
+                   "daemon's rank)");
   fill->add_option("--first-position", first_position, "request position of the first page");
   wait->add_option("--timeout-ms", timeout_ms, "give up after this long")->capture_default_str();
   app.footer(
@@ -186,6 +192,8 @@ int main(int argc, char** argv) {
       "--state-slot 2 --aux-row 2\n"
       "  ferryctl -s /tmp/ferry-prefill.sock fill -r 7 -p 0-63 --state-slot 1 --aux-row 1\n"
       "  ferryctl -s /tmp/ferry-prefill.sock send -r 7 -p 0-63 --last --state-slot 1 --aux-row 1\n"
+      "  ferryctl -s /tmp/ferry-prefill.sock send -r 8 -p 0-63 --last --state-slot 2 --aux-row 2 "
+      "--first-layer 0 --layer-count 24\n"
       "  ferryctl -s /tmp/ferry-decode.sock wait -r 7 && ferryctl -s /tmp/ferry-decode.sock verify "
       "-r 7 -p 100-163 "
       "--state-slot 2 --aux-row 2\n"
@@ -316,8 +324,8 @@ int main(int argc, char** argv) {
     return out.report(c.prepare({room, prefill_peers, pages, slot, row, prefix_tokens}),
                       fmt::format("prepare room {}", room), room);
   if (*send)
-    return out.report(c.send({room, pages, last, slot, row}), fmt::format("send room {}", room),
-                      room);
+    return out.report(c.send({room, pages, last, slot, row, first_layer, layer_count}),
+                      fmt::format("send room {}", room), room);
   if (*cancel) return out.report(c.cancel(room), fmt::format("cancel room {}", room), room);
   if (*poll) {
     auto r = c.poll(room);

@@ -138,3 +138,33 @@ TEST_CASE("ferryctl --json prints one document for every command, before or afte
   CHECK(missing.code == exit_code::failed);
   CHECK(missing.err == "ferryctl: poll failed [unknown_room]: unknown room 999999\n");
 }
+
+TEST_CASE("ferryctl send --first-layer --layer-count sends a room one layer range at a time",
+          "[e2e][ferryctl][layer_wise]") {
+  pair c;
+  const auto P = c.prefill.socket(), D = c.decode.socket();
+  auto run = [&](const std::string& sock, std::vector<std::string> args, int code = 0) {
+    const auto r = ferryctl(c.dir, sock, std::move(args));
+    INFO(r.out << r.err);
+    CHECK(r.code == code);
+    return document(r);
+  };
+  run(P, {"fill", "-r", "43", "-p", "0-15", "--state-slot", "1", "--aux-row", "1", "--json"});
+  run(D, {"--json", "prepare", "-r", "43", "--peer", c.prefill.control(), "-p", "200-215",
+          "--state-slot", "3", "--aux-row", "3"});
+  const std::vector<std::string> last = {"send",         "-r", "43",        "-p", "0-15",  "--last",
+                                         "--state-slot", "1",  "--aux-row", "1",  "--json"};
+  auto layers = [&](const char* first, const char* count) {
+    auto args = last;
+    args.insert(args.end(), {"--first-layer", first, "--layer-count", count});
+    return args;
+  };
+  CHECK(run(P, layers("8", "8")) == json{{"room", 43}, {"ok", true}});
+  CHECK(run(P, layers("8", "1"), exit_code::failed)["error"] ==
+        json{{"code", "invalid_request"},
+             {"message", "room 43: layer 8 of chunk 0 was already sent"}});
+  CHECK(run(P, layers("0", "8")) == json{{"room", 43}, {"ok", true}});
+  CHECK(run(D, {"--json", "wait", "-r", "43"})["status"] == "Success");
+  CHECK(run(D, {"--json", "verify", "-r", "43", "-p", "200-215", "--state-slot", "3", "--aux-row",
+                "3"}) == json{{"room", 43}, {"verified", true}});
+}

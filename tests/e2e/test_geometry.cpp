@@ -16,6 +16,9 @@ struct cluster {
   temp_dir dir;
   std::vector<std::unique_ptr<daemon_proc>> prefill, decode;
   std::vector<std::unique_ptr<client::client>> p, d;
+  /// Each prefill rank sends every chunk one of its own layers at a time, last layer first
+  /// (protocol v6 layer ranges), instead of whole.
+  bool layer_wise = false;
 
   /// `prefill_shapes` / `decode_shapes`: one shape per rank (geometry fields set).
   cluster(const std::vector<shape>& prefill_shapes, const std::vector<shape>& decode_shapes) {
@@ -66,10 +69,14 @@ struct cluster {
                                     r.src_pages.begin() + pos + chunks[i]);
         pos += chunks[i];
         for (auto& c : p) {
-          auto ok = c->send(
-              {r.room, pages, last, last ? r.src_slot : no_index, last ? r.src_row : no_index});
-          INFO(ok.message);
-          REQUIRE(ok);
+          std::vector<uint32_t> layers{0};  // a whole send: layer_count 0
+          if (layer_wise) layers = c->layers();
+          for (auto l = layers.rbegin(); l != layers.rend(); ++l) {
+            auto ok = c->send({r.room, pages, last, last ? r.src_slot : no_index,
+                               last ? r.src_row : no_index, *l, layer_wise ? 1u : 0u});
+            INFO(ok.message);
+            REQUIRE(ok);
+          }
         }
       }
     }
@@ -260,4 +267,34 @@ TEST_CASE("decode ranks that prepare different page counts fail the room on ever
                    Catch::Contains("prepared 64") && Catch::Contains("prepared 63"));
   }
   c.run(fragmented_room(82, 30));  // and the next room is fine
+}
+
+TEST_CASE("layer-wise sends under TP and PP mismatches land byte-exact", "[e2e][geometry]") {
+  SECTION("TP 1 -> 2: packed head slices, one layer at a time") {
+    cluster c(ranks(small(), 1), ranks(small(), 2));
+    c.layer_wise = true;
+    c.run(fragmented_room(51, 90));
+  }
+  SECTION("TP 2 -> 1: whole rows into the decode's staging, one layer at a time") {
+    cluster c(ranks(small(), 2), ranks(small(), 1));
+    c.layer_wise = true;
+    c.run(fragmented_room(52, 90));
+  }
+  SECTION("PP 2 -> 1: each stage sends its own layers") {
+    shape stage0 = small(), stage1 = small(), whole = small();
+    stage0.pp_size = stage1.pp_size = 2;
+    stage1.pp_rank = 1;
+    stage0.kv_layer_ids = {3, 7};
+    stage0.mamba_layer_ids = {0, 1, 2};
+    stage1.kv_layer_ids = {11, 15};
+    stage1.mamba_layer_ids = {8, 9};
+    whole.kv_layer_ids = {3, 7, 11, 15};
+    whole.mamba_layer_ids = {0, 1, 2, 8, 9};
+    cluster c({stage0, stage1}, {whole});
+    c.layer_wise = true;
+    c.run(fragmented_room(53, 90));
+    // A stage refuses a layer it does not hold.
+    auto e = c.p[1]->send({54, {1}, false, no_index, no_index, 3, 1});
+    CHECK(e.message == "room 54: layers [3, 4) reach outside this rank's layers 8..15");
+  }
 }

@@ -2,7 +2,8 @@
 // (actors/room_trace.hpp), every Sender and Receiver records the events it fed its machine and
 // the effects it got back, and each trace replayed into a fresh machine (core/sender_room.hpp,
 // core/receiver_room.hpp) gives back the same effects, event for event. The rooms cover
-// success, a send before its prepare, a refused chunk, and a cancel on each side.
+// success, a send before its prepare, a refused chunk, a cancel on each side, and a room sent
+// in layer ranges.
 
 #include <filesystem>
 #include <fstream>
@@ -116,6 +117,25 @@ TEST_CASE("room traces of an end-to-end run replay into the pure machines with t
     CHECK(wait_done(*c.p, by_prefill.room).status == room_status::failed);
     CHECK(wait_done(*c.d, by_prefill.room).status == room_status::failed);
 
+    room_spec layered;  // sent in layer ranges, out of order (protocol v6)
+    layered.room = 6;
+    layered.src_pages = range(100, 4);
+    layered.dst_pages = range(600, 4);
+    layered.chunks = {2, 2};
+    stage(c, layered);
+    prepare(c, layered);
+    for (size_t k = 0; k < 2; ++k) {
+      const bool last = k == 1;
+      const std::vector<uint32_t> pages = range(100 + 2 * static_cast<uint32_t>(k), 2);
+      for (auto [first, count] : {std::pair<uint32_t, uint32_t>{8, 8}, {0, 8}}) {
+        auto ok = c.p->send(
+            {layered.room, pages, last, last ? 0u : no_index, last ? 0u : no_index, first, count});
+        INFO(ok.message);
+        REQUIRE(ok);
+      }
+    }
+    REQUIRE(wait_done(*c.d, layered.room).status == room_status::success);
+
     CHECK(c.prefill.stop() == 0);
     CHECK(c.decode.stop() == 0);
   }
@@ -130,8 +150,8 @@ TEST_CASE("room traces of an end-to-end run replay into the pure machines with t
       replay_file(f, trace::receiver_of, receivers);
     }
   }
-  CHECK(sender_files == 5);
-  CHECK(receiver_files == 5);
+  CHECK(sender_files == 6);
+  CHECK(receiver_files == 6);
   CHECK(senders.events >= 20);
   CHECK(receivers.events >= 20);
   CHECK(senders.reports.count("Success") == 1);

@@ -398,7 +398,7 @@ def test_ferry_bench_latency_times_rooms_against_the_raw_reference(
     r = run("ferry-bench", "--prefill-socket", p.sock, "--decode-socket", d.sock, "--latency",
             "--pipeline", timeout=60)
     assert r.returncode == USAGE
-    assert "--latency, --open-loop, --background-rooms and --pipeline are separate modes" in r.stderr
+    assert "--latency, --open-loop, --background-rooms, --layer-wise and --pipeline are separate modes" in r.stderr
 
 
 def shm_available() -> bool:
@@ -476,8 +476,10 @@ def test_ferry_bench_open_loop_counts_every_arrival_per_class(
     (["--mix", "8:1,4096:0"], "--mix entry '4096:0': the fraction must be in (0, 1], got 0"),
     (["--mix", "8:0.5,4096:0.5"], "--mix: a room of 4096 tokens needs 4096 kv pages, the kv "
                                   "pools hold 2048: start the pair with more pools.kv.pages"),
-    (["--latency"], "--latency, --open-loop, --background-rooms and --pipeline are separate "
-                    "modes: choose one"),
+    (["--latency"], "--latency, --open-loop, --background-rooms, --layer-wise and --pipeline "
+                    "are separate modes: choose one"),
+    (["--layer-wise", "2"], "--latency, --open-loop, --background-rooms, --layer-wise and "
+                            "--pipeline are separate modes: choose one"),
 ])
 def test_ferry_bench_open_loop_refuses_a_mix_it_cannot_run(
         pair: tuple[Daemon, Daemon], args: list[str], message: str) -> None:

@@ -174,7 +174,7 @@ def check_landed(d: Engine, expect: dict[tuple, bytes]) -> list[str]:
 
 def test_the_hello_reply_shows_client_pools(pair: tuple[Daemon, Daemon]) -> None:
     with Client(pair[1].sock, name="cm-hello", timeout=IO_TIMEOUT) as c:
-        assert c.version == 5
+        assert c.version == 6
         for kind in ("kv", "state", "aux"):
             assert c.pools[kind].present and c.pools[kind].shm_name == "", c.pools[kind]
         with pytest.raises(FerryError):

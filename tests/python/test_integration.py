@@ -30,11 +30,11 @@ T = 60.0  # a room's whole transfer on a loaded 2-core machine
 
 def client(d: Daemon, name: str, **kw: object) -> Client:
     c = Client(d.sock, name=name, timeout=IO_TIMEOUT * 3, **kw)  # type: ignore[arg-type]
-    if kw.get("version_range") is None and c.version != 5:
+    if kw.get("version_range") is None and c.version != 6:
         c.close()
-        pytest.fail(f"{BIN_DIR / 'ferryd'} answered a hello offering versions 3..5 in version "
+        pytest.fail(f"{BIN_DIR / 'ferryd'} answered a hello offering versions 3..6 in version "
                     f"{c.version} (it speaks {c.daemon_versions[0]}..{c.daemon_versions[1]}): "
-                    f"these tests need a ferryd that speaks protocol version 5; rebuild it")
+                    f"these tests need a ferryd that speaks protocol version 6; rebuild it")
     return c
 
 
@@ -80,7 +80,7 @@ def kv_pair(tmpdir_short: str) -> Iterator[tuple[Daemon, Daemon]]:
 def test_the_daemons_speak_v4_and_v3(mamba_pair: tuple[Daemon, Daemon]) -> None:
     pd, dd = mamba_pair
     with client(pd, "it-v4") as p:
-        assert p.version == 5 and p.daemon_versions == (3, 5) and not p.fell_back_to_v3
+        assert p.version == 6 and p.daemon_versions == (3, 6) and not p.fell_back_to_v3
         assert p.role == "prefill" and p.control == pd.control
         assert p.pools["kv"].present and len(p.pools["kv"].buffers) == 4
     with client(dd, "it-v3", version_range=(3, 3)) as d:
@@ -152,6 +152,66 @@ def test_rooms_end_to_end_from_several_threads(mamba_pair: tuple[Daemon, Daemon]
         assert info.value.code == Errc.ROOM_FINISHED
         for view in (kv, st, ax, dkv, dst_state, dax):
             view.release()
+
+
+def test_a_room_sent_layer_by_layer(mamba_pair: tuple[Daemon, Daemon]) -> None:
+    """(v6) Two chunks, each sent one layer range at a time (out of order): the same bytes land
+    as a whole send would put there, and a layer sent twice, a range outside the rank's layers
+    and a range on a v5 connection are refused with their reasons."""
+    pd, dd = mamba_pair
+    with client(pd, "it-layers") as p, client(dd, "it-layers-d") as d, \
+            client(pd, "it-layers-v5", version_range=(3, 5)) as p5:
+        assert p.layers == [0, 1, 3, 7]
+        kv, st, ax = p.pool("kv"), p.pool("state"), p.pool("aux")
+        dkv, dst_state, dax = d.pool("kv"), d.pool("state"), d.pool("aux")
+        room, slot = 4300, 3
+        src, dst = [40 + k for k in range(6)], [150 + k for k in range(6)]
+        expect: dict[tuple, bytes] = {}
+        for b in range(4):
+            for pos, page in enumerate(src):
+                off, n = p.item("kv", b, page)
+                kv[off:off + n] = expect[("kv", b, pos)] = os.urandom(n)
+        for b in range(len(p.pools["state"].buffers)):
+            off, n = p.item("state", b, slot)
+            st[off:off + n] = expect[("state", b)] = os.urandom(n)
+        off, n = p.item("aux", 0, slot)
+        ax[off:off + n] = expect[("aux",)] = room.to_bytes(8, "little") + os.urandom(n - 8)
+        d.prepare(room, [pd.control], dst, state_slot=slot, aux_row=slot)
+        d.subscribe(room)
+        with pytest.raises(FerryError) as old:
+            p5.send(room, src[:3], first_layer=7, layer_count=1)
+        assert old.value.code == Errc.UNSUPPORTED_VERSION
+        assert old.value.message == ("a layer range needs protocol version 6; this connection "
+                                     "speaks 5")
+        p.send(room, src[:3], first_layer=7, layer_count=1)
+        p.send(room, src[:3], first_layer=0, layer_count=4)  # 0, 1, 3: chunk 0 complete
+        p.send(room, src[3:], True, slot, slot, first_layer=0, layer_count=2)  # 0, 1
+        with pytest.raises(FerryError) as again:
+            p.send(room, src[3:], True, slot, slot, first_layer=1, layer_count=1)
+        assert again.value.code == Errc.INVALID_REQUEST
+        assert again.value.message == f"room {room}: layer 1 of chunk 1 was already sent"
+        with pytest.raises(FerryError) as outside:
+            p.send(room, src[3:], True, slot, slot, first_layer=6, layer_count=4)
+        assert outside.value.message == (f"room {room}: layers [6, 10) reach outside this "
+                                         f"rank's layers 0..7")
+        p.send(room, src[3:], True, slot, slot, first_layer=3, layer_count=5)  # 3, 7: the end
+        ev = d.wait_terminal(room, timeout=T)
+        assert (ev.status, ev.code, ev.reason) == (Status.Success, Errc.OK, ""), ev
+        bad = [f"kv {b} {pos}" for b in range(4) for pos, page in enumerate(dst)
+               if bytes(dkv[slice(*_span(d.item("kv", b, page)))]) != expect[("kv", b, pos)]]
+        bad += [f"state {b}" for b in range(len(p.pools["state"].buffers))
+                if bytes(dst_state[slice(*_span(d.item("state", b, slot)))])
+                != expect[("state", b)]]
+        if bytes(dax[slice(*_span(d.item("aux", 0, slot)))]) != expect[("aux",)]:
+            bad.append("aux row")
+        assert not bad, bad
+        for view in (kv, st, ax, dkv, dst_state, dax):
+            view.release()
+
+
+def _span(item: tuple[int, int]) -> tuple[int, int]:
+    """(offset, length) of an item as the bounds of a slice."""
+    return item[0], item[0] + item[1]
 
 
 def test_info_documents_follow_a_room(mamba_pair: tuple[Daemon, Daemon]) -> None:

@@ -93,6 +93,11 @@ def samples(version: int) -> list[Message]:
         ]
     if version >= 5:
         out += [Drain(), SetLogLevel("peer", "debug"), SetLogLevel("", "off")]
+    if version >= 6:
+        out += [Send(room=9, src_pages=[4], last=True, state_slot=1, aux_row=2, first_layer=12,
+                     layer_count=3),
+                Send(room=9, src_pages=[], last=False, first_layer=0xFFFFFFFF,
+                     layer_count=0xFFFFFFFF)]
     return out
 
 
@@ -100,14 +105,14 @@ def sample_ids(version: int) -> list[str]:
     return [f"v{version}-{i}-{type_name(message_type(m))}" for i, m in enumerate(samples(version))]
 
 
-@pytest.mark.parametrize("version", [3, 4, 5])
+@pytest.mark.parametrize("version", [3, 4, 5, 6])
 def test_every_message_type_has_a_sample(version: int) -> None:
     have = {message_type(m) for m in samples(version)}
     want = {t for t in MessageType if version >= first_version(t)}
     assert have == want
 
 
-@pytest.mark.parametrize("version", [3, 4, 5])
+@pytest.mark.parametrize("version", [3, 4, 5, 6])
 def test_round_trip(version: int) -> None:
     for i, msg in enumerate(samples(version)):
         frame = encode(msg, 1000 + i, version)
@@ -183,7 +188,7 @@ def malformed(mtype: int, body: bytes, version: int = 4) -> ProtocolError:
     return info.value
 
 
-@pytest.mark.parametrize("version", [3, 4, 5])
+@pytest.mark.parametrize("version", [3, 4, 5, 6])
 def test_every_truncation_names_the_type_and_a_field(version: int) -> None:
     for msg in samples(version):
         body = encode(msg, 1, version)[12:]
@@ -363,7 +368,7 @@ def test_v4_only_messages_do_not_encode_in_v3() -> None:
             encode(msg, 1, 4)
         assert "needs protocol version 5; this connection speaks 4" in info.value.message
     with pytest.raises(ValueError):
-        encode(Ok(), 1, 6)
+        encode(Ok(), 1, 7)
     with pytest.raises(TypeError):
         encode(object(), 1, 4)  # type: ignore[arg-type]
 
@@ -408,7 +413,7 @@ def test_limits_match_protocol_hpp() -> None:
         m = re.search(r"constexpr\s+\w+\s+" + name + r"\s*=\s*([^;]+);", text)
         assert m, name
         return m.group(1).strip()
-    assert const("protocol_version") == "5" and const("min_protocol_version") == "3"
+    assert const("protocol_version") == "6" and const("min_protocol_version") == "3"
     assert const("max_poll_many") == str(MAX_POLL_MANY)
     assert const("poll_many_reason_bytes") == str(POLL_MANY_REASON_BYTES)
     assert const("max_frame_bytes") == "16u << 20" and MAX_FRAME_BYTES == 16 << 20
@@ -470,3 +475,16 @@ def test_errc_matches_the_cpp_vocabulary():
     cpp = {name: int(num) for name, num in re.findall(r"^\s+(\w+) = (\d+),", body, re.M)}
     assert cpp, "no errc values found in src/core/errors.hpp"
     assert {e.wire_name: int(e) for e in Errc} == cpp
+
+
+def test_a_layer_range_is_on_the_wire_from_version_6_only() -> None:
+    """v6 appends ``first_layer`` and ``layer_count`` to a send; an older connection cannot carry
+    a range, so encoding one there fails instead of sending a whole chunk."""
+    s = Send(room=9, src_pages=[1, 2], first_layer=8, layer_count=4)
+    assert len(encode(s, 1, 6)) == len(encode(Send(room=9, src_pages=[1, 2]), 1, 5)) + 8
+    assert decode_frame(encode(s, 1, 6), 6)[1] == s
+    assert decode_frame(encode(Send(room=9, src_pages=[1, 2]), 1, 5), 5)[1].layer_count == 0
+    with pytest.raises(EncodeError) as info:
+        encode(s, 1, 5)
+    assert info.value.message == ("a layer range needs protocol version 6; this connection "
+                                  "speaks 5")

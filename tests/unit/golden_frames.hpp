@@ -43,7 +43,7 @@ inline std::vector<golden_frame> golden_frames() {
   hr.pools[2].layout.buffers = {{0, 32, 2, 0, 0, buffer_kind::aux}};
 
   std::vector<golden_frame> out;
-  for (uint16_t v : {uint16_t{3}, uint16_t{4}, uint16_t{5}}) {
+  for (uint16_t v : {uint16_t{3}, uint16_t{4}, uint16_t{5}, uint16_t{6}}) {
     hello h{v, "engine-7", true, v};
     if (v >= 4) h.min_version = 3;
     auto r = hr;
@@ -58,6 +58,8 @@ inline std::vector<golden_frame> golden_frames() {
          prepare{77, {"127.0.0.1:7401", "10.0.0.2:7401"}, {5, 6, 9}, 2, 3, v >= 4 ? 48u : 0u}});
     out.push_back({v, "send", 3, send{77, {1, 2}, false, no_index, no_index}});
     out.push_back({v, "send_last", 4, send{77, {}, true, 1, 1}});
+    // A layer range (v6): layers [12, 15) of the last chunk.
+    if (v >= 6) out.push_back({v, "send_layers", 4, send{77, {1, 2}, true, 1, 1, 12, 3}});
     out.push_back({v, "poll", 5, poll{77}});
     out.push_back({v, "cancel", 6, cancel{78}});
     out.push_back({v, "subscribe", 7, subscribe{77}});

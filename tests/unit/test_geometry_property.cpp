@@ -459,6 +459,9 @@ struct run_options {
   pool_sizes sizes;  ///< prefill pools; the decode's are larger (sizes may differ)
   uint64_t seed = 1;
   bool explicit_total_heads = true;  ///< decode side sets total_heads even when not needed
+  /// Plan every chunk one layer range at a time (each of the prefill rank's layers alone, in a
+  /// shuffled order), as a layer-wise send does, instead of whole.
+  bool layer_wise = false;
 };
 
 struct run_result {
@@ -673,37 +676,53 @@ run_result simulate(const model& m, uint32_t ps, uint32_t pd, const stages& pst,
         bytes src_staging(src_staging_at + pb + 32);
         fill_random(src_staging, rng);
         std::vector<uint8_t> packed(src_staging.size(), 0);
-        std::vector<planned_copy> pack;
-        std::vector<planned_write> writes;
-        plan_kv_chunk(link, p.lay, d.lay, runs, su, pack, writes);
-        split_pieces(writes, o.piece_bytes);
-        for (const auto& c : pack) {
-          ++res.copies;
-          if (!o.src_staging)
-            problem(fmt::format("{}: pack {} planned without staging", lname, text(c)));
-          if (c.from != space::kv || c.to != space::staging) {
-            problem(fmt::format("{}: pack {} is not kv -> staging", lname, text(c)));
-            continue;
-          }
-          if (!in_bounds(c.from_offset, c.length, p.mem[space::kv].size()) ||
-              !within(c.to_offset, c.length, src_staging_at, pb)) {
-            problem(fmt::format("{}: pack {} is outside kv or the packed range [{}, +{})", lname,
-                                text(c), src_staging_at, pb));
-            continue;
-          }
-          std::copy(p.mem[space::kv].begin() + c.from_offset,
-                    p.mem[space::kv].begin() + c.from_offset + c.length,
-                    src_staging.begin() + c.to_offset);
-          std::fill(packed.begin() + c.to_offset, packed.begin() + c.to_offset + c.length, 1);
+        // Whole, or one layer range at a time: each range's copies and writes run before the
+        // next range reuses the packed staging.
+        std::vector<layer_range> ranges{layer_range{}};
+        if (o.layer_wise) {
+          ranges.clear();
+          for (auto id : layer_ids(p.lay)) ranges.push_back({id, 1});
+          std::shuffle(ranges.begin(), ranges.end(), rng);
         }
-        for (const auto& w : writes) {
-          if (w.src == space::staging && !o.src_staging)
-            problem(fmt::format("{}: {} reads staging without staging", lname, text(w)));
-          do_write(w, &src_staging, &packed, src_staging_at, pb);
+        for (const auto& range : ranges) {
+          std::vector<planned_copy> pack;
+          std::vector<planned_write> writes;
+          plan_kv_chunk(link, p.lay, d.lay, runs, su, pack, writes, range);
+          split_pieces(writes, o.piece_bytes);
+          for (const auto& c : pack) {
+            ++res.copies;
+            if (!o.src_staging)
+              problem(fmt::format("{}: pack {} planned without staging", lname, text(c)));
+            if (c.from != space::kv || c.to != space::staging) {
+              problem(fmt::format("{}: pack {} is not kv -> staging", lname, text(c)));
+              continue;
+            }
+            if (!in_bounds(c.from_offset, c.length, p.mem[space::kv].size()) ||
+                !within(c.to_offset, c.length, src_staging_at, pb)) {
+              problem(fmt::format("{}: pack {} is outside kv or the packed range [{}, +{})", lname,
+                                  text(c), src_staging_at, pb));
+              continue;
+            }
+            std::copy(p.mem[space::kv].begin() + c.from_offset,
+                      p.mem[space::kv].begin() + c.from_offset + c.length,
+                      src_staging.begin() + c.to_offset);
+            std::fill(packed.begin() + c.to_offset, packed.begin() + c.to_offset + c.length, 1);
+          }
+          for (const auto& w : writes) {
+            if (w.src == space::staging && !o.src_staging)
+              problem(fmt::format("{}: {} reads staging without staging", lname, text(w)));
+            do_write(w, &src_staging, &packed, src_staging_at, pb);
+          }
         }
       }
       std::vector<planned_write> writes;
-      plan_state_link(link, p.lay, d.lay, p.slot, d.slot, writes);
+      if (o.layer_wise) {
+        auto ids = layer_ids(p.lay);
+        std::shuffle(ids.begin(), ids.end(), rng);
+        for (auto id : ids) plan_state_link(link, p.lay, d.lay, p.slot, d.slot, writes, {id, 1});
+      } else {
+        plan_state_link(link, p.lay, d.lay, p.slot, d.slot, writes);
+      }
       plan_aux_link(link, p.lay, d.lay, p.row, d.row, writes);
       split_pieces(writes, o.piece_bytes);
       for (const auto& w : writes) {
@@ -957,6 +976,35 @@ TEST_CASE("geometry property: PP prefill stages into a PP 1 decode, and PP 2 int
                      m, ps, pd, attention_only_first, attention_only_first,
                      sized_for(16, seed_of({11, ps, pd})));
     }
+}
+
+TEST_CASE("geometry property: a room planned one layer at a time moves the bytes of a whole room",
+          "[unit][geometry][geometry-property]") {
+  // Every layer of a prefill rank on its own, in a shuffled order: the same bytes land, each
+  // once, whole pages, packed slices (scatter), staged rows (gather) or per-token writes alike.
+  model pp = qwen_like(16);
+  pp.kv->layer_ids = {1, 4};
+  pp.mamba_layers = {0, 2, 3, 5};
+  const stages contiguous{{0, 1, 2}, {3, 4, 5}};
+  for (uint32_t ps : tp_sizes)
+    for (uint32_t pd : tp_sizes) {
+      auto o = sized_for(1, seed_of({20, ps, pd}));
+      o.layer_wise = true;
+      check_geometry(fmt::format("layer-wise Qwen3-Next-like, Ps={} Pd={}", ps, pd), qwen_like(),
+                     ps, pd, {}, {}, o);
+      auto q = sized_for(16, seed_of({21, ps, pd}));
+      q.layer_wise = true;
+      check_geometry(fmt::format("layer-wise PP 2 -> PP 1, Ps={} Pd={}", ps, pd), pp, ps, pd,
+                     contiguous, {}, q);
+      check_geometry(fmt::format("layer-wise PP 2 -> PP 2, Ps={} Pd={}", ps, pd), pp, ps, pd,
+                     contiguous, contiguous, q);
+    }
+  model mla;
+  mla.kv = kv_model{1, 6, 2, 16, true, {0, 1}};
+  mla.aux_row_bytes = 16;
+  auto o = sized_for(16, seed_of({22}));
+  o.layer_wise = true;
+  check_geometry("layer-wise MLA Ps=2 Pd=4", mla, 2, 4, {}, {}, o);
 }
 
 TEST_CASE("geometry property: a tensor without slice_axis moves whole between equal TP sizes",

@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <tuple>
 
 #include "core/geometry.hpp"
 #include "core/plan.hpp"
@@ -76,6 +78,63 @@ TEST_CASE("fragmented pages give two writes per layer buffer", "[unit][plan]") {
   // Second run, last buffer (V of layer 7).
   CHECK(w[7] == planned_write{space::kv, space::kv, bufs[3].offset + 40 * 1024,
                               bufs[3].offset + 10 * 1024, 2 * 1024});
+}
+
+TEST_CASE("a layer range plans the KV and state of its layers only", "[unit][plan]") {
+  auto cfg = qwen_like();  // KV layers 3 and 7, GDN state layers 0, 1, 2
+  auto layout = make_layout(cfg);
+  const auto link = same_link(cfg);
+  const auto runs = coalesce_runs(std::vector<uint32_t>{10, 11}, std::vector<uint32_t>{7, 8});
+  std::vector<planned_write> whole, by_layer;
+  std::vector<planned_copy> pack;
+  plan_kv_chunk(link, layout, layout, runs, {}, pack, whole);
+  plan_state_link(link, layout, layout, 1, 2, whole);
+  const auto& kv = layout[pool_kind::kv].buffers;
+  // Layer 7 alone: its K and V (buffers 1 and 3), no state.
+  std::vector<planned_write> w;
+  plan_kv_chunk(link, layout, layout, runs, {}, pack, w, {7, 1});
+  plan_state_link(link, layout, layout, 1, 2, w, {7, 1});
+  CHECK(w == std::vector<planned_write>{
+                 {space::kv, space::kv, kv[1].offset + 10 * 1024, kv[1].offset + 7 * 1024, 2048},
+                 {space::kv, space::kv, kv[3].offset + 10 * 1024, kv[3].offset + 7 * 1024, 2048}});
+  // Layer 1 alone: no KV, the conv and temporal state of layer 1 (buffers 1 and 4).
+  w.clear();
+  plan_kv_chunk(link, layout, layout, runs, {}, pack, w, {1, 1});
+  plan_state_link(link, layout, layout, 1, 2, w, {1, 1});
+  const auto& st = layout[pool_kind::state].buffers;
+  REQUIRE(w.size() == 2);
+  CHECK(w[0].src_offset == st[1].offset + st[1].item_bytes);
+  CHECK(w[1].dst_offset == st[4].offset + 2 * st[4].item_bytes);
+  // Every layer one at a time gives the whole room's writes, each once.
+  for (uint32_t l = 0; l < 8; ++l) {
+    plan_kv_chunk(link, layout, layout, runs, {}, pack, by_layer, {l, 1});
+    plan_state_link(link, layout, layout, 1, 2, by_layer, {l, 1});
+  }
+  auto key = [](const planned_write& a, const planned_write& b) {
+    return std::tie(a.dst, a.dst_offset) < std::tie(b.dst, b.dst_offset);
+  };
+  std::sort(whole.begin(), whole.end(), key);
+  std::sort(by_layer.begin(), by_layer.end(), key);
+  CHECK(by_layer == whole);
+}
+
+TEST_CASE("a layer range keeps each KV buffer's place in the decode's staging", "[unit][plan]") {
+  // TP2 -> TP1: the prefill row is a slice of the decode row; whole runs land in the decode's
+  // staging at [buffer pair][position][token][slice], so layer 7's place does not move when
+  // layer 3 is left out.
+  const auto link = make_link_plan(qwen_rank(2, 1), qwen_rank(1, 0)).value;
+  REQUIRE(link.kv == kv_mode::unpack);
+  const auto src = make_layout(qwen_rank(2, 1).pools), dst = make_layout(qwen_rank(1, 0).pools);
+  const auto runs = coalesce_runs(std::vector<uint32_t>{4, 5}, std::vector<uint32_t>{0, 1});
+  staging_use su;
+  su.dst = 4096;
+  su.room_pages = 2;
+  std::vector<planned_write> whole, one;
+  std::vector<planned_copy> pack;
+  plan_kv_chunk(link, src, dst, runs, su, pack, whole);
+  plan_kv_chunk(link, src, dst, runs, su, pack, one, {7, 1});
+  REQUIRE(whole.size() == 4);  // K3, K7, V3, V7
+  CHECK(one == std::vector<planned_write>{whole[1], whole[3]});
 }
 
 TEST_CASE("layouts put K then V buffers, tensor-major state, aligned", "[unit][plan]") {

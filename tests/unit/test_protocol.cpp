@@ -31,10 +31,12 @@ TEST_CASE("every message round-trips", "[unit][protocol]") {
   CHECK(q.state_slot == 3);
   CHECK(q.aux_row == 5);
 
-  send s{42, {1, 2}, true, 0, 1};
+  send s{42, {1, 2}, true, 0, 1, 12, 3};
   auto sd = std::get<send>(*roundtrip(s).msg);
   CHECK(sd.last);
   CHECK(sd.src_pages == std::vector<uint32_t>{1, 2});
+  CHECK(sd.first_layer == 12);
+  CHECK(sd.layer_count == 3);
 
   hello_reply h;
   h.node = "decode-0";
@@ -81,6 +83,23 @@ TEST_CASE("a second state slot in a send frame is rejected, not read as a list",
   CHECK_FALSE(d->msg);
   CHECK(d->code == errc::malformed_frame);
   CHECK(d->error == "malformed send frame: 4 unexpected bytes after the last field");
+}
+
+TEST_CASE("a send's layer range is on the wire from version 6 on", "[unit][protocol]") {
+  const send s{42, {1, 2}, false, no_index, no_index, 8, 4};
+  auto v6 = encode(s, 3, 6);
+  auto v5 = encode(s, 3, 5);
+  CHECK(v6.size() == v5.size() + 8);
+  // A v5 connection cannot carry the range: it decodes as a whole send.
+  auto d5 = decode(3, 3, std::span<const uint8_t>(v5).subspan(12), 5);
+  REQUIRE(d5.msg);
+  CHECK(std::get<send>(*d5.msg).layer_count == 0);
+  CHECK(std::get<send>(*d5.msg).first_layer == 0);
+  // A v5 frame read as v6 lacks the range, and a v6 frame read as v5 has 8 bytes too many.
+  CHECK(decode(3, 3, std::span<const uint8_t>(v5).subspan(12), 6).error ==
+        "malformed send frame: truncated at field 'first_layer': needs 4 bytes, 0 remain");
+  CHECK(decode(3, 3, std::span<const uint8_t>(v6).subspan(12), 5).error ==
+        "malformed send frame: 8 unexpected bytes after the last field");
 }
 
 TEST_CASE("malformed and oversized frames get errors naming the problem", "[unit][protocol]") {

@@ -114,3 +114,28 @@ TEST_CASE("request checks: a send's slot and row go with its last chunk only, po
   CHECK(refusal(check_send(cfg, layout, s)) ==
         "room 3: src pages given but this daemon has no kv pool");
 }
+
+TEST_CASE("request checks: a send's layer range lies within this rank's layers",
+          "[unit][request_checks]") {
+  // The shipped config: 48 layers, KV at 3, 7, ..., 47, GDN state at the others.
+  const auto cfg = hybrid();
+  const auto layout = make_layout(cfg.pools);
+  proto::send s{3, {0, 1}, false, no_index, no_index, 0, 1};
+  CHECK(check_send(cfg, layout, s));
+  s.first_layer = 47;
+  CHECK(check_send(cfg, layout, s));
+  s.first_layer = 40, s.layer_count = 12;
+  CHECK(refusal(check_send(cfg, layout, s)) ==
+        "room 3: layers [40, 52) reach outside this rank's layers 0..47");
+  s.first_layer = 48, s.layer_count = 1;
+  CHECK(refusal(check_send(cfg, layout, s)) ==
+        "room 3: layers [48, 49) reach outside this rank's layers 0..47");
+  s.first_layer = 5, s.layer_count = 0;
+  CHECK(refusal(check_send(cfg, layout, s)) ==
+        "room 3: first_layer 5 given with layer_count 0 (a layer_count of 0 sends every layer)");
+  // The last chunk's ranges each carry the slot and the row, as a whole last send does.
+  proto::send last{3, {}, true, 1, 2, 3, 1};
+  CHECK(check_send(cfg, layout, last));
+  last.aux_row = no_index;
+  CHECK(refusal(check_send(cfg, layout, last)) == "room 3: exactly one src aux row is required");
+}

@@ -1,7 +1,7 @@
 // core/sender_room.hpp: every (phase, event) pair of a prefill room, table-driven; a test
 // enumerates the pairs so one without its row fails. The room feeds two decode ranks (a TP1
-// prefill, TP2 decode) of two pages; the tests after the table cover the announcement, the drain
-// and the reasons.
+// prefill, TP2 decode) of two pages, and its rank holds layers 0, 3, 4 and 7; the tests after
+// the table cover the announcement, layer-wise sends, the drain and the reasons.
 
 #include <catch2/catch.hpp>
 #include <map>
@@ -18,7 +18,7 @@ constexpr lifecycle_limits limits{100, 200, 300, 1000, 50};
 
 /// Applies effects the way the actor does: one live deadline per kind, by generation.
 struct harness {
-  room m{7, limits, 0, 1, 0};
+  room m{7, limits, 0, 1, 0, {0, 3, 4, 7}};
   std::map<deadline_kind, uint64_t> live;
 
   std::string apply(const effects& fx) {
@@ -66,6 +66,14 @@ struct harness {
     c.last = last;
     return c;
   }
+  /// The layers [first, first + count) of a chunk.
+  static proto::send layers(std::vector<uint32_t> pages, uint32_t first, uint32_t count,
+                            bool last = false) {
+    auto c = chunk(std::move(pages), last);
+    c.first_layer = first;
+    c.layer_count = count;
+    return c;
+  }
   std::string expire(deadline_kind k) {
     const auto it = live.find(k);
     const uint64_t gen = it == live.end() ? 12345 : it->second;  // not armed: any is stale
@@ -85,6 +93,9 @@ enum class ev {
   chunk_last,
   chunk_overrun,
   chunk_repeat,
+  chunk_layer,
+  chunk_layer_again,
+  chunk_other_open,
   posted,
   chunk_posted,
   pumped,
@@ -108,6 +119,9 @@ constexpr ev all_events[] = {ev::prepare_new,
                              ev::chunk_last,
                              ev::chunk_overrun,
                              ev::chunk_repeat,
+                             ev::chunk_layer,
+                             ev::chunk_layer_again,
+                             ev::chunk_other_open,
                              ev::posted,
                              ev::chunk_posted,
                              ev::pumped,
@@ -131,6 +145,9 @@ const char* name(ev e) {
                                 "chunk_last",
                                 "chunk_overrun",
                                 "chunk_repeat",
+                                "chunk_layer",
+                                "chunk_layer_again",
+                                "chunk_other_open",
                                 "posted",
                                 "chunk_posted",
                                 "pumped",
@@ -213,6 +230,14 @@ std::string run(harness& h, ev e) {
       return h.apply(h.m.chunk(harness::chunk({300, 301, 302})));
     case ev::chunk_repeat:
       return h.apply(h.m.chunk(harness::chunk({10})));
+    case ev::chunk_layer:  // layers 0 and 3 of a new chunk: it opens, not complete
+      return h.apply(h.m.chunk(harness::layers({200}, 0, 4)));
+    case ev::chunk_layer_again:  // layer 0 of a new chunk, then layer 0 again: the second
+      h.apply(h.m.chunk(harness::layers({200}, 0, 1)));
+      return h.apply(h.m.chunk(harness::layers({200}, 0, 1)));
+    case ev::chunk_other_open:  // layer 0 of a new chunk, then another chunk: the second
+      h.apply(h.m.chunk(harness::layers({200}, 0, 1)));
+      return h.apply(h.m.chunk(harness::layers({201}, 3, 1)));
     case ev::posted:
       return h.apply(h.m.posted(0, 7, 1, 50));
     case ev::chunk_posted:
@@ -270,6 +295,9 @@ const row table[] = {
   {P::bootstrapping, ev::chunk_last,           P::bootstrapping, "reply_ok"},
   {P::bootstrapping, ev::chunk_overrun,        P::bootstrapping, "reply_ok"},  // checked once ready
   {P::bootstrapping, ev::chunk_repeat,         P::bootstrapping, "reply_err"},
+  {P::bootstrapping, ev::chunk_layer,          P::bootstrapping, "reply_ok"},
+  {P::bootstrapping, ev::chunk_layer_again,    P::bootstrapping, "reply_err"},
+  {P::bootstrapping, ev::chunk_other_open,     P::bootstrapping, "reply_err"},
   {P::bootstrapping, ev::posted,               P::bootstrapping, ""},  // nothing can post yet
   {P::bootstrapping, ev::chunk_posted,         P::bootstrapping, ""},
   {P::bootstrapping, ev::pumped,               P::bootstrapping, ""},
@@ -293,6 +321,9 @@ const row table[] = {
   {P::waiting_for_input, ev::chunk_last,           P::waiting_for_input, "post_chunk reply_ok"},
   {P::waiting_for_input, ev::chunk_overrun,        P::waiting_for_input, "reply_err"},
   {P::waiting_for_input, ev::chunk_repeat,         P::waiting_for_input, "reply_err"},
+  {P::waiting_for_input, ev::chunk_layer,          P::waiting_for_input, "post_chunk reply_ok"},
+  {P::waiting_for_input, ev::chunk_layer_again,    P::waiting_for_input, "reply_err"},
+  {P::waiting_for_input, ev::chunk_other_open,     P::waiting_for_input, "reply_err"},
   {P::waiting_for_input, ev::posted,               P::transferring, "report:Transferring"},
   {P::waiting_for_input, ev::chunk_posted,         P::waiting_for_input, ""},
   {P::waiting_for_input, ev::pumped,               P::waiting_for_input, ""},
@@ -316,6 +347,9 @@ const row table[] = {
   {P::transferring, ev::chunk_last,           P::transferring, "post_chunk reply_ok"},
   {P::transferring, ev::chunk_overrun,        P::transferring, "reply_err"},
   {P::transferring, ev::chunk_repeat,         P::transferring, "reply_err"},
+  {P::transferring, ev::chunk_layer,          P::transferring, "post_chunk reply_ok"},
+  {P::transferring, ev::chunk_layer_again,    P::transferring, "reply_err"},
+  {P::transferring, ev::chunk_other_open,     P::transferring, "reply_err"},
   {P::transferring, ev::posted,               P::transferring, ""},
   {P::transferring, ev::chunk_posted,         P::transferring, ""},
   {P::transferring, ev::pumped,               P::transferring, ""},
@@ -339,6 +373,9 @@ const row table[] = {
   {P::draining, ev::chunk_last,           P::draining, "reply_err"},
   {P::draining, ev::chunk_overrun,        P::draining, "reply_err"},
   {P::draining, ev::chunk_repeat,         P::draining, "reply_err"},
+  {P::draining, ev::chunk_layer,          P::draining, "reply_err"},
+  {P::draining, ev::chunk_layer_again,    P::draining, "reply_err"},
+  {P::draining, ev::chunk_other_open,     P::draining, "reply_err"},
   {P::draining, ev::posted,               P::draining, ""},
   {P::draining, ev::chunk_posted,         P::draining, ""},
   {P::draining, ev::pumped,               P::draining, ""},
@@ -362,6 +399,9 @@ const row table[] = {
   {P::success, ev::chunk_last,           P::success, "reply_err"},
   {P::success, ev::chunk_overrun,        P::success, "reply_err"},
   {P::success, ev::chunk_repeat,         P::success, "reply_err"},
+  {P::success, ev::chunk_layer,          P::success, "reply_err"},
+  {P::success, ev::chunk_layer_again,    P::success, "reply_err"},
+  {P::success, ev::chunk_other_open,     P::success, "reply_err"},
   {P::success, ev::posted,               P::success, ""},
   {P::success, ev::chunk_posted,         P::success, ""},
   {P::success, ev::pumped,               P::success, ""},
@@ -384,6 +424,9 @@ const row table[] = {
   {P::failed, ev::chunk_last,           P::failed, "reply_err"},
   {P::failed, ev::chunk_overrun,        P::failed, "reply_err"},
   {P::failed, ev::chunk_repeat,         P::failed, "reply_err"},
+  {P::failed, ev::chunk_layer,          P::failed, "reply_err"},
+  {P::failed, ev::chunk_layer_again,    P::failed, "reply_err"},
+  {P::failed, ev::chunk_other_open,     P::failed, "reply_err"},
   {P::failed, ev::posted,               P::failed, ""},
   {P::failed, ev::chunk_posted,         P::failed, ""},
   {P::failed, ev::pumped,               P::failed, ""},
@@ -546,4 +589,89 @@ TEST_CASE("sender room: refusals and failures say what was wrong", "[unit][sende
   CHECK(x.m.lifecycle().fail_reason() ==
         "timed out in WaitingForInput after 200 ms (waiting for the client's first chunk)");
   CHECK(x.m.lifecycle().fail_code() == errc::timed_out);
+}
+
+TEST_CASE("sender room: a chunk sent in layer ranges ends the room with its last range",
+          "[unit][sender_room]") {
+  harness h;
+  bring_to(h, room_phase::transferring);  // chunk {10} at position 0
+  auto post_of = [](const effects& fx) {
+    REQUIRE(fx.size() == 2);
+    return std::get<post_chunk>(fx[0]);
+  };
+  auto p = post_of(h.m.chunk(harness::layers({101}, 7, 1, true)));
+  CHECK(p.first == 1);
+  CHECK(p.chunk.first_layer == 7);
+  CHECK_FALSE(p.ends_room);  // the state of layer 7 goes, not the aux row
+  CHECK(h.apply(h.m.chunk_posted(false)) == "");
+  p = post_of(h.m.chunk(harness::layers({101}, 0, 4, true)));
+  CHECK(p.first == 1);
+  CHECK_FALSE(p.ends_room);
+  CHECK(h.apply(h.m.chunk_posted(false)) == "");  // layer 4 is still to come: no announcement
+  p = post_of(h.m.chunk(harness::layers({101}, 4, 1, true)));
+  CHECK(p.ends_room);  // the last range of the last chunk: the aux row goes with it
+  CHECK(h.apply(h.m.chunk_posted(false)) == "announce");
+  CHECK(std::get<reply>(h.m.chunk(harness::layers({300}, 4, 1, true))[0]).outcome.message ==
+        "room 7: the last chunk was already sent (2 pages); no further chunk is accepted");
+}
+
+TEST_CASE("sender room: layer ranges queued before the prepares take their positions once",
+          "[unit][sender_room]") {
+  harness h;
+  h.apply(h.m.start());
+  CHECK(h.apply(h.m.chunk(harness::layers({10}, 3, 5))) == "reply_ok");  // 3, 4, 7
+  CHECK(h.apply(h.m.chunk(harness::layers({10}, 0, 1))) == "reply_ok");  // 0: chunk 0 complete
+  CHECK(h.apply(h.m.chunk(harness::layers({11}, 0, 3, true))) == "reply_ok");
+  CHECK(h.apply(h.m.chunk(harness::layers({11}, 0, 3, true))) == "reply_err");  // layer 0 again
+  CHECK(h.apply(h.m.chunk(harness::layers({11}, 3, 5, true))) == "reply_ok");
+  h.apply(h.m.prepare(h.rank(1)));
+  const auto fx = h.m.prepare(h.rank(2));
+  std::vector<std::pair<uint32_t, bool>> posts;  // (first, ends_room)
+  for (const auto& e : fx)
+    if (const auto* p = std::get_if<post_chunk>(&e)) posts.emplace_back(p->first, p->ends_room);
+  CHECK(posts ==
+        std::vector<std::pair<uint32_t, bool>>{{0, false}, {0, false}, {1, false}, {1, true}});
+  CHECK(h.apply(fx) == "ack_ok report:WaitingForInput post_chunk post_chunk post_chunk post_chunk");
+  for (int i = 0; i < 4; ++i) h.apply(h.m.chunk_posted(false));
+  CHECK(h.m.phase() == room_phase::transferring);  // announced: a room of no writes commits
+}
+
+TEST_CASE("sender room: layer ranges are refused with what was wrong", "[unit][sender_room]") {
+  harness h;
+  bring_to(h, room_phase::transferring);
+  auto text = [&](proto::send c) {
+    const auto fx = h.m.chunk(std::move(c));
+    REQUIRE(fx.size() == 1);
+    return std::get<reply>(fx[0]).outcome.message;
+  };
+  h.apply(h.m.chunk(harness::layers({101}, 0, 1, true)));
+  CHECK(text(harness::layers({101}, 0, 8, true)) == "room 7: layer 0 of chunk 1 was already sent");
+  CHECK(text(harness::layers({102}, 3, 1, true)) ==
+        "room 7: chunk 1 is still open (3 of its 4 layers to send, layer 3 first): send them, "
+        "naming the same pages, before another chunk");
+  CHECK(text(harness::layers({101}, 3, 1)) ==
+        "room 7: chunk 1 was opened with last=1; a layer range of it cannot say last=0");
+  CHECK(text(harness::layers({101}, 1, 2, true)) ==
+        "room 7: layers [1, 3) name none of this rank's layers");
+  // A new chunk's pages may not repeat an earlier chunk's, as for whole sends.
+  harness g;
+  bring_to(g, room_phase::transferring);
+  const auto fx = g.m.chunk(harness::layers({10}, 0, 1));
+  CHECK(std::get<reply>(fx[0]).outcome.message ==
+        "room 7: src page 10 (position 0) was already sent in an earlier chunk of this room");
+}
+
+TEST_CASE("sender room: a cancel in the middle of a layer-wise room drains its posted layers",
+          "[unit][sender_room]") {
+  harness h;
+  bring_to(h, room_phase::transferring);  // batch 1 in flight
+  h.apply(h.m.chunk(harness::layers({101}, 0, 4, true)));
+  h.apply(h.m.posted(0, 2, 2, 200));
+  h.apply(h.m.chunk_posted(false));
+  CHECK(h.apply(h.m.cancel("cancelled by the client")) == "tell_failed life");
+  CHECK(std::get<reply>(h.m.chunk(harness::layers({101}, 4, 4, true))[0]).outcome.code ==
+        errc::cancelled);
+  CHECK(h.apply(h.m.batch_done(1, 1, 0, {})) == "");
+  CHECK(h.apply(h.m.batch_done(2, 2, 0, {})) == "tell_drained report:Failed");
+  CHECK(h.m.links()[0].completed == 3);
 }

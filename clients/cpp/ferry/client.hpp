@@ -131,12 +131,18 @@ class client {
   /// ferry::client::daemon_config (ferry/daemon_config.hpp, not installed: it needs yaml-cpp).
 
   result<none> prepare(const proto::prepare& p);
+  /// One chunk of a room, or (v6) one layer range of a chunk (`first_layer`, `layer_count`:
+  /// docs/protocol.md, "Layer-wise sends"); a layer range on an older connection is refused
+  /// (unsupported_version) rather than sent as a whole chunk.
   result<none> send(const proto::send& s);
   /// Several requests in one write, their replies read as they come (one round trip for all):
   /// what an engine does for the requests of one scheduler step. Each gets its own result, as
   /// if made alone; a lost connection fails the rest. Takes prepare, send, subscribe and
   /// cancel (the requests answered with ok); anything else fails the call before it is sent.
   std::vector<result<none>> pipeline(const std::vector<proto::message>& requests);
+  /// The global layer ids the daemon's rank holds (its KV and state buffers), ascending: what a
+  /// layer range names.
+  std::vector<uint32_t> layers() const;
   result<proto::poll_reply> poll(uint64_t room);
   /// v4: lend the daemon this process's memory for a `memory: client` pool: `fds` (memfds,
   /// sealed against shrinking) go with the frame (SCM_RIGHTS); `req.fd_count` is set from them.

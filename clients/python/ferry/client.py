@@ -11,7 +11,7 @@
 Any number of threads may issue requests at once: each request gets its own seq and waits for
 its own reply, whatever order ferryd answers in. Pushed events go to the callbacks registered
 with :meth:`Client.on_event`, to the queue of :meth:`Client.events` and to
-:meth:`Client.wait_terminal`. The client offers protocol versions 3..5 by default and speaks
+:meth:`Client.wait_terminal`. The client offers protocol versions 3..6 by default and speaks
 what ferryd's ``hello_reply`` says (``client.version``), falling back to version 3 with an old
 daemon.
 
@@ -86,10 +86,31 @@ class Client(Connection):
 
     def send(self, room: int, src_pages: Sequence[int], last: bool = False,
              state_slot: Optional[int] = None, aux_row: Optional[int] = None, *,
+             first_layer: int = 0, layer_count: int = 0,
              timeout: Optional[float] = None) -> None:
         """Prefill side: one chunk of ``room``; the last chunk carries the one state slot and
-        the aux row."""
-        self.request(Send(room, list(src_pages), bool(last), state_slot, aux_row), timeout)
+        the aux row.
+
+        (v6) With ``layer_count`` > 0 the send carries the layers ``[first_layer, first_layer +
+        layer_count)`` of the chunk only (global layer ids, within :attr:`layers`), so an engine
+        sends each layer as its forward pass produces it: every send of a chunk names the
+        chunk's pages (and, on the last chunk, the state slot and the aux row), each layer once;
+        the chunk is complete once every layer was sent, and the send that completes the last
+        chunk carries the aux row (docs/protocol.md, "Layer-wise sends")."""
+        if (first_layer or layer_count) and self.version < 6:
+            raise FerryError(Errc.UNSUPPORTED_VERSION,
+                             f"a layer range needs protocol version 6; this connection speaks "
+                             f"{self.version}")
+        self.request(Send(room, list(src_pages), bool(last), state_slot, aux_row,
+                          first_layer, layer_count), timeout)
+
+    @property
+    def layers(self) -> list[int]:
+        """The global layer ids the daemon's rank holds (its KV and state buffers), ascending:
+        what a layer range of :meth:`send` names."""
+        ids = {b.layer_id for kind in ("kv", "state") for b in self.pools[kind].buffers
+               if self.pools[kind].present}
+        return sorted(ids)
 
     def poll(self, room: int, *, timeout: Optional[float] = None) -> PollReply:
         """The room's status (``.status``, a :class:`Status`), ``.code`` (v4; None in v3) and,

@@ -247,7 +247,9 @@ def _decode_body(mtype: MessageType, r: _Reader) -> Message:
                        r.num(4, "prefix_tokens") if r.version >= 4 else 0)
     if mtype == MessageType.SEND:
         return Send(r.num(8, "room"), r.int_list(4, "src_pages"), r.boolean("last"),
-                    r.index("state_slot"), r.index("aux_row"))
+                    r.index("state_slot"), r.index("aux_row"),
+                    r.num(4, "first_layer") if r.version >= 6 else 0,
+                    r.num(4, "layer_count") if r.version >= 6 else 0)
     if mtype == MessageType.POLL:
         return Poll(r.num(8, "room"))
     if mtype == MessageType.CANCEL:

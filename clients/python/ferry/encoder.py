@@ -132,6 +132,12 @@ def _encode_body(w: _Writer, m: Message) -> None:
         w.boolean(m.last, "last")
         w.index(m.state_slot, "state_slot")
         w.index(m.aux_row, "aux_row")
+        if w.version >= 6:
+            w.num(m.first_layer, 4, "first_layer")
+            w.num(m.layer_count, 4, "layer_count")
+        elif m.first_layer or m.layer_count:
+            raise EncodeError(f"a layer range needs protocol version 6; this connection speaks "
+                              f"{w.version}", message_type="send")
     elif isinstance(m, (Poll, Cancel, Subscribe)):
         w.num(m.room, 8, "room")
     elif isinstance(m, Info):

@@ -1,5 +1,5 @@
 """The client protocol's vocabulary (docs/protocol.md): versions and limits, frame types, enums,
-and one dataclass per message of versions 3, 4 and 5.
+and one dataclass per message of versions 3 to 6.
 
 Pure data: :mod:`ferry.encoder` turns these messages into frames, :mod:`ferry.decoder` reads
 them back and :mod:`ferry.frames` cuts a byte stream into frames; :mod:`ferry.protocol` gathers
@@ -18,11 +18,11 @@ from typing import NamedTuple, Optional, Union
 
 from .errors import Errc
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 """The highest protocol version this codec speaks."""
 MIN_PROTOCOL_VERSION = 3
 """The lowest protocol version this codec speaks."""
-SUPPORTED_VERSIONS = (3, 4, 5)
+SUPPORTED_VERSIONS = (3, 4, 5, 6)
 
 NO_INDEX = 0xFFFFFFFF
 """``no_index``: the wire value of an absent state slot or aux row (``None`` in Python)."""
@@ -217,13 +217,19 @@ class Prepare:
 
 @dataclass
 class Send:
-    """Prefill side: one chunk of a room; only the last carries the state slot and aux row."""
+    """Prefill side: one chunk of a room, or (v6) the layers ``[first_layer, first_layer +
+    layer_count)`` of one chunk (``layer_count`` 0: every layer); the last chunk's sends carry
+    the state slot and aux row (docs/protocol.md, "Layer-wise sends")."""
 
     room: int = 0
     src_pages: list[int] = field(default_factory=list)
     last: bool = False
     state_slot: Optional[int] = None
     aux_row: Optional[int] = None
+    first_layer: int = 0
+    """v6: the first global layer id of the range; not on the wire before v6."""
+    layer_count: int = 0
+    """v6: layers in the range (0: every layer of the daemon's rank)."""
 
 
 @dataclass
