@@ -97,8 +97,12 @@ struct fabric_config {
   uint64_t max_inflight_bytes = 0;
   uint64_t write_piece_bytes = 1 << 20;  ///< large state tensors are split into pieces this size
   /// Registered bounce memory for head-sliced KV under a TP mismatch (pack at the source,
-  /// unpack at the destination); 0 disables it (then one write per token and layer).
+  /// unpack at the destination) and for small runs of fragmented page lists; 0 disables it
+  /// (then one write per token and layer, and one write per run).
   uint64_t staging_bytes = 256ull << 20;
+  /// One write is worth this many bytes of copying: runs of pages smaller than this are packed
+  /// through staging when the writes saved outweigh the copies (core/pack.hpp); 0: never.
+  uint64_t pack_threshold_bytes = 32768;
 };
 
 struct timeouts_config {

@@ -109,7 +109,7 @@ void room::select(effects& out) {
   reserve_and_prepare(out);
 }
 
-/// Reserve one staging block for every link whose KV lands sliced, then send the prepares.
+/// Reserve one staging block for every link whose KV lands in staging, then send the prepares.
 void room::reserve_and_prepare(effects& out) {
   if (!selected_ || prepared_ || reserving_ || ended()) return;
   if (staging_need_ && !staging_) {

@@ -5,14 +5,16 @@
 /// done, a cancel, a peer down, a deadline), its outputs are effects (reserve staging, send the
 /// prepares, tell the ranks the outcome, unpack, fence a rank, release staging, and the
 /// lifecycle's status reports and deadlines). The actor keeps the data plane: it looks the
-/// named peers up, sends the messages, copies head-sliced KV out of staging.
+/// named peers up, decides which links land in staging (core/pack.hpp), sends the messages,
+/// copies KV out of staging.
 ///
 /// The rules, on top of the lifecycle's (core/room_lifecycle.hpp):
 /// - Once every named peer is resolved (handshake done or failed), the ranks the geometry needs
 ///   are selected among the usable ones (select_prefill_peers); an unusable peer matters only if
-///   it is needed. Head-sliced KV lands in one staging block for the room, reserved before the
-///   prepares go out (the room waits in Bootstrapping when staging is full; a room larger than
-///   the whole area falls back to one write per token).
+///   it is needed. KV that lands in staging (head-sliced KV to unpack, or a fragmented page
+///   list's whole pages to scatter) lands in one staging block for the room, reserved before
+///   the prepares go out (the room waits in Bootstrapping when staging is full; a room larger
+///   than the whole area falls back to one write per token, or per run).
 /// - WaitingForInput once every selected rank accepted; Transferring at the first write landed
 ///   or announcement. Success is never inferred from a local event: only when the writes counted
 ///   as landed (remote CQ data) equal the sum of every rank's announced total, then after the
@@ -48,7 +50,7 @@ struct link_record {
   size_t named = 0;
   std::string address;
   uint64_t token = 0;
-  uint64_t unpack_bytes = 0;        ///< staging its head-sliced KV needs (0: none)
+  uint64_t unpack_bytes = 0;        ///< staging its KV lands in (0: none)
   std::optional<uint64_t> staging;  ///< where in the room's block it lands
   bool accepted = false;
   bool refused = false;  ///< refused the prepare: it never writes
@@ -68,7 +70,8 @@ struct link_record {
 struct reserve_staging {
   uint64_t bytes;
 };
-/// Head-sliced KV needs more staging than the whole area: one write per token instead.
+/// The room's KV would need more staging than the whole area: one write per token (sliced) or
+/// per run (whole pages) instead.
 struct no_staging {
   uint64_t need;
 };
@@ -84,7 +87,7 @@ struct tell {
 struct failed {
   std::string reason;
 };
-/// Copy head-sliced KV from staging into the pages (links with `staging`); then `unpacked`.
+/// Copy the KV that landed in staging into the pages (links with `staging`); then `unpacked`.
 struct unpack {};
 /// The room's staging block may be reused.
 struct release_staging {
@@ -112,7 +115,8 @@ class room {
   room() = default;
 
   effects start();
-  /// Named peer `i` finished its handshake: its geometry, and the staging its KV would need.
+  /// Named peer `i` finished its handshake: its geometry, and the staging its KV would land in
+  /// (plan_landing).
   effects resolved(size_t i, const rank_schema& schema, uint64_t unpack_bytes);
   /// Named peer `i` cannot be used (its handshake failed).
   effects unusable(size_t i, errc code, std::string why);
