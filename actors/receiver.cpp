@@ -293,9 +293,9 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
               auto& st = self->state;
               if (r.info) {
                 const auto& c = *st.ctx;
-                const auto land = plan_landing(*r.info->link, st.prep.dst_pages,
-                                               c.config.fabric.pack_threshold_bytes,
-                                               c.staging ? c.staging->bytes : 0);
+                const auto land =
+                    plan_landing(*r.info->link, st.prep.dst_pages, c.config.fabric.pack_threshold(),
+                                 c.staging ? c.staging->bytes : 0);
                 if (land.scatter)
                   c.log_room->debug("room={} peer={} {}", st.prep.room, r.info->address,
                                     land.describe());

@@ -225,7 +225,7 @@ void post_link(sender_actor* self, size_t i, const proto::send& chunk, uint32_t 
     if (l.prep.dst_staging != no_staging) o.dst_staging = l.prep.dst_staging;
     o.room_pages = static_cast<uint32_t>(l.prep.dst_pages.size());
     o.slice_bytes = ctx.staging ? pack_slice_bytes(ctx) : 0;
-    o.threshold = ctx.config.fabric.pack_threshold_bytes;
+    o.threshold = ctx.config.fabric.pack_threshold();
     auto plan = plan_kv(link, ctx.layout, l.peer->layout,
                         coalesce_runs(chunk.src_pages, dst_pages, first), o);
     if (ctx.log_room->should_log(spdlog::level::debug))  // the plan says how and why

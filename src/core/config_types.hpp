@@ -102,7 +102,13 @@ struct fabric_config {
   uint64_t staging_bytes = 256ull << 20;
   /// One write is worth this many bytes of copying: runs of pages smaller than this are packed
   /// through staging when the writes saved outweigh the copies (core/pack.hpp); 0: never.
-  uint64_t pack_threshold_bytes = 32768;
+  /// Unset: by provider (`pack_threshold()`).
+  std::optional<uint64_t> pack_threshold_bytes;
+
+  /// The effective pack_threshold_bytes: as set, else what was measured for the provider
+  /// (docs/performance.md §2): 65536 where every write is a socket send (tcp, sockets), 8192
+  /// elsewhere (shm; verbs and efa were not measured).
+  uint64_t pack_threshold() const;
 };
 
 struct timeouts_config {

@@ -79,7 +79,7 @@ struct kv_decision {
   uint64_t threshold = 0;
   /// One line, e.g. "whole-pages to the decode's staging: 2049 runs of 2.0 KiB per buffer on
   /// average; 2049 gathered through staging (96.0 MiB copied) into 24 writes, 0 direct
-  /// (threshold 32768 B; one write per run would be 49176)".
+  /// (threshold 65536 B; one write per run would be 49176)".
   std::string describe() const;
 };
 
