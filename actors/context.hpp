@@ -56,6 +56,11 @@ struct staging_area {
     ++waits_;
     return std::nullopt;
   }
+  /// Allocate, or nullopt when full (no wake-up asked for).
+  std::optional<uint64_t> try_allocate(uint64_t n) {
+    std::lock_guard lock(mutex_);
+    return ranges_.allocate(n);
+  }
   void release(uint64_t offset) {
     std::vector<caf::actor> wake;
     {

@@ -113,7 +113,18 @@ void apply(receiver_actor* self, receiver::effects fx) {
         [&](auto& x) {
           using E = std::decay_t<decltype(x)>;
           if constexpr (std::is_same_v<E, receiver::reserve_staging>) {
-            auto at = st.ctx->staging->allocate_or_wait(x.bytes, caf::actor_cast<caf::actor>(self));
+            auto at = x.wait ? st.ctx->staging->allocate_or_wait(x.bytes,
+                                                                 caf::actor_cast<caf::actor>(self))
+                             : st.ctx->staging->try_allocate(x.bytes);
+            if (!at && !x.wait) {
+              apply(self, feed(
+                              st,
+                              [] {
+                                return json{{"e", "staging_declined"}};
+                              },
+                              [&] { return st.machine.staging_declined(); }));
+              return;
+            }
             if (!at) {
               st.ctx->log_room->debug("room={} waiting for {} bytes of staging", st.prep.room,
                                       x.bytes);
@@ -126,6 +137,13 @@ void apply(receiver_actor* self, receiver::effects fx) {
                             },
                             [&] { return st.machine.staging_reserved(*at); }));
           } else if constexpr (std::is_same_v<E, receiver::no_staging>) {
+            if (x.full) {
+              st.ctx->log_room->debug(
+                  "room={} staging is full: its KV goes one write per run, not through {} bytes "
+                  "of staging",
+                  st.prep.room, x.need);
+              return;
+            }
             st.ctx->log_room->info(
                 "room={} KV would land in {} bytes of staging but fabric.staging_bytes is {}; "
                 "head-sliced KV goes one write per token, whole pages one write per run",
@@ -302,15 +320,17 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
                 const auto need = land.bytes;
                 const auto schema = r.info->schema;
                 if (!st.named[i]) st.named[i] = std::move(r.info);
-                apply(self, feed(
-                                st,
-                                [&] {
-                                  return json{{"e", "resolved"},
-                                              {"i", i},
-                                              {"schema", trace::schema_json(schema)},
-                                              {"unpack", need}};
-                                },
-                                [&] { return st.machine.resolved(i, schema, need); }));
+                apply(self,
+                      feed(
+                          st,
+                          [&] {
+                            return json{{"e", "resolved"},
+                                        {"i", i},
+                                        {"schema", trace::schema_json(schema)},
+                                        {"unpack", need},
+                                        {"optional", land.scatter}};
+                          },
+                          [&] { return st.machine.resolved(i, schema, need, land.scatter); }));
                 return;
               }
               const auto code = r.code == errc::ok ? errc::peer_unreachable : r.code;

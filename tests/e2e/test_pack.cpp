@@ -219,3 +219,45 @@ TEST_CASE(
   check_canaries(*c.d, b);
   check_nothing_held(*c.d);
 }
+
+TEST_CASE(
+    "a decode whose staging is full does not wait for a landing block: that room goes one "
+    "write per run",
+    "[e2e][pack]") {
+  auto provider = GENERATE(as<std::string>{}, "tcp", "shm");
+  require_provider(provider);
+  shape s;
+  s.provider = provider;
+  s.staging_bytes = 4 << 20;  // two landing blocks of 250 pages (2 000 KiB each), not three
+  pair c(s);
+  std::vector<room_spec> rooms;
+  for (uint32_t i = 0; i < 3; ++i) {
+    rooms.push_back(
+        room_of(50 + i, fragmented(10 + 600 * i, 250), fragmented(2000 + 600 * i, 250)));
+    auto& r = rooms.back();
+    r.src_slot = r.dst_slot = r.src_row = r.dst_row = i;
+    fill_canaries(*c.d, r);
+    stage(c, r);
+    prepare(c, r);
+  }
+  // Every room has reserved what it could and sent its prepares before any is sent: no block
+  // is freed meanwhile.
+  for (const auto& r : rooms) wait_status(*c.d, r.room, room_status::waiting_for_input);
+  for (const auto& r : rooms) send_chunks(c, r);
+  for (const auto& r : rooms) {
+    INFO("room " << r.room);
+    auto de = wait_done(*c.d, r.room);
+    INFO(de.reason);
+    REQUIRE(de.status == room_status::success);
+    CHECK(wait_done(*c.p, r.room).status == room_status::success);
+    CHECK(client::verify_room(*c.d, r.room, r.dst_pages, r.dst_slot, r.dst_row).message == "");
+    check_canaries(*c.d, r);
+  }
+  const auto st = status_of(*c.d)["staging"];
+  CHECK(st["unpacked_bytes"] == 2 * 250 * 8 * 1024);  // two rooms landed in staging
+  CHECK(st["waits"] == 0);                            // and the third did not wait
+  // Its destination runs follow none of its source runs: nothing to gather either.
+  CHECK(staging_copies(*c.p).packed == 2 * 250 * 8 * 1024);
+  check_nothing_held(*c.p);
+  check_nothing_held(*c.d);
+}
