@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <caf/all.hpp>
 #include <cstring>
 #include <memory>
@@ -32,9 +33,10 @@ class peer_gate;
 /// Sent to an actor waiting for staging when some was released.
 using staging_atom = caf::atom_constant<caf::atom("staging")>;
 
-/// Registered bounce memory for head-sliced KV (fabric.staging_bytes): packed source slices on
-/// the prefill side, the rooms' landing areas on the decode side. Thread-safe. Back-pressure,
-/// not failure: an actor that finds it full is woken (staging_atom) at the next release.
+/// Registered bounce memory (fabric.staging_bytes) for head-sliced KV and small runs
+/// (core/pack.hpp): packed source slices on the prefill side, the rooms' landing blocks on the
+/// decode side. Thread-safe. Back-pressure, not failure: an actor that finds it full is woken
+/// (staging_atom) at the next release.
 struct staging_area {
   uint8_t* data = nullptr;
   uint64_t bytes = 0;
@@ -54,6 +56,11 @@ struct staging_area {
     ++waits_;
     return std::nullopt;
   }
+  /// Allocate, or nullopt when full (no wake-up asked for).
+  std::optional<uint64_t> try_allocate(uint64_t n) {
+    std::lock_guard lock(mutex_);
+    return ranges_.allocate(n);
+  }
   void release(uint64_t offset) {
     std::vector<caf::actor> wake;
     {
@@ -64,6 +71,12 @@ struct staging_area {
     for (auto& w : wake) caf::anon_send(w, staging_atom::value);
   }
   uint64_t in_use() const { return ranges_.in_use(); }
+  /// Bytes copied into staging before they were written (a prefill's packing), and out of it
+  /// into the pages on commit (a decode's unpacking and scattering).
+  void packed(uint64_t n) { packed_.fetch_add(n, std::memory_order_relaxed); }
+  void unpacked(uint64_t n) { unpacked_.fetch_add(n, std::memory_order_relaxed); }
+  uint64_t packed_bytes() const { return packed_.load(std::memory_order_relaxed); }
+  uint64_t unpacked_bytes() const { return unpacked_.load(std::memory_order_relaxed); }
   /// Allocations that had to wait for a release (back-pressure events).
   uint64_t waits() {
     std::lock_guard lock(mutex_);
@@ -75,6 +88,7 @@ struct staging_area {
   range_allocator ranges_;
   std::vector<caf::actor> waiters_;
   uint64_t waits_ = 0;
+  std::atomic<uint64_t> packed_{0}, unpacked_{0};
 };
 
 /// A `memory: client` pool (docs/protocol.md, register_memory): an address range reserved at

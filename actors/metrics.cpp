@@ -272,6 +272,13 @@ std::string daemon_metrics::exposition(const metrics_snapshot& s) const {
              "Staging allocations that waited for a release (back-pressure)", MetricType::Counter);
   add(waits, {}, static_cast<double>(s.staging_waits));
   all.push_back(std::move(waits));
+  auto copied = family("ferry_staging_copied_bytes_total",
+                       "Bytes copied into staging before their writes (pack) and out of it into "
+                       "the pages on commit (unpack)",
+                       MetricType::Counter);
+  add(copied, {{"direction", "pack"}}, static_cast<double>(s.staging_packed));
+  add(copied, {{"direction", "unpack"}}, static_cast<double>(s.staging_unpacked));
+  all.push_back(std::move(copied));
 
   auto age = family("ferry_peer_heartbeat_age_seconds",
                     "Time since anything was heard from each ready peer", MetricType::Gauge);

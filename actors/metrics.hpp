@@ -51,6 +51,7 @@ struct metrics_snapshot {
   uint64_t clients = 0, peers = 0, stray_writes = 0;
   std::vector<pool> pools;
   uint64_t staging_bytes = 0, staging_in_use = 0, staging_waits = 0;
+  uint64_t staging_packed = 0, staging_unpacked = 0;  ///< bytes copied into and out of staging
 };
 
 class daemon_metrics {

@@ -1,15 +1,15 @@
 // Receiver: one per room on the decode side. The room's rules are the pure state machine of
 // core/receiver_room.hpp; this actor looks the named peers up, turns messages into the
 // machine's events and carries out its effects (prepares, outcomes, fences, staging, the
-// unpack of head-sliced KV).
+// copies out of staging of KV that landed there).
 //
-// Life: Bootstrapping (waiting for the named prefill peers' handshakes, then prepares sent to the
-// ranks the geometry selects) -> WaitingForInput (every selected prefill rank accepted) ->
-// Transferring (first write landed) -> Success (every selected rank announced, and the landed
-// writes equal the sum of their totals; head-sliced KV unpacked from staging) | Failed (prefill
-// refused or failed, a peer lost, more writes than announced, cancel, deadline). Each
-// non-terminal status has its own deadline (timeouts.<status>_ms) besides the room's
-// (timeouts.transfer_ms).
+// Life: Bootstrapping (waiting for the named prefill peers' handshakes, then staging reserved
+// when KV lands in it, then prepares sent to the ranks the geometry selects) -> WaitingForInput
+// (every selected prefill rank accepted) -> Transferring (first write landed) -> Success (every
+// selected rank announced, and the landed writes equal the sum of their totals; KV that landed in
+// staging copied into the pages) | Failed (prefill refused or failed, a peer lost, more writes than
+// announced, cancel, deadline). Each non-terminal status has its own deadline
+// (timeouts.<status>_ms) besides the room's (timeouts.transfer_ms).
 //
 // Success is never inferred from a local event: only the counted remote-CQ-data immediates,
 // which the fabric reports after each payload is placed, against the senders' announced totals.
@@ -31,6 +31,7 @@
 #include "actors/room_lifecycle_glue.hpp"
 #include "actors/room_trace.hpp"
 #include "core/failpoint.hpp"
+#include "core/pack.hpp"
 #include "core/plan.hpp"
 #include "core/receiver_room.hpp"
 
@@ -80,8 +81,9 @@ void report(receiver_actor* self, room_status s, const std::string& reason, errc
                              s == room_status::success ? st.machine.bytes() : 0, code});
 }
 
-/// Scatter head-sliced KV from the room's staging into its pages (links in unpack mode), one
-/// quantum per message; the machine hears `unpacked` once the last copy is done.
+/// Copy the KV that landed in the room's staging into its pages (head-sliced rows to unpack,
+/// whole pages or packed slices to scatter; core/pack.hpp), one quantum per message; the
+/// machine hears `unpacked` once the last copy is done.
 void unpack_step(receiver_actor* self) {
   auto& st = self->state;
   if (st.machine.lifecycle().terminal() || st.machine.lifecycle().draining()) return;
@@ -91,6 +93,7 @@ void unpack_step(receiver_actor* self) {
     st.ctx->copy(c);
     copied += c.length;
   }
+  st.ctx->staging->unpacked(copied);
   if (st.unpacked < st.unpack.size())
     self->send(self, unpack_atom::value);
   else
@@ -110,7 +113,18 @@ void apply(receiver_actor* self, receiver::effects fx) {
         [&](auto& x) {
           using E = std::decay_t<decltype(x)>;
           if constexpr (std::is_same_v<E, receiver::reserve_staging>) {
-            auto at = st.ctx->staging->allocate_or_wait(x.bytes, caf::actor_cast<caf::actor>(self));
+            auto at = x.wait ? st.ctx->staging->allocate_or_wait(x.bytes,
+                                                                 caf::actor_cast<caf::actor>(self))
+                             : st.ctx->staging->try_allocate(x.bytes);
+            if (!at && !x.wait) {
+              apply(self, feed(
+                              st,
+                              [] {
+                                return json{{"e", "staging_declined"}};
+                              },
+                              [&] { return st.machine.staging_declined(); }));
+              return;
+            }
             if (!at) {
               st.ctx->log_room->debug("room={} waiting for {} bytes of staging", st.prep.room,
                                       x.bytes);
@@ -123,9 +137,16 @@ void apply(receiver_actor* self, receiver::effects fx) {
                             },
                             [&] { return st.machine.staging_reserved(*at); }));
           } else if constexpr (std::is_same_v<E, receiver::no_staging>) {
+            if (x.full) {
+              st.ctx->log_room->debug(
+                  "room={} staging is full: its KV goes one write per run, not through {} bytes "
+                  "of staging",
+                  st.prep.room, x.need);
+              return;
+            }
             st.ctx->log_room->info(
-                "room={} head-sliced KV needs {} bytes of staging but fabric.staging_bytes is "
-                "{}; one write per token instead",
+                "room={} KV would land in {} bytes of staging but fabric.staging_bytes is {}; "
+                "head-sliced KV goes one write per token, whole pages one write per run",
                 st.prep.room, x.need, st.ctx->staging ? st.ctx->staging->bytes : 0);
           } else if constexpr (std::is_same_v<E, receiver::send_prepares>) {
             // The prefill ranks may write as soon as they accept: have the progress thread
@@ -289,18 +310,27 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
             [=](peer_lookup& r) {
               auto& st = self->state;
               if (r.info) {
-                const auto need = r.info->link->unpack_staging_bytes(st.prep.dst_pages.size());
+                const auto& c = *st.ctx;
+                const auto land =
+                    plan_landing(*r.info->link, st.prep.dst_pages, c.config.fabric.pack_threshold(),
+                                 c.staging ? c.staging->bytes : 0);
+                if (land.scatter)
+                  c.log_room->debug("room={} peer={} {}", st.prep.room, r.info->address,
+                                    land.describe());
+                const auto need = land.bytes;
                 const auto schema = r.info->schema;
                 if (!st.named[i]) st.named[i] = std::move(r.info);
-                apply(self, feed(
-                                st,
-                                [&] {
-                                  return json{{"e", "resolved"},
-                                              {"i", i},
-                                              {"schema", trace::schema_json(schema)},
-                                              {"unpack", need}};
-                                },
-                                [&] { return st.machine.resolved(i, schema, need); }));
+                apply(self,
+                      feed(
+                          st,
+                          [&] {
+                            return json{{"e", "resolved"},
+                                        {"i", i},
+                                        {"schema", trace::schema_json(schema)},
+                                        {"unpack", need},
+                                        {"optional", land.scatter}};
+                          },
+                          [&] { return st.machine.resolved(i, schema, need, land.scatter); }));
                 return;
               }
               const auto code = r.code == errc::ok ? errc::peer_unreachable : r.code;

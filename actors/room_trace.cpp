@@ -188,8 +188,9 @@ json effects_json(const receiver::effects& fx) {
           using E = std::decay_t<decltype(x)>;
           using namespace receiver;
           if constexpr (std::is_same_v<E, reserve_staging>)
-            out.push_back({{"reserve_staging", x.bytes}});
-          if constexpr (std::is_same_v<E, no_staging>) out.push_back({{"no_staging", x.need}});
+            out.push_back({{"reserve_staging", x.bytes}, {"wait", x.wait}});
+          if constexpr (std::is_same_v<E, no_staging>)
+            out.push_back({{"no_staging", x.need}, {"full", x.full}});
           if constexpr (std::is_same_v<E, send_prepares>) out.push_back("send_prepares");
           if constexpr (std::is_same_v<E, tell>)
             out.push_back(
@@ -264,10 +265,12 @@ sender::effects replay(sender::room& m, const json& ev) {
 receiver::effects replay(receiver::room& m, const json& ev) {
   const std::string e = ev.at("e");
   if (e == "start") return m.start();
-  if (e == "resolved") return m.resolved(ev.at("i"), schema_of(ev.at("schema")), ev.at("unpack"));
+  if (e == "resolved")
+    return m.resolved(ev.at("i"), schema_of(ev.at("schema")), ev.at("unpack"), ev.at("optional"));
   if (e == "unusable") return m.unusable(ev.at("i"), code_of(ev.at("code")), ev.at("why"));
   if (e == "staging_reserved") return m.staging_reserved(ev.at("at"));
   if (e == "staging_freed") return m.staging_freed();
+  if (e == "staging_declined") return m.staging_declined();
   if (e == "prepare_ack")
     return m.prepare_ack(ev.at("i"), ev.at("token"), ev.at("ok"), code_of(ev.at("code")),
                          ev.at("reason"));

@@ -53,7 +53,9 @@ json status_doc(scheduler_state& st) {
           {"staging",
            {{"bytes", staging ? staging->bytes : 0},
             {"in_use", staging ? staging->in_use() : 0},
-            {"waits", staging ? staging->waits() : 0}}},
+            {"waits", staging ? staging->waits() : 0},
+            {"packed_bytes", staging ? staging->packed_bytes() : 0},
+            {"unpacked_bytes", staging ? staging->unpacked_bytes() : 0}}},
           {"draining", st.draining},
           {"log", log_doc()}};
 }
@@ -185,6 +187,8 @@ metrics_snapshot snapshot(scheduler_state& st) {
     s.staging_bytes = staging->bytes;
     s.staging_in_use = staging->in_use();
     s.staging_waits = staging->waits();
+    s.staging_packed = staging->packed_bytes();
+    s.staging_unpacked = staging->unpacked_bytes();
   }
   return s;
 }

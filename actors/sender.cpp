@@ -17,10 +17,11 @@
 //
 // Each chunk is planned for each decode rank with the link plan cached at handshake: its page
 // list by position, coalesced into runs, head-sliced KV packed into staging when the decode holds
-// a slice of our heads. A chunk may come as layer ranges (core/layer_ranges.hpp), each planned
-// for its layers alone. The last chunk adds the one state slot pair (each range its layers'
-// segments), the send that completes it the aux row, and then each rank's announcement of its
-// total write count follows.
+// a slice of our heads, and small runs gathered through staging when that is cheaper than one
+// write each (core/pack.hpp). A chunk may come as layer ranges (core/layer_ranges.hpp), each
+// planned for its layers alone. The last chunk adds the one state slot pair (each range its
+// layers' segments), the send that completes it the aux row, and then each rank's announcement
+// of its total write count follows.
 
 #include <fmt/format.h>
 
@@ -32,6 +33,7 @@
 #include "actors/client_gateway.hpp"
 #include "actors/room_lifecycle_glue.hpp"
 #include "actors/room_trace.hpp"
+#include "core/pack.hpp"
 #include "core/plan.hpp"
 #include "core/sender_room.hpp"
 
@@ -43,7 +45,7 @@ struct decode_link {
   peer_info_ptr peer;
   caf::actor connection;
   peer_prepare prep;
-  std::deque<pack_job> jobs;  // head-sliced KV waiting for staging (kv_mode::pack)
+  std::deque<pack_job> jobs;  // KV waiting to be gathered through staging (core/pack.hpp)
 };
 
 struct sender_state {
@@ -58,6 +60,7 @@ struct sender_state {
   bool pump_scheduled = false;  // a pump_atom to self is on its way
   std::vector<planned_write> writes;
   std::vector<planned_copy> copies;
+  std::vector<pack_job> slice;         // the jobs of one packed batch
   std::unique_ptr<trace::file> trace;  // FERRY_TRACE_DIR (actors/room_trace.hpp)
   std::optional<std::chrono::steady_clock::time_point> announced;  // the commit phase's start
 };
@@ -102,7 +105,12 @@ void submit(sender_actor* self, size_t i, std::optional<uint64_t> staging) {
   const auto& ctx = *st.ctx;
   auto& l = st.links[i];
   auto& w = st.writes;
-  for (const auto& c : st.copies) ctx.copy(c);
+  uint64_t copied = 0;
+  for (const auto& c : st.copies) {
+    ctx.copy(c);
+    copied += c.length;
+  }
+  if (copied) ctx.staging->packed(copied);
   split_pieces(w, ctx.config.fabric.write_piece_bytes);
   if (w.empty()) {
     if (staging) ctx.staging->release(*staging);
@@ -155,33 +163,31 @@ uint64_t pack_slice_bytes(const daemon_context& ctx) {
   return std::min<uint64_t>(4u << 20, ctx.staging->bytes / 8);
 }
 
-/// Pack and post queued head-sliced KV while staging lasts. When it is full, the room resumes
-/// on its next batch completion or staging release (staging_atom), whichever comes first.
-/// After a quantum of copying it yields (pump_atom to itself).
+/// Pack and post queued KV while staging lasts, a slice at a time: each slice is one batch,
+/// whose completion releases it. When staging is full, the room resumes on its next batch
+/// completion or staging release (staging_atom), whichever comes first. After a quantum of
+/// copying it yields (pump_atom to itself), so no worker copies for long.
 void pump(sender_actor* self) {
   auto& st = self->state;
   const auto& ctx = *st.ctx;
+  if (!ctx.staging) return;  // nothing is planned for staging there is not
+  const uint64_t budget = pack_slice_bytes(ctx);
   uint64_t copied = 0;
   for (size_t i = 0; i < st.links.size(); ++i) {
     auto& l = st.links[i];
-    const auto& link = *l.peer->link;
     while (!l.jobs.empty() && !st.machine.lifecycle().terminal()) {
-      uint64_t tokens = 0;
+      uint64_t bytes = 0;
       size_t n = 0;
-      const uint64_t budget = pack_slice_bytes(ctx) / link.row.length;
-      while (n < l.jobs.size() && (n == 0 || tokens + l.jobs[n].tokens <= budget))
-        tokens += l.jobs[n++].tokens;
-      auto at = ctx.staging->allocate_or_wait(tokens * link.row.length,
-                                              caf::actor_cast<caf::actor>(self));
+      while (n < l.jobs.size() && (n == 0 || bytes + l.jobs[n].bytes() <= budget))
+        bytes += l.jobs[n++].bytes();
+      auto at = ctx.staging->allocate_or_wait(bytes, caf::actor_cast<caf::actor>(self));
       if (!at) return;  // resumed by batch_done or staging_atom
+      st.slice.assign(l.jobs.begin(), l.jobs.begin() + static_cast<ptrdiff_t>(n));
+      l.jobs.erase(l.jobs.begin(), l.jobs.begin() + static_cast<ptrdiff_t>(n));
       st.copies.clear();
       st.writes.clear();
-      for (uint64_t cursor = *at; n > 0; --n) {
-        expand_pack_job(link, l.jobs.front(), cursor, st.copies, st.writes);
-        cursor += l.jobs.front().tokens * link.row.length;
-        l.jobs.pop_front();
-      }
-      copied += tokens * link.row.length;
+      expand_pack_jobs(st.slice, *at, st.copies, st.writes);
+      copied += bytes;
       submit(self, i, at);
       if (copied >= copy_quantum_bytes && !l.jobs.empty()) {
         if (!st.pump_scheduled) self->send(self, pump_atom::value);
@@ -205,10 +211,10 @@ void pumped(sender_actor* self) {
                   [&] { return st.machine.pumped(pending); }));
 }
 
-/// Plan one send for link `i`, the layers of its range: whole pages, writes into the decode's
-/// staging, or direct per-token writes go out now; packed slices queue for staging. The last
-/// chunk's sends add the state segments of their layers, and the send that ends the room the
-/// aux row.
+/// Plan one send for link `i`, the layers of its range (core/pack.hpp): runs that go straight
+/// out are posted now; runs gathered through staging (always so for head-sliced KV) queue for
+/// the pump. The last chunk's sends add the state segments of their layers, and the send that
+/// ends the room the aux row.
 void post_link(sender_actor* self, size_t i, const sender::post_chunk& post) {
   auto& st = self->state;
   const auto& ctx = *st.ctx;
@@ -222,19 +228,19 @@ void post_link(sender_actor* self, size_t i, const sender::post_chunk& post) {
   if (!chunk.src_pages.empty()) {
     auto dst_pages =
         std::span<const uint32_t>(l.prep.dst_pages).subspan(first, chunk.src_pages.size());
-    auto runs = coalesce_runs(chunk.src_pages, dst_pages, first);
-    // Pack through staging unless one token's slice would not even fit a slice of it.
-    if (link.kv == kv_mode::pack && ctx.staging && link.row.length <= pack_slice_bytes(ctx)) {
-      std::vector<pack_job> jobs;
-      plan_pack_jobs(link, ctx.layout, l.peer->layout, runs,
-                     pack_slice_bytes(ctx) / link.row.length, jobs, layers);
-      l.jobs.insert(l.jobs.end(), jobs.begin(), jobs.end());
-    } else {
-      staging_use su;
-      su.room_pages = static_cast<uint32_t>(l.prep.dst_pages.size());
-      if (l.prep.dst_staging != no_staging) su.dst = l.prep.dst_staging;
-      plan_kv_chunk(link, ctx.layout, l.peer->layout, runs, su, st.copies, st.writes, layers);
-    }
+    kv_options o;
+    if (l.prep.dst_staging != no_staging) o.dst_staging = l.prep.dst_staging;
+    o.room_pages = static_cast<uint32_t>(l.prep.dst_pages.size());
+    o.slice_bytes = ctx.staging ? pack_slice_bytes(ctx) : 0;
+    o.threshold = ctx.config.fabric.pack_threshold();
+    o.layers = layers;
+    auto plan = plan_kv(link, ctx.layout, l.peer->layout,
+                        coalesce_runs(chunk.src_pages, dst_pages, first), o);
+    if (ctx.log_room->should_log(spdlog::level::debug))  // the plan says how and why
+      ctx.log_room->debug("room={} peer={} chunk at {}: {}", st.room, l.peer->address, first,
+                          plan.decision.describe());
+    st.writes = std::move(plan.writes);
+    l.jobs.insert(l.jobs.end(), plan.jobs.begin(), plan.jobs.end());
   }
   if (chunk.last && ctx.layout[pool_kind::state].present)
     plan_state_link(link, ctx.layout, l.peer->layout, chunk.state_slot, l.prep.dst_state_slot,
@@ -353,7 +359,8 @@ result<> check_named_indices(const sender_state& st, const peer_inbound& in,
     return error{errc::invalid_request,
                  fmt::format("room {}: the decode named no aux row", p.room)};
   if (p.dst_staging != no_staging) {
-    const auto need = in.from->link->unpack_staging_bytes(p.dst_pages.size());
+    // Head-sliced KV to unpack, or whole pages and packed slices to scatter (core/pack.hpp).
+    const auto need = in.from->link->landing_bytes(p.dst_pages.size());
     if (!need || !in.from->staging.present || p.dst_staging > in.from->staging.length ||
         in.from->staging.length - p.dst_staging < need)
       return error{

@@ -54,6 +54,13 @@ std::string to_yaml(const ferry_config& cfg) {
   out << YAML::Key << "max_inflight_bytes" << YAML::Value << cfg.fabric.max_inflight_bytes;
   out << YAML::Key << "write_piece_bytes" << YAML::Value << cfg.fabric.write_piece_bytes;
   out << YAML::Key << "staging_bytes" << YAML::Value << cfg.fabric.staging_bytes;
+  // Unset stays unset (the default follows the provider), and the comment says what it is.
+  if (cfg.fabric.pack_threshold_bytes)
+    out << YAML::Key << "pack_threshold_bytes" << YAML::Value << *cfg.fabric.pack_threshold_bytes;
+  else
+    out << YAML::Comment(
+        "pack_threshold_bytes not set: " + std::to_string(cfg.fabric.pack_threshold()) +
+        " for provider " + cfg.fabric.provider);
   out << YAML::EndMap;
 
   out << YAML::Key << "timeouts" << YAML::Value << YAML::BeginMap;

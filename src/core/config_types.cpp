@@ -8,6 +8,11 @@ namespace ferry {
 // Size helpers
 // ---------------------------------------------------------------------------------------------
 
+uint64_t fabric_config::pack_threshold() const {
+  if (pack_threshold_bytes) return *pack_threshold_bytes;
+  return provider == "tcp" || provider == "sockets" ? 65536 : 8192;
+}
+
 uint64_t state_tensor_config::slot_bytes() const {
   uint64_t bytes = dtype_bytes;
   for (uint64_t dim : shape) bytes *= dim;

@@ -97,8 +97,18 @@ struct fabric_config {
   uint64_t max_inflight_bytes = 0;
   uint64_t write_piece_bytes = 1 << 20;  ///< large state tensors are split into pieces this size
   /// Registered bounce memory for head-sliced KV under a TP mismatch (pack at the source,
-  /// unpack at the destination); 0 disables it (then one write per token and layer).
+  /// unpack at the destination) and for small runs of fragmented page lists; 0 disables it
+  /// (then one write per token and layer, and one write per run).
   uint64_t staging_bytes = 256ull << 20;
+  /// One write is worth this many bytes of copying: runs of pages smaller than this are packed
+  /// through staging when the writes saved outweigh the copies (core/pack.hpp); 0: never.
+  /// Unset: by provider (`pack_threshold()`).
+  std::optional<uint64_t> pack_threshold_bytes;
+
+  /// The effective pack_threshold_bytes: as set, else what was measured for the provider
+  /// (docs/performance.md §2): 65536 where every write is a socket send (tcp, sockets), 8192
+  /// elsewhere (shm; verbs and efa were not measured).
+  uint64_t pack_threshold() const;
 };
 
 struct timeouts_config {

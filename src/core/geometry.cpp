@@ -281,7 +281,11 @@ const char* to_string(kv_mode m) {
 }
 
 uint64_t link_plan::unpack_staging_bytes(uint64_t pages) const {
-  if (kv != kv_mode::unpack) return 0;
+  return kv == kv_mode::unpack ? landing_bytes(pages) : 0;
+}
+
+uint64_t link_plan::landing_bytes(uint64_t pages) const {
+  if (kv == kv_mode::none) return 0;
   return kv_buffers.size() * pages * page_tokens * row.length;
 }
 

@@ -106,6 +106,10 @@ struct link_plan {
 
   /// Destination staging a room of `pages` decode pages needs (kv_mode::unpack only).
   uint64_t unpack_staging_bytes(uint64_t pages) const;
+  /// Destination staging a room of `pages` decode pages takes when this link's KV lands in
+  /// staging, laid out [buffer pair][page position][page_tokens × row slice] (core/pack.hpp);
+  /// 0 for kv_mode::none.
+  uint64_t landing_bytes(uint64_t pages) const;
   /// Human-readable one-line summary for logs.
   std::string describe() const;
 };

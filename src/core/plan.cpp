@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "core/pack.hpp"
+
 namespace ferry {
 
 std::vector<page_run> coalesce_runs(std::span<const uint32_t> src, std::span<const uint32_t> dst,
@@ -44,73 +46,18 @@ uint64_t pack_bytes(const link_plan& link, std::span<const page_run> runs) {
   return tokens * link.row.length * link.kv_buffers.size();
 }
 
-void plan_pack_jobs(const link_plan& link, const node_layout& src, const node_layout& dst,
-                    std::span<const page_run> runs, uint64_t max_tokens, std::vector<pack_job>& out,
-                    layer_range layers) {
-  if (link.kv != kv_mode::pack) return;
-  max_tokens = std::max<uint64_t>(max_tokens, 1);
-  const auto& sp = src[pool_kind::kv];
-  const auto& dp = dst[pool_kind::kv];
-  for (const auto& run : runs)
-    for (const auto& pair : link.kv_buffers) {
-      if (!layers.contains(sp.buffers[pair.src].layer_id)) continue;
-      const uint64_t s0 =
-          sp.buffers[pair.src].offset + uint64_t{run.src} * link.src_page_bytes + link.row.src;
-      const uint64_t d0 = dp.buffers[pair.dst].offset + uint64_t{run.dst} * link.dst_page_bytes;
-      const uint64_t tokens = uint64_t{run.count} * link.page_tokens;
-      // The decode row is exactly the slice, so the destination of a run is contiguous.
-      for (uint64_t t = 0; t < tokens; t += max_tokens)
-        out.push_back({s0 + t * link.src_row_bytes, d0 + t * link.row.length,
-                       std::min(max_tokens, tokens - t)});
-    }
-}
-
-void expand_pack_job(const link_plan& link, const pack_job& job, uint64_t staging,
-                     std::vector<planned_copy>& copies, std::vector<planned_write>& writes) {
-  const uint64_t len = link.row.length;
-  for (uint64_t t = 0; t < job.tokens; ++t)
-    copies.push_back({space::kv, space::staging, job.src_offset + t * link.src_row_bytes,
-                      staging + t * len, len});
-  writes.push_back({space::staging, space::kv, staging, job.dst_offset, job.tokens * len});
-}
-
 void plan_kv_chunk(const link_plan& link, const node_layout& src, const node_layout& dst,
                    std::span<const page_run> runs, const staging_use& staging,
                    std::vector<planned_copy>& pack, std::vector<planned_write>& writes,
                    layer_range layers) {
-  if (link.kv == kv_mode::none) return;
-  const auto& sp = src[pool_kind::kv];
-  const auto& dp = dst[pool_kind::kv];
-  const uint64_t pt = link.page_tokens, len = link.row.length;
-  const bool packed = link.kv == kv_mode::pack && staging.src;
-  const bool unpacked = link.kv == kv_mode::unpack && staging.dst;
-  uint64_t cursor = staging.src.value_or(0);
-  for (const auto& run : runs)
-    for (size_t i = 0; i < link.kv_buffers.size(); ++i) {
-      const auto& pair = link.kv_buffers[i];
-      // A pair keeps its index i when others are left out: it places the pair in staging.
-      if (!layers.contains(sp.buffers[pair.src].layer_id)) continue;
-      const uint64_t s0 = sp.buffers[pair.src].offset + uint64_t{run.src} * link.src_page_bytes;
-      const uint64_t d0 = dp.buffers[pair.dst].offset + uint64_t{run.dst} * link.dst_page_bytes;
-      const uint64_t tokens = run.count * pt;
-      if (link.kv == kv_mode::whole_pages) {
-        writes.push_back({space::kv, space::kv, s0, d0, run.count * link.src_page_bytes});
-      } else if (packed) {
-        // The decode row is the slice: gather it from every source token, write the run once.
-        const pack_job job{s0 + link.row.src, d0, tokens};
-        expand_pack_job(link, job, cursor, pack, writes);
-        cursor += tokens * len;
-      } else if (unpacked) {
-        // The source row is the slice: whole source runs land in the room's staging, ordered
-        // [buffer pair][position][token], and the decode scatters them on commit.
-        const uint64_t at = *staging.dst + ((i * staging.room_pages + run.position) * pt) * len;
-        writes.push_back({space::kv, space::staging, s0, at, tokens * len});
-      } else {
-        for (uint64_t t = 0; t < tokens; ++t)
-          writes.push_back({space::kv, space::kv, s0 + t * link.src_row_bytes + link.row.src,
-                            d0 + t * link.dst_row_bytes + link.row.dst, len});
-      }
-    }
+  kv_options o;
+  if (link.kv == kv_mode::unpack) o.dst_staging = staging.dst;
+  o.room_pages = staging.room_pages;
+  o.slice_bytes = staging.src ? ~uint64_t{0} : 0;
+  o.layers = layers;
+  auto plan = plan_kv(link, src, dst, runs, o);
+  writes.insert(writes.end(), plan.writes.begin(), plan.writes.end());
+  if (!plan.jobs.empty()) expand_pack_jobs(plan.jobs, *staging.src, pack, writes);
 }
 
 void plan_state_link(const link_plan& link, const node_layout& src, const node_layout& dst,
@@ -136,22 +83,6 @@ void plan_aux_link(const link_plan& link, const node_layout& src, const node_lay
   const auto& d = dst[pool_kind::aux].buffers.at(0);
   out.push_back({space::aux, space::aux, s.offset + uint64_t{src_row} * s.item_bytes,
                  d.offset + uint64_t{dst_row} * d.item_bytes, s.item_bytes});
-}
-
-void plan_unpack(const link_plan& link, const node_layout& dst, std::span<const uint32_t> dst_pages,
-                 uint64_t staging, std::vector<planned_copy>& out) {
-  if (link.kv != kv_mode::unpack) return;
-  const auto& dp = dst[pool_kind::kv];
-  const uint64_t pt = link.page_tokens, len = link.row.length;
-  uint64_t at = staging;
-  for (const auto& pair : link.kv_buffers) {
-    const uint64_t base = dp.buffers[pair.dst].offset;
-    for (uint32_t page : dst_pages) {
-      const uint64_t d0 = base + uint64_t{page} * link.dst_page_bytes + link.row.dst;
-      for (uint64_t t = 0; t < pt; ++t, at += len)
-        out.push_back({space::staging, space::kv, at, d0 + t * link.dst_row_bytes, len});
-    }
-  }
 }
 
 void split_pieces(std::vector<planned_write>& writes, uint64_t piece_bytes) {

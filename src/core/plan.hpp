@@ -6,7 +6,8 @@
 /// - KV: source and destination page lists are paired by position and split into runs where
 ///   *both* sides step by one. Per run and KV buffer pair: one write of whole pages (same heads),
 ///   or, under a TP mismatch, one packed write (pack at the source) or one write into the
-///   decode's staging (unpack at the destination); without staging, one write per token.
+///   decode's staging (unpack at the destination); without staging, one write per token. Small
+///   runs may be gathered through staging on either side (core/pack.hpp).
 /// - State: one (source slot, destination slot) pair; per (tensor, layer) buffer pair one write
 ///   per segment of the link (one segment at equal TP).
 /// - Aux: one (source row, destination row) pair; one write, from one prefill rank.
@@ -80,29 +81,13 @@ struct staging_use {
   uint32_t room_pages = 0;
 };
 
-/// Packing work for one contiguous destination range (kv_mode::pack): `tokens` row slices of
-/// `link.row.length` bytes, the first at `src_offset` in the source kv space and each next one
-/// `link.src_row_bytes` further, go to `dst_offset` in the decode's kv space as one write.
-struct pack_job {
-  uint64_t src_offset = 0;
-  uint64_t dst_offset = 0;
-  uint64_t tokens = 0;
-  bool operator==(const pack_job&) const = default;
-};
-
-/// Append the pack jobs of these runs (kv_mode::pack only), each at most `max_tokens` tokens so
-/// a bounded staging area can carry them a slice at a time.
-void plan_pack_jobs(const link_plan& link, const node_layout& src, const node_layout& dst,
-                    std::span<const page_run> runs, uint64_t max_tokens, std::vector<pack_job>& out,
-                    layer_range layers = {});
-/// The copies into staging at `staging` and the one write of a pack job.
-void expand_pack_job(const link_plan& link, const pack_job& job, uint64_t staging,
-                     std::vector<planned_copy>& copies, std::vector<planned_write>& writes);
-
 /// Source staging bytes packing these runs needs (0 unless the link packs).
 uint64_t pack_bytes(const link_plan& link, std::span<const page_run> runs);
 
-/// Plan the KV of a chunk: local copies to do first (packing), then the writes.
+/// Plan the KV of a chunk all at once: local copies to do first (packing head-sliced KV into
+/// unbounded staging at `staging.src`), then the writes; the landing block `staging.dst` is used
+/// for kv_mode::unpack only, and runs are never gathered (the direct plan: one write per run).
+/// The Sender plans with `plan_kv` (core/pack.hpp), which also gathers small runs.
 void plan_kv_chunk(const link_plan& link, const node_layout& src, const node_layout& dst,
                    std::span<const page_run> runs, const staging_use& staging,
                    std::vector<planned_copy>& pack, std::vector<planned_write>& writes,
@@ -114,11 +99,6 @@ void plan_state_link(const link_plan& link, const node_layout& src, const node_l
 /// Append the aux row write when the link carries aux.
 void plan_aux_link(const link_plan& link, const node_layout& src, const node_layout& dst,
                    uint32_t src_row, uint32_t dst_row, std::vector<planned_write>& out);
-/// Decode side, kv_mode::unpack: the copies from the room's staging (at `staging`) into its
-/// pages, to run once every write of the link has landed.
-void plan_unpack(const link_plan& link, const node_layout& dst, std::span<const uint32_t> dst_pages,
-                 uint64_t staging, std::vector<planned_copy>& out);
-
 /// Split every write longer than `piece_bytes` into consecutive pieces (in place, order kept).
 void split_pieces(std::vector<planned_write>& writes, uint64_t piece_bytes);
 

@@ -42,7 +42,7 @@ void room::advance(room_status s, effects& out) {
 
 effects room::start() { return {life{life_.start()}}; }
 
-effects room::resolved(size_t i, const rank_schema& schema, uint64_t unpack_bytes) {
+effects room::resolved(size_t i, const rank_schema& schema, uint64_t unpack_bytes, bool optional) {
   effects out;
   if (i >= named_.size() || ended()) return out;
   auto& n = named_[i];
@@ -50,6 +50,7 @@ effects room::resolved(size_t i, const rank_schema& schema, uint64_t unpack_byte
   n.resolved = true;
   n.schema = schema;
   n.unpack_bytes = unpack_bytes;
+  n.optional = optional && unpack_bytes;
   if (++looked_up_ == named_.size()) select(out);
   return out;
 }
@@ -97,6 +98,7 @@ void room::select(effects& out) {
     l.address = named_[i].address;
     l.token = first_token_ + i;
     l.unpack_bytes = named_[i].unpack_bytes;
+    l.optional = named_[i].optional;
     need += l.unpack_bytes;
     links_.push_back(std::move(l));
   }
@@ -109,12 +111,16 @@ void room::select(effects& out) {
   reserve_and_prepare(out);
 }
 
-/// Reserve one staging block for every link whose KV lands sliced, then send the prepares.
+/// Reserve one staging block for every link whose KV lands in staging, then send the prepares.
 void room::reserve_and_prepare(effects& out) {
   if (!selected_ || prepared_ || reserving_ || ended()) return;
   if (staging_need_ && !staging_) {
+    // A block only to scatter into is not worth a wait: it would be held from now until the
+    // commit, however long the prefill takes to send, while direct writes work at once.
+    bool wait = false;
+    for (const auto& l : links_) wait = wait || (l.unpack_bytes && !l.optional);
     reserving_ = true;
-    out.push_back(reserve_staging{staging_need_});
+    out.push_back(reserve_staging{staging_need_, wait});
     return;
   }
   prepared_ = true;
@@ -143,6 +149,22 @@ effects room::staging_freed() {
   effects out;
   reserving_ = false;  // the reservation that waited is answered by asking again
   reserve_and_prepare(out);
+  return out;
+}
+
+effects room::staging_declined() {
+  effects out;
+  if (!reserving_) return out;
+  reserving_ = false;
+  if (ended()) return out;
+  bool optional = true;
+  for (const auto& l : links_) optional = optional && (!l.unpack_bytes || l.optional);
+  if (optional) {
+    out.push_back(no_staging{staging_need_, true});
+    for (auto& l : links_) l.unpack_bytes = 0;
+    staging_need_ = 0;
+  }
+  reserve_and_prepare(out);  // otherwise it must land in staging: ask again, and wait
   return out;
 }
 

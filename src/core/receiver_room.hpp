@@ -5,14 +5,18 @@
 /// done, a cancel, a peer down, a deadline), its outputs are effects (reserve staging, send the
 /// prepares, tell the ranks the outcome, unpack, fence a rank, release staging, and the
 /// lifecycle's status reports and deadlines). The actor keeps the data plane: it looks the
-/// named peers up, sends the messages, copies head-sliced KV out of staging.
+/// named peers up, decides which links land in staging (core/pack.hpp), sends the messages,
+/// copies KV out of staging.
 ///
 /// The rules, on top of the lifecycle's (core/room_lifecycle.hpp):
 /// - Once every named peer is resolved (handshake done or failed), the ranks the geometry needs
 ///   are selected among the usable ones (select_prefill_peers); an unusable peer matters only if
-///   it is needed. Head-sliced KV lands in one staging block for the room, reserved before the
-///   prepares go out (the room waits in Bootstrapping when staging is full; a room larger than
-///   the whole area falls back to one write per token).
+///   it is needed. KV that lands in staging (head-sliced KV to unpack, or a fragmented page
+///   list's whole pages to scatter) lands in one staging block for the room, reserved before
+///   the prepares go out. When staging is full, a room that must unpack waits in
+///   Bootstrapping; a room whose block is only worth having (every link scatters) does not
+///   wait: its KV goes one write per run. A room larger than the whole area falls back to one
+///   write per token, or per run.
 /// - WaitingForInput once every selected rank accepted; Transferring at the first write landed
 ///   or announcement. Success is never inferred from a local event: only when the writes counted
 ///   as landed (remote CQ data) equal the sum of every rank's announced total, then after the
@@ -48,7 +52,8 @@ struct link_record {
   size_t named = 0;
   std::string address;
   uint64_t token = 0;
-  uint64_t unpack_bytes = 0;        ///< staging its head-sliced KV needs (0: none)
+  uint64_t unpack_bytes = 0;        ///< staging its KV lands in (0: none)
+  bool optional = false;            ///< a block to scatter: worth having, not worth a wait
   std::optional<uint64_t> staging;  ///< where in the room's block it lands
   bool accepted = false;
   bool refused = false;  ///< refused the prepare: it never writes
@@ -64,13 +69,18 @@ struct link_record {
 };
 
 // The effects, carried out in the order given.
-/// Reserve `bytes` of staging; answered by `staging_reserved`, or later by `staging_freed`.
+/// Reserve `bytes` of staging; answered by `staging_reserved`, or, when full, later by
+/// `staging_freed` (`wait`) or at once by `staging_declined` (not `wait`: every link's block
+/// is optional).
 struct reserve_staging {
   uint64_t bytes;
+  bool wait = true;
 };
-/// Head-sliced KV needs more staging than the whole area: one write per token instead.
+/// The room's KV would need more staging than the whole area (or, `full`, its optional block
+/// found staging full): one write per token (sliced) or per run (whole pages) instead.
 struct no_staging {
   uint64_t need;
+  bool full = false;
 };
 /// Send every link its prepare (with its token and staging offset).
 struct send_prepares {};
@@ -84,7 +94,7 @@ struct tell {
 struct failed {
   std::string reason;
 };
-/// Copy head-sliced KV from staging into the pages (links with `staging`); then `unpacked`.
+/// Copy the KV that landed in staging into the pages (links with `staging`); then `unpacked`.
 struct unpack {};
 /// The room's staging block may be reused.
 struct release_staging {
@@ -112,12 +122,16 @@ class room {
   room() = default;
 
   effects start();
-  /// Named peer `i` finished its handshake: its geometry, and the staging its KV would need.
-  effects resolved(size_t i, const rank_schema& schema, uint64_t unpack_bytes);
+  /// Named peer `i` finished its handshake: its geometry, and the staging its KV would land in
+  /// (plan_landing); `optional`: a block to scatter, which the room does not wait for.
+  effects resolved(size_t i, const rank_schema& schema, uint64_t unpack_bytes,
+                   bool optional = false);
   /// Named peer `i` cannot be used (its handshake failed).
   effects unusable(size_t i, errc code, std::string why);
   effects staging_reserved(uint64_t at);
   effects staging_freed();
+  /// A reservation that was not to wait found staging full: the optional blocks are dropped.
+  effects staging_declined();
   effects prepare_ack(size_t i, uint64_t token, bool ok, errc code, const std::string& reason);
   effects announce(size_t i, uint64_t token, uint64_t writes, uint64_t bytes);
   effects outcome(size_t i, uint64_t token, bool ok, errc code, const std::string& reason);
@@ -150,6 +164,7 @@ class room {
     bool resolved = false;
     rank_schema schema;
     uint64_t unpack_bytes = 0;
+    bool optional = false;
     std::string unusable;  ///< why it cannot be used ("" = fine or not known yet)
     errc code = errc::ok;
   };

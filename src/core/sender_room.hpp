@@ -5,8 +5,8 @@
 /// the chunk, acknowledge the prepare, post this chunk to every rank, announce the totals, tell
 /// the ranks the room failed or how its drain ended, and the lifecycle's status reports and
 /// deadlines). The actor keeps the data plane: it plans each chunk with the pure planner
-/// (core/plan.hpp), packs head-sliced KV through staging, and submits write batches, reporting
-/// back what it posted (`posted`, `chunk_posted`, `pumped`).
+/// (core/plan.hpp, core/pack.hpp), packs head-sliced KV and small runs through staging, and
+/// submits write batches, reporting back what it posted (`posted`, `chunk_posted`, `pumped`).
 ///
 /// The rules, on top of the lifecycle's (core/room_lifecycle.hpp):
 /// - The room is ready once every decode rank this prefill rank feeds (max(1, Pd/Ps)) has
@@ -132,7 +132,7 @@ class room {
   effects chunk(proto::send c);
   /// The actor posted batch `batch` to link index `link` (writes and bytes of it).
   effects posted(size_t link, uint64_t batch, uint64_t writes, uint64_t bytes);
-  /// A `post_chunk` is carried out; `pack_pending`: head-sliced KV still waits for staging.
+  /// A `post_chunk` is carried out; `pack_pending`: KV still waits to be packed through staging.
   effects chunk_posted(bool pack_pending);
   /// A `pump` is carried out (or staging freed up); `pack_pending` as above.
   effects pumped(bool pack_pending);

@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -139,6 +140,8 @@ struct shape {
   uint32_t workers = 0;  ///< runtime.workers (0: one per core)
   uint64_t staging_bytes = 64ull << 20;
   uint64_t max_inflight_bytes = 0;  ///< fabric.max_inflight_bytes (0: not written, the default)
+  /// fabric.pack_threshold_bytes (empty: not written, the default)
+  std::optional<uint64_t> pack_threshold_bytes;
   // Geometry: 2 KV heads in the model (Qwen3-Next), conv and temporal state sliced by TP.
   uint32_t tp_size = 1, tp_rank = 0, pp_size = 1, pp_rank = 0;
   uint32_t dp_size = 1, dp_rank = 0;      ///< attention DP group
@@ -174,6 +177,9 @@ inline std::string make_config(const std::string& name, const std::string& role,
     << s.staging_bytes
     << (s.max_inflight_bytes ? "\n  max_inflight_bytes: " + std::to_string(s.max_inflight_bytes)
                              : "")
+    << (s.pack_threshold_bytes
+            ? "\n  pack_threshold_bytes: " + std::to_string(*s.pack_threshold_bytes)
+            : "")
     << "\n"
     << "tp:\n  size: " << s.tp_size << "\n  rank: " << s.tp_rank << "\npp:\n  size: " << s.pp_size
     << "\n  rank: " << s.pp_rank << "\ndp:\n  size: " << s.dp_size << "\n  rank: " << s.dp_rank

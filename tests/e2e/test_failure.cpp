@@ -17,7 +17,8 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 
 /// A room big and fragmented enough that many writes are still in flight when its first write
-/// has landed: 2048 single-page runs per buffer, sent in two chunks.
+/// has landed: 2048 single-page runs per buffer, sent in two chunks (with the default
+/// fabric.pack_threshold_bytes, packed through staging on both sides: a few large writes).
 room_spec big_room(uint64_t id) {
   room_spec r;
   r.room = id;
@@ -74,7 +75,11 @@ shape fast_liveness() {
 TEST_CASE(
     "a room cancelled mid-transfer drains, and its pages reused at once get only the new bytes",
     "[e2e][failure]") {
-  pair c;
+  // One write per run (packing off): thousands of small writes in flight when it is cancelled.
+  // The packed path is test_pack.cpp's "a packed room cancelled mid-transfer...".
+  shape s;
+  s.pack_threshold_bytes = 0;
+  pair c(s);
   auto a = big_room(701);
   stage(c, a);
   prepare(c, a);
@@ -281,9 +286,14 @@ TEST_CASE("a dead or hung decode fails the prefill's rooms for it, not the other
   wait_status(*cp, a.room, room_status::transferring);
 
   std::string expect;
+  // A decode that exits closes its end of the fabric connection too: a write of the room that is
+  // in flight then (the packed room's writes are few and large) may fail before the control
+  // connection's loss is seen. Either names that decode.
+  bool or_write_error = false;
   SECTION("killed") {
     d1.signal(SIGKILL);
     expect = "lost";
+    or_write_error = true;
   }
   SECTION("hung") {
     d1.signal(SIGSTOP);
@@ -293,12 +303,17 @@ TEST_CASE("a dead or hung decode fails the prefill's rooms for it, not the other
     // It must exit cleanly although the prefill may still be writing into its endpoint.
     CHECK(d1.stop() == 0);
     expect = "lost";
+    or_write_error = true;
   }
   const auto t0 = clock_type::now();
   auto pe = wait_done(*cp, a.room);
   CHECK(seconds_since(t0) < 8.0);  // detection, then at most the 2 s drain bound
   CHECK(pe.status == room_status::failed);
-  CHECK_THAT(pe.reason, Catch::Contains(expect));
+  if (or_write_error)
+    CHECK_THAT(pe.reason,
+               Catch::Contains(expect) || Catch::StartsWith("write to decode decode-1/"));
+  else
+    CHECK_THAT(pe.reason, Catch::Contains(expect));
 
   send_chunk(*cp, b, 1);
   auto be = wait_done(*c2, b.room);

@@ -99,6 +99,15 @@ struct cluster {
     }
   }
   void run(const room_spec& r, std::vector<std::string> peers = {}) { run_many({r}, peers); }
+
+  /// Bytes the daemons of one side copied into staging ("packed_bytes") or out of it
+  /// ("unpacked_bytes") so far (status "staging").
+  static uint64_t copied(const std::vector<std::unique_ptr<client::client>>& side,
+                         const char* what) {
+    uint64_t n = 0;
+    for (const auto& c : side) n += status_of(*c)["staging"][what].get<uint64_t>();
+    return n;
+  }
 };
 
 std::vector<shape> ranks(shape s, uint32_t tp) {
@@ -145,13 +154,32 @@ TEST_CASE("TP 4 -> 2: each decode rank gathers from two prefill ranks, byte-exac
   r.src_slot = 2, r.dst_slot = 3;
   r.src_row = 4, r.dst_row = 5;
   c.run(r);
-  SECTION("fragmented pages in three chunks") { c.run(fragmented_room(42, 200)); }
+  SECTION("fragmented pages in three chunks") {
+    c.run(fragmented_room(42, 200));
+    // Runs of 7 pages at the source, none at the decode: the KV-sending replicas gather them
+    // into the decode ranks' staging, which scatter them on commit (core/pack.hpp).
+    CHECK(c.copied(c.p, "packed_bytes") == 2 * 200 * 4 * 512);
+    CHECK(c.copied(c.d, "unpacked_bytes") == 2 * 200 * 4 * 512);
+  }
+}
+
+TEST_CASE("TP 2 -> 1 with fragmented pages: slices gathered at each prefill rank, unpacked",
+          "[e2e][geometry]") {
+  cluster c(ranks(small(), 2), ranks(small(), 1));
+  c.run(fragmented_room(71, 200));
+  // Each prefill rank's head slice of every page, gathered into the decode's staging; the
+  // decode unpacks both heads of every token.
+  CHECK(c.copied(c.p, "packed_bytes") == 2 * 200 * 4 * 512);
+  CHECK(c.copied(c.d, "unpacked_bytes") == 200 * 4 * 1024);
 }
 
 TEST_CASE("TP 1 -> 4 with 2 KV heads: decode ranks 0,1 get head 0 and 2,3 head 1, byte-exact",
           "[e2e][geometry]") {
   cluster c(ranks(small(), 1), ranks(small(), 4));
   c.run(fragmented_room(14, 256));
+  // Each decode rank's slice packed at the prefill into its staging, scattered on commit.
+  CHECK(c.copied(c.p, "packed_bytes") == 4 * 256 * 4 * 512);
+  CHECK(c.copied(c.d, "unpacked_bytes") == 4 * 256 * 4 * 512);
   SECTION("without staging: one write per token, same bytes") {
     // A second instance with staging disabled on both sides exercises the direct path.
     auto s = small();

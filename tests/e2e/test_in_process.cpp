@@ -285,3 +285,71 @@ TEST_CASE("in process: a client's drain is refused with 400 naming why, and the 
   CHECK(prefill.stop() == 0);
   CHECK(decode.stop() == 0);
 }
+
+TEST_CASE(
+    "in process: a cancelled packed room keeps its staging and reports Failed only once every "
+    "write the prefill completed has landed",
+    "[e2e][in_process][pack]") {
+  require_provider("tcp");
+  temp_dir dir;
+  shape s = small_shape();
+  s.staging_bytes = 8 << 20;  // both sides pack through staging (core/pack.hpp)
+  s.drain_ms = 60000;         // only the held immediates may end the drain, not its deadline
+  inproc_daemon prefill(dir, "prefill-0", "prefill", s);
+  inproc_daemon decode(dir, "decode-0", "decode", s);
+  auto p = prefill.connect();
+  auto d = decode.connect();
+  // Single pages on both sides, the decode's descending: the prefill gathers every run, the
+  // decode lands them in its staging and would scatter them on commit.
+  auto room = [](uint64_t id) {
+    room_spec r = small_room(id);
+    r.src_pages.clear();
+    r.dst_pages.clear();
+    for (uint32_t i = 0; i < 100; ++i) {
+      r.src_pages.push_back(2 * i);
+      r.dst_pages.push_back(250 - 2 * i);
+    }
+    r.chunks = {100};
+    return r;
+  };
+  run_and_verify(*p, *d, prefill.control(), room(31));
+  CHECK(status_of(*p).at("staging").at("packed_bytes") > 0);
+  CHECK(status_of(*d).at("staging").at("unpacked_bytes") > 0);
+
+  // Every arrived immediate is held from the decode's Scheduler: the writes land, unseen.
+  decode.faults().arm(
+      transport::fault::of(transport::fault::kind::hold_immediates, transport::fault::always));
+  auto r = room(32);
+  stage(*p, *d, r);
+  prepare(*d, prefill.control(), r);
+  send_rest(*p, r, 0);
+  wait_status(*d, r.room, room_status::transferring);  // announced: every write was posted
+  REQUIRE(decode.faults().wait_for([](const auto& st) { return st.immediates_held > 0; }, 30s));
+  REQUIRE(d->cancel(r.room));
+  // The prefill drains (its writes complete) and tells the decode how many completed.
+  const auto pe = wait_done(*p, r.room);
+  CHECK(pe.status == room_status::failed);
+  CHECK(status_of(*p).at("staging").at("in_use") == 0);  // its packed slices are free
+  const uint64_t sent = prefill.faults().stats().writes_completed;
+  REQUIRE(decode.faults().wait_for(
+      [&](const auto& st) { return st.immediates_held == sent - st.immediates_delivered; }, 30s));
+  // The decode has not seen them land: it may not report Failed, nor let its staging go.
+  auto held = d->poll(r.room);
+  INFO(held.message);
+  REQUIRE(held);
+  CHECK(held.value.status != room_status::failed);
+  CHECK(status_of(*d).at("staging").at("in_use") > 0);
+  decode.faults().disarm();
+  CHECK(decode.faults().release_immediates() > 0);
+  const auto de = wait_done(*d, r.room);
+  CHECK(de.status == room_status::failed);
+  CHECK(de.reason == "cancelled by client");
+  CHECK(status_of(*d).at("staging").at("in_use") == 0);
+  check_nothing_held(*p);
+  check_nothing_held(*d);
+
+  // The same pages, slot and row at once: only the new room's bytes.
+  run_and_verify(*p, *d, prefill.control(), room(33));
+  CHECK(prefill.stop() == 0);
+  CHECK(decode.stop() == 0);
+}

@@ -11,6 +11,7 @@
 
 #include "core/config.hpp"
 #include "core/geometry.hpp"
+#include "core/pack.hpp"
 #include "core/plan.hpp"
 
 using namespace ferry;
@@ -52,13 +53,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   const auto runs = coalesce_runs(src, dst);
-  const uint64_t pack = pack_bytes(link, runs);
-  const uint64_t unpack = link.unpack_staging_bytes(dst.size());
+  uint64_t pack = pack_bytes(link, runs);
+  const uint64_t unpack = link.landing_bytes(dst.size());
   std::vector<planned_copy> copies;
   std::vector<planned_write> writes;
   plan_kv_chunk(link, sl, dl, runs, {uint64_t{0}, uint64_t{0}, static_cast<uint32_t>(dst.size())},
                 copies, writes);
   plan_kv_chunk(link, sl, dl, runs, {}, copies, writes);  // the per-token path as well
+  // Small runs gathered at the source into the decode's landing block (core/pack.hpp).
+  kv_options o;
+  o.dst_staging = 0;
+  o.room_pages = static_cast<uint32_t>(dst.size());
+  o.slice_bytes = 4096;
+  o.threshold = uint64_t{1} << 30;
+  const auto kp = plan_kv(link, sl, dl, runs, o);
+  writes.insert(writes.end(), kp.writes.begin(), kp.writes.end());
+  expand_pack_jobs(kp.jobs, 0, copies, writes);
+  pack = std::max(pack, kp.decision.packed_bytes);
   if (s.pools.mamba && d.pools.mamba)
     plan_state_link(link, sl, dl, static_cast<uint32_t>(s.pools.mamba->slots - 1),
                     static_cast<uint32_t>(d.pools.mamba->slots - 1), writes);

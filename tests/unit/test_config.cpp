@@ -131,6 +131,21 @@ pools:
   REQUIRE(with_kv.pools.mamba->tensors[0].shard_groups.empty());
 }
 
+TEST_CASE("pack_threshold_bytes defaults by provider, and the effective config says so",
+          "[unit][config][pack]") {
+  auto cfg = parse_ok(base_yaml);
+  CHECK_FALSE(cfg.fabric.pack_threshold_bytes.has_value());
+  CHECK(cfg.fabric.pack_threshold() == 65536);  // tcp: every write is a socket send
+  CHECK_THAT(to_yaml(cfg),
+             Catch::Contains("# pack_threshold_bytes not set: 65536 for provider tcp"));
+  cfg.fabric.provider = "shm";
+  CHECK(cfg.fabric.pack_threshold() == 8192);
+  const auto set = parse_ok(base_yaml + "fabric: {provider: shm, pack_threshold_bytes: 0}\n");
+  CHECK(set.fabric.pack_threshold() == 0);
+  const auto again = parse_ok(to_yaml(set));
+  CHECK(again.fabric.pack_threshold_bytes == uint64_t{0});
+}
+
 TEST_CASE("base test config is valid", "[unit][config]") {
   const ferry_config cfg = parse_ok(base_yaml);
   const auto valid = validate_config(cfg);

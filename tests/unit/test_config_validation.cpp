@@ -118,6 +118,10 @@ TEST_CASE("validation errors name the key and the value seen", "[unit][config]")
     REQUIRE(validate_error(base_yaml + "fabric: {max_inflight_bytes: 10}\n") ==
             "fabric.max_inflight_bytes: expected an integer in 4096..1099511627776, got 10");
   }
+  SECTION("pack threshold") {
+    REQUIRE(validate_error(base_yaml + "fabric: {pack_threshold_bytes: 2147483648}\n") ==
+            "fabric.pack_threshold_bytes: expected an integer in 0..1073741824, got 2147483648");
+  }
   SECTION("write piece") {
     REQUIRE(validate_error(base_yaml + "fabric: {write_piece_bytes: 1024}\n") ==
             "fabric.write_piece_bytes: expected an integer in 4096..1073741824, got 1024");

@@ -8,7 +8,8 @@
 // geometry.hpp or plan.hpp except plain data types; pool offsets come from make_layout.
 //
 // The simulator runs the planner for every decode rank (select_prefill_peers, make_link_plan,
-// then per chunk coalesce_runs / plan_kv_chunk, plan_state_link, plan_aux_link, plan_unpack),
+// then per chunk coalesce_runs / plan_kv_chunk or plan_kv + expand_pack_jobs, plan_state_link,
+// plan_aux_link, plan_landing and plan_unpack),
 // executes the planned copies and writes on byte vectors, and checks: the decode bytes equal the
 // reference, nothing outside the room's pages, slot, aux row and staging is touched, every
 // destination byte is written, and none is written twice.
@@ -30,6 +31,7 @@
 #include "core/config.hpp"
 #include "core/geometry.hpp"
 #include "core/layout.hpp"
+#include "core/pack.hpp"
 #include "core/plan.hpp"
 
 using namespace ferry;
@@ -451,17 +453,21 @@ std::string text(const planned_copy& c) {
 }
 
 struct run_options {
-  bool src_staging = true;   ///< the prefill packs (kv_mode::pack) into staging
-  bool dst_staging = true;   ///< the decode offers staging (kv_mode::unpack)
+  bool src_staging = true;  ///< the prefill packs (kv_mode::pack) into staging
+  bool dst_staging = true;  ///< the decode offers staging (kv_mode::unpack)
+  /// fabric.pack_threshold_bytes: 0 plans with plan_kv_chunk (one write per run); otherwise
+  /// with plan_kv and plan_landing (core/pack.hpp), packing `slice_bytes` at a time
+  uint64_t threshold = 0;
+  uint64_t slice_bytes = ~uint64_t{0};
+  /// Plan every chunk one layer range at a time (each of the prefill rank's layers alone, in a
+  /// shuffled order), as a layer-wise send does, instead of whole.
+  bool layer_wise = false;
   uint64_t piece_bytes = 0;  ///< split_pieces on every planned write batch (0: no split)
   bool reverse_decode_layers = false;
   uint32_t room_pages = 6;
   pool_sizes sizes;  ///< prefill pools; the decode's are larger (sizes may differ)
   uint64_t seed = 1;
   bool explicit_total_heads = true;  ///< decode side sets total_heads even when not needed
-  /// Plan every chunk one layer range at a time (each of the prefill rank's layers alone, in a
-  /// shuffled order), as a layer-wise send does, instead of whole.
-  bool layer_wise = false;
 };
 
 struct run_result {
@@ -605,7 +611,8 @@ run_result simulate(const model& m, uint32_t ps, uint32_t pd, const stages& pst,
     uint64_t staging_end = dst_staging_at;
     for (size_t k = 0; k < links.size(); ++k) {
       stage_at[k] = staging_end;
-      stage_len[k] = links[k].unpack_staging_bytes(R);
+      stage_len[k] = o.threshold ? plan_landing(links[k], d.pages, o.threshold, ~uint64_t{0}).bytes
+                                 : links[k].unpack_staging_bytes(R);
       staging_end += stage_len[k] + staging_gap;
     }
     d.mem[space::staging].resize(staging_end + 64);
@@ -668,14 +675,6 @@ run_result simulate(const model& m, uint32_t ps, uint32_t pd, const stages& pst,
         }
         if (next != end) problem(fmt::format("{}: runs end at {}, expected {}", lname, next, end));
 
-        staging_use su;
-        su.room_pages = R;
-        const uint64_t pb = pack_bytes(link, runs);
-        if (o.src_staging) su.src = src_staging_at;
-        if (o.dst_staging) su.dst = stage_at[k];
-        bytes src_staging(src_staging_at + pb + 32);
-        fill_random(src_staging, rng);
-        std::vector<uint8_t> packed(src_staging.size(), 0);
         // Whole, or one layer range at a time: each range's copies and writes run before the
         // next range reuses the packed staging.
         std::vector<layer_range> ranges{layer_range{}};
@@ -685,9 +684,53 @@ run_result simulate(const model& m, uint32_t ps, uint32_t pd, const stages& pst,
           std::shuffle(ranges.begin(), ranges.end(), rng);
         }
         for (const auto& range : ranges) {
+          uint64_t pb = 0;
           std::vector<planned_copy> pack;
           std::vector<planned_write> writes;
-          plan_kv_chunk(link, p.lay, d.lay, runs, su, pack, writes, range);
+          if (!o.threshold) {
+            staging_use su;
+            su.room_pages = R;
+            pb = pack_bytes(link, runs);
+            if (o.src_staging) su.src = src_staging_at;
+            if (o.dst_staging) su.dst = stage_at[k];
+            plan_kv_chunk(link, p.lay, d.lay, runs, su, pack, writes, range);
+          } else {
+            // As the Sender does: direct writes now, then the jobs a slice at a time, each slice
+            // one batch (its writes merge only within it).
+            kv_options ko;
+            if (o.dst_staging && stage_len[k]) ko.dst_staging = stage_at[k];
+            ko.room_pages = R;
+            ko.slice_bytes = o.src_staging ? o.slice_bytes : 0;
+            ko.threshold = o.threshold;
+            ko.layers = range;
+            auto plan = plan_kv(link, p.lay, d.lay, runs, ko);
+            (void)plan.decision.describe();
+            writes = plan.writes;
+            for (const auto& j : plan.jobs) {
+              if (j.bytes() > o.slice_bytes)
+                problem(fmt::format("{}: a pack job of {} bytes exceeds the slice of {}", lname,
+                                    j.bytes(), o.slice_bytes));
+              pb += j.bytes();
+            }
+            if (pb != plan.decision.packed_bytes)
+              problem(fmt::format("{}: jobs of {} bytes, but the decision says {} packed", lname, pb,
+                                  plan.decision.packed_bytes));
+            uint64_t at = src_staging_at;
+            for (size_t a = 0; a < plan.jobs.size();) {
+              size_t b = a;
+              uint64_t n = 0;
+              while (b < plan.jobs.size() && (b == a || n + plan.jobs[b].bytes() <= o.slice_bytes))
+                n += plan.jobs[b++].bytes();
+              std::vector<planned_write> slice;
+              expand_pack_jobs(std::span(plan.jobs).subspan(a, b - a), at, pack, slice);
+              writes.insert(writes.end(), slice.begin(), slice.end());
+              at += n;
+              a = b;
+            }
+          }
+          bytes src_staging(src_staging_at + pb + 32);
+          fill_random(src_staging, rng);
+          std::vector<uint8_t> packed(src_staging.size(), 0);
           split_pieces(writes, o.piece_bytes);
           for (const auto& c : pack) {
             ++res.copies;
@@ -733,10 +776,10 @@ run_result simulate(const model& m, uint32_t ps, uint32_t pd, const stages& pst,
       }
     }
 
-    // Decode side: unpack each unpack-mode link's staging once all writes have landed.
+    // Decode side: copy each link's landing block into the pages once all writes have landed.
     if (o.dst_staging)
       for (size_t k = 0; k < links.size(); ++k) {
-        if (links[k].kv != kv_mode::unpack) continue;
+        if (!stage_len[k]) continue;
         const std::string lname = fmt::format("{} -> {} (unpack)", pre[group[k]].name, d.name);
         std::vector<planned_copy> copies;
         plan_unpack(links[k], d.lay, d.pages, stage_at[k], copies);
@@ -820,16 +863,25 @@ void check_geometry(const std::string& label, const model& m, uint32_t ps, uint3
   struct variant {
     bool src, dst;
     uint64_t pieces;
+    uint64_t threshold = 0, slice = ~uint64_t{0};
   };
-  for (auto v : {variant{true, true, 7}, variant{false, false, 0}, variant{true, false, 0},
-                 variant{false, true, 0}}) {
+  // The last four pack small runs through staging on either side (every run counts as small),
+  // in slices of 96 bytes, 1 KiB or unbounded.
+  constexpr uint64_t all = uint64_t{1} << 30;
+  for (auto v :
+       {variant{true, true, 7}, variant{false, false, 0}, variant{true, false, 0},
+        variant{false, true, 0}, variant{true, true, 7, all, 96}, variant{true, true, 0, all},
+        variant{true, false, 0, all, 1024}, variant{false, true, 0, all}}) {
     if (!one_sided && v.src != v.dst) continue;
     o.src_staging = v.src;
     o.dst_staging = v.dst;
     o.piece_bytes = v.pieces;
+    o.threshold = v.threshold;
+    o.slice_bytes = v.slice;
     const auto r = simulate(m, ps, pd, pst, dst_st, o);
     INFO(label << " staging src=" << (v.src ? "yes" : "no") << " dst=" << (v.dst ? "yes" : "no")
-               << " pieces=" << v.pieces << " seed=" << o.seed);
+               << " pieces=" << v.pieces << " threshold=" << v.threshold << " slice=" << v.slice
+               << " seed=" << o.seed);
     INFO(join_problems(r));
     CHECK(r.problems.empty());
     CHECK(r.writes > 0);  // a run that planned nothing proves nothing
@@ -976,35 +1028,6 @@ TEST_CASE("geometry property: PP prefill stages into a PP 1 decode, and PP 2 int
                      m, ps, pd, attention_only_first, attention_only_first,
                      sized_for(16, seed_of({11, ps, pd})));
     }
-}
-
-TEST_CASE("geometry property: a room planned one layer at a time moves the bytes of a whole room",
-          "[unit][geometry][geometry-property]") {
-  // Every layer of a prefill rank on its own, in a shuffled order: the same bytes land, each
-  // once, whole pages, packed slices (scatter), staged rows (gather) or per-token writes alike.
-  model pp = qwen_like(16);
-  pp.kv->layer_ids = {1, 4};
-  pp.mamba_layers = {0, 2, 3, 5};
-  const stages contiguous{{0, 1, 2}, {3, 4, 5}};
-  for (uint32_t ps : tp_sizes)
-    for (uint32_t pd : tp_sizes) {
-      auto o = sized_for(1, seed_of({20, ps, pd}));
-      o.layer_wise = true;
-      check_geometry(fmt::format("layer-wise Qwen3-Next-like, Ps={} Pd={}", ps, pd), qwen_like(),
-                     ps, pd, {}, {}, o);
-      auto q = sized_for(16, seed_of({21, ps, pd}));
-      q.layer_wise = true;
-      check_geometry(fmt::format("layer-wise PP 2 -> PP 1, Ps={} Pd={}", ps, pd), pp, ps, pd,
-                     contiguous, {}, q);
-      check_geometry(fmt::format("layer-wise PP 2 -> PP 2, Ps={} Pd={}", ps, pd), pp, ps, pd,
-                     contiguous, contiguous, q);
-    }
-  model mla;
-  mla.kv = kv_model{1, 6, 2, 16, true, {0, 1}};
-  mla.aux_row_bytes = 16;
-  auto o = sized_for(16, seed_of({22}));
-  o.layer_wise = true;
-  check_geometry("layer-wise MLA Ps=2 Pd=4", mla, 2, 4, {}, {}, o);
 }
 
 TEST_CASE("geometry property: a tensor without slice_axis moves whole between equal TP sizes",
@@ -1298,4 +1321,39 @@ TEST_CASE("geometry property: select_prefill_peers names what is missing or dupl
     INFO(e);
     CHECK_THAT(e, Contains("layer 3"));
   }
+}
+
+TEST_CASE("geometry property: a room planned one layer at a time moves the bytes of a whole room",
+          "[unit][geometry][geometry-property]") {
+  // Every layer of a prefill rank on its own, in a shuffled order: the same bytes land, each
+  // once, whole pages, packed slices (scatter), staged rows (gather) or per-token writes alike.
+  model pp = qwen_like(16);
+  pp.kv->layer_ids = {1, 4};
+  pp.mamba_layers = {0, 2, 3, 5};
+  const stages contiguous{{0, 1, 2}, {3, 4, 5}};
+  for (uint32_t ps : tp_sizes)
+    for (uint32_t pd : tp_sizes) {
+      auto o = sized_for(1, seed_of({20, ps, pd}));
+      o.layer_wise = true;
+      check_geometry(fmt::format("layer-wise Qwen3-Next-like, Ps={} Pd={}", ps, pd), qwen_like(),
+                     ps, pd, {}, {}, o);
+      auto q = sized_for(16, seed_of({21, ps, pd}));
+      q.layer_wise = true;
+      auto t = sized_for(1, seed_of({23, ps, pd}));  // every run gathered, 1 KiB slices
+      t.layer_wise = true;
+      t.threshold = uint64_t{1} << 30;
+      t.slice_bytes = 1024;
+      check_geometry(fmt::format("layer-wise packed Qwen3-Next-like, Ps={} Pd={}", ps, pd),
+                     qwen_like(), ps, pd, {}, {}, t);
+      check_geometry(fmt::format("layer-wise PP 2 -> PP 1, Ps={} Pd={}", ps, pd), pp, ps, pd,
+                     contiguous, {}, q);
+      check_geometry(fmt::format("layer-wise PP 2 -> PP 2, Ps={} Pd={}", ps, pd), pp, ps, pd,
+                     contiguous, contiguous, q);
+    }
+  model mla;
+  mla.kv = kv_model{1, 6, 2, 16, true, {0, 1}};
+  mla.aux_row_bytes = 16;
+  auto o = sized_for(16, seed_of({22}));
+  o.layer_wise = true;
+  check_geometry("layer-wise MLA Ps=2 Pd=4", mla, 2, 4, {}, {}, o);
 }

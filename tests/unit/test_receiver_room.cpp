@@ -28,6 +28,7 @@ struct harness {
   room m;
   std::map<deadline_kind, uint64_t> live;
   std::string last_reason;  ///< of the last report
+  bool last_wait = true;    ///< of the last reserve_staging
 
   explicit harness(uint64_t staging = 0)
       : m(7, limits, schema(1, 0), {"p0:7401", "p1:7401"}, 100, 2, staging) {}
@@ -39,7 +40,10 @@ struct harness {
       std::visit(
           [&](const auto& x) {
             using E = std::decay_t<decltype(x)>;
-            if constexpr (std::is_same_v<E, reserve_staging>) add("reserve_staging");
+            if constexpr (std::is_same_v<E, reserve_staging>) {
+              last_wait = x.wait;
+              add("reserve_staging");
+            }
             if constexpr (std::is_same_v<E, no_staging>) add("no_staging");
             if constexpr (std::is_same_v<E, send_prepares>) add("send_prepares");
             if constexpr (std::is_same_v<E, tell>) add(x.ok ? "tell_ok" : "tell");
@@ -78,6 +82,7 @@ enum class ev {
   unusable,
   staging_reserved,
   staging_freed,
+  staging_declined,
   ack_ok,
   ack_refused,
   ack_stale,
@@ -93,19 +98,21 @@ enum class ev {
   expire_state,
   expire_drain,
 };
-constexpr ev all_events[] = {ev::resolved,           ev::unusable,     ev::staging_reserved,
-                             ev::staging_freed,      ev::ack_ok,       ev::ack_refused,
-                             ev::ack_stale,          ev::announce,     ev::outcome_failed,
-                             ev::outcome_ok,         ev::drained,      ev::landed,
-                             ev::unpacked,           ev::cancel,       ev::peer_down_fenced,
-                             ev::peer_down_unfenced, ev::expire_state, ev::expire_drain};
+constexpr ev all_events[] = {ev::resolved,         ev::unusable,           ev::staging_reserved,
+                             ev::staging_freed,    ev::staging_declined,   ev::ack_ok,
+                             ev::ack_refused,      ev::ack_stale,          ev::announce,
+                             ev::outcome_failed,   ev::outcome_ok,         ev::drained,
+                             ev::landed,           ev::unpacked,           ev::cancel,
+                             ev::peer_down_fenced, ev::peer_down_unfenced, ev::expire_state,
+                             ev::expire_drain};
 const char* name(ev e) {
-  static const char* names[] = {"resolved",           "unusable",     "staging_reserved",
-                                "staging_freed",      "ack_ok",       "ack_refused",
-                                "ack_stale",          "announce",     "outcome_failed",
-                                "outcome_ok",         "drained",      "landed",
-                                "unpacked",           "cancel",       "peer_down_fenced",
-                                "peer_down_unfenced", "expire_state", "expire_drain"};
+  static const char* names[] = {"resolved",         "unusable",           "staging_reserved",
+                                "staging_freed",    "staging_declined",   "ack_ok",
+                                "ack_refused",      "ack_stale",          "announce",
+                                "outcome_failed",   "outcome_ok",         "drained",
+                                "landed",           "unpacked",           "cancel",
+                                "peer_down_fenced", "peer_down_unfenced", "expire_state",
+                                "expire_drain"};
   return names[static_cast<int>(e)];
 }
 constexpr room_phase all_phases[] = {room_phase::bootstrapping, room_phase::waiting_for_input,
@@ -151,6 +158,8 @@ std::string run(harness& h, ev e) {
       return h.apply(h.m.staging_reserved(5));
     case ev::staging_freed:
       return h.apply(h.m.staging_freed());
+    case ev::staging_declined:
+      return h.apply(h.m.staging_declined());
     case ev::ack_ok:
       return h.apply(h.m.prepare_ack(1, 101, true, errc::ok, ""));
     case ev::ack_refused:
@@ -202,6 +211,7 @@ const row table[] = {
   {P::bootstrapping, ev::unusable,           P::bootstrapping, ""},  // resolved already
   {P::bootstrapping, ev::staging_reserved,   P::bootstrapping, "release_staging"},  // not asked
   {P::bootstrapping, ev::staging_freed,      P::bootstrapping, ""},
+  {P::bootstrapping, ev::staging_declined,   P::bootstrapping, ""},  // not asked
   {P::bootstrapping, ev::ack_ok,             P::waiting_for_input, "report:WaitingForInput"},
   {P::bootstrapping, ev::ack_refused,        P::draining, drains},
   {P::bootstrapping, ev::ack_stale,          P::bootstrapping, ""},
@@ -221,6 +231,7 @@ const row table[] = {
   {P::waiting_for_input, ev::unusable,           P::waiting_for_input, ""},
   {P::waiting_for_input, ev::staging_reserved,   P::waiting_for_input, "release_staging"},
   {P::waiting_for_input, ev::staging_freed,      P::waiting_for_input, ""},
+  {P::waiting_for_input, ev::staging_declined,   P::waiting_for_input, ""},  // not asked
   {P::waiting_for_input, ev::ack_ok,             P::waiting_for_input, ""},
   {P::waiting_for_input, ev::ack_refused,        P::draining, drains},
   {P::waiting_for_input, ev::ack_stale,          P::waiting_for_input, ""},
@@ -240,6 +251,7 @@ const row table[] = {
   {P::transferring, ev::unusable,           P::transferring, ""},
   {P::transferring, ev::staging_reserved,   P::transferring, "release_staging"},
   {P::transferring, ev::staging_freed,      P::transferring, ""},
+  {P::transferring, ev::staging_declined,   P::transferring, ""},  // not asked
   {P::transferring, ev::ack_ok,             P::transferring, ""},
   {P::transferring, ev::ack_refused,        P::draining, drains},
   {P::transferring, ev::ack_stale,          P::transferring, ""},
@@ -259,6 +271,7 @@ const row table[] = {
   {P::draining, ev::unusable,           P::draining, ""},
   {P::draining, ev::staging_reserved,   P::draining, "release_staging"},
   {P::draining, ev::staging_freed,      P::draining, ""},
+  {P::draining, ev::staging_declined,   P::draining, ""},  // not asked
   {P::draining, ev::ack_ok,             P::draining, ""},
   {P::draining, ev::ack_refused,        P::draining, ""},
   {P::draining, ev::ack_stale,          P::draining, ""},
@@ -278,6 +291,7 @@ const row table[] = {
   {P::success, ev::unusable,           P::success, ""},
   {P::success, ev::staging_reserved,   P::success, "release_staging"},
   {P::success, ev::staging_freed,      P::success, ""},
+  {P::success, ev::staging_declined,   P::success, ""},  // not asked
   {P::success, ev::ack_ok,             P::success, ""},
   {P::success, ev::ack_refused,        P::success, ""},
   {P::success, ev::ack_stale,          P::success, ""},
@@ -296,6 +310,7 @@ const row table[] = {
   {P::failed, ev::unusable,           P::failed, ""},
   {P::failed, ev::staging_reserved,   P::failed, "release_staging"},
   {P::failed, ev::staging_freed,      P::failed, ""},
+  {P::failed, ev::staging_declined,   P::failed, ""},  // not asked
   {P::failed, ev::ack_ok,             P::failed, ""},
   {P::failed, ev::ack_refused,        P::failed, ""},
   {P::failed, ev::ack_stale,          P::failed, ""},
@@ -388,6 +403,36 @@ TEST_CASE(
     h.apply(h.m.start());
     CHECK(h.resolve_both(30) == "reserve_staging");
     CHECK(h.apply(h.m.staging_freed()) == "reserve_staging");
+    CHECK(h.apply(h.m.staging_reserved(0)) == "send_prepares");
+  }
+  SECTION("a block only to scatter into is not waited for: staging full, one write per run") {
+    harness h(100);
+    h.apply(h.m.start());
+    h.apply(h.m.resolved(0, schema(2, 0), 30, true));
+    CHECK(h.apply(h.m.resolved(1, schema(2, 1), 30, true)) == "reserve_staging");
+    CHECK(h.last_wait == false);
+    CHECK(h.apply(h.m.staging_declined()) == "no_staging send_prepares");
+    REQUIRE(h.m.links().size() == 2);
+    CHECK_FALSE(h.m.links()[0].staging);
+    CHECK_FALSE(h.m.links()[1].staging);
+    CHECK(h.apply(h.m.staging_reserved(7)) == "release_staging");  // late: not ours
+  }
+  SECTION("a block to scatter into, granted: scattered on commit like an unpack") {
+    harness h(100);
+    h.apply(h.m.start());
+    h.apply(h.m.resolved(0, schema(2, 0), 30, true));
+    CHECK(h.apply(h.m.resolved(1, schema(2, 1), 0, true)) == "reserve_staging");
+    CHECK(h.apply(h.m.staging_reserved(64)) == "send_prepares");
+    CHECK(h.m.links()[0].staging == 64u);
+    CHECK_FALSE(h.m.links()[1].staging);
+  }
+  SECTION("a room that must unpack waits even beside an optional block") {
+    harness h(100);
+    h.apply(h.m.start());
+    h.apply(h.m.resolved(0, schema(2, 0), 30, false));
+    CHECK(h.apply(h.m.resolved(1, schema(2, 1), 30, true)) == "reserve_staging");
+    CHECK(h.last_wait == true);
+    CHECK(h.apply(h.m.staging_declined()) == "reserve_staging");  // asked again, waiting
     CHECK(h.apply(h.m.staging_reserved(0)) == "send_prepares");
   }
   SECTION("too large for the whole area: one write per token, no staging") {
