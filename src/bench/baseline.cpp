@@ -21,7 +21,8 @@ void* map_buffer(uint64_t bytes) {
 }  // namespace
 
 baseline_result run_baseline(const std::string& provider, const std::vector<planned_write>& request,
-                             uint32_t concurrency, uint32_t waves, uint32_t window) {
+                             uint32_t concurrency, uint32_t waves, uint32_t window,
+                             bool paced) {
   baseline_result out;
   uint64_t per_request = 0;
   for (const auto& w : request) per_request += w.length;
@@ -44,6 +45,10 @@ baseline_result run_baseline(const std::string& provider, const std::vector<plan
   raw_options opts;
   opts.provider = provider;
   opts.timeout_ms = 120000;
+  if (paced) {
+    opts.room_writes = static_cast<uint32_t>(request.size());
+    opts.rooms_in_flight = concurrency;
+  }
   pid_t pid = fork();
   if (pid < 0) {
     out.error = std::string("fork: ") + std::strerror(errno);

@@ -21,7 +21,10 @@ struct baseline_result {
 /// Post `waves` × `concurrency` copies of `request` (one request's planned writes) with `window`
 /// writes in flight. Each copy gets its own region of the source and target buffers, laid out
 /// compactly, so the memory touched is what the Ferry run touches.
+/// `paced`: each request waits for its own grant from the target, `concurrency` requests in
+/// flight (raw_options::room_writes): the raw bound with one control round trip per room.
 baseline_result run_baseline(const std::string& provider, const std::vector<planned_write>& request,
-                             uint32_t concurrency, uint32_t waves, uint32_t window);
+                             uint32_t concurrency, uint32_t waves, uint32_t window,
+                             bool paced = false);
 
 }  // namespace ferry::bench

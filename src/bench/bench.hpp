@@ -43,6 +43,8 @@ struct options {
   bool pipeline = false;          ///< keep `concurrency` rooms in flight instead of running waves
   /// Waves: one request per round trip, as before pipelined requests (client::pipeline).
   bool serial_requests = false;
+  /// Also a paced raw baseline: each room's writes wait for one control message (its grant).
+  bool paced_baseline = false;
   uint32_t background_rooms = 0;  ///< fairness: this many large rooms flow meanwhile
   uint32_t background_tokens = 4096;
   double layer_wise_ms = 0;  ///< --layer-wise: one layer group made every this many ms (0: off)

@@ -68,6 +68,10 @@ CLI::Option* add_options(CLI::App& app, options& o, bool& no_baseline) {
                "and then its sends, in one pipelined write per daemon, as an engine's scheduler "
                "step would)");
   app.add_flag("--no-baseline", no_baseline, "skip the raw-fabric baseline (and reference)");
+  app.add_flag("--paced-baseline", o.paced_baseline,
+               "also a paced raw baseline per run: each room's writes wait for one control "
+               "message from the target, --concurrency rooms in flight (the raw bound with a "
+               "control round trip per room)");
   app.add_option("--provider", o.provider,
                  "libfabric provider of the baseline (default: the daemons' provider)");
   app.add_option("--piece-bytes", o.piece_bytes,

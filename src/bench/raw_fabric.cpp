@@ -65,6 +65,21 @@ raw_target_result raw_target(const raw_options& options, int fd, void* buffer, u
   std::memcpy(&start, body.data(), sizeof start);
   const uint64_t expected_writes = start.expected;
 
+  // Paced: grant the first rooms, then one more as each room's last notification arrives.
+  const uint64_t rw = options.room_writes;
+  const uint64_t rooms = rw ? (expected_writes + rw - 1) / rw : 0;
+  std::vector<uint32_t> landed(rooms, 0);
+  uint64_t granted = 0;
+  auto grant = [&]() -> std::string {
+    const grant_body g{granted++};
+    return send_msg(fd, msg_kind::go, &g, sizeof g);
+  };
+  while (granted < std::min<uint64_t>(rooms, std::max<uint32_t>(options.rooms_in_flight, 1)))
+    if (auto e = grant(); !e.empty()) {
+      out.error = e;
+      return out;
+    }
+
   fi_cq_data_entry entries[64];
   auto last_progress = clock_type::now();
   uint64_t empty_polls = 0;
@@ -72,8 +87,14 @@ raw_target_result raw_target(const raw_options& options, int fd, void* buffer, u
     ssize_t n = fi_cq_read(ep.cq.get(), entries, 64);
     if (n > 0) {
       for (ssize_t i = 0; i < n; ++i) {
-        if (entries[i].flags & FI_REMOTE_CQ_DATA) ++out.writes;
+        if (!(entries[i].flags & FI_REMOTE_CQ_DATA)) continue;
+        ++out.writes;
+        const uint64_t room = rw ? entries[i].data / rw : 0;
+        if (rw && room < rooms && ++landed[room] == std::min(rw, expected_writes - room * rw) &&
+            granted < rooms)
+          if (auto e = grant(); !e.empty()) out.error = e;
       }
+      if (!out.error.empty()) break;
       last_progress = clock_type::now();
       ep.sleep_step = {};
       continue;
@@ -171,18 +192,38 @@ raw_initiator_result raw_initiator(const raw_options& options, int fd, const voi
   fi_cq_data_entry entries[64];
   size_t next = 0, completed = 0;
   bool got_done = false;  // the target's `done` may overtake our last local completions
-  // The target's "done" (all writes counted) may arrive while we still post or progress.
+  // Paced: writes below `allowed` belong to granted rooms (rooms are granted in order).
+  const bool paced = options.room_writes > 0 && per_write;
+  size_t allowed = paced ? 0 : writes.size();
+  // The target's "done" (all writes counted) may arrive while we still post or progress; so,
+  // paced, may its grants.
   auto receive_done = [&] {
-    out.error = recv_msg(fd, msg_kind::done, body, deadline);
+    msg_kind kind{};
+    out.error = recv_either(fd, msg_kind::done, paced ? msg_kind::go : msg_kind::done, kind, body,
+                            deadline);
+    if (out.error.empty() && kind == msg_kind::go) {
+      grant_body g{};
+      std::memcpy(&g, body.data(), std::min(body.size(), sizeof g));
+      allowed = std::min<size_t>(writes.size(),
+                                 std::max<size_t>(allowed, (g.room + 1) * options.room_writes));
+      return true;
+    }
     got_done = out.error.empty();
     return got_done;
+  };
+  // Paced: take every grant already on the socket, without waiting.
+  auto take_grants = [&] {
+    for (pollfd pfd{fd, POLLIN, 0}; paced && !got_done && ::poll(&pfd, 1, 0) > 0;)
+      if (!receive_done()) return false;
+    return true;
   };
   auto last_progress = clock_type::now();
   const auto start = clock_type::now();
   const char* src = static_cast<const char*>(source);
   while (completed < writes.size()) {
     bool progressed = false;
-    while (!free_contexts.empty() && next < writes.size()) {
+    if (next == allowed && !take_grants()) return out;
+    while (!free_contexts.empty() && next < allowed) {
       const raw_write& w = writes[next];
       void* buf = const_cast<char*>(src + w.src_offset);
       const uint64_t dst = hello.remote_base + w.dst_offset;

@@ -55,6 +55,14 @@ struct raw_options {
   int poll_us = 30;  ///< empty CQ polls continue this long before waiting; < 0: never wait
                      ///< (busy-poll: unfair on few cores, often slower there)
   bool cq_data_per_write = true;  ///< initiator only: see "Commit styles" above
+  /// Paced: the writes form rooms of `room_writes` consecutive writes, and the initiator may
+  /// post a room's writes only once the target granted the room with one `go` message on the
+  /// socket; the target grants `rooms_in_flight` rooms at the start and one more each time a
+  /// room's last notification arrives. One control message and one notification count per
+  /// room, as a decode room's prepare and commit: the raw bound of a room's round trip.
+  /// 0: not paced (every write may go at once, the window permitting).
+  uint32_t room_writes = 0;
+  uint32_t rooms_in_flight = 1;
 };
 
 /// What the target saw.

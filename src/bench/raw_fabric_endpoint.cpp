@@ -69,16 +69,24 @@ std::string recv_all(int fd, void* data, size_t len, clock_type::time_point dead
 }
 
 /// Receive one message; an `error` message from the peer becomes the returned error.
-std::string recv_msg(int fd, msg_kind expected, std::string& body,
-                     clock_type::time_point deadline) {
+std::string recv_either(int fd, msg_kind a, msg_kind b, msg_kind& kind, std::string& body,
+                        clock_type::time_point deadline) {
   msg_header h{};
   if (auto e = recv_all(fd, &h, sizeof h, deadline); !e.empty()) return e;
   if (h.magic != magic || h.length > (1u << 20)) return "malformed message from peer process";
   body.resize(h.length);
   if (auto e = recv_all(fd, body.data(), body.size(), deadline); !e.empty()) return e;
   if (h.kind == static_cast<uint32_t>(msg_kind::error)) return "peer process failed: " + body;
-  if (h.kind != static_cast<uint32_t>(expected)) return "unexpected message from peer process";
+  if (h.kind != static_cast<uint32_t>(a) && h.kind != static_cast<uint32_t>(b))
+    return "unexpected message from peer process";
+  kind = static_cast<msg_kind>(h.kind);
   return {};
+}
+
+std::string recv_msg(int fd, msg_kind expected, std::string& body,
+                     clock_type::time_point deadline) {
+  msg_kind kind{};
+  return recv_either(fd, expected, expected, kind, body, deadline);
 }
 
 // ----- endpoint ------------------------------------------------------------------------------

@@ -71,6 +71,9 @@ struct hello_body {
 struct start_body {
   uint64_t expected;  ///< remote CQ data entries the target is to count
 };
+struct grant_body {
+  uint64_t room;  ///< the paced baseline's `go`: this room may go (raw_options::room_writes)
+};
 struct done_body {
   uint64_t writes;
   uint64_t checksum;
@@ -86,6 +89,9 @@ int remaining_ms(clock_type::time_point deadline);
 std::string recv_all(int fd, void* data, size_t len, clock_type::time_point deadline);
 /// Receive one message; an `error` message from the peer becomes the returned error.
 std::string recv_msg(int fd, msg_kind expected, std::string& body, clock_type::time_point deadline);
+/// Receive one message of either kind `a` or `b`; its kind in `kind`.
+std::string recv_either(int fd, msg_kind a, msg_kind b, msg_kind& kind, std::string& body,
+                        clock_type::time_point deadline);
 
 // ----- endpoint ------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ namespace {
 
 /// What a run accumulates across repeats.
 struct tally {
-  std::vector<double> latencies_ms, ferry_runs, raw_runs;
+  std::vector<double> latencies_ms, ferry_runs, raw_runs, raw_paced_runs;
   uint32_t done = 0, failed = 0;
   clock_type::time_point last_progress = clock_type::now();
 };
@@ -227,6 +227,19 @@ nlohmann::json finish_run(context& ctx, tally& t, uint32_t rep, double transfer_
       raw_text =
           fmt::format("raw {:.2f} GB/s, ratio {:.2f}", r.gbps, r.gbps > 0 ? gbs / r.gbps : 0.0);
     }
+    if (o.paced_baseline) {
+      auto p = run_baseline(ctx.provider, ctx.one, o.concurrency, waves, o.window, true);
+      if (!p.error.empty()) {
+        raw_text += "; paced raw failed: " + p.error;
+        run["raw_paced_error"] = p.error;
+      } else {
+        t.raw_paced_runs.push_back(p.gbps);
+        run["raw_paced_gbps"] = p.gbps;
+        run["ratio_paced"] = p.gbps > 0 ? gbs / p.gbps : 0.0;
+        raw_text += fmt::format("; paced raw {:.2f} GB/s, ratio {:.2f}", p.gbps,
+                                p.gbps > 0 ? gbs / p.gbps : 0.0);
+      }
+    }
   }
   ctx.report() << fmt::format(
       "run {}/{}: ferry {:.2f} GB/s ({} requests, {:.3f} s of transfer, {:.0f} rooms/s); {}\n",
@@ -264,6 +277,13 @@ void summarize(context& ctx, const tally& t) {
         ctx.one.size(), o.window, raw_gbs, percentile(t.raw_runs, 0), percentile(t.raw_runs, 1));
     ctx.report() << fmt::format("ratio: ferry / raw = {:.2f} (medians)\n",
                                 raw_gbs > 0 ? ferry_gbs / raw_gbs : 0.0);
+  }
+  if (!t.raw_paced_runs.empty()) {
+    const double paced = percentile(t.raw_paced_runs, 0.5);
+    ctx.report() << fmt::format(
+        "paced raw fabric (one control message per room, {} rooms in flight): median {:.2f} GB/s; "
+        "ferry / paced raw = {:.2f}\n",
+        o.concurrency, paced, paced > 0 ? ferry_gbs / paced : 0.0);
   }
   std::vector<double> rates, writes, cpu_p, cpu_d;
   for (const auto& r : ctx.out["runs"]) {
@@ -303,6 +323,15 @@ void summarize(context& ctx, const tally& t) {
                       {"gbps_max", percentile(t.raw_runs, 1)},
                       {"window", o.window}};
     ctx.out["ratio"] = raw_gbs > 0 ? ferry_gbs / raw_gbs : 0.0;
+  }
+  ctx.out["raw_paced"] = nullptr;
+  if (!t.raw_paced_runs.empty()) {
+    const double paced = percentile(t.raw_paced_runs, 0.5);
+    ctx.out["raw_paced"] = {{"gbps_median", paced},
+                            {"gbps_min", percentile(t.raw_paced_runs, 0)},
+                            {"gbps_max", percentile(t.raw_paced_runs, 1)},
+                            {"rooms_in_flight", o.concurrency},
+                            {"ratio", paced > 0 ? ferry_gbs / paced : 0.0}};
   }
   ctx.out["verified"] = o.verify ? nlohmann::json(ctx.verified) : nlohmann::json(nullptr);
   ctx.out["first_failure"] = ctx.first_failure;

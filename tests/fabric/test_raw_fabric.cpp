@@ -12,7 +12,9 @@ using namespace ferry::test;
 
 namespace {
 
-void raw_target_in_child(const std::string& provider, bool cq_data_per_write) {
+/// `room_writes` > 0: paced, rooms of that many writes, 3 in flight (raw_options::room_writes).
+void raw_target_in_child(const std::string& provider, bool cq_data_per_write,
+                         uint32_t room_writes = 0) {
   require_provider(provider);
   constexpr uint64_t region = 8 << 20;
   // Mixed sizes, destination order shuffled against the source, 16 in flight.
@@ -37,6 +39,8 @@ void raw_target_in_child(const std::string& provider, bool cq_data_per_write) {
     raw_options o;
     o.provider = provider;
     o.timeout_ms = 15000;
+    o.room_writes = room_writes;
+    o.rooms_in_flight = 3;
     auto r = raw_target(o, sv[1], target.data(), target.size(), true);
     ::_exit(r.error.empty() ? 0 : 1);
   }
@@ -52,6 +56,8 @@ void raw_target_in_child(const std::string& provider, bool cq_data_per_write) {
   o.provider = provider;
   o.timeout_ms = 15000;
   o.cq_data_per_write = cq_data_per_write;
+  o.room_writes = room_writes;
+  o.rooms_in_flight = 3;
   auto r = raw_initiator(o, sv[0], source.data(), source.size(), writes, 16);
   ::close(sv[0]);
   int status = 0;
@@ -73,10 +79,16 @@ void raw_target_in_child(const std::string& provider, bool cq_data_per_write) {
 TEST_CASE("raw fabric baseline writes into a target process (tcp)", "[fabric][tcp]") {
   SECTION("remote CQ data on every write") { raw_target_in_child("tcp", true); }
   SECTION("plain writes and a final marker") { raw_target_in_child("tcp", false); }
+  SECTION("paced: rooms of 7 writes, each granted by the target") {
+    raw_target_in_child("tcp", true, 7);
+  }
 }
 TEST_CASE("raw fabric baseline writes into a target process (shm)", "[fabric][shm]") {
   SECTION("remote CQ data on every write") { raw_target_in_child("shm", true); }
   SECTION("plain writes and a final marker") { raw_target_in_child("shm", false); }
+  SECTION("paced: rooms of 7 writes, each granted by the target") {
+    raw_target_in_child("shm", true, 7);
+  }
 }
 
 TEST_CASE("raw fabric baseline reports a missing provider to both sides", "[fabric]") {
