@@ -21,8 +21,7 @@ void* map_buffer(uint64_t bytes) {
 }  // namespace
 
 baseline_result run_baseline(const std::string& provider, const std::vector<planned_write>& request,
-                             uint32_t concurrency, uint32_t waves, uint32_t window,
-                             bool paced) {
+                             uint32_t concurrency, uint32_t waves, uint32_t window, bool paced) {
   baseline_result out;
   uint64_t per_request = 0;
   for (const auto& w : request) per_request += w.length;

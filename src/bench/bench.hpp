@@ -40,7 +40,7 @@ struct options {
   uint32_t chunk_tokens = 0;
   double fragmentation = 0.0;
   bool verify = false;
-  bool pipeline = false;          ///< keep `concurrency` rooms in flight instead of running waves
+  bool pipeline = false;  ///< keep `concurrency` rooms in flight instead of running waves
   /// Waves: one request per round trip, as before pipelined requests (client::pipeline).
   bool serial_requests = false;
   /// Also a paced raw baseline: each room's writes wait for one control message (its grant).
@@ -49,7 +49,7 @@ struct options {
   uint32_t background_tokens = 4096;
   double layer_wise_ms = 0;  ///< --layer-wise: one layer group made every this many ms (0: off)
   uint32_t layer_group = 1;  ///< --layer-group: global layers per layer-wise send
-  bool latency = false;                ///< --latency: one room at a time, prepare to Success
+  bool latency = false;      ///< --latency: one room at a time, prepare to Success
   std::vector<double> gaps_ms{0, 50};  ///< --latency: idle gaps before each timed room
   double open_loop_rate = 0;           ///< --open-loop: Poisson arrivals per second (0: off)
   std::string mix = "16:0.90,4096:0.09,32768:0.01";  ///< --open-loop: token count:fraction

@@ -154,7 +154,8 @@ std::optional<int> context::open_rooms(const std::vector<uint64_t>& ids, bool cl
       if (clear)
         if (auto e = client::clear_room(*dc, plans[c].dst, state_of(c), row_of(c)); !e)
           return fail_on(*dc, e.error(), "clear: ");
-      batch.push_back(proto::prepare{ids[c], prefill_controls, plans[c].dst, state_of(c), row_of(c)});
+      batch.push_back(
+          proto::prepare{ids[c], prefill_controls, plans[c].dst, state_of(c), row_of(c)});
       batch.push_back(proto::subscribe{ids[c]});
     }
     const auto answers = dc->pipeline(batch);

@@ -713,8 +713,8 @@ run_result simulate(const model& m, uint32_t ps, uint32_t pd, const stages& pst,
               pb += j.bytes();
             }
             if (pb != plan.decision.packed_bytes)
-              problem(fmt::format("{}: jobs of {} bytes, but the decision says {} packed", lname, pb,
-                                  plan.decision.packed_bytes));
+              problem(fmt::format("{}: jobs of {} bytes, but the decision says {} packed", lname,
+                                  pb, plan.decision.packed_bytes));
             uint64_t at = src_staging_at;
             for (size_t a = 0; a < plan.jobs.size();) {
               size_t b = a;
