@@ -190,6 +190,18 @@ inline proto::event wait_done(client::client& c, uint64_t room) {
   return e.value;
 }
 
+/// Cancel the room through `by` and check it failed on both sides: `by` says "cancelled by
+/// client", `other` that its peer reported it.
+inline void cancel_and_check(client::client& by, client::client& other, uint64_t room) {
+  REQUIRE(by.cancel(room));
+  auto own = wait_done(by, room);
+  CHECK(own.status == room_status::failed);
+  CHECK(own.reason == "cancelled by client");
+  auto far = wait_done(other, room);
+  CHECK(far.status == room_status::failed);
+  CHECK_THAT(far.reason, Catch::Contains("reported: cancelled by client"));
+}
+
 /// Subscribe and wait (bounded) until the room reaches at least `status` or fails; the event.
 inline proto::event wait_for_status_or_end(client::client& c, uint64_t room, room_status status) {
   c.discard_events(room);  // the subscription pushes the current status first

@@ -86,23 +86,9 @@ TEST_CASE(
   send_chunk(*c.p, a, 0);
   wait_status(*c.d, a.room, room_status::transferring);
 
-  SECTION("cancelled by the decode client") {
-    REQUIRE(c.d->cancel(a.room));
-    auto de = wait_done(*c.d, a.room);
-    CHECK(de.status == room_status::failed);
-    CHECK(de.reason == "cancelled by client");
-    auto pe = wait_done(*c.p, a.room);
-    CHECK(pe.status == room_status::failed);
-    CHECK_THAT(pe.reason, Catch::Contains("reported: cancelled by client"));
-  }
+  SECTION("cancelled by the decode client") { cancel_and_check(*c.d, *c.p, a.room); }
   SECTION("cancelled by the prefill client") {
-    REQUIRE(c.p->cancel(a.room));
-    auto pe = wait_done(*c.p, a.room);
-    CHECK(pe.status == room_status::failed);
-    CHECK(pe.reason == "cancelled by client");
-    auto de = wait_done(*c.d, a.room);
-    CHECK(de.status == room_status::failed);
-    CHECK_THAT(de.reason, Catch::Contains("reported: cancelled by client"));
+    cancel_and_check(*c.p, *c.d, a.room);
     // Its remaining chunk is refused with the reason, not queued.
     auto late = c.p->send({a.room, {}, true, a.src_slot, a.src_row});
     CHECK_FALSE(late);

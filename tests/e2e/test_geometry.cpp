@@ -142,6 +142,21 @@ shape small() {
   return s;
 }
 
+/// Two prefill PP stages (KV layers 3, 7 | 11, 15; state layers 0-2 | 8, 9) into one decode
+/// that holds every layer.
+cluster pp2_to_1() {
+  shape stage0 = small(), stage1 = small(), whole = small();
+  stage0.pp_size = stage1.pp_size = 2;
+  stage1.pp_rank = 1;
+  stage0.kv_layer_ids = {3, 7};
+  stage0.mamba_layer_ids = {0, 1, 2};
+  stage1.kv_layer_ids = {11, 15};
+  stage1.mamba_layer_ids = {8, 9};
+  whole.kv_layer_ids = {3, 7, 11, 15};
+  whole.mamba_layer_ids = {0, 1, 2, 8, 9};
+  return cluster({stage0, stage1}, {whole});
+}
+
 }  // namespace
 
 TEST_CASE("TP 4 -> 2: each decode rank gathers from two prefill ranks, byte-exact",
@@ -191,16 +206,7 @@ TEST_CASE("TP 1 -> 4 with 2 KV heads: decode ranks 0,1 get head 0 and 2,3 head 1
 
 TEST_CASE("PP 2 -> 1: layers paired by global id from both prefill stages, byte-exact",
           "[e2e][geometry]") {
-  shape stage0 = small(), stage1 = small(), whole = small();
-  stage0.pp_size = stage1.pp_size = 2;
-  stage1.pp_rank = 1;
-  stage0.kv_layer_ids = {3, 7};
-  stage0.mamba_layer_ids = {0, 1, 2};
-  stage1.kv_layer_ids = {11, 15};
-  stage1.mamba_layer_ids = {8, 9};
-  whole.kv_layer_ids = {3, 7, 11, 15};
-  whole.mamba_layer_ids = {0, 1, 2, 8, 9};
-  cluster c({stage0, stage1}, {whole});
+  cluster c = pp2_to_1();
   c.run(fragmented_room(21, 150));
 
   SECTION("a decode layer no named stage holds fails the room, naming the layer") {
@@ -309,16 +315,7 @@ TEST_CASE("layer-wise sends under TP and PP mismatches land byte-exact", "[e2e][
     c.run(fragmented_room(52, 90));
   }
   SECTION("PP 2 -> 1: each stage sends its own layers") {
-    shape stage0 = small(), stage1 = small(), whole = small();
-    stage0.pp_size = stage1.pp_size = 2;
-    stage1.pp_rank = 1;
-    stage0.kv_layer_ids = {3, 7};
-    stage0.mamba_layer_ids = {0, 1, 2};
-    stage1.kv_layer_ids = {11, 15};
-    stage1.mamba_layer_ids = {8, 9};
-    whole.kv_layer_ids = {3, 7, 11, 15};
-    whole.mamba_layer_ids = {0, 1, 2, 8, 9};
-    cluster c({stage0, stage1}, {whole});
+    cluster c = pp2_to_1();
     c.layer_wise = true;
     c.run(fragmented_room(53, 90));
     // A stage refuses a layer it does not hold.

@@ -187,24 +187,8 @@ TEST_CASE(
   wait_status(*c.d, a.room, room_status::transferring);
   CHECK(status_of(*c.d)["staging"]["in_use"] > 0);  // its landing block
 
-  SECTION("cancelled by the decode client") {
-    REQUIRE(c.d->cancel(a.room));
-    auto de = wait_done(*c.d, a.room);
-    CHECK(de.status == room_status::failed);
-    CHECK(de.reason == "cancelled by client");
-    auto pe = wait_done(*c.p, a.room);
-    CHECK(pe.status == room_status::failed);
-    CHECK_THAT(pe.reason, Catch::Contains("reported: cancelled by client"));
-  }
-  SECTION("cancelled by the prefill client") {
-    REQUIRE(c.p->cancel(a.room));
-    auto pe = wait_done(*c.p, a.room);
-    CHECK(pe.status == room_status::failed);
-    CHECK(pe.reason == "cancelled by client");
-    auto de = wait_done(*c.d, a.room);
-    CHECK(de.status == room_status::failed);
-    CHECK_THAT(de.reason, Catch::Contains("reported: cancelled by client"));
-  }
+  SECTION("cancelled by the decode client") { cancel_and_check(*c.d, *c.p, a.room); }
+  SECTION("cancelled by the prefill client") { cancel_and_check(*c.p, *c.d, a.room); }
   // Failed came only once nothing of the room could land or be copied any more: both staging
   // areas are free, and no write arrives afterwards (it would count as stray).
   check_nothing_held(*c.p);
