@@ -269,10 +269,9 @@ result<none> client::subscribe(uint64_t room) {
   forget_lost(room);
   if (auto e = enter(); !e) return e;
   // Counted before it is sent: the first event (the current status) may come before the ok.
-  const bool added = std::find(subscribed_.begin(), subscribed_.end(), room) == subscribed_.end();
-  if (added) subscribed_.push_back(room);
+  const bool added = subscribed_.insert(room).second;
   auto r = expect_ok(proto::subscribe{room});
-  if (!r && added) std::erase(subscribed_, room);
+  if (!r && added) subscribed_.erase(room);
   return r;
 }
 
@@ -654,13 +653,12 @@ void client::note_lost(const ferry::error& e) {
       "ferryd at {} went away ({}) before the room ended; a room does not survive its ferryd: a "
       "restarted daemon does not know it",
       socket_path_, drained ? "it drained and stopped" : e.message);
-  std::vector<uint64_t> rooms = std::move(subscribed_);
+  std::vector<uint64_t> rooms(subscribed_.begin(), subscribed_.end());
   subscribed_.clear();
   std::sort(rooms.begin(), rooms.end());
   for (uint64_t room : rooms) {
     events_.push_back(proto::event{room, room_status::failed, reason, errc::peer_lost, 0});
-    if (std::find(lost_rooms_.begin(), lost_rooms_.end(), room) == lost_rooms_.end())
-      lost_rooms_.push_back(room);
+    lost_rooms_.insert(room);
   }
   connection_notice n;
   n.what = connection_notice::kind::disconnected;
@@ -682,7 +680,7 @@ void client::notify(const connection_notice& n) {
 }
 
 void client::note_event(const proto::event& ev) {
-  if (is_terminal(ev.status)) std::erase(subscribed_, ev.room);
+  if (is_terminal(ev.status)) subscribed_.erase(ev.room);
 }
 
 void client::note_error_reply(const proto::error& e) {
@@ -696,9 +694,7 @@ void client::note_error_reply(const proto::error& e) {
 }
 
 void client::forget_lost(uint64_t room) {
-  auto it = std::find(lost_rooms_.begin(), lost_rooms_.end(), room);
-  if (it == lost_rooms_.end()) return;
-  lost_rooms_.erase(it);
+  if (lost_rooms_.erase(room) == 0) return;
   std::erase_if(events_, [room](const proto::event& e) {
     return e.room == room && e.status == room_status::failed && e.code == errc::peer_lost;
   });

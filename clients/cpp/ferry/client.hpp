@@ -29,6 +29,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "core/protocol.hpp"
@@ -291,12 +292,13 @@ class client {
   bool gave_up_ = false;
   bool draining_ = false;
   uint32_t generation_ = 1;
-  std::vector<uint64_t> subscribed_;  ///< subscribed on this connection, not yet terminal
+  /// Subscribed on this connection, not yet terminal (a set: an engine may hold thousands).
+  std::unordered_set<uint64_t> subscribed_;
   std::vector<registration> registrations_;
-  bool was_mapped_[pool_kind_count] = {};  ///< daemon pools mapped before the loss
-  std::vector<uint64_t> lost_rooms_;       ///< rooms reported Failed for a loss, until reused
-  ferry::error loss_;                      ///< why the connection was lost
-  std::string lost_instance_;              ///< the daemon's instance before the loss
+  bool was_mapped_[pool_kind_count] = {};    ///< daemon pools mapped before the loss
+  std::unordered_set<uint64_t> lost_rooms_;  ///< rooms reported Failed for a loss, until reused
+  ferry::error loss_;                        ///< why the connection was lost
+  std::string lost_instance_;                ///< the daemon's instance before the loss
   std::chrono::steady_clock::time_point down_since_{}, next_attempt_{};
   uint32_t attempts_ = 0;  ///< failed attempts since the loss
   ferry::error attempt_error_;
