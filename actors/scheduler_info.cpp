@@ -54,6 +54,7 @@ json status_doc(scheduler_state& st) {
            {{"bytes", staging ? staging->bytes : 0},
             {"in_use", staging ? staging->in_use() : 0},
             {"waits", staging ? staging->waits() : 0}}},
+          {"timers", st.ctx->timers ? st.ctx->timers->pending() : 0},
           {"draining", st.draining},
           {"log", log_doc()}};
 }
