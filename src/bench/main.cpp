@@ -32,6 +32,7 @@
 #include <variant>
 
 #include "bench/baseline.hpp"
+#include "bench/scale.hpp"
 #include "cli/common.hpp"
 #include "core/geometry.hpp"
 #include "core/plan.hpp"
@@ -212,6 +213,8 @@ int main(int argc, char** argv) {
                                   "then goes to stderr), or written to FILE ('-': stdout)")
                        ->type_name("[FILE]")
                        ->expected(0, 1);
+  bench::scale::options scale_opts;
+  bench::scale::add_options(app, scale_opts);
   app.footer(
       "Exit codes: 0 all committed, 1 some failed, 2 usage, 3 ferryd unreachable or lost, "
       "4 timed out (docs/cli.md)");
@@ -235,6 +238,11 @@ int main(int argc, char** argv) {
     o.room_base =
         static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) &
         0x7fff'ffff'0000'0000ull;
+
+  if (bench::scale::wanted(scale_opts))  // --hold, --fan-in-socket: src/bench/scale*.cpp
+    return bench::scale::run(scale_opts,
+                             {o.prefill_sockets, o.decode_sockets, o.prompt_tokens, o.requests,
+                              o.concurrency, o.repeat, o.verify, o.room_base, o.json});
 
   // One client per rank; every prefill rank uses the same page lists and slots (as TP ranks of
   // one engine do), and so does every decode rank.
