@@ -105,7 +105,7 @@ void apply(receiver_actor* self, receiver::effects fx) {
         [&](auto& x) {
           using E = std::decay_t<decltype(x)>;
           if constexpr (std::is_same_v<E, receiver::reserve_staging>) {
-            auto at = st.ctx->staging->allocate_or_wait(x.bytes, caf::actor_cast<caf::actor>(self));
+            auto at = staging_or_wait(self, st.ctx, x.bytes);
             if (!at) {
               st.ctx->log_room->debug("room={} waiting for {} bytes of staging", st.prep.room,
                                       x.bytes);

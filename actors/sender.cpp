@@ -169,8 +169,7 @@ void pump(sender_actor* self) {
       const uint64_t budget = pack_slice_bytes(ctx) / link.row.length;
       while (n < l.jobs.size() && (n == 0 || tokens + l.jobs[n].tokens <= budget))
         tokens += l.jobs[n++].tokens;
-      auto at = ctx.staging->allocate_or_wait(tokens * link.row.length,
-                                              caf::actor_cast<caf::actor>(self));
+      auto at = staging_or_wait(self, st.ctx, tokens * link.row.length);
       if (!at) return;  // resumed by batch_done or staging_atom
       st.copies.clear();
       st.writes.clear();
