@@ -205,7 +205,7 @@ result<proto::message> client::exchange(const std::vector<uint8_t>& bytes,
     if (!r) return r;
     if (auto* ev = std::get_if<proto::event>(&r.value)) {
       note_event(*ev);
-      events_.push_back(std::move(*ev));
+      events_.push(std::move(*ev));
       continue;
     }
     // An error with seq 0 is about the connection itself (refused, or an incomplete frame),
@@ -327,11 +327,10 @@ result<proto::event> client::next_event(std::chrono::milliseconds timeout) {
     auto r = read_event(deadline);
     if (!r && events_.empty()) return r;
     if (!r) break;  // the loss left the Failed events of the subscribed rooms
-    events_.push_back(std::move(r.value));
+    events_.push(std::move(r.value));
   }
   result<proto::event> o;
-  o.value = std::move(events_.front());
-  events_.pop_front();
+  o.value = std::move(*events_.pop_front());
   return o;
 }
 
@@ -355,33 +354,31 @@ result<proto::event> client::read_event(std::chrono::steady_clock::time_point de
 }
 
 void client::discard_events(uint64_t room) {
-  std::erase_if(events_, [room](const proto::event& e) { return e.room == room; });
+  events_.erase_room(room, [](const proto::event&) { return true; });
 }
 
 result<proto::event> client::wait_terminal(uint64_t room, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (bool entered = false;;) {
-    for (auto it = events_.begin(); it != events_.end(); ++it)
-      if (it->room == room && is_terminal(it->status)) {
-        result<proto::event> o;
-        o.value = std::move(*it);
-        events_.erase(it);
-        return o;
-      }
-    if (!entered) {  // not kept already: ferryd must say it
-      entered = true;
-      if (auto e = enter(); !e) return error{e.code, fmt::format("room {}: {}", room, e.message)};
-    }
+  auto kept = [this, room]() -> std::optional<result<proto::event>> {
+    auto e = events_.take_terminal(room);
+    if (!e) return std::nullopt;
+    result<proto::event> o;
+    o.value = std::move(*e);
+    return o;
+  };
+  if (auto o = kept()) return std::move(*o);
+  // Not kept already: ferryd must say it. Other rooms' events read meanwhile are kept, and the
+  // one awaited is handed out as it comes, without a look at the kept ones.
+  if (auto e = enter(); !e) return error{e.code, fmt::format("room {}: {}", room, e.message)};
+  for (;;) {
     auto r = read_event(deadline);
     if (!r) {
       // A loss keeps a Failed event for every subscribed room: this one's answers the wait.
-      auto it = std::find_if(events_.begin(), events_.end(), [room](const proto::event& e) {
-        return e.room == room && is_terminal(e.status);
-      });
-      if (it == events_.end()) return error{r.code, fmt::format("room {}: {}", room, r.message)};
-      continue;
+      if (auto o = kept()) return std::move(*o);
+      return error{r.code, fmt::format("room {}: {}", room, r.message)};
     }
-    events_.push_back(std::move(r.value));
+    if (r.value.room == room && is_terminal(r.value.status)) return r;
+    events_.push(std::move(r.value));
   }
 }
 
@@ -657,7 +654,7 @@ void client::note_lost(const ferry::error& e) {
   subscribed_.clear();
   std::sort(rooms.begin(), rooms.end());
   for (uint64_t room : rooms) {
-    events_.push_back(proto::event{room, room_status::failed, reason, errc::peer_lost, 0});
+    events_.push(proto::event{room, room_status::failed, reason, errc::peer_lost, 0});
     lost_rooms_.insert(room);
   }
   connection_notice n;
@@ -695,8 +692,8 @@ void client::note_error_reply(const proto::error& e) {
 
 void client::forget_lost(uint64_t room) {
   if (lost_rooms_.erase(room) == 0) return;
-  std::erase_if(events_, [room](const proto::event& e) {
-    return e.room == room && e.status == room_status::failed && e.code == errc::peer_lost;
+  events_.erase_room(room, [](const proto::event& e) {
+    return e.status == room_status::failed && e.code == errc::peer_lost;
   });
 }
 
