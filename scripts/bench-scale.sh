@@ -79,16 +79,18 @@ for provider in $providers; do
         n=${FANIN:-4}
         echo "=== fan-in: $n prefills -> 1 decode, provider $provider ==="
         sockets=
+        conc=${CONCURRENCY:-64}
+        pool_sets=(--set "pools.mamba.slots=$((2 * conc))" --set "pools.aux.rows=$((2 * conc))"
+                   --set "pools.kv.pages=$(( (2 * conc * tokens + 1023) / 1024 * 1024 ))")
         for i in $(seq 0 $((n - 1))); do
-          start "scale-prefill-$i" prefill "$((port_base + 10 + i))" "$provider" \
-            --set pools.kv.pages=4096
+          start "scale-prefill-$i" prefill "$((port_base + 10 + i))" "$provider" "${pool_sets[@]}"
           sockets+="${sockets:+,}$ferry_work/scale-prefill-$i.sock"
         done
-        start scale-decode decode "$((port_base + 1))" "$provider" --set pools.kv.pages=4096
+        start scale-decode decode "$((port_base + 1))" "$provider" "${pool_sets[@]}"
         # shellcheck disable=SC2046
         "$build/src/ferry-bench" --fan-in-socket "$sockets" \
           --decode-socket "$ferry_work/scale-decode.sock" --prompt-tokens "$tokens" \
-          --concurrency "${CONCURRENCY:-64}" --requests "${REQUESTS:-4096}" \
+          --concurrency "$conc" --requests "${REQUESTS:-4096}" \
           --repeat "${REPEAT:-3}" $(json_arg "fan-in-$provider") "$@"
         ferry_stop_all || echo "bench-scale: a daemon did not exit cleanly" >&2
         ;;

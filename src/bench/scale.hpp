@@ -6,8 +6,8 @@
 ///   then sent together; each daemon's resident memory before, with the N rooms open and after
 ///   (read from /proc through the client socket's SO_PEERCRED pid), and the committed rate
 ///   against waves of `--hold-reference` rooms (100) of the same size in the same run. With
-///   `--sustain-s S` it then keeps N rooms in flight for S seconds and samples the memory again,
-///   to catch growth.
+///   `--sustain-s S` it then keeps N rooms open for S seconds, `--sustain-window` of them
+///   flowing at a time, and samples the memory again, to catch growth.
 /// - `--fan-in-socket A,B,...` (scale_fan_in.cpp): several independent prefill instances (each its
 ///   own node, control address and client socket, unlike `--prefill-socket`, whose sockets are
 ///   the ranks of one TP/PP instance) feed the decode together; the rate (rooms/s, GB/s) against
@@ -24,10 +24,11 @@ namespace ferry::bench::scale {
 
 /// The scale modes' own options.
 struct options {
-  uint32_t hold = 0;         ///< --hold: rooms prepared and waiting at once (0: off)
-  uint32_t reference = 100;  ///< --hold-reference: rooms per wave of the reference rate
-  double sustain_s = 0;      ///< --sustain-s: then N rooms in flight for this long (0: skip)
-  double sample_s = 5;       ///< --sample-s: memory sampled this often while sustaining
+  uint32_t hold = 0;             ///< --hold: rooms prepared and waiting at once (0: off)
+  uint32_t reference = 100;      ///< --hold-reference: rooms per wave of the reference rate
+  double sustain_s = 0;          ///< --sustain-s: then N rooms open for this long (0: skip)
+  uint32_t sustain_window = 64;  ///< --sustain-window: of them, sent and not ended at most
+  double sample_s = 5;           ///< --sample-s: memory sampled this often while sustaining
   std::vector<std::string> fan_in_sockets;  ///< --fan-in-socket: one per prefill instance
 };
 

@@ -79,7 +79,10 @@ int run_fan_in(const options& o, report& rep) {
     auto next = [&](uint64_t k, uint32_t slot) {
       return room_plan{next_id++, static_cast<uint32_t>(k % from), slot, slot};
     };
-    if (auto s = run_pipeline(d, conc, rooms, 0, next, 0, {}, timeout, pr)) return s;
+    pipeline_plan plan;
+    plan.slots = conc;
+    plan.max_rooms = rooms;
+    if (auto s = run_pipeline(d, plan, next, {}, timeout, pr)) return s;
     failed += pr.failed;
     verified += pr.verified;
     if (first_failure.empty()) first_failure = pr.first_failure;

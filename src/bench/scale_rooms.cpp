@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -305,60 +306,79 @@ maybe_stop run_wave(driver& d, const std::vector<room_plan>& rooms,
   return std::nullopt;
 }
 
-maybe_stop run_pipeline(driver& d, uint32_t slots, uint64_t max_rooms, double duration_s,
+maybe_stop run_pipeline(driver& d, const pipeline_plan& plan,
                         const std::function<room_plan(uint64_t k, uint32_t slot)>& next,
-                        double sample_s, const std::function<void(double, size_t)>& sample,
+                        const std::function<void(double, size_t)>& sample,
                         std::chrono::seconds timeout, pipeline_result& out) {
   struct live {
     room_plan plan;
     uint32_t slot = 0;
     uint32_t pending = 0;  // decode ranks without its terminal event yet
     std::vector<bool> done_on;
-    bool ok = true;
+    bool sent = false, ok = true;
     clock_type::time_point started, finished;
   };
   const size_t ranks = d.decode_ranks();
-  std::map<uint64_t, live> rooms;  // by id, which grows: the first is the oldest
+  std::unordered_map<uint64_t, live> rooms;  // open rooms, by id
+  std::deque<uint64_t> unsent;               // open and not sent yet, oldest first
+  std::deque<uint64_t> sent;                 // sent, oldest first (ended ones are skipped)
+  size_t flowing = 0;                        // sent and not ended
   std::vector<uint32_t> free_slots;
-  for (uint32_t s = slots; s-- > 0;) free_slots.push_back(s);
+  for (uint32_t s = plan.slots; s-- > 0;) free_slots.push_back(s);
   const auto begin = clock_type::now();
-  auto next_sample = begin + std::chrono::duration_cast<clock_type::duration>(
-                                 std::chrono::duration<double>(sample_s));
+  const auto every = std::chrono::duration_cast<clock_type::duration>(
+      std::chrono::duration<double>(plan.sample_s));
+  auto next_sample = begin + every;
   std::optional<clock_type::time_point> first_send;
   clock_type::time_point last_end = begin;
-  bool starting = true;
-  auto stop_starting = [&] {
-    if (!starting) return;
-    starting = false;
-    if (sample) sample(seconds(clock_type::now() - begin), rooms.size());
-  };
-  while (starting || !rooms.empty()) {
-    if (starting && (out.started >= max_rooms ||
-                     (duration_s > 0 && seconds(clock_type::now() - begin) >= duration_s)))
-      stop_starting();
-    while (starting && !free_slots.empty() && out.started < max_rooms) {
-      const uint32_t slot = free_slots.back();
-      free_slots.pop_back();
+  bool opening = true;
+  for (;;) {
+    if (opening &&
+        (out.started >= plan.max_rooms ||
+         (plan.duration_s > 0 && seconds(clock_type::now() - begin) >= plan.duration_s))) {
+      opening = false;
+      if (sample) sample(seconds(clock_type::now() - begin), rooms.size());
+    }
+    while (opening && !free_slots.empty() && out.started < plan.max_rooms) {
       live l;
-      l.plan = next(out.started++, slot);
-      l.slot = slot;
+      l.slot = free_slots.back();
+      free_slots.pop_back();
+      l.plan = next(out.started++, l.slot);
       l.pending = static_cast<uint32_t>(ranks);
       l.done_on.assign(ranks, false);
+      const auto call = clock_type::now();
       if (auto s = d.open(l.plan)) return s;
-      l.started = clock_type::now();
-      if (!first_send) first_send = l.started;
-      if (auto s = d.send(l.plan)) return s;
+      out.calls_s += seconds(clock_type::now() - call);
+      unsent.push_back(l.plan.id);
       rooms.emplace(l.plan.id, std::move(l));
     }
-    if (sample && sample_s > 0 && clock_type::now() >= next_sample) {
-      sample(seconds(clock_type::now() - begin), rooms.size());
-      next_sample +=
-          std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(sample_s));
+    while (!unsent.empty() && (plan.send_window == 0 || flowing < plan.send_window)) {
+      auto it = rooms.find(unsent.front());
+      unsent.pop_front();
+      if (it == rooms.end()) continue;  // it ended before it was sent (it failed)
+      live& l = it->second;
+      const auto call = clock_type::now();
+      l.started = call;
+      if (!first_send) first_send = call;
+      if (auto s = d.send(l.plan)) return s;
+      out.calls_s += seconds(clock_type::now() - call);
+      l.sent = true;
+      ++flowing;
+      sent.push_back(l.plan.id);
     }
-    if (rooms.empty()) continue;
-    // Events come from the decode rank the oldest room still waits for, so none is waited for
-    // in vain.
-    const live& oldest = rooms.begin()->second;
+    if (sample && plan.sample_s > 0 && opening && clock_type::now() >= next_sample) {
+      sample(seconds(clock_type::now() - begin), rooms.size());
+      next_sample += every;
+    }
+    if (rooms.empty()) {
+      if (!opening) break;
+      continue;
+    }
+    // Events come from the decode rank the oldest sent room still waits for, so none is waited
+    // for in vain (a room not sent yet may wait long; one that fails unsent is seen on the way).
+    while (!sent.empty() && !rooms.count(sent.front())) sent.pop_front();
+    while (!unsent.empty() && !rooms.count(unsent.front())) unsent.pop_front();
+    const live& oldest = rooms.at(sent.empty() ? unsent.front() : sent.front());
     const size_t k = static_cast<size_t>(
         std::find(oldest.done_on.begin(), oldest.done_on.end(), false) - oldest.done_on.begin());
     auto e = d.decode_rank(k).next_event(timeout);
@@ -388,6 +408,7 @@ maybe_stop run_pipeline(driver& d, uint32_t slots, uint64_t max_rooms, double du
     } else {
       ++out.failed;
     }
+    if (l.sent) --flowing;
     last_end = std::max(last_end, l.finished);
     free_slots.push_back(l.slot);
     rooms.erase(it);

@@ -123,17 +123,27 @@ maybe_stop run_wave(driver& d, const std::vector<room_plan>& rooms,
 struct pipeline_result {
   uint32_t started = 0, committed = 0, failed = 0, verified = 0;
   double transfer_s = 0;  ///< first send to the last terminal event
-  std::vector<double> latency_ms;
+  double calls_s = 0;     ///< in the calls that open and send rooms (round trips to ferryd)
+  std::vector<double> latency_ms;  ///< each committed room: its send to its last Success
   std::string first_failure;
 };
-/// Keep up to `slots` rooms in flight: a slot freed by a room's end starts the next room at
-/// once (`next(k, slot)` plans the k-th, its `src` and `dst` being the slot). New rooms stop after
-/// `max_rooms` or `duration_s` (0: no bound by time), whichever comes first; then the rest end.
-/// Every `sample_s` (0: never) and once when new rooms stop, `sample(seconds, in_flight)` is
-/// called.
-maybe_stop run_pipeline(driver& d, uint32_t slots, uint64_t max_rooms, double duration_s,
+/// How a pipeline runs.
+struct pipeline_plan {
+  uint32_t slots = 1;  ///< rooms open at once
+  /// Rooms sent and not yet ended at most (0: every room is sent as soon as it is open); the
+  /// other open rooms wait, prepared, and the oldest goes next: `slots` rooms stay open while a
+  /// window of them flows, as in an engine holding many rooms that its prefill fills in turn.
+  uint32_t send_window = 0;
+  uint64_t max_rooms = ~0ull;  ///< new rooms stop after this many...
+  double duration_s = 0;       ///< ...or after this long (0: no bound by time)
+  double sample_s = 0;         ///< `sample` every this often (0: never)
+};
+/// Keep `plan.slots` rooms open: a slot freed by a room's end opens the next room at once
+/// (`next(k, slot)` plans the k-th, its `src` and `dst` being the slot). When new rooms stop,
+/// `sample(seconds, open rooms)` is called once more, then the rest are sent and end.
+maybe_stop run_pipeline(driver& d, const pipeline_plan& plan,
                         const std::function<room_plan(uint64_t k, uint32_t slot)>& next,
-                        double sample_s, const std::function<void(double, size_t)>& sample,
+                        const std::function<void(double, size_t)>& sample,
                         std::chrono::seconds timeout, pipeline_result& out);
 
 /// Value at quantile p (0..1) of `v` (nearest rank); 0 when empty.
