@@ -112,14 +112,6 @@ nlohmann::json latency_json(const std::vector<double>& ms) {
   return {{"p50", quantile(ms, 0.5)}, {"p99", quantile(ms, 0.99)}, {"samples", ms.size()}};
 }
 
-namespace {
-
-/// Every daemon of a hold run: the prefill's ranks, then the decode's.
-struct daemon_ref {
-  std::string side;
-  client::client* c;
-};
-
 /// CPU seconds of each daemon and, last, of this process.
 std::vector<double> cpu(const std::vector<daemon_ref>& ds) {
   std::vector<double> out;
@@ -148,6 +140,8 @@ std::string cpu_text(const nlohmann::json& c) {
     t += fmt::format("{}{} {:.3f} ms", t.empty() ? "" : ", ", who, ms.get<double>());
   return t;
 }
+
+namespace {
 
 std::vector<std::optional<daemon_memory>> sample(const std::vector<daemon_ref>& ds) {
   std::vector<std::optional<daemon_memory>> out;

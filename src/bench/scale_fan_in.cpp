@@ -70,6 +70,12 @@ int run_fan_in(const options& o, report& rep) {
              {"runs", nlohmann::json::array()}};
   if (auto s = d.fill(conc)) return rep.fail(*s);
 
+  // CPU per room, summed by side (every prefill instance is "prefill"): on a shared machine
+  // the rate follows the CPU all the daemons spend per room.
+  std::vector<daemon_ref> daemons;
+  for (auto& p : prefills)
+    for (auto& r : p.ranks) daemons.push_back({"prefill", r.get()});
+  for (auto& r : decode.ranks) daemons.push_back({"decode", r.get()});
   uint64_t next_id = c.room_base;
   uint32_t failed = 0, verified = 0;
   std::string first_failure;
@@ -96,27 +102,32 @@ int run_fan_in(const options& o, report& rep) {
   std::vector<double> one_rates, fan_rates;
   for (uint32_t r = 0; r < c.repeat; ++r) {
     pipeline_result one, fan;
+    const auto cpu0 = cpu(daemons);
     if (auto s = measure(1, requests, one)) return rep.fail(*s);
+    const auto cpu1 = cpu(daemons);
     if (auto s = measure(g, requests, fan)) return rep.fail(*s);
+    const auto one_cpu = cpu_per_room(daemons, cpu0, cpu1, one.committed);
+    const auto fan_cpu = cpu_per_room(daemons, cpu1, cpu(daemons), fan.committed);
     const double one_rate = one.transfer_s > 0 ? one.committed / one.transfer_s : 0;
     const double fan_rate = fan.transfer_s > 0 ? fan.committed / fan.transfer_s : 0;
     one_rates.push_back(one_rate);
     fan_rates.push_back(fan_rate);
     rep.text << fmt::format(
         "run {}/{}: 1 -> 1 {:.0f} rooms/s ({:.2f} GB/s, p50 {:.1f} ms); {} -> 1 {:.0f} rooms/s "
-        "({:.2f} GB/s, p50 {:.1f} ms); ratio {:.2f}\n",
+        "({:.2f} GB/s, p50 {:.1f} ms); ratio {:.2f}\n  cpu per room: 1 -> 1 {}; {} -> 1 {}\n",
         r + 1, c.repeat, one_rate, one_rate * room_bytes / 1e9, quantile(one.latency_ms, 0.5), g,
         fan_rate, fan_rate * room_bytes / 1e9, quantile(fan.latency_ms, 0.5),
-        one_rate > 0 ? fan_rate / one_rate : 0.0);
-    auto doc = [&](const pipeline_result& pr, double rate) {
+        one_rate > 0 ? fan_rate / one_rate : 0.0, cpu_text(one_cpu), g, cpu_text(fan_cpu));
+    auto doc = [&](const pipeline_result& pr, double rate, const nlohmann::json& cpu_ms) {
       return nlohmann::json{{"committed", pr.committed},
                             {"transfer_s", pr.transfer_s},
                             {"rooms_per_s", rate},
                             {"gbps", rate * room_bytes / 1e9},
-                            {"latency_ms", latency_json(pr.latency_ms)}};
+                            {"latency_ms", latency_json(pr.latency_ms)},
+                            {"cpu_ms_per_room", cpu_ms}};
     };
-    rep.out["runs"].push_back({{"one_to_one", doc(one, one_rate)},
-                               {"fan_in", doc(fan, fan_rate)},
+    rep.out["runs"].push_back({{"one_to_one", doc(one, one_rate, one_cpu)},
+                               {"fan_in", doc(fan, fan_rate, fan_cpu)},
                                {"ratio", one_rate > 0 ? fan_rate / one_rate : 0.0}});
   }
   const double one_med = quantile(one_rates, 0.5), fan_med = quantile(fan_rates, 0.5);

@@ -37,6 +37,19 @@ nlohmann::json to_json(const std::optional<daemon_memory>& m);
 /// Each committed room's latency summary: {p50, p99, samples}.
 nlohmann::json latency_json(const std::vector<double>& ms);
 
+/// A daemon (one rank) whose CPU and memory a run reads, and which side it is.
+struct daemon_ref {
+  std::string side;
+  client::client* c;
+};
+/// CPU seconds of each daemon and, last, of this process.
+std::vector<double> cpu(const std::vector<daemon_ref>& ds);
+/// Milliseconds of CPU per room between two `cpu` readings, summed by side, and of the bench.
+nlohmann::json cpu_per_room(const std::vector<daemon_ref>& ds, const std::vector<double>& a,
+                            const std::vector<double>& b, uint64_t rooms);
+/// "side 0.123 ms, ..." of a `cpu_per_room` document.
+std::string cpu_text(const nlohmann::json& c);
+
 int run_hold(const options& o, report& rep);
 int run_fan_in(const options& o, report& rep);
 

@@ -392,6 +392,10 @@ def test_ferry_bench_fan_in_of_one_prefill_compares_it_with_itself(
     assert run0["one_to_one"]["committed"] == 6 and run0["fan_in"]["committed"] == 6
     assert doc["verified"] >= 12  # the warm-up's rooms are checked too
     assert "1 -> 1" in r.stderr and "ratio" in r.stderr
+    # CPU per room by side (every prefill instance summed), beside each rate.
+    for phase in ("one_to_one", "fan_in"):
+        assert set(run0[phase]["cpu_ms_per_room"]) == {"prefill", "decode", "bench"}, run0
+    assert "cpu per room: 1 -> 1" in r.stderr
 
 
 def test_ferry_bench_background_rooms_reports_idle_and_loaded_latency(
