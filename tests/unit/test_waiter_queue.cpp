@@ -49,7 +49,7 @@ TEST_CASE("waiting again before being woken keeps the place and takes the new ne
   CHECK(q.wake(90) == ids{1, 2});
 }
 
-TEST_CASE("a waiter that leaves is forgotten; a woken one passes its turn on", "[unit]") {
+TEST_CASE("a waiter that leaves is forgotten, a woken one passes its turn on", "[unit]") {
   waiter_queue<int> q;
   q.wait(1, 100);
   q.wait(2, 100);
