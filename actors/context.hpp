@@ -13,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "actors/metrics.hpp"
@@ -23,6 +24,7 @@
 #include "core/plan.hpp"
 #include "core/range_allocator.hpp"
 #include "core/shm_region.hpp"
+#include "core/waiter_queue.hpp"
 #include "transport/engine.hpp"
 
 namespace ferry {
@@ -35,8 +37,12 @@ using staging_atom = caf::atom_constant<caf::atom("staging")>;
 
 /// Registered bounce memory (fabric.staging_bytes) for head-sliced KV and small runs
 /// (core/pack.hpp): packed source slices on the prefill side, the rooms' landing blocks on the
-/// decode side. Thread-safe. Back-pressure, not failure: an actor that finds it full is woken
-/// (staging_atom) at the next release.
+/// decode side. Thread-safe. Back-pressure, not failure: an actor that finds it full waits
+/// (core/waiter_queue.hpp) and is woken (staging_atom) by a release that frees enough for it, in
+/// arrival order; only as many waiters as the free bytes can serve are woken, so thousands of
+/// waiting rooms cost a release no more than the rooms it serves. A waiting actor leaves the
+/// queue when it ends (`staging_or_wait` attaches that), passing its turn on if it had been
+/// woken.
 struct staging_area {
   uint8_t* data = nullptr;
   uint64_t bytes = 0;
@@ -47,18 +53,30 @@ struct staging_area {
   staging_area& operator=(const staging_area&) = delete;
   ~staging_area();
 
-  /// Allocate, or register `waiter` for a wake-up at the next release and return nullopt.
-  std::optional<uint64_t> allocate_or_wait(uint64_t n, const caf::actor& waiter) {
+  /// What `allocate_or_wait` found: the offset, or nothing (the waiter is queued); `hook`: the
+  /// waiter is new here, so it must call `leave` when it ends.
+  struct outcome {
+    std::optional<uint64_t> at;
+    bool hook = false;
+  };
+  /// Allocate, or queue `waiter` (its id `id`) for a wake-up once a release frees enough.
+  outcome allocate_or_wait(uint64_t n, caf::actor_id id, caf::actor_addr waiter) {
     std::lock_guard lock(mutex_);
-    if (auto at = ranges_.allocate(n)) return at;
-    if (std::find(waiters_.begin(), waiters_.end(), waiter) == waiters_.end())
-      waiters_.push_back(waiter);
+    outcome out;
+    if ((out.at = ranges_.allocate(n))) {
+      queue_.served(id);
+      return out;
+    }
+    queue_.wait(id, n);
+    out.hook = hooked_.emplace(id, std::move(waiter)).second;
     ++waits_;
-    return std::nullopt;
+    return out;
   }
-  /// Allocate, or nullopt when full (no wake-up asked for).
+  /// Allocate, or nullopt when full or when others wait (it never jumps their queue; no
+  /// wake-up is asked for).
   std::optional<uint64_t> try_allocate(uint64_t n) {
     std::lock_guard lock(mutex_);
+    if (queue_.waiting() > 0) return std::nullopt;
     return ranges_.allocate(n);
   }
   void release(uint64_t offset) {
@@ -66,7 +84,17 @@ struct staging_area {
     {
       std::lock_guard lock(mutex_);
       ranges_.release(offset);
-      wake.swap(waiters_);
+      wake_locked(wake);
+    }
+    for (auto& w : wake) caf::anon_send(w, staging_atom::value);
+  }
+  /// The actor `id` ended: it waits no more; if it had been woken, the next waiters are.
+  void leave(caf::actor_id id) {
+    std::vector<caf::actor> wake;
+    {
+      std::lock_guard lock(mutex_);
+      hooked_.erase(id);
+      if (queue_.leave(id)) wake_locked(wake);
     }
     for (auto& w : wake) caf::anon_send(w, staging_atom::value);
   }
@@ -82,11 +110,36 @@ struct staging_area {
     std::lock_guard lock(mutex_);
     return waits_;
   }
+  /// Actors waiting now, and woken ones that have not come back yet.
+  std::pair<size_t, size_t> waiters() {
+    std::lock_guard lock(mutex_);
+    return {queue_.waiting(), queue_.woken()};
+  }
 
  private:
+  /// The waiters the free bytes can serve, as actors (one that has ended is skipped, and its
+  /// turn passes on).
+  void wake_locked(std::vector<caf::actor>& out) {
+    for (bool again = true; again;) {
+      again = false;
+      for (auto id : queue_.wake(bytes - std::min(bytes, ranges_.in_use()))) {
+        auto it = hooked_.find(id);
+        auto to = it == hooked_.end() ? caf::actor{} : caf::actor_cast<caf::actor>(it->second);
+        if (to) {
+          out.push_back(std::move(to));
+          continue;
+        }
+        if (it != hooked_.end()) hooked_.erase(it);
+        again = queue_.leave(id) || again;
+      }
+    }
+  }
+
   std::mutex mutex_;
   range_allocator ranges_;
-  std::vector<caf::actor> waiters_;
+  waiter_queue<caf::actor_id> queue_;
+  /// Actors that waited here and have not ended, by id (weak: a waiter does not keep an actor).
+  std::unordered_map<caf::actor_id, caf::actor_addr> hooked_;
   uint64_t waits_ = 0;
   std::atomic<uint64_t> packed_{0}, unpacked_{0};
 };
@@ -165,5 +218,14 @@ using context_ptr = std::shared_ptr<daemon_context>;
 /// A client's drain request: starts the drain a SIGTERM starts, unless one has begun. Returns
 /// whether this call started it.
 bool request_drain(daemon_context& ctx);
+
+/// `n` bytes of staging for the room actor `self`, or nothing: it then waits for a staging_atom.
+/// The first time it waits, it is set to leave the queue when it ends (passing a wake-up on).
+template <class Actor>
+std::optional<uint64_t> staging_or_wait(Actor* self, const context_ptr& ctx, uint64_t n) {
+  auto r = ctx->staging->allocate_or_wait(n, self->id(), caf::actor_cast<caf::actor_addr>(self));
+  if (r.hook) self->attach_functor([ctx, id = self->id()] { ctx->staging->leave(id); });
+  return r.at;
+}
 
 }  // namespace ferry

@@ -113,8 +113,7 @@ void apply(receiver_actor* self, receiver::effects fx) {
         [&](auto& x) {
           using E = std::decay_t<decltype(x)>;
           if constexpr (std::is_same_v<E, receiver::reserve_staging>) {
-            auto at = x.wait ? st.ctx->staging->allocate_or_wait(x.bytes,
-                                                                 caf::actor_cast<caf::actor>(self))
+            auto at = x.wait ? staging_or_wait(self, st.ctx, x.bytes)
                              : st.ctx->staging->try_allocate(x.bytes);
             if (!at && !x.wait) {
               apply(self, feed(

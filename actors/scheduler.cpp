@@ -131,9 +131,9 @@ void on_peer_inbound(scheduler_actor* self, peer_inbound& in) {
           if (auto late = late_prepare(st.prefill.finished, p.room); !late)
             return refuse(late.message, late.code);
           if (auto e = admission(st, st.prefill, "prefill"); !e) return refuse(e.message, e.code);
-          auto actor = spawn_sender(self, st.ctx, p.room, caf::actor_cast<caf::actor>(self));
-          it = st.prefill.active.emplace(p.room, room_entry{}).first;
-          it->second.actor = actor;
+          open_room(st, st.prefill, p.room,
+                    spawn_sender(self, st.ctx, p.room, caf::actor_cast<caf::actor>(self)));
+          it = st.prefill.active.find(p.room);
         }
         auto& e = it->second;
         if (std::find(e.connections.begin(), e.connections.end(), in.connection) ==
@@ -189,27 +189,28 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
     // prefill ranks, and nobody is left to drain them: fence those links first (their
     // connections end, closing their keys and cutting them; other rooms on them fail too), and
     // report Failed, handing the pages back, only once every fence has happened (peer_down).
-    for (auto* side : {&st.prefill, &st.decode})
-      for (auto& [room, e] : side->active)
-        if (e.actor == who) {
-          auto reason = "internal error: room actor ended: " + self->system().render(dm.reason);
-          const uint64_t id = room;
-          if (side == &st.decode) {
-            for (const auto& c : e.connections)
-              if (st.connections.count(c)) e.awaiting_fence.push_back(c);
-            if (!e.awaiting_fence.empty()) {
-              st.ctx->log_sched->error("room={} {}; fencing its {} prefill link(s) before it fails",
-                                       id, reason, e.awaiting_fence.size());
-              e.orphan_reason = reason + "; its prefill links were fenced";
-              for (const auto& c : e.awaiting_fence)
-                self->send(c, fence_atom::value,
-                           fmt::format("fenced: room {} ended abnormally at this decode", id));
-              return;
-            }
-          }
-          fail_orphan(self, *side, id, reason);
-          return;
-        }
+    auto ra = st.room_actors.find(dm.source.id());
+    if (ra == st.room_actors.end()) return;  // a room that ended normally, or not a room's actor
+    auto* side = ra->second.first ? &st.decode : &st.prefill;
+    auto a = side->active.find(ra->second.second);
+    if (a == side->active.end() || a->second.actor != who) return;
+    auto& e = a->second;
+    auto reason = "internal error: room actor ended: " + self->system().render(dm.reason);
+    const uint64_t id = a->first;
+    if (side == &st.decode) {
+      for (const auto& c : e.connections)
+        if (st.connections.count(c)) e.awaiting_fence.push_back(c);
+      if (!e.awaiting_fence.empty()) {
+        st.ctx->log_sched->error("room={} {}; fencing its {} prefill link(s) before it fails", id,
+                                 reason, e.awaiting_fence.size());
+        e.orphan_reason = reason + "; its prefill links were fenced";
+        for (const auto& c : e.awaiting_fence)
+          self->send(c, fence_atom::value,
+                     fmt::format("fenced: room {} ended abnormally at this decode", id));
+        return;
+      }
+    }
+    fail_orphan(self, *side, id, reason);
   });
   self->set_exit_handler([=](caf::exit_msg& em) {
     for (auto* side : {&self->state.prefill, &self->state.decode})
@@ -290,7 +291,7 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
                                                to_string(u.status)));
           }
         self->demonitor(it->second.actor);
-        side.finish(u.room, u.status, u.reason, u.code, it->second.prefix_tokens, u.bytes,
+        finish_room(st, side, u.room, u.status, u.reason, u.code, it->second.prefix_tokens, u.bytes,
                     !u.decode_side && it->second.connections.empty());
         try_release(self);
         check_drained(self);

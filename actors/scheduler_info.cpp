@@ -56,6 +56,7 @@ json status_doc(scheduler_state& st) {
             {"waits", staging ? staging->waits() : 0},
             {"packed_bytes", staging ? staging->packed_bytes() : 0},
             {"unpacked_bytes", staging ? staging->unpacked_bytes() : 0}}},
+          {"timers", st.ctx->timers ? st.ctx->timers->pending() : 0},
           {"draining", st.draining},
           {"log", log_doc()}};
 }

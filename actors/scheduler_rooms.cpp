@@ -74,7 +74,7 @@ void fail_orphan(scheduler_actor* self, side_rooms& side, uint64_t room, std::st
   }
   st.ctx->log_sched->info("room={} side={} Failed: {}", room,
                           &side == &st.decode ? "decode" : "prefill", reason);
-  side.finish(room, room_status::failed, std::move(reason), errc::internal, 0, 0,
+  finish_room(st, side, room, room_status::failed, std::move(reason), errc::internal, 0, 0,
               &side == &st.prefill && e.connections.empty());
   try_release(self);
   check_drained(self);
@@ -144,8 +144,7 @@ void on_prepare(scheduler_actor* self, client_request& r) {
   st.ctx->log_sched->debug("room={} peer={} prepare: {} pages", room, peer, p.dst_pages.size());
   auto actor =
       spawn_receiver(self, st.ctx, std::move(p), token, conns, caf::actor_cast<caf::actor>(self));
-  room_entry& e = (st.decode.active[room] = room_entry{});
-  e.actor = actor;
+  room_entry& e = open_room(st, st.decode, room, actor);
   e.connections = conns;
   e.peer = peer;
   e.token = token;
@@ -189,9 +188,9 @@ void on_send(scheduler_actor* self, client_request& r) {
       return reply_error(self, r, std::move(open).error());
     if (auto e = admission(st, st.prefill, "prefill"); !e)
       return reply_error(self, r, e.code, fmt::format("room {}: {}", s.room, e.message));
-    auto actor = spawn_sender(self, st.ctx, s.room, caf::actor_cast<caf::actor>(self));
-    it = st.prefill.active.emplace(s.room, room_entry{}).first;
-    it->second.actor = actor;
+    open_room(st, st.prefill, s.room,
+              spawn_sender(self, st.ctx, s.room, caf::actor_cast<caf::actor>(self)));
+    it = st.prefill.active.find(s.room);
   }
   if (!it->second.owner) it->second.owner = owner_of(st, r);
   // The Sender answers the chunk. As a request, a chunk that reaches it after it ended (its
@@ -256,6 +255,21 @@ void on_poll_many(scheduler_actor* self, client_request& r, const std::vector<ui
     out.rooms.push_back(std::move(*p));
   }
   st.ctx->gateway->reply(r.conn, r.seq, out);
+}
+
+room_entry& open_room(scheduler_state& st, side_rooms& side, uint64_t room, caf::actor actor) {
+  st.room_actors[actor.id()] = {&side == &st.decode, room};
+  room_entry& e = (side.active[room] = room_entry{});
+  e.actor = std::move(actor);
+  return e;
+}
+
+void finish_room(scheduler_state& st, side_rooms& side, uint64_t room, room_status s,
+                 std::string reason, errc code, uint32_t prefix_tokens, uint64_t bytes,
+                 bool without_decode) {
+  if (auto it = side.active.find(room); it != side.active.end())
+    st.room_actors.erase(it->second.actor.id());
+  side.finish(room, s, std::move(reason), code, prefix_tokens, bytes, without_decode);
 }
 
 room_entry* find_active(scheduler_state& st, uint64_t room) {

@@ -51,6 +51,11 @@ struct scheduler_state {
   /// Tokens are never reused in a daemon's life, so a late message or write of an ended room
   /// finds nothing here.
   std::unordered_map<uint64_t, uint64_t> token_room;
+  /// The room each room actor runs, by the actor's id: (decode side?, room). A room actor's
+  /// down_msg is usually already queued when its terminal room_update demonitors it, so every
+  /// room's end brings one; this finds its room (or none) in one lookup, not a scan of every
+  /// active room, which made ending N rooms cost O(N^2).
+  std::unordered_map<caf::actor_id, std::pair<bool, uint64_t>> room_actors;
   /// Prefill, v4: rooms polled before anything of them arrived.
   unknown_polls polled_unknown;
   uint64_t next_token = 1;
@@ -99,6 +104,12 @@ void on_send(scheduler_actor* self, client_request& r);
 void on_poll(scheduler_actor* self, client_request& r, uint64_t room);
 void on_poll_many(scheduler_actor* self, client_request& r, const std::vector<uint64_t>& rooms);
 room_entry* find_active(scheduler_state& st, uint64_t room);
+/// Open `room` on `side` with its actor (room_actors knows it from now on).
+room_entry& open_room(scheduler_state& st, side_rooms& side, uint64_t room, caf::actor actor);
+/// `room` of `side` ended: its actor is forgotten and its outcome kept (room_table::finish).
+void finish_room(scheduler_state& st, side_rooms& side, uint64_t room, room_status s,
+                 std::string reason, errc code, uint32_t prefix_tokens, uint64_t bytes,
+                 bool without_decode);
 
 // scheduler_info.cpp: the answers of `info`, JSON documents (docs/protocol.md), and what a
 // metrics scrape reads of the Scheduler.

@@ -180,7 +180,7 @@ void pump(sender_actor* self) {
       size_t n = 0;
       while (n < l.jobs.size() && (n == 0 || bytes + l.jobs[n].bytes() <= budget))
         bytes += l.jobs[n++].bytes();
-      auto at = ctx.staging->allocate_or_wait(bytes, caf::actor_cast<caf::actor>(self));
+      auto at = staging_or_wait(self, st.ctx, bytes);
       if (!at) return;  // resumed by batch_done or staging_atom
       st.slice.assign(l.jobs.begin(), l.jobs.begin() + static_cast<ptrdiff_t>(n));
       l.jobs.erase(l.jobs.begin(), l.jobs.begin() + static_cast<ptrdiff_t>(n));

@@ -11,7 +11,8 @@ ferry_cleanup() {
 trap ferry_cleanup EXIT
 
 # ferry_start NAME CONFIG [FERRYD_ARGS...]: run ferryd with CONFIG (and e.g. --set key=value
-# overrides); fail with its log if it is not ready in 30 s.
+# overrides); fail with its log if it is not ready in FERRY_READY_S seconds (30; pools of
+# gigabytes take a while to reserve on a loaded machine).
 ferry_start() {
   local name=$1 config=$2 line=""
   shift 2
@@ -20,7 +21,7 @@ ferry_start() {
   "$build/src/ferryd" --config "$config" "$@" --ready-fd 3 3>"$ferry_work/$name.ready" \
     >"$ferry_work/$name.log" 2>&1 &
   ferry_pids+=($!)
-  read -r -t 30 line <"$ferry_work/$name.ready" || true
+  read -r -t "${FERRY_READY_S:-30}" line <"$ferry_work/$name.ready" || true
   if [ "$line" != "ready" ]; then
     echo "$name did not start; its log:" >&2
     cat "$ferry_work/$name.log" >&2

@@ -219,7 +219,7 @@ result<proto::message> client::await_reply(std::chrono::steady_clock::time_point
     if (!r) return r;
     if (auto* ev = std::get_if<proto::event>(&r.value)) {
       note_event(*ev);
-      events_.push_back(std::move(*ev));
+      events_.push(std::move(*ev));
       continue;
     }
     // An error with seq 0 is about the connection itself (refused, or an incomplete frame),
@@ -316,8 +316,7 @@ std::vector<result<none>> client::pipeline(const std::vector<proto::message>& re
     if (const auto* s = std::get_if<proto::subscribe>(&m)) {
       forget_lost(s->room);
       // Counted before it is sent: the first event may come before the ok (see subscribe).
-      if (std::find(subscribed_.begin(), subscribed_.end(), s->room) == subscribed_.end())
-        subscribed_.push_back(s->room);
+      subscribed_.insert(s->room);
     }
     const uint32_t seq = next_seq_++;
     if (next_seq_ == 0) next_seq_ = 1;  // seq 0 is for events
@@ -342,8 +341,7 @@ std::vector<result<none>> client::pipeline(const std::vector<proto::message>& re
     const size_t i = static_cast<size_t>(std::find(seqs.begin(), seqs.end(), seq) - seqs.begin());
     if (auto* e = std::get_if<proto::error>(&r.value)) {
       note_error_reply(*e);
-      if (const auto* s = std::get_if<proto::subscribe>(&requests[i]))
-        std::erase(subscribed_, s->room);
+      if (const auto* s = std::get_if<proto::subscribe>(&requests[i])) subscribed_.erase(s->room);
       out[i] = error{e->code, e->message};
     } else if (!std::holds_alternative<proto::ok>(r.value)) {
       out[i] = error{errc::malformed_frame,
@@ -369,10 +367,9 @@ result<none> client::subscribe(uint64_t room) {
   forget_lost(room);
   if (auto e = enter(); !e) return e;
   // Counted before it is sent: the first event (the current status) may come before the ok.
-  const bool added = std::find(subscribed_.begin(), subscribed_.end(), room) == subscribed_.end();
-  if (added) subscribed_.push_back(room);
+  const bool added = subscribed_.insert(room).second;
   auto r = expect_ok(proto::subscribe{room});
-  if (!r && added) std::erase(subscribed_, room);
+  if (!r && added) subscribed_.erase(room);
   return r;
 }
 
@@ -428,11 +425,10 @@ result<proto::event> client::next_event(std::chrono::milliseconds timeout) {
     auto r = read_event(deadline);
     if (!r && events_.empty()) return r;
     if (!r) break;  // the loss left the Failed events of the subscribed rooms
-    events_.push_back(std::move(r.value));
+    events_.push(std::move(r.value));
   }
   result<proto::event> o;
-  o.value = std::move(events_.front());
-  events_.pop_front();
+  o.value = std::move(*events_.pop_front());
   return o;
 }
 
@@ -456,33 +452,31 @@ result<proto::event> client::read_event(std::chrono::steady_clock::time_point de
 }
 
 void client::discard_events(uint64_t room) {
-  std::erase_if(events_, [room](const proto::event& e) { return e.room == room; });
+  events_.erase_room(room, [](const proto::event&) { return true; });
 }
 
 result<proto::event> client::wait_terminal(uint64_t room, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (bool entered = false;;) {
-    for (auto it = events_.begin(); it != events_.end(); ++it)
-      if (it->room == room && is_terminal(it->status)) {
-        result<proto::event> o;
-        o.value = std::move(*it);
-        events_.erase(it);
-        return o;
-      }
-    if (!entered) {  // not kept already: ferryd must say it
-      entered = true;
-      if (auto e = enter(); !e) return error{e.code, fmt::format("room {}: {}", room, e.message)};
-    }
+  auto kept = [this, room]() -> std::optional<result<proto::event>> {
+    auto e = events_.take_terminal(room);
+    if (!e) return std::nullopt;
+    result<proto::event> o;
+    o.value = std::move(*e);
+    return o;
+  };
+  if (auto o = kept()) return std::move(*o);
+  // Not kept already: ferryd must say it. Other rooms' events read meanwhile are kept, and the
+  // one awaited is handed out as it comes, without a look at the kept ones.
+  if (auto e = enter(); !e) return error{e.code, fmt::format("room {}: {}", room, e.message)};
+  for (;;) {
     auto r = read_event(deadline);
     if (!r) {
       // A loss keeps a Failed event for every subscribed room: this one's answers the wait.
-      auto it = std::find_if(events_.begin(), events_.end(), [room](const proto::event& e) {
-        return e.room == room && is_terminal(e.status);
-      });
-      if (it == events_.end()) return error{r.code, fmt::format("room {}: {}", room, r.message)};
-      continue;
+      if (auto o = kept()) return std::move(*o);
+      return error{r.code, fmt::format("room {}: {}", room, r.message)};
     }
-    events_.push_back(std::move(r.value));
+    if (r.value.room == room && is_terminal(r.value.status)) return r;
+    events_.push(std::move(r.value));
   }
 }
 
@@ -754,13 +748,12 @@ void client::note_lost(const ferry::error& e) {
       "ferryd at {} went away ({}) before the room ended; a room does not survive its ferryd: a "
       "restarted daemon does not know it",
       socket_path_, drained ? "it drained and stopped" : e.message);
-  std::vector<uint64_t> rooms = std::move(subscribed_);
+  std::vector<uint64_t> rooms(subscribed_.begin(), subscribed_.end());
   subscribed_.clear();
   std::sort(rooms.begin(), rooms.end());
   for (uint64_t room : rooms) {
-    events_.push_back(proto::event{room, room_status::failed, reason, errc::peer_lost, 0});
-    if (std::find(lost_rooms_.begin(), lost_rooms_.end(), room) == lost_rooms_.end())
-      lost_rooms_.push_back(room);
+    events_.push(proto::event{room, room_status::failed, reason, errc::peer_lost, 0});
+    lost_rooms_.insert(room);
   }
   connection_notice n;
   n.what = connection_notice::kind::disconnected;
@@ -782,7 +775,7 @@ void client::notify(const connection_notice& n) {
 }
 
 void client::note_event(const proto::event& ev) {
-  if (is_terminal(ev.status)) std::erase(subscribed_, ev.room);
+  if (is_terminal(ev.status)) subscribed_.erase(ev.room);
 }
 
 void client::note_error_reply(const proto::error& e) {
@@ -796,11 +789,9 @@ void client::note_error_reply(const proto::error& e) {
 }
 
 void client::forget_lost(uint64_t room) {
-  auto it = std::find(lost_rooms_.begin(), lost_rooms_.end(), room);
-  if (it == lost_rooms_.end()) return;
-  lost_rooms_.erase(it);
-  std::erase_if(events_, [room](const proto::event& e) {
-    return e.room == room && e.status == room_status::failed && e.code == errc::peer_lost;
+  if (lost_rooms_.erase(room) == 0) return;
+  events_.erase_room(room, [](const proto::event& e) {
+    return e.status == room_status::failed && e.code == errc::peer_lost;
   });
 }
 

@@ -19,6 +19,7 @@
 #include <iostream>
 
 #include "bench/bench.hpp"
+#include "bench/scale.hpp"
 #include "cli/common.hpp"
 #include "ferry/daemon_config.hpp"
 #include "ferry/workload.hpp"
@@ -281,6 +282,8 @@ int main(int argc, char** argv) {
   cli::add_version(app, "ferry-bench");
   bool no_baseline = false;
   auto* json_opt = add_options(app, o, no_baseline);
+  bench::scale::options scale_opts;
+  bench::scale::add_options(app, scale_opts);
   app.footer(
       "Exit codes: 0 all committed, 1 some failed, 2 usage, 3 ferryd unreachable or lost, "
       "4 timed out (docs/cli.md)");
@@ -307,6 +310,10 @@ int main(int argc, char** argv) {
                                             .count())
                   << 20;
   ctx.next_room = o.room_base;
+  if (bench::scale::wanted(scale_opts))  // --hold, --fan-in-socket: src/bench/scale*.cpp
+    return bench::scale::run(scale_opts,
+                             {o.prefill_sockets, o.decode_sockets, o.prompt_tokens, o.requests,
+                              o.concurrency, o.repeat, o.verify, o.room_base, o.json});
   if (o.latency) o.concurrency = 1;  // one room at a time, by definition
 
   if (auto rc = connect_all(ctx)) return *rc;

@@ -128,7 +128,7 @@ struct timeouts_config {
 };
 
 struct limits_config {
-  uint32_t max_active_rooms = 4096;  ///< admission: non-terminal rooms per side (prefill, decode)
+  uint32_t max_active_rooms = 16384;  ///< admission: non-terminal rooms per side (prefill, decode)
   /// Client connections at once; more are refused. 0 (the default): half of the descriptors
   /// ferryd may open, at most 4096, so peers, the fabric and CAF keep the other half.
   uint32_t max_clients = 0;

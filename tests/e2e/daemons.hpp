@@ -118,6 +118,10 @@ struct shape {
   uint32_t slots = 8;
   uint32_t mamba_layers = 3;
   uint32_t temporal_heads = 8;  ///< unsharded; the rank holds temporal_heads / tp_size
+  /// Unsharded conv channels (shard groups a quarter, a quarter and a half of them) and the two
+  /// last dims of the temporal state: smaller than the model's for tests with thousands of slots.
+  uint32_t conv_dim = 8192;
+  uint32_t temporal_dim = 128;
   uint32_t aux_rows = 64;
   uint32_t handshake_ms = 10000;
   uint32_t bootstrapping_ms = 20000;
@@ -220,10 +224,12 @@ inline std::string make_config(const std::string& name, const std::string& role,
     << (s.client_memory ? "\n    memory: client" : "") << "\n  mamba:\n    slots: " << s.slots
     << (s.client_memory ? "\n    memory: client" : "") << "\n    layer_ids: [" << m_ids.str()
     << "]\n    tensors:\n"
-    << "      - name: conv\n        shape: [" << 8192 / s.tp_size
+    << "      - name: conv\n        shape: [" << s.conv_dim / s.tp_size
     << ", 3]\n        dtype_bytes: 2\n        slice_axis: 0\n"
-    << "        shard_groups: [2048, 2048, 4096]\n"
-    << "      - name: temporal\n        shape: [" << s.temporal_heads / s.tp_size << ", 128, 128]"
+    << "        shard_groups: [" << s.conv_dim / 4 << ", " << s.conv_dim / 4 << ", "
+    << s.conv_dim / 2 << "]\n"
+    << "      - name: temporal\n        shape: [" << s.temporal_heads / s.tp_size << ", "
+    << s.temporal_dim << ", " << s.temporal_dim << "]"
     << "\n        dtype_bytes: 4\n        slice_axis: 0\n"
     << "  aux:\n    rows: " << s.aux_rows << "\n    row_bytes: 5632\n"
     << (s.client_memory ? "    memory: client\n" : "");

@@ -266,6 +266,26 @@ TEST_CASE("rooms larger than the staging area wait for it instead of failing", "
     CHECK(staging["in_use"] == 0);
     CHECK(staging["waits"] > 0);
   }
+  SECTION("unpack: 30 rooms wait together and are woken as blocks free, in turn") {
+    // Two 0.5 MiB blocks fit at once: the other rooms queue for staging and are woken in turn
+    // (core/waiter_queue.hpp); a lost wake-up would leave a room to time out.
+    s.slots = 32;
+    s.conv_dim = 512;
+    s.temporal_dim = 16;
+    cluster c(ranks(s, 2), ranks(s, 1));
+    std::vector<room_spec> rooms;
+    for (uint32_t i = 0; i < 30; ++i) {
+      room_spec r;
+      r.room = 70 + i;
+      r.src_pages = r.dst_pages = range(i * 128, 128);
+      r.src_slot = r.dst_slot = r.src_row = r.dst_row = i;
+      rooms.push_back(r);
+    }
+    c.run_many(rooms);
+    const auto staging = status_of(*c.d[0])["staging"];
+    CHECK(staging["in_use"] == 0);
+    CHECK(staging["waits"] > 0);
+  }
 }
 
 TEST_CASE("a named peer the geometry does not need may be unreachable", "[e2e][geometry]") {

@@ -333,6 +333,71 @@ def test_ferry_bench_pipeline_verifies_every_room_and_reports_cpu_per_room(
     assert "cpu per room: prefill" in r.stderr
 
 
+def test_ferry_bench_hold_reports_memory_per_room_and_the_rate_against_waves(
+        pair: tuple[Daemon, Daemon]) -> None:
+    p, d = pair
+    r = run("ferry-bench", "--prefill-socket", p.sock, "--decode-socket", d.sock,
+            "--prompt-tokens", "8", "--hold", "16", "--hold-reference", "4", "--sustain-s", "0.5",
+            "--sample-s", "0.2", "--verify", "--room-base", "3000000", "--json", timeout=300)
+    assert r.returncode == OK, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is True and doc["mode"] == "hold" and doc["failed"] == 0
+    assert doc["rooms"] == 16 and doc["reference_rooms"] == 4
+    assert doc["per_room"]["pages"] == 8 and doc["per_room"]["writes"] > 0
+    run0 = doc["runs"][0]
+    assert run0["reference"]["rooms"] == 16 and run0["hold"]["rooms"] == 16
+    assert run0["ratio"] == run0["hold"]["rooms_per_s"] / run0["reference"]["rooms_per_s"]
+    # Each daemon's memory from /proc: before, with the rooms open, after; per room in KiB.
+    assert [m["side"] for m in run0["memory"]] == ["prefill", "decode"]
+    for m in run0["memory"]:
+        for when in ("before", "held", "after"):
+            assert m[when]["rss_kib"] > 0 and m[when]["anon_kib"] > 0, m
+        assert isinstance(m["per_room_held_kib"]["anon_kib"], float)
+    assert "KiB per room" in r.stderr and "held / reference" in r.stderr
+    sustain = doc["sustain"]
+    assert sustain["open"] == 16 and sustain["send_window"] == 64
+    assert sustain["committed"] > 0 and sustain["samples"]
+    # The reference, the hold and the sustained rooms: every byte of each checked.
+    assert doc["verified"] == 32 + sustain["committed"]
+
+
+def test_ferry_bench_hold_and_fan_in_refuse_what_the_daemons_cannot_hold(
+        pair: tuple[Daemon, Daemon]) -> None:
+    p, d = pair
+    r = run("ferry-bench", "--prefill-socket", p.sock, "--decode-socket", d.sock,
+            "--prompt-tokens", "8", "--hold", "300", "--json", timeout=60)
+    assert r.returncode == USAGE, r.stdout + r.stderr
+    assert "--hold 300 rooms of 8 pages need 2400 kv pages on the decode (it has 2048)" in r.stderr
+    assert json.loads(r.stdout)["ok"] is False
+    # Fan-in takes independent prefill instances, not one twice.
+    r = run("ferry-bench", "--fan-in-socket", f"{p.sock},{p.sock}", "--decode-socket", d.sock,
+            "--prompt-tokens", "8", timeout=60)
+    assert r.returncode == USAGE, r.stdout + r.stderr
+    assert "are the same prefill" in r.stderr and "fan-in needs independent instances" in r.stderr
+    r = run("ferry-bench", "--hold", "4", "--fan-in-socket", p.sock, "--decode-socket", d.sock,
+            timeout=60)
+    assert r.returncode == USAGE and "--hold and --fan-in-socket are separate modes" in r.stderr
+
+
+def test_ferry_bench_fan_in_of_one_prefill_compares_it_with_itself(
+        pair: tuple[Daemon, Daemon]) -> None:
+    p, d = pair
+    r = run("ferry-bench", "--fan-in-socket", p.sock, "--decode-socket", d.sock,
+            "--prompt-tokens", "8", "--requests", "6", "--concurrency", "2", "--verify",
+            "--room-base", "4000000", "--json", timeout=300)
+    assert r.returncode == OK, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["mode"] == "fan_in" and doc["prefills"] == 1 and doc["failed"] == 0
+    run0 = doc["runs"][0]
+    assert run0["one_to_one"]["committed"] == 6 and run0["fan_in"]["committed"] == 6
+    assert doc["verified"] >= 12  # the warm-up's rooms are checked too
+    assert "1 -> 1" in r.stderr and "ratio" in r.stderr
+    # CPU per room by side (every prefill instance summed), beside each rate.
+    for phase in ("one_to_one", "fan_in"):
+        assert set(run0[phase]["cpu_ms_per_room"]) == {"prefill", "decode", "bench"}, run0
+    assert "cpu per room: 1 -> 1" in r.stderr
+
+
 def test_ferry_bench_background_rooms_reports_idle_and_loaded_latency(
         pair: tuple[Daemon, Daemon]) -> None:
     p, d = pair
@@ -441,7 +506,7 @@ def test_ferry_bench_open_loop_counts_every_arrival_per_class(
     assert doc["ok"] is True and doc["first_failure"] == ""
     assert ol["rate"] == 200 and ol["mix"] == "8:0.75,64:0.2,512:0.05" and ol["seed"] == 3
     assert ol["max_arrivals"] == 24 and ol["arrivals"] == 24  # --requests bounds the arrivals
-    assert ol["kv_pages"] == 2048 and ol["slots"] == 4096  # no state pool: admission bounds it
+    assert ol["kv_pages"] == 2048 and ol["slots"] == 16384  # no state pool: admission bounds it
     classes = ol["classes"]
     assert [c["tokens"] for c in classes] == [8, 64, 512]
     assert [c["pages"] for c in classes] == [8, 64, 512]

@@ -30,8 +30,10 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
+#include "core/event_queue.hpp"
 #include "core/protocol.hpp"
 #include "core/shm_region.hpp"
 
@@ -292,7 +294,7 @@ class client {
   uint16_t version_ = proto::protocol_version;
   std::chrono::milliseconds timeout_{std::chrono::seconds(30)};
   proto::frame_reader reader_;
-  std::deque<proto::event> events_;
+  proto::event_queue events_;  ///< read and not handed out yet (core/event_queue.hpp)
   proto::hello_reply hello_;
   shm_region pools_[pool_kind_count];
   uint8_t* attached_[pool_kind_count] = {};
@@ -309,12 +311,13 @@ class client {
   bool gave_up_ = false;
   bool draining_ = false;
   uint32_t generation_ = 1;
-  std::vector<uint64_t> subscribed_;  ///< subscribed on this connection, not yet terminal
+  /// Subscribed on this connection, not yet terminal (a set: an engine may hold thousands).
+  std::unordered_set<uint64_t> subscribed_;
   std::vector<registration> registrations_;
-  bool was_mapped_[pool_kind_count] = {};  ///< daemon pools mapped before the loss
-  std::vector<uint64_t> lost_rooms_;       ///< rooms reported Failed for a loss, until reused
-  ferry::error loss_;                      ///< why the connection was lost
-  std::string lost_instance_;              ///< the daemon's instance before the loss
+  bool was_mapped_[pool_kind_count] = {};    ///< daemon pools mapped before the loss
+  std::unordered_set<uint64_t> lost_rooms_;  ///< rooms reported Failed for a loss, until reused
+  ferry::error loss_;                        ///< why the connection was lost
+  std::string lost_instance_;                ///< the daemon's instance before the loss
   std::chrono::steady_clock::time_point down_since_{}, next_attempt_{};
   uint32_t attempts_ = 0;  ///< failed attempts since the loss
   ferry::error attempt_error_;
