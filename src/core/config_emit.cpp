@@ -24,7 +24,7 @@ void emit_dims(YAML::Emitter& out, const std::vector<uint64_t>& dims) {
 
 }  // namespace
 
-std::string to_yaml(const ferry_config& cfg) {
+std::string to_yaml(const ferry_config& cfg, yaml_for reader) {
   YAML::Emitter out;
   out << YAML::BeginMap;
 
@@ -54,6 +54,10 @@ std::string to_yaml(const ferry_config& cfg) {
   out << YAML::Key << "max_inflight_bytes" << YAML::Value << cfg.fabric.max_inflight_bytes;
   out << YAML::Key << "write_piece_bytes" << YAML::Value << cfg.fabric.write_piece_bytes;
   out << YAML::Key << "staging_bytes" << YAML::Value << cfg.fabric.staging_bytes;
+  if (reader == yaml_for::self) {
+    out << YAML::Key << "rails" << YAML::Value << cfg.fabric.rails;
+    out << YAML::Key << "express_bytes" << YAML::Value << cfg.fabric.express_bytes;
+  }
   out << YAML::EndMap;
 
   out << YAML::Key << "timeouts" << YAML::Value << YAML::BeginMap;

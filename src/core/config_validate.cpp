@@ -291,6 +291,9 @@ void validate_all(const ferry_config& cfg) {
   check_range(cfg.fabric.write_piece_bytes, 4096, uint64_t{1} << 30, "fabric.write_piece_bytes");
   if (cfg.fabric.staging_bytes != 0)
     check_range(cfg.fabric.staging_bytes, 1 << 20, uint64_t{1} << 40, "fabric.staging_bytes");
+  check_range(cfg.fabric.rails, 1, max_fabric_rails, "fabric.rails");
+  if (cfg.fabric.express_bytes != 0)
+    check_range(cfg.fabric.express_bytes, 4096, uint64_t{1} << 30, "fabric.express_bytes");
 
   check_range(cfg.timeouts.handshake_ms, 1, 3600000, "timeouts.handshake_ms");
   check_range(cfg.timeouts.bootstrapping_ms, 1, 3600000, "timeouts.bootstrapping_ms");
