@@ -28,6 +28,12 @@
 // on tcp not even the rest of a write it had begun to send. A room whose drain deadline passes
 // asks for the same (fence_atom).
 //
+// Rails (version 7): once ready, the prefill side sends its fabric endpoints (`peer_rails`); the
+// decode side makes them known on its own rails (engine::add_peer_rails, so its fence cuts them
+// too) and only then answers with its own, which the prefill adds in turn: from then on its
+// batches to this peer are striped across the rails both have. A version 5 or 6 peer gets no
+// `peer_rails` (it could not read one) and the pair keeps one endpoint each.
+//
 // Liveness: both sides send a heartbeat every timeouts.heartbeat_ms; a peer from which nothing
 // arrived for heartbeat_ms x heartbeat_misses is declared dead (a SIGSTOPped or partitioned
 // peer, whose TCP connection CAF still believes open).
@@ -70,12 +76,20 @@ struct peer_inserted {
   result<transport::peer_handle> outcome;
 };
 
+/// Engine -> Connection: the peer's other endpoints are known on our rails (how many), or why
+/// not; `answer`: the decode side, which now sends its own endpoints.
+struct rails_added {
+  result<uint32_t> outcome;
+  bool answer = false;
+};
+
 }  // namespace
 }  // namespace ferry
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_dialed)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::regions_registered)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_inserted)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::rails_added)
 
 namespace ferry {
 namespace {
@@ -103,10 +117,11 @@ struct connection_state {
   std::vector<transport::region_id> fence;       // this peer's own registrations
   std::vector<peer_region> regions;              // as described to this peer, by pool kind
   peer_region staging;
-  int64_t last_heard = 0;               // ms on the steady clock
-  int64_t next_beat = 0;                // when the next heartbeat is due
-  std::shared_ptr<peer_health> health;  // while ready: the metrics' view of last_heard
-  std::string leaving;                  // the peer said it is stopping (peer_leaving): why
+  int64_t last_heard = 0;                 // ms on the steady clock
+  int64_t next_beat = 0;                  // when the next heartbeat is due
+  std::shared_ptr<peer_health> health;    // while ready: the metrics' view of last_heard
+  std::string leaving;                    // the peer said it is stopping (peer_leaving): why
+  std::optional<peer_rails> early_rails;  // connecting: the peer's rails, sent before our ready
 };
 
 using connection_actor = caf::stateful_actor<connection_state>;
@@ -298,6 +313,20 @@ void send_hello(connection_actor* self) {
   self->send(st.hello.connection, std::move(h));
 }
 
+/// The peer's fabric endpoints: pair them with ours and make them known on our rails; the answer
+/// arrives as `rails_added`. A list that does not check ends the connection.
+void take_rails(connection_actor* self, const peer_rails& m) {
+  auto& st = self->state;
+  auto kinds = validate_rails(m);
+  if (!kinds) return apply(self, st.machine.lost(kinds.message));
+  const bool answer = st.machine.which() == hs::side::connecting;
+  auto add = rails_to_add(*st.ctx->engine, m, kinds.value);
+  auto me = caf::actor_cast<caf::actor>(self);
+  st.ctx->engine->add_peer_rails(*st.handle, std::move(add), [me, answer](result<uint32_t> r) {
+    caf::anon_send(me, rails_added{std::move(r), answer});
+  });
+}
+
 void become_ready(connection_actor* self) {
   auto& st = self->state;
   st.info = std::move(st.candidate);
@@ -323,6 +352,16 @@ void become_ready(connection_actor* self) {
   self->send(st.scheduler, peer_ready{st.address, st.info, {}, st.fence});
   for (auto& m : st.queued) self->send(st.remote, std::move(m));
   st.queued.clear();
+  if (st.info->version >= peer_rails_version) {
+    // The prefill side lists its endpoints first; the decode side answers once it has them.
+    if (st.machine.which() == hs::side::accepting) {
+      self->send(st.remote, describe_rails(*st.ctx->engine));
+    } else if (st.early_rails) {
+      auto m = std::move(*st.early_rails);
+      st.early_rails.reset();
+      take_rails(self, m);
+    }
+  }
 }
 
 /// Carry out the machine's effects, in order.
@@ -446,6 +485,35 @@ caf::behavior relay(connection_actor* self) {
           self->send(
               st.remote,
               peer_leaving{"it began a stop; it finishes the rooms it accepted, then exits"});
+      },
+      [=](peer_rails& m) {
+        auto& st = self->state;
+        if (st.machine.closed()) return;
+        if (!st.machine.ready()) {
+          // The prefill sends its rails right behind its hello, before our insertion answered.
+          if (st.machine.which() == hs::side::connecting && from(self, st.hello.connection))
+            st.early_rails = std::move(m);
+          return;
+        }
+        if (!from(self, st.remote)) return;
+        heard(st);
+        take_rails(self, m);
+      },
+      [=](rails_added& m) {
+        auto& st = self->state;
+        if (st.machine.closed()) return;  // the fence removes what was added, on every rail
+        if (!m.outcome)
+          st.ctx->log_peer->warn("peer={} fabric endpoints could not all be added: {}", st.address,
+                                 m.outcome.message);
+        if (m.answer) {
+          // Only the endpoints we can cut: after a failure, rail 0 alone.
+          auto ours = describe_rails(*st.ctx->engine);
+          if (!m.outcome) ours.rails.resize(1);
+          self->send(st.remote, std::move(ours));
+        }
+        const auto used = st.ctx->engine->peer_rails(*st.handle);
+        st.ctx->log_peer->info("peer={} fabric endpoints: {} of ours in use with it", st.address,
+                               used.size());
       },
       [=](peer_leaving& m) {
         auto& st = self->state;

@@ -40,6 +40,12 @@ std::string render_status(const json& d) {
   line("staging_bytes", st.at("bytes"));
   line("staging_in_use", st.at("in_use"));
   line("staging_waits", st.at("waits"));
+  if (d.contains("rails"))
+    for (const auto& r : d.at("rails"))
+      o += fmt::format("rail {}: {} writes ({} bytes) in flight, {} writes ({} bytes) posted\n",
+                       text(r.at("rail")), text(r.at("writes_in_flight")),
+                       text(r.at("bytes_in_flight")), text(r.at("writes_posted")),
+                       text(r.at("bytes_posted")));
   return o;
 }
 
@@ -63,10 +69,11 @@ std::string render_peers(const json& d) {
       continue;
     }
     const bool dp = p.contains("dp") && p.at("dp").at("size").get<uint32_t>() > 1;
-    o += fmt::format("peer={} node={} instance={} tp={} pp={}{} link: {}\n", text(p.at("address")),
-                     text(p.at("node")), text(p.at("instance")), position(p.at("tp")),
-                     position(p.at("pp")), dp ? " dp=" + position(p.at("dp")) : "",
-                     text(p.at("link")));
+    const auto rails = p.contains("rails") ? " rails=" + text(p.at("rails")) : std::string();
+    o += fmt::format("peer={} node={} instance={} tp={} pp={}{}{} link: {}\n",
+                     text(p.at("address")), text(p.at("node")), text(p.at("instance")),
+                     position(p.at("tp")), position(p.at("pp")),
+                     dp ? " dp=" + position(p.at("dp")) : "", rails, text(p.at("link")));
   }
   return o;
 }
