@@ -72,6 +72,10 @@ class rail_engine final : public engine {
   uint32_t notifications(const write_batch& batch) const override;
   uint32_t submit(write_batch batch) override;
   void return_immediate_credit() override;
+  /// Every rail: a peer's writes may come on any of them.
+  void expect_writes(std::chrono::milliseconds window) override {
+    for (auto& r : rails_) r->expect_writes(window);
+  }
 
  private:
   /// A peer as the rails know it. Rail 0's insertions are counted by rail 0 itself; `users`

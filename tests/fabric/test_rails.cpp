@@ -216,7 +216,7 @@ void removal_ends_every_rail(const std::string& provider) {
   CHECK(r.imms.counts()[2] == 0);
   CHECK(r.imms.counts()[3] == 0);
 }
-FERRY_FABRIC_CASE("rails: removing a peer ends it on every rail; added again it stripes again",
+FERRY_FABRIC_CASE("rails: removing a peer ends it on every rail, and added again it stripes again",
                   removal_ends_every_rail)
 
 }  // namespace
