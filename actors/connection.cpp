@@ -28,6 +28,13 @@
 // on tcp not even the rest of a write it had begun to send. A room whose drain deadline passes
 // asks for the same (fence_atom).
 //
+// Rails (version 7, actors/connection_rails.cpp): once ready, the prefill side sends its fabric
+// endpoints (`peer_rails`); the decode side makes them known on its own rails
+// (engine::add_peer_rails, so its fence cuts them too) and only then answers with its own,
+// which the prefill adds in turn: from then on its batches to this peer are striped across the
+// rails both have. A version 5 or 6 peer gets no `peer_rails` (it could not read one) and the
+// pair keeps one endpoint each.
+//
 // Liveness: both sides send a heartbeat every timeouts.heartbeat_ms; a peer from which nothing
 // arrived for heartbeat_ms x heartbeat_misses is declared dead (a SIGSTOPped or partitioned
 // peer, whose TCP connection CAF still believes open).
@@ -37,79 +44,14 @@
 #include <caf/io/all.hpp>
 
 #include "actors/actors.hpp"
+#include "actors/connection_state.hpp"
 #include "actors/peer_gate.hpp"
 #include "actors/peer_hello.hpp"
 #include "core/auth.hpp"
 #include "core/peer_handshake.hpp"
 
 namespace ferry {
-namespace {
-
-namespace hs = handshake;
-
-/// Peer gate -> Connection: the dialed socket, through the preamble, or why not. A scribe that
-/// is never used (the actor is gone or done) closes its socket when the message is dropped.
-struct peer_dialed {
-  caf::io::scribe_ptr scribe;
-  std::string error;
-  bool reset = false;  // reset in the middle of the preamble: perhaps evicted by a flood
-};
-
-/// Connection -> itself: dial the peer again.
-using redial_atom = caf::atom_constant<caf::atom("redial")>;
-
-/// Engine -> Connection: the registrations asked for this peer are made, or why not.
-/// `asked` false: nothing was asked of the engine (the pools cannot be described).
-struct regions_registered {
-  result<std::vector<transport::region_id>> outcome;
-  bool asked = true;
-};
-
-/// Engine -> Connection: the peer's fabric address is in the address vector, or why not.
-struct peer_inserted {
-  result<transport::peer_handle> outcome;
-};
-
-}  // namespace
-}  // namespace ferry
-
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_dialed)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::regions_registered)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_inserted)
-
-namespace ferry {
-namespace {
-
-struct connection_state {
-  static inline const char* name = "ferry.connection";
-  hs::machine machine{hs::side::connecting, {}, false};
-  context_ptr ctx;
-  caf::actor scheduler;
-  std::string address;
-  caf::actor basp;   // outbound: CAF's BASP broker, given the dialed socket
-  std::string host;  // outbound: the peer's control address, split once
-  uint16_t port = 0;
-  caf::io::scribe_ptr scribe;            // outbound: the dialed socket, until BASP takes it
-  caf::actor peer_scheduler;             // outbound: what the peer's gate published
-  peer_hello hello;                      // the peer's (its Connection, its nonce)
-  std::shared_ptr<peer_info> candidate;  // its hello passed; becomes `info` when ready
-  peer_info_ptr info;
-  caf::actor remote;  // the peer's Connection, once ready
-  std::vector<caf::message> queued;
-  std::vector<caf::response_promise> waiting;    // info requests before the handshake finished
-  bytes nonce;                                   // ours, when a cluster secret is configured
-  int proved_with = -1;                          // which of the accepted secrets the peer proved
-  std::optional<transport::peer_handle> handle;  // the peer's fabric address, once inserted
-  std::vector<transport::region_id> fence;       // this peer's own registrations
-  std::vector<peer_region> regions;              // as described to this peer, by pool kind
-  peer_region staging;
-  int64_t last_heard = 0;               // ms on the steady clock
-  int64_t next_beat = 0;                // when the next heartbeat is due
-  std::shared_ptr<peer_health> health;  // while ready: the metrics' view of last_heard
-  std::string leaving;                  // the peer said it is stopping (peer_leaving): why
-};
-
-using connection_actor = caf::stateful_actor<connection_state>;
+namespace conn {
 
 int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -117,7 +59,6 @@ int64_t now_ms() {
       .count();
 }
 
-/// Something arrived from the ready peer.
 void heard(connection_state& st) {
   st.last_heard = now_ms();
   if (st.health) st.health->last_heard_ms = st.last_heard;
@@ -126,8 +67,6 @@ void heard(connection_state& st) {
 bool from(connection_actor* self, const caf::actor& a) {
   return a && self->current_sender() == caf::actor_cast<caf::strong_actor_ptr>(a);
 }
-
-void apply(connection_actor* self, hs::effects fx);
 
 /// Ask for the registrations this peer is described: a daemon that receives writes registers
 /// its pools and staging for this peer alone (remote-writable, fresh keys); otherwise the
@@ -323,9 +262,9 @@ void become_ready(connection_actor* self) {
   self->send(st.scheduler, peer_ready{st.address, st.info, {}, st.fence});
   for (auto& m : st.queued) self->send(st.remote, std::move(m));
   st.queued.clear();
+  rails_when_ready(self);
 }
 
-/// Carry out the machine's effects, in order.
 void apply(connection_actor* self, hs::effects fx) {
   auto& st = self->state;
   auto me = caf::actor_cast<caf::actor>(self);
@@ -447,6 +386,8 @@ caf::behavior relay(connection_actor* self) {
               st.remote,
               peer_leaving{"it began a stop; it finishes the rooms it accepted, then exits"});
       },
+      [=](peer_rails& m) { on_peer_rails(self, m); },
+      [=](rails_added& m) { on_rails_added(self, m); },
       [=](peer_leaving& m) {
         auto& st = self->state;
         if (!st.machine.ready() || !from(self, st.remote)) return;
@@ -565,19 +506,19 @@ caf::behavior inbound_behavior(connection_actor* self, context_ptr ctx, peer_hel
   return relay(self);
 }
 
-}  // namespace
+}  // namespace conn
 
 caf::actor spawn_outbound_connection(caf::event_based_actor* parent, context_ptr ctx,
                                      caf::actor basp, std::string address, caf::actor scheduler,
                                      std::string known_down) {
-  return parent->spawn<caf::monitored>(outbound_behavior, std::move(ctx), std::move(basp),
+  return parent->spawn<caf::monitored>(conn::outbound_behavior, std::move(ctx), std::move(basp),
                                        std::move(address), std::move(scheduler),
                                        std::move(known_down));
 }
 
 caf::actor spawn_inbound_connection(caf::event_based_actor* parent, context_ptr ctx,
                                     peer_hello hello, caf::actor scheduler) {
-  return parent->spawn<caf::monitored>(inbound_behavior, std::move(ctx), std::move(hello),
+  return parent->spawn<caf::monitored>(conn::inbound_behavior, std::move(ctx), std::move(hello),
                                        std::move(scheduler));
 }
 

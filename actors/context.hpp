@@ -160,7 +160,8 @@ const char* to_string(client_pool::state s);
 struct daemon_context {
   ferry_config config;
   std::string instance;                   ///< resolved instance id
-  std::string config_yaml;                ///< effective config, sent to peers
+  std::string config_yaml;                ///< effective config, for clients and the log
+  std::string peer_config_yaml;           ///< what a hello carries (to_yaml's yaml_for::peers)
   cluster_secrets secrets;                ///< empty: peers are not authenticated
   std::vector<std::string> secret_files;  ///< the file of each of `secrets.accepted`
   node_layout layout;

@@ -215,6 +215,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
   ctx->config = cfg;
   ctx->instance = instance;
   ctx->config_yaml = to_yaml(cfg);
+  ctx->peer_config_yaml = to_yaml(cfg, yaml_for::peers);
   ctx->layout = make_layout(cfg.pools);
   ctx->log_sched = logging::get("scheduler");
   ctx->log_room = logging::get("room");
@@ -273,6 +274,8 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
   engine_cfg.address = cfg.fabric.address;
   engine_cfg.max_inflight_writes = cfg.fabric.max_inflight_writes;
   engine_cfg.max_inflight_bytes = cfg.fabric.max_inflight_bytes;
+  engine_cfg.rails = cfg.fabric.rails;
+  engine_cfg.express_bytes = cfg.fabric.express_bytes;
   auto opened =
       options.make_engine ? options.make_engine(engine_cfg) : transport::engine::open(engine_cfg);
   if (!opened) {

@@ -19,6 +19,9 @@ void add_ferry_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<peer_drained>("ferry::peer_drained");
   cfg.add_message_type<peer_auth>("ferry::peer_auth");
   cfg.add_message_type<peer_leaving>("ferry::peer_leaving");
+  cfg.add_message_type<peer_rail_desc>("ferry::peer_rail_desc");
+  cfg.add_message_type<std::vector<peer_rail_desc>>("std::vector<ferry::peer_rail_desc>");
+  cfg.add_message_type<peer_rails>("ferry::peer_rails");
 }
 
 stop_notice::stop_notice() : fd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}

@@ -38,7 +38,10 @@ namespace ferry {
 /// layouts of version 4 differ, so its peers are refused too. 6: a daemon that begins a stop
 /// tells its peers (`peer_leaving`), so new rooms naming it fail at once with `draining`; a
 /// version-5 peer is not told, and its new prepares are refused by the draining daemon instead.
-inline constexpr uint32_t peer_protocol_version = 6;
+/// 7: a daemon may have several fabric endpoints (rails); once ready, the two Connections
+/// exchange them (`peer_rails`) and the prefill stripes its writes across the rails both have.
+/// A peer of version 5 or 6 is sent none, and the pair uses one endpoint each (the hello's).
+inline constexpr uint32_t peer_protocol_version = 7;
 inline constexpr uint32_t peer_protocol_min_version = 5;
 
 /// "No staging" in peer_prepare::dst_staging.
@@ -198,6 +201,32 @@ typename Inspector::result_type inspect(Inspector& f, peer_leaving& x) {
   return f(caf::meta::type_name("peer_leaving"), x.reason);
 }
 inline constexpr uint32_t peer_leaving_version = 6;
+
+/// One of a daemon's fabric endpoints, as `peer_rails` lists them (transport::rail_desc).
+struct peer_rail_desc {
+  std::vector<uint8_t> fabric_address;
+  bool express = false;  ///< carries only small batches (fabric.express_bytes)
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, peer_rail_desc& x) {
+  return f(caf::meta::type_name("peer_rail_desc"), x.fabric_address, x.express);
+}
+
+/// Connection -> Connection (version 7): the sender's fabric endpoints, rail 0 (the one its
+/// hello named) first. The prefill side sends its own once ready; the decode side, once it has
+/// made the prefill's known on its own rails (so its fence can cut them), answers with its
+/// own; only then does the prefill write on them. Each side pairs the two lists alike
+/// (core/rails.hpp). Memory keys are the same on every rail, so no key travels here.
+struct peer_rails {
+  std::vector<peer_rail_desc> rails;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, peer_rails& x) {
+  return f(caf::meta::type_name("peer_rails"), x.rails);
+}
+inline constexpr uint32_t peer_rails_version = 7;
+/// The most endpoints a peer may list.
+inline constexpr size_t max_peer_rails = 64;
 
 /// Connection <-> Connection liveness: sent every timeouts.heartbeat_ms by both sides; a peer
 /// from which nothing arrived for heartbeat_ms x heartbeat_misses is declared dead.

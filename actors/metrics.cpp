@@ -280,6 +280,21 @@ std::string daemon_metrics::exposition(const metrics_snapshot& s) const {
   add(copied, {{"direction", "unpack"}}, static_cast<double>(s.staging_unpacked));
   all.push_back(std::move(copied));
 
+  auto rail_now = family("ferry_rail_in_flight",
+                         "Posted and uncompleted on each fabric endpoint (a tcp marker is a write)",
+                         MetricType::Gauge);
+  auto rail_all = family("ferry_rail_posted_total",
+                         "Posted on each fabric endpoint since start (a tcp marker is a write)",
+                         MetricType::Counter);
+  for (const auto& r : s.rails) {
+    add(rail_now, {{"rail", r.name}, {"unit", "writes"}}, static_cast<double>(r.writes_in_flight));
+    add(rail_now, {{"rail", r.name}, {"unit", "bytes"}}, static_cast<double>(r.bytes_in_flight));
+    add(rail_all, {{"rail", r.name}, {"unit", "writes"}}, static_cast<double>(r.writes_posted));
+    add(rail_all, {{"rail", r.name}, {"unit", "bytes"}}, static_cast<double>(r.bytes_posted));
+  }
+  all.push_back(std::move(rail_now));
+  all.push_back(std::move(rail_all));
+
   auto age = family("ferry_peer_heartbeat_age_seconds",
                     "Time since anything was heard from each ready peer", MetricType::Gauge);
   {

@@ -52,6 +52,12 @@ struct metrics_snapshot {
   std::vector<pool> pools;
   uint64_t staging_bytes = 0, staging_in_use = 0, staging_waits = 0;
   uint64_t staging_packed = 0, staging_unpacked = 0;  ///< bytes copied into and out of staging
+  /// Each fabric endpoint (transport::rail_stats): in flight now, posted since start.
+  struct rail {
+    std::string name;  ///< "0", "1", ..., "express"
+    uint64_t writes_in_flight = 0, bytes_in_flight = 0, writes_posted = 0, bytes_posted = 0;
+  };
+  std::vector<rail> rails;
 };
 
 class daemon_metrics {

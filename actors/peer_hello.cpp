@@ -4,9 +4,15 @@
 
 #include <algorithm>
 
+#include "core/failpoint.hpp"
 #include "core/geometry.hpp"
 
 namespace ferry {
+
+uint32_t spoken_peer_version() {
+  static const uint32_t v = core::failpoint("peer_protocol_6") ? 6 : peer_protocol_version;
+  return v;
+}
 
 std::string identity(const std::string& node, const std::string& instance) {
   return node + "/" + instance;
@@ -25,6 +31,7 @@ std::vector<described_space> described_spaces(const daemon_context& ctx) {
 peer_hello describe_self(const daemon_context& ctx, const std::vector<peer_region>& regions,
                          const peer_region& staging, const bytes& nonce, caf::actor self) {
   peer_hello h;
+  h.version = spoken_peer_version();
   h.node = ctx.config.node_name;
   h.instance = ctx.instance;
   h.role = to_string(ctx.config.role);
@@ -32,7 +39,7 @@ peer_hello describe_self(const daemon_context& ctx, const std::vector<peer_regio
   h.tp_rank = ctx.config.tp.rank;
   h.pp_size = ctx.config.pp.size;
   h.pp_rank = ctx.config.pp.rank;
-  h.config_yaml = ctx.config_yaml;
+  h.config_yaml = ctx.peer_config_yaml;
   h.compat_hash = compatibility_hash(ctx.config.pools);
   h.fabric_address = ctx.engine->local_address();
   h.regions = regions;
@@ -42,14 +49,53 @@ peer_hello describe_self(const daemon_context& ctx, const std::vector<peer_regio
   return h;
 }
 
+peer_rails describe_rails(const transport::engine& engine) {
+  peer_rails m;
+  for (auto& r : engine.rails()) m.rails.push_back({std::move(r.address), r.express});
+  return m;
+}
+
+result<std::vector<rails::kind>> validate_rails(const peer_rails& m) {
+  auto refuse = [](std::string why) {
+    return error{errc::peer_incompatible, "peer listed its fabric endpoints wrongly: " + why};
+  };
+  if (m.rails.empty() || m.rails.size() > max_peer_rails)
+    return refuse(
+        fmt::format("expected 1 to {} endpoints, got {}", max_peer_rails, m.rails.size()));
+  std::vector<rails::kind> kinds;
+  bool express = false;
+  for (size_t i = 0; i < m.rails.size(); ++i) {
+    const auto& r = m.rails[i];
+    if (r.fabric_address.empty() || r.fabric_address.size() > 4096)
+      return refuse(fmt::format("endpoint {} has an address of {} bytes, expected 1 to 4096", i,
+                                r.fabric_address.size()));
+    if (r.express && i == 0) return refuse("endpoint 0 (its hello's) is an express endpoint");
+    if (r.express && express) return refuse("more than one express endpoint");
+    express |= r.express;
+    kinds.push_back({r.express});
+  }
+  return kinds;
+}
+
+std::vector<transport::peer_rail> rails_to_add(const transport::engine& engine,
+                                               const peer_rails& theirs,
+                                               const std::vector<rails::kind>& kinds) {
+  std::vector<rails::kind> ours;
+  for (const auto& r : engine.rails()) ours.push_back({r.express});
+  std::vector<transport::peer_rail> out;
+  for (const auto& [mine, its] : rails::pair_rails(ours, kinds))
+    out.push_back({mine, theirs.rails[its].fabric_address});
+  return out;
+}
+
 result<std::shared_ptr<peer_info>> validate_peer(const ferry_config& mine_cfg, const peer_hello& h,
                                                  bool we_decode, const std::string& address) {
   auto refuse = [](std::string why) { return error{errc::peer_incompatible, std::move(why)}; };
-  if (h.version < peer_protocol_min_version || h.min_version > peer_protocol_version)
-    return error{
-        errc::peer_incompatible,
-        fmt::format("peer speaks protocol versions {}..{}, this daemon speaks {}..{}",
-                    h.min_version, h.version, peer_protocol_min_version, peer_protocol_version)};
+  const uint32_t ours = spoken_peer_version();
+  if (h.version < peer_protocol_min_version || h.min_version > ours)
+    return error{errc::peer_incompatible,
+                 fmt::format("peer speaks protocol versions {}..{}, this daemon speaks {}..{}",
+                             h.min_version, h.version, peer_protocol_min_version, ours)};
   if (we_decode && h.role == "decode")
     return error{
         errc::peer_incompatible,
@@ -69,7 +115,7 @@ result<std::shared_ptr<peer_info>> validate_peer(const ferry_config& mine_cfg, c
   info->address = address;
   info->node = h.node;
   info->instance = h.instance;
-  info->version = std::min(h.version, peer_protocol_version);
+  info->version = std::min(h.version, ours);
   info->pools = parsed.value.pools;
   if (compatibility_hash(info->pools) != h.compat_hash)
     return error{errc::peer_incompatible,

@@ -10,8 +10,14 @@
 #include "actors/context.hpp"
 #include "actors/messages.hpp"
 #include "core/auth.hpp"
+#include "core/rails.hpp"
 
 namespace ferry {
+
+/// The highest peer protocol version this daemon speaks: `peer_protocol_version`, or 6 with the
+/// test failpoint `peer_protocol_6` (FERRY_FAILPOINTS), so the tests can run a daemon that
+/// behaves as one of the previous version towards its peers (no rails).
+uint32_t spoken_peer_version();
 
 /// "node/instance": how a peer is named before its control address is known.
 std::string identity(const std::string& node, const std::string& instance);
@@ -37,5 +43,20 @@ peer_hello describe_self(const daemon_context& ctx, const std::vector<peer_regio
 /// is added afterwards.
 result<std::shared_ptr<peer_info>> validate_peer(const ferry_config& mine, const peer_hello& h,
                                                  bool we_decode, const std::string& address);
+
+/// Our fabric endpoints, as `peer_rails` lists them (transport::engine::rails()).
+peer_rails describe_rails(const transport::engine& engine);
+
+/// A peer's `peer_rails`, checked (`errc::peer_incompatible`, naming the first problem): at
+/// least one and at most `max_peer_rails` endpoints, each with an address of 1 to 4096 bytes,
+/// the first a bulk rail (its hello's), at most one express rail. Its endpoints' kinds, in
+/// order, for `rails::pair_rails`.
+result<std::vector<rails::kind>> validate_rails(const peer_rails& m);
+
+/// What `engine::add_peer_rails` is asked for a peer that listed `theirs` (validated): each of
+/// our rails beyond 0 paired with the peer's (`rails::pair_rails`), with its address.
+std::vector<transport::peer_rail> rails_to_add(const transport::engine& engine,
+                                               const peer_rails& theirs,
+                                               const std::vector<rails::kind>& kinds);
 
 }  // namespace ferry

@@ -35,6 +35,19 @@ json log_doc() {
   return {{"format", logging::format()}, {"levels", std::move(levels)}};
 }
 
+/// Each fabric endpoint: what it has in flight and has posted since start.
+json rails_doc(const transport::engine& engine) {
+  json out = json::array();
+  for (const auto& r : engine.rail_activity())
+    out.push_back({{"rail", r.name},
+                   {"express", r.express},
+                   {"writes_in_flight", r.writes_in_flight},
+                   {"bytes_in_flight", r.bytes_in_flight},
+                   {"writes_posted", r.writes_posted},
+                   {"bytes_posted", r.bytes_posted}});
+  return out;
+}
+
 json status_doc(scheduler_state& st) {
   const auto& c = st.ctx->config;
   auto* staging = st.ctx->staging.get();
@@ -58,6 +71,7 @@ json status_doc(scheduler_state& st) {
             {"unpacked_bytes", staging ? staging->unpacked_bytes() : 0}}},
           {"timers", st.ctx->timers ? st.ctx->timers->pending() : 0},
           {"draining", st.draining},
+          {"rails", rails_doc(*st.ctx->engine)},
           {"log", log_doc()}};
 }
 
@@ -92,6 +106,7 @@ json peers_doc(const scheduler_state& st) {
                    {"pp", position(s.pp_rank, s.pp_size)},
                    {"dp", position(s.dp_rank, s.dp_size)},
                    {"link", info->link ? info->link->describe() : ""},
+                   {"rails", st.ctx->engine->peer_rails(info->fabric_peer).size()},
                    {"state", "connected"}});
   }
   // Outbound connections still in their handshake: only their address is known yet.
@@ -184,6 +199,9 @@ metrics_snapshot snapshot(scheduler_state& st) {
   for (const auto& r : pool_rows(st))
     s.pools.push_back({to_string(static_cast<pool_kind>(r.kind)), r.client,
                        r.state == client_pool::state::registered, r.bytes, r.items, r.in_use});
+  for (const auto& r : st.ctx->engine->rail_activity())
+    s.rails.push_back(
+        {r.name, r.writes_in_flight, r.bytes_in_flight, r.writes_posted, r.bytes_posted});
   if (auto* staging = st.ctx->staging.get()) {
     s.staging_bytes = staging->bytes;
     s.staging_in_use = staging->in_use();

@@ -1,6 +1,9 @@
 #pragma once
-/// Ferry's data-plane transport: one libfabric `FI_EP_RDM` endpoint per daemon, driven by one
-/// progress thread that owns every libfabric call after start-up.
+/// Ferry's data-plane transport: libfabric `FI_EP_RDM` endpoints ("rails"), each driven by its
+/// own progress thread that owns every libfabric call of its endpoint after start-up. One rail is
+/// the plain engine; several (`engine_config::rails`, `express_bytes`) stripe a batch's writes
+/// across the rails a peer shares with us, and send small batches on an express rail of their
+/// own (transport/rail_engine.hpp). The contract below holds for both.
 ///
 /// Threading: `open` and `local_address` are called before `start` from one thread. Every other
 /// call is thread-safe before and after `start`. After `start`, the calls that touch the fabric
@@ -11,18 +14,20 @@
 ///   never waits on the fabric.
 /// - synchronous (`register_region`, `deregister_region`, `insert_peer`): the caller waits for
 ///   the progress thread to run them. For start-up, tests and threads of their own only.
-/// Callbacks (`batch_done`, `immediates`, completions) run on the progress thread (or on the
+/// Callbacks (`batch_done`, `immediates`, completions) run on a progress thread (or on the
 /// caller's, when the engine is not running); they must be cheap and non-blocking (e.g. one
 /// `caf::anon_send`).
 ///
-/// Back-pressure: at most `max_inflight_writes` writes are posted and uncompleted; the rest wait
-/// in the submission queue (never an error). `-FI_EAGAIN` from a post means "progress and retry".
+/// Back-pressure: at most `max_inflight_writes` writes per rail are posted and uncompleted; the
+/// rest wait in the submission queue (never an error). `-FI_EAGAIN` from a post means "progress and
+/// retry".
 ///
 /// Commit semantics: every write carries 8 bytes of remote CQ data (`imm`). The target's progress
 /// thread reports each arrived immediate (only after its payload is placed) through the
 /// `immediates` callback, aggregated as (imm, count) pairs, at most one undelivered batch at a
-/// time (credit = 1): after consuming a batch the consumer calls `return_immediate_credit`;
-/// immediates arriving meanwhile are aggregated into the next batch, never dropped.
+/// time (credit = 1), whichever rail they arrived on: after consuming a batch the consumer calls
+/// `return_immediate_credit`; immediates arriving meanwhile are aggregated into the next batch,
+/// never dropped.
 ///
 /// Lifetimes: a submitted batch is owned by the engine until its `batch_done` callback has run;
 /// the submitter may die meanwhile. Registered memory must outlive the engine. After
@@ -33,7 +38,13 @@
 /// Fencing: each registration has its own remote key; `deregister_region` closes it, after which
 /// the fabric rejects writes carrying that key (see `deregister_region` for the exact guarantee).
 /// Keys are random where the application chooses them (no FI_MR_PROV_KEY), so a peer cannot
-/// derive another registration's key from its own.
+/// derive another registration's key from its own. With several rails a registration is made on
+/// every rail under one key (each rail has its own domain), so a key and address a peer learnt
+/// for rail 0 address every rail, and closing the registration closes it on every rail.
+///
+/// Rails with a peer: `insert_peer` makes the peer known on rail 0 (the address a hello
+/// carries); `add_peer_rails` adds the peer's other endpoints on ours. A batch uses only rails on
+/// which its peer is known. Removal and the fence act on every rail of the peer.
 
 #include <chrono>
 #include <cstdint>
@@ -48,14 +59,23 @@
 
 namespace ferry::transport {
 
+/// The most endpoints `engine_config::rails` may ask for.
+inline constexpr uint32_t max_rails = 16;
+
 /// Engine settings (from the daemon config).
 struct engine_config {
   std::string provider = "tcp";
   std::string address = "127.0.0.1";  ///< node/interface to bind (ignored by providers without one)
   uint32_t max_inflight_writes = 64;
   /// Payload bytes posted and not yet completed to one peer (0: bounded by the write count
-  /// alone); a write larger than the bound goes out alone.
+  /// alone); a write larger than the bound goes out alone. Per rail.
   uint64_t max_inflight_bytes = 0;
+  /// Endpoints that carry bulk writes, each with its own domain, CQ and progress thread; a
+  /// batch's writes are striped across those its peer shares.
+  uint32_t rails = 1;
+  /// Batches of at most this many payload bytes go on an endpoint of their own (the express
+  /// rail), so they never queue behind bulk writes; 0: no express rail.
+  uint64_t express_bytes = 0;
   /// Test hook: runs on the progress thread when a stop begins its drain (never in ferryd).
   std::function<void()> on_drain_start;
 };
@@ -125,6 +145,28 @@ struct write_batch {
 /// Aggregated arrived immediates: (imm value, number of writes carrying it).
 using immediate_counts = std::vector<std::pair<uint64_t, uint32_t>>;
 
+/// One of this engine's endpoints, as described to peers. Rail 0 is `local_address()`.
+struct rail_desc {
+  std::vector<uint8_t> address;
+  bool express = false;  ///< carries only batches of at most `engine_config::express_bytes`
+};
+
+/// A peer's endpoint to pair with one of ours (`add_peer_rails`).
+struct peer_rail {
+  uint32_t rail = 0;  ///< our rail (index into `rails()`, never 0)
+  std::vector<uint8_t> address;
+};
+
+/// What one rail is doing, for metrics and status documents.
+struct rail_stats {
+  std::string name;  ///< "0", "1", ... for bulk rails, "express"
+  bool express = false;
+  uint64_t writes_in_flight = 0;  ///< posted and not yet completed (a tcp marker counts)
+  uint64_t bytes_in_flight = 0;
+  uint64_t writes_posted = 0;  ///< since start (a tcp marker counts)
+  uint64_t bytes_posted = 0;
+};
+
 /// One registration asked of `register_regions`.
 struct region_request {
   void* base = nullptr;
@@ -175,6 +217,11 @@ class engine {
   virtual std::vector<uint8_t> local_address() const = 0;
   /// Provider name actually in use (e.g. "tcp;ofi_rxm", "shm").
   virtual std::string provider_name() const = 0;
+  /// Every endpoint of this engine, rail 0 first (its address is `local_address()`), then the
+  /// other bulk rails, then the express rail if there is one.
+  virtual std::vector<rail_desc> rails() const = 0;
+  /// What each rail of `rails()` is doing now.
+  virtual std::vector<rail_stats> rail_activity() const = 0;
 
   /// Start the progress thread. `immediates` receives arrived remote CQ data (see contract).
   virtual void start(std::function<void(immediate_counts)> immediates) = 0;
@@ -187,28 +234,40 @@ class engine {
   /// Asynchronous `insert_peer`: `done` gets the handle or the error.
   virtual void insert_peer_async(std::vector<uint8_t> address,
                                  std::function<void(result<peer_handle>)> done) = 0;
-  /// Remove one user of a peer: its queued batches fail with "peer removed", and its connection
-  /// is cut (tcp: a write it had begun to send is not finished later). When other users remain,
-  /// the address is inserted again under the same handle and their next writes reconnect.
-  /// shm, if this engine wrote to the peer (it may have fenced us, and then never answers those
-  /// writes, which blocks every later write of the endpoint): new writes are held, those in
-  /// flight get a second to complete, then the endpoint is renewed (same domain, AV and
+  /// Make the peer's other endpoints known on our rails (each `peer_rail` names one of ours,
+  /// never rail 0), after `insert_peer` made it known on rail 0; batches to it use them from
+  /// the next `submit` on. Each counts one user on its rail, which removal of the peer ends.
+  /// `done` gets how many were added, or the first error (the others stay added). An engine
+  /// with one rail accepts only an empty list.
+  virtual void add_peer_rails(peer_handle peer, std::vector<peer_rail> rails,
+                              std::function<void(result<uint32_t>)> done) = 0;
+  /// Our rails that batches to `peer` may use now: 0, then those `add_peer_rails` added (for
+  /// status documents; a removal in progress may not show yet).
+  virtual std::vector<uint32_t> peer_rails(peer_handle peer) const = 0;
+  /// Remove one user of a peer, on every rail: its queued batches fail with "peer removed", and
+  /// its connection is cut (tcp: a write it had begun to send is not finished later). When other
+  /// users remain, the address is inserted again under the same handle and their next writes
+  /// reconnect. shm, if this engine wrote to the peer (it may have fenced us, and then never
+  /// answers those writes, which blocks every later write of the endpoint): new writes are held,
+  /// those in flight get a second to complete, then the endpoint is renewed (same domain, AV and
   /// registrations) and writes that never completed fail with "fabric endpoint renewed ...".
   /// Asynchronous (never blocks the caller on the fabric).
   virtual void remove_peer(peer_handle peer) = 0;
   /// The fence: close `regions` (the registrations this peer may write into) and then cut the
   /// peer's connection (`remove_peer`), in one step of the progress thread with no completion
-  /// read in between; `done` runs (on the progress thread, or the caller's when the engine is
-  /// not running) once both have happened. From then on no byte of a write of that peer lands
-  /// in those regions, on tcp as on shm, also a write it had begun to send (tcp: the connection
-  /// carrying it is closed; shm with CMA: a write lands wholly before the close or not at all).
-  /// Without `peer`, only the regions are closed.
+  /// read in between, on every rail; `done` runs (on a progress thread, or the caller's when the
+  /// engine is not running) once both have happened on every rail. From then on no byte of a write
+  /// of that peer lands in those regions, on tcp as on shm, also a write it had begun to send (tcp:
+  /// the connection carrying it is closed; shm with CMA: a write lands wholly before the close or
+  /// not at all). Without `peer`, only the regions are closed.
   virtual void fence_peer(std::optional<peer_handle> peer, std::vector<region_id> regions,
                           std::function<void()> done) = 0;
 
   /// The number of immediates the target receives once every write of `batch` has landed (its
-  /// notifications): ops.size() with notify::every_write; with notify::batch_end 1 where the
-  /// engine orders writes (tcp), else ops.size(). A commit counts these, never the writes.
+  /// notifications): ops.size() with notify::every_write; with notify::batch_end 1 per rail the
+  /// batch is striped across where the engine orders writes (tcp), else ops.size(). A commit
+  /// counts these, never the writes. The rails a peer shares may grow (`add_peer_rails`), so
+  /// what `submit` returns, not an earlier call of this, is the batch's count.
   virtual uint32_t notifications(const write_batch& batch) const = 0;
   /// Queue a batch for posting. Never blocks on the fabric. Returns `notifications(batch)`,
   /// whatever becomes of the batch later.

@@ -19,6 +19,7 @@
 
 #include "transport/cma_check.hpp"
 #include "transport/fabric_engine.hpp"
+#include "transport/rail_engine.hpp"
 #include "transport/shm_files.hpp"
 
 namespace ferry::transport {
@@ -61,8 +62,10 @@ std::string mr_mode_text(uint64_t bits) {
 
 }  // namespace
 
-result<> fabric_engine::init(const engine_config& cfg) {
+result<> fabric_engine::init(const engine_config& cfg, std::string label, bool express) {
   cfg_ = cfg;
+  label_ = std::move(label);
+  express_ = express;
   log_ = transport_log();
   if (cfg.max_inflight_writes == 0) {
     return error{errc::config_invalid,
@@ -175,12 +178,12 @@ result<> fabric_engine::init(const engine_config& cfg) {
   if (wake_fd_.get() < 0)
     return error{errc::system_error, std::string("eventfd: ") + std::strerror(errno)};
 
-  log_->info("opened fabric provider={} fabric={} domain={} mr_mode={} threading={} wait={}{}",
-             provider_, info->fabric_attr->name ? info->fabric_attr->name : "?",
-             info->domain_attr->name ? info->domain_attr->name : "?", mr_mode_text(mr_mode_),
-             static_cast<int>(info->domain_attr->threading),
-             wait_kind_ == wait_kind::fd ? "fd" : "sleep",
-             rx_cq_data_ ? " rx_cq_data=posted-receives" : "");
+  log_->info(
+      "opened fabric rail={} provider={} fabric={} domain={} mr_mode={} threading={} wait={}{}",
+      label_, provider_, info->fabric_attr->name ? info->fabric_attr->name : "?",
+      info->domain_attr->name ? info->domain_attr->name : "?", mr_mode_text(mr_mode_),
+      static_cast<int>(info->domain_attr->threading), wait_kind_ == wait_kind::fd ? "fd" : "sleep",
+      rx_cq_data_ ? " rx_cq_data=posted-receives" : "");
   return {};
 }
 
@@ -264,6 +267,7 @@ result<> fabric_engine::post_receives(size_t count) {
 }  // namespace detail
 
 using detail::fabric_engine;
+using detail::rail_engine;
 
 result<std::unique_ptr<engine>> engine::open(const engine_config& cfg) {
   // Logged for every provider, so an operator sees what a switch to shm would meet.
@@ -283,12 +287,25 @@ result<std::unique_ptr<engine>> engine::open(const engine_config& cfg) {
     }
     remove_stale_shm_files();
   }
-  auto e = std::make_unique<fabric_engine>();
-  if (auto opened = e->init(cfg); !opened) {
-    transport_log()->error("engine::open provider={}: {}", cfg.provider, opened.message);
-    return std::move(opened).error();
+  if (cfg.rails == 0) {
+    const error refused{errc::config_invalid,
+                        "fabric.rails: expected 1 to " + std::to_string(max_rails) + ", got 0"};
+    transport_log()->error("engine::open: {}", refused.message);
+    return refused;
   }
-  return std::unique_ptr<engine>(std::move(e));
+  auto opened = [&]() -> result<std::unique_ptr<engine>> {
+    // One endpoint: the plain engine, with nothing between it and its callers.
+    if (cfg.rails == 1 && cfg.express_bytes == 0) {
+      auto e = std::make_unique<fabric_engine>();
+      if (auto r = e->init(cfg); !r) return std::move(r).error();
+      return std::unique_ptr<engine>(std::move(e));
+    }
+    auto e = std::make_unique<rail_engine>();
+    if (auto r = e->init(cfg); !r) return std::move(r).error();
+    return std::unique_ptr<engine>(std::move(e));
+  }();
+  if (!opened) transport_log()->error("engine::open provider={}: {}", cfg.provider, opened.message);
+  return opened;
 }
 
 }  // namespace ferry::transport

@@ -21,7 +21,7 @@ void fabric_engine::run_queued(std::function<void()> task) {
       return;
     }
   }
-  std::lock_guard<std::mutex> guard(fabric_mutex_);
+  std::lock_guard<std::recursive_mutex> guard(fabric_mutex_);
   task();
 }
 
@@ -108,7 +108,7 @@ void fabric_engine::stop() {
     thread_.join();
   }
   // Work queued before a start that never came: fail batches, run commands directly.
-  std::lock_guard<std::mutex> guard(fabric_mutex_);
+  std::lock_guard<std::recursive_mutex> guard(fabric_mutex_);
   for (auto& item : never_started) {
     if (item.batch) {
       item.batch->abort_unposted(stopped_error);

@@ -8,6 +8,9 @@
 // - fabric_control.cpp: handing work to the progress thread, start and stop;
 // - fabric_progress.cpp: the progress thread (posting, completions, immediates, waiting);
 // - shm_files.cpp: shm provider files and the CMA probe.
+// With several rails (rail_engine.hpp) each rail is one fabric_engine with its own fabric,
+// domain, AV, CQ, endpoint and progress thread; the `*_keyed` and `*_resolved` calls below are
+// what the rail engine needs beyond the engine interface.
 //
 // Design: after `start`, one progress thread owns every libfabric call. Callers hand it work
 // through one FIFO (submissions and commands in order; commands that return a value wait on a
@@ -120,6 +123,10 @@ struct work_item {
   std::function<void()> task;          ///< a command to run on the progress thread
 };
 
+/// 64 unpredictable bits from the kernel CSPRNG: memory keys must not be derivable from other
+/// keys a peer has seen, which rules out a seeded PRNG such as mt19937_64.
+uint64_t random_u64();
+
 /// Run a user callback without letting an exception kill the progress thread.
 template <class F, class... A>
 void invoke_callback(spdlog::logger& log, const char* what, F& f, A&&... args) {
@@ -138,7 +145,9 @@ class fabric_engine final : public engine {
   fabric_engine() = default;
   ~fabric_engine() override { stop(); }
 
-  result<> init(const engine_config& cfg);
+  /// Open the libfabric objects. `label` names the rail in logs and `rail_activity` ("0" for a
+  /// daemon's only or first rail); `express`: this rail carries only small batches.
+  result<> init(const engine_config& cfg, std::string label = "0", bool express = false);
 
   result<region_id> register_region(void* base, uint64_t length, region_access access) override;
   result<bool> deregister_region(region_id id) override;
@@ -150,6 +159,8 @@ class fabric_engine final : public engine {
     return address_;
   }
   std::string provider_name() const override { return provider_; }
+  std::vector<rail_desc> rails() const override { return {{local_address(), express_}}; }
+  std::vector<rail_stats> rail_activity() const override;
 
   void start(std::function<void(immediate_counts)> immediates) override;
   void stop() override;
@@ -157,9 +168,36 @@ class fabric_engine final : public engine {
   result<peer_handle> insert_peer(const std::vector<uint8_t>& address) override;
   void insert_peer_async(std::vector<uint8_t> address,
                          std::function<void(result<peer_handle>)> done) override;
+  void add_peer_rails(peer_handle peer, std::vector<peer_rail> rails,
+                      std::function<void(result<uint32_t>)> done) override;
+  std::vector<uint32_t> peer_rails(peer_handle) const override { return {0}; }
   void remove_peer(peer_handle peer) override;
   void fence_peer(std::optional<peer_handle> peer, std::vector<region_id> regions,
                   std::function<void()> done) override;
+
+  // For the rail engine (rail_engine.cpp), which registers a region on every rail under one key
+  // it chose, and names a rail's peer only once the rail's progress thread runs the call (its
+  // insertion, queued before, has answered by then).
+
+  /// Whether the provider issues memory keys itself (FI_MR_PROV_KEY): then a key cannot be
+  /// the same on every rail.
+  bool provider_keys() const { return (mr_mode_ & FI_MR_PROV_KEY) != 0; }
+  /// The bits a key may use on this domain (mr_key_size).
+  uint64_t key_mask() const { return key_mask_; }
+  /// `register_region` under `key` (never FI_MR_PROV_KEY); -FI_ENOKEY is an error, not a retry.
+  result<region_id> register_region_keyed(void* base, uint64_t length, region_access access,
+                                          uint64_t key);
+  /// `register_regions`, region i under keys[i].
+  void register_regions_keyed(std::vector<region_request> regions, std::vector<uint64_t> keys,
+                              std::function<void(result<std::vector<region_id>>)> done);
+  /// `remove_peer` of the peer `resolve` names when the progress thread runs it (nullopt:
+  /// nothing to remove).
+  void remove_peer_resolved(std::function<std::optional<peer_handle>()> resolve);
+  /// Run `task` on the progress thread, after what is queued (or directly when not running).
+  void post(std::function<void()> task) { run_queued(std::move(task)); }
+  /// `fence_peer`, with the peer named by `resolve` when the progress thread runs it.
+  void fence_peer_resolved(std::function<std::optional<peer_handle>()> resolve,
+                           std::vector<region_id> regions, std::function<void()> done);
 
   uint32_t notifications(const write_batch& b) const override {
     if (split_commit_ && b.mode == notify::batch_end) return b.ops.empty() ? 0 : 1;
@@ -199,7 +237,12 @@ class fabric_engine final : public engine {
   }
   void wake();
 
-  result<region_id> do_register_region(void* base, uint64_t length, region_access access);
+  /// `chosen`: the rail engine's key; none: a random key of this engine's own.
+  result<region_id> do_register_region(void* base, uint64_t length, region_access access,
+                                       std::optional<uint64_t> chosen = std::nullopt);
+  void do_register_regions(const std::vector<region_request>& regions,
+                           const std::vector<uint64_t>& keys,
+                           std::function<void(result<std::vector<region_id>>)>& done);
   result<bool> do_deregister_region(region_id id);
   result<> close_region_mr(region_id id);
   result<uint64_t> choose_key() const;
@@ -235,6 +278,8 @@ class fabric_engine final : public engine {
   void renew_endpoint();
 
   engine_config cfg_;
+  std::string label_ = "0";  ///< this rail, in logs and rail_activity
+  bool express_ = false;
   std::shared_ptr<spdlog::logger> log_;
   std::string provider_;
   mutable std::mutex address_mutex_;  ///< address_ changes when the endpoint is renewed
@@ -288,8 +333,10 @@ class fabric_engine final : public engine {
 
   // Cross-thread state.
   std::mutex lifecycle_mutex_;  ///< serialises start/stop
-  std::mutex fabric_mutex_;     ///< held by the progress thread for its lifetime; direct calls
-                                ///< before start / after stop take it to stay exclusive
+  /// Held by the progress thread for its lifetime; direct calls before start / after stop take
+  /// it to stay exclusive. Recursive: a callback run under it (a direct call's) may call this
+  /// engine again, as the rail engine's do.
+  std::recursive_mutex fabric_mutex_;
   std::mutex queue_mutex_;
   std::deque<work_item> queue_;        ///< guarded by queue_mutex_
   run_state state_ = run_state::idle;  ///< guarded by queue_mutex_
@@ -320,6 +367,9 @@ class fabric_engine final : public engine {
   std::unordered_map<uint64_t, uint64_t> inflight_bytes_;
   std::vector<op_context*> free_contexts_;
   uint32_t inflight_ = 0;
+  // Read by rail_activity from any thread; written by the progress thread only.
+  std::atomic<uint64_t> stat_writes_in_flight_{0}, stat_bytes_in_flight_{0};
+  std::atomic<uint64_t> stat_writes_posted_{0}, stat_bytes_posted_{0};
   ssize_t last_cq_error_ = 0;
   bool credit_ = true;
   immediate_counts imm_batch_;
@@ -343,7 +393,7 @@ R fabric_engine::run_exclusive(std::function<R()> fn) {
     }
   }
   // Not started, or stopping: the progress thread releases fabric_mutex_ once it exits.
-  std::lock_guard<std::mutex> guard(fabric_mutex_);
+  std::lock_guard<std::recursive_mutex> guard(fabric_mutex_);
   return fn();
 }
 

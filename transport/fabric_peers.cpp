@@ -66,14 +66,41 @@ result<peer_handle> fabric_engine::do_insert_peer(const std::vector<uint8_t>& ad
   return out;
 }
 
+void fabric_engine::add_peer_rails(peer_handle, std::vector<peer_rail> rails,
+                                   std::function<void(result<uint32_t>)> done) {
+  result<uint32_t> out;
+  if (!rails.empty())
+    out = error{errc::invalid_request,
+                "add_peer_rails: this engine has one rail (fabric.rails 1, no express rail), "
+                "asked for rail " +
+                    std::to_string(rails.front().rail)};
+  invoke_callback(*log_, "add_peer_rails", done, std::move(out));
+}
+
 void fabric_engine::remove_peer(peer_handle peer) {
   run_queued([this, peer] { do_remove_peer(peer); });
+}
+
+void fabric_engine::remove_peer_resolved(std::function<std::optional<peer_handle>()> resolve) {
+  run_queued([this, resolve = std::move(resolve)] {
+    if (auto peer = resolve()) do_remove_peer(*peer);
+  });
 }
 
 void fabric_engine::fence_peer(std::optional<peer_handle> peer, std::vector<region_id> regions,
                                std::function<void()> done) {
   run_queued([this, peer, regions = std::move(regions), done = std::move(done)]() mutable {
     do_fence_peer(peer, regions);
+    invoke_callback(*log_, "fence_peer", done);
+  });
+}
+
+void fabric_engine::fence_peer_resolved(std::function<std::optional<peer_handle>()> resolve,
+                                        std::vector<region_id> regions,
+                                        std::function<void()> done) {
+  run_queued([this, resolve = std::move(resolve), regions = std::move(regions),
+              done = std::move(done)]() mutable {
+    do_fence_peer(resolve(), regions);
     invoke_callback(*log_, "fence_peer", done);
   });
 }
@@ -147,9 +174,9 @@ void fabric_engine::request_renewal(peer_handle peer) {
   renew_deadline_ = clock_type::now() + renew_wait;
   renew_reason_ = "peer " + std::to_string(peer) + " was cut";
   log_->info(
-      "shm: peer={} was cut after this endpoint wrote to it; holding new writes until the "
+      "shm: peer={} was cut after rail {} wrote to it; holding new writes until the "
       "endpoint is renewed ({} in flight)",
-      peer, inflight_);
+      peer, label_, inflight_);
 }
 
 void fabric_engine::renew_endpoint() {
@@ -181,12 +208,13 @@ void fabric_engine::renew_endpoint() {
   if (reopened) reopened = open_endpoint();
   if (!reopened) {
     // Without an endpoint nothing can be sent: fail what waits, and stop.
-    log_->error("shm endpoint renewal failed: {}; the engine stops", reopened.message);
+    log_->error("shm endpoint renewal of rail {} failed: {}; the engine stops", label_,
+                reopened.message);
     stop_requested_.store(true);
     return;
   }
-  log_->info("shm endpoint renewed after {}: {} write(s) that never completed failed",
-             renew_reason_, failed);
+  log_->info("shm endpoint of rail {} renewed after {}: {} write(s) that never completed failed",
+             label_, renew_reason_, failed);
 }
 
 }  // namespace ferry::transport::detail

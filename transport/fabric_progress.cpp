@@ -46,7 +46,7 @@ constexpr uint64_t shm_inject_size = 4096;
 }  // namespace
 
 void fabric_engine::run() {
-  std::lock_guard<std::mutex> exclusive(fabric_mutex_);
+  std::lock_guard<std::recursive_mutex> exclusive(fabric_mutex_);
   progress_thread_id_.store(std::this_thread::get_id(), std::memory_order_release);
   log_->debug("progress thread started provider={}", provider_);
 
@@ -230,6 +230,10 @@ bool fabric_engine::post_one(batch_state* b, const write_op& op, region& r, bool
   ctx->peer = b->batch.peer;
   ctx->bytes = marker ? 0 : op.length;
   if (ctx->bytes != 0) inflight_bytes_[ctx->peer] += ctx->bytes;
+  stat_writes_posted_.fetch_add(1, std::memory_order_relaxed);
+  stat_bytes_posted_.fetch_add(ctx->bytes, std::memory_order_relaxed);
+  stat_writes_in_flight_.fetch_add(1, std::memory_order_relaxed);
+  stat_bytes_in_flight_.fetch_add(ctx->bytes, std::memory_order_relaxed);
   if (renew_on_cut_)
     if (auto p = peers_.find(b->batch.peer); p != peers_.end()) ++p->second.writes_posted;
   ++r.posted;
@@ -325,6 +329,8 @@ void fabric_engine::complete_op(op_context* ctx, bool ok, const error& why) {
   ctx->batch = nullptr;
   free_contexts_.push_back(ctx);
   --inflight_;
+  stat_writes_in_flight_.fetch_sub(1, std::memory_order_relaxed);
+  stat_bytes_in_flight_.fetch_sub(ctx->bytes, std::memory_order_relaxed);
   if (ctx->bytes != 0) {
     auto in_flight = inflight_bytes_.find(ctx->peer);
     if ((in_flight->second -= ctx->bytes) == 0) inflight_bytes_.erase(in_flight);
@@ -380,6 +386,17 @@ bool fabric_engine::deliver_immediates() {
   imm_index_.clear();
   invoke_callback(*log_, "immediates", immediates_, std::move(out));
   return true;
+}
+
+std::vector<rail_stats> fabric_engine::rail_activity() const {
+  rail_stats s;
+  s.name = label_;
+  s.express = express_;
+  s.writes_in_flight = stat_writes_in_flight_.load(std::memory_order_relaxed);
+  s.bytes_in_flight = stat_bytes_in_flight_.load(std::memory_order_relaxed);
+  s.writes_posted = stat_writes_posted_.load(std::memory_order_relaxed);
+  s.bytes_posted = stat_bytes_posted_.load(std::memory_order_relaxed);
+  return {s};
 }
 
 void fabric_engine::block(clock_type::duration idle_for, clock_type::duration& sleep_step) {

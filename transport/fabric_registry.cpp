@@ -15,8 +15,8 @@ namespace {
 /// collides; a provider with a 1- or 2-byte key space can run out).
 constexpr int key_attempts = 64;
 
-/// 64 unpredictable bits from the kernel CSPRNG (keys must not be derivable from other keys a
-/// peer has seen, which rules out a seeded PRNG such as mt19937_64).
+}  // namespace
+
 uint64_t random_u64() {
   uint64_t v = 0;
   for (int tries = 0; tries < 8; ++tries) {
@@ -30,8 +30,6 @@ uint64_t random_u64() {
   std::lock_guard<std::mutex> lock(m);
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }
-
-}  // namespace
 
 result<region_id> fabric_engine::register_region(void* base, uint64_t length,
                                                  region_access access) {
@@ -54,8 +52,15 @@ result<uint64_t> fabric_engine::choose_key() const {
                    std::to_string(issued_keys_.size()) + " keys issued)"};
 }
 
+result<region_id> fabric_engine::register_region_keyed(void* base, uint64_t length,
+                                                       region_access access, uint64_t key) {
+  return run_exclusive<result<region_id>>(
+      [this, base, length, access, key] { return do_register_region(base, length, access, key); });
+}
+
 result<region_id> fabric_engine::do_register_region(void* base, uint64_t length,
-                                                    region_access access) {
+                                                    region_access access,
+                                                    std::optional<uint64_t> chosen) {
   result<region_id> out;
   if (base == nullptr || length == 0) {
     return error{errc::invalid_request, "register_region: expected a non-empty region, got base=" +
@@ -69,14 +74,19 @@ result<region_id> fabric_engine::do_register_region(void* base, uint64_t length,
   uint64_t flags = FI_WRITE | FI_READ;
   if (access == region_access::remote_write) flags |= FI_REMOTE_WRITE;
   const bool prov_key = (mr_mode_ & FI_MR_PROV_KEY) != 0;
+  if (chosen &&
+      (prov_key || *chosen == 0 || (*chosen & ~key_mask_) != 0 || issued_keys_.count(*chosen) != 0))
+    return error{errc::fabric_error,
+                 "register_region: key " + std::to_string(*chosen) + " cannot be used on rail " +
+                     label_ + (prov_key ? " (the provider issues keys)" : " (issued or too wide)")};
 
   fid_mr* raw = nullptr;
   int rc = 0;
   for (int attempt = 0;; ++attempt) {
     // Without FI_MR_PROV_KEY the application chooses keys, unique per domain: random ones, so
     // a peer cannot guess the key of a registration it was not given.
-    uint64_t requested_key = 0;
-    if (!prov_key) {
+    uint64_t requested_key = chosen.value_or(0);
+    if (!prov_key && !chosen) {
       auto key = choose_key();
       if (!key) {
         log_->error("{}", key.message);
@@ -87,7 +97,7 @@ result<region_id> fabric_engine::do_register_region(void* base, uint64_t length,
     raw = nullptr;
     rc = fi_mr_reg(domain_.get(), base, length, flags, 0, requested_key, 0, &raw, nullptr);
     // -FI_ENOKEY: the key is taken in this domain (not by us): draw another.
-    if (rc == -FI_ENOKEY && !prov_key && attempt + 1 < key_attempts) continue;
+    if (rc == -FI_ENOKEY && !prov_key && !chosen && attempt + 1 < key_attempts) continue;
     break;
   }
   if (rc != 0) {
@@ -141,19 +151,34 @@ result<region_id> fabric_engine::do_register_region(void* base, uint64_t length,
 void fabric_engine::register_regions(std::vector<region_request> regions,
                                      std::function<void(result<std::vector<region_id>>)> done) {
   run_queued([this, regions = std::move(regions), done = std::move(done)]() mutable {
-    result<std::vector<region_id>> out;
-    for (const auto& q : regions) {
-      auto r = do_register_region(q.base, q.length, q.access);
-      if (!r) {
-        // Undo what this call made; a failure to close is logged where it happens.
-        for (auto id : out.value) (void)do_deregister_region(id);
-        out = std::move(r).error();
-        break;
-      }
-      out.value.push_back(r.value);
-    }
-    invoke_callback(*log_, "register_regions", done, std::move(out));
+    do_register_regions(regions, {}, done);
   });
+}
+
+void fabric_engine::register_regions_keyed(
+    std::vector<region_request> regions, std::vector<uint64_t> keys,
+    std::function<void(result<std::vector<region_id>>)> done) {
+  run_queued([this, regions = std::move(regions), keys = std::move(keys),
+              done = std::move(done)]() mutable { do_register_regions(regions, keys, done); });
+}
+
+void fabric_engine::do_register_regions(const std::vector<region_request>& regions,
+                                        const std::vector<uint64_t>& keys,
+                                        std::function<void(result<std::vector<region_id>>)>& done) {
+  result<std::vector<region_id>> out;
+  for (size_t i = 0; i < regions.size(); ++i) {
+    const auto& q = regions[i];
+    auto r = do_register_region(q.base, q.length, q.access,
+                                i < keys.size() ? std::optional<uint64_t>(keys[i]) : std::nullopt);
+    if (!r) {
+      // Undo what this call made; a failure to close is logged where it happens.
+      for (auto id : out.value) (void)do_deregister_region(id);
+      out = std::move(r).error();
+      break;
+    }
+    out.value.push_back(r.value);
+  }
+  invoke_callback(*log_, "register_regions", done, std::move(out));
 }
 
 result<bool> fabric_engine::deregister_region(region_id id) {

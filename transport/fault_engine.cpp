@@ -122,6 +122,10 @@ std::string fault_engine::provider_name() const {
   return inner_->provider_name();
 }
 
+std::vector<rail_desc> fault_engine::rails() const { return inner_->rails(); }
+
+std::vector<rail_stats> fault_engine::rail_activity() const { return inner_->rail_activity(); }
+
 // ----- peers ---------------------------------------------------------------------------------
 
 result<peer_handle> fault_engine::insert_peer(const std::vector<uint8_t>& address) {
@@ -144,6 +148,19 @@ void fault_engine::insert_peer_async(std::vector<uint8_t> address,
     return;
   }
   inner_->insert_peer_async(std::move(address), std::move(done));
+}
+
+void fault_engine::add_peer_rails(peer_handle peer, std::vector<peer_rail> rails,
+                                  std::function<void(result<uint32_t>)> done) {
+  {
+    std::lock_guard lock(mutex_);
+    ++stats_.calls.add_peer_rails;
+  }
+  inner_->add_peer_rails(peer, std::move(rails), std::move(done));
+}
+
+std::vector<uint32_t> fault_engine::peer_rails(peer_handle peer) const {
+  return inner_->peer_rails(peer);
 }
 
 void fault_engine::remove_peer(peer_handle peer) {

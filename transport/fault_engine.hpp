@@ -106,7 +106,7 @@ struct fault_stats {
   struct {
     uint64_t register_region = 0, deregister_region = 0, register_regions = 0, describe = 0,
              local_address = 0, provider_name = 0, start = 0, stop = 0, insert_peer = 0,
-             insert_peer_async = 0, remove_peer = 0, fence_peer = 0, submit = 0,
+             insert_peer_async = 0, add_peer_rails = 0, remove_peer = 0, fence_peer = 0, submit = 0,
              return_immediate_credit = 0;
   } calls;
   uint64_t failed_calls = 0;          ///< register / insert calls a fault failed
@@ -150,11 +150,16 @@ class fault_engine final : public engine {
   region_desc describe(region_id id) const override;
   std::vector<uint8_t> local_address() const override;
   std::string provider_name() const override;
+  std::vector<rail_desc> rails() const override;
+  std::vector<rail_stats> rail_activity() const override;
   void start(std::function<void(immediate_counts)> immediates) override;
   void stop() override;
   result<peer_handle> insert_peer(const std::vector<uint8_t>& address) override;
   void insert_peer_async(std::vector<uint8_t> address,
                          std::function<void(result<peer_handle>)> done) override;
+  void add_peer_rails(peer_handle peer, std::vector<peer_rail> rails,
+                      std::function<void(result<uint32_t>)> done) override;
+  std::vector<uint32_t> peer_rails(peer_handle peer) const override;
   void remove_peer(peer_handle peer) override;
   void fence_peer(std::optional<peer_handle> peer, std::vector<region_id> regions,
                   std::function<void()> done) override;

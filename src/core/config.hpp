@@ -40,8 +40,17 @@ result<ferry_config> load_config_file(const std::string& path);
 /// Fill values derived from others. Call after a successful validation. (It derives nothing
 /// today: an unset pools.kv.total_heads stays 0, and to_yaml states what is assumed.)
 void fill_derived(ferry_config& cfg);
-/// The effective config (with defaults filled in) as YAML, for `--check-config` and the log.
-std::string to_yaml(const ferry_config& cfg);
+/// Who reads an emitted config.
+enum class yaml_for : uint8_t {
+  /// `--check-config`, the log, clients: every key.
+  self,
+  /// A peer's hello (peer_hello::config_yaml): without the keys that only this daemon acts on
+  /// and that a peer of an older protocol version would refuse as unknown (`fabric.rails`,
+  /// `fabric.express_bytes`: a peer learns our rails from `peer_rails`).
+  peers,
+};
+/// The effective config (with defaults filled in) as YAML.
+std::string to_yaml(const ferry_config& cfg, yaml_for reader = yaml_for::self);
 
 /// True for "host:port" with a port in 1..65535 (host a name, IPv4, or bracketed IPv6).
 bool valid_host_port(std::string_view address);

@@ -24,7 +24,7 @@ void emit_dims(YAML::Emitter& out, const std::vector<uint64_t>& dims) {
 
 }  // namespace
 
-std::string to_yaml(const ferry_config& cfg) {
+std::string to_yaml(const ferry_config& cfg, yaml_for reader) {
   YAML::Emitter out;
   out << YAML::BeginMap;
 
@@ -61,6 +61,10 @@ std::string to_yaml(const ferry_config& cfg) {
     out << YAML::Comment(
         "pack_threshold_bytes not set: " + std::to_string(cfg.fabric.pack_threshold()) +
         " for provider " + cfg.fabric.provider);
+  if (reader == yaml_for::self) {
+    out << YAML::Key << "rails" << YAML::Value << cfg.fabric.rails;
+    out << YAML::Key << "express_bytes" << YAML::Value << cfg.fabric.express_bytes;
+  }
   out << YAML::EndMap;
 
   out << YAML::Key << "timeouts" << YAML::Value << YAML::BeginMap;

@@ -288,9 +288,10 @@ ferry_config parse_root(const YAML::Node& root) {
   listen.required_field("client", cfg.client_listen);
   listen.optional_field("metrics", cfg.metrics_listen);
 
-  const section fabric(top.get_or_null("fabric"), "fabric",
-                       {"provider", "address", "max_inflight_writes", "max_inflight_bytes",
-                        "write_piece_bytes", "staging_bytes", "pack_threshold_bytes"});
+  const section fabric(
+      top.get_or_null("fabric"), "fabric",
+      {"provider", "address", "max_inflight_writes", "max_inflight_bytes", "write_piece_bytes",
+       "staging_bytes", "pack_threshold_bytes", "rails", "express_bytes"});
   fabric.optional_field("provider", cfg.fabric.provider);
   fabric.optional_field("address", cfg.fabric.address);
   fabric.optional_field("max_inflight_writes", cfg.fabric.max_inflight_writes);
@@ -298,6 +299,8 @@ ferry_config parse_root(const YAML::Node& root) {
   fabric.optional_field("write_piece_bytes", cfg.fabric.write_piece_bytes);
   fabric.optional_field("staging_bytes", cfg.fabric.staging_bytes);
   fabric.optional_field("pack_threshold_bytes", cfg.fabric.pack_threshold_bytes);
+  fabric.optional_field("rails", cfg.fabric.rails);
+  fabric.optional_field("express_bytes", cfg.fabric.express_bytes);
 
   const section timeouts(
       top.get_or_null("timeouts"), "timeouts",

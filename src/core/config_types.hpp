@@ -89,6 +89,9 @@ struct pools_config {
   std::optional<aux_pool_config> aux;
 };
 
+/// The most endpoints `fabric.rails` may ask for.
+inline constexpr uint32_t max_fabric_rails = 16;
+
 struct fabric_config {
   std::string provider = "tcp";       ///< any libfabric provider name: tcp, shm, verbs, efa...
   std::string address = "127.0.0.1";  ///< interface address the endpoint binds to (if used)
@@ -96,6 +99,12 @@ struct fabric_config {
   /// Bound on one peer's posted, uncompleted payload bytes (0: the write count alone)
   uint64_t max_inflight_bytes = 0;
   uint64_t write_piece_bytes = 1 << 20;  ///< large state tensors are split into pieces this size
+  /// Endpoints for bulk writes, each with its own progress thread; a batch is striped across
+  /// those a peer shares (1..max_rails)
+  uint32_t rails = 1;
+  /// Batches of at most this many bytes go on an express endpoint of their own, so small rooms
+  /// never queue behind bulk; 0: no express endpoint
+  uint64_t express_bytes = 0;
   /// Registered bounce memory for head-sliced KV under a TP mismatch (pack at the source,
   /// unpack at the destination) and for small runs of fragmented page lists; 0 disables it
   /// (then one write per token and layer, and one write per run).

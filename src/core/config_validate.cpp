@@ -294,6 +294,9 @@ void validate_all(const ferry_config& cfg) {
   if (cfg.fabric.pack_threshold_bytes)
     check_range(*cfg.fabric.pack_threshold_bytes, 0, uint64_t{1} << 30,
                 "fabric.pack_threshold_bytes");
+  check_range(cfg.fabric.rails, 1, max_fabric_rails, "fabric.rails");
+  if (cfg.fabric.express_bytes != 0)
+    check_range(cfg.fabric.express_bytes, 4096, uint64_t{1} << 30, "fabric.express_bytes");
 
   check_range(cfg.timeouts.handshake_ms, 1, 3600000, "timeouts.handshake_ms");
   check_range(cfg.timeouts.bootstrapping_ms, 1, 3600000, "timeouts.bootstrapping_ms");

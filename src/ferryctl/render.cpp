@@ -40,6 +40,14 @@ std::string render_status(const json& d) {
   line("staging_bytes", st.at("bytes"));
   line("staging_in_use", st.at("in_use"));
   line("staging_waits", st.at("waits"));
+  // One line per endpoint, only when there are several (fabric.rails, fabric.express_bytes):
+  // a daemon of one endpoint prints what it always did.
+  if (d.contains("rails") && d.at("rails").size() > 1)
+    for (const auto& r : d.at("rails"))
+      o += fmt::format("rail {}: {} writes ({} bytes) in flight, {} writes ({} bytes) posted\n",
+                       text(r.at("rail")), text(r.at("writes_in_flight")),
+                       text(r.at("bytes_in_flight")), text(r.at("writes_posted")),
+                       text(r.at("bytes_posted")));
   return o;
 }
 
@@ -63,10 +71,13 @@ std::string render_peers(const json& d) {
       continue;
     }
     const bool dp = p.contains("dp") && p.at("dp").at("size").get<uint32_t>() > 1;
-    o += fmt::format("peer={} node={} instance={} tp={} pp={}{} link: {}\n", text(p.at("address")),
-                     text(p.at("node")), text(p.at("instance")), position(p.at("tp")),
-                     position(p.at("pp")), dp ? " dp=" + position(p.at("dp")) : "",
-                     text(p.at("link")));
+    // Like dp: said only when the pair uses more than one endpoint.
+    const bool several = p.contains("rails") && p.at("rails").get<uint64_t>() > 1;
+    const auto rails = several ? " rails=" + text(p.at("rails")) : std::string();
+    o += fmt::format("peer={} node={} instance={} tp={} pp={}{}{} link: {}\n",
+                     text(p.at("address")), text(p.at("node")), text(p.at("instance")),
+                     position(p.at("tp")), position(p.at("pp")),
+                     dp ? " dp=" + position(p.at("dp")) : "", rails, text(p.at("link")));
   }
   return o;
 }

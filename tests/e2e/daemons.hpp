@@ -146,6 +146,8 @@ struct shape {
   uint64_t max_inflight_bytes = 0;  ///< fabric.max_inflight_bytes (0: not written, the default)
   /// fabric.pack_threshold_bytes (empty: not written, the default)
   std::optional<uint64_t> pack_threshold_bytes;
+  uint32_t rails = 0;              ///< fabric.rails (0: not written, the default)
+  uint64_t express_bytes = ~0ull;  ///< fabric.express_bytes (~0: not written, the default)
   // Geometry: 2 KV heads in the model (Qwen3-Next), conv and temporal state sliced by TP.
   uint32_t tp_size = 1, tp_rank = 0, pp_size = 1, pp_rank = 0;
   uint32_t dp_size = 1, dp_rank = 0;      ///< attention DP group
@@ -184,6 +186,8 @@ inline std::string make_config(const std::string& name, const std::string& role,
     << (s.pack_threshold_bytes
             ? "\n  pack_threshold_bytes: " + std::to_string(*s.pack_threshold_bytes)
             : "")
+    << (s.rails ? "\n  rails: " + std::to_string(s.rails) : "")
+    << (s.express_bytes != ~0ull ? "\n  express_bytes: " + std::to_string(s.express_bytes) : "")
     << "\n"
     << "tp:\n  size: " << s.tp_size << "\n  rank: " << s.tp_rank << "\npp:\n  size: " << s.pp_size
     << "\n  rank: " << s.pp_rank << "\ndp:\n  size: " << s.dp_size << "\n  rank: " << s.dp_rank

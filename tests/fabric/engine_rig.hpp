@@ -2,7 +2,9 @@
 /// The rig of the engine contract tests (test_engine_contract.cpp) and of the fault tests
 /// (test_fault_engine.cpp): an initiator and a target engine in this process, either the
 /// libfabric engine as `engine::open` makes it or that engine inside the fault-injecting wrapper
-/// (transport/fault_engine.hpp), and callbacks that count how often they ran.
+/// (transport/fault_engine.hpp), or an engine of several rails (two bulk rails and an express
+/// rail, transport/rail_engine.hpp) whose rails the two engines have exchanged, and callbacks
+/// that count how often they ran.
 
 #include <algorithm>
 #include <deque>
@@ -16,11 +18,15 @@
 namespace ferry::test {
 
 /// Which engine a contract test runs against.
-enum class flavour { fabric, wrapped };
+enum class flavour { fabric, wrapped, rails };
+
+/// Batches of at most this many bytes take the express rail of a `flavour::rails` engine.
+inline constexpr uint64_t rig_express_bytes = 1 << 20;
 
 /// The engine of `flavour` for `provider` (the test fails with the engine's error text).
 inline std::unique_ptr<transport::engine> make_engine(const std::string& provider, flavour f,
                                                       uint32_t max_inflight = 64) {
+  if (f == flavour::rails) return open_rails(provider, 2, rig_express_bytes, max_inflight);
   auto e = open_engine(provider, max_inflight);
   if (f == flavour::fabric) return e;
   return std::make_unique<transport::fault_engine>(std::move(e));
@@ -75,7 +81,7 @@ using batch_probe = probe<transport::batch_result>;
 /// target regions are registered after start, as a daemon registers them per peer.
 struct rig {
   rig(const std::string& provider, flavour f, uint32_t max_inflight = 64)
-      : provider(provider), src(4 << 20) {
+      : provider(provider), railed(f == flavour::rails), src(4 << 20) {
     require_provider(provider);
     fill_pattern(src, 17);
     initiator = make_engine(provider, f, max_inflight);
@@ -84,6 +90,11 @@ struct rig {
         must(initiator->register_region(src.data(), src.size(), transport::region_access::local));
     peer = must(initiator->insert_peer(target->local_address()));
     back = must(target->insert_peer(initiator->local_address()));
+    if (railed) {
+      // As two Connections do: the decode (target) learns the prefill's rails first.
+      REQUIRE(add_rails(*target, back, *initiator) == 2);
+      REQUIRE(add_rails(*initiator, peer, *target) == 2);
+    }
     imms.attach(target.get());
     target->start(imms.callback());
     initiator->start(nullptr);
@@ -131,6 +142,18 @@ struct rig {
   void cut_and_reinsert() {
     initiator->remove_peer(peer);
     peer = must(initiator->insert_peer(target->local_address()));
+    if (railed) add_rails(*initiator, peer, *target);
+  }
+  /// The target's side of a new connection after it fenced the initiator: insert it (and its
+  /// rails) again.
+  void reinsert_back() {
+    back = must(target->insert_peer(initiator->local_address()));
+    if (railed) add_rails(*target, back, *initiator);
+  }
+  /// The notifications of a notify::batch_end batch too large for the express rail: one per
+  /// bulk rail where writes are ordered (tcp), else one per write.
+  uint32_t batch_end_notes(uint32_t writes) const {
+    return provider == "tcp" ? (railed ? 2 : 1) : writes;
   }
 
   /// A valid write that must land, retried while the provider recovers its connection (tcp
@@ -184,6 +207,7 @@ struct rig {
   static constexpr std::chrono::milliseconds attempt_limit{500};
 
   std::string provider;
+  bool railed = false;  ///< flavour::rails: both engines have exchanged their rails
   // Buffers first: the engines (declared after them) close before the memory goes away.
   std::vector<uint8_t> src;
   std::deque<std::vector<uint8_t>> mem;  // deque: stable addresses

@@ -2,8 +2,9 @@
 /// The rig of the fence tests (test_fencing.cpp, test_fence_registrations.cpp,
 /// test_fence_late_writes.cpp): a target engine and two initiator engines in this process, target
 /// regions registered after start as the daemon registers them per peer, batches tracked with
-/// their completion time, and one test body per provider. Measurements are printed as Catch
-/// warnings with FERRY_FENCE_REPORT=1 and never asserted.
+/// their completion time, and one test body per provider, run with one endpoint per engine and
+/// with rails (two bulk rails and an express rail each, rails exchanged as two Connections do).
+/// Measurements are printed as Catch warnings with FERRY_FENCE_REPORT=1 and never asserted.
 
 #include <chrono>
 #include <condition_variable>
@@ -22,11 +23,26 @@
 
 namespace ferry::test {
 
-/// Register one test body for each provider, as separate test cases so a missing provider skips
-/// only its own case.
-#define FERRY_FENCE_CASE(title, body)                                                \
-  TEST_CASE("fabric fence " title " (tcp)", "[fabric][fence][tcp]") { body("tcp"); } \
-  TEST_CASE("fabric fence " title " (shm)", "[fabric][fence][shm]") { body("shm"); }
+/// Register one test body for each provider, with one endpoint and with rails, as separate test
+/// cases so a missing provider skips only its own cases.
+#define FERRY_FENCE_CASE(title, body)                                                       \
+  TEST_CASE("fabric fence " title " (tcp)", "[fabric][fence][tcp]") { body("tcp", false); } \
+  TEST_CASE("fabric fence " title " (shm)", "[fabric][fence][shm]") { body("shm", false); } \
+  TEST_CASE("fabric fence " title " (tcp, rails)", "[fabric][fence][tcp][rails]") {         \
+    body("tcp", true);                                                                      \
+  }                                                                                         \
+  TEST_CASE("fabric fence " title " (shm, rails)", "[fabric][fence][shm][rails]") {         \
+    body("shm", true);                                                                      \
+  }
+
+/// With rails: batches of at most this many bytes take the express rail.
+inline constexpr uint64_t fence_express_bytes = 65536;
+
+/// An engine for a fence test: one endpoint, or two bulk rails and an express rail.
+inline std::unique_ptr<transport::engine> open_fence_engine(const std::string& provider,
+                                                            bool rails) {
+  return rails ? open_rails(provider, 2, fence_express_bytes) : open_engine(provider);
+}
 
 using clock_type = std::chrono::steady_clock;
 
@@ -81,20 +97,29 @@ struct tracked {
 /// A target engine and two initiator engines in this process. Target regions are registered
 /// after all three engines started (the daemon registers per-peer regions at connect time).
 struct fence_rig {
-  explicit fence_rig(const std::string& provider)
-      : provider(provider), src1(4 << 20), src2(4 << 20) {
+  explicit fence_rig(const std::string& provider, bool rails = false)
+      : provider(provider), rails(rails), src1(4 << 20), src2(4 << 20) {
     require_provider(provider);
     fill_pattern(src1, 11);
     fill_pattern(src2, 22);
-    init1 = open_engine(provider);
-    init2 = open_engine(provider);
-    target = open_engine(provider);
+    init1 = open_fence_engine(provider, rails);
+    init2 = open_fence_engine(provider, rails);
+    target = open_fence_engine(provider, rails);
     src1_region =
         must(init1->register_region(src1.data(), src1.size(), transport::region_access::local));
     src2_region =
         must(init2->register_region(src2.data(), src2.size(), transport::region_access::local));
     peer1 = must(init1->insert_peer(target->local_address()));
     peer2 = must(init2->insert_peer(target->local_address()));
+    if (rails) {
+      // The target knows the initiators on every rail (to cut them), then they learn its rails.
+      back1 = must(target->insert_peer(init1->local_address()));
+      back2 = must(target->insert_peer(init2->local_address()));
+      REQUIRE(add_rails(*target, back1, *init1) == 2);
+      REQUIRE(add_rails(*target, back2, *init2) == 2);
+      REQUIRE(add_rails(*init1, peer1, *target) == 2);
+      REQUIRE(add_rails(*init2, peer2, *target) == 2);
+    }
     imms.attach(target.get());
     target->start(imms.callback());
     init1->start(nullptr);
@@ -138,6 +163,26 @@ struct fence_rig {
   void cut_and_reinsert() {
     init1->remove_peer(peer1);
     peer1 = must(init1->insert_peer(target->local_address()));
+    if (rails) add_rails(*init1, peer1, *target);
+  }
+
+  /// Writes of `len` bytes into `dst` from initiator `which`, `count` of them back to back from
+  /// `dst_off` (source offsets wrap in its buffer), as one batch: striped across the bulk rails
+  /// with rails.
+  std::shared_ptr<tracked> write_many(int which, const transport::region_desc& dst,
+                                      uint64_t dst_off, uint64_t len, uint64_t count,
+                                      uint64_t imm) {
+    auto t = std::make_shared<tracked>();
+    transport::write_batch b;
+    b.peer = which == 1 ? peer1 : peer2;
+    const auto& s = src(which);
+    for (uint64_t i = 0; i < count; ++i)
+      b.ops.push_back(transport::write_op{which == 1 ? src1_region : src2_region,
+                                          (i * len) % (s.size() - len + 1), len,
+                                          dst.remote_base + dst_off + i * len, dst.key, imm});
+    b.done = tracked::recorder(t);
+    (which == 1 ? init1 : init2)->submit(std::move(b));
+    return t;
   }
 
   /// A valid write (to a live region) that must land: retried while the provider recovers its
@@ -174,6 +219,7 @@ struct fence_rig {
   static constexpr std::chrono::milliseconds attempt_limit{500};
 
   std::string provider;
+  bool rails = false;  ///< two bulk rails and an express rail per engine
   // Buffers first: the engines (declared after them) close before the memory goes away.
   std::vector<uint8_t> src1, src2;
   std::deque<std::vector<uint8_t>> mem;  // deque: stable addresses
@@ -183,6 +229,7 @@ struct fence_rig {
   std::unique_ptr<transport::engine> target;
   transport::region_id src1_region = 0, src2_region = 0;
   transport::peer_handle peer1 = 0, peer2 = 0;
+  transport::peer_handle back1 = 0, back2 = 0;  ///< with rails: the initiators at the target
 };
 
 }  // namespace ferry::test

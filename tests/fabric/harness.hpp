@@ -18,12 +18,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/rails.hpp"
 #include "skip.hpp"
 #include "transport/engine.hpp"
 
@@ -131,6 +134,11 @@ class imm_collector {
     std::unique_lock<std::mutex> lock(mutex_);
     return cv_.wait_for(lock, wait_limit, [&] { return callbacks_ >= n; });
   }
+  /// Wait until `pred(total, callbacks)` holds; false on timeout.
+  bool wait_until(const std::function<bool(uint64_t, int)>& pred) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return cv_.wait_for(lock, wait_limit, [&] { return pred(total_, callbacks_); });
+  }
   std::map<uint64_t, uint64_t> counts() {
     std::lock_guard<std::mutex> lock(mutex_);
     return counts_;
@@ -199,6 +207,90 @@ inline std::unique_ptr<transport::engine> open_engine(const std::string& provide
   cfg.provider = provider;
   cfg.max_inflight_writes = max_inflight;
   return must(transport::engine::open(cfg));
+}
+
+/// Open an engine with `rails` bulk rails and, when `express` is not 0, an express rail for
+/// batches of at most that many bytes.
+inline std::unique_ptr<transport::engine> open_rails(const std::string& provider, uint32_t rails,
+                                                     uint64_t express, uint32_t max_inflight = 64) {
+  transport::engine_config cfg;
+  cfg.provider = provider;
+  cfg.max_inflight_writes = max_inflight;
+  cfg.rails = rails;
+  cfg.express_bytes = express;
+  return must(transport::engine::open(cfg));
+}
+
+/// What `engine::add_peer_rails` is asked on `ours` for a peer with the endpoints `their_rails`
+/// (the pairing two Connections make from their `peer_rails`).
+inline std::vector<transport::peer_rail> rails_between(
+    const transport::engine& ours, const std::vector<transport::rail_desc>& their_rails) {
+  std::vector<rails::kind> a, b;
+  for (const auto& r : ours.rails()) a.push_back({r.express});
+  for (const auto& r : their_rails) b.push_back({r.express});
+  std::vector<transport::peer_rail> out;
+  for (const auto& [mine, its] : rails::pair_rails(a, b))
+    out.push_back({mine, their_rails[its].address});
+  return out;
+}
+
+/// Make a peer's other endpoints (`theirs`) known on `ours`, where it is `peer` (waits; fails
+/// the test on an error). Returns how many were added.
+inline uint32_t add_rails(transport::engine& ours, transport::peer_handle peer,
+                          const std::vector<transport::rail_desc>& theirs) {
+  struct answer {  // shared: the callback may outlive a failed wait
+    std::mutex m;
+    std::condition_variable cv;
+    std::optional<result<uint32_t>> got;
+  };
+  auto a = std::make_shared<answer>();
+  ours.add_peer_rails(peer, rails_between(ours, theirs), [a](result<uint32_t> r) {
+    std::lock_guard<std::mutex> lock(a->m);
+    a->got = std::move(r);
+    a->cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(a->m);
+  REQUIRE(a->cv.wait_for(lock, wait_limit, [&] { return a->got.has_value(); }));
+  INFO(a->got->message);
+  REQUIRE(*a->got);
+  return a->got->value;
+}
+/// `add_rails` with the endpoints of the engine `theirs`.
+inline uint32_t add_rails(transport::engine& ours, transport::peer_handle peer,
+                          const transport::engine& theirs) {
+  return add_rails(ours, peer, theirs.rails());
+}
+
+/// An engine's endpoints as bytes, for a forked child's channel: per rail its express flag,
+/// address length (4 bytes) and address.
+inline std::vector<uint8_t> encode_rails(const std::vector<transport::rail_desc>& rails) {
+  std::vector<uint8_t> out;
+  for (const auto& r : rails) {
+    out.push_back(r.express ? 1 : 0);
+    const auto n = static_cast<uint32_t>(r.address.size());
+    const auto* p = reinterpret_cast<const uint8_t*>(&n);
+    out.insert(out.end(), p, p + sizeof n);
+    out.insert(out.end(), r.address.begin(), r.address.end());
+  }
+  return out;
+}
+/// The inverse of `encode_rails` (of `size` bytes from `data`); empty when malformed.
+inline std::vector<transport::rail_desc> decode_rails(const uint8_t* data, size_t size) {
+  std::vector<transport::rail_desc> out;
+  size_t at = 0;
+  while (at < size) {
+    uint32_t n = 0;
+    if (size - at < 1 + sizeof n) return {};
+    transport::rail_desc r;
+    r.express = data[at++] != 0;
+    std::memcpy(&n, data + at, sizeof n);
+    at += sizeof n;
+    if (size - at < n) return {};
+    r.address.assign(data + at, data + at + n);
+    at += n;
+    out.push_back(std::move(r));
+  }
+  return out;
 }
 
 // ----- a tiny framed channel over a socketpair, for forked-process tests -----------------------

@@ -28,8 +28,8 @@ using namespace ferry::test;
 
 namespace {
 
-void deregister_while_writes_arrive(const std::string& provider) {
-  fence_rig rig(provider);
+void deregister_while_writes_arrive(const std::string& provider, bool rails) {
+  fence_rig rig(provider, rails);
   auto [b_id, b_mem] = rig.add_region(1 << 20, region_access::remote_write);
   const region_desc b = rig.target->describe(b_id);
   const uint64_t total = 32ull << 20;
@@ -106,9 +106,10 @@ struct stop_hello {
   region_desc a, b;
 };
 
-/// Child side of the SIGSTOP test: one large write into A, then, on request, small writes into
-/// B until the parent saw one arrive.
-[[noreturn]] void stopped_writer_child(const std::string& provider, int fd) {
+/// Child side of the SIGSTOP test: one large write into A (with rails, 16 writes of 4 MiB in
+/// one batch, striped across the bulk rails), then, on request, small writes into B until the
+/// parent saw one arrive.
+[[noreturn]] void stopped_writer_child(const std::string& provider, bool rails, int fd) {
   auto fail = [fd](const std::string& text) {
     std::string frame = "E" + text;
     send_frame(fd, frame.data(), static_cast<uint32_t>(frame.size()));
@@ -118,10 +119,16 @@ struct stop_hello {
   if (!recv_frame(fd, frame) || frame.size() <= sizeof(stop_hello)) ::_exit(3);
   stop_hello hello;
   std::memcpy(&hello, frame.data(), sizeof hello);
-  const std::vector<uint8_t> addr(frame.begin() + sizeof hello, frame.end());
+  const auto target_rails = decode_rails(frame.data() + sizeof hello, frame.size() - sizeof hello);
+  if (target_rails.empty()) ::_exit(3);
+  const std::vector<uint8_t>& addr = target_rails[0].address;
 
   engine_config cfg;
   cfg.provider = provider;
+  if (rails) {
+    cfg.rails = 2;
+    cfg.express_bytes = fence_express_bytes;
+  }
   auto opened = engine::open(cfg);
   if (!opened) fail(opened.message);
   auto& eng = *opened.value;
@@ -131,12 +138,21 @@ struct stop_hello {
   if (!reg) fail(reg.message);
   auto peer = eng.insert_peer(addr);
   if (!peer) fail(peer.message);
-  // The target needs our address to cut our connection (as a decode knows its prefill's).
-  const auto mine = eng.local_address();
+  // The target needs our addresses to cut our connections (as a decode knows its prefill's):
+  // it learns them first, then says go, and only then do we write on our other rails.
+  const auto mine = encode_rails(eng.rails());
   std::vector<uint8_t> a_frame{'A'};
   a_frame.insert(a_frame.end(), mine.begin(), mine.end());
   send_frame(fd, a_frame.data(), static_cast<uint32_t>(a_frame.size()));
   eng.start(nullptr);
+  if (!recv_frame(fd, frame) || frame.empty() || frame[0] != 'G') ::_exit(3);
+  if (rails) {
+    std::promise<ferry::result<uint32_t>> added;
+    eng.add_peer_rails(peer.value, rails_between(eng, target_rails),
+                       [&](ferry::result<uint32_t> r) { added.set_value(r); });
+    auto got = added.get_future().get();
+    if (!got || got.value != 2) fail("add_peer_rails: " + got.message);
+  }
 
   std::mutex m;
   std::condition_variable cv;
@@ -144,7 +160,13 @@ struct stop_hello {
   batch_result big_result;
   write_batch big;
   big.peer = peer.value;
-  big.ops = {write_op{reg.value, 0, stop_region, hello.a.remote_base, hello.a.key, 1}};
+  if (rails) {
+    const uint64_t piece = stop_region / 16;
+    for (uint64_t off = 0; off < stop_region; off += piece)
+      big.ops.push_back(write_op{reg.value, off, piece, hello.a.remote_base + off, hello.a.key, 1});
+  } else {
+    big.ops = {write_op{reg.value, 0, stop_region, hello.a.remote_base, hello.a.key, 1}};
+  }
   big.done = [&](batch_result r) {
     std::lock_guard<std::mutex> lock(m);
     big_result = std::move(r);
@@ -153,14 +175,19 @@ struct stop_hello {
   };
   eng.submit(std::move(big));
 
-  // Probe requests: 'P' = write 64 B into B once more; 'X' = done.
+  // Probe requests: 'P' = write 64 B into B once more (with rails, 64 KiB on each bulk rail, so
+  // the probe follows what each rail still had to send; imm 2 and 3); 'X' = done.
   for (;;) {
     if (!recv_frame(fd, frame) || frame.empty()) ::_exit(4);
     if (frame[0] == 'X') break;
     auto t = std::make_shared<tracked>();
     write_batch probe;
     probe.peer = peer.value;
-    probe.ops = {write_op{reg.value, 0, 64, hello.b.remote_base, hello.b.key, 2}};
+    if (rails)
+      probe.ops = {write_op{reg.value, 0, 65536, hello.b.remote_base, hello.b.key, 2},
+                   write_op{reg.value, 65536, 65536, hello.b.remote_base + 65536, hello.b.key, 3}};
+    else
+      probe.ops = {write_op{reg.value, 0, 64, hello.b.remote_base, hello.b.key, 2}};
     probe.done = tracked::recorder(t);
     eng.submit(std::move(probe));
     t->wait();
@@ -177,9 +204,9 @@ struct stop_hello {
   ::_exit(0);
 }
 
-void stopped_writer_resumes_after_fence(const std::string& provider) {
+void stopped_writer_resumes_after_fence(const std::string& provider, bool rails) {
   require_provider(provider);
-  auto reap = fork_child([&](int fd) { stopped_writer_child(provider, fd); });
+  auto reap = fork_child([&](int fd) { stopped_writer_child(provider, rails, fd); });
   const pid_t child = reap.pid;
   const int fd = reap.fd;
 
@@ -187,7 +214,7 @@ void stopped_writer_resumes_after_fence(const std::string& provider) {
   std::vector<uint8_t> expected(stop_region);
   fill_pattern(expected, 5);
   imm_collector imms;
-  auto target = open_engine(provider);
+  auto target = open_fence_engine(provider, rails);
   auto ra = target->register_region(a.data(), a.size(), region_access::remote_write);
   auto rb = target->register_region(b.data(), b.size(), region_access::remote_write);
   REQUIRE(ra);
@@ -195,7 +222,7 @@ void stopped_writer_resumes_after_fence(const std::string& provider) {
   imms.attach(target.get());
   target->start(imms.callback());
   stop_hello hello{target->describe(ra.value), target->describe(rb.value)};
-  const std::vector<uint8_t> addr = target->local_address();
+  const std::vector<uint8_t> addr = encode_rails(target->rails());
   std::vector<uint8_t> frame(sizeof hello);
   std::memcpy(frame.data(), &hello, sizeof hello);
   frame.insert(frame.end(), addr.begin(), addr.end());
@@ -204,9 +231,14 @@ void stopped_writer_resumes_after_fence(const std::string& provider) {
   if (!frame.empty() && frame[0] == 'E')
     FAIL("child: " << std::string(frame.begin() + 1, frame.end()));
   REQUIRE((!frame.empty() && frame[0] == 'A'));
-  const std::vector<uint8_t> writer_addr(frame.begin() + 1, frame.end());
+  const auto writer_rails = decode_rails(frame.data() + 1, frame.size() - 1);
+  REQUIRE_FALSE(writer_rails.empty());
+  const std::vector<uint8_t> writer_addr = writer_rails[0].address;
   auto writer = target->insert_peer(writer_addr);
   REQUIRE(writer);
+  if (rails) REQUIRE(add_rails(*target, writer.value, writer_rails) == 2);
+  const char go = 'G';
+  REQUIRE(send_frame(fd, &go, 1));
 
   // Wait (bounded) until the large write is being placed, then freeze the writer mid-write.
   const auto deadline = clock_type::now() + wait_limit;
@@ -215,7 +247,7 @@ void stopped_writer_resumes_after_fence(const std::string& provider) {
   }
   REQUIRE(std::memcmp(a.data(), expected.data(), 4096) == 0);
   REQUIRE(::kill(child, SIGSTOP) == 0);
-  const bool finished_before_stop =
+  const bool finished_before_stop =  // (with rails: its last piece, on rail 1)
       std::memcmp(a.data() + stop_region - 4096, expected.data() + stop_region - 4096, 4096) == 0;
   // The fence: close A's key and cut the writer's connection, in one step.
   std::promise<void> fenced;
@@ -227,13 +259,15 @@ void stopped_writer_resumes_after_fence(const std::string& provider) {
   // the rest of the old write must not come with it.
   writer = target->insert_peer(writer_addr);
   REQUIRE(writer);
+  if (rails) add_rails(*target, writer.value, writer_rails);
   REQUIRE(::kill(child, SIGCONT) == 0);
 
   // The resumed writer's later writes reach the target (on the same connection, after what it
   // still had to send for the large one): then the target has seen all of the large one.
   std::string big_state;
   int probes = 0;
-  while (imms.counts()[2] == 0 && clock_type::now() < deadline) {
+  auto probed = [&] { return imms.counts()[2] > 0 && (!rails || imms.counts()[3] > 0); };
+  while (!probed() && clock_type::now() < deadline) {
     const char p = 'P';
     REQUIRE(send_frame(fd, &p, 1));
     REQUIRE(recv_frame(fd, frame));
@@ -243,7 +277,7 @@ void stopped_writer_resumes_after_fence(const std::string& provider) {
     ++probes;
     imms.wait_count(2, 1, fence_rig::attempt_limit);
   }
-  REQUIRE(imms.counts()[2] >= 1);
+  REQUIRE(probed());
   CHECK(std::memcmp(b.data(), expected.data(), 64) == 0);
 
   uint64_t changed = 0, wrong = 0;
@@ -283,21 +317,24 @@ FERRY_FENCE_CASE("a writer stopped mid-write resumes after the fence: nothing of
 
 }  // namespace
 
-TEST_CASE("fabric fence tcp: 100 cuts while large writes stream in land nothing late",
-          "[fabric][fence][tcp]") {
-  // The cut of docs/reliability.md section 4 at random points of a stream of large writes,
-  // in one process (writer and target engines): after each fence_peer returns, a sentinel is
-  // written over the target region; the writer's batch then ends (cut or not), and a probe
-  // over the writer's next connection shows everything it still had in flight is gone. The
-  // sentinel must be intact every time. Run under ASan in CI: the cut must not crash either.
+namespace {
+
+/// The cut of docs/reliability.md section 4 at random points of a stream of large writes, in
+/// one process (writer and target engines): after each fence_peer returns, a sentinel is
+/// written over the target region; the writer's batch then ends (cut or not), and a probe over
+/// the writer's next connection (with rails: over each bulk rail) shows everything it still had
+/// in flight is gone. The sentinel must be intact every time. Run under ASan in CI: the cut must
+/// not crash either. With rails the stream is striped across two bulk rails and the fence cuts
+/// both.
+void cuts_land_nothing_late(bool rails) {
   require_provider("tcp");
   constexpr uint64_t region_bytes = 16ull << 20;
   constexpr int cuts = 100;
-  std::vector<uint8_t> src(region_bytes), dst(region_bytes, 0), probe_dst(4096, 0);
+  std::vector<uint8_t> src(region_bytes), dst(region_bytes, 0), probe_dst(1 << 20, 0);
   fill_pattern(src, 9);
   imm_collector imms;
-  auto target = open_engine("tcp");
-  auto writer = open_engine("tcp");
+  auto target = open_fence_engine("tcp", rails);
+  auto writer = open_fence_engine("tcp", rails);
   imms.attach(target.get());
   target->start(imms.callback());
   writer->start(nullptr);
@@ -311,6 +348,28 @@ TEST_CASE("fabric fence tcp: 100 cuts while large writes stream in land nothing 
   const auto probe = target->describe(rp.value);
   auto from = target->insert_peer(writer->local_address());
   REQUIRE(from);
+  if (rails) {
+    REQUIRE(add_rails(*target, from.value, *writer) == 2);
+    REQUIRE(add_rails(*writer, target_at.value, *target) == 2);
+  }
+  // The probe of round i: one write (imm 1000 + 2i), or with rails one per bulk rail (the
+  // second, 1001 + 2i, on rail 1), each of 64 KiB so that together they pass the express rail.
+  auto probe_batch = [&](int i, const std::shared_ptr<tracked>& p) {
+    write_batch pb;
+    pb.peer = target_at.value;
+    const uint64_t imm = 1000 + 2 * static_cast<uint64_t>(i);
+    if (rails)
+      pb.ops = {write_op{rs.value, 0, 65536, probe.remote_base, probe.key, imm},
+                write_op{rs.value, 65536, 65536, probe.remote_base + 65536, probe.key, imm + 1}};
+    else
+      pb.ops = {write_op{rs.value, 0, 64, probe.remote_base, probe.key, imm}};
+    pb.done = tracked::recorder(p);
+    return pb;
+  };
+  auto probed = [&](int i) {
+    const uint64_t imm = 1000 + 2 * static_cast<uint64_t>(i);
+    return imms.counts()[imm] > 0 && (!rails || imms.counts()[imm + 1] > 0);
+  };
   std::mt19937_64 rng(20261201);
   int mid_write = 0, late = 0;
   for (int i = 0; i < cuts; ++i) {
@@ -340,23 +399,18 @@ TEST_CASE("fabric fence tcp: 100 cuts while large writes stream in land nothing 
     // The writer's next write goes over a new connection, behind anything left of the old one.
     from = target->insert_peer(writer->local_address());  // the next round cuts this one
     REQUIRE(from);
-    auto p = std::make_shared<tracked>();
-    write_batch pb;
-    pb.peer = target_at.value;
-    pb.ops = {write_op{rs.value, 0, 64, probe.remote_base, probe.key, 2}};
-    pb.done = tracked::recorder(p);
+    if (rails) add_rails(*target, from.value, *writer);
     // The first write after a cut may fail with the torn-down connection; retry (bounded).
-    for (int attempt = 0; attempt < 20; ++attempt) {
-      writer->submit(std::move(pb));
+    for (int attempt = 0; attempt < 20 && !probed(i); ++attempt) {
+      auto p = std::make_shared<tracked>();
+      writer->submit(probe_batch(i, p));
       REQUIRE(p->wait());
-      if (imms.wait_count(2, static_cast<uint64_t>(i) + 1, std::chrono::milliseconds(200))) break;
-      p = std::make_shared<tracked>();
-      pb = write_batch{};
-      pb.peer = target_at.value;
-      pb.ops = {write_op{rs.value, 0, 64, probe.remote_base, probe.key, 2}};
-      pb.done = tracked::recorder(p);
+      const auto until = clock_type::now() + std::chrono::milliseconds(200);
+      while (!probed(i) && clock_type::now() < until)
+        imms.wait_count(1000 + 2 * static_cast<uint64_t>(i) + (rails ? 1 : 0), 1,
+                        std::chrono::milliseconds(20));
     }
-    REQUIRE(imms.counts()[2] >= static_cast<uint64_t>(i) + 1);
+    REQUIRE(probed(i));
     uint64_t changed = 0;
     for (auto byte : dst) changed += byte != 0xEE;
     if (changed) ++late;
@@ -364,9 +418,21 @@ TEST_CASE("fabric fence tcp: 100 cuts while large writes stream in land nothing 
     // that landed before it (its completion was read, or delivered, a moment later).
     CHECK(changed == 0);
   }
-  FENCE_REPORT("tcp: " << cuts << " cuts, " << mid_write << " of them mid-stream, " << late
-                       << " with late bytes");
+  FENCE_REPORT("tcp" << (rails ? " with rails" : "") << ": " << cuts << " cuts, " << mid_write
+                     << " of them mid-stream, " << late << " with late bytes");
   CHECK(mid_write > cuts / 4);  // the test cut streams, not idle connections
   writer->stop();
   target->stop();
+}
+
+}  // namespace
+
+TEST_CASE("fabric fence tcp: 100 cuts while large writes stream in land nothing late",
+          "[fabric][fence][tcp]") {
+  cuts_land_nothing_late(false);
+}
+
+TEST_CASE("fabric fence tcp, rails: 100 cuts while large writes stream in land nothing late",
+          "[fabric][fence][tcp][rails]") {
+  cuts_land_nothing_late(true);
 }

@@ -16,8 +16,8 @@ using namespace ferry::test;
 
 namespace {
 
-void registered_after_start_receives(const std::string& provider) {
-  fence_rig rig(provider);
+void registered_after_start_receives(const std::string& provider, bool rails) {
+  fence_rig rig(provider, rails);
   auto [a_id, a_mem] = rig.add_region(1 << 20, region_access::remote_write);
   const region_desc a = rig.target->describe(a_id);
   CHECK(a.length == (1u << 20));
@@ -39,10 +39,10 @@ void registered_after_start_receives(const std::string& provider) {
 }
 FERRY_FENCE_CASE("a region registered after start receives writes", registered_after_start_receives)
 
-void per_peer_registrations_fence_independently(const std::string& provider) {
+void per_peer_registrations_fence_independently(const std::string& provider, bool rails) {
   // The daemon's scheme: one pool, registered once per peer; fencing one peer closes only its
   // registration.
-  fence_rig rig(provider);
+  fence_rig rig(provider, rails);
   rig.mem.emplace_back(1 << 20, 0);
   std::vector<uint8_t>& pool = rig.mem.back();
   auto r1 = rig.target->register_region(pool.data(), pool.size(), region_access::remote_write);
@@ -77,14 +77,14 @@ void per_peer_registrations_fence_independently(const std::string& provider) {
 FERRY_FENCE_CASE("per-peer registrations of one pool fence independently",
                  per_peer_registrations_fence_independently)
 
-void keys_random_ids_never_reused(const std::string& provider) {
+void keys_random_ids_never_reused(const std::string& provider, bool rails) {
   require_provider(provider);
   std::deque<std::vector<uint8_t>> mem;
   batch_waiter done;
   imm_collector imms;
   std::vector<uint8_t> dst(1 << 20, 0);
-  auto target = open_engine(provider);
-  auto e = open_engine(provider);
+  auto target = open_fence_engine(provider, rails);
+  auto e = open_fence_engine(provider, rails);
   auto add = [&](region_access access) {
     mem.emplace_back(65536, 0);
     auto r = e->register_region(mem.back().data(), mem.back().size(), access);

@@ -97,8 +97,8 @@ void rejected_write_leaves_target_intact(fence_rig& rig, const region_desc& dst,
   FENCE_REPORT(os.str());
 }
 
-void closed_key_is_rejected(const std::string& provider) {
-  fence_rig rig(provider);
+void closed_key_is_rejected(const std::string& provider, bool rails) {
+  fence_rig rig(provider, rails);
   auto [b_id, b_mem] = rig.add_region(4 << 20, region_access::remote_write);
   const region_desc b = rig.target->describe(b_id);
   uint64_t b_off = 0;
@@ -131,8 +131,8 @@ void closed_key_is_rejected(const std::string& provider) {
 }
 FERRY_FENCE_CASE("a write with a closed key is rejected at the target", closed_key_is_rejected)
 
-void local_region_not_remotely_writable(const std::string& provider) {
-  fence_rig rig(provider);
+void local_region_not_remotely_writable(const std::string& provider, bool rails) {
+  fence_rig rig(provider, rails);
   auto [b_id, b_mem] = rig.add_region(4 << 20, region_access::remote_write);
   const region_desc b = rig.target->describe(b_id);
   uint64_t b_off = 0;

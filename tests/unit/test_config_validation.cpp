@@ -122,6 +122,14 @@ TEST_CASE("validation errors name the key and the value seen", "[unit][config]")
     REQUIRE(validate_error(base_yaml + "fabric: {pack_threshold_bytes: 2147483648}\n") ==
             "fabric.pack_threshold_bytes: expected an integer in 0..1073741824, got 2147483648");
   }
+  SECTION("rails") {
+    REQUIRE(validate_error(base_yaml + "fabric: {rails: 0}\n") ==
+            "fabric.rails: expected an integer in 1..16, got 0");
+    REQUIRE(validate_error(base_yaml + "fabric: {rails: 17}\n") ==
+            "fabric.rails: expected an integer in 1..16, got 17");
+    REQUIRE(validate_error(base_yaml + "fabric: {express_bytes: 100}\n") ==
+            "fabric.express_bytes: expected an integer in 4096..1073741824, got 100");
+  }
   SECTION("write piece") {
     REQUIRE(validate_error(base_yaml + "fabric: {write_piece_bytes: 1024}\n") ==
             "fabric.write_piece_bytes: expected an integer in 4096..1073741824, got 1024");

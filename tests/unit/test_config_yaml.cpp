@@ -31,6 +31,8 @@ void require_equal(const ferry_config& a, const ferry_config& b) {
   REQUIRE(a.fabric.address == b.fabric.address);
   REQUIRE(a.fabric.max_inflight_writes == b.fabric.max_inflight_writes);
   REQUIRE(a.fabric.write_piece_bytes == b.fabric.write_piece_bytes);
+  REQUIRE(a.fabric.rails == b.fabric.rails);
+  REQUIRE(a.fabric.express_bytes == b.fabric.express_bytes);
   REQUIRE(a.timeouts.handshake_ms == b.timeouts.handshake_ms);
   REQUIRE(a.timeouts.bootstrapping_ms == b.timeouts.bootstrapping_ms);
   REQUIRE(a.timeouts.drain_ms == b.timeouts.drain_ms);
@@ -114,6 +116,24 @@ TEST_CASE("to_yaml round-trips through the parser", "[unit][config]") {
     cfg.fabric.address = "a: b # c";
     cfg.pools.kv->mla = true;
     require_equal(cfg, parse_ok(to_yaml(cfg)));
+  }
+  SECTION("rails survive, and a peer's copy leaves them out") {
+    ferry_config cfg = parse_ok(base_yaml);
+    cfg.fabric.rails = 3;
+    cfg.fabric.express_bytes = 1 << 20;
+    require_equal(cfg, parse_ok(to_yaml(cfg)));
+    // A peer of protocol version 6 refuses unknown keys: what a hello carries has none of
+    // these, and parses to the same config with the rail settings at their defaults.
+    const std::string peers = to_yaml(cfg, yaml_for::peers);
+    INFO(peers);
+    CHECK(peers.find("rails") == std::string::npos);
+    CHECK(peers.find("express_bytes") == std::string::npos);
+    ferry_config seen = parse_ok(peers);
+    CHECK(seen.fabric.rails == 1);
+    CHECK(seen.fabric.express_bytes == 0);
+    seen.fabric.rails = cfg.fabric.rails;
+    seen.fabric.express_bytes = cfg.fabric.express_bytes;
+    require_equal(cfg, seen);
   }
   SECTION("parallel positions survive") {
     ferry_config cfg = parse_ok(base_yaml);
