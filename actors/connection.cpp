@@ -172,8 +172,14 @@ void tick(connection_actor* self) {
   auto& st = self->state;
   if (!st.machine.ready()) return;
   const auto& t = st.ctx->config.timeouts;
-  const auto step =
-      hs::heartbeat_tick(now_ms(), st.last_heard, st.next_beat, t.heartbeat_ms, t.heartbeat_misses);
+  const int64_t now = now_ms();
+  const auto step = hs::heartbeat_tick(now, st.tick_due, st.last_heard, st.next_beat,
+                                       t.heartbeat_ms, t.heartbeat_misses);
+  if (step.own_stall)
+    st.ctx->log_peer->warn(
+        "peer={}: this daemon did not run for {} ms (stopped or starved); the peer is judged "
+        "after what arrived meanwhile has been read",
+        st.address, now - st.tick_due);
   if (step.dead)
     return apply(self,
                  st.machine.lost(fmt::format("peer unresponsive: nothing heard for {} ms "
@@ -182,6 +188,9 @@ void tick(connection_actor* self) {
                                              step.silent_ms, t.heartbeat_ms, t.heartbeat_misses),
                                  true));
   if (step.send) self->send(st.remote, heartbeat_atom::value);
+  // After a stalled tick the next one judges however late it runs (due unknown): a daemon that
+  // is always late still declares a silent peer dead, one period later at most.
+  st.tick_due = step.own_stall ? 0 : now + step.wake_in_ms;
   self->delayed_send(self, std::chrono::milliseconds(step.wake_in_ms), tick_atom::value);
 }
 
@@ -245,6 +254,7 @@ void become_ready(connection_actor* self) {
   st.health = st.ctx->metrics->peer_ready(st.address);
   heard(st);
   st.next_beat = st.last_heard;  // the first tick sends one
+  st.tick_due = st.last_heard + st.ctx->config.timeouts.heartbeat_ms;
   self->delayed_send(self, std::chrono::milliseconds(st.ctx->config.timeouts.heartbeat_ms),
                      tick_atom::value);
   std::string proved;

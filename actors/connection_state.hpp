@@ -80,6 +80,7 @@ struct connection_state {
   peer_region staging;
   int64_t last_heard = 0;                 // ms on the steady clock
   int64_t next_beat = 0;                  // when the next heartbeat is due
+  int64_t tick_due = 0;                   // when the scheduled heartbeat tick should run
   std::shared_ptr<peer_health> health;    // while ready: the metrics' view of last_heard
   std::string leaving;                    // the peer said it is stopping (peer_leaving): why
   std::optional<peer_rails> early_rails;  // connecting: the peer's rails, sent before our ready

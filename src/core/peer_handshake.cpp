@@ -227,10 +227,17 @@ void machine::finish_if_idle(effects& out) {
   phase_ = phase::ended;
 }
 
-beat_step heartbeat_tick(int64_t now, int64_t last_heard, int64_t& next_beat, uint32_t heartbeat_ms,
-                         uint32_t misses) {
+beat_step heartbeat_tick(int64_t now, int64_t due, int64_t last_heard, int64_t& next_beat,
+                         uint32_t heartbeat_ms, uint32_t misses) {
   beat_step s;
   s.silent_ms = now - last_heard;
+  if (due > 0 && now - due > int64_t{heartbeat_ms}) {
+    s.own_stall = true;
+    s.send = true;
+    next_beat = now + heartbeat_ms;
+    s.wake_in_ms = std::max<int64_t>(1, heartbeat_ms);
+    return s;
+  }
   const int64_t bound = int64_t{heartbeat_ms} * misses;
   if (s.silent_ms > bound) {
     s.dead = true;

@@ -182,11 +182,19 @@ struct beat_step {
   int64_t silent_ms = 0;  ///< how long nothing was heard
   bool send = false;
   int64_t wake_in_ms = 1;  ///< at least 1
+  bool own_stall = false;  ///< this tick ran over a period late: it judged nothing
 };
 /// Times are milliseconds on one steady clock. The wake is the next heartbeat, or just after the
 /// silence would exceed the bound if that is sooner, so a silent peer is declared dead within the
 /// bound, not up to a period later. `next_beat` moves when a heartbeat is sent.
-beat_step heartbeat_tick(int64_t now, int64_t last_heard, int64_t& next_beat, uint32_t heartbeat_ms,
-                         uint32_t misses);
+///
+/// `due` is when this tick was meant to run (0: unknown). A tick more than a period late means
+/// this process was not running (stopped, paused by a hypervisor, starved): the silence it
+/// measures is its own, and the peer's messages may be waiting unread behind it. Such a tick
+/// declares nothing; it beats and looks again a period later, when what had arrived meanwhile
+/// has been read. A peer really gone is then declared dead one period later than otherwise; the
+/// caller passes `due` 0 to the tick after a stalled one, so the deferral never repeats.
+beat_step heartbeat_tick(int64_t now, int64_t due, int64_t last_heard, int64_t& next_beat,
+                         uint32_t heartbeat_ms, uint32_t misses);
 
 }  // namespace ferry::handshake

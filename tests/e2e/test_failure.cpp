@@ -206,6 +206,37 @@ TEST_CASE("a hung prefill is declared dead within the heartbeat bound and fenced
   check_nothing_held(*t.c1);
 }
 
+TEST_CASE("a prefill resumed after a stop longer than its heartbeat bound reads its peer first",
+          "[e2e][failure]") {
+  // The prefill judges 300 ms of silence; the decode beats as often but judges 10 s. Stopped
+  // for longer than its own bound, the prefill finds the decode's heartbeats waiting when it
+  // resumes: its late tick must not declare the decode dead for its own pause
+  // (core/peer_handshake.hpp, heartbeat_tick).
+  shape ps;
+  ps.heartbeat_ms = 100;
+  ps.heartbeat_misses = 3;
+  shape ds = ps;
+  ds.heartbeat_misses = 100;
+  pair c(ps, ds);
+  room_spec a;
+  a.room = 1;
+  a.src_pages = range(0, 8);
+  a.dst_pages = range(100, 8);
+  run_and_verify(c, a);  // the peers are connected
+
+  c.prefill.signal(SIGSTOP);
+  std::this_thread::sleep_for(1500ms);  // the stop itself (5 x the prefill's bound), not a wait
+  c.prefill.signal(SIGCONT);
+  REQUIRE(log_shows(c.prefill, "this daemon did not run for"));
+
+  room_spec b = a;
+  b.room = 2;
+  run_and_verify(c, b);  // over the same connection
+  CHECK(c.prefill.log_text().find("unresponsive") == std::string::npos);
+  CHECK(c.decode.log_text().find("unresponsive") == std::string::npos);
+  CHECK(c.decode.log_text().find("connection closed") == std::string::npos);
+}
+
 TEST_CASE("a killed prefill fails the decode's rooms at once, and restarted it serves new rooms",
           "[e2e][failure]") {
   trio t(fast_liveness());
