@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 
 namespace ferry::trace {
@@ -20,7 +21,11 @@ std::unique_ptr<file> file::open(const char* kind) {
 
 file::~file() { std::fclose(f_); }
 
-void file::write(const json& line) {
+void file::write(json line) {
+  // CLOCK_MONOTONIC is one clock for every process of the host: two daemons' traces line up.
+  line["t_us"] = std::chrono::duration_cast<std::chrono::microseconds>(
+                     std::chrono::steady_clock::now().time_since_epoch())
+                     .count();
   const auto s = line.dump() + "\n";
   std::fwrite(s.data(), 1, s.size(), f_);
   std::fflush(f_);  // a daemon killed by a test keeps what it wrote

@@ -7,7 +7,9 @@
 /// on nothing but their events, and the actors decide nothing the machines do not.
 ///
 /// The first line of a file is the machine's construction ("e":"new"); every later line is
-/// {"event": {...}, "effects": [...]}. Off (a null pointer) unless the variable is set.
+/// {"event": {...}, "effects": [...]}; every line also carries "t_us", the monotonic clock when it
+/// was written, so the files of two daemons on one host make one timeline
+/// (scripts/trace-timeline.py). Off (a null pointer) unless the variable is set.
 
 #include <cstdio>
 #include <memory>
@@ -27,7 +29,8 @@ class file {
   /// Null unless FERRY_TRACE_DIR is set (and the file could be created).
   static std::unique_ptr<file> open(const char* kind);
   ~file();
-  void write(const json& line);
+  /// Append one line, stamped with "t_us": the steady (monotonic) clock in microseconds.
+  void write(json line);
 
  private:
   explicit file(std::FILE* f) : f_(f) {}

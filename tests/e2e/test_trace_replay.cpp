@@ -36,11 +36,18 @@ void replay_file(const std::string& path, Machine&& make, replayed& out) {
   std::ifstream in(path);
   std::string line;
   REQUIRE(std::getline(in, line));
-  auto m = make(json::parse(line));
+  const auto created = json::parse(line);
+  auto m = make(created);
+  // Every line is stamped with the monotonic clock, in the order it was written.
+  REQUIRE(created.contains("t_us"));
+  int64_t last_us = created["t_us"].get<int64_t>();
   size_t n = 0;
   while (std::getline(in, line)) {
     ++n;
     const auto rec = json::parse(line);
+    REQUIRE(rec.contains("t_us"));
+    CHECK(rec["t_us"].get<int64_t>() >= last_us);
+    last_us = rec["t_us"].get<int64_t>();
     INFO(path << " line " << n + 1 << ": " << rec["event"].dump());
     const auto got = trace::effects_json(trace::replay(m, rec.at("event")));
     CHECK(got == rec.at("effects"));
