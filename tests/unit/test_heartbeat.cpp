@@ -37,7 +37,7 @@ TEST_CASE("peer handshake: a heartbeat tick beats, waits and declares the peer d
   CHECK(s.wake_in_ms >= 1);
 }
 
-TEST_CASE("peer handshake: a tick a period late judges nothing; the next one judges",
+TEST_CASE("peer handshake: a tick a period late judges nothing and the next one judges",
           "[unit][peer_handshake]") {
   // Period 100, 3 misses: bound 300. Heard at 1000; the tick due at 1100 runs at 5000 (the
   // daemon was stopped): 4000 ms of silence, but its own.
