@@ -1,5 +1,5 @@
 // Exit codes, of the tests and of the tools.
-// - tests/test_main.hpp: a failing test exits 1 whatever its count of failed assertions, so
+// - tests/test_main.cpp: a failing test exits 1 whatever its count of failed assertions, so
 //   ctest never reads a failure as the skip code (tests/skip.hpp). The failing cases are hidden
 //   ([.]): they run only when named, here, in a child process.
 // - core/exit_codes.hpp: the codes every Ferry tool exits with, each distinct, clear of what

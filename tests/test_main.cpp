@@ -1,5 +1,5 @@
-#pragma once
-/// The entry point of every test executable (each directory's main.cpp includes this once).
+/// The entry point of every test executable, compiled once (tests/CMakeLists.txt) and linked
+/// into each: Catch2's implementation is the largest translation unit of the tree.
 ///
 /// Catch2 v2 exits with the number of failed assertions (at most 255), so any skip code would
 /// also be the exit of a test with that many failures, and ctest would report the failure as
@@ -8,7 +8,5 @@
 
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
-
-#include "skip.hpp"
 
 int main(int argc, char** argv) { return Catch::Session().run(argc, argv) == 0 ? 0 : 1; }
