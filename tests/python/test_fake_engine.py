@@ -15,7 +15,8 @@ def test_the_fake_engine_passes_with_40_requests_and_the_tp2_phase(tmp_path) -> 
     report = tmp_path / "fake_engine.json"
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "fake_engine.py"),
                           "--bin-dir", str(BIN_DIR), "--requests", "40", "--seed", "11",
-                          "--tp2-requests", "16", "--timeout", "90", "--json", str(report)],
+                          "--tp2-requests", "16", "--max-tokens", "2048", "--timeout", "90",
+                          "--json", str(report)],
                          capture_output=True, text=True, timeout=180)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-6000:]
