@@ -73,18 +73,31 @@ struct fixture {
 
   explicit fixture(size_t hosts) : net(require_cluster(hosts)) {}
 
-  /// Start a daemon inside host `h`'s namespace, bound to the host's 198.18 address.
-  node start(size_t h, const std::string& name, const std::string& role, bool restart = false,
-             shape s = {}) {
+  /// Launch a daemon inside host `h`'s namespace, bound to the host's 198.18 address; ready()
+  /// waits for it and connects its client.
+  node launch(size_t h, const std::string& name, const std::string& role, bool restart = false,
+              shape s = {}) {
     s.host = net->at(h).address;
     node n;
     n.host = h;
-    n.proc = std::make_unique<daemon_proc>(restart ? restart_dir : dir, name, role, s,
+    n.proc = std::make_unique<daemon_proc>(launch_only, restart ? restart_dir : dir, name, role, s,
                                            placement{net->at(h).netns, control_port});
+    return n;
+  }
+  node start(size_t h, const std::string& name, const std::string& role, bool restart = false,
+             shape s = {}) {
+    node n = launch(h, name, role, restart, s);
+    n.proc->await_ready();
     n.c = n.proc->connect();
     return n;
   }
 };
+
+/// Wait for launched nodes (they start at once) and connect their clients.
+template <class... N>
+void ready(N&... nodes) {
+  ((nodes.proc->await_ready(), nodes.c = nodes.proc->connect()), ...);
+}
 
 /// Heartbeats fast enough that a hung peer or a dead link is declared in about 0.6 s.
 shape fast_liveness() {
@@ -186,9 +199,10 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 TEST_CASE("cluster: the prefill host moves a room to each decode host across the veth links",
           "[cluster]") {
   fixture f(3);
-  auto p = f.start(0, "prefill-0", "prefill");
-  auto d0 = f.start(1, "decode-0", "decode");
-  auto d1 = f.start(2, "decode-1", "decode");
+  auto p = f.launch(0, "prefill-0", "prefill");
+  auto d0 = f.launch(1, "decode-0", "decode");
+  auto d1 = f.launch(2, "decode-1", "decode");
+  ready(p, d0, d1);
   REQUIRE(p.control() == "198.18.0.1:7400");
 
   // Both rooms in flight together, their chunks interleaved.
@@ -236,10 +250,11 @@ TEST_CASE(
     "[cluster]") {
   // Hosts: 0 prefill-0 (killed), 1 decode-0, 2 decode-1, 3 prefill-1 (unrelated, survives).
   fixture f(4);
-  auto p0 = f.start(0, "prefill-0", "prefill");
-  auto d0 = f.start(1, "decode-0", "decode");
-  auto d1 = f.start(2, "decode-1", "decode");
-  auto p1 = f.start(3, "prefill-1", "prefill");
+  auto p0 = f.launch(0, "prefill-0", "prefill");
+  auto d0 = f.launch(1, "decode-0", "decode");
+  auto d1 = f.launch(2, "decode-1", "decode");
+  auto p1 = f.launch(3, "prefill-1", "prefill");
+  ready(p0, d0, d1, p1);
 
   const auto a = make_room(201, 0, 1000, 1);    // prefill-0 -> decode-0
   const auto b = make_room(202, 200, 2000, 2);  // prefill-0 -> decode-1
@@ -301,9 +316,10 @@ TEST_CASE("cluster: kill -9 of a decode daemon mid-transfer fails the prefill's 
           "[cluster]") {
   // Hosts: 0 prefill-0, 1 decode-0 (killed, then restarted), 2 decode-1.
   fixture f(3);
-  auto p = f.start(0, "prefill-0", "prefill");
-  auto d0 = f.start(1, "decode-0", "decode");
-  auto d1 = f.start(2, "decode-1", "decode");
+  auto p = f.launch(0, "prefill-0", "prefill");
+  auto d0 = f.launch(1, "decode-0", "decode");
+  auto d1 = f.launch(2, "decode-1", "decode");
+  ready(p, d0, d1);
 
   const auto a = make_room(301, 0, 1000, 1);    // -> decode-0
   const auto b = make_room(302, 200, 2000, 2);  // -> decode-1, in flight at the same time
@@ -350,8 +366,9 @@ TEST_CASE("cluster: a host's link flaps (pulled, plugged back) and the next room
   // A flap shorter than the heartbeat bound between rooms: the connections survive it. (A link
   // that stays down mid-transfer is the next test.)
   fixture f(2);
-  auto p = f.start(0, "prefill-0", "prefill");
-  auto d = f.start(1, "decode-0", "decode");
+  auto p = f.launch(0, "prefill-0", "prefill");
+  auto d = f.launch(1, "decode-0", "decode");
+  ready(p, d);
   const auto a = make_room(401, 0, 1000, 1);
   stage(*p, *d, a);
   prepare(*d, p.control(), a);
@@ -379,10 +396,11 @@ TEST_CASE(
   // Hosts: 0 prefill-0 (hung, then resumed), 1 decode-0, 2 decode-1, 3 prefill-1.
   fixture f(4);
   const auto fast = fast_liveness();
-  auto p0 = f.start(0, "prefill-0", "prefill", false, fast);
-  auto d0 = f.start(1, "decode-0", "decode", false, fast);
-  auto d1 = f.start(2, "decode-1", "decode", false, fast);
-  auto p1 = f.start(3, "prefill-1", "prefill", false, fast);
+  auto p0 = f.launch(0, "prefill-0", "prefill", false, fast);
+  auto d0 = f.launch(1, "decode-0", "decode", false, fast);
+  auto d1 = f.launch(2, "decode-1", "decode", false, fast);
+  auto p1 = f.launch(3, "prefill-1", "prefill", false, fast);
+  ready(p0, d0, d1, p1);
   // Big rooms of single-page runs, so writes are still in flight at the stop.
   auto big = [](uint64_t id, uint32_t dst_first, uint32_t slot) {
     room_spec r;
@@ -443,9 +461,10 @@ TEST_CASE(
     "[cluster]") {
   fixture f(3);
   const auto fast = fast_liveness();
-  auto p = f.start(0, "prefill-0", "prefill", false, fast);
-  auto d0 = f.start(1, "decode-0", "decode", false, fast);
-  auto d1 = f.start(2, "decode-1", "decode", false, fast);
+  auto p = f.launch(0, "prefill-0", "prefill", false, fast);
+  auto d0 = f.launch(1, "decode-0", "decode", false, fast);
+  auto d1 = f.launch(2, "decode-1", "decode", false, fast);
+  ready(p, d0, d1);
   const auto a = make_room(601, 0, 1000, 1);    // -> decode-0, whose link is pulled
   const auto b = make_room(602, 200, 2000, 2);  // -> decode-1, unaffected
   stage(*p, *d0, a);

@@ -25,7 +25,7 @@ namespace ferry::test {
 
 using namespace std::chrono_literals;
 
-/// A prefill and a decode daemon with one connected client each.
+/// A prefill and a decode daemon with one connected client each; both start at once.
 struct pair {
   temp_dir dir;
   shape s;
@@ -38,8 +38,9 @@ struct pair {
   /// The decode with its own shape (e.g. its own environment).
   pair(shape sh, const shape& decode_shape)
       : s(sh),
-        prefill(dir, "prefill-0", "prefill", s),
-        decode(dir, "decode-0", "decode", decode_shape) {
+        prefill(launch_only, dir, "prefill-0", "prefill", s),
+        decode(launch_only, dir, "decode-0", "decode", decode_shape) {
+    await_ready(prefill, decode);
     p = prefill.connect();
     d = decode.connect();
   }

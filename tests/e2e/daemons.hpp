@@ -247,34 +247,56 @@ struct placement {
   uint16_t control_port = 0;
 };
 
+/// Tag of daemon_proc's constructor that forks and execs ferryd but leaves the wait for
+/// readiness to await_ready(), so that several daemons start at once: most of a start is the
+/// libraries' own setup (libfabric's providers probing the machine), which then overlaps.
+struct launch_t {};
+inline constexpr launch_t launch_only{};
+
 /// A ferryd child process; stopped with SIGTERM (then SIGKILL after a bound) on destruction.
 class daemon_proc {
  public:
   daemon_proc(const temp_dir& dir, const std::string& name, const std::string& role, const shape& s,
               const placement& at = {})
+      : daemon_proc(launch_only, dir, name, role, s, at) {
+    await_ready();
+  }
+  daemon_proc(launch_t, const temp_dir& dir, const std::string& name, const std::string& role,
+              const shape& s, const placement& at = {})
       : name_(name),
+        role_(role),
+        shape_(s),
         host_(s.host),
         nofile_soft_(s.nofile_soft),
         nofile_hard_(s.nofile_hard),
         env_(s.env),
         netns_path_(at.netns.empty() ? "" : "/run/netns/" + at.netns),
+        fixed_port_(at.control_port != 0),
         control_port_(at.control_port ? at.control_port : free_port()) {
     socket_ = (dir.path / (name + ".sock")).string();
     config_ = (dir.path / (name + ".yaml")).string();
     log_ = (dir.path / (name + ".log")).string();
+    write_config();
+    launch();
+  }
+
+  /// Wait until the launched daemon says it is ready; fails the test with its log otherwise.
+  void await_ready() {
     for (int attempt = 1;; ++attempt) {
-      std::ofstream(config_) << make_config(name, role, control_port_, socket_, s);
-      const size_t logged = log_text().size();  // the log is appended to: look at this start's
-      if (try_start()) return;
+      const size_t logged = logged_;
+      if (ready()) return;
       // free_port() can only pick a port that is free at that moment: an outgoing connection of
       // another daemon may take it before this one listens. Then, and only then, pick again.
-      if (at.control_port || attempt == 3 ||
+      if (fixed_port_ || attempt == 3 ||
           log_text().find("cannot listen for peers", logged) == std::string::npos)
         FAIL("ferryd " << name_ << " did not become ready; log:\n" << log_text());
       control_port_ = free_port();
+      write_config();
+      launch();
     }
   }
   ~daemon_proc() {
+    if (ready_fd_ >= 0) close(ready_fd_);
     stop();
     // A daemon the test killed (or stop() had to kill) leaves its pools behind; reclaim them as
     // a restarted ferryd would. Only dead instances are touched, never another test's.
@@ -300,8 +322,13 @@ class daemon_proc {
   }
 
  private:
-  /// Fork and exec ferryd; true once it said it is ready (false: it exited, or 30 s passed).
-  bool try_start() {
+  void write_config() {
+    std::ofstream(config_) << make_config(name_, role_, control_port_, socket_, shape_);
+  }
+
+  /// Fork and exec ferryd with a pipe on descriptor 3 that it writes to once ready.
+  void launch() {
+    logged_ = log_text().size();  // the log is appended to: this start's lines begin here
     int ready[2];
     REQUIRE(pipe2(ready, O_CLOEXEC) == 0);
     pid_ = fork();
@@ -331,17 +358,25 @@ class daemon_proc {
       _exit(127);
     }
     close(ready[1]);
-    pollfd p{ready[0], POLLIN, 0};
+    ready_fd_ = ready[0];
+  }
+
+  /// True once the launched daemon said it is ready (false: it exited, or 30 s passed; then it
+  /// is stopped).
+  bool ready() {
+    pollfd p{ready_fd_, POLLIN, 0};
     char buf[16] = {};
     int n = ::poll(&p, 1, 30000);
-    ssize_t got = n > 0 ? read(ready[0], buf, sizeof(buf)) : 0;
-    close(ready[0]);
+    ssize_t got = n > 0 ? read(ready_fd_, buf, sizeof(buf)) : 0;
+    close(ready_fd_);
+    ready_fd_ = -1;
     if (got <= 0) stop();
     return got > 0;
   }
 
   void start() {
-    if (!try_start()) FAIL("ferryd " << name_ << " did not become ready; log:\n" << log_text());
+    launch();
+    if (!ready()) FAIL("ferryd " << name_ << " did not become ready; log:\n" << log_text());
   }
 
  public:
@@ -402,14 +437,25 @@ class daemon_proc {
   pid_t pid() const { return pid_; }
 
  private:
-  std::string name_, host_;
+  std::string name_, role_;
+  shape shape_;
+  std::string host_;
   uint64_t nofile_soft_, nofile_hard_;
   std::vector<std::pair<std::string, std::string>> env_;
   std::string netns_path_, socket_, config_, log_;
+  bool fixed_port_;
   uint16_t control_port_;
+  size_t logged_ = 0;
+  int ready_fd_ = -1;
   pid_t pid_ = -1;
   int exit_status_ = -1;
 };
+
+/// Wait for daemons started with launch_only, in order.
+template <class... D>
+void await_ready(D&... daemons) {
+  (daemons.await_ready(), ...);
+}
 
 /// A cluster secret file `name` in `dir` holding `text` (mode 0600, as ferryd requires); its path.
 inline std::string write_secret(const temp_dir& dir, const std::string& name,

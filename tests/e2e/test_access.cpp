@@ -213,8 +213,9 @@ TEST_CASE("a cluster rotates its secret without refusing a handshake", "[e2e][se
   };
 
   temp_dir dir;
-  daemon_proc p_old(dir, "prefill-old", "prefill", only_old);
-  daemon_proc p_step2(dir, "prefill-step2", "prefill", step2);
+  daemon_proc p_old(launch_only, dir, "prefill-old", "prefill", only_old);
+  daemon_proc p_step2(launch_only, dir, "prefill-step2", "prefill", step2);
+  await_ready(p_old, p_step2);
   auto c_old = p_old.connect();
   auto c_step2 = p_step2.connect();
   uint64_t next_room = 900;

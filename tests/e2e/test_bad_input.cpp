@@ -211,8 +211,9 @@ TEST_CASE("incompatible peers fail the room with the first difference", "[e2e][b
   temp_dir dir;
   shape ps, ds;
   ds.page_tokens = 16;
-  daemon_proc prefill(dir, "prefill-0", "prefill", ps);
-  daemon_proc decode(dir, "decode-0", "decode", ds);
+  daemon_proc prefill(launch_only, dir, "prefill-0", "prefill", ps);
+  daemon_proc decode(launch_only, dir, "decode-0", "decode", ds);
+  await_ready(prefill, decode);
   auto d = decode.connect();
   REQUIRE(d->prepare({3, {prefill.control()}, {1}, 0, 0}));
   auto e = wait_done(*d, 3);

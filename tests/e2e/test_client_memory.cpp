@@ -93,8 +93,9 @@ TEST_CASE(
     "[e2e][memory]") {
   temp_dir dir;
   const auto s = client_shape();
-  daemon_proc prefill(dir, "prefill-0", "prefill", s);
-  daemon_proc decode(dir, "decode-0", "decode", s);
+  daemon_proc prefill(launch_only, dir, "prefill-0", "prefill", s);
+  daemon_proc decode(launch_only, dir, "decode-0", "decode", s);
+  await_ready(prefill, decode);
   auto p = prefill.connect();
   auto d = decode.connect();
   for (auto* c : {p.get(), d.get()})
@@ -218,8 +219,9 @@ TEST_CASE(
     "[e2e][memory]") {
   temp_dir dir;
   const auto s = client_shape();
-  daemon_proc prefill(dir, "prefill-0", "prefill", s);
-  daemon_proc decode(dir, "decode-0", "decode", s);
+  daemon_proc prefill(launch_only, dir, "prefill-0", "prefill", s);
+  daemon_proc decode(launch_only, dir, "decode-0", "decode", s);
+  await_ready(prefill, decode);
   auto p = prefill.connect();
   engine_pools pe(*p);
   pe.lend(*p);
@@ -330,8 +332,9 @@ TEST_CASE("engine memory: an engine that outlives a ferryd restart lends the sam
           "[e2e][memory]") {
   temp_dir dir;
   const auto s = client_shape();
-  daemon_proc prefill(dir, "prefill-0", "prefill", s);
-  daemon_proc decode(dir, "decode-0", "decode", s);
+  daemon_proc prefill(launch_only, dir, "prefill-0", "prefill", s);
+  daemon_proc decode(launch_only, dir, "decode-0", "decode", s);
+  await_ready(prefill, decode);
   auto p = prefill.connect();
   engine_pools pe(*p);
   pe.lend(*p);

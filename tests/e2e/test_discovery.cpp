@@ -20,8 +20,9 @@ TEST_CASE(
   shape r0 = s, r1 = s;
   r0.tp_size = r1.tp_size = 2;
   r1.tp_rank = 1;
-  daemon_proc prefill0(dir, "prefill-0", "prefill", r0, placement{"", port0});
-  daemon_proc prefill1(dir, "prefill-1", "prefill", r1, placement{"", port1});
+  daemon_proc prefill0(launch_only, dir, "prefill-0", "prefill", r0, placement{"", port0});
+  daemon_proc prefill1(launch_only, dir, "prefill-1", "prefill", r1, placement{"", port1});
+  await_ready(prefill0, prefill1);
   shape ds;
   daemon_proc decode(dir, "decode-0", "decode", ds);
   auto d = decode.connect();
@@ -74,9 +75,10 @@ TEST_CASE(
   g0.dp_size = 2;
   shape g1 = g0;
   g1.dp_rank = 1;
-  daemon_proc prefill0(dir, "prefill-dp0", "prefill", g0, placement{"", port0});
-  daemon_proc prefill1(dir, "prefill-dp1", "prefill", g1, placement{"", port1});
-  daemon_proc decode(dir, "decode-0", "decode", shape{});
+  daemon_proc prefill0(launch_only, dir, "prefill-dp0", "prefill", g0, placement{"", port0});
+  daemon_proc prefill1(launch_only, dir, "prefill-dp1", "prefill", g1, placement{"", port1});
+  daemon_proc decode(launch_only, dir, "decode-0", "decode", shape{});
+  await_ready(prefill0, prefill1, decode);
   auto d = decode.connect();
 
   auto found = d->discover(at(port0));

@@ -54,9 +54,10 @@ struct trio {
   std::unique_ptr<client::client> c1, c2, cd;
   explicit trio(shape sh)
       : s(sh),
-        p1(dir, "prefill-1", "prefill", s),
-        p2(dir, "prefill-2", "prefill", s),
-        d(dir, "decode-0", "decode", s) {
+        p1(launch_only, dir, "prefill-1", "prefill", s),
+        p2(launch_only, dir, "prefill-2", "prefill", s),
+        d(launch_only, dir, "decode-0", "decode", s) {
+    await_ready(p1, p2, d);
     c1 = p1.connect();
     c2 = p2.connect();
     cd = d.connect();
@@ -285,9 +286,10 @@ TEST_CASE("a dead or hung decode fails the prefill's rooms for it, not the other
           "[e2e][failure]") {
   shape s = fast_liveness();
   temp_dir dir;
-  daemon_proc p(dir, "prefill-0", "prefill", s);
-  daemon_proc d1(dir, "decode-1", "decode", s);
-  daemon_proc d2(dir, "decode-2", "decode", s);
+  daemon_proc p(launch_only, dir, "prefill-0", "prefill", s);
+  daemon_proc d1(launch_only, dir, "decode-1", "decode", s);
+  daemon_proc d2(launch_only, dir, "decode-2", "decode", s);
+  await_ready(p, d1, d2);
   auto cp = p.connect();
   auto c1 = d1.connect();
   auto c2 = d2.connect();
@@ -390,8 +392,9 @@ TEST_CASE("peers prove the cluster secret at handshake", "[e2e][failure][securit
     expect = "the peer requires a cluster secret but this daemon has none";
   }
   temp_dir dir;
-  daemon_proc p(dir, "prefill-0", "prefill", ps);
-  daemon_proc d(dir, "decode-0", "decode", ds);
+  daemon_proc p(launch_only, dir, "prefill-0", "prefill", ps);
+  daemon_proc d(launch_only, dir, "decode-0", "decode", ds);
+  await_ready(p, d);
   auto cp = p.connect();
   auto cd = d.connect();
   room_spec r;

@@ -22,15 +22,20 @@ struct cluster {
 
   /// `prefill_shapes` / `decode_shapes`: one shape per rank (geometry fields set).
   cluster(const std::vector<shape>& prefill_shapes, const std::vector<shape>& decode_shapes) {
-    for (size_t i = 0; i < prefill_shapes.size(); ++i) {
-      prefill.push_back(std::make_unique<daemon_proc>(dir, fmt::format("prefill-{}", i), "prefill",
-                                                      prefill_shapes[i]));
-      p.push_back(prefill.back()->connect());
+    // Every rank starts at once; then each is waited for and connected to.
+    for (size_t i = 0; i < prefill_shapes.size(); ++i)
+      prefill.push_back(std::make_unique<daemon_proc>(
+          launch_only, dir, fmt::format("prefill-{}", i), "prefill", prefill_shapes[i]));
+    for (size_t i = 0; i < decode_shapes.size(); ++i)
+      decode.push_back(std::make_unique<daemon_proc>(launch_only, dir, fmt::format("decode-{}", i),
+                                                     "decode", decode_shapes[i]));
+    for (auto& x : prefill) {
+      x->await_ready();
+      p.push_back(x->connect());
     }
-    for (size_t i = 0; i < decode_shapes.size(); ++i) {
-      decode.push_back(std::make_unique<daemon_proc>(dir, fmt::format("decode-{}", i), "decode",
-                                                     decode_shapes[i]));
-      d.push_back(decode.back()->connect());
+    for (auto& x : decode) {
+      x->await_ready();
+      d.push_back(x->connect());
     }
   }
 

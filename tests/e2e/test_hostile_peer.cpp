@@ -113,10 +113,11 @@ TEST_CASE("a decode peer naming indices outside its declared pools is refused, n
           "[e2e][security][hostile]") {
   temp_dir dir;
   shape s;
-  daemon_proc prefill(dir, "prefill-0", "prefill", s);
-  auto cp = prefill.connect();
+  daemon_proc prefill(launch_only, dir, "prefill-0", "prefill", s);
   const auto decode_yaml = make_config("evil-decode", "decode", 1, "/tmp/unused.sock", s);
-  fake_decode evil(decode_yaml, 1 << 20);
+  fake_decode evil(decode_yaml, 1 << 20);  // while the daemon starts
+  prefill.await_ready();
+  auto cp = prefill.connect();
 
   peer_system_config cfg;
   caf::actor_system sys{cfg};
@@ -179,10 +180,11 @@ TEST_CASE("a peer whose config does not validate is refused at handshake, and th
           "[e2e][security][hostile]") {
   temp_dir dir;
   shape s;
-  daemon_proc prefill(dir, "prefill-0", "prefill", s);
-  auto cp = prefill.connect();
+  daemon_proc prefill(launch_only, dir, "prefill-0", "prefill", s);
   const auto decode_yaml = make_config("evil-decode", "decode", 1, "/tmp/unused.sock", s);
-  fake_decode evil(decode_yaml, 1 << 20);
+  fake_decode evil(decode_yaml, 1 << 20);  // while the daemon starts
+  prefill.await_ready();
+  auto cp = prefill.connect();
 
   peer_system_config cfg;
   caf::actor_system sys{cfg};

@@ -222,8 +222,9 @@ TEST_CASE("a decode whose preamble is reset mid-way dials again up to a bound",
   // timeouts.handshake_ms) rather than fail the room at the first reset.
   temp_dir dir;
   shape s;
-  daemon_proc p(dir, "prefill-0", "prefill", s);
-  daemon_proc d(dir, "decode-0", "decode", s);
+  daemon_proc p(launch_only, dir, "prefill-0", "prefill", s);
+  daemon_proc d(launch_only, dir, "decode-0", "decode", s);
+  await_ready(p, d);
   auto cp = p.connect();
   auto cd = d.connect();
   SECTION("two resets: the third dial gets through and the room is byte-exact") {
@@ -264,8 +265,9 @@ TEST_CASE("unauthenticated input on the peer port does not impair the daemon",
   }
   SECTION("without a cluster secret") {}
   temp_dir dir;
-  daemon_proc p(dir, "prefill-0", "prefill", s);
-  daemon_proc d(dir, "decode-0", "decode", s);
+  daemon_proc p(launch_only, dir, "prefill-0", "prefill", s);
+  daemon_proc d(launch_only, dir, "decode-0", "decode", s);
+  await_ready(p, d);
   auto cp = p.connect();
   auto cd = d.connect();
   const auto port = p.control_port();

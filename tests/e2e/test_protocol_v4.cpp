@@ -115,8 +115,9 @@ TEST_CASE("protocol v4: poll_many answers 1000 rooms in one round trip, in order
   s.pages = 4096;
   s.slots = 1024;
   s.aux_rows = 1024;
-  daemon_proc decode(dir, "decode-0", "decode", s);
-  daemon_proc prefill(dir, "prefill-0", "prefill", s);
+  daemon_proc decode(launch_only, dir, "decode-0", "decode", s);
+  daemon_proc prefill(launch_only, dir, "prefill-0", "prefill", s);
+  await_ready(decode, prefill);
   auto d = decode.connect();
   std::vector<uint64_t> rooms;
   for (uint32_t i = 0; i < 1000; ++i) {
@@ -163,8 +164,9 @@ TEST_CASE(
   temp_dir dir;
   shape s;
   s.bootstrapping_ms = 300;
-  daemon_proc prefill(dir, "prefill-0", "prefill", s);
-  daemon_proc decode(dir, "decode-0", "decode", s);
+  daemon_proc prefill(launch_only, dir, "prefill-0", "prefill", s);
+  daemon_proc decode(launch_only, dir, "decode-0", "decode", s);
+  await_ready(prefill, decode);
   auto p = prefill.connect();
   auto first = p->poll(900);
   REQUIRE(first);
@@ -218,8 +220,9 @@ TEST_CASE(
   temp_dir dir;
   shape s;
   s.page_tokens = 16;
-  daemon_proc prefill(dir, "prefill-0", "prefill", s);
-  daemon_proc decode(dir, "decode-0", "decode", s);
+  daemon_proc prefill(launch_only, dir, "prefill-0", "prefill", s);
+  daemon_proc decode(launch_only, dir, "decode-0", "decode", s);
+  await_ready(prefill, decode);
   auto p = prefill.connect();
   auto d = decode.connect();
   room_spec r;

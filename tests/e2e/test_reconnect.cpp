@@ -117,8 +117,9 @@ TEST_CASE(
   temp_dir dir;
   shape s;
   s.pages = 512;
-  daemon_proc prefill(dir, "prefill-0", "prefill", s);
-  daemon_proc decode(dir, "decode-0", "decode", s);
+  daemon_proc prefill(launch_only, dir, "prefill-0", "prefill", s);
+  daemon_proc decode(launch_only, dir, "decode-0", "decode", s);
+  await_ready(prefill, decode);
   // Every call attempts at once while disconnected: the lazy reconnect, no explicit call.
   client::reconnect_policy policy;
   policy.initial_delay = policy.max_delay = 0ms;
@@ -219,8 +220,9 @@ TEST_CASE(
   shape s;
   s.client_memory = true;
   s.pages = 512;
-  daemon_proc prefill(dir, "prefill-0", "prefill", s);
-  daemon_proc decode(dir, "decode-0", "decode", s);
+  daemon_proc prefill(launch_only, dir, "prefill-0", "prefill", s);
+  daemon_proc decode(launch_only, dir, "decode-0", "decode", s);
+  await_ready(prefill, decode);
   auto p = prefill.connect();
   auto pm = client::engine_memory::lend(*p);
   INFO(pm.message);
@@ -355,8 +357,9 @@ TEST_CASE(
   temp_dir dir;
   shape s;
   s.pages = 512;
-  daemon_proc prefill(dir, "prefill-0", "prefill", s);
-  daemon_proc decode(dir, "decode-0", "decode", s);
+  daemon_proc prefill(launch_only, dir, "prefill-0", "prefill", s);
+  daemon_proc decode(launch_only, dir, "decode-0", "decode", s);
+  await_ready(prefill, decode);
   client::reconnect_policy policy;
   policy.initial_delay = policy.max_delay = 0ms;
   std::vector<notice> notes;

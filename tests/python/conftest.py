@@ -258,6 +258,37 @@ class Daemon:
 def start_daemon(tmp: str, name: str, role: str, pools: str, extra: str = "",
                  provider: str = "tcp") -> Daemon:
     """Start ferryd with ``--ready-fd`` and wait (bounded) until it says ``ready``."""
+    return _await(_spawn_new(tmp, name, role, pools, extra, provider))
+
+
+def start_pair(tmp: str, prefill: str, decode: str, pools: str, extra: str = "",
+               provider: str = "tcp", decode_pools: Optional[str] = None) -> tuple[Daemon, Daemon]:
+    """A prefill and a decode ferryd started at once (most of a start is libfabric probing the
+    machine, which overlaps); both are stopped if either does not start."""
+    launched = [_spawn_new(tmp, prefill, "prefill", pools, extra, provider),
+                _spawn_new(tmp, decode, "decode", decode_pools or pools, extra, provider)]
+    started: list[Daemon] = []
+    try:
+        for x in launched:
+            started.append(_await(x))
+    except BaseException:
+        for x in launched[len(started):]:
+            x[0].kill()
+            x[0].wait(timeout=15)
+        for d in started:
+            d.stop()
+        raise
+    return started[0], started[1]
+
+
+def restart_daemon(d: Daemon) -> Daemon:
+    """Start ferryd again on the config of ``d``, which has exited: the same socket and ports
+    (a new instance); its log is appended to ``d``'s."""
+    assert d.proc.poll() is not None, "restart_daemon: the daemon is still running"
+    return _await(_spawn(d.config, Path(d.config).stem, d.sock, d.control, d.log, append=True))
+
+
+def _spawn_new(tmp: str, name: str, role: str, pools: str, extra: str, provider: str):
     if not (BIN_DIR / "ferryd").is_file():
         pytest.fail(f"no ferryd at {BIN_DIR / 'ferryd'}: build it, or set FERRY_BIN_DIR to the "
                     f"directory holding it")
@@ -265,18 +296,11 @@ def start_daemon(tmp: str, name: str, role: str, pools: str, extra: str = "",
     path = os.path.join(tmp, name + ".yaml")
     with open(path, "w") as f:
         f.write(daemon_config(name, role, port, sock, pools, extra, provider))
-    return _launch(path, name, sock, f"127.0.0.1:{port}", os.path.join(tmp, name + ".log"))
+    return _spawn(path, name, sock, f"127.0.0.1:{port}", os.path.join(tmp, name + ".log"))
 
 
-def restart_daemon(d: Daemon) -> Daemon:
-    """Start ferryd again on the config of ``d``, which has exited: the same socket and ports
-    (a new instance); its log is appended to ``d``'s."""
-    assert d.proc.poll() is not None, "restart_daemon: the daemon is still running"
-    return _launch(d.config, Path(d.config).stem, d.sock, d.control, d.log, append=True)
-
-
-def _launch(path: str, name: str, sock: str, control: str, log: str,
-            append: bool = False) -> Daemon:
+def _spawn(path: str, name: str, sock: str, control: str, log: str, append: bool = False):
+    """Fork ferryd with a pipe for ``--ready-fd``; _await() waits for its line."""
     ferryd = BIN_DIR / "ferryd"
     r, w = os.pipe()
     with open(log, "a" if append else "w") as logf:
@@ -291,6 +315,11 @@ def _launch(path: str, name: str, sock: str, control: str, log: str,
             line.append(f.readline().strip())
         ready.set()
     threading.Thread(target=read, daemon=True).start()
+    return proc, ready, line, (path, name, sock, control, log)
+
+
+def _await(launched) -> Daemon:
+    proc, ready, line, (path, name, sock, control, log) = launched
     if not ready.wait(30) or line != ["ready"]:
         proc.kill()
         proc.wait(timeout=15)

@@ -17,7 +17,8 @@ from typing import Iterator
 
 import pytest
 
-from conftest import BIN_DIR, KV_ONLY_POOLS, REPO, Daemon, daemon_config, free_port, start_daemon
+from conftest import (BIN_DIR, KV_ONLY_POOLS, REPO, Daemon, daemon_config, free_port, start_daemon,
+                      start_pair)
 
 TOOLS = ("ferryd", "ferryctl", "ferry-bench", "ferry-soak")
 OK, FAILED, USAGE, UNREACHABLE, TIMED_OUT, COULD_NOT_START = 0, 1, 2, 3, 4, 5
@@ -44,12 +45,7 @@ def work() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def pair(work: str) -> Iterator[tuple[Daemon, Daemon]]:
     """A prefill and a decode ferryd with a small kv pool."""
-    p = start_daemon(work, "prefill-c", "prefill", KV_ONLY_POOLS)
-    try:
-        d = start_daemon(work, "decode-c", "decode", KV_ONLY_POOLS)
-    except BaseException:
-        p.stop()
-        raise
+    p, d = start_pair(work, "prefill-c", "decode-c", KV_ONLY_POOLS)
     yield p, d
     codes = [p.stop(), d.stop()]
     assert codes == [0, 0], [open(x.log).read()[-3000:] for x in (p, d)]
@@ -475,12 +471,7 @@ def shm_available() -> bool:
 def test_ferry_bench_latency_runs_on_shm(work: str) -> None:
     if not shm_available():
         pytest.skip("the shm provider is missing (fi_info -p shm)")
-    p = start_daemon(work, "prefill-shm", "prefill", KV_ONLY_POOLS, provider="shm")
-    try:
-        d = start_daemon(work, "decode-shm", "decode", KV_ONLY_POOLS, provider="shm")
-    except BaseException:
-        p.stop()
-        raise
+    p, d = start_pair(work, "prefill-shm", "decode-shm", KV_ONLY_POOLS, provider="shm")
     try:
         r = run("ferry-bench", "--prefill-socket", p.sock, "--decode-socket", d.sock,
                 "--prompt-tokens", "8", "--requests", "2", "--latency", "--gap-ms", "0,2",

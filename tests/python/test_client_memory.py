@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from conftest import IO_TIMEOUT, MAMBA_POOLS, Daemon, start_daemon
+from conftest import IO_TIMEOUT, MAMBA_POOLS, Daemon, start_daemon, start_pair
 from ferry import Client, Errc, FerryError
 from ferry.memory import MemfdPool, create_memfd
 from ferry.protocol import MemoryBuffer
@@ -58,12 +58,7 @@ def stop_all(daemons: list[Daemon]) -> None:
 
 @pytest.fixture(scope="module")
 def pair(tmpdir_short: str) -> Iterator[tuple[Daemon, Daemon]]:
-    p = start_daemon(tmpdir_short, "prefill-cm", "prefill", CLIENT_POOLS)
-    try:
-        d = start_daemon(tmpdir_short, "decode-cm", "decode", CLIENT_POOLS)
-    except BaseException:
-        p.stop()
-        raise
+    p, d = start_pair(tmpdir_short, "prefill-cm", "decode-cm", CLIENT_POOLS)
     yield p, d
     stop_all([p, d])
 

@@ -19,8 +19,8 @@ from typing import Iterator
 
 import pytest
 
-from conftest import (BIN_DIR, IO_TIMEOUT, KV_ONLY_POOLS, MAMBA_POOLS, REPO, Daemon,
-                      start_daemon)
+from conftest import (BIN_DIR, IO_TIMEOUT, KV_ONLY_POOLS, MAMBA_POOLS, REPO, Daemon, start_daemon,
+                      start_pair)
 from ferry import Client, Errc, FerryError, ProtocolError, Status
 from ferry.protocol import (Error, FrameReader, Hello, HelloReply, MessageType, PollMany,
                             PollManyReply, decode, encode)
@@ -54,12 +54,7 @@ def stop_all(daemons: list[Daemon]) -> None:
 @pytest.fixture(scope="module")
 def mamba_pair(tmpdir_short: str) -> Iterator[tuple[Daemon, Daemon]]:
     """A prefill and a decode ferryd with kv, mamba state and aux pools."""
-    p = start_daemon(tmpdir_short, "prefill-m", "prefill", MAMBA_POOLS)
-    try:
-        d = start_daemon(tmpdir_short, "decode-m", "decode", MAMBA_POOLS)
-    except BaseException:
-        p.stop()
-        raise
+    p, d = start_pair(tmpdir_short, "prefill-m", "decode-m", MAMBA_POOLS)
     yield p, d
     stop_all([p, d])
 
@@ -67,12 +62,7 @@ def mamba_pair(tmpdir_short: str) -> Iterator[tuple[Daemon, Daemon]]:
 @pytest.fixture(scope="module")
 def kv_pair(tmpdir_short: str) -> Iterator[tuple[Daemon, Daemon]]:
     """A prefill and a decode ferryd with only a kv pool of 2048 pages (so 1000 rooms fit)."""
-    p = start_daemon(tmpdir_short, "prefill-k", "prefill", KV_ONLY_POOLS)
-    try:
-        d = start_daemon(tmpdir_short, "decode-k", "decode", KV_ONLY_POOLS)
-    except BaseException:
-        p.stop()
-        raise
+    p, d = start_pair(tmpdir_short, "prefill-k", "decode-k", KV_ONLY_POOLS)
     yield p, d
     stop_all([p, d])
 

@@ -15,7 +15,7 @@ from typing import Iterator
 
 import pytest
 
-from conftest import BIN_DIR, KV_ONLY_POOLS, REPO, Daemon, start_daemon
+from conftest import BIN_DIR, KV_ONLY_POOLS, REPO, Daemon, start_pair
 
 spec = importlib.util.spec_from_file_location("perf_plots", REPO / "scripts" / "perf-plots.py")
 plots = importlib.util.module_from_spec(spec)
@@ -26,12 +26,7 @@ spec.loader.exec_module(plots)
 def documents() -> Iterator[dict]:
     """One document per mode the plots read, from a small tcp pair, as bench.sh keeps them."""
     work = tempfile.mkdtemp(prefix="ferry-plots-")
-    p = start_daemon(work, "prefill-pp", "prefill", KV_ONLY_POOLS)
-    try:
-        d = start_daemon(work, "decode-pp", "decode", KV_ONLY_POOLS)
-    except BaseException:
-        p.stop()
-        raise
+    p, d = start_pair(work, "prefill-pp", "decode-pp", KV_ONLY_POOLS)
     try:
         def bench(*args: str) -> dict:
             r = subprocess.run([str(BIN_DIR / "ferry-bench"), "--prefill-socket", p.sock,

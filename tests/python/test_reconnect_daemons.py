@@ -26,7 +26,7 @@ from typing import Iterator, Optional
 
 import pytest
 
-from conftest import IO_TIMEOUT, MAMBA_POOLS, Daemon, restart_daemon, start_daemon
+from conftest import IO_TIMEOUT, MAMBA_POOLS, Daemon, restart_daemon, start_pair
 from ferry import (Client, ConnectionNotice, Disconnected, Draining, Errc, FerryError,
                    MemfdPool, Reconnect, Reconnected, Status)
 from ferry.protocol import Poll
@@ -134,8 +134,7 @@ def stop(*daemons: Optional[Daemon]) -> None:
 
 
 def test_a_drained_and_restarted_decode_ferryd_gets_the_memory_again(tmp: str) -> None:
-    pd = start_daemon(tmp, "prefill-rc", "prefill", CLIENT_POOLS)
-    dd: Optional[Daemon] = start_daemon(tmp, "decode-rc", "decode", CLIENT_POOLS)
+    pd, dd = start_pair(tmp, "prefill-rc", "decode-rc", CLIENT_POOLS)
     assert dd is not None
     p = d = None
     try:
@@ -182,8 +181,7 @@ def test_a_drained_and_restarted_decode_ferryd_gets_the_memory_again(tmp: str) -
 
 def test_a_prefill_ferryd_killed_and_restarted_fails_what_was_in_flight_then_serves(
         tmp: str) -> None:
-    pd: Optional[Daemon] = start_daemon(tmp, "prefill-k9", "prefill", CLIENT_POOLS)
-    dd = start_daemon(tmp, "decode-k9", "decode", CLIENT_POOLS)
+    pd, dd = start_pair(tmp, "prefill-k9", "decode-k9", CLIENT_POOLS)
     assert pd is not None
     p = d = None
     try:
@@ -232,8 +230,7 @@ def test_a_prefill_ferryd_killed_and_restarted_fails_what_was_in_flight_then_ser
 
 
 def test_daemon_pools_are_mapped_anew_after_a_restart(tmp: str) -> None:
-    pd: Optional[Daemon] = start_daemon(tmp, "prefill-dp", "prefill", MAMBA_POOLS)
-    dd = start_daemon(tmp, "decode-dp", "decode", CLIENT_POOLS)
+    pd, dd = start_pair(tmp, "prefill-dp", "decode-dp", MAMBA_POOLS, decode_pools=CLIENT_POOLS)
     assert pd is not None
     p = d = None
     try:
@@ -261,8 +258,7 @@ def test_daemon_pools_are_mapped_anew_after_a_restart(tmp: str) -> None:
 
 
 def test_the_sglang_manager_lends_its_memory_again_after_a_restart(tmp: str) -> None:
-    pd = start_daemon(tmp, "prefill-sg", "prefill", CLIENT_POOLS)
-    dd: Optional[Daemon] = start_daemon(tmp, "decode-sg", "decode", CLIENT_POOLS)
+    pd, dd = start_pair(tmp, "prefill-sg", "decode-sg", CLIENT_POOLS)
     assert dd is not None
     boot = FerryBootstrap({BOOT: [pd.control]})
     p = d = None
