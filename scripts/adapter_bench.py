@@ -182,6 +182,11 @@ def main() -> int:
                     help="how the adapter's engine learns of Success (default poll)")
     ap.add_argument("--step-ms", type=float, default=1.0,
                     help="pause between two poll_all steps of the adapter (default 1)")
+    ap.add_argument("--pages", type=int,
+                    help="KV pages of each daemon's pool (default: the configs', 20480)")
+    ap.add_argument("--slots", type=int,
+                    help="Mamba state slots of each daemon's pool, at least --concurrency "
+                         "(default: the configs', 8)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     a = ap.parse_args()
     bin_dir = Path(a.bin_dir).resolve()
@@ -204,9 +209,11 @@ def main() -> int:
         for name, base, ctrl, sock in (("bench-prefill", "prefill.yaml", pre_ctrl, pre_sock),
                                        ("bench-decode", "decode.yaml", dec_ctrl, dec_sock)):
             text = rewrite_config((REPO / "configs" / base).read_text(), name=name,
-                                  control=ctrl, sock=sock)
+                                  control=ctrl, sock=sock, pages=a.pages, slots=a.slots)
             text = text.replace("  provider: tcp", f"  provider: {a.provider}")
-            daemons.append(Daemon(bin_dir, work, name, text, ctrl, sock))
+            daemons.append(Daemon(bin_dir, work, name, text, ctrl, sock, wait=False))
+        for d in daemons:  # they start at once
+            d.wait_ready()
         room = int(time.time() * 1000) << 16
         for tokens, n in zip(sizes, counts):
             runs: dict[str, list[dict[str, Any]]] = {"adapter": [], "ferry-bench": []}

@@ -108,11 +108,14 @@ def run_phase(phase: str, bin_dir: Path, work: str, seed: int, n: int, max_token
             text = rewrite_config(base_p, name=name, control=pre_ctrl[i], sock=sock,
                                   tp=(prefill_tp, i),
                                   instance_ranks=pre_ctrl if prefill_tp > 1 else None)
-            daemons.append(Daemon(bin_dir, work, name, text, pre_ctrl[i], sock))
+            daemons.append(Daemon(bin_dir, work, name, text, pre_ctrl[i], sock, wait=False))
             pre_socks.append(sock)
         dsock = os.path.join(work, f"{phase}-d.sock")
         text = rewrite_config(base_d, name=f"{phase}-decode-0", control=dec_ctrl, sock=dsock)
-        daemons.append(Daemon(bin_dir, work, f"{phase}-decode-0", text, dec_ctrl, dsock))
+        daemons.append(Daemon(bin_dir, work, f"{phase}-decode-0", text, dec_ctrl, dsock,
+                              wait=False))
+        for d in daemons:  # they start at once
+            d.wait_ready()
         log(phase, f"{len(daemons)} ferryd daemons ready (prefill TP {prefill_tp}, decode TP 1, "
                    f"memory: client on kv, mamba and aux); {n} requests")
         ctx = mp.get_context("fork")

@@ -22,9 +22,11 @@ def free_port() -> int:
 
 
 def rewrite_config(text: str, *, name: str, control: str, sock: str, tp: tuple[int, int] = (1, 0),
-                   instance_ranks: Optional[list[str]] = None, pages: Optional[int] = None) -> str:
-    """configs/*.yaml with this run's name, addresses, ``memory: client`` on every pool and,
-    for a TP rank of ``tp[0]``, the per-rank shapes of docs/geometry.md section 7."""
+                   instance_ranks: Optional[list[str]] = None, pages: Optional[int] = None,
+                   slots: Optional[int] = None) -> str:
+    """configs/*.yaml with this run's name, addresses, ``memory: client`` on every pool, the
+    given numbers of KV pages and state slots and, for a TP rank of ``tp[0]``, the per-rank
+    shapes of docs/geometry.md section 7."""
     size, rank = tp
     out = []
     for line in text.splitlines():
@@ -41,6 +43,8 @@ def rewrite_config(text: str, *, name: str, control: str, sock: str, tp: tuple[i
             line = f"  rank: {rank}"
         elif s.startswith("pages:") and pages is not None:
             line = f"    pages: {pages}"
+        elif s.startswith("slots:") and slots is not None:
+            line = f"    slots: {slots}"
         elif size > 1 and s.startswith("kv_heads:"):
             line = f"    kv_heads: {2 // size}          # 2 KV heads over TP{size}"
         elif size > 1 and s.startswith("shape: [8192, 3]"):
@@ -57,8 +61,12 @@ def rewrite_config(text: str, *, name: str, control: str, sock: str, tp: tuple[i
 
 
 class Daemon:
+    """A ferryd started from ``config_text`` (checked with ``--check-config`` first). With
+    ``wait=False`` the constructor only launches it and wait_ready() waits, so that several
+    daemons start at once (most of a start is libfabric probing the machine)."""
+
     def __init__(self, bin_dir: Path, work: str, name: str, config_text: str, control: str,
-                 sock: str) -> None:
+                 sock: str, wait: bool = True) -> None:
         self.name, self.control, self.sock = name, control, sock
         self.config = os.path.join(work, name + ".yaml")
         self.log = os.path.join(work, name + ".log")
@@ -69,12 +77,18 @@ class Daemon:
         if chk.returncode != 0:
             raise RuntimeError(f"{name}: ferryd --check-config refused {self.config}: "
                                f"{chk.stderr.strip() or chk.stdout.strip()}")
-        r, w = os.pipe()
+        self._ready_r, w = os.pipe()
         with open(self.log, "w") as lf:
             self.proc = subprocess.Popen([str(bin_dir / "ferryd"), "--config", self.config,
                                           "--ready-fd", str(w)], pass_fds=(w,), stdout=lf,
                                          stderr=lf)
         os.close(w)
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Wait (30 s at most) for the daemon's 'ready' line; raise with its log otherwise."""
+        r = self._ready_r
         line = b""
         deadline = time.monotonic() + 30
         try:
@@ -91,7 +105,8 @@ class Daemon:
         if line.strip() != b"ready":
             self.proc.kill()
             self.proc.wait(timeout=15)
-            raise RuntimeError(f"{name} did not start; its log:\n{open(self.log).read()[-3000:]}")
+            raise RuntimeError(f"{self.name} did not start; its log:\n"
+                               f"{open(self.log).read()[-3000:]}")
 
     def ferryctl(self, bin_dir: Path, command: str) -> dict[str, Any]:
         """``ferryctl --json COMMAND`` against this daemon: its document (docs/protocol.md,

@@ -19,6 +19,7 @@ def test_adapter_bench_moves_every_room_both_ways(tmp_path, wait: str) -> None:
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "adapter_bench.py"),
                           "--bin-dir", str(BIN_DIR), "--tokens", "64", "--requests", "6",
                           "--concurrency", "2", "--repeat", "1", "--wait", wait,
+                          "--pages", "512", "--slots", "2",
                           "--json", str(report)],
                          capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
