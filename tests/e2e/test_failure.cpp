@@ -32,15 +32,6 @@ room_spec big_room(uint64_t id) {
   return r;
 }
 
-/// Nothing of any room is held any more on this daemon.
-void check_nothing_held(client::client& c) {
-  const auto s = status_of(c);
-  INFO(s.dump());
-  CHECK(s["prefill"]["active"] == 0);
-  CHECK(s["decode"]["active"] == 0);
-  CHECK(s["staging"]["in_use"] == 0);
-}
-
 double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
@@ -97,8 +88,8 @@ TEST_CASE(
   // Every write of the old room that will ever land has landed before Failed was reported:
   // none arrives afterwards (a late write would be counted as stray).
   CHECK(status_of(*c.d)["stray_writes"] == 0);
-  check_nothing_held(*c.d);
-  check_nothing_held(*c.p);
+  check_no_room_held(*c.d);
+  check_no_room_held(*c.p);
 
   // The very same destination pages, slot and row, at once, for a new room.
   auto b = big_room(702);
@@ -117,8 +108,8 @@ TEST_CASE("a room cancelled while waiting for input fails on both sides and hold
   REQUIRE(c.d->cancel(a.room));
   CHECK(wait_done(*c.d, a.room).status == room_status::failed);
   CHECK(wait_done(*c.p, a.room).status == room_status::failed);
-  check_nothing_held(*c.d);
-  check_nothing_held(*c.p);
+  check_no_room_held(*c.d);
+  check_no_room_held(*c.p);
 }
 
 TEST_CASE("each non-terminal state has its own deadline, and the other side is told",
@@ -140,7 +131,7 @@ TEST_CASE("each non-terminal state has its own deadline, and the other side is t
     auto pe = wait_done(*c.p, a.room);
     CHECK(pe.status == room_status::failed);
     CHECK_THAT(pe.reason, Catch::Contains("timed out in WaitingForInput after 300 ms"));
-    check_nothing_held(*c.d);
+    check_no_room_held(*c.d);
   }
   SECTION("Transferring: the last chunk never comes") {
     shape s;
@@ -159,8 +150,8 @@ TEST_CASE("each non-terminal state has its own deadline, and the other side is t
     CHECK(de.status == room_status::failed);
     CHECK_THAT(de.reason, Catch::Contains("timed out in Transferring"));
     CHECK(status_of(*c.d)["stray_writes"] == 0);
-    check_nothing_held(*c.d);
-    check_nothing_held(*c.p);
+    check_no_room_held(*c.d);
+    check_no_room_held(*c.p);
   }
 }
 
@@ -181,7 +172,7 @@ TEST_CASE("a hung prefill is declared dead within the heartbeat bound and fenced
   CHECK_THAT(de.reason, Catch::Contains("unresponsive: nothing heard for"));
   // 3 x 200 ms of silence, one more tick, then the fence: well under the 2 s drain bound.
   CHECK(detected < 5.0);
-  check_nothing_held(*t.cd);
+  check_no_room_held(*t.cd);
 
   // New rooms naming the hung prefill fail at once instead of waiting for a handshake timeout.
   auto c = big_room(733);
@@ -204,7 +195,7 @@ TEST_CASE("a hung prefill is declared dead within the heartbeat bound and fenced
   auto pe = wait_done(*t.c1, a.room);
   CHECK(pe.status == room_status::failed);
   check_exact_after_fence(*t.cd, b);
-  check_nothing_held(*t.c1);
+  check_no_room_held(*t.c1);
 }
 
 TEST_CASE("a prefill resumed after a stop longer than its heartbeat bound reads its peer first",
@@ -268,7 +259,7 @@ TEST_CASE("a killed prefill fails the decode's rooms at once, and restarted it s
   CHECK(oe.status == room_status::success);
   CHECK(client::verify_room(*t.cd, other.room, other.dst_pages, other.dst_slot, other.dst_row)
             .message == "");
-  check_nothing_held(*t.cd);
+  check_no_room_held(*t.cd);
 
   // Same address, new instance: it handshakes again and serves the reused pages.
   t.p1.restart();
@@ -340,7 +331,7 @@ TEST_CASE("a dead or hung decode fails the prefill's rooms for it, not the other
   CHECK(be.status == room_status::success);
   CHECK(wait_done(*cp, b.room).status == room_status::success);
   CHECK(client::verify_room(*c2, b.room, b.dst_pages, b.dst_slot, b.dst_row).message == "");
-  check_nothing_held(*cp);
+  check_no_room_held(*cp);
 }
 
 TEST_CASE("a daemon stopped while it connects to a peer exits cleanly", "[e2e][failure]") {
@@ -366,7 +357,7 @@ TEST_CASE("a daemon stopped while it connects to a peer exits cleanly", "[e2e][f
   daemon_proc d(dir, "decode-last", "decode", s);
   auto cd = d.connect();
   run_and_verify(*cp, *cd, p.control(), big_room(770));
-  check_nothing_held(*cp);
+  check_no_room_held(*cp);
 }
 
 TEST_CASE("peers prove the cluster secret at handshake", "[e2e][failure][security]") {
@@ -410,7 +401,7 @@ TEST_CASE("peers prove the cluster secret at handshake", "[e2e][failure][securit
     auto de = wait_done(*cd, r.room);
     CHECK(de.status == room_status::failed);
     CHECK_THAT(de.reason, Catch::Contains(expect));
-    check_nothing_held(*cd);
+    check_no_room_held(*cd);
   }
 }
 
@@ -435,8 +426,8 @@ TEST_CASE("a client's rooms are cancelled when it disconnects, unless it said ot
     CHECK(pe.status == room_status::failed);
     CHECK_THAT(pe.reason, Catch::Contains("cancelled: its client disconnected"));
     CHECK(status_of(*c.d)["stray_writes"] == 0);
-    check_nothing_held(*c.d);
-    check_nothing_held(*c.p);
+    check_no_room_held(*c.d);
+    check_no_room_held(*c.p);
   }
   SECTION("a ferryctl-style client (each command its own connection)") {
     {

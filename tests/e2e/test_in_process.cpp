@@ -134,15 +134,6 @@ shape small_shape() {
   return s;
 }
 
-/// Nothing of any room is held any more on this daemon.
-void check_nothing_held(client::client& c) {
-  const auto s = status_of(c);
-  INFO(s.dump());
-  CHECK(s.at("prefill").at("active") == 0);
-  CHECK(s.at("decode").at("active") == 0);
-  CHECK(s.at("stray_writes") == 0);
-}
-
 }  // namespace
 
 TEST_CASE(

@@ -53,15 +53,6 @@ copied staging_copies(client::client& c) {
   return {s["packed_bytes"].get<uint64_t>(), s["unpacked_bytes"].get<uint64_t>()};
 }
 
-void check_nothing_held(client::client& c) {
-  const auto s = status_of(c);
-  INFO(s.dump());
-  CHECK(s["prefill"]["active"] == 0);
-  CHECK(s["decode"]["active"] == 0);
-  CHECK(s["staging"]["in_use"] == 0);
-  CHECK(s["stray_writes"] == 0);
-}
-
 room_spec room_of(uint64_t id, std::vector<uint32_t> src, std::vector<uint32_t> dst) {
   room_spec r;
   r.room = id;
