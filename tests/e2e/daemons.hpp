@@ -266,10 +266,6 @@ class daemon_proc {
       : name_(name),
         role_(role),
         shape_(s),
-        host_(s.host),
-        nofile_soft_(s.nofile_soft),
-        nofile_hard_(s.nofile_hard),
-        env_(s.env),
         netns_path_(at.netns.empty() ? "" : "/run/netns/" + at.netns),
         fixed_port_(at.control_port != 0),
         control_port_(at.control_port ? at.control_port : free_port()) {
@@ -347,11 +343,11 @@ class daemon_proc {
         }
         close(ns);
       }
-      if (nofile_hard_) {
-        rlimit rl{nofile_soft_, nofile_hard_};
+      if (shape_.nofile_hard) {
+        rlimit rl{shape_.nofile_soft, shape_.nofile_hard};
         if (setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(125);
       }
-      for (const auto& [k, v] : env_) setenv(k.c_str(), v.c_str(), 1);
+      for (const auto& [k, v] : shape_.env) setenv(k.c_str(), v.c_str(), 1);
       auto path = bin("ferryd");
       execl(path.c_str(), "ferryd", "--config", config_.c_str(), "--ready-fd", "3",
             static_cast<char*>(nullptr));
@@ -364,6 +360,7 @@ class daemon_proc {
   /// True once the launched daemon said it is ready (false: it exited, or 30 s passed; then it
   /// is stopped).
   bool ready() {
+    REQUIRE(ready_fd_ >= 0);  // launched and not yet waited for
     pollfd p{ready_fd_, POLLIN, 0};
     char buf[16] = {};
     int n = ::poll(&p, 1, 30000);
@@ -432,16 +429,13 @@ class daemon_proc {
 
   const std::string& socket() const { return socket_; }
   const std::string& config_path() const { return config_; }
-  std::string control() const { return host_ + ":" + std::to_string(control_port_); }
+  std::string control() const { return shape_.host + ":" + std::to_string(control_port_); }
   uint16_t control_port() const { return control_port_; }
   pid_t pid() const { return pid_; }
 
  private:
   std::string name_, role_;
-  shape shape_;
-  std::string host_;
-  uint64_t nofile_soft_, nofile_hard_;
-  std::vector<std::pair<std::string, std::string>> env_;
+  shape shape_;  ///< what its config is written from, and its environment and limits
   std::string netns_path_, socket_, config_, log_;
   bool fixed_port_;
   uint16_t control_port_;

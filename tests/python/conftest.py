@@ -233,13 +233,24 @@ KV_ONLY_POOLS = """pools:
 
 
 class Daemon:
-    """A running ferryd: ``sock`` (client socket path), ``control`` ("127.0.0.1:port"),
+    """A launched ferryd: ``sock`` (client socket path), ``control`` ("127.0.0.1:port"),
     ``config`` (its file)."""
 
     def __init__(self, proc: subprocess.Popen, sock: str, control: str, log: str,
                  config: str = "") -> None:
         self.proc, self.sock, self.control, self.log = proc, sock, control, log
         self.config = config
+        self._ready = threading.Event()  # set once the daemon wrote its line (or exited)
+        self._line = ""
+
+    def wait_ready(self) -> "Daemon":
+        """Wait (30 s at most) for the 'ready' line of a launched daemon; fail with its log
+        otherwise (the daemon is killed)."""
+        if not self._ready.wait(30) or self._line != "ready":
+            self.proc.kill()
+            self.proc.wait(timeout=15)
+            pytest.fail(f"{Path(self.config).stem} did not start: {open(self.log).read()}")
+        return self
 
     def stop(self) -> int:
         """Stop at once: SIGTERM begins a drain (the rooms accepted may finish), SIGINT right
@@ -258,37 +269,33 @@ class Daemon:
 def start_daemon(tmp: str, name: str, role: str, pools: str, extra: str = "",
                  provider: str = "tcp") -> Daemon:
     """Start ferryd with ``--ready-fd`` and wait (bounded) until it says ``ready``."""
-    return _await(_spawn_new(tmp, name, role, pools, extra, provider))
+    return _launch_new(tmp, name, role, pools, extra, provider).wait_ready()
 
 
 def start_pair(tmp: str, prefill: str, decode: str, pools: str, extra: str = "",
                provider: str = "tcp", decode_pools: Optional[str] = None) -> tuple[Daemon, Daemon]:
     """A prefill and a decode ferryd started at once (most of a start is libfabric probing the
     machine, which overlaps); both are stopped if either does not start."""
-    launched = [_spawn_new(tmp, prefill, "prefill", pools, extra, provider),
-                _spawn_new(tmp, decode, "decode", decode_pools or pools, extra, provider)]
-    started: list[Daemon] = []
+    p = _launch_new(tmp, prefill, "prefill", pools, extra, provider)
+    d = _launch_new(tmp, decode, "decode", decode_pools or pools, extra, provider)
     try:
-        for x in launched:
-            started.append(_await(x))
+        return p.wait_ready(), d.wait_ready()
     except BaseException:
-        for x in launched[len(started):]:
-            x[0].kill()
-            x[0].wait(timeout=15)
-        for d in started:
-            d.stop()
+        p.stop()
+        d.stop()
         raise
-    return started[0], started[1]
 
 
 def restart_daemon(d: Daemon) -> Daemon:
     """Start ferryd again on the config of ``d``, which has exited: the same socket and ports
     (a new instance); its log is appended to ``d``'s."""
     assert d.proc.poll() is not None, "restart_daemon: the daemon is still running"
-    return _await(_spawn(d.config, Path(d.config).stem, d.sock, d.control, d.log, append=True))
+    return _launch(d.config, Path(d.config).stem, d.sock, d.control, d.log,
+                   append=True).wait_ready()
 
 
-def _spawn_new(tmp: str, name: str, role: str, pools: str, extra: str, provider: str):
+def _launch_new(tmp: str, name: str, role: str, pools: str, extra: str,
+                provider: str) -> Daemon:
     if not (BIN_DIR / "ferryd").is_file():
         pytest.fail(f"no ferryd at {BIN_DIR / 'ferryd'}: build it, or set FERRY_BIN_DIR to the "
                     f"directory holding it")
@@ -296,32 +303,24 @@ def _spawn_new(tmp: str, name: str, role: str, pools: str, extra: str, provider:
     path = os.path.join(tmp, name + ".yaml")
     with open(path, "w") as f:
         f.write(daemon_config(name, role, port, sock, pools, extra, provider))
-    return _spawn(path, name, sock, f"127.0.0.1:{port}", os.path.join(tmp, name + ".log"))
+    return _launch(path, name, sock, f"127.0.0.1:{port}", os.path.join(tmp, name + ".log"))
 
 
-def _spawn(path: str, name: str, sock: str, control: str, log: str, append: bool = False):
-    """Fork ferryd with a pipe for ``--ready-fd``; _await() waits for its line."""
+def _launch(path: str, name: str, sock: str, control: str, log: str,
+            append: bool = False) -> Daemon:
+    """Fork ferryd with a pipe for ``--ready-fd``; the Daemon's wait_ready() waits for its
+    line."""
     ferryd = BIN_DIR / "ferryd"
     r, w = os.pipe()
     with open(log, "a" if append else "w") as logf:
         proc = subprocess.Popen([str(ferryd), "--config", path, "--ready-fd", str(w)],
                                 pass_fds=(w,), stdout=logf, stderr=logf)
     os.close(w)
-    ready = threading.Event()
-    line: list[str] = []
+    d = Daemon(proc, sock, control, log, path)
 
     def read() -> None:
         with os.fdopen(r) as f:  # "ready", or EOF when the daemon exits
-            line.append(f.readline().strip())
-        ready.set()
+            d._line = f.readline().strip()
+        d._ready.set()
     threading.Thread(target=read, daemon=True).start()
-    return proc, ready, line, (path, name, sock, control, log)
-
-
-def _await(launched) -> Daemon:
-    proc, ready, line, (path, name, sock, control, log) = launched
-    if not ready.wait(30) or line != ["ready"]:
-        proc.kill()
-        proc.wait(timeout=15)
-        pytest.fail(f"{name} did not start: {open(log).read()}")
-    return Daemon(proc, sock, control, log, path)
+    return d
