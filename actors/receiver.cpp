@@ -153,9 +153,10 @@ void apply(receiver_actor* self, receiver::effects fx) {
             st.ctx->engine->expect_writes(expect_writes_window);
             for (const auto& l : st.machine.links()) {
               const auto& peer = st.named[l.named];
-              st.ctx->log_room->debug("room={} peer={} prepare: {} pages; {}", st.prep.room,
-                                      peer->address, st.prep.dst_pages.size(),
-                                      peer->link->describe());
+              if (st.ctx->log_room->should_log(spdlog::level::debug))  // describe() formats
+                st.ctx->log_room->debug("room={} peer={} prepare: {} pages; {}", st.prep.room,
+                                        peer->address, st.prep.dst_pages.size(),
+                                        peer->link->describe());
               self->send(
                   st.connections[l.named],
                   peer_outbound{caf::make_message(peer_prepare{

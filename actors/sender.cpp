@@ -400,9 +400,11 @@ void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p) {
       },
       [&] { return st.machine.prepare(std::move(m)); });
   if (st.machine.links().size() > before) {
-    st.ctx->log_room->debug("room={} peer={} prepared: {} dst pages, state slot {}, aux row {}; {}",
-                            st.room, in.from->address, p.dst_pages.size(), p.dst_state_slot,
-                            p.dst_aux_row, in.from->link->describe());
+    if (st.ctx->log_room->should_log(spdlog::level::debug))  // describe() formats
+      st.ctx->log_room->debug(
+          "room={} peer={} prepared: {} dst pages, state slot {}, aux row {}; {}", st.room,
+          in.from->address, p.dst_pages.size(), p.dst_state_slot, p.dst_aux_row,
+          in.from->link->describe());
     st.links.push_back(decode_link{in.from, in.connection, std::move(p), {}});
   }
   apply(self, std::move(fx), answering{nullptr, in.connection});
