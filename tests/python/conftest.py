@@ -290,8 +290,7 @@ def restart_daemon(d: Daemon) -> Daemon:
     """Start ferryd again on the config of ``d``, which has exited: the same socket and ports
     (a new instance); its log is appended to ``d``'s."""
     assert d.proc.poll() is not None, "restart_daemon: the daemon is still running"
-    return _launch(d.config, Path(d.config).stem, d.sock, d.control, d.log,
-                   append=True).wait_ready()
+    return _launch(d.config, d.sock, d.control, d.log, append=True).wait_ready()
 
 
 def _launch_new(tmp: str, name: str, role: str, pools: str, extra: str,
@@ -303,11 +302,10 @@ def _launch_new(tmp: str, name: str, role: str, pools: str, extra: str,
     path = os.path.join(tmp, name + ".yaml")
     with open(path, "w") as f:
         f.write(daemon_config(name, role, port, sock, pools, extra, provider))
-    return _launch(path, name, sock, f"127.0.0.1:{port}", os.path.join(tmp, name + ".log"))
+    return _launch(path, sock, f"127.0.0.1:{port}", os.path.join(tmp, name + ".log"))
 
 
-def _launch(path: str, name: str, sock: str, control: str, log: str,
-            append: bool = False) -> Daemon:
+def _launch(path: str, sock: str, control: str, log: str, append: bool = False) -> Daemon:
     """Fork ferryd with a pipe for ``--ready-fd``; the Daemon's wait_ready() waits for its
     line."""
     ferryd = BIN_DIR / "ferryd"
