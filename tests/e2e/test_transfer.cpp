@@ -195,6 +195,53 @@ TEST_CASE(
                         "the prefill before this decode prepared it: cancelled by client");
 }
 
+TEST_CASE(
+    "a prefill's cancel of a room it has not seen yet refuses the decode's later prepare at "
+    "once, and the engine's next poll or send of that room clears it",
+    "[e2e][!shouldfail]") {
+  shape s;
+  s.waiting_for_input_ms = 600000;  // the decode must learn of the cancel, not time out
+  pair c(s);
+  room_spec r;
+  r.room = 0x7ff0000000000001ull;
+  r.src_pages = range(0, 4);
+  r.dst_pages = range(100, 4);
+  stage(c, r);
+  // SGLang's prefill aborts before the decode's prepare reached its ferryd: nothing of the
+  // room is in flight there, so the engine may reuse its memory at once (402), and ferryd
+  // remembers the cancel.
+  auto cancelled = c.p->cancel(r.room);
+  REQUIRE_FALSE(cancelled);
+  CHECK(cancelled.code == errc::unknown_room);
+  CHECK(cancelled.message ==
+        fmt::format("unknown room {}: nothing of it is in flight here; a decode's prepare of it "
+                    "is refused for the next 600000 ms",
+                    r.room));
+  prepare(c, r);
+  auto d = wait_done(*c.d, r.room);
+  CHECK(d.status == room_status::failed);
+  CHECK(d.code == errc::cancelled);
+  CHECK(d.reason == fmt::format("prefill {} refused the prepare: room {} was cancelled on the "
+                                "prefill before this decode prepared it",
+                                c.prefill.control(), r.room));
+  // SGLang bootstraps a retracted request again under the same room id: the prefill engine's
+  // first poll of it clears the cancel, and the room runs.
+  auto polled = c.p->poll(r.room);
+  REQUIRE(polled);
+  CHECK(polled.value.status == room_status::bootstrapping);
+  run_and_verify(c, r);
+  // A send clears it too.
+  room_spec again = r;
+  again.room = r.room + 1;
+  stage(c, again);
+  REQUIRE_FALSE(c.p->cancel(again.room));
+  send_chunks(c, again);
+  prepare(c, again);
+  CHECK(wait_done(*c.d, again.room).status == room_status::success);
+  CHECK(client::verify_room(*c.d, again.room, again.dst_pages, again.dst_slot, again.dst_row)
+            .message == "");
+}
+
 TEST_CASE("64 concurrent rooms all commit with their own bytes", "[e2e]") {
   // The engine posts each peer's shortest batch first; with fabric.max_inflight_bytes it also
   // holds a peer's writes at that many bytes in flight (4096: every write goes out alone).
