@@ -62,7 +62,10 @@ void on_client(scheduler_actor* self, client_request& r) {
             if (st.decode.finished.contains(m.room) || st.prefill.finished.contains(m.room))
               return reply_error(self, r, errc::room_finished,
                                  fmt::format("room {} already finished", m.room));
-            return reply_error(self, r, errc::unknown_room, fmt::format("unknown room {}", m.room));
+            if (!st.ctx->serves_prefill())
+              return reply_error(self, r, errc::unknown_room,
+                                 fmt::format("unknown room {}", m.room));
+            return cancel_unknown(self, r, m.room);
           }
           self->send(e->actor, cancel_atom::value, std::string("cancelled by client"));
           st.ctx->gateway->reply(r.conn, r.seq, proto::ok{});
@@ -130,6 +133,9 @@ void on_peer_inbound(scheduler_actor* self, peer_inbound& in) {
             return refuse("this daemon does not serve the prefill role");
           if (auto late = late_prepare(st.prefill.finished, p.room); !late)
             return refuse(late.message, late.code);
+          const auto now = std::chrono::steady_clock::now();
+          if (auto c = st.cancelled_unknown.prepare_allowed(p.room, now); !c)
+            return refuse(c.message, c.code);
           if (auto e = admission(st, st.prefill, "prefill"); !e) return refuse(e.message, e.code);
           open_room(st, st.prefill, p.room,
                     spawn_sender(self, st.ctx, p.room, caf::actor_cast<caf::actor>(self)));

@@ -188,6 +188,7 @@ void on_send(scheduler_actor* self, client_request& r) {
       return reply_error(self, r, std::move(open).error());
     if (auto e = admission(st, st.prefill, "prefill"); !e)
       return reply_error(self, r, e.code, fmt::format("room {}: {}", s.room, e.message));
+    st.cancelled_unknown.forget(s.room);  // the engine sends it again: a new incarnation
     open_room(st, st.prefill, s.room,
               spawn_sender(self, st.ctx, s.room, caf::actor_cast<caf::actor>(self)));
     it = st.prefill.active.find(s.room);
@@ -216,6 +217,7 @@ namespace {
 /// protocol v4 an unknown room is Bootstrapping (the decode's prepare and the engine's first
 /// send may not have arrived yet) until timeouts.bootstrapping_ms after its first such poll.
 std::optional<proto::poll_reply> room_poll(scheduler_state& st, uint64_t room, uint16_t version) {
+  st.cancelled_unknown.forget(room);  // the engine polls it again: a new incarnation
   // Active rooms first: a daemon of both roles may hold a live room and a finished one of the
   // same id.
   for (const auto* side : {&st.decode, &st.prefill})
@@ -234,6 +236,28 @@ std::optional<proto::poll_reply> room_poll(scheduler_state& st, uint64_t room, u
 }
 
 }  // namespace
+
+void cancel_unknown(scheduler_actor* self, const client_request& r, uint64_t room) {
+  auto& st = self->state;
+  const auto& t = st.ctx->config.timeouts;
+  const auto keep_ms = longest_room_deadline_ms(t);
+  st.cancelled_unknown.cancel(
+      room, std::chrono::steady_clock::now() + std::chrono::milliseconds(keep_ms));
+  st.polled_unknown.forget(room);  // a new incarnation gets its own Bootstrapping window
+  st.ctx->log_sched->info(
+      "room={} cancelled by client conn={} before anything of it arrived: a decode's prepare "
+      "of it in the next {} ms is refused",
+      room, r.conn, keep_ms);
+  // Not an error for the engine: nothing of the room is in flight, so its memory may be reused
+  // at once. unknown_room says exactly that, and a client that waits for a cancelled room to
+  // end (the SGLang adapter) must not poll it: a poll is the engine starting it anew.
+  st.ctx->gateway->reply(
+      r.conn, r.seq,
+      proto::error{errc::unknown_room,
+                   fmt::format("unknown room {}: nothing of it is in flight here; a decode's "
+                               "prepare of it is refused for the next {} ms",
+                               room, keep_ms)});
+}
 
 void on_poll(scheduler_actor* self, client_request& r, uint64_t room) {
   auto& st = self->state;

@@ -58,6 +58,9 @@ struct scheduler_state {
   std::unordered_map<caf::actor_id, std::pair<bool, uint64_t>> room_actors;
   /// Prefill, v4: rooms polled before anything of them arrived.
   unknown_polls polled_unknown;
+  /// Prefill: rooms a client cancelled before anything of them arrived; a decode's prepare of
+  /// one is refused at once (core/room_registry.hpp).
+  cancelled_rooms cancelled_unknown;
   uint64_t next_token = 1;
   std::unordered_map<std::string, caf::actor> outbound;       // by control address
   std::unordered_map<caf::actor, peer_info_ptr> connections;  // every live connection
@@ -102,6 +105,8 @@ void check_drained(scheduler_actor* self);
 void on_prepare(scheduler_actor* self, client_request& r);
 void on_send(scheduler_actor* self, client_request& r);
 void on_poll(scheduler_actor* self, client_request& r, uint64_t room);
+/// Prefill: a client cancelled a room that nothing of has arrived yet (cancelled_unknown).
+void cancel_unknown(scheduler_actor* self, const client_request& r, uint64_t room);
 void on_poll_many(scheduler_actor* self, client_request& r, const std::vector<uint64_t>& rooms);
 room_entry* find_active(scheduler_state& st, uint64_t room);
 /// Open `room` on `side` with its actor (room_actors knows it from now on).

@@ -141,6 +141,93 @@ def adapter_run(pre_sock: str, dec_sock: str, pre_ctrl: str, tokens: int, reques
         dec.close()
 
 
+def aborts_run(pre_sock: str, dec_sock: str, pre_ctrl: str, n: int, room_base: int
+               ) -> dict[str, Any]:
+    """What SGLang's abort orders cost the engine's scheduler loop, ``n`` rooms each, against
+    one ``poll`` round trip to ferryd in the same run (the floor of any adapter call):
+
+    - early: the prefill aborts before the decode's prepare arrived; SGLang's abort(), the next
+      step's poll() (Failed) and failure_exception(); then the decode prepares it: from
+      send_metadata to the decode's poll() saying Failed (ferryd refuses it at once);
+    - live, per side: a room prepared and fed one chunk; abort() alone, then from abort() to
+      the first poll() saying Failed (ferryd's drain, polled back to back);
+    - other rank: failure_exception() of a live room no poll said Failed for (SGLang, when
+      another rank failed): it cancels and waits for the drain."""
+    boot = FerryBootstrap({BOOT: [pre_ctrl]})
+    dec = Rank(dec_sock, "decode", boot, "bench-decode")
+    pre = Rank(pre_sock, "prefill", boot, "bench-prefill")
+    t: dict[str, list[float]] = {k: [] for k in (
+        "poll_rtt", "early_abort_poll_failure_exception", "early_decode_learns",
+        "live_prefill_abort", "live_prefill_abort_to_failed", "live_decode_abort",
+        "live_decode_abort_to_failed", "other_rank_failure_exception")}
+
+    def ms(f: Any) -> float:
+        t0 = time.perf_counter()
+        f()
+        return (time.perf_counter() - t0) * 1e3
+
+    def until_failed(obj: Any) -> None:
+        bound = time.monotonic() + 30
+        while obj.poll() != KVPoll.Failed:
+            if time.monotonic() > bound:
+                raise RuntimeError(f"room {obj.bootstrap_room} not Failed in 30 s")
+
+    def fe(obj: Any) -> None:
+        try:
+            obj.failure_exception()
+        except Exception:
+            pass
+
+    def live(room: int) -> tuple[FerryKVSender, FerryKVReceiver]:
+        pre.aux.item(0, 0)[:8] = room.to_bytes(8, "little")
+        r = FerryKVReceiver(dec.mgr, BOOT, room)
+        r.init(0)
+        r.send_metadata(list(range(64, 80)), aux_index=0, state_indices=[[0]])
+        s = FerryKVSender(pre.mgr, BOOT, room)
+        bound = time.monotonic() + 30
+        while s.poll() != KVPoll.WaitingForInput:
+            if time.monotonic() > bound:
+                raise RuntimeError(f"room {room}: no prepare in 30 s")
+        s.init(16, 0)
+        s.send(list(range(16, 24)), None)
+        r.poll()
+        return s, r
+
+    try:
+        room = room_base
+        for _ in range(n):
+            t["poll_rtt"].append(ms(lambda: pre.mgr.client.poll(room_base)))
+            room += 1
+            s = FerryKVSender(pre.mgr, BOOT, room)
+            s.poll()
+            t["early_abort_poll_failure_exception"].append(
+                ms(lambda: (s.abort(), s.poll(), fe(s))))
+            r = FerryKVReceiver(dec.mgr, BOOT, room)
+            r.init(0)
+            t["early_decode_learns"].append(ms(lambda: (
+                r.send_metadata([1, 2], aux_index=1, state_indices=[[1]]), until_failed(r))))
+            for side in ("prefill", "decode"):
+                room += 1
+                s, r = live(room)
+                obj, peer = (s, r) if side == "prefill" else (r, s)
+                t0 = time.perf_counter()
+                t[f"live_{side}_abort"].append(ms(obj.abort))
+                until_failed(obj)
+                t[f"live_{side}_abort_to_failed"].append((time.perf_counter() - t0) * 1e3)
+                until_failed(peer)
+                fe(s), fe(r)
+            room += 1
+            s, r = live(room)
+            t["other_rank_failure_exception"].append(ms(lambda: fe(s)))
+            until_failed(r)
+        rtt = statistics.median(t["poll_rtt"])
+        return {k: {"p50_ms": pct(v, 0.5), "p99_ms": pct(v, 0.99),
+                    "p50_over_poll": pct(v, 0.5) / rtt if rtt else 0.0} for k, v in t.items()}
+    finally:
+        pre.close()
+        dec.close()
+
+
 def bench_run(bin_dir: Path, pre_sock: str, dec_sock: str, tokens: int, requests: int,
               concurrency: int, room_base: int, work: str) -> dict[str, Any]:
     out = os.path.join(work, "bench.json")
@@ -187,6 +274,9 @@ def main() -> int:
     ap.add_argument("--slots", type=int,
                     help="Mamba state slots of each daemon's pool, at least --concurrency "
                          "(default: the configs', 8)")
+    ap.add_argument("--aborts", type=int, metavar="N",
+                    help="instead: time SGLang's abort orders through the adapter, N rooms "
+                         "of each, against one poll round trip")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     a = ap.parse_args()
     bin_dir = Path(a.bin_dir).resolve()
@@ -215,6 +305,15 @@ def main() -> int:
         for d in daemons:  # they start at once
             d.wait_ready()
         room = int(time.time() * 1000) << 16
+        if a.aborts:
+            res = aborts_run(pre_sock, dec_sock, pre_ctrl, a.aborts, room)
+            print(f"adapter_bench --aborts {a.aborts} ({a.provider}): p50 / p99 ms, and the p50 "
+                  f"over one poll round trip")
+            for k, v in res.items():
+                print(f"  {k:38s} {v['p50_ms']:8.3f} {v['p99_ms']:8.3f} "
+                      f"{v['p50_over_poll']:7.1f}x", flush=True)
+            results.append({"aborts": a.aborts, "times": res})
+            counts = []
         for tokens, n in zip(sizes, counts):
             runs: dict[str, list[dict[str, Any]]] = {"adapter": [], "ferry-bench": []}
             for rep in range(a.repeat):

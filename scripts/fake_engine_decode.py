@@ -97,12 +97,9 @@ class DecodeEngine:
                 if st in (KVPoll.WaitingForInput, KVPoll.Transferring):
                     if st == KVPoll.Transferring:
                         self.stats["decode_aborts_transferring"] += 1
-                    t[1].abort()  # returns once ferryd reports the room terminal
+                    t[1].abort()  # returns at once: poll() says Failed once ferryd drained it
                     t[5] = True
                     self.stats["decode_aborts"] += 1
-                    self.finish(t, failed=True)
-                    transfer.remove(t)
-                    done += 1
                     busy = True
             # transfer queue: one poll_many for every room in flight
             if transfer:
@@ -122,7 +119,9 @@ class DecodeEngine:
                         done += 1
                         busy = True
                     elif st == KVPoll.Failed:
-                        if r.prefill_abort_after and rcv.failure and rcv.failure[0] != 406:
+                        if aborted:
+                            pass  # aborted here: its memory is free to reuse only now
+                        elif r.prefill_abort_after and rcv.failure and rcv.failure[0] != 406:
                             self.errors.append(f"{self.who}: room {r.room}, aborted by the "
                                                f"prefill, failed with {rcv.failure} (want 406)")
                         elif r.prefill_abort_after:

@@ -15,7 +15,7 @@ from typing import Optional
 from fake_engine_allocators import IndexAllocator, PageAllocator
 from fake_engine_rank import BOOT, Geometry, Rank, log
 from fake_engine_schedule import Pattern, Req, runs
-from ferry.sglang import FerryKVSender, KVPoll, poll_all
+from ferry.sglang import FerryKVSender, FerryKVTransferError, KVPoll, poll_all
 
 
 class PrefillEngine:
@@ -101,7 +101,10 @@ class PrefillEngine:
                 if res == "last":
                     transfer.append(running)
                     running = None
-                elif res in ("aborted", "failed"):
+                elif res == "aborted":  # its memory is freed once poll says Failed
+                    transfer.append(running)
+                    running = None
+                elif res == "failed":
                     done += 1
                     running = None
             # transfer queue: polled every step
@@ -114,6 +117,11 @@ class PrefillEngine:
                         if r.decode_abort:
                             self.stats["decode_abort_raced"] += 1
                         self.free(q)
+                        done += 1
+                        busy = True
+                    elif st == KVPoll.Failed and q.get("aborted"):
+                        self.drain(q["snd"])  # the MIN says Failed once one rank drained
+                        self.free(q)  # drained on every rank: the memory may be reused
                         done += 1
                         busy = True
                     elif st == KVPoll.Failed:
@@ -143,9 +151,18 @@ class PrefillEngine:
         self.stats["errors"] = self.errors
         return self.stats
 
+    @staticmethod
+    def drain(snd: list[FerryKVSender]) -> None:
+        """SGLang's failure_exception() on every rank once the MIN-reduced poll says Failed: a
+        rank whose room is not drained yet is cancelled and waited for (bounded)."""
+        for s in snd:
+            try:
+                s.failure_exception()
+            except FerryKVTransferError:
+                pass
+
     def end_failed(self, r: Req, snd: list[FerryKVSender], where: str) -> None:
-        for s in snd:  # a rank that saw no failure yet is cancelled and drained
-            s.abort()
+        self.drain(snd)
         if r.decode_abort:
             self.stats["decode_aborts_seen"] += 1
         else:
@@ -235,8 +252,8 @@ class PrefillEngine:
             return "failed"
         if r.prefill_abort_after and q["chunk"] == r.prefill_abort_after:
             for s in snd:
-                s.abort()  # returns once ferryd reports the room terminal
+                s.abort()  # returns at once: poll() says Failed once ferryd drained it
             self.stats["prefill_aborts"] += 1
-            self.free(q)
+            q["aborted"] = True
             return "aborted"
         return "last" if last else "sent"

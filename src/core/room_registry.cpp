@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace ferry {
 
 result<> admit(size_t active, uint32_t limit, const char* side) {
@@ -27,6 +29,22 @@ result<> late_prepare(const bounded_map<uint64_t, finished_room>& finished, uint
   return error{f->code == errc::ok ? errc::internal : f->code,
                fmt::format("room {} failed on the prefill before this decode prepared it: {}", room,
                            f->reason)};
+}
+
+result<> cancelled_rooms::prepare_allowed(uint64_t room, clock::time_point now) {
+  const auto* until = until_.find(room);
+  if (!until) return {};
+  if (now >= *until) {
+    until_.erase(room);
+    return {};
+  }
+  return error{
+      errc::cancelled,
+      fmt::format("room {} was cancelled on the prefill before this decode prepared it", room)};
+}
+
+uint32_t longest_room_deadline_ms(const timeouts_config& t) {
+  return std::max({t.bootstrapping_ms, t.waiting_for_input_ms, t.transferring_ms, t.transfer_ms});
 }
 
 proto::poll_reply unknown_polls::poll(uint64_t room, clock::time_point now,

@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "core/bounded_map.hpp"
+#include "core/config_types.hpp"
 #include "core/errors.hpp"
 #include "core/protocol.hpp"
 #include "core/status.hpp"
@@ -98,6 +99,31 @@ class unknown_polls {
  private:
   bounded_map<uint64_t, clock::time_point> first_{history_limit};
 };
+
+/// Prefill: rooms a client cancelled before anything of them reached this daemon (SGLang's
+/// prefill aborts a request while the decode's prepare is still on its way). The cancel has
+/// nothing to stop here, but a decode's prepare of such a room is refused at once, naming the
+/// cancel, so the decode fails within one round trip instead of holding its pages until its
+/// waiting_for_input_ms; until `until`, the longest room deadline after the cancel. The prefill
+/// engine's next send or poll of the room forgets it: SGLang bootstraps a retracted request
+/// again under the same room id. Bounded like the histories: the oldest are forgotten first.
+class cancelled_rooms {
+ public:
+  using clock = std::chrono::steady_clock;
+  void cancel(uint64_t room, clock::time_point until) { until_.put(room, until); }
+  /// Whether a decode's prepare of `room` may open it: `cancelled`, naming the cancel, while
+  /// the room is remembered (an expired entry is forgotten).
+  result<> prepare_allowed(uint64_t room, clock::time_point now);
+  void forget(uint64_t room) { until_.erase(room); }
+  size_t size() const { return until_.size(); }
+
+ private:
+  bounded_map<uint64_t, clock::time_point> until_{history_limit};
+};
+
+/// The longest deadline a room can run into (timeouts.*): how long a peer's message of a room
+/// may still arrive after the room began.
+uint32_t longest_room_deadline_ms(const timeouts_config& t);
 
 /// Outbound peers declared unresponsive (by the heartbeat): new rooms naming one fail at once,
 /// naming why, until the bound (heartbeat_ms x heartbeat_misses) has passed again. Bounded like

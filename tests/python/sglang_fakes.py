@@ -150,7 +150,8 @@ class ModelDaemon:
             return Ok()
         if isinstance(msg, Cancel):
             st = w.status(self.role, msg.room)
-            if st is None:
+            unseen = msg.room not in w.prepares and msg.room not in w.sends  # as ferryd
+            if st is None or unseen:
                 return Error(Errc.UNKNOWN_ROOM, f"room {msg.room} is unknown")
             if st.terminal:
                 return Error(Errc.ROOM_FINISHED, f"room {msg.room} already finished")

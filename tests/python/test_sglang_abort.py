@@ -73,7 +73,6 @@ def raised(obj: FerryKVSender | FerryKVReceiver) -> FerryKVTransferError:
     return info.value
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 items 1 and 2: fixed in the next commit")
 def test_a_prefill_abort_before_the_decodes_prepare_in_sglangs_order(
         engines: tuple[Engine, Engine]) -> None:
     p, d = engines
@@ -117,7 +116,6 @@ def live_room(p: Engine, d: Engine, room: int) -> tuple[FerryKVSender, FerryKVRe
     return s, r
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 item 3: fixed in the next commit")
 @pytest.mark.parametrize("side", ["prefill", "decode"])
 def test_abort_only_sends_the_cancel_and_failed_means_drained(
         engines: tuple[Engine, Engine], side: str) -> None:

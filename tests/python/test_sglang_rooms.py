@@ -323,14 +323,18 @@ def test_a_room_failed_by_ferryd_carries_its_code(env: Setup) -> None:
     assert isinstance(e, FerryError) and e.code.wire_name == "peer_lost"
 
 
-def test_abort_cancels_and_waits_for_the_room_to_end(env: Setup) -> None:
+def test_abort_sends_the_cancel_and_returns_then_poll_says_failed_once_drained(
+        env: Setup) -> None:
     w = env.world
     r = env.receiver(60)
     r.send_metadata([1], aux_index=0, state_indices=[[0]])
+    assert r.poll() == KVPoll.WaitingForInput
+    n = len(w.log)
     r.abort()
-    assert [m.room for m in w.requests("decode", Cancel)] == [60]
-    assert w.requests("decode", Poll)[-1] == Poll(60)  # it waited for the terminal status
-    assert r.poll() == KVPoll.Failed
+    assert w.log[n:] == [("decode", Cancel(60))]  # the cancel alone: no wait
+    assert r.conclude_state is None  # the engine must not reuse the room's memory yet
+    assert r.poll() == KVPoll.Failed  # the model ferryd ends a cancelled room at once
+    assert w.requests("decode", Poll)[-1] == Poll(60)
     e = failure(r)
     assert (e.code, e.failure_reason) == (Errc.CANCELLED, ABORTED)
     unprepared = env.receiver(61)
@@ -338,8 +342,10 @@ def test_abort_cancels_and_waits_for_the_room_to_end(env: Setup) -> None:
     assert unprepared.poll() == KVPoll.Failed
     assert [m.room for m in w.requests("decode", Cancel)] == [60]  # nothing to cancel for 61
     s = env.sender(62)
-    s.abort()  # the prefill ferryd does not know room 62 yet: the cancel is refused, fine
+    n = len(w.log)
+    s.abort()  # the prefill ferryd does not know room 62 yet: nothing of it is in flight
     assert s.poll() == KVPoll.Failed and failure(s).failure_reason == ABORTED
+    assert w.log[n:] == [("prefill", Cancel(62))]  # and it is not polled: that starts it anew
 
 
 def test_a_failure_from_another_rank_cancels_this_ranks_room(env: Setup) -> None:

@@ -115,3 +115,27 @@ TEST_CASE(
   side.finish(3, room_status::success, "", errc::ok, 0, 0, true);
   CHECK(late_prepare(side.finished, 3));
 }
+
+TEST_CASE(
+    "room registry: a room cancelled before anything of it arrived refuses a decode's prepare "
+    "until it expires or is forgotten",
+    "[unit][room_registry]") {
+  cancelled_rooms c;
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(c.prepare_allowed(5, t0));  // never cancelled
+  c.cancel(5, t0 + 100ms);
+  const auto r = c.prepare_allowed(5, t0 + 99ms);
+  REQUIRE_FALSE(r);
+  CHECK(r.code == errc::cancelled);
+  CHECK(r.message == "room 5 was cancelled on the prefill before this decode prepared it");
+  CHECK_FALSE(c.prepare_allowed(5, t0 + 50ms));  // every decode rank's prepare is refused
+  CHECK(c.prepare_allowed(5, t0 + 100ms));       // expired, and forgotten
+  CHECK(c.size() == 0);
+  c.cancel(6, t0 + 100ms);
+  c.forget(6);  // the engine sent or polled the room again: a new incarnation
+  CHECK(c.prepare_allowed(6, t0));
+  timeouts_config t;
+  t.transfer_ms = 5;
+  t.waiting_for_input_ms = 70000;
+  CHECK(longest_room_deadline_ms(t) == 70000);
+}

@@ -18,8 +18,9 @@ aux_index, state_indices, decode_prefix_len)``   dst_pages=page_indices, state_s
                                                  prefix_tokens=decode_prefix_len)``;
                                                  ferryd picks the ranks the geometry needs
 ``receiver.poll()``                              ``poll`` (or :func:`poll_all`: ``poll_many``)
-``receiver.abort()``                             ``cancel``, then wait until ferryd reports the
-                                                 room terminal (its writes drained)
+``receiver.abort()``                             ``cancel``, and return at once; ``poll()`` says
+                                                 Failed once ferryd reports the room terminal
+                                                 (its writes drained)
 ===============================================  ================================================
 
 ===============================================  ================================================
@@ -37,7 +38,10 @@ dest_tp_ranks, pp_rank)``                        ferryd, which answers Bootstrap
                                                  a last chunk may have zero pages: then it is
                                                  the one with ``state_indices`` (or
                                                  ``last_chunk=True``)
-``sender.poll()`` / ``abort()``                  ``poll`` / ``cancel``
+``sender.poll()`` / ``abort()``                  ``poll`` / ``cancel`` (as on the decode; a
+                                                 room the prefill ferryd has not seen is Failed
+                                                 at once, and the decode's later prepare of it
+                                                 is refused)
 ===============================================  ================================================
 
 ``failure_exception()`` raises :class:`FerryKVTransferError` (a :class:`~ferry.errors.FerryError`

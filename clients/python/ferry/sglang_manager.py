@@ -38,9 +38,10 @@ class FerryKVManager:
     :class:`FerryError` when the memory is refused; the message names the buffer.
 
     ``bootstrap`` (a :class:`FerryBootstrap`) is needed by receivers, and by senders for
-    ``pop_decode_prefix_len``. ``drain_timeout`` bounds how long ``abort()`` and
-    ``failure_exception()`` wait for ferryd to report a cancelled room terminal (after which
-    its pages, slot and row may be reused). Pass ``client`` to use a connected client instead
+    ``pop_decode_prefix_len``. ``drain_timeout`` bounds how long
+    ``failure_exception()`` of a room no poll has said Failed for yet (another rank failed)
+    waits for ferryd to report it terminal (after which its pages, slot and row may be
+    reused); ``abort()`` never waits. Pass ``client`` to use a connected client instead
     of ``socket_path``.
 
     ``reconnect`` (on by default; a :class:`~ferry.reconnect.Reconnect` to tune it, False to

@@ -61,7 +61,14 @@ class FerryTransferMetric:
 
 class _FerryRoom:
     """What senders and receivers share: the room's status as ferryd reports it, a local
-    failure, and the terminal status once seen."""
+    failure, and the terminal status once seen.
+
+    The drain rule: the engine reuses a request's pages, slot and row once ``poll()`` says
+    Failed (or ``conclude_state`` is Failed), so neither says so while ferryd may still write
+    into them. A failure of a room ferryd holds live (an abort, a refused chunk) sends the
+    cancel and returns; the room then reports the status the engine last saw until ferryd has
+    drained it, and Failed from then on. No call waits for that, except ``failure_exception()``
+    of a room that is not drained yet (see there)."""
 
     _local_status: Status
 
@@ -77,7 +84,9 @@ class _FerryRoom:
         self.last_result: Optional[PollResult] = None
         self.generation: Optional[int] = None  # the client's connection the room lives on
         self._cancel_sent = False
-        self._gone = False
+        self._gone = False  # ferryd holds nothing of the room that could still be written
+        self._draining = False  # cancelled on ferryd, which has not reported it terminal yet
+        self._shown: Optional[Status] = None  # the status poll() last returned
         self._lock = threading.Lock()
 
     def _bind(self) -> None:
@@ -110,62 +119,92 @@ class _FerryRoom:
             if self.failure is None:
                 self.failure = (int(code), reason)
 
-    def _needs_daemon_poll(self) -> bool:
-        return self.conclude_state is None and self.failure is None and self._daemon_room()
-
     def _apply(self, r: PollResult) -> Status:
         """Take ferryd's answer for this room."""
         self.last_result = r
         status = Status(r.status)
-        if status == Status.Failed:
+        if self._draining:  # failed here: Failed once ferryd has drained it, whatever its end
+            if not status.terminal:
+                return self._held()
+            self._draining = False
+            status = Status.Failed
+        elif status == Status.Failed:
             self._fail(Errc.INTERNAL if not r.code else int(r.code), r.reason)
         if status.terminal:
             self.conclude_state = status
         return status
 
+    def _held(self) -> Status:
+        """While a failed room drains: the status the engine last saw, so it neither reuses
+        the room's memory nor moves the request on."""
+        return self._shown if self._shown is not None and not self._shown.terminal \
+            else self._local_status
+
     def _current(self) -> Optional[Status]:
         """The status when ferryd need not be asked."""
         if self.conclude_state is not None:
             return self.conclude_state
-        if self.failure is not None or (self._daemon_room() and self._lost()):
+        if self._daemon_room() and self._lost():
+            self._draining = False
+            self.conclude_state = Status.Failed
+            return Status.Failed
+        if self._draining:
+            return None
+        if self.failure is not None:
             self.conclude_state = Status.Failed
             return Status.Failed
         if not self._daemon_room():
             return self._local_status
         return None
 
+    def _show(self, s: Status) -> int:
+        self._shown = s
+        return int(s)
+
     def poll(self) -> int:
         """The room's :class:`KVPoll` status; Failed and Success are final."""
         s = self._current()
         if s is not None:
-            return s
+            return self._show(s)
         try:
             r = self.kv_mgr.client.poll(self.bootstrap_room)
         except FerryError as e:
             self._fail(e.code, f"polling room {self.bootstrap_room} failed: {e.message}")
+            self._draining = False
             self.conclude_state = Status.Failed
-            return Status.Failed
-        return self._apply(r)
+            return self._show(Status.Failed)
+        return self._show(self._apply(r))
 
-    def _cancel_and_drain(self) -> None:
-        """Cancel the room on ferryd and wait (bounded) until it reports it terminal, so its
-        memory may be reused."""
-        c = self.kv_mgr.client
-        if not self._send_cancel():
+    def _cancel(self) -> None:
+        """The room failed here: cancel it on ferryd unless nothing of it can be in flight
+        there, and return at once. Failed (poll, conclude_state) waits for ferryd's drain."""
+        if self.conclude_state is not None or self._draining:
             return
+        if self._daemon_room() and self._send_cancel():
+            self._draining = True
+        else:
+            self.conclude_state = Status.Failed
+
+    def _drain(self) -> None:
+        """Wait (bounded by the manager's ``drain_timeout``) until ferryd reports the cancelled
+        room terminal."""
+        c = self.kv_mgr.client
         deadline = time.monotonic() + self.kv_mgr.drain_timeout
-        while time.monotonic() < deadline:
+        while self._draining and time.monotonic() < deadline:
             try:
                 r = c.poll(self.bootstrap_room)
             except FerryError:
-                return
-            self.last_result = r
-            if Status(r.status).terminal:
-                return
-            time.sleep(0.01)
+                break
+            self._apply(r)
+            if self._draining:
+                time.sleep(0.005)
+        self._draining = False
+        self.conclude_state = Status.Failed
 
     def _send_cancel(self) -> bool:
-        """Cancel the room on ferryd (once); False when ferryd has no live room to wait for."""
+        """Cancel the room on ferryd (once); False when ferryd holds nothing of it to wait
+        for: the cancel found no live room (unknown, or already finished), or its ferryd is
+        gone."""
         if self._gone or self._lost():
             return False
         if self._cancel_sent:
@@ -176,20 +215,25 @@ class _FerryRoom:
             c.cancel(self.bootstrap_room)
         except FerryError as e:
             if e.code in (Errc.UNKNOWN_ROOM, Errc.ROOM_FINISHED) or c.closed:
+                self._gone = True  # and not polled again: that starts a prefill room anew
                 return False
         return True
 
     def failure_exception(self) -> None:
         """Raise the request's failure (:class:`FerryKVTransferError`, with ferryd's code); a
         rank that saw no failure itself (the request failed on another rank) raises SGLang's
-        'from another rank' text. A room ferryd has not reported terminal is cancelled first
-        and waited for (bounded), since the engine reuses its memory next."""
+        'from another rank' text.
+
+        Returns at once after a poll said Failed. Called earlier (SGLang does so when the
+        all-reduced poll says Failed for another rank's failure, then frees this rank's
+        memory), it cancels a room ferryd holds live and waits for its drain, bounded by the
+        manager's ``drain_timeout`` (ferryd's own ``timeouts.drain_ms`` bounds the drain)."""
         from_other = self.failure is None
         if from_other:
             self._fail(Errc.CANCELLED, FROM_ANOTHER_RANK)
-        seen_terminal = self.last_result is not None and Status(self.last_result.status).terminal
-        if self._daemon_room() and not seen_terminal:
-            self._cancel_and_drain()  # the engine reuses the room's memory once this returns
+        self._cancel()
+        if self._draining:
+            self._drain()  # the engine reuses the room's memory once this returns
         self.conclude_state = Status.Failed
         assert self.failure is not None
         code, reason = self.failure
@@ -197,14 +241,12 @@ class _FerryRoom:
 
     def abort(self) -> None:
         """Fail the request (``Aborted by AbortReq.``) and cancel its room on ferryd, which tells
-        the peer; returns once ferryd reports the room terminal (bounded by the manager's
-        ``drain_timeout``), so its pages, slot and row may be reused."""
+        the peer; returns at once. The room reports Failed once ferryd has drained it (at once
+        when nothing of it was in flight), so its pages, slot and row may then be reused."""
         if self.conclude_state is not None:
             return
         self._fail(Errc.CANCELLED, ABORTED)
-        self.conclude_state = Status.Failed
-        if self._daemon_room():
-            self._cancel_and_drain()
+        self._cancel()
 
     def clear(self) -> None:
         """Nothing is held per request beyond this object."""
@@ -399,11 +441,10 @@ class FerryKVSender(_FerryRoom):
         self.chunks_sent += 1
 
     def _fail_and_cancel(self, code: int, reason: str) -> None:
-        """Fail the request here and cancel its room on ferryd (best effort; a room ferryd
-        does not know is fine)."""
+        """Fail the request here and cancel its room on ferryd, which tells the decode (and,
+        for a room it has not seen yet, refuses the decode's prepare); Failed once drained."""
         self._fail(code, reason)
-        self.conclude_state = Status.Failed
-        self._send_cancel()
+        self._cancel()
 
     def get_transfer_metric(self) -> FerryTransferMetric:
         args = self.kv_mgr.kv_args
@@ -423,7 +464,7 @@ def poll_all(rooms: Sequence[_FerryRoom]) -> list[int]:
     for i, r in enumerate(rooms):
         s = r._current()
         if s is not None:
-            out[i] = s
+            out[i] = r._show(s)
             continue
         c = r.kv_mgr.client
         ask.setdefault(id(c), (c, []))[1].append(i)
@@ -434,11 +475,12 @@ def poll_all(rooms: Sequence[_FerryRoom]) -> list[int]:
             for i in idx:
                 rooms[i]._fail(e.code, f"polling room {rooms[i].bootstrap_room} failed: "
                                        f"{e.message}")
+                rooms[i]._draining = False
                 rooms[i].conclude_state = Status.Failed
-                out[i] = Status.Failed
+                out[i] = rooms[i]._show(Status.Failed)
             continue
         for i, res in zip(idx, results):
-            out[i] = rooms[i]._apply(res)
+            out[i] = rooms[i]._show(rooms[i]._apply(res))
     return [int(s) for s in out]  # type: ignore[arg-type]
 
 
