@@ -12,6 +12,7 @@
 #include "core/exit_codes.hpp"
 #include "harness.hpp"
 #include "http.hpp"
+#include "queries.hpp"
 
 using namespace ferry;
 using namespace ferry::test;
@@ -46,35 +47,25 @@ double value(const std::string& text, const std::string& name,
   return *v;
 }
 
-/// The metric families a scrape declares ("# TYPE name type").
-std::set<std::string> families(const std::string& text) {
-  std::set<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("# TYPE ", 0) == 0) out.insert(line.substr(7, line.find(' ', 7) - 7));
-  return out;
-}
-
-/// Every ferry_* name the Grafana dashboard's queries use, histogram suffixes taken off.
-std::set<std::string> dashboard_names() {
-  const char* dir = std::getenv("FERRY_SOURCE_DIR");
-  std::ifstream f(std::string(dir ? dir : FERRY_DEFAULT_SOURCE_DIR) + "/docs/grafana/ferry.json");
-  REQUIRE(f);
-  std::stringstream text;
-  text << f.rdbuf();
-  auto doc = json::parse(text.str());
-  std::set<std::string> out;
-  const std::regex name("ferry_[a-z_]+");
+/// The shipped queries: each target of the dashboard's panels with its legend, and each alert
+/// of docs/prometheus/ferry-rules.yml with its annotations (the file keeps an expr on one line).
+std::vector<shipped_query> shipped_queries() {
+  std::vector<shipped_query> out;
+  auto doc = json::parse(source_file("docs/grafana/ferry.json"));
   for (const auto& panel : doc["panels"])
-    for (const auto& t : panel["targets"]) {
-      const auto expr = t["expr"].get<std::string>();
-      for (std::sregex_iterator it(expr.begin(), expr.end(), name), end; it != end; ++it) {
-        auto n = it->str();
-        for (const std::string suffix : {"_bucket", "_count", "_sum"})
-          if (n.size() > suffix.size() && n.ends_with(suffix)) n.resize(n.size() - suffix.size());
-        out.insert(n);
-      }
+    for (const auto& t : panel["targets"])
+      out.push_back({"the dashboard's panel " + panel["title"].get<std::string>(),
+                     t["expr"].get<std::string>(), shown_labels(t.value("legendFormat", ""))});
+  std::istringstream rules(source_file("docs/prometheus/ferry-rules.yml"));
+  for (std::string line; std::getline(rules, line);) {
+    const auto text = line.substr(std::min(line.find_first_not_of(' '), line.size()));
+    if (text.rfind("- alert: ", 0) == 0)
+      out.push_back({"the alert " + text.substr(9), "", {}});
+    else if (!out.empty() && out.back().where.rfind("the alert ", 0) == 0) {
+      if (text.rfind("expr: ", 0) == 0) out.back().expr = text.substr(6);
+      out.back().shown.merge(shown_labels(text));
     }
+  }
   return out;
 }
 
@@ -145,8 +136,9 @@ TEST_CASE("metrics follow a room: active while prepared, counted with its bytes 
         (provider == "tcp" ? 2 : posted));
   CHECK(value(dec, "ferry_stray_writes_total") == 0);
   CHECK(value(dec, "ferry_pool_items", {{"pool", "kv"}, {"state", "in_use"}}) == 0);
-  auto served = families(pre);
-  served.merge(families(dec));
+  served_series served;  // for the shipped queries, below
+  served.add(pre);
+  served.add(dec);
 
   SECTION("a cancelled room is counted by its code") {
     room_spec q;
@@ -160,6 +152,7 @@ TEST_CASE("metrics follow a room: active while prepared, counted with its bytes 
                 {{"side", "decode"}, {"outcome", "failed"}, {"code", "cancelled"}}) == 1);
     CHECK(value(after, "ferry_rooms_total", {{"side", "decode"}, {"outcome", "success"}}) == 1);
     CHECK(value(after, "ferry_rooms_active", {{"side", "decode"}}) == 0);
+    served.add(after);
   }
   // The prefill leaves: the decode counts its peer lost, and no longer reports its heartbeat.
   CHECK(c.prefill.stop() == 0);
@@ -173,13 +166,15 @@ TEST_CASE("metrics follow a room: active while prepared, counted with its bytes 
   CHECK(value(gone, "ferry_peer_events_total", {{"event", "fenced"}}) >= 1);
   CHECK_FALSE(series(gone, "ferry_peer_heartbeat_age_seconds").has_value());
   CHECK(value(gone, "ferry_connections", {{"kind", "peer"}}) == 0);
-  // docs/grafana/ferry.json queries only what daemons serve
-  served.merge(families(gone));
-  const auto used = dashboard_names();
-  CHECK(used.size() >= 10);
-  for (const auto& n : used) {
-    INFO("the dashboard queries " << n);
-    CHECK(served.count(n) == 1);
+  // docs/grafana/ferry.json and docs/prometheus/ferry-rules.yml query only what daemons serve:
+  // names, labels and the values they match.
+  served.add(gone);
+  const auto queries = shipped_queries();
+  CHECK(queries.size() >= 22);  // the dashboard's 14 and the 8 alerts
+  for (const auto& q : queries) {
+    INFO(q.where << ": " << q.expr);
+    CHECK_FALSE(q.expr.empty());
+    CHECK(query_problems(q.expr, q.shown, served) == std::vector<std::string>{});
   }
   CHECK(c.decode.stop() == 0);
 }
