@@ -111,6 +111,8 @@ TEST_CASE("metrics follow a room: active while prepared, counted with its bytes 
   auto dec = scrape(m.decode_port);
   for (const auto* text : {&pre, &dec}) {
     const std::string side = text == &pre ? "prefill" : "decode";
+    // A peer is named by its node on both sides (not by the address dialed).
+    const std::string peer = text == &pre ? "decode-0" : "prefill-0";
     INFO(side);
     CHECK(value(*text, "ferry_rooms_total",
                 {{"side", side}, {"outcome", "success"}, {"code", "ok"}}) == 1);
@@ -122,14 +124,18 @@ TEST_CASE("metrics follow a room: active while prepared, counted with its bytes 
                 {{"side", side}, {"phase", "transferring"}}) == 1);
     CHECK(value(*text, "ferry_connections", {{"kind", "peer"}}) == 1);
     CHECK(value(*text, "ferry_connections", {{"kind", "client"}}) == 1);
-    CHECK(value(*text, "ferry_peer_heartbeat_age_seconds") >= 0);
+    CHECK(value(*text, "ferry_peer_heartbeat_age_seconds", {{"peer", peer}}) >= 0);
+    CHECK(value(*text, "ferry_peer_events_total", {{"peer", peer}, {"event", "lost"}}) == 0);
   }
   const double posted = value(pre, "ferry_writes_total", {{"event", "posted"}});
   CHECK(posted >= 2);  // two chunks, at least a write each
   CHECK(value(pre, "ferry_writes_total", {{"event", "completed"}}) == posted);
   CHECK(value(pre, "ferry_writes_total", {{"event", "failed"}}) == 0);
-  CHECK(value(pre, "ferry_writes_in_flight", {{"unit", "writes"}}) == 0);
-  CHECK(value(pre, "ferry_writes_in_flight", {{"unit", "bytes"}}) == 0);
+  CHECK(value(pre, "ferry_writes_in_flight") == 0);
+  CHECK(value(pre, "ferry_writes_in_flight_bytes") == 0);
+  CHECK(value(pre, "ferry_rail_posted_total") >= posted);  // a tcp marker counts as a write
+  CHECK(value(pre, "ferry_rail_posted_bytes_total") >= moved);
+  CHECK(value(pre, "ferry_rail_in_flight_bytes") == 0);
   CHECK(value(pre, "ferry_write_bytes_total", {{"event", "completed"}}) >= moved);
   // Landed counts notifications: one per write on shm, one per batch (here one per chunk) on tcp.
   CHECK(value(dec, "ferry_writes_total", {{"event", "landed"}}) ==
@@ -159,16 +165,23 @@ TEST_CASE("metrics follow a room: active while prepared, counted with its bytes 
   std::string gone;
   for (int i = 0; i < 200; ++i) {
     gone = scrape(m.decode_port);
-    if (series(gone, "ferry_peer_events_total", {{"event", "lost"}})) break;
+    if (series(gone, "ferry_peer_events_total", {{"event", "lost"}}).value_or(0) > 0) break;
     std::this_thread::sleep_for(50ms);  // bounded wait for the loss to be seen: 10 s in all
   }
-  CHECK(value(gone, "ferry_peer_events_total", {{"event", "lost"}}) == 1);
-  CHECK(value(gone, "ferry_peer_events_total", {{"event", "fenced"}}) >= 1);
+  CHECK(value(gone, "ferry_peer_events_total", {{"peer", "prefill-0"}, {"event", "lost"}}) == 1);
+  CHECK(value(gone, "ferry_peer_events_total", {{"peer", "prefill-0"}, {"event", "fenced"}}) >= 1);
   CHECK_FALSE(series(gone, "ferry_peer_heartbeat_age_seconds").has_value());
   CHECK(value(gone, "ferry_connections", {{"kind", "peer"}}) == 0);
   // docs/grafana/ferry.json and docs/prometheus/ferry-rules.yml query only what daemons serve:
   // names, labels and the values they match.
   served.add(gone);
+  // One unit a series, and no label Prometheus sets itself (it would rename ours).
+  CHECK(served.families["ferry_info"].count("instance_id") == 1);
+  for (const auto& [family, labels] : served.families) {
+    INFO(family);
+    CHECK(labels.count("unit") == 0);
+    CHECK(labels.count("instance") == 0);
+  }
   const auto queries = shipped_queries();
   CHECK(queries.size() >= 22);  // the dashboard's 14 and the 8 alerts
   for (const auto& q : queries) {
