@@ -246,12 +246,18 @@ void send_hello(connection_actor* self) {
   self->send(st.hello.connection, std::move(h));
 }
 
+/// The peer as the metrics name it: its node, the same on both sides and across its restarts
+/// (not the address dialed, nor node/instance); its address only before any hello named it.
+const std::string& metrics_peer(const connection_state& st) {
+  return st.hello.node.empty() ? st.address : st.hello.node;
+}
+
 void become_ready(connection_actor* self) {
   auto& st = self->state;
   st.info = std::move(st.candidate);
   st.remote = st.hello.connection;
   self->monitor(st.remote);
-  st.health = st.ctx->metrics->peer_ready(st.address);
+  st.health = st.ctx->metrics->peer_ready(metrics_peer(st));
   heard(st);
   st.next_beat = st.last_heard;  // the first tick sends one
   st.tick_due = st.last_heard + st.ctx->config.timeouts.heartbeat_ms;
@@ -319,13 +325,13 @@ void apply(connection_actor* self, hs::effects fx) {
             // sees this actor end (messages to it arrive before the down message).
             self->send(st.scheduler, peer_resources{});
           } else if constexpr (std::is_same_v<E, hs::fence>) {
-            st.ctx->metrics->peer_fenced(st.address);
+            st.ctx->metrics->peer_fenced(metrics_peer(st));
             fence_peer(st, [me] { caf::anon_send(me, fenced_atom::value); });
           } else if constexpr (std::is_same_v<E, hs::remove_address>) {
             if (st.handle) st.ctx->engine->remove_peer(*st.handle);
           } else if constexpr (std::is_same_v<E, hs::report_down>) {
             const auto& m = st.machine;
-            if (x.was_ready) st.ctx->metrics->peer_lost(st.address);
+            if (x.was_ready) st.ctx->metrics->peer_lost(metrics_peer(st));
             st.health.reset();  // no longer ready: out of the scrape
             self->send(st.scheduler, peer_down{st.address, me, m.reason(), x.was_ready, true,
                                                x.unresponsive, x.cut, m.code()});

@@ -11,9 +11,9 @@
 #include <prometheus/text_serializer.h>
 
 #include <chrono>
+#include <map>
 #include <mutex>
 #include <sstream>
-#include <unordered_map>
 
 namespace ferry {
 
@@ -88,8 +88,8 @@ struct daemon_metrics::impl {
           .Name("ferry_room_phase_seconds")
           .Help(
               "Time rooms spent in each phase: bootstrapping, waiting (for the engine's "
-              "input), transferring, commit (last write posted or first announcement to "
-              "Success)")
+              "input), transferring, commit (last write completed, or the totals announced, "
+              "to Success)")
           .Register(registry);
   prometheus::Family<Counter>& writes =
       prometheus::BuildCounter()
@@ -102,15 +102,19 @@ struct daemon_metrics::impl {
                                                      "Bytes of one-sided writes posted and "
                                                      "completed (prefill)")
                                                  .Register(registry);
-  prometheus::Family<Gauge>& in_flight =
+  prometheus::Family<Gauge>& in_flight = prometheus::BuildGauge()
+                                             .Name("ferry_writes_in_flight")
+                                             .Help("Writes posted and not yet completed")
+                                             .Register(registry);
+  prometheus::Family<Gauge>& in_flight_bytes =
       prometheus::BuildGauge()
-          .Name("ferry_writes_in_flight")
-          .Help("Writes posted and not yet completed, and their bytes (unit label)")
+          .Name("ferry_writes_in_flight_bytes")
+          .Help("Bytes of the writes posted and not yet completed")
           .Register(registry);
   prometheus::Family<Counter>& peer_events =
       prometheus::BuildCounter()
           .Name("ferry_peer_events_total")
-          .Help("Peer connections lost (heartbeat, closed, failed) and fenced, by peer")
+          .Help("Peer connections lost (heartbeat, closed, failed) and fenced, by peer node")
           .Register(registry);
   prometheus::Family<Counter>& peer_auth =
       prometheus::BuildCounter()
@@ -119,7 +123,7 @@ struct daemon_metrics::impl {
           .Register(registry);
   prometheus::Family<Gauge>& info = prometheus::BuildGauge()
                                         .Name("ferry_info")
-                                        .Help("This daemon: node, instance, role, provider")
+                                        .Help("This daemon: node, instance_id, role, provider")
                                         .Register(registry);
 
   // Resolved once: the write path only adds to an atomic.
@@ -129,14 +133,62 @@ struct daemon_metrics::impl {
   Counter& landed = writes.Add({{"event", "landed"}});
   Counter& bytes_posted = write_bytes.Add({{"event", "posted"}});
   Counter& bytes_completed = write_bytes.Add({{"event", "completed"}});
-  Gauge& writes_in_flight = in_flight.Add({{"unit", "writes"}});
-  Gauge& bytes_in_flight = in_flight.Add({{"unit", "bytes"}});
+  Gauge& writes_in_flight = in_flight.Add({});
+  Gauge& bytes_in_flight = in_flight_bytes.Add({});
   std::array<std::array<Histogram*, latency_phase_count>, 2> phase{};
   std::array<Counter*, 2> side_bytes{};
   std::array<Counter*, 2> successes{};  // the common room end: no label lookup per room
 
+  std::function<int64_t()> clock;  // steady, ms
+
+  /// A peer's event counters, kept while any connection of it is ready and for
+  /// departed_peer_retention_ms after it was last seen (ready, or an event).
+  struct peer_series {
+    Counter* lost = nullptr;
+    Counter* fenced = nullptr;
+    int64_t seen_ms = 0;
+  };
   mutable std::mutex peers_mutex;
   std::vector<std::weak_ptr<peer_health>> peers;  // the Connections own them
+  std::map<std::string, peer_series> peer_counters;
+
+  /// `peer`'s counters, made at 0 the first time (so its first loss is an increase): under
+  /// peers_mutex.
+  peer_series& counters_of(const std::string& peer) {
+    auto& p = peer_counters[peer];
+    if (!p.lost) {
+      p.lost = &peer_events.Add({{"peer", peer}, {"event", "lost"}});
+      p.fenced = &peer_events.Add({{"peer", peer}, {"event", "fenced"}});
+    }
+    p.seen_ms = clock();
+    return p;
+  }
+
+  /// Each ready peer's heartbeat age (the youngest, when an old and a new connection of one
+  /// node are both ready), and the counters of peers gone longer than the retention removed:
+  /// under peers_mutex.
+  std::map<std::string, double> heartbeat_ages() {
+    const int64_t now = clock();
+    std::map<std::string, double> ages;
+    std::erase_if(peers, [](const auto& w) { return w.expired(); });
+    for (const auto& w : peers)
+      if (auto h = w.lock()) {
+        const double age = static_cast<double>(now - h->last_heard_ms.load()) / 1000.0;
+        auto [it, fresh] = ages.emplace(h->peer, age);
+        if (!fresh) it->second = std::min(it->second, age);
+      }
+    for (auto it = peer_counters.begin(); it != peer_counters.end();) {
+      if (ages.count(it->first)) it->second.seen_ms = now;
+      if (now - it->second.seen_ms < departed_peer_retention_ms) {
+        ++it;
+        continue;
+      }
+      peer_events.Remove(it->second.lost);
+      peer_events.Remove(it->second.fenced);
+      it = peer_counters.erase(it);
+    }
+    return ages;
+  }
 
   impl() {
     for (int d = 0; d < 2; ++d) {
@@ -151,12 +203,14 @@ struct daemon_metrics::impl {
   }
 };
 
-daemon_metrics::daemon_metrics(std::string node, std::string instance, std::string role,
-                               std::string provider)
+daemon_metrics::daemon_metrics(std::string node, std::string instance_id, std::string role,
+                               std::string provider, std::function<int64_t()> clock_ms)
     : impl_(std::make_unique<impl>()) {
+  impl_->clock = clock_ms ? std::move(clock_ms) : std::function<int64_t()>(steady_ms);
+  // Not `instance`: Prometheus sets that label to the scrape target and renames ours.
   impl_->info
       .Add({{"node", std::move(node)},
-            {"instance", std::move(instance)},
+            {"instance_id", std::move(instance_id)},
             {"role", std::move(role)},
             {"provider", std::move(provider)}})
       .Set(1);
@@ -200,19 +254,22 @@ void daemon_metrics::writes_landed(uint64_t count) {
 std::shared_ptr<peer_health> daemon_metrics::peer_ready(const std::string& peer) {
   auto h = std::make_shared<peer_health>();
   h->peer = peer;
-  h->last_heard_ms = steady_ms();
+  h->last_heard_ms = impl_->clock();
   std::lock_guard lock(impl_->peers_mutex);
   std::erase_if(impl_->peers, [](const auto& w) { return w.expired(); });
   impl_->peers.push_back(h);
+  impl_->counters_of(peer);
   return h;
 }
 
 void daemon_metrics::peer_lost(const std::string& peer) {
-  impl_->peer_events.Add({{"peer", peer}, {"event", "lost"}}).Increment();
+  std::lock_guard lock(impl_->peers_mutex);
+  impl_->counters_of(peer).lost->Increment();
 }
 
 void daemon_metrics::peer_fenced(const std::string& peer) {
-  impl_->peer_events.Add({{"peer", peer}, {"event", "fenced"}}).Increment();
+  std::lock_guard lock(impl_->peers_mutex);
+  impl_->counters_of(peer).fenced->Increment();
 }
 
 void daemon_metrics::peer_authenticated(const std::string& secret_file) {
@@ -220,6 +277,11 @@ void daemon_metrics::peer_authenticated(const std::string& secret_file) {
 }
 
 std::string daemon_metrics::exposition(const metrics_snapshot& s) const {
+  std::map<std::string, double> ages;
+  {
+    std::lock_guard lock(impl_->peers_mutex);
+    ages = impl_->heartbeat_ages();  // before the collection: departed peers' counters go
+  }
   auto all = impl_->registry.Collect();
 
   auto active =
@@ -280,30 +342,36 @@ std::string daemon_metrics::exposition(const metrics_snapshot& s) const {
   add(copied, {{"direction", "unpack"}}, static_cast<double>(s.staging_unpacked));
   all.push_back(std::move(copied));
 
+  // Writes and bytes in series of their own: a sum over one name never adds bytes to counts.
   auto rail_now = family("ferry_rail_in_flight",
-                         "Posted and uncompleted on each fabric endpoint (a tcp marker is a write)",
+                         "Writes posted and uncompleted on each fabric endpoint (a tcp marker is "
+                         "a write)",
                          MetricType::Gauge);
+  auto rail_now_bytes =
+      family("ferry_rail_in_flight_bytes", "Bytes posted and uncompleted on each fabric endpoint",
+             MetricType::Gauge);
   auto rail_all = family("ferry_rail_posted_total",
-                         "Posted on each fabric endpoint since start (a tcp marker is a write)",
+                         "Writes posted on each fabric endpoint since start (a tcp marker is a "
+                         "write)",
                          MetricType::Counter);
+  auto rail_all_bytes =
+      family("ferry_rail_posted_bytes_total", "Bytes posted on each fabric endpoint since start",
+             MetricType::Counter);
   for (const auto& r : s.rails) {
-    add(rail_now, {{"rail", r.name}, {"unit", "writes"}}, static_cast<double>(r.writes_in_flight));
-    add(rail_now, {{"rail", r.name}, {"unit", "bytes"}}, static_cast<double>(r.bytes_in_flight));
-    add(rail_all, {{"rail", r.name}, {"unit", "writes"}}, static_cast<double>(r.writes_posted));
-    add(rail_all, {{"rail", r.name}, {"unit", "bytes"}}, static_cast<double>(r.bytes_posted));
+    add(rail_now, {{"rail", r.name}}, static_cast<double>(r.writes_in_flight));
+    add(rail_now_bytes, {{"rail", r.name}}, static_cast<double>(r.bytes_in_flight));
+    add(rail_all, {{"rail", r.name}}, static_cast<double>(r.writes_posted));
+    add(rail_all_bytes, {{"rail", r.name}}, static_cast<double>(r.bytes_posted));
   }
   all.push_back(std::move(rail_now));
+  all.push_back(std::move(rail_now_bytes));
   all.push_back(std::move(rail_all));
+  all.push_back(std::move(rail_all_bytes));
 
-  auto age = family("ferry_peer_heartbeat_age_seconds",
-                    "Time since anything was heard from each ready peer", MetricType::Gauge);
-  {
-    const int64_t now = steady_ms();
-    std::lock_guard lock(impl_->peers_mutex);
-    for (const auto& w : impl_->peers)
-      if (auto h = w.lock())
-        add(age, {{"peer", h->peer}}, static_cast<double>(now - h->last_heard_ms.load()) / 1000.0);
-  }
+  auto age =
+      family("ferry_peer_heartbeat_age_seconds",
+             "Time since anything was heard from each ready peer, by its node", MetricType::Gauge);
+  for (const auto& [peer, seconds] : ages) add(age, {{"peer", peer}}, seconds);
   all.push_back(std::move(age));
 
   std::ostringstream out;

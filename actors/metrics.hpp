@@ -7,11 +7,14 @@
 ///    staging) as a `metrics_snapshot` it fills, and each live peer's heartbeat age.
 /// Only metrics.cpp sees prometheus-cpp; the rest of the daemon sees this header.
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,8 +24,8 @@
 namespace ferry {
 
 /// A room's phases, as its side sees them: the time spent in Bootstrapping, WaitingForInput and
-/// Transferring (the Scheduler's status changes), and `commit`: from the last write posted
-/// (prefill) or the first announcement heard (decode) to Success.
+/// Transferring (the Scheduler's status changes), and `commit`: from the last write's completion
+/// to Success (`commit_clock`).
 enum class latency_phase : uint8_t { bootstrapping, waiting, transferring, commit };
 inline constexpr int latency_phase_count = 4;
 const char* to_string(latency_phase p);
@@ -33,9 +36,32 @@ double seconds_since(TimePoint from, TimePoint to) {
   return std::chrono::duration<double>(to - from).count();
 }
 
+/// Where a room's `commit` phase starts: the later of the announcement of the write totals
+/// (prefill: sent; decode: heard) and the last write's completion (prefill: its batch completed
+/// locally; decode: it landed). Until both happened the room cannot commit; after, what remains
+/// is the commit itself (the decode's count and unpack, its outcome back to the prefill).
+class commit_clock {
+ public:
+  using time_point = std::chrono::steady_clock::time_point;
+  void announced(time_point t) {
+    announced_ = true;
+    from_ = std::max(from_, t);
+  }
+  void write_done(time_point t) { from_ = std::max(from_, t); }
+  /// Seconds from the commit's start to `success`; none when nothing was announced.
+  std::optional<double> seconds_to(time_point success) const {
+    if (!announced_) return std::nullopt;
+    return seconds_since(from_, success);
+  }
+
+ private:
+  bool announced_ = false;
+  time_point from_{};
+};
+
 /// One live peer's health, shared by its Connection (which writes it) and the scrape.
 struct peer_health {
-  std::string peer;
+  std::string peer;                       ///< its node name
   std::atomic<int64_t> last_heard_ms{0};  ///< steady clock, ms; 0: not ready yet
 };
 
@@ -62,8 +88,14 @@ struct metrics_snapshot {
 
 class daemon_metrics {
  public:
-  /// `labels`: node, instance, role and provider, for the `ferry_info` series.
-  daemon_metrics(std::string node, std::string instance, std::string role, std::string provider);
+  /// How long a peer's series stay after it left (its last event, no connection of it ready):
+  /// longer than any alert's window over them, so the loss is seen, then gone.
+  static constexpr int64_t departed_peer_retention_ms = 30 * 60 * 1000;
+
+  /// `node`, `instance_id`, `role` and `provider`: the `ferry_info` series. `clock_ms`: the
+  /// steady clock in milliseconds (tests give their own).
+  daemon_metrics(std::string node, std::string instance_id, std::string role, std::string provider,
+                 std::function<int64_t()> clock_ms = {});
   ~daemon_metrics();
   daemon_metrics(const daemon_metrics&) = delete;
   daemon_metrics& operator=(const daemon_metrics&) = delete;
@@ -79,9 +111,10 @@ class daemon_metrics {
   void writes_completed(uint64_t completed, uint64_t failed, uint64_t bytes);
   /// Decode: writes the fabric reported landed, for rooms this daemon knows.
   void writes_landed(uint64_t count);
-  /// Peer connections: one became ready (its health, for its Connection to keep updating; the
-  /// peer leaves the scrape when the last copy is dropped), one was lost, one was fenced (its
-  /// registrations closed and fabric connection cut).
+  /// Peer connections, by the peer's node name: one became ready (its health, for its
+  /// Connection to keep updating; its heartbeat age leaves the scrape when the last copy is
+  /// dropped, its event counters `departed_peer_retention_ms` after that and its last event),
+  /// one was lost, one was fenced (its registrations closed and fabric connection cut).
   std::shared_ptr<peer_health> peer_ready(const std::string& peer);
   void peer_lost(const std::string& peer);
   void peer_fenced(const std::string& peer);

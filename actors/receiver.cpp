@@ -55,7 +55,7 @@ struct receiver_state {
   std::vector<planned_copy> unpack;  // on commit: staging -> pages, done in quanta
   size_t unpacked = 0;
   std::unique_ptr<trace::file> trace;  // FERRY_TRACE_DIR (actors/room_trace.hpp)
-  std::optional<std::chrono::steady_clock::time_point> announced;  // the commit phase's start
+  commit_clock commit;                 // where the commit phase starts (actors/metrics.hpp)
 
   std::string peers() const { return fmt::format("{}", fmt::join(prep.prefill_peers, ",")); }
 };
@@ -73,9 +73,9 @@ using trace::json;
 
 void report(receiver_actor* self, room_status s, const std::string& reason, errc code) {
   auto& st = self->state;
-  if (s == room_status::success && st.announced)
-    st.ctx->metrics->phase(true, latency_phase::commit,
-                           seconds_since(*st.announced, std::chrono::steady_clock::now()));
+  if (s == room_status::success)
+    if (auto seconds = st.commit.seconds_to(std::chrono::steady_clock::now()))
+      st.ctx->metrics->phase(true, latency_phase::commit, *seconds);
   caf::anon_send(st.scheduler,
                  room_update{st.prep.room, true, s, reason,
                              s == room_status::success ? st.machine.bytes() : 0, code});
@@ -228,7 +228,7 @@ void on_peer(receiver_actor* self, peer_inbound& in) {
           apply(self, std::move(fx));
         },
         [&](peer_announce& a) {
-          if (!st.announced) st.announced = std::chrono::steady_clock::now();
+          st.commit.announced(std::chrono::steady_clock::now());
           apply(self, feed(
                           st,
                           [&] {
@@ -369,6 +369,7 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
       [=](peer_inbound& in) { on_peer(self, in); },
       [=](landed_msg& m) {
         auto& st = self->state;
+        st.commit.write_done(std::chrono::steady_clock::now());  // the last one starts the commit
         apply(self, feed(
                         st,
                         [&] {

@@ -62,7 +62,7 @@ struct sender_state {
   std::vector<planned_copy> copies;
   std::vector<pack_job> slice;         // the jobs of one packed batch
   std::unique_ptr<trace::file> trace;  // FERRY_TRACE_DIR (actors/room_trace.hpp)
-  std::optional<std::chrono::steady_clock::time_point> announced;  // the commit phase's start
+  commit_clock commit;                 // where the commit phase starts (actors/metrics.hpp)
 };
 
 using sender_actor = caf::stateful_actor<sender_state>;
@@ -84,9 +84,9 @@ sender::effects feed(sender_state& st, Describe&& describe, Call&& call) {
 
 void report(sender_actor* self, room_status s, const std::string& reason, errc code) {
   auto& st = self->state;
-  if (s == room_status::success && st.announced)
-    st.ctx->metrics->phase(false, latency_phase::commit,
-                           seconds_since(*st.announced, std::chrono::steady_clock::now()));
+  if (s == room_status::success)
+    if (auto seconds = st.commit.seconds_to(std::chrono::steady_clock::now()))
+      st.ctx->metrics->phase(false, latency_phase::commit, *seconds);
   caf::anon_send(st.scheduler, room_update{st.room, false, s, reason,
                                            s == room_status::success ? st.machine.bytes() : 0, code,
                                            st.machine.prefix_tokens()});
@@ -296,7 +296,7 @@ void apply(sender_actor* self, sender::effects fx, const answering& to) {
           } else if constexpr (std::is_same_v<E, sender::pump>) {
             pumped(self);
           } else if constexpr (std::is_same_v<E, sender::announce>) {
-            if (!st.announced) st.announced = std::chrono::steady_clock::now();
+            st.commit.announced(std::chrono::steady_clock::now());
             send_to_links(self, [&](const sender::link_record& r) {
               return peer_announce{st.room, r.token, r.writes, r.bytes};
             });
@@ -484,6 +484,7 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
       [=](peer_inbound& in) { on_peer(self, in); },
       [=](batch_done_msg& d) {
         auto& st = self->state;
+        st.commit.write_done(std::chrono::steady_clock::now());  // the last one starts the commit
         result<> r;
         if (!d.result.ok()) r = error{d.result.code, d.result.message};
         apply(self, feed(
