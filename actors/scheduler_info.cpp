@@ -84,6 +84,7 @@ json rooms_doc(const scheduler_state& st) {
   json out = json::array();
   for (const auto& [decode, room, e] : all)
     out.push_back({{"room", room},
+                   {"room_id", std::to_string(room)},  // the id exactly, whatever reads it
                    {"side", decode ? "decode" : "prefill"},
                    {"status", to_string(e->status)},
                    {"peer", e->peer}});

@@ -127,10 +127,18 @@ std::string json_log_line(std::chrono::system_clock::time_point ts, std::string_
       out += ",\"";
       out += key;
       out += "\":";
-      if (fields[f].number && all_digits(value))
+      if (fields[f].number && all_digits(value)) {
+        // A u64 id: the number, and beside it the same digits as a string (`room_id`), which
+        // a reader that holds numbers as doubles (jq, JavaScript) cannot round.
         out += value;
-      else
+        out += ",\"";
+        out += key;
+        out += "_id\":\"";
+        out += value;
+        out += '"';
+      } else {
         append_json_string(out, value);
+      }
     }
   }
   out += ",\"msg\":";

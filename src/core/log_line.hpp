@@ -2,13 +2,15 @@
 /// ferryd's JSON log line (`log.format: json`, docs/operations.md "Logs"): one object per record,
 /// built from the record's parts so a log shipper needs no pattern to read it.
 ///
-///   {"ts":"2026-12-02T11:20:00.123456Z","level":"warn","logger":"room","room":7,"peer":"p0",
-///    "msg":"room=7 peer=p0 failed: peer lost"}
+///   {"ts":"2026-12-02T11:20:00.123456Z","level":"warn","logger":"room","room":7,"room_id":"7",
+///    "peer":"p0","msg":"room=7 peer=p0 failed: peer lost"}
 ///
 /// Fields beside ts, level, logger and msg come from the `key=value` words ferryd's messages
-/// start with: room, conn (numbers), peer, side, code (strings). Only the words before the
-/// message's first ": " count, so text a peer or a client supplied (a reason, always after it)
-/// cannot add or change a field. Bytes that are not UTF-8 become U+FFFD: every line parses.
+/// start with: room, conn (numbers, u64 ids: each also as a decimal string in room_id, conn_id,
+/// which survives a reader that holds numbers as doubles), peer, side, code (strings). Only the
+/// words before the message's first ": " count, so text a peer or a client supplied (a reason,
+/// always after it) cannot add or change a field. Bytes that are not UTF-8 become U+FFFD: every
+/// line parses.
 
 #include <chrono>
 #include <string>

@@ -54,13 +54,18 @@ TEST_CASE("ferryctl --json prints one document for every command, before or afte
     CHECK(r.code == 0);
     return document(r);
   };
-  CHECK(ok(ferryctl(
-            c.dir, P,
-            {"fill", "-r", "41", "-p", "0-15", "--state-slot", "1", "--aux-row", "1", "--json"})) ==
-        json{{"room", 41}, {"filled", true}, {"pages", 16}, {"state_slot", 1}, {"aux_row", 1}});
+  CHECK(ok(ferryctl(c.dir, P,
+                    {"fill", "-r", "41", "-p", "0-15", "--state-slot", "1", "--aux-row", "1",
+                     "--json"})) == json{{"room", 41},
+                                         {"room_id", "41"},
+                                         {"filled", true},
+                                         {"pages", 16},
+                                         {"state_slot", 1},
+                                         {"aux_row", 1}});
   CHECK(ok(ferryctl(c.dir, D,
                     {"--json", "prepare", "-r", "41", "--peer", peer, "-p", "100-115",
-                     "--state-slot", "2", "--aux-row", "2"})) == json{{"room", 41}, {"ok", true}});
+                     "--state-slot", "2", "--aux-row", "2"})) ==
+        json{{"room", 41}, {"room_id", "41"}, {"ok", true}});
   const auto listed = ok(ferryctl(c.dir, D, {"--json", "rooms"}));
   REQUIRE(listed.size() == 1);
   CHECK(listed[0]["room"] == 41);
@@ -70,7 +75,7 @@ TEST_CASE("ferryctl --json prints one document for every command, before or afte
   CHECK(held["state"]["in_use"] == 1);
   CHECK(ok(ferryctl(c.dir, P,
                     {"send", "-r", "41", "-p", "0-15", "--last", "--state-slot", "1", "--aux-row",
-                     "1", "--json"})) == json{{"room", 41}, {"ok", true}});
+                     "1", "--json"})) == json{{"room", 41}, {"room_id", "41"}, {"ok", true}});
   const auto waited = ok(ferryctl(c.dir, D, {"--json", "wait", "-r", "41"}));
   CHECK(waited["room"] == 41);
   CHECK(waited["status"] == "Success");
@@ -79,13 +84,15 @@ TEST_CASE("ferryctl --json prints one document for every command, before or afte
   REQUIRE_FALSE(waited["events"].empty());
   CHECK(waited["events"].back()["status"] == "Success");
   CHECK(ok(ferryctl(c.dir, D, {"poll", "-r", "41", "--json"})) == json{{"room", 41},
+                                                                       {"room_id", "41"},
                                                                        {"status", "Success"},
                                                                        {"code", "ok"},
                                                                        {"reason", ""},
                                                                        {"prefix_tokens", 0}});
   CHECK(ok(ferryctl(c.dir, D,
                     {"--json", "verify", "-r", "41", "-p", "100-115", "--state-slot", "2",
-                     "--aux-row", "2"})) == json{{"room", 41}, {"verified", true}});
+                     "--aux-row", "2"})) ==
+        json{{"room", 41}, {"room_id", "41"}, {"verified", true}});
   const auto status = ok(ferryctl(c.dir, D, {"status", "--json"}));
   CHECK(status["decode"]["succeeded"] == 1);
   CHECK(status["decode"]["active"] == 0);
@@ -161,14 +168,14 @@ TEST_CASE("ferryctl send --first-layer --layer-count sends a room one layer rang
     args.insert(args.end(), {"--first-layer", first, "--layer-count", count});
     return args;
   };
-  CHECK(run(P, layers("8", "8")) == json{{"room", 43}, {"ok", true}});
+  CHECK(run(P, layers("8", "8")) == json{{"room", 43}, {"room_id", "43"}, {"ok", true}});
   CHECK(run(P, layers("8", "1"), exit_code::failed)["error"] ==
         json{{"code", "invalid_request"},
              {"message", "room 43: layer 8 of chunk 0 was already sent"}});
-  CHECK(run(P, layers("0", "8")) == json{{"room", 43}, {"ok", true}});
+  CHECK(run(P, layers("0", "8")) == json{{"room", 43}, {"room_id", "43"}, {"ok", true}});
   CHECK(run(D, {"--json", "wait", "-r", "43"})["status"] == "Success");
   CHECK(run(D, {"--json", "verify", "-r", "43", "-p", "200-215", "--state-slot", "3", "--aux-row",
-                "3"}) == json{{"room", 43}, {"verified", true}});
+                "3"}) == json{{"room", 43}, {"room_id", "43"}, {"verified", true}});
 }
 
 TEST_CASE(
