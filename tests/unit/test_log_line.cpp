@@ -43,3 +43,16 @@ TEST_CASE("json log line: every string is valid JSON, whatever its bytes", "[uni
   append_json_string(out, "\xED\xA0\x80");  // a UTF-16 surrogate encoded as UTF-8: not valid
   CHECK(out == "\"\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\"");
 }
+
+TEST_CASE("text log escape: control characters cannot start a line or drive a terminal",
+          "[unit][logs]") {
+  CHECK_FALSE(needs_text_log_escape("room=7 peer=10.0.0.2:7401 \\n \xC3\xA9 \xE2\x80\xA8"));
+  CHECK(text_log_escape("plain \\ text \xC3\xA9") == "plain \\ text \xC3\xA9");
+  const std::string hostile =
+      "x\nerror [ferryd] forged\r\t\x1b[2J\x01\x7f\xC2\x85"
+      "end\xC2";
+  CHECK(needs_text_log_escape(hostile));
+  CHECK(text_log_escape(hostile) ==
+        "x\\nerror [ferryd] forged\\r\\t\\x1b[2J\\x01\\x7f\\u0085end\xC2");
+  CHECK(text_log_escape(std::string("a\0b", 3)) == "a\\x00b");
+}
