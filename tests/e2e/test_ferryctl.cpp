@@ -213,9 +213,10 @@ TEST_CASE(
                       {"--json", "prepare", "-r", top_s, "--peer", peer, "-p", "100-115",
                        "--state-slot", "2", "--aux-row", "2"})),
           top, top_s);
-  carries(
-      ok(ferryctl(c.dir, D, {"--json", "prepare", "-r", odd_s, "--peer", peer, "-p", "200-203"})),
-      odd, odd_s);
+  carries(ok(ferryctl(c.dir, D,
+                      {"--json", "prepare", "-r", odd_s, "--peer", peer, "-p", "200-203",
+                       "--state-slot", "3", "--aux-row", "3"})),
+          odd, odd_s);
   // Both rooms active: the rooms document (info rooms) lists them by id.
   const auto listed = ok(ferryctl(c.dir, D, {"--json", "rooms"}));
   REQUIRE(listed.size() == 2);
