@@ -220,6 +220,8 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
   ctx->log_sched = logging::get("scheduler");
   ctx->log_room = logging::get("room");
   ctx->log_peer = logging::get("peer");
+  ctx->digest.configure(cfg.log);
+  ctx->digest.start(ctx->log_sched);
   log->info("starting node={} instance={} role={}", cfg.node_name, ctx->instance,
             to_string(cfg.role));
   // A record per line of the YAML: the text format writes a record's newlines escaped.
@@ -463,6 +465,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
   }                       // the actor system waits for every actor here
   ctx->gateway.reset();
   ctx->peer_port.reset();
+  ctx->digest.stop();  // the last interval's summary: every room has ended by now
   log->info("stopped");
   return rc;
 }

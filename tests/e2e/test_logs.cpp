@@ -62,7 +62,8 @@ TEST_CASE(
     "outcome carries its room, peer, side and code as fields, and log.levels sets each logger",
     "[e2e][logs]") {
   shape s;
-  s.log_yaml = "{format: json, levels: {peer: warn, room: debug}}";
+  // scheduler: debug, for the line of the room that succeeds (at info only failures are).
+  s.log_yaml = "{format: json, levels: {peer: warn, room: debug, scheduler: debug}}";
   pair c(s);
   auto ok = small_room(900, 0);
   run_and_verify(c, ok);
