@@ -11,9 +11,10 @@
 using namespace ferry;
 using namespace ferry::test;
 
+// Unity builds put this file beside test_logs.cpp: its helpers have names of their own.
 namespace {
 
-room_spec small_room(uint64_t id, uint32_t k) {
+room_spec volume_room(uint64_t id, uint32_t k) {
   room_spec r;
   r.room = id;
   r.src_pages = range(16 * k, 4);
@@ -23,7 +24,7 @@ room_spec small_room(uint64_t id, uint32_t k) {
   return r;
 }
 
-std::vector<std::string> lines_of(const std::string& log) {
+std::vector<std::string> volume_lines(const std::string& log) {
   std::vector<std::string> out;
   std::istringstream in(log);
   for (std::string line; std::getline(in, line);) out.push_back(line);
@@ -31,10 +32,10 @@ std::vector<std::string> lines_of(const std::string& log) {
 }
 
 /// The rooms of `side` the summary lines of `log` count as succeeded and as failed, in all.
-std::pair<uint64_t, uint64_t> summed(const std::string& log, const std::string& side) {
+std::pair<uint64_t, uint64_t> summary_counts(const std::string& log, const std::string& side) {
   const std::regex counts(side + R"( (\d+) succeeded, (\d+) failed)");
   uint64_t ok = 0, failed = 0;
-  for (const auto& line : lines_of(log)) {
+  for (const auto& line : volume_lines(log)) {
     if (line.find(" info [scheduler] rooms in the last ") == std::string::npos) continue;
     std::smatch m;
     if (!std::regex_search(line, m, counts)) continue;
@@ -45,9 +46,10 @@ std::pair<uint64_t, uint64_t> summed(const std::string& log, const std::string& 
 }
 
 /// Wait (bounded: 10 s) until the summaries of `d` count `ok` rooms of `side` as succeeded.
-bool summaries_count(const daemon_proc& d, const std::string& side, uint64_t ok) {
+bool summaries_reach(const daemon_proc& d, const std::string& side, uint64_t ok) {
   for (int i = 0; i < 400; ++i) {
-    if (summed(d.log_text(), side).first >= ok) return summed(d.log_text(), side).first == ok;
+    if (summary_counts(d.log_text(), side).first >= ok)
+      return summary_counts(d.log_text(), side).first == ok;
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
   }
   return false;
@@ -64,19 +66,20 @@ TEST_CASE(
   pair c(s);
   const size_t p_before = c.prefill.log_text().size(), d_before = c.decode.log_text().size();
   constexpr uint32_t rooms = 8;
-  for (uint32_t k = 0; k < rooms; ++k) run_and_verify(c, small_room(700 + k, k));
+  for (uint32_t k = 0; k < rooms; ++k) run_and_verify(c, volume_room(700 + k, k));
 
   // The summary comes within an interval or so; each counts the rooms of its interval.
-  CHECK(summaries_count(c.decode, "decode", rooms));
-  CHECK(summaries_count(c.prefill, "prefill", rooms));
-  CHECK(summed(c.decode.log_text(), "decode").second == 0);
+  CHECK(summaries_reach(c.decode, "decode", rooms));
+  CHECK(summaries_reach(c.prefill, "prefill", rooms));
+  CHECK(summary_counts(c.decode.log_text(), "decode").second == 0);
   CHECK_THAT(c.decode.log_text(), Catch::Contains(fmt::format("bytes received")));
 
   // Since the first room, on either side: no line names a room (a peer's connection, once,
   // may be logged: peer events stay at info).
   size_t per_room = 0;
   for (const auto* d : {&c.prefill, &c.decode})
-    for (const auto& line : lines_of(d->log_text().substr(d == &c.prefill ? p_before : d_before)))
+    for (const auto& line :
+         volume_lines(d->log_text().substr(d == &c.prefill ? p_before : d_before)))
       if (line.find("room=") != std::string::npos) {
         UNSCOPED_INFO(line);
         ++per_room;
@@ -106,7 +109,7 @@ TEST_CASE(
 
   const auto log = c.decode.log_text();
   size_t failed_lines = 0, room_lines = 0;
-  for (const auto& line : lines_of(log)) {
+  for (const auto& line : volume_lines(log)) {
     if (line.find("side=decode Failed code=cancelled") != std::string::npos) ++failed_lines;
     if (line.find(" room=8") != std::string::npos) ++room_lines;
   }
