@@ -1,6 +1,8 @@
 #include "actors/log_digest.hpp"
 
 #include <fmt/format.h>
+#include <pthread.h>
+#include <signal.h>
 
 namespace ferry::logging {
 namespace {
@@ -36,7 +38,13 @@ void digest::start(std::shared_ptr<spdlog::logger> log) {
   if (thread_.joinable()) return;
   stopping_ = false;
   since_ = std::chrono::steady_clock::now();
+  // The thread is made with every signal blocked, which it keeps: ferryd waits for its stop
+  // signals in one thread (sigwaitinfo), and a signal delivered here would end the process.
+  sigset_t all, before;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &before);
   thread_ = std::thread([this] { run(); });
+  pthread_sigmask(SIG_SETMASK, &before, nullptr);
 }
 
 void digest::stop() {
