@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "actors/log_digest.hpp"
 #include "actors/metrics.hpp"
 #include "actors/timer_service.hpp"
 #include "core/auth.hpp"
@@ -183,6 +184,8 @@ struct daemon_context {
   /// system's scope.
   std::unique_ptr<timer_service> timers;
   std::shared_ptr<spdlog::logger> log_sched, log_room, log_peer;
+  /// The info log's summary of rooms and its limit on floods of per-room lines.
+  logging::digest digest;
   /// Peers and clients are served (set once at start-up), and no drain has begun: /readyz.
   std::atomic<bool> serving{false};
   /// A client may start the drain (the client protocol's `drain`): ferryd waits for its stop

@@ -220,9 +220,17 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
   ctx->log_sched = logging::get("scheduler");
   ctx->log_room = logging::get("room");
   ctx->log_peer = logging::get("peer");
+  ctx->digest.configure(cfg.log);
+  ctx->digest.start(ctx->log_sched);
   log->info("starting node={} instance={} role={}", cfg.node_name, ctx->instance,
             to_string(cfg.role));
-  log->info("effective config:\n{}", ctx->config_yaml);
+  // A record per line of the YAML: the text format writes a record's newlines escaped.
+  log->info("effective config:");
+  for (size_t at = 0; at < ctx->config_yaml.size();) {
+    const size_t end = std::min(ctx->config_yaml.find('\n', at), ctx->config_yaml.size());
+    log->info("| {}", std::string_view(ctx->config_yaml).substr(at, end - at));
+    at = end + 1;
+  }
   if (const auto& sec = cfg.security; !sec.cluster_secret_file.empty()) {
     auto secret = read_secret_file(sec.cluster_secret_file);
     if (!secret) {
@@ -457,6 +465,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
   }                       // the actor system waits for every actor here
   ctx->gateway.reset();
   ctx->peer_port.reset();
+  ctx->digest.stop();  // the last interval's summary: every room has ended by now
   log->info("stopped");
   return rc;
 }

@@ -46,11 +46,35 @@ class json_formatter final : public spdlog::formatter {
   }
 };
 
+/// The text format: UTC, said so by the Z, to the microsecond, like the JSON one; one line per
+/// record whatever its text. Every record's text passes through text_log_escape here, in the
+/// sink, so no call site can forget it: a client's or a peer's string with a newline (a prefill
+/// address, a reason) cannot start a line that reads as ferryd's own.
+class text_formatter final : public spdlog::formatter {
+ public:
+  void format(const spdlog::details::log_msg& m, spdlog::memory_buf_t& dest) override {
+    const std::string_view payload(m.payload.data(), m.payload.size());
+    if (!needs_text_log_escape(payload)) return pattern_.format(m, dest);
+    const std::string escaped = text_log_escape(payload);
+    spdlog::details::log_msg copy = m;
+    copy.payload = spdlog::string_view_t(escaped.data(), escaped.size());
+    pattern_.format(copy, dest);
+    // Where the level's colour goes (a colour sink reads it from the record it passed).
+    m.color_range_start = copy.color_range_start;
+    m.color_range_end = copy.color_range_end;
+  }
+  std::unique_ptr<spdlog::formatter> clone() const override {
+    return std::make_unique<text_formatter>();
+  }
+
+ private:
+  spdlog::pattern_formatter pattern_{"%Y-%m-%dT%H:%M:%S.%fZ %^%l%$ [%n] %v",
+                                     spdlog::pattern_time_type::utc};
+};
+
 std::unique_ptr<spdlog::formatter> make_formatter(const std::string& format) {
   if (format == "json") return std::make_unique<json_formatter>();
-  // The text format: UTC, said so by the Z, to the microsecond, like the JSON one.
-  return std::make_unique<spdlog::pattern_formatter>("%Y-%m-%dT%H:%M:%S.%fZ %^%l%$ [%n] %v",
-                                                     spdlog::pattern_time_type::utc);
+  return std::make_unique<text_formatter>();
 }
 
 struct state {

@@ -143,10 +143,12 @@ void apply(receiver_actor* self, receiver::effects fx) {
                   st.prep.room, x.need);
               return;
             }
-            st.ctx->log_room->info(
-                "room={} KV would land in {} bytes of staging but fabric.staging_bytes is {}; "
-                "head-sliced KV goes one write per token, whole pages one write per run",
-                st.prep.room, x.need, st.ctx->staging ? st.ctx->staging->bytes : 0);
+            if (st.ctx->digest.allow(logging::flood::staging_short, st.ctx->log_room,
+                                     spdlog::level::info))
+              st.ctx->log_room->info(
+                  "room={} KV would land in {} bytes of staging but fabric.staging_bytes is {}; "
+                  "head-sliced KV goes one write per token, whole pages one write per run",
+                  st.prep.room, x.need, st.ctx->staging ? st.ctx->staging->bytes : 0);
           } else if constexpr (std::is_same_v<E, receiver::send_prepares>) {
             // The prefill ranks may write as soon as they accept: have the progress thread
             // watch for it closely (shm: no sleeping in long steps meanwhile).
@@ -173,8 +175,10 @@ void apply(receiver_actor* self, receiver::effects fx) {
                                                       st.prep.room, l.token, false, x.ok, x.reason,
                                                       static_cast<uint16_t>(x.code)})});
           } else if constexpr (std::is_same_v<E, receiver::failed>) {
-            st.ctx->log_room->warn("room={} peer={} failed: {}", st.prep.room, st.peers(),
-                                   x.reason);
+            if (st.ctx->digest.allow(logging::flood::room_error, st.ctx->log_room,
+                                     spdlog::level::warn))
+              st.ctx->log_room->warn("room={} peer={} failed: {}", st.prep.room, st.peers(),
+                                     x.reason);
           } else if constexpr (std::is_same_v<E, receiver::unpack>) {
             for (const auto& l : st.machine.links())
               if (l.staging)

@@ -241,10 +241,12 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
           for (auto& [room, e] : side->active) {
             std::erase(e.subscribers, g.conn);
             if (e.owner == g.conn) {
-              st.ctx->log_sched->info(
-                  "room={} peer={} its client (conn={}) disconnected; "
-                  "cancelling it",
-                  room, e.peer.empty() ? "-" : e.peer, g.conn);
+              if (st.ctx->digest.allow(logging::flood::disconnected, st.ctx->log_sched,
+                                       spdlog::level::info))
+                st.ctx->log_sched->info(
+                    "room={} peer={} its client (conn={}) disconnected; "
+                    "cancelling it",
+                    room, e.peer.empty() ? "-" : e.peer, g.conn);
               self->send(e.actor, cancel_atom::value,
                          std::string("cancelled: its client disconnected"));
               e.owner.reset();
@@ -281,12 +283,18 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
         if (u.prefix_tokens) it->second.prefix_tokens = u.prefix_tokens;
         notify_subscribers(self, it->second, u.room, u.status, u.reason, u.code);
         if (!is_terminal(u.status)) return;
-        // One line per room per side; `code=` only when it failed (a JSON log's "code").
-        st.ctx->log_sched->info(
-            "room={} peer={} side={} {}{}{}{}{}", u.room, it->second.peer,
-            u.decode_side ? "decode" : "prefill", to_string(u.status),
-            u.code == errc::ok ? "" : " code=", u.code == errc::ok ? "" : to_string(u.code),
-            u.reason.empty() ? "" : ": ", u.reason);
+        // One line per room per side; `code=` only when it failed (a JSON log's "code"). A
+        // success at debug (the periodic summary counts it), a failure at info, limited.
+        const auto level =
+            u.status == room_status::success ? spdlog::level::debug : spdlog::level::info;
+        if (level == spdlog::level::debug
+                ? st.ctx->log_sched->should_log(level)
+                : st.ctx->digest.allow(logging::flood::room_failed, st.ctx->log_sched, level))
+          st.ctx->log_sched->log(
+              level, "room={} peer={} side={} {}{}{}{}{}", u.room, it->second.peer,
+              u.decode_side ? "decode" : "prefill", to_string(u.status),
+              u.code == errc::ok ? "" : " code=", u.code == errc::ok ? "" : to_string(u.code),
+              u.reason.empty() ? "" : ": ", u.reason);
         if (u.decode_side)
           st.claims->release(u.room, it->second.dst_pages, it->second.dst_slot, it->second.dst_row);
         if (u.decode_side)

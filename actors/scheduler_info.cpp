@@ -84,6 +84,7 @@ json rooms_doc(const scheduler_state& st) {
   json out = json::array();
   for (const auto& [decode, room, e] : all)
     out.push_back({{"room", room},
+                   {"room_id", std::to_string(room)},  // the id exactly, whatever reads it
                    {"side", decode ? "decode" : "prefill"},
                    {"status", to_string(e->status)},
                    {"peer", e->peer}});
@@ -232,7 +233,9 @@ void room_moved(scheduler_state& st, bool decode, room_entry& e, room_status to,
   }
   if (phase) st.ctx->metrics->phase(decode, *phase, seconds_since(e.since, now));
   e.since = now;
-  if (is_terminal(to)) st.ctx->metrics->room_ended(decode, to, code, bytes);
+  if (!is_terminal(to)) return;
+  st.ctx->metrics->room_ended(decode, to, code, bytes);
+  st.ctx->digest.room_ended(decode, to == room_status::success, code, bytes);
 }
 
 std::string info_json(scheduler_state& st, proto::info_topic topic) {

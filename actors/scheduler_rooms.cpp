@@ -35,8 +35,10 @@ void reply_error(scheduler_actor* self, const client_request& r, errc code, std:
           peer = fmt::format("{}", fmt::join(m.prefill_peers, ","));
       },
       r.msg);
-  self->state.ctx->log_sched->info("room={} peer={} client conn={} {} rejected: {}", room, peer,
-                                   r.conn, proto::to_string(proto::type_of(r.msg)), text);
+  auto& ctx = *self->state.ctx;
+  if (ctx.digest.allow(logging::flood::refused, ctx.log_sched, spdlog::level::info))
+    ctx.log_sched->info("room={} peer={} client conn={} {} rejected: {}", room, peer, r.conn,
+                        proto::to_string(proto::type_of(r.msg)), text);
   self->state.ctx->gateway->reply(r.conn, r.seq, proto::error{code, std::move(text)});
 }
 

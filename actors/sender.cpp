@@ -270,8 +270,10 @@ void apply(sender_actor* self, sender::effects fx, const answering& to) {
               st.ctx->gateway->reply(to.request->conn, to.request->seq, proto::ok{});
               return;
             }
-            st.ctx->log_room->warn("room={} peer={} send rejected: {}", st.room,
-                                   st.machine.peer_name(), x.outcome.message);
+            if (st.ctx->digest.allow(logging::flood::room_error, st.ctx->log_room,
+                                     spdlog::level::warn))
+              st.ctx->log_room->warn("room={} peer={} send rejected: {}", st.room,
+                                     st.machine.peer_name(), x.outcome.message);
             st.ctx->gateway->reply(to.request->conn, to.request->seq,
                                    proto::error{x.outcome.code, x.outcome.message});
           } else if constexpr (std::is_same_v<E, sender::ack>) {
@@ -301,8 +303,10 @@ void apply(sender_actor* self, sender::effects fx, const answering& to) {
               return peer_announce{st.room, r.token, r.writes, r.bytes};
             });
           } else if constexpr (std::is_same_v<E, sender::tell_failed>) {
-            st.ctx->log_room->warn("room={} peer={} failed: {}", st.room, st.machine.peer_name(),
-                                   x.reason);
+            if (st.ctx->digest.allow(logging::flood::room_error, st.ctx->log_room,
+                                     spdlog::level::warn))
+              st.ctx->log_room->warn("room={} peer={} failed: {}", st.room, st.machine.peer_name(),
+                                     x.reason);
             for (auto& l : st.links) l.jobs.clear();
             send_to_links(self, [&](const sender::link_record& r) {
               return peer_outcome{st.room, r.token,  true,

@@ -130,6 +130,8 @@ std::string to_yaml(const ferry_config& cfg, yaml_for reader) {
   for (const auto& [logger, level] : cfg.log.levels)
     out << YAML::Key << logger << YAML::Value << level;
   out << YAML::EndMap;
+  out << YAML::Key << "summary_ms" << YAML::Value << cfg.log.summary_ms;
+  out << YAML::Key << "burst" << YAML::Value << cfg.log.burst;
   out << YAML::EndMap;
 
   out << YAML::Key << "pools" << YAML::Value << YAML::BeginMap;

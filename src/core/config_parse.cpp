@@ -350,9 +350,12 @@ ferry_config parse_root(const YAML::Node& root) {
   const section runtime(top.get_or_null("runtime"), "runtime", {"workers"});
   runtime.optional_field("workers", cfg.runtime.workers);
 
-  const section log(top.get_or_null("log"), "log", {"level", "format", "levels"});
+  const section log(top.get_or_null("log"), "log",
+                    {"level", "format", "levels", "summary_ms", "burst"});
   log.optional_field("level", cfg.log.level);
   log.optional_field("format", cfg.log.format);
+  log.optional_field("summary_ms", cfg.log.summary_ms);
+  log.optional_field("burst", cfg.log.burst);
   const section levels(log.get_or_null("levels"), "log.levels", logger_names);
   for (std::string_view name : logger_names) {
     std::optional<std::string> level;

@@ -187,6 +187,12 @@ struct log_config {
   std::string format = "text";  ///< text (a line per record) or json (an object per line)
   /// Per-logger levels, e.g. {peer: debug}: a logger of `logger_names` and its level.
   std::vector<std::pair<std::string, std::string>> levels;
+  /// Every this many ms, one info line of what the rooms did (written only when some ended),
+  /// and the counts of the lines the burst limit left out.
+  uint32_t summary_ms = 60000;
+  /// Per-room lines of one kind (a failure, a refusal) logged per summary interval; the rest
+  /// are counted and said in one line. 0: no limit.
+  uint32_t burst = 20;
 };
 
 struct security_config {

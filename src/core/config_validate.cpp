@@ -354,6 +354,8 @@ void validate_all(const ferry_config& cfg) {
   for (const auto& [logger, level] : cfg.log.levels) check_log_level(level, "log.levels." + logger);
   if (cfg.log.format != "text" && cfg.log.format != "json")
     fail("log.format", "expected text or json, got " + cfg.log.format);
+  check_range(cfg.log.summary_ms, 100, 86400000, "log.summary_ms");
+  check_range(cfg.log.burst, 0, 1000000, "log.burst");
 
   validate_pools(cfg);
 }

@@ -89,6 +89,44 @@ void append_json_string(std::string& out, std::string_view s) {
   out += '"';
 }
 
+namespace {
+/// A C1 control encoded as UTF-8 (C2 80 to C2 9F) at `s[i]`.
+bool c1_at(std::string_view s, size_t i) {
+  return static_cast<unsigned char>(s[i]) == 0xC2 && i + 1 < s.size() &&
+         static_cast<unsigned char>(s[i + 1]) >= 0x80 &&
+         static_cast<unsigned char>(s[i + 1]) <= 0x9F;
+}
+}  // namespace
+
+bool needs_text_log_escape(std::string_view s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7F || c1_at(s, i)) return true;
+  }
+  return false;
+}
+
+std::string text_log_escape(std::string_view s) {
+  std::string out;
+  out.reserve(s.size() + 16);
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c == '\n')
+      out += "\\n";
+    else if (c == '\r')
+      out += "\\r";
+    else if (c == '\t')
+      out += "\\t";
+    else if (c < 0x20 || c == 0x7F)
+      out += fmt::format("\\x{:02x}", c);
+    else if (c1_at(s, i))
+      out += fmt::format("\\u{:04x}", static_cast<unsigned char>(s[++i]));
+    else
+      out += static_cast<char>(c);
+  }
+  return out;
+}
+
 void append_utc_timestamp(std::string& out, std::chrono::system_clock::time_point ts) {
   using namespace std::chrono;
   const auto since = ts.time_since_epoch();
@@ -127,10 +165,18 @@ std::string json_log_line(std::chrono::system_clock::time_point ts, std::string_
       out += ",\"";
       out += key;
       out += "\":";
-      if (fields[f].number && all_digits(value))
+      if (fields[f].number && all_digits(value)) {
+        // A u64 id: the number, and beside it the same digits as a string (`room_id`), which
+        // a reader that holds numbers as doubles (jq, JavaScript) cannot round.
         out += value;
-      else
+        out += ",\"";
+        out += key;
+        out += "_id\":\"";
+        out += value;
+        out += '"';
+      } else {
         append_json_string(out, value);
+      }
     }
   }
   out += ",\"msg\":";

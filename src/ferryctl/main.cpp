@@ -81,7 +81,7 @@ struct output {
     if (!r)
       return fail(r.code, r.message,
                   fmt::format("{} failed [{}]: {}", what, to_string(r.code), r.message));
-    return done({{"room", room}, {"ok", true}}, what + ": ok\n");
+    return done({{"room", room}, {"room_id", std::to_string(room)}, {"ok", true}}, what + ": ok\n");
   }
 };
 
@@ -376,6 +376,7 @@ int main(int argc, char** argv) {
     if (filled) filled = client::fill_state_and_aux(c, room, slot, row);
     if (!filled) return out.fail(filled.code, "fill failed: " + filled.message);
     return out.done({{"room", room},
+                     {"room_id", std::to_string(room)},
                      {"filled", true},
                      {"pages", pages.size()},
                      {"state_slot", index_or_null(slot)},
@@ -388,12 +389,15 @@ int main(int argc, char** argv) {
     if (!verified) {
       // A mismatch is the command's answer, not a failure to ask: a document, exit status 1.
       if (out.json)
-        return out.done({{"room", room}, {"verified", false}, {"reason", verified.message}}, "",
-                        exit_code::failed);
+        return out.done({{"room", room},
+                         {"room_id", std::to_string(room)},
+                         {"verified", false},
+                         {"reason", verified.message}},
+                        "", exit_code::failed);
       return std::cerr << "ferryctl: verify failed: " << verified.message << "\n",
              exit_code::failed;
     }
-    return out.done({{"room", room}, {"verified", true}},
+    return out.done({{"room", room}, {"room_id", std::to_string(room)}, {"verified", true}},
                     fmt::format("room {}: all destination bytes verified\n", room));
   }
   return 0;

@@ -126,6 +126,7 @@ json error_doc(errc code, const std::string& message) {
 json room_status_doc(uint64_t room, room_status status, errc code, const std::string& reason,
                      uint32_t prefix_tokens) {
   return {{"room", room},
+          {"room_id", std::to_string(room)},
           {"status", to_string(status)},
           {"code", to_string(code)},
           {"reason", reason},

@@ -22,7 +22,8 @@ std::string render_info(proto::info_topic topic, const json& doc);
 
 /// {"error": {"code": "<errc name>", "message": ...}}
 json error_doc(errc code, const std::string& message);
-/// {"room", "status", "code", "reason", "prefix_tokens"} of a poll reply or an event.
+/// {"room", "room_id", "status", "code", "reason", "prefix_tokens"} of a poll reply or an event
+/// (room_id: the id as a string, docs/cli.md).
 json room_status_doc(uint64_t room, room_status status, errc code, const std::string& reason,
                      uint32_t prefix_tokens);
 /// The ranks of a discover reply: {"address", "ranks": [...]}.

@@ -25,8 +25,8 @@ constexpr uint16_t control_port = 7400;
 /// would otherwise be what fails the room).
 constexpr auto peer_loss_bound = std::chrono::seconds(15);
 
-/// A daemon log without the effective-config dump (the lines between "effective config:" and
-/// the next time-stamped line).
+/// A daemon log without the effective-config dump (the `| ...` records after "effective config:",
+/// and in an older log the lines between it and the next time-stamped line).
 inline std::string without_config(const std::string& log) {
   std::istringstream in(log);
   std::string out, line;
@@ -35,6 +35,7 @@ inline std::string without_config(const std::string& log) {
     const bool stamped =
         line.size() > 4 && std::isdigit(static_cast<unsigned char>(line[0])) && line[4] == '-';
     if (stamped) in_config = line.find("effective config:") != std::string::npos;
+    if (stamped && line.find(" [ferryd] | ") != std::string::npos) continue;  // a line of it
     if (!in_config || stamped) out += line + "\n";
   }
   return out;

@@ -1,7 +1,9 @@
 // ferryctl, run as the real binary: --json before or after the command's name for every command
-// (one document each, errors included), and the text rendered from the same documents.
+// (one document each, errors included), the text rendered from the same documents, and room ids
+// above 2^53 as strings.
 
 #include <catch2/catch.hpp>
+#include <set>
 
 #include "ferryctl.hpp"
 #include "harness.hpp"
@@ -52,13 +54,18 @@ TEST_CASE("ferryctl --json prints one document for every command, before or afte
     CHECK(r.code == 0);
     return document(r);
   };
-  CHECK(ok(ferryctl(
-            c.dir, P,
-            {"fill", "-r", "41", "-p", "0-15", "--state-slot", "1", "--aux-row", "1", "--json"})) ==
-        json{{"room", 41}, {"filled", true}, {"pages", 16}, {"state_slot", 1}, {"aux_row", 1}});
+  CHECK(ok(ferryctl(c.dir, P,
+                    {"fill", "-r", "41", "-p", "0-15", "--state-slot", "1", "--aux-row", "1",
+                     "--json"})) == json{{"room", 41},
+                                         {"room_id", "41"},
+                                         {"filled", true},
+                                         {"pages", 16},
+                                         {"state_slot", 1},
+                                         {"aux_row", 1}});
   CHECK(ok(ferryctl(c.dir, D,
                     {"--json", "prepare", "-r", "41", "--peer", peer, "-p", "100-115",
-                     "--state-slot", "2", "--aux-row", "2"})) == json{{"room", 41}, {"ok", true}});
+                     "--state-slot", "2", "--aux-row", "2"})) ==
+        json{{"room", 41}, {"room_id", "41"}, {"ok", true}});
   const auto listed = ok(ferryctl(c.dir, D, {"--json", "rooms"}));
   REQUIRE(listed.size() == 1);
   CHECK(listed[0]["room"] == 41);
@@ -68,7 +75,7 @@ TEST_CASE("ferryctl --json prints one document for every command, before or afte
   CHECK(held["state"]["in_use"] == 1);
   CHECK(ok(ferryctl(c.dir, P,
                     {"send", "-r", "41", "-p", "0-15", "--last", "--state-slot", "1", "--aux-row",
-                     "1", "--json"})) == json{{"room", 41}, {"ok", true}});
+                     "1", "--json"})) == json{{"room", 41}, {"room_id", "41"}, {"ok", true}});
   const auto waited = ok(ferryctl(c.dir, D, {"--json", "wait", "-r", "41"}));
   CHECK(waited["room"] == 41);
   CHECK(waited["status"] == "Success");
@@ -77,13 +84,15 @@ TEST_CASE("ferryctl --json prints one document for every command, before or afte
   REQUIRE_FALSE(waited["events"].empty());
   CHECK(waited["events"].back()["status"] == "Success");
   CHECK(ok(ferryctl(c.dir, D, {"poll", "-r", "41", "--json"})) == json{{"room", 41},
+                                                                       {"room_id", "41"},
                                                                        {"status", "Success"},
                                                                        {"code", "ok"},
                                                                        {"reason", ""},
                                                                        {"prefix_tokens", 0}});
   CHECK(ok(ferryctl(c.dir, D,
                     {"--json", "verify", "-r", "41", "-p", "100-115", "--state-slot", "2",
-                     "--aux-row", "2"})) == json{{"room", 41}, {"verified", true}});
+                     "--aux-row", "2"})) ==
+        json{{"room", 41}, {"room_id", "41"}, {"verified", true}});
   const auto status = ok(ferryctl(c.dir, D, {"status", "--json"}));
   CHECK(status["decode"]["succeeded"] == 1);
   CHECK(status["decode"]["active"] == 0);
@@ -159,12 +168,94 @@ TEST_CASE("ferryctl send --first-layer --layer-count sends a room one layer rang
     args.insert(args.end(), {"--first-layer", first, "--layer-count", count});
     return args;
   };
-  CHECK(run(P, layers("8", "8")) == json{{"room", 43}, {"ok", true}});
+  CHECK(run(P, layers("8", "8")) == json{{"room", 43}, {"room_id", "43"}, {"ok", true}});
   CHECK(run(P, layers("8", "1"), exit_code::failed)["error"] ==
         json{{"code", "invalid_request"},
              {"message", "room 43: layer 8 of chunk 0 was already sent"}});
-  CHECK(run(P, layers("0", "8")) == json{{"room", 43}, {"ok", true}});
+  CHECK(run(P, layers("0", "8")) == json{{"room", 43}, {"room_id", "43"}, {"ok", true}});
   CHECK(run(D, {"--json", "wait", "-r", "43"})["status"] == "Success");
   CHECK(run(D, {"--json", "verify", "-r", "43", "-p", "200-215", "--state-slot", "3", "--aux-row",
-                "3"}) == json{{"room", 43}, {"verified", true}});
+                "3"}) == json{{"room", 43}, {"room_id", "43"}, {"verified", true}});
+}
+
+TEST_CASE(
+    "a room id above 2^53 survives a double: ferryctl --json, the info documents and the JSON "
+    "log carry it as a string (room_id) beside the number",
+    "[e2e][info][ferryctl][logs]") {
+  shape s;
+  s.log_yaml = "{format: json, levels: {scheduler: debug}}";
+  pair c(s);
+  const auto P = c.prefill.socket(), D = c.decode.socket();
+  const auto peer = c.prefill.control();
+  // 2^53 + 1 (the first integer a double cannot hold) and 2^63 - 1 (SGLang's largest room id).
+  const uint64_t odd = 9007199254740993ull, top = 9223372036854775807ull;
+  const std::string odd_s = "9007199254740993", top_s = "9223372036854775807";
+  auto ok = [](const ctl_result& r) {
+    INFO(r.out << r.err);
+    CHECK(r.code == 0);
+    return document(r);
+  };
+  // The string parses back to the very id; the number beside it stays for older readers.
+  auto carries = [](const json& doc, uint64_t id, const std::string& text) {
+    INFO(doc.dump());
+    REQUIRE(doc.contains("room_id"));
+    REQUIRE(doc["room_id"].is_string());
+    CHECK(doc["room_id"] == text);
+    CHECK(std::stoull(doc["room_id"].get<std::string>()) == id);
+    CHECK(doc["room"] == id);
+  };
+
+  carries(ok(ferryctl(c.dir, P,
+                      {"fill", "-r", top_s, "-p", "0-15", "--state-slot", "1", "--aux-row", "1",
+                       "--json"})),
+          top, top_s);
+  carries(ok(ferryctl(c.dir, D,
+                      {"--json", "prepare", "-r", top_s, "--peer", peer, "-p", "100-115",
+                       "--state-slot", "2", "--aux-row", "2"})),
+          top, top_s);
+  carries(ok(ferryctl(c.dir, D,
+                      {"--json", "prepare", "-r", odd_s, "--peer", peer, "-p", "200-203",
+                       "--state-slot", "3", "--aux-row", "3"})),
+          odd, odd_s);
+  // Both rooms active: the rooms document (info rooms) lists them by id.
+  const auto listed = ok(ferryctl(c.dir, D, {"--json", "rooms"}));
+  REQUIRE(listed.size() == 2);
+  carries(listed[0], odd, odd_s);
+  carries(listed[1], top, top_s);
+  const auto info = json::parse(c.d->info(proto::info_topic::rooms).value);
+  REQUIRE(info.size() == 2);
+  carries(info[0], odd, odd_s);
+
+  carries(ok(ferryctl(c.dir, D, {"cancel", "-r", odd_s, "--json"})), odd, odd_s);
+  carries(ok(ferryctl(c.dir, P,
+                      {"send", "-r", top_s, "-p", "0-15", "--last", "--state-slot", "1",
+                       "--aux-row", "1", "--json"})),
+          top, top_s);
+  const auto waited = ok(ferryctl(c.dir, D, {"--json", "wait", "-r", top_s}));
+  carries(waited, top, top_s);
+  REQUIRE_FALSE(waited["events"].empty());
+  carries(waited["events"].back(), top, top_s);
+  carries(ok(ferryctl(c.dir, D, {"poll", "-r", top_s, "--json"})), top, top_s);
+  carries(ok(ferryctl(c.dir, D,
+                      {"--json", "verify", "-r", top_s, "-p", "100-115", "--state-slot", "2",
+                       "--aux-row", "2"})),
+          top, top_s);
+  const auto failed = ferryctl(c.dir, D, {"--json", "wait", "-r", odd_s});
+  CHECK(failed.code == exit_code::failed);
+  carries(document(failed), odd, odd_s);
+
+  // The JSON log: each room's outcome line at the decode carries room_id too.
+  REQUIRE(c.decode.stop() == 0);
+  std::set<std::string> logged;
+  std::istringstream in(c.decode.log_text());
+  for (std::string line; std::getline(in, line);) {
+    auto j = json::parse(line, nullptr, false);
+    REQUIRE_FALSE(j.is_discarded());
+    if (j.value("logger", "") != "scheduler" || j.value("side", "") != "decode") continue;
+    if (!j.contains("room_id")) continue;
+    INFO(line);
+    CHECK(j["room_id"].is_string());
+    logged.insert(j["room_id"].get<std::string>());
+  }
+  CHECK(logged == std::set<std::string>{odd_s, top_s});
 }

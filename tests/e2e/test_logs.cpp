@@ -62,7 +62,8 @@ TEST_CASE(
     "outcome carries its room, peer, side and code as fields, and log.levels sets each logger",
     "[e2e][logs]") {
   shape s;
-  s.log_yaml = "{format: json, levels: {peer: warn, room: debug}}";
+  // scheduler: debug, for the line of the room that succeeds (at info only failures are).
+  s.log_yaml = "{format: json, levels: {peer: warn, room: debug, scheduler: debug}}";
   pair c(s);
   auto ok = small_room(900, 0);
   run_and_verify(c, ok);
@@ -196,4 +197,25 @@ TEST_CASE(
   CHECK(c.decode.wait_exit() == 0);
   // A daemon that is not there: exit 3.
   CHECK(ferryctl(c.dir, c.decode.socket(), {"drain"}).code == 3);
+}
+
+TEST_CASE(
+    "the text log escapes control characters a client supplied: a peer address with a newline "
+    "forges no line",
+    "[e2e][logs]") {
+  pair c;
+  // A newline and a forged record, a carriage return, a terminal escape and DEL.
+  const std::string hostile = "x\nerror [ferryd] forged\r\x1b[2J\x7f:7401";
+  auto r = c.d->prepare({913, {hostile}, {1, 2}, no_index, no_index});
+  CHECK_FALSE(r);  // not host:port: refused, and the refusal is logged
+  // The escaped form, on the line of the refusal.
+  REQUIRE(log_shows(c.decode, "x\\nerror [ferryd] forged\\r\\x1b[2J\\x7f:7401"));
+  std::istringstream in(c.decode.log_text());
+  for (std::string line; std::getline(in, line);) {
+    INFO(line);
+    CHECK_THAT(line, !Catch::StartsWith("error [ferryd] forged"));
+    CHECK(line.find_first_of("\r\x1b\x7f") == std::string::npos);
+  }
+  // The daemon serves on.
+  run_and_verify(c, small_room(914, 0));
 }

@@ -177,6 +177,16 @@ TEST_CASE("validation errors name the key and the value seen", "[unit][config]")
             "log.format: expected text or json, got xml");
     REQUIRE(parse_error(base_yaml + "log: {levels: {fabric: debug}}\n") ==
             "log.levels.fabric: unknown key");
+    REQUIRE(validate_error(base_yaml + "log: {summary_ms: 50}\n") ==
+            "log.summary_ms: expected an integer in 100..86400000, got 50");
+    REQUIRE(validate_error(base_yaml + "log: {burst: 2000000}\n") ==
+            "log.burst: expected an integer in 0..1000000, got 2000000");
+    const auto limits = parse_ok(base_yaml + "log: {summary_ms: 5000, burst: 0}\n");
+    REQUIRE(validate_config(limits));
+    REQUIRE(limits.log.summary_ms == 5000);
+    REQUIRE(limits.log.burst == 0);
+    REQUIRE(parse_ok(base_yaml).log.summary_ms == 60000);
+    REQUIRE(parse_ok(base_yaml).log.burst == 20);
     const auto cfg =
         parse_ok(base_yaml + "log: {format: json, levels: {transport: warn, peer: debug}}\n");
     REQUIRE(validate_config(cfg));

@@ -49,6 +49,8 @@ void require_equal(const ferry_config& a, const ferry_config& b) {
   REQUIRE(a.log.level == b.log.level);
   REQUIRE(a.log.format == b.log.format);
   REQUIRE(a.log.levels == b.log.levels);
+  REQUIRE(a.log.summary_ms == b.log.summary_ms);
+  REQUIRE(a.log.burst == b.log.burst);
 
   REQUIRE(a.pools.kv.has_value() == b.pools.kv.has_value());
   if (a.pools.kv) {
