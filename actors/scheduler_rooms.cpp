@@ -246,7 +246,7 @@ void cancel_unknown(scheduler_actor* self, const client_request& r, uint64_t roo
   st.cancelled_unknown.cancel(
       room, std::chrono::steady_clock::now() + std::chrono::milliseconds(keep_ms));
   st.polled_unknown.forget(room);  // a new incarnation gets its own Bootstrapping window
-  st.ctx->log_sched->info(
+  st.ctx->log_sched->debug(
       "room={} cancelled by client conn={} before anything of it arrived: a decode's prepare "
       "of it in the next {} ms is refused",
       room, r.conn, keep_ms);
