@@ -181,9 +181,21 @@ struct rehearsal {
     if (auto e = open(a); !e) {
       if (auto* lost = lost_rank(decode)) return stop_on(*lost, e.error(), "prepare: ");
       if (e.code != errc::draining) return stop{exit_code::failed, "prepare: " + e.message};
-      // The decode drains: there is no other decode to send the request to.
       free_slots.push_back(a.slot);
-      fail_request(e.code, fmt::format("room {}: {}", a.id, e.message));
+      const bool decode_drains = std::any_of(decode.ranks.begin(), decode.ranks.end(),
+                                             [](const auto& r) { return r->draining(); });
+      if (decode_drains) {  // there is no other decode to send the request to
+        fail_request(e.code, fmt::format("room {}: {}", a.id, e.message));
+        return std::nullopt;
+      }
+      // The prefill it names drains, and the decode knew it: retried as a send's 407 is.
+      targets[a.target].draining = true;
+      ++targets[a.target].refused;
+      ++retried;
+      ++retried_by[code_key(e.code)];
+      ++again;
+      if (first_refusal.empty())
+        first_refusal = fmt::format("room {} on {}: {}", a.id, targets[a.target].socket, e.message);
       return std::nullopt;
     }
     auto& l = live.emplace(a.id, std::move(a)).first->second;
