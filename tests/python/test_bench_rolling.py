@@ -139,3 +139,14 @@ def test_pipeline_reports_the_failures_the_daemons_count(short_tmp: str) -> None
             assert (dec["succeeded"], dec["failed"]) == (2 * run, 0), (run, dec)
     finally:
         assert [p.stop(), d.stop()] == [0, 0]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--pause-after", "3"], "--pause-after is a --rolling option"),
+    (["--rolling", "--pipeline"], "--rolling is a mode of its own"),
+    (["--rolling", "--hold", "4"], "--rolling is a mode of its own"),
+])
+def test_rolling_usage_errors_exit_2(args: list[str], message: str) -> None:
+    r = subprocess.run([str(BIN_DIR / "ferry-bench"), *args], capture_output=True, text=True,
+                       timeout=IO_TIMEOUT)
+    assert r.returncode == 2 and message in r.stderr, r.stdout + r.stderr
