@@ -6,7 +6,8 @@
 /// Modes (one per file): throughput.cpp (closed-loop waves, --pipeline, --poll-many),
 /// fairness.cpp (--background-rooms), latency.cpp (--latency), open_loop.cpp (--open-loop).
 /// Each returns the process's exit code (core/exit_codes.hpp) and writes its figures into
-/// `context::out`, which `emit_json` prints once.
+/// `context::out`, which `emit_json` prints once. The scale modes (scale.hpp) and --rolling
+/// (rolling.hpp, a rolling restart's rehearsal) have their own connections and documents.
 ///
 /// Single-threaded: every client is used from the main thread only.
 

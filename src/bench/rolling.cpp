@@ -188,7 +188,10 @@ struct rehearsal {
         fail_request(e.code, fmt::format("room {}: {}", a.id, e.message));
         return std::nullopt;
       }
-      // The prefill it names drains, and the decode knew it: retried as a send's 407 is.
+      // The prefill it names drains, and the decode knew it: retried as a send's 407 is (a
+      // decode rank that took the prepare before another refused it has its room cancelled).
+      for (auto& dc : decode.ranks)
+        if (auto x = dc->cancel(a.id); !x && dc->lost()) return stop_on(*dc, x.error(), "cancel: ");
       targets[a.target].draining = true;
       ++targets[a.target].refused;
       ++retried;
