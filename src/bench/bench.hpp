@@ -6,7 +6,8 @@
 /// Modes (one per file): throughput.cpp (closed-loop waves, --pipeline, --poll-many),
 /// fairness.cpp (--background-rooms), latency.cpp (--latency), open_loop.cpp (--open-loop).
 /// Each returns the process's exit code (core/exit_codes.hpp) and writes its figures into
-/// `context::out`, which `emit_json` prints once.
+/// `context::out`, which `emit_json` prints once. The scale modes (scale.hpp) and --rolling
+/// (rolling.hpp, a rolling restart's rehearsal) have their own connections and documents.
 ///
 /// Single-threaded: every client is used from the main thread only.
 
@@ -98,6 +99,7 @@ struct context {
   uint64_t req_bytes = 0, kv_bytes = 0, state_bytes = 0;
 
   uint64_t next_room = 0;
+  bool reported = false;  ///< the mode ran to its end and emitted its results (emit_json)
   uint32_t verified = 0;
   std::string first_failure;
 
@@ -144,6 +146,14 @@ inline uint64_t pattern_key(uint32_t slot) { return 0xfe77'0000'0000ull + slot; 
 /// pool; with fragmentation f, each next page skips ahead with probability f.
 std::vector<uint32_t> make_pages(uint32_t region_first, uint32_t region_len, uint32_t pages,
                                  double f, uint64_t seed);
+
+/// Wait until every room of `rooms` has ended on the daemon behind `c` (each wait bounded by
+/// `timeout`), so that closing the connection cancels none of them. A prefill room ends one peer
+/// message after its decode's Success (the decode's outcome), so a bench that exits at the
+/// decode's last Success would cancel the prefill's last room. Rooms it does not know count as
+/// ended; a lost connection is returned as the error (`c.lost()`).
+result<none> settle_rooms(client::client& c, const std::vector<uint64_t>& rooms,
+                          std::chrono::milliseconds timeout);
 
 /// CPU seconds (user + system) of the daemons behind `clients` (nullopt if one is unreadable).
 std::optional<double> cpu_seconds(const std::vector<std::unique_ptr<client::client>>& clients);

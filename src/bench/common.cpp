@@ -60,6 +60,27 @@ std::optional<double> cpu_seconds(const std::vector<std::unique_ptr<client::clie
   return sum;
 }
 
+result<none> settle_rooms(client::client& c, const std::vector<uint64_t>& rooms,
+                          std::chrono::milliseconds timeout) {
+  constexpr size_t batch = 1024;
+  for (size_t at = 0; at < rooms.size(); at += batch) {
+    const std::vector<uint64_t> part(
+        rooms.begin() + static_cast<ptrdiff_t>(at),
+        rooms.begin() + static_cast<ptrdiff_t>(std::min(rooms.size(), at + batch)));
+    auto polled = c.poll_many(part);
+    if (!polled) return polled.error();
+    for (const auto& p : polled.value) {
+      if (is_terminal(p.status)) continue;  // ended, or unknown (answered Failed)
+      if (auto s = c.subscribe(p.room); !s) {
+        if (s.code == errc::unknown_room || s.code == errc::room_finished) continue;
+        return s;
+      }
+      if (auto e = c.wait_terminal(p.room, timeout); !e) return e.error();
+    }
+  }
+  return none{};
+}
+
 double own_cpu_seconds() { return rusage_seconds(RUSAGE_SELF); }
 double children_cpu_seconds() { return rusage_seconds(RUSAGE_CHILDREN); }
 
@@ -115,6 +136,7 @@ int context::fail_on(const client::client& c, const ferry::error& e, const std::
 }
 
 std::optional<int> context::emit_json() {
+  reported = true;
   if (o.json == "-") {
     std::cout << out.dump(1) << "\n";
   } else if (!o.json.empty()) {

@@ -19,6 +19,7 @@
 #include <iostream>
 
 #include "bench/bench.hpp"
+#include "bench/rolling.hpp"
 #include "bench/scale.hpp"
 #include "cli/common.hpp"
 #include "ferry/daemon_config.hpp"
@@ -273,49 +274,9 @@ void describe_pair(context& ctx) {
                        {"daemons", ctx.decodes.size()}};
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  context ctx;
-  options& o = ctx.o;
-  CLI::App app{"ferry-bench: Ferry request throughput and latency against a raw-fabric reference"};
-  cli::add_version(app, "ferry-bench");
-  bool no_baseline = false;
-  auto* json_opt = add_options(app, o, no_baseline);
-  bench::scale::options scale_opts;
-  bench::scale::add_options(app, scale_opts);
-  app.footer(
-      "Exit codes: 0 all committed, 1 some failed, 2 usage, 3 ferryd unreachable or lost, "
-      "4 timed out (docs/cli.md)");
-  if (auto rc = cli::parse(app, argc, argv)) return *rc;
-  if (json_opt->count() > 0 && o.json.empty()) o.json = "-";
-  o.requests_given = app.count("--requests") > 0;
-  o.baseline = !no_baseline;
-  ctx.provider = o.provider;
-  ctx.text = o.json == "-" ? &std::cerr : &std::cout;
-  const int modes = (o.latency ? 1 : 0) + (o.open_loop_rate > 0 ? 1 : 0) +
-                    (o.background_rooms > 0 ? 1 : 0) + (o.pipeline ? 1 : 0) +
-                    (o.layer_wise_ms > 0 ? 1 : 0);
-  if (modes > 1)
-    return ctx.fail(
-        "--latency, --open-loop, --background-rooms, --layer-wise and --pipeline are separate "
-        "modes: choose one",
-        exit_code::usage);
-  // Time-based ids: the milliseconds since the epoch, shifted past 2^20 ids per run, so runs
-  // one after the other against the same pair never reuse a room id (a finished room's id is
-  // refused for its history's lifetime).
-  if (o.room_base == 0)
-    o.room_base = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                            std::chrono::system_clock::now().time_since_epoch())
-                                            .count())
-                  << 20;
-  ctx.next_room = o.room_base;
-  if (bench::scale::wanted(scale_opts))  // --hold, --fan-in-socket: src/bench/scale*.cpp
-    return bench::scale::run(scale_opts,
-                             {o.prefill_sockets, o.decode_sockets, o.prompt_tokens, o.requests,
-                              o.concurrency, o.repeat, o.verify, o.room_base, o.json});
-  if (o.latency) o.concurrency = 1;  // one room at a time, by definition
-
+/// Connect, then run the mode asked for; the exit code.
+int run_modes(context& ctx) {
+  const options& o = ctx.o;
   if (auto rc = connect_all(ctx)) return *rc;
   if (auto rc = read_pools(ctx)) return *rc;
   describe_pair(ctx);
@@ -348,4 +309,83 @@ int main(int argc, char** argv) {
   if (o.latency) return run_latency(ctx);
   if (o.layer_wise_ms > 0) return run_layer_wise(ctx);
   return run_throughput(ctx);
+}
+
+/// Once a mode has reported (`emit_json`), wait until every room of the run has ended on every
+/// prefill rank before the connections close: a prefill room ends one peer message after its
+/// decode's Success, and closing the connection that sent it cancels it. Without this wait the
+/// last room of a run was often left Failed `cancelled` on the prefill while the report said
+/// 0 failed (issue 28). A run that stopped early exits at once, as before.
+int settle_prefills(context& ctx, int rc) {
+  if (!ctx.reported || ctx.next_room == ctx.o.room_base) return rc;
+  std::vector<uint64_t> rooms;
+  for (uint64_t id = ctx.o.room_base; id < ctx.next_room; ++id) rooms.push_back(id);
+  for (auto& pc : ctx.prefills) {
+    if (pc->lost()) continue;
+    if (auto e = settle_rooms(*pc, rooms, std::chrono::seconds(120)); !e && !pc->lost()) {
+      std::cerr << fmt::format("ferry-bench: {}: rooms still active on the prefill at exit: {}\n",
+                               pc->daemon().node, e.message);
+      if (rc == exit_code::ok) rc = exit_code::for_error(e.code, false);
+    }
+  }
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  context ctx;
+  options& o = ctx.o;
+  CLI::App app{"ferry-bench: Ferry request throughput and latency against a raw-fabric reference"};
+  cli::add_version(app, "ferry-bench");
+  bool no_baseline = false;
+  auto* json_opt = add_options(app, o, no_baseline);
+  bench::scale::options scale_opts;
+  bench::scale::add_options(app, scale_opts);
+  bench::rolling::options rolling_opts;
+  bench::rolling::add_options(app, rolling_opts);
+  app.footer(
+      "Exit codes: 0 all committed, 1 some failed, 2 usage, 3 ferryd unreachable or lost, "
+      "4 timed out (docs/cli.md)");
+  if (auto rc = cli::parse(app, argc, argv)) return *rc;
+  if (json_opt->count() > 0 && o.json.empty()) o.json = "-";
+  o.requests_given = app.count("--requests") > 0;
+  o.baseline = !no_baseline;
+  ctx.provider = o.provider;
+  ctx.text = o.json == "-" ? &std::cerr : &std::cout;
+  const int modes = (o.latency ? 1 : 0) + (o.open_loop_rate > 0 ? 1 : 0) +
+                    (o.background_rooms > 0 ? 1 : 0) + (o.pipeline ? 1 : 0) +
+                    (o.layer_wise_ms > 0 ? 1 : 0);
+  if (modes > 1)
+    return ctx.fail(
+        "--latency, --open-loop, --background-rooms, --layer-wise and --pipeline are separate "
+        "modes: choose one",
+        exit_code::usage);
+  if (rolling_opts.on && (modes > 0 || bench::scale::wanted(scale_opts)))
+    return ctx.fail(
+        "--rolling is a mode of its own: without --latency, --open-loop, "
+        "--background-rooms, --layer-wise, --pipeline, --hold or --fan-in-socket",
+        exit_code::usage);
+  if (rolling_opts.pause_after > 0 && !rolling_opts.on)
+    return ctx.fail("--pause-after is a --rolling option", exit_code::usage);
+  // Time-based ids: the milliseconds since the epoch, shifted past 2^20 ids per run, so runs
+  // one after the other against the same pair never reuse a room id (a finished room's id is
+  // refused for its history's lifetime).
+  if (o.room_base == 0)
+    o.room_base = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                            std::chrono::system_clock::now().time_since_epoch())
+                                            .count())
+                  << 20;
+  ctx.next_room = o.room_base;
+  if (rolling_opts.on)  // src/bench/rolling.cpp
+    return bench::rolling::run(rolling_opts,
+                               {o.prefill_sockets, o.decode_sockets, o.prompt_tokens, o.requests,
+                                o.concurrency, o.repeat, o.verify, o.room_base, o.json});
+  if (bench::scale::wanted(scale_opts))  // --hold, --fan-in-socket: src/bench/scale*.cpp
+    return bench::scale::run(scale_opts,
+                             {o.prefill_sockets, o.decode_sockets, o.prompt_tokens, o.requests,
+                              o.concurrency, o.repeat, o.verify, o.room_base, o.json});
+  if (o.latency) o.concurrency = 1;  // one room at a time, by definition
+
+  return settle_prefills(ctx, run_modes(ctx));
 }

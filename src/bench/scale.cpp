@@ -380,6 +380,7 @@ int run_hold(const options& o, report& rep) {
   rep.out["first_failure"] = first_failure;
   if (c.verify) rep.text << fmt::format("verified: {} rooms, every destination byte\n", verified);
   if (!first_failure.empty()) rep.text << "first failure: " << first_failure << "\n";
+  if (auto s = settle(prefills, c.room_base, next_id, timeout)) return rep.fail(*s);
   return rep.finish(failed == 0 && first_failure.empty());
 }
 

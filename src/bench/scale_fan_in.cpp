@@ -145,6 +145,7 @@ int run_fan_in(const options& o, report& rep) {
   rep.out["verified"] = c.verify ? nlohmann::json(verified) : nlohmann::json(nullptr);
   rep.out["first_failure"] = first_failure;
   if (!first_failure.empty()) rep.text << "first failure: " << first_failure << "\n";
+  if (auto s = settle(prefills, c.room_base, next_id, timeout)) return rep.fail(*s);
   return rep.finish(failed == 0 && first_failure.empty());
 }
 

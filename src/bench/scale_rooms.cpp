@@ -15,6 +15,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "bench/bench.hpp"
 #include "core/exit_codes.hpp"
 #include "core/plan.hpp"
 #include "ferry/daemon_config.hpp"
@@ -204,6 +205,17 @@ result<std::pair<uint64_t, uint64_t>> driver::room_bytes(uint64_t piece_bytes) c
   uint64_t bytes = 0;
   for (const auto& w : one) bytes += w.length;
   return std::pair<uint64_t, uint64_t>{bytes, one.size()};
+}
+
+maybe_stop settle(std::vector<instance>& prefills, uint64_t first, uint64_t end,
+                  std::chrono::seconds timeout) {
+  std::vector<uint64_t> rooms;
+  for (uint64_t id = first; id < end; ++id) rooms.push_back(id);
+  for (auto& p : prefills)
+    for (auto& r : p.ranks)
+      if (auto e = bench::settle_rooms(*r, rooms, timeout); !e && !r->lost())
+        return stop_on(*r, e.error(), "waiting for the prefill's rooms to end: ");
+  return std::nullopt;
 }
 
 double quantile(std::vector<double> v, double p) {

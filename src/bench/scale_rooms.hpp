@@ -146,6 +146,12 @@ maybe_stop run_pipeline(driver& d, const pipeline_plan& plan,
                         const std::function<void(double, size_t)>& sample,
                         std::chrono::seconds timeout, pipeline_result& out);
 
+/// Wait until rooms [first, end) have ended on every rank of `prefills` (bench.hpp,
+/// settle_rooms: a prefill room ends one peer message after its decode's Success, and closing
+/// the connection that sent it would cancel it); a rank whose connection is lost is skipped.
+maybe_stop settle(std::vector<instance>& prefills, uint64_t first, uint64_t end,
+                  std::chrono::seconds timeout);
+
 /// Value at quantile p (0..1) of `v` (nearest rank); 0 when empty.
 double quantile(std::vector<double> v, double p);
 
