@@ -123,25 +123,44 @@ bool is_drain_request(int code, pid_t pid, int value) {
   return code == SI_QUEUE && pid == getpid() && value == drain_request_value;
 }
 
+/// How many rooms are still active, asked of the Scheduler after everything sent it before
+/// (the drain_msg included): its answer orders after them. -1 when it does not answer.
+int64_t rooms_still_active(caf::actor_system& sys, const caf::actor& scheduler) {
+  caf::scoped_actor self{sys};
+  int64_t active = -1;
+  self->request(scheduler, std::chrono::seconds(2), metrics_atom::value)
+      .receive(
+          [&](metrics_snapshot& m) {
+            active = 0;
+            for (const auto& side : m.active)
+              for (const auto n : side) active += static_cast<int64_t>(n);
+          },
+          [&](caf::error&) {});
+  return active;
+}
+
 /// The stop's drain, after the first stop signal: the Scheduler refuses new rooms and tells the
 /// peers; this returns once the rooms accepted before it finished, a second stop signal came,
 /// or timeouts.stop_ms passed, whichever is first. `signals` are blocked in every thread.
-void drain_before_stop(const caf::actor& scheduler, const ferry_config& cfg,
-                       const sigset_t& signals, spdlog::logger& log) {
+/// Returns how many rooms the stop cut short: 0 when the drain finished (or had nothing to
+/// wait for, as when both stop signals come at once to an idle daemon).
+int64_t drain_before_stop(caf::actor_system& sys, const caf::actor& scheduler,
+                          const ferry_config& cfg, const sigset_t& signals, spdlog::logger& log) {
   if (cfg.timeouts.stop_ms == 0) {
     log.info("timeouts.stop_ms is 0: stopping at once");
-    return;
+    return 0;
   }
   auto done = std::make_shared<stop_notice>();
   const int sfd = signalfd(-1, &signals, SFD_CLOEXEC);
   if (done->fd < 0 || sfd < 0) {
     log.warn("cannot wait for the drain ({}): stopping at once", std::strerror(errno));
     if (sfd >= 0) close(sfd);
-    return;
+    return 0;
   }
   caf::anon_send(scheduler, drain_msg{done});
   const auto until =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(cfg.timeouts.stop_ms);
+  bool forced = false;
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
                           until - std::chrono::steady_clock::now())
@@ -154,6 +173,7 @@ void drain_before_stop(const caf::actor& scheduler, const ferry_config& cfg,
           "timeouts.stop_ms ({} ms) passed with rooms still active: stopping at once; "
           "their peers see them fail",
           cfg.timeouts.stop_ms);
+      forced = true;
       break;
     }
     if (fds[0].revents) break;  // drained: the Scheduler logged it
@@ -166,9 +186,17 @@ void drain_before_stop(const caf::actor& scheduler, const ferry_config& cfg,
     if (is_drain_request(si.ssi_code, static_cast<pid_t>(si.ssi_pid), si.ssi_int))
       continue;  // a client's drain, asked for as the operator's signal came: already draining
     log.warn("signal {} received again while draining: stopping at once", si.ssi_signo);
+    forced = true;
     break;
   }
   close(sfd);
+  if (!forced) return 0;
+  // Two signals sent together reach an idle daemon before its Scheduler has seen the drain:
+  // once it answered, the drain has been checked, and `done` says whether it finished.
+  const int64_t active = rooms_still_active(sys, scheduler);
+  pollfd drained{done->fd, POLLIN, 0};
+  if (::poll(&drained, 1, 0) == 1) return 0;
+  return active < 0 ? 1 : active;
 }
 
 std::string random_instance() {
@@ -351,6 +379,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
   ctx->gateway = std::move(gateway.value);
 
   int rc = 0;
+  int64_t cut_short = 0;  // rooms a forced stop ended unfinished
   ctx->timers = std::make_unique<timer_service>();
   {
     const uint32_t workers = cfg.runtime.workers
@@ -435,7 +464,8 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
           log->info("signal {} received; stopping (a second signal stops at once)", sig);
         ctx->serving = false;
         notify_stopping(*log, "stopping: draining the rooms accepted before the signal");
-        drain_before_stop(scheduler, cfg, stop_signals, *log);
+        cut_short = drain_before_stop(sys, scheduler, cfg, stop_signals, *log);
+        if (cut_short > 0) rc = exit_code::forced_stop;
         log->info("shutting down");
       }
       ctx->serving = false;
@@ -457,7 +487,11 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
   }                       // the actor system waits for every actor here
   ctx->gateway.reset();
   ctx->peer_port.reset();
-  log->info("stopped");
+  if (rc == exit_code::forced_stop)
+    log->warn("stopped, forced: {} room{} ended unfinished (exit code {})", cut_short,
+              cut_short == 1 ? "" : "s", rc);
+  else
+    log->info("stopped");
   return rc;
 }
 

@@ -125,7 +125,7 @@ TEST_CASE(
     "a drain ends at a second signal or at timeouts.stop_ms, and exits forced_stop when rooms "
     "were still active; a drain that finished exits 0",
     "[e2e][drain]") {
-  constexpr int forced_stop = 6;  // core/exit_codes.hpp
+  using exit_code::forced_stop;
   shape s;
   SECTION("a second SIGTERM") {
     pair c(s);
