@@ -134,7 +134,8 @@ int main(int argc, char** argv) {
   bool drain_wait = false;
   drain->add_flag("--wait", drain_wait, "return once ferryd has exited (bounded by --timeout-ms)");
   drain->add_option("--timeout-ms", timeout_ms, "with --wait: give up after this long")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   auto* log_level = app.add_subcommand(
       "log-level", "show the daemon's log levels, or set one logger's or every logger's level");
   std::string level;
@@ -148,7 +149,9 @@ int main(int argc, char** argv) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   auto* ready =
       app.add_subcommand("wait-ready", "wait until the daemon accepts clients (for scripts)");
-  ready->add_option("--timeout-ms", timeout_ms, "give up after this long")->capture_default_str();
+  ready->add_option("--timeout-ms", timeout_ms, "give up after this long")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   auto* prepare = app.add_subcommand("prepare", "decode side: where a room's bytes must land");
   auto* send = app.add_subcommand("send", "prefill side: send one chunk of a room");
   auto* poll = app.add_subcommand("poll", "status of a room");
@@ -185,7 +188,9 @@ int main(int argc, char** argv) {
                    "layer-wise send: layers in the range (0, the default: every layer of the "
                    "daemon's rank)");
   fill->add_option("--first-position", first_position, "request position of the first page");
-  wait->add_option("--timeout-ms", timeout_ms, "give up after this long")->capture_default_str();
+  wait->add_option("--timeout-ms", timeout_ms, "give up after this long")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.footer(
       "Examples:\n"
       "  ferryctl -s /tmp/ferry-decode.sock prepare -r 7 --peer 127.0.0.1:7401 -p 100-163 "
@@ -311,8 +316,13 @@ int main(int argc, char** argv) {
     if (!r)
       return out.fail(r.code, r.message,
                       fmt::format("discover failed [{}]: {}", to_string(r.code), r.message));
+    // A rank that nothing answers at is unreachable, as a daemon is (exit 3); the answer is
+    // still printed, naming each rank and why it is down.
     auto doc = ctl::discover_doc(address, r.value);
-    return out.done(doc, ctl::render_discover(doc));
+    const bool all_up =
+        std::all_of(r.value.ranks.begin(), r.value.ranks.end(), [](const auto& k) { return k.up; });
+    return out.done(doc, ctl::render_discover(doc),
+                    all_up && !r.value.ranks.empty() ? exit_code::ok : exit_code::unreachable);
   }
   for (const auto& arg : peer_args) {
     size_t start = 0;
