@@ -199,6 +199,34 @@ int64_t drain_before_stop(caf::actor_system& sys, const caf::actor& scheduler,
   return active < 0 ? 1 : active;
 }
 
+/// The test hook that makes a start slow on purpose (docs/operations.md, "Metrics and health"):
+/// with FERRY_FAILPOINTS=start_hold_creating_pools, ferryd holds before it creates its first
+/// pool until it gets SIGUSR1 (bounded: 60 s), so a test sees the endpoint of a daemon that is
+/// starting without racing it. SIGUSR1 is blocked before any thread exists; false when unset.
+constexpr const char* hold_failpoint = "start_hold_creating_pools";
+
+bool block_hold_signal() {
+  if (core::active_failpoints().find(hold_failpoint) == std::string::npos) return false;
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &usr1, nullptr);
+  return true;
+}
+
+void hold_start(spdlog::logger& log) {
+  if (!core::failpoint(hold_failpoint)) return;
+  log.warn("failpoint {}: holding the start before the pools until SIGUSR1 (a test hook)",
+           hold_failpoint);
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  const timespec bound{60, 0};
+  while (sigtimedwait(&usr1, nullptr, &bound) < 0 && errno == EINTR) {
+  }
+  log.info("failpoint {}: released", hold_failpoint);
+}
+
 std::string random_instance() {
   std::random_device rd;
   return fmt::format("{:08x}", rd());
@@ -296,6 +324,21 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGHUP);
   if (!options.wait_for_stop) pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const bool hold_in_pools = block_hold_signal();
+
+  // /healthz and /readyz from the first moment: a probe tells a daemon that is starting (its
+  // pools may take minutes) from one that is not there.
+  auto status = std::make_shared<operator_status>();
+  std::unique_ptr<http_server> operator_http;
+  if (!cfg.metrics_listen.empty()) {
+    auto served = serve_operator_endpoint(status, ctx);
+    if (!served) {
+      log->error("listen.metrics: {}", served.message);
+      return exit_code::could_not_start;
+    }
+    operator_http = std::move(served.value);
+  }
+  status->phase(fmt::format("opening the fabric ({})", cfg.fabric.provider));
 
   transport::engine_config engine_cfg;
   engine_cfg.provider = cfg.fabric.provider;
@@ -327,6 +370,8 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
           to_string(static_cast<pool_kind>(k)), pool.total_bytes, pool.buffers.size());
       continue;
     }
+    status->phase(fmt::format("creating pool {}", to_string(static_cast<pool_kind>(k))));
+    if (hold_in_pools) hold_start(*log);
     auto name = fmt::format("/ferry.{}.{}.{}", cfg.node_name, ctx->instance,
                             to_string(static_cast<pool_kind>(k)));
     auto created = shm_region::create(name, pool.total_bytes,
@@ -353,6 +398,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
               pool.total_bytes, pool.buffers.size());
   }
   if (cfg.fabric.staging_bytes) {
+    status->phase("mapping fabric.staging_bytes");
     auto st = std::make_unique<staging_area>(cfg.fabric.staging_bytes);
     void* mem = mmap(nullptr, cfg.fabric.staging_bytes, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -370,6 +416,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
     st->region = reg.value;
     ctx->staging = std::move(st);
   }
+  status->phase("listening for clients, peers and the actor system");
   auto gateway = client_gateway::listen(cfg.client_listen, client_limit(cfg, nofile, *log),
                                         cfg.limits.client_frame_ms, access.value);
   if (!gateway) {
@@ -412,14 +459,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
         });
     if (!err.empty())
       err = fmt::format("cannot listen for peers on {}: {}", cfg.control_listen, err);
-    std::unique_ptr<http_server> operator_http;
-    if (err.empty() && !cfg.metrics_listen.empty()) {
-      auto served = serve_operator_endpoint(sys, scheduler, ctx);
-      if (served)
-        operator_http = std::move(served.value);
-      else
-        err = "listen.metrics: " + served.message;
-    }
+    status->attach(sys, scheduler);
     if (!err.empty()) {
       log->error("{}", err);
       rc = exit_code::could_not_start;
@@ -433,6 +473,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
       if (const auto fp = core::active_failpoints(); !fp.empty())
         log->warn("FERRY_FAILPOINTS={} is set: this daemon fails on purpose (a test hook)", fp);
       ctx->serving = true;
+      status->started();
       log->info("ready: provider {}, peers on {}, clients on {}{}", ctx->engine->provider_name(),
                 cfg.control_listen, cfg.client_listen,
                 operator_http ? fmt::format(", metrics on http://{}/metrics", cfg.metrics_listen)

@@ -227,20 +227,39 @@ int main(int argc, char** argv) {
     return out.usage(fmt::format("bad --pages '{}': {}", pages_text, e.what()));
   }
   if (*ready) {
-    // Retry the connect until the daemon has created its pools and socket, bounded in time.
+    // Retry until the daemon has created its pools and socket and says it is ready as /readyz
+    // does (the status document's `ready`: a client pool not registered is not), bounded.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    std::unique_ptr<client::client> c;
     for (;;) {
-      auto c = client::client::connect(socket, "ferryctl", std::chrono::seconds(10), false);
+      std::string why;
+      if (!c) {
+        auto made = client::client::connect(socket, "ferryctl", std::chrono::seconds(10), false);
+        if (made)
+          c = std::move(made.value);
+        else
+          why = made.message;
+      }
       if (c) {
-        const auto& d = c.value->daemon();
-        return out.done(
-            {{"ready", true}, {"node", d.node}, {"instance", d.instance}, {"role", d.role}},
-            fmt::format("{} ({}) is ready\n", d.node, d.role));
+        const auto& d = c->daemon();
+        auto status = c->info(proto::info_topic::status);
+        json doc = status ? json::parse(status.value, nullptr, false) : json();
+        if (!status) {
+          why = status.message;
+          c.reset();  // lost: connect again
+        } else if (doc.is_object() && doc.value("ready", true)) {
+          return out.done(
+              {{"ready", true}, {"node", d.node}, {"instance", d.instance}, {"role", d.role}},
+              fmt::format("{} ({}) is ready\n", d.node, d.role));
+        } else {
+          why = doc.is_object() ? doc.value("not_ready", std::string("not ready"))
+                                : std::string("ferryd's status is not a JSON document");
+        }
       }
       if (std::chrono::steady_clock::now() >= deadline)
         return out.fail_with(exit_code::timed_out, errc::timed_out,
-                             fmt::format("not ready after {} ms: {}", timeout_ms, c.message),
-                             fmt::format("not ready after {} ms: {}", timeout_ms, c.message));
+                             fmt::format("not ready after {} ms: {}", timeout_ms, why),
+                             fmt::format("not ready after {} ms: {}", timeout_ms, why));
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
