@@ -123,7 +123,7 @@ TEST_CASE("a decode that drains refuses new prepares with 407 and finishes its a
 
 TEST_CASE(
     "a drain ends at a second signal or at timeouts.stop_ms, and exits forced_stop when rooms "
-    "were still active; a drain that finished exits 0",
+    "were still active, 0 when the drain finished",
     "[e2e][drain]") {
   using exit_code::forced_stop;
   shape s;
