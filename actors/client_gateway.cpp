@@ -1,4 +1,4 @@
-#include "actors/client_gateway.hpp"
+// actors/client_gateway.hpp: serving the connected clients on the gateway thread.
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -20,464 +20,228 @@
 #include <optional>
 #include <unordered_map>
 
+#include "actors/client_gateway_impl.hpp"
 #include "actors/context.hpp"
 #include "actors/logging.hpp"
 #include "actors/messages.hpp"
 
 namespace ferry {
 
-namespace {
-constexpr uint64_t listen_key = 0;
-constexpr uint64_t wake_key = 1;
-constexpr uint64_t first_conn_id = 2;
+using namespace gateway_keys;
 
-/// The kernel's limit on a listen backlog (net.core.somaxconn): a burst of engine connects
-/// should wait in the backlog, not fail with EAGAIN.
-int listen_backlog() {
-  std::ifstream f("/proc/sys/net/core/somaxconn");
-  int n = 0;
-  return f >> n && n > 0 ? n : 4096;
+client_gateway::impl::~impl() {
+  for (auto& [id, c] : conns) close(c.fd);
+  if (reserve_fd >= 0) close(reserve_fd);
+  if (listen_fd >= 0) close(listen_fd);
+  if (epoll_fd >= 0) close(epoll_fd);
+  if (wake_fd >= 0) close(wake_fd);
+  if (!path.empty()) unlink(path.c_str());
 }
-}  // namespace
 
-struct client_gateway::impl {
-  int listen_fd = -1;
-  int epoll_fd = -1;
-  int wake_fd = -1;
-  std::string path;
-  caf::actor scheduler;
-  uint32_t max_clients = 1024;
-  client_access access;  // who may connect beside ferryd's user and root
-  uid_t self_uid = geteuid();
-  std::optional<std::chrono::steady_clock::time_point> last_denied_warning;
-  uint64_t denied_unlogged = 0;  // refusals since the last warning
-  std::chrono::milliseconds frame_limit{10000};
-  std::atomic<bool> stopping{false};
-  std::shared_ptr<spdlog::logger> log;
+void client_gateway::impl::close_conn(uint64_t id, std::atomic<size_t>& count) {
+  auto it = conns.find(id);
+  if (it == conns.end()) return;
+  for (auto& b : it->second.fd_batches)
+    for (int fd : b.fds) close(fd);
+  epoll_ctl(epoll_fd, EPOLL_CTL_DEL, it->second.fd, nullptr);
+  close(it->second.fd);
+  conns.erase(it);
+  --count;
+  caf::anon_send(scheduler, client_gone{id});
+}
 
-  struct connection {
-    int fd = -1;
-    proto::frame_reader reader;
-    std::vector<uint8_t> out;
-    size_t out_pos = 0;
-    bool want_write = false;
-    bool said_hello = false;                     // hello must come first, and only once
-    uint16_t version = proto::protocol_version;  // settled by the hello
-    /// Bytes received so far, and descriptors received (SCM_RIGHTS) with the stream position
-    /// just after the read that brought them. A read stops right after the message carrying
-    /// descriptors (it may begin with the tail of an earlier one), so they belong to the frame
-    /// holding that read's last byte: a register_memory frame sent with one sendmsg.
-    uint64_t stream_in = 0;
-    struct fd_batch {
-      uint64_t end = 0;
-      std::vector<int> fds;
-      bool truncated = false;  // more came than fit (the kernel closed the rest)
-    };
-    std::deque<fd_batch> fd_batches;
-    /// Since when a started frame is incomplete (nullopt: no partial frame buffered).
-    std::optional<std::chrono::steady_clock::time_point> partial_since;
-  };
-  std::unordered_map<uint64_t, connection> conns;  // gateway thread only
-  uint64_t next_id = first_conn_id;
-
-  /// Held open so that, out of file descriptors, a pending connection can still be accepted
-  /// and told why it is refused (then closed) instead of waiting in the backlog unanswered.
-  int reserve_fd = -1;
-  /// While no descriptor is free even with the reserve: the listen socket is out of epoll (it
-  /// stays readable, and polling it would spin) until this time.
-  std::optional<std::chrono::steady_clock::time_point> listen_paused_until;
-  std::chrono::steady_clock::time_point last_fd_warning{};
-  uint64_t fd_refusals = 0;  // since the last warning
-
-  /// Replies and events from actor threads, encoded on the gateway thread in the version of
-  /// their connection.
-  struct outgoing {
-    uint64_t conn;
-    uint32_t seq;
-    proto::message msg;
-  };
-  std::mutex outbox_mutex;  // guards outbox
-  std::vector<outgoing> outbox;
-
-  ~impl() {
-    for (auto& [id, c] : conns) close(c.fd);
-    if (reserve_fd >= 0) close(reserve_fd);
-    if (listen_fd >= 0) close(listen_fd);
-    if (epoll_fd >= 0) close(epoll_fd);
-    if (wake_fd >= 0) close(wake_fd);
-    if (!path.empty()) unlink(path.c_str());
-  }
-
-  void close_conn(uint64_t id, std::atomic<size_t>& count) {
-    auto it = conns.find(id);
-    if (it == conns.end()) return;
-    for (auto& b : it->second.fd_batches)
-      for (int fd : b.fds) close(fd);
-    epoll_ctl(epoll_fd, EPOLL_CTL_DEL, it->second.fd, nullptr);
-    close(it->second.fd);
-    conns.erase(it);
-    --count;
-    caf::anon_send(scheduler, client_gone{id});
-  }
-
-  void update_interest(uint64_t id, connection& c) {
-    bool want = c.out_pos < c.out.size();
-    if (want == c.want_write) return;
-    c.want_write = want;
-    epoll_event ev{};
-    ev.events = want ? (EPOLLIN | EPOLLOUT) : EPOLLIN;
-    ev.data.u64 = id;
-    epoll_ctl(epoll_fd, EPOLL_CTL_MOD, c.fd, &ev);
-  }
-
-  /// Write as much as the socket takes; false when the connection must be closed.
-  bool flush(uint64_t id, connection& c) {
-    while (c.out_pos < c.out.size()) {
-      ssize_t n = ::send(c.fd, c.out.data() + c.out_pos, c.out.size() - c.out_pos, MSG_NOSIGNAL);
-      if (n > 0) {
-        c.out_pos += static_cast<size_t>(n);
-      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        break;
-      } else if (n < 0 && errno == EINTR) {
-        continue;
-      } else {
-        return false;
-      }
-    }
-    if (c.out_pos == c.out.size()) {
-      c.out.clear();
-      c.out_pos = 0;
-    }
-    update_interest(id, c);
-    return true;
-  }
-
-  /// Encode the replies and events actors queued since the last call and write them out; a
-  /// connection whose unsent output passes max_output_bytes is closed.
-  void deliver_outbox(std::vector<outgoing>& batch, std::atomic<size_t>& count) {
-    {
-      std::lock_guard<std::mutex> lock(outbox_mutex);
-      batch.swap(outbox);
-    }
-    for (const auto& o : batch) {
-      auto it = conns.find(o.conn);
-      if (it == conns.end()) continue;
-      auto frame = encode_for(it->second, o.msg, o.seq);
-      it->second.out.insert(it->second.out.end(), frame.begin(), frame.end());
-    }
-    for (const auto& o : batch) {
-      auto it = conns.find(o.conn);
-      if (it == conns.end() || it->second.out.empty()) continue;
-      if (it->second.out.size() - it->second.out_pos > max_output_bytes) {
-        log->warn("client conn={} is not reading its replies; disconnecting", o.conn);
-        close_conn(o.conn, count);
-        continue;
-      }
-      if (!flush(o.conn, it->second)) close_conn(o.conn, count);
-    }
-    batch.clear();
-  }
-
-  /// At a stop: what actors queued before it (the outcome of the last room of a drain, say)
-  /// still reaches its client. Bounded: a client that does not read within `limit` loses the
-  /// rest with its connection.
-  void deliver_before_close(std::atomic<size_t>& count, std::chrono::milliseconds limit) {
-    std::vector<outgoing> batch;
-    deliver_outbox(batch, count);
-    const auto until = std::chrono::steady_clock::now() + limit;
-    std::vector<pollfd> waiting;
-    for (;;) {
-      waiting.clear();
-      for (auto& [id, c] : conns)
-        if (c.out_pos < c.out.size() && flush(id, c) && c.out_pos < c.out.size())
-          waiting.push_back({c.fd, POLLOUT, 0});
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                            until - std::chrono::steady_clock::now())
-                            .count();
-      if (waiting.empty() || left <= 0) return;
-      if (::poll(waiting.data(), waiting.size(), static_cast<int>(left)) < 0 && errno != EINTR)
-        return;
-    }
-  }
-
-  /// The session rules of docs/protocol.md: hello first, once, in a version both sides speak
-  /// (which the connection then keeps). Returns the refusal for a request that breaks them (the
-  /// request is not served); `close` is set when the connection cannot go on.
-  static std::optional<proto::error> session_error(connection& c, const proto::message& m,
-                                                   bool& close) {
-    const auto* h = std::get_if<proto::hello>(&m);
-    if (!h && !c.said_hello)
-      return proto::error{errc::invalid_request,
-                          fmt::format("{} before hello: hello must be the first request of a "
-                                      "connection",
-                                      proto::to_string(proto::type_of(m)))};
-    if (!h) return std::nullopt;
-    if (c.said_hello)
-      return proto::error{errc::invalid_request,
-                          "a second hello: this connection already said hello"};
-    const uint16_t version = proto::negotiate(h->min_version, h->version);
-    if (version == 0) {
-      close = true;
-      return proto::error{errc::unsupported_version,
-                          fmt::format("client speaks protocol versions {}..{}, ferryd speaks "
-                                      "{}..{}",
-                                      h->min_version, h->version, proto::min_protocol_version,
-                                      proto::protocol_version)};
-    }
-    c.said_hello = true;
-    c.version = version;
-    c.reader.set_version(version);
-    return std::nullopt;
-  }
-
-  /// The descriptors of the frame that occupied stream bytes [start, end): those whose read
-  /// ended inside it, when it is a register_memory asking for exactly that many. Any other
-  /// descriptor received up to `end` is closed (with a log line): it belongs to no request.
-  /// A refusal (then every descriptor of the frame is closed and the request is not served).
-  std::optional<proto::error> take_fds(connection& c, uint64_t start, uint64_t end,
-                                       const proto::decoded& d, std::vector<int>& out) {
-    const auto* reg = d.msg ? std::get_if<proto::register_memory>(&*d.msg) : nullptr;
-    bool truncated = false;
-    while (!c.fd_batches.empty() && c.fd_batches.front().end <= end) {
-      auto& b = c.fd_batches.front();
-      if (reg && b.end > start) {
-        out.insert(out.end(), b.fds.begin(), b.fds.end());
-        truncated = truncated || b.truncated;
-      } else {
-        log->warn("a client sent {} file descriptor(s) with a {} frame; closed them", b.fds.size(),
-                  d.msg ? proto::to_string(proto::type_of(*d.msg)) : "bad");
-        for (int fd : b.fds) close(fd);
-      }
-      c.fd_batches.pop_front();
-    }
-    if (!reg) return std::nullopt;
-    std::optional<proto::error> refusal;
-    if (truncated)
-      refusal = proto::error{errc::invalid_request,
-                             fmt::format("register_memory: more than {} file descriptors came "
-                                         "with the frame",
-                                         proto::max_register_fds)};
-    else if (out.size() != reg->fd_count)
-      refusal = proto::error{errc::invalid_request,
-                             fmt::format("register_memory: the frame says {} file descriptor(s) "
-                                         "but {} came with it (SCM_RIGHTS on its first byte)",
-                                         reg->fd_count, out.size())};
-    if (refusal) {
-      for (int fd : out) close(fd);
-      out.clear();
-    }
-    return refusal;
-  }
-
-  /// recv, also taking the descriptors a client passes with SCM_RIGHTS.
-  static ssize_t receive(connection& c, std::vector<uint8_t>& buf) {
-    iovec iov{buf.data(), buf.size()};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * proto::max_register_fds)];
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    ssize_t got = recvmsg(c.fd, &msg, MSG_CMSG_CLOEXEC);
-    if (got <= 0) return got;
-    connection::fd_batch batch;
-    batch.end = c.stream_in + static_cast<uint64_t>(got);
-    batch.truncated = (msg.msg_flags & MSG_CTRUNC) != 0;
-    for (cmsghdr* h = CMSG_FIRSTHDR(&msg); h; h = CMSG_NXTHDR(&msg, h)) {
-      if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS) continue;
-      const size_t n = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      const int* fds = reinterpret_cast<const int*>(CMSG_DATA(h));
-      batch.fds.insert(batch.fds.end(), fds, fds + n);
-    }
-    if (!batch.fds.empty() || batch.truncated) c.fd_batches.push_back(std::move(batch));
-    return got;
-  }
-
-  /// Tell a just-accepted connection why it is refused, and close it.
-  static void refuse(int fd, const std::string& why, errc code = errc::invalid_request) {
-    auto f = proto::encode(proto::error{code, why}, 0);
-    [[maybe_unused]] auto w = ::send(fd, f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    close(fd);
-  }
-
-  /// Accept what the backlog holds (bounded per wake-up, so requests are served in between).
-  void accept_clients(std::atomic<size_t>& count) {
-    for (int n = 0; n < 256; ++n) {
-      int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) {
-        if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (errno == EMFILE || errno == ENFILE) return out_of_descriptors(errno);
-        if (errno != EAGAIN && errno != EWOULDBLOCK)
-          log->error("accepting a client connection failed: {}", std::strerror(errno));
-        return;
-      }
-      if (!admit(fd)) continue;
-      if (conns.size() >= max_clients) {
-        refuse(fd, fmt::format("too many clients: {} connections already open "
-                               "(limits.max_clients)",
-                               conns.size()));
-        log->warn("client connection refused: {} already open (limits.max_clients)", conns.size());
-        continue;
-      }
-      uint64_t id = next_id++;
-      conns[id].fd = fd;
-      ++count;
-      epoll_event ev{};
-      ev.events = EPOLLIN;
-      ev.data.u64 = id;
-      epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev);
-      log->debug("client conn={} connected", id);
-    }
-  }
-
-  /// Whether the process that connected `fd` may use this daemon (the credentials the kernel
-  /// took at its connect()); one that may not is told why and closed before any byte of it is
-  /// read. Logged at most every 10 s, with the count since, so a local flood cannot flood the log.
-  bool admit(int fd) {
-    auto peer = credentials_of(fd);
-    if (peer && admitted(access, self_uid, peer.value)) return true;
-    const auto why =
-        peer ? access_denied_reason(peer.value)
-             : "access denied: the client's credentials cannot be read: " + peer.message;
-    ++denied_unlogged;
-    const auto now = std::chrono::steady_clock::now();
-    if (!last_denied_warning || now - *last_denied_warning >= std::chrono::seconds(10)) {
-      log->warn("client connection refused: {}{}", why,
-                denied_unlogged > 1
-                    ? fmt::format(" ({} refused since the last warning, this one included)",
-                                  denied_unlogged)
-                    : std::string());
-      last_denied_warning = now;
-      denied_unlogged = 0;
-    }
-    refuse(fd, why, errc::access_denied);  // after the log line: a test reads it once refused
-    return false;
-  }
-
-  /// accept4 failed for want of a descriptor: give up the reserve to accept one connection and
-  /// refuse it with the reason, or, with no reserve left, stop polling the listen socket for a
-  /// while. Either way other clients are served on, and the warning is logged at most every 10 s.
-  void out_of_descriptors(int err) {
-    ++fd_refusals;
-    const auto now = std::chrono::steady_clock::now();
-    const auto why = fmt::format(
-        "ferryd is out of file descriptors ({}): this connection is refused; raise the daemon's "
-        "descriptor limit (ulimit -n, LimitNOFILE) or lower limits.max_clients",
-        std::strerror(err));
-    if (now - last_fd_warning >= std::chrono::seconds(10)) {
-      log->warn(
-          "client connections refused: {} ({} connections open, {} refused since the last "
-          "warning)",
-          why, conns.size(), fd_refusals);
-      last_fd_warning = now;
-      fd_refusals = 0;
-    }
-    if (reserve_fd >= 0) {
-      close(reserve_fd);
-      reserve_fd = -1;
-      if (int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC); fd >= 0)
-        refuse(fd, why);
-      reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-      if (reserve_fd >= 0) return;
-    }
-    epoll_ctl(epoll_fd, EPOLL_CTL_DEL, listen_fd, nullptr);
-    listen_paused_until = now + std::chrono::milliseconds(100);
-  }
-
-  /// Put the listen socket back into epoll once its pause is over; the wait (ms) until then, or
-  /// -1 when it is not paused.
-  int resume_listening(std::chrono::steady_clock::time_point now) {
-    if (!listen_paused_until) return -1;
-    if (now < *listen_paused_until)
-      return static_cast<int>(
-                 std::chrono::duration_cast<std::chrono::milliseconds>(*listen_paused_until - now)
-                     .count()) +
-             1;
-    listen_paused_until.reset();
-    if (reserve_fd < 0) reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.u64 = listen_key;
-    epoll_ctl(epoll_fd, EPOLL_CTL_ADD, listen_fd, &ev);
-    return -1;
-  }
-
-  void queue_local(uint64_t id, connection& c, const proto::message& m, uint32_t seq) {
-    auto f = encode_for(c, m, seq);
-    c.out.insert(c.out.end(), f.begin(), f.end());
-  }
-
-  /// A frame in the connection's version (a hello_reply also says which one that is).
-  static std::vector<uint8_t> encode_for(const connection& c, const proto::message& m,
-                                         uint32_t seq) {
-    if (const auto* h = std::get_if<proto::hello_reply>(&m)) {
-      auto r = *h;
-      r.version = c.version;
-      return proto::encode(r, seq, c.version);
-    }
-    return proto::encode(m, seq, c.version);
-  }
-};
-
-result<std::shared_ptr<client_gateway>> client_gateway::listen(const std::string& path,
-                                                               uint32_t max_clients,
-                                                               uint32_t frame_ms,
-                                                               client_access access) {
-  std::shared_ptr<client_gateway> g(new client_gateway());
-  g->impl_ = std::make_unique<impl>();
-  auto& im = *g->impl_;
-  im.max_clients = max_clients;
-  im.access = std::move(access);
-  im.frame_limit = std::chrono::milliseconds(frame_ms);
-  im.log = logging::get("client");
-  sockaddr_un addr{};
-  if (path.size() >= sizeof(addr.sun_path)) {
-    return error{errc::config_invalid, "listen.client: socket path '" + path + "' is too long"};
-  }
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  im.listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (im.listen_fd < 0) {
-    return error{errc::system_error,
-                 std::string("socket(AF_UNIX) failed: ") + std::strerror(errno)};
-  }
-  // A socket file that still accepts connections belongs to a running process (another ferryd
-  // whose config names the same path): replacing it would cut that daemon off its clients.
-  if (int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0); probe >= 0) {
-    const bool live = ::connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-    close(probe);
-    if (live) {
-      return error{errc::system_error,
-                   "listen.client '" + path +
-                       "' is in use: another process accepts connections on it (a second ferryd?)"};
-    }
-  }
-  unlink(path.c_str());  // a stale socket file of a daemon that is gone
-  // Created for the daemon's user alone; share_socket_file then opens it as far as
-  // security.client_users and client_groups need (core/access.hpp).
-  mode_t old = umask(0077);
-  int rc = bind(im.listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  umask(old);
-  if (rc != 0) {
-    return error{errc::system_error,
-                 "cannot bind client socket '" + path + "': " + std::strerror(errno)};
-  }
-  im.path = path;
-  if (auto shared = share_socket_file(im.access, path); !shared) return shared.error();
-  if (::listen(im.listen_fd, listen_backlog()) != 0) {
-    return error{errc::system_error,
-                 "cannot listen on client socket '" + path + "': " + std::strerror(errno)};
-  }
-  im.reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  im.epoll_fd = epoll_create1(EPOLL_CLOEXEC);
-  im.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+void client_gateway::impl::update_interest(uint64_t id, connection& c) {
+  bool want = c.out_pos < c.out.size();
+  if (want == c.want_write) return;
+  c.want_write = want;
   epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.u64 = listen_key;
-  epoll_ctl(im.epoll_fd, EPOLL_CTL_ADD, im.listen_fd, &ev);
-  ev.data.u64 = wake_key;
-  epoll_ctl(im.epoll_fd, EPOLL_CTL_ADD, im.wake_fd, &ev);
-  return g;
+  ev.events = want ? (EPOLLIN | EPOLLOUT) : EPOLLIN;
+  ev.data.u64 = id;
+  epoll_ctl(epoll_fd, EPOLL_CTL_MOD, c.fd, &ev);
+}
+
+/// Write as much as the socket takes; false when the connection must be closed.
+bool client_gateway::impl::flush(uint64_t id, connection& c) {
+  while (c.out_pos < c.out.size()) {
+    ssize_t n = ::send(c.fd, c.out.data() + c.out_pos, c.out.size() - c.out_pos, MSG_NOSIGNAL);
+    if (n > 0) {
+      c.out_pos += static_cast<size_t>(n);
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      break;
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      return false;
+    }
+  }
+  if (c.out_pos == c.out.size()) {
+    c.out.clear();
+    c.out_pos = 0;
+  }
+  update_interest(id, c);
+  return true;
+}
+
+/// Encode the replies and events actors queued since the last call and write them out; a
+/// connection whose unsent output passes max_output_bytes is closed.
+void client_gateway::impl::deliver_outbox(std::vector<outgoing>& batch,
+                                          std::atomic<size_t>& count) {
+  {
+    std::lock_guard<std::mutex> lock(outbox_mutex);
+    batch.swap(outbox);
+  }
+  for (const auto& o : batch) {
+    auto it = conns.find(o.conn);
+    if (it == conns.end()) continue;
+    auto frame = encode_for(it->second, o.msg, o.seq);
+    it->second.out.insert(it->second.out.end(), frame.begin(), frame.end());
+  }
+  for (const auto& o : batch) {
+    auto it = conns.find(o.conn);
+    if (it == conns.end() || it->second.out.empty()) continue;
+    if (it->second.out.size() - it->second.out_pos > max_output_bytes) {
+      log->warn("client conn={} is not reading its replies; disconnecting", o.conn);
+      close_conn(o.conn, count);
+      continue;
+    }
+    if (!flush(o.conn, it->second)) close_conn(o.conn, count);
+  }
+  batch.clear();
+}
+
+/// At a stop: what actors queued before it (the outcome of the last room of a drain, say)
+/// still reaches its client. Bounded: a client that does not read within `limit` loses the
+/// rest with its connection.
+void client_gateway::impl::deliver_before_close(std::atomic<size_t>& count,
+                                                std::chrono::milliseconds limit) {
+  std::vector<outgoing> batch;
+  deliver_outbox(batch, count);
+  const auto until = std::chrono::steady_clock::now() + limit;
+  std::vector<pollfd> waiting;
+  for (;;) {
+    waiting.clear();
+    for (auto& [id, c] : conns)
+      if (c.out_pos < c.out.size() && flush(id, c) && c.out_pos < c.out.size())
+        waiting.push_back({c.fd, POLLOUT, 0});
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          until - std::chrono::steady_clock::now())
+                          .count();
+    if (waiting.empty() || left <= 0) return;
+    if (::poll(waiting.data(), waiting.size(), static_cast<int>(left)) < 0 && errno != EINTR)
+      return;
+  }
+}
+
+/// The session rules of docs/protocol.md: hello first, once, in a version both sides speak
+/// (which the connection then keeps). Returns the refusal for a request that breaks them (the
+/// request is not served); `close` is set when the connection cannot go on.
+std::optional<proto::error> client_gateway::impl::session_error(connection& c,
+                                                                const proto::message& m,
+                                                                bool& close) {
+  const auto* h = std::get_if<proto::hello>(&m);
+  if (!h && !c.said_hello)
+    return proto::error{errc::invalid_request,
+                        fmt::format("{} before hello: hello must be the first request of a "
+                                    "connection",
+                                    proto::to_string(proto::type_of(m)))};
+  if (!h) return std::nullopt;
+  if (c.said_hello)
+    return proto::error{errc::invalid_request,
+                        "a second hello: this connection already said hello"};
+  const uint16_t version = proto::negotiate(h->min_version, h->version);
+  if (version == 0) {
+    close = true;
+    return proto::error{errc::unsupported_version,
+                        fmt::format("client speaks protocol versions {}..{}, ferryd speaks "
+                                    "{}..{}",
+                                    h->min_version, h->version, proto::min_protocol_version,
+                                    proto::protocol_version)};
+  }
+  c.said_hello = true;
+  c.version = version;
+  c.reader.set_version(version);
+  return std::nullopt;
+}
+
+/// The descriptors of the frame that occupied stream bytes [start, end): those whose read
+/// ended inside it, when it is a register_memory asking for exactly that many. Any other
+/// descriptor received up to `end` is closed (with a log line): it belongs to no request.
+/// A refusal (then every descriptor of the frame is closed and the request is not served).
+std::optional<proto::error> client_gateway::impl::take_fds(connection& c, uint64_t start,
+                                                           uint64_t end, const proto::decoded& d,
+                                                           std::vector<int>& out) {
+  const auto* reg = d.msg ? std::get_if<proto::register_memory>(&*d.msg) : nullptr;
+  bool truncated = false;
+  while (!c.fd_batches.empty() && c.fd_batches.front().end <= end) {
+    auto& b = c.fd_batches.front();
+    if (reg && b.end > start) {
+      out.insert(out.end(), b.fds.begin(), b.fds.end());
+      truncated = truncated || b.truncated;
+    } else {
+      log->warn("a client sent {} file descriptor(s) with a {} frame; closed them", b.fds.size(),
+                d.msg ? proto::to_string(proto::type_of(*d.msg)) : "bad");
+      for (int fd : b.fds) close(fd);
+    }
+    c.fd_batches.pop_front();
+  }
+  if (!reg) return std::nullopt;
+  std::optional<proto::error> refusal;
+  if (truncated)
+    refusal = proto::error{errc::invalid_request,
+                           fmt::format("register_memory: more than {} file descriptors came "
+                                       "with the frame",
+                                       proto::max_register_fds)};
+  else if (out.size() != reg->fd_count)
+    refusal = proto::error{errc::invalid_request,
+                           fmt::format("register_memory: the frame says {} file descriptor(s) "
+                                       "but {} came with it (SCM_RIGHTS on its first byte)",
+                                       reg->fd_count, out.size())};
+  if (refusal) {
+    for (int fd : out) close(fd);
+    out.clear();
+  }
+  return refusal;
+}
+
+/// recv, also taking the descriptors a client passes with SCM_RIGHTS.
+ssize_t client_gateway::impl::receive(connection& c, std::vector<uint8_t>& buf) {
+  iovec iov{buf.data(), buf.size()};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * proto::max_register_fds)];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t got = recvmsg(c.fd, &msg, MSG_CMSG_CLOEXEC);
+  if (got <= 0) return got;
+  connection::fd_batch batch;
+  batch.end = c.stream_in + static_cast<uint64_t>(got);
+  batch.truncated = (msg.msg_flags & MSG_CTRUNC) != 0;
+  for (cmsghdr* h = CMSG_FIRSTHDR(&msg); h; h = CMSG_NXTHDR(&msg, h)) {
+    if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS) continue;
+    const size_t n = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    const int* fds = reinterpret_cast<const int*>(CMSG_DATA(h));
+    batch.fds.insert(batch.fds.end(), fds, fds + n);
+  }
+  if (!batch.fds.empty() || batch.truncated) c.fd_batches.push_back(std::move(batch));
+  return got;
+}
+
+void client_gateway::impl::queue_local(uint64_t id, connection& c, const proto::message& m,
+                                       uint32_t seq) {
+  auto f = encode_for(c, m, seq);
+  c.out.insert(c.out.end(), f.begin(), f.end());
+}
+
+/// A frame in the connection's version (a hello_reply also says which one that is).
+std::vector<uint8_t> client_gateway::impl::encode_for(const connection& c, const proto::message& m,
+                                                      uint32_t seq) {
+  if (const auto* h = std::get_if<proto::hello_reply>(&m)) {
+    auto r = *h;
+    r.version = c.version;
+    return proto::encode(r, seq, c.version);
+  }
+  return proto::encode(m, seq, c.version);
 }
 
 client_gateway::~client_gateway() { stop(); }

@@ -59,6 +59,11 @@ const char* to_string(client_pool::state s) {
   return "?";
 }
 
+result<> daemon_context::ready() const {
+  if (!serving) return error{errc::draining, drain_begun ? "stopping" : "starting"};
+  return pools_usable();
+}
+
 result<> daemon_context::pools_usable() const {
   for (int k = 0; k < pool_kind_count; ++k) {
     if (!client_memory(k)) continue;

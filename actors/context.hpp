@@ -204,6 +204,10 @@ struct daemon_context {
   /// Whether rooms can use the pools now, or why not (peer_incompatible: a `memory: client` pool
   /// is not registered).
   result<> pools_usable() const;
+  /// Whether the daemon takes rooms now, or why not ("starting", "stopping", a client pool
+  /// not registered): what /readyz and `ferryctl wait-ready` (the status document's `ready`)
+  /// both answer from.
+  result<> ready() const;
   /// Do one planned local copy (packing at a prefill, unpacking at a decode).
   void copy(const planned_copy& c) const {
     std::memcpy(base(c.to) + c.to_offset, base(c.from) + c.from_offset, c.length);

@@ -123,25 +123,44 @@ bool is_drain_request(int code, pid_t pid, int value) {
   return code == SI_QUEUE && pid == getpid() && value == drain_request_value;
 }
 
+/// How many rooms are still active, asked of the Scheduler after everything sent it before
+/// (the drain_msg included): its answer orders after them. -1 when it does not answer.
+int64_t rooms_still_active(caf::actor_system& sys, const caf::actor& scheduler) {
+  caf::scoped_actor self{sys};
+  int64_t active = -1;
+  self->request(scheduler, std::chrono::seconds(2), metrics_atom::value)
+      .receive(
+          [&](metrics_snapshot& m) {
+            active = 0;
+            for (const auto& side : m.active)
+              for (const auto n : side) active += static_cast<int64_t>(n);
+          },
+          [&](caf::error&) {});
+  return active;
+}
+
 /// The stop's drain, after the first stop signal: the Scheduler refuses new rooms and tells the
 /// peers; this returns once the rooms accepted before it finished, a second stop signal came,
 /// or timeouts.stop_ms passed, whichever is first. `signals` are blocked in every thread.
-void drain_before_stop(const caf::actor& scheduler, const ferry_config& cfg,
-                       const sigset_t& signals, spdlog::logger& log) {
+/// Returns how many rooms the stop cut short: 0 when the drain finished (or had nothing to
+/// wait for, as when both stop signals come at once to an idle daemon).
+int64_t drain_before_stop(caf::actor_system& sys, const caf::actor& scheduler,
+                          const ferry_config& cfg, const sigset_t& signals, spdlog::logger& log) {
   if (cfg.timeouts.stop_ms == 0) {
     log.info("timeouts.stop_ms is 0: stopping at once");
-    return;
+    return 0;
   }
   auto done = std::make_shared<stop_notice>();
   const int sfd = signalfd(-1, &signals, SFD_CLOEXEC);
   if (done->fd < 0 || sfd < 0) {
     log.warn("cannot wait for the drain ({}): stopping at once", std::strerror(errno));
     if (sfd >= 0) close(sfd);
-    return;
+    return 0;
   }
   caf::anon_send(scheduler, drain_msg{done});
   const auto until =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(cfg.timeouts.stop_ms);
+  bool forced = false;
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
                           until - std::chrono::steady_clock::now())
@@ -154,6 +173,7 @@ void drain_before_stop(const caf::actor& scheduler, const ferry_config& cfg,
           "timeouts.stop_ms ({} ms) passed with rooms still active: stopping at once; "
           "their peers see them fail",
           cfg.timeouts.stop_ms);
+      forced = true;
       break;
     }
     if (fds[0].revents) break;  // drained: the Scheduler logged it
@@ -166,9 +186,45 @@ void drain_before_stop(const caf::actor& scheduler, const ferry_config& cfg,
     if (is_drain_request(si.ssi_code, static_cast<pid_t>(si.ssi_pid), si.ssi_int))
       continue;  // a client's drain, asked for as the operator's signal came: already draining
     log.warn("signal {} received again while draining: stopping at once", si.ssi_signo);
+    forced = true;
     break;
   }
   close(sfd);
+  if (!forced) return 0;
+  // Two signals sent together reach an idle daemon before its Scheduler has seen the drain:
+  // once it answered, the drain has been checked, and `done` says whether it finished.
+  const int64_t active = rooms_still_active(sys, scheduler);
+  pollfd drained{done->fd, POLLIN, 0};
+  if (::poll(&drained, 1, 0) == 1) return 0;
+  return active < 0 ? 1 : active;
+}
+
+/// The test hook that makes a start slow on purpose (docs/operations.md, "Metrics and health"):
+/// with FERRY_FAILPOINTS=start_hold_creating_pools, ferryd holds before it creates its first
+/// pool until it gets SIGUSR1 (bounded: 60 s), so a test sees the endpoint of a daemon that is
+/// starting without racing it. SIGUSR1 is blocked before any thread exists; false when unset.
+constexpr const char* hold_failpoint = "start_hold_creating_pools";
+
+bool block_hold_signal() {
+  if (core::active_failpoints().find(hold_failpoint) == std::string::npos) return false;
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &usr1, nullptr);
+  return true;
+}
+
+void hold_start(spdlog::logger& log) {
+  if (!core::failpoint(hold_failpoint)) return;
+  log.warn("failpoint {}: holding the start before the pools until SIGUSR1 (a test hook)",
+           hold_failpoint);
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  const timespec bound{60, 0};
+  while (sigtimedwait(&usr1, nullptr, &bound) < 0 && errno == EINTR) {
+  }
+  log.info("failpoint {}: released", hold_failpoint);
 }
 
 std::string random_instance() {
@@ -276,6 +332,21 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGHUP);
   if (!options.wait_for_stop) pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const bool hold_in_pools = block_hold_signal();
+
+  // /healthz and /readyz from the first moment: a probe tells a daemon that is starting (its
+  // pools may take minutes) from one that is not there.
+  auto status = std::make_shared<operator_status>();
+  std::unique_ptr<http_server> operator_http;
+  if (!cfg.metrics_listen.empty()) {
+    auto served = serve_operator_endpoint(status, ctx);
+    if (!served) {
+      log->error("listen.metrics: {}", served.message);
+      return exit_code::could_not_start;
+    }
+    operator_http = std::move(served.value);
+  }
+  status->phase(fmt::format("opening the fabric ({})", cfg.fabric.provider));
 
   transport::engine_config engine_cfg;
   engine_cfg.provider = cfg.fabric.provider;
@@ -307,6 +378,8 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
           to_string(static_cast<pool_kind>(k)), pool.total_bytes, pool.buffers.size());
       continue;
     }
+    status->phase(fmt::format("creating pool {}", to_string(static_cast<pool_kind>(k))));
+    if (hold_in_pools) hold_start(*log);
     auto name = fmt::format("/ferry.{}.{}.{}", cfg.node_name, ctx->instance,
                             to_string(static_cast<pool_kind>(k)));
     auto created = shm_region::create(name, pool.total_bytes,
@@ -333,6 +406,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
               pool.total_bytes, pool.buffers.size());
   }
   if (cfg.fabric.staging_bytes) {
+    status->phase("mapping fabric.staging_bytes");
     auto st = std::make_unique<staging_area>(cfg.fabric.staging_bytes);
     void* mem = mmap(nullptr, cfg.fabric.staging_bytes, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -350,6 +424,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
     st->region = reg.value;
     ctx->staging = std::move(st);
   }
+  status->phase("listening for clients, peers and the actor system");
   auto gateway = client_gateway::listen(cfg.client_listen, client_limit(cfg, nofile, *log),
                                         cfg.limits.client_frame_ms, access.value);
   if (!gateway) {
@@ -359,6 +434,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
   ctx->gateway = std::move(gateway.value);
 
   int rc = 0;
+  int64_t cut_short = 0;  // rooms a forced stop ended unfinished
   ctx->timers = std::make_unique<timer_service>();
   {
     const uint32_t workers = cfg.runtime.workers
@@ -391,14 +467,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
         });
     if (!err.empty())
       err = fmt::format("cannot listen for peers on {}: {}", cfg.control_listen, err);
-    std::unique_ptr<http_server> operator_http;
-    if (err.empty() && !cfg.metrics_listen.empty()) {
-      auto served = serve_operator_endpoint(sys, scheduler, ctx);
-      if (served)
-        operator_http = std::move(served.value);
-      else
-        err = "listen.metrics: " + served.message;
-    }
+    status->attach(sys, scheduler);
     if (!err.empty()) {
       log->error("{}", err);
       rc = exit_code::could_not_start;
@@ -412,6 +481,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
       if (const auto fp = core::active_failpoints(); !fp.empty())
         log->warn("FERRY_FAILPOINTS={} is set: this daemon fails on purpose (a test hook)", fp);
       ctx->serving = true;
+      status->started();
       log->info("ready: provider {}, peers on {}, clients on {}{}", ctx->engine->provider_name(),
                 cfg.control_listen, cfg.client_listen,
                 operator_http ? fmt::format(", metrics on http://{}/metrics", cfg.metrics_listen)
@@ -443,7 +513,8 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
           log->info("signal {} received; stopping (a second signal stops at once)", sig);
         ctx->serving = false;
         notify_stopping(*log, "stopping: draining the rooms accepted before the signal");
-        drain_before_stop(scheduler, cfg, stop_signals, *log);
+        cut_short = drain_before_stop(sys, scheduler, cfg, stop_signals, *log);
+        if (cut_short > 0) rc = exit_code::forced_stop;
         log->info("shutting down");
       }
       ctx->serving = false;
@@ -466,7 +537,11 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
   ctx->gateway.reset();
   ctx->peer_port.reset();
   ctx->digest.stop();  // the last interval's summary: every room has ended by now
-  log->info("stopped");
+  if (rc == exit_code::forced_stop)
+    log->warn("stopped, forced: {} room{} ended unfinished (exit code {})", cut_short,
+              cut_short == 1 ? "" : "s", rc);
+  else
+    log->info("stopped");
   return rc;
 }
 

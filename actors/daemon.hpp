@@ -30,7 +30,9 @@ struct daemon_options {
 };
 
 /// Run a daemon until it is told to stop (by default SIGINT or SIGTERM). Returns a process exit
-/// code (core/exit_codes.hpp): 0 after a clean stop; could_not_start when start-up failed (a
+/// code (core/exit_codes.hpp): 0 after a clean stop (the drain finished); forced_stop when a
+/// second stop signal or timeouts.stop_ms ended the drain with rooms still active;
+/// could_not_start when start-up failed (a
 /// second instance, pools, fabric, registrations, sockets), logged with what failed; usage for a
 /// malformed FERRY_FAILPOINTS.
 int run_daemon(const ferry_config& cfg, const daemon_options& options = {});

@@ -4,6 +4,8 @@
 
 #include <civetweb.h>
 #include <fmt/format.h>
+#include <pthread.h>
+#include <signal.h>
 
 #include <cstring>
 #include <mutex>
@@ -72,7 +74,13 @@ result<std::unique_ptr<http_server>> http_server::start(const std::string& addre
   {
     std::lock_guard lock(start_mutex);
     start_error = &why;
+    // civetweb's threads inherit this mask: they never take a signal meant for the daemon
+    // (ferryd may start serving before it blocks its stop signals, actors/daemon.cpp).
+    sigset_t all, was;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &was);
     s->ctx_ = mg_start(&callbacks, nullptr, options);
+    pthread_sigmask(SIG_SETMASK, &was, nullptr);
     start_error = nullptr;
   }
   if (!s->ctx_)

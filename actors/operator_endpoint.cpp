@@ -1,4 +1,5 @@
-// actors/operator_endpoint.hpp: three routes over the Scheduler and the daemon context.
+// actors/operator_endpoint.hpp: three routes over the start-up phase, the Scheduler and the
+// daemon context.
 
 #include "actors/operator_endpoint.hpp"
 
@@ -16,6 +17,8 @@ namespace {
 /// for long (no actor worker waits on I/O), so a daemon that cannot answer in this is wedged.
 constexpr auto scheduler_answer = std::chrono::seconds(2);
 
+constexpr const char* text = "text/plain; charset=utf-8";
+
 /// The Scheduler's snapshot, or why there is none.
 result<metrics_snapshot> ask(caf::actor_system& sys, const caf::actor& scheduler) {
   caf::scoped_actor self{sys};
@@ -31,25 +34,49 @@ result<metrics_snapshot> ask(caf::actor_system& sys, const caf::actor& scheduler
 
 }  // namespace
 
-result<std::unique_ptr<http_server>> serve_operator_endpoint(caf::actor_system& sys,
-                                                             caf::actor scheduler,
-                                                             context_ptr ctx) {
+void operator_status::phase(std::string now) {
+  std::lock_guard lock(mutex_);
+  view_.phase = std::move(now);
+}
+
+void operator_status::attach(caf::actor_system& sys, caf::actor scheduler) {
+  std::lock_guard lock(mutex_);
+  view_.sys = &sys;
+  view_.scheduler = std::move(scheduler);
+}
+
+void operator_status::started() {
+  std::lock_guard lock(mutex_);
+  view_.phase.clear();
+}
+
+operator_status::view operator_status::now() const {
+  std::lock_guard lock(mutex_);
+  return view_;
+}
+
+result<std::unique_ptr<http_server>> serve_operator_endpoint(
+    std::shared_ptr<operator_status> status, context_ptr ctx) {
   std::vector<http_route> routes;
-  routes.emplace_back("/metrics", [&sys, scheduler, ctx]() -> http_reply {
-    auto snap = ask(sys, scheduler);
-    if (!snap) return {503, "text/plain; charset=utf-8", snap.message + "\n"};
+  routes.emplace_back("/metrics", [status, ctx]() -> http_reply {
+    const auto v = status->now();
+    if (!v.sys) return {503, text, "starting: " + v.phase + "\n"};
+    auto snap = ask(*v.sys, v.scheduler);
+    if (!snap) return {503, text, snap.message + "\n"};
     return {200, "text/plain; version=0.0.4; charset=utf-8", ctx->metrics->exposition(snap.value)};
   });
-  routes.emplace_back("/healthz", [&sys, scheduler]() -> http_reply {
-    auto snap = ask(sys, scheduler);
-    if (!snap) return {503, "text/plain; charset=utf-8", "not alive: " + snap.message + "\n"};
-    return {200, "text/plain; charset=utf-8", "ok\n"};
+  routes.emplace_back("/healthz", [status]() -> http_reply {
+    const auto v = status->now();
+    if (!v.phase.empty()) return {200, text, "starting\n"};
+    auto snap = ask(*v.sys, v.scheduler);
+    if (!snap) return {503, text, "not alive: " + snap.message + "\n"};
+    return {200, text, "ok\n"};
   });
-  routes.emplace_back("/readyz", [ctx]() -> http_reply {
-    if (!ctx->serving) return {503, "text/plain; charset=utf-8", "not ready: stopping\n"};
-    if (auto usable = ctx->pools_usable(); !usable)
-      return {503, "text/plain; charset=utf-8", "not ready: " + usable.message + "\n"};
-    return {200, "text/plain; charset=utf-8", "ready\n"};
+  routes.emplace_back("/readyz", [status, ctx]() -> http_reply {
+    const auto v = status->now();
+    if (!v.phase.empty()) return {503, text, "starting: " + v.phase + "\n"};
+    if (auto ready = ctx->ready(); !ready) return {503, text, "not ready: " + ready.message + "\n"};
+    return {200, text, "ready\n"};
   });
   return http_server::start(ctx->config.metrics_listen, std::move(routes));
 }

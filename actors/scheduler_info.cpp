@@ -51,6 +51,7 @@ json rails_doc(const transport::engine& engine) {
 json status_doc(scheduler_state& st) {
   const auto& c = st.ctx->config;
   auto* staging = st.ctx->staging.get();
+  const auto ready = st.ctx->ready();
   return {{"node", c.node_name},
           {"instance", st.ctx->instance},
           {"role", to_string(c.role)},
@@ -71,6 +72,8 @@ json status_doc(scheduler_state& st) {
             {"unpacked_bytes", staging ? staging->unpacked_bytes() : 0}}},
           {"timers", st.ctx->timers ? st.ctx->timers->pending() : 0},
           {"draining", st.draining},
+          {"ready", static_cast<bool>(ready)},
+          {"not_ready", ready ? std::string() : ready.message},
           {"rails", rails_doc(*st.ctx->engine)},
           {"log", log_doc()}};
 }

@@ -27,6 +27,9 @@ say() { echo "example-cluster: $*"; }
 if [ "$(id -u)" -ne 0 ]; then say "skipped: needs root for ip netns"; exit 77; fi
 tag=fx$$                       # namespaces of this run: fx<pid>-sw, fx<pid>-h0, ...
 work=$(mktemp -d /tmp/ferry-example-XXXXXX)
+# The configs take their client sockets' directory from FERRY_RUN_DIR (listen.client:
+# ${FERRY_RUN_DIR}/...): this run's own, so runs side by side never share a socket.
+export FERRY_RUN_DIR=$work
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; kill -INT "$p" 2>/dev/null || true; done
@@ -55,8 +58,10 @@ for i in "${!hosts[@]}"; do
   ip -n "$ns" link set eth0 up
 done
 
-config_value() {  # config_value FILE KEY: the first "  KEY: value" of a config, comment cut
-  sed -n "s/^  $2: *\([^ #]*\).*/\1/p" "$1" | head -1
+config_value() {  # config_value FILE KEY: the first "  KEY: value" of a config, comment cut,
+  local v        # ${FERRY_RUN_DIR} expanded as ferryd expands it
+  v=$(sed -n "s/^  $2: *\([^ #]*\).*/\1/p" "$1" | head -1)
+  echo "${v//'${FERRY_RUN_DIR}'/$FERRY_RUN_DIR}"
 }
 start() {  # start I HOST: ferryd of configs/examples/NAME/HOST.yaml in namespace I
   local i=$1 host=$2 line=""

@@ -2,6 +2,8 @@
 // key, a string where a number belongs); what the values mean is config_validate.cpp's.
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cstdlib>
 #include <initializer_list>
@@ -268,6 +270,32 @@ aux_pool_config parse_aux(const YAML::Node& n) {
   return aux;
 }
 
+/// `${NAME}` in `value` replaced by the environment's NAME, so that one config file serves many
+/// runs (a temporary directory per run, systemd's ${RUNTIME_DIRECTORY}). NAME is letters,
+/// digits and '_'; an unset or empty NAME fails naming it. Any other '$' stays as it is.
+std::string expand_environment(const std::string& value, const std::string& path) {
+  std::string out;
+  size_t at = 0;
+  for (size_t open; (open = value.find("${", at)) != std::string::npos;) {
+    const size_t close = value.find('}', open + 2);
+    if (close == std::string::npos) fail(path, "a '${' without its '}' in '" + value + "'");
+    const std::string name = value.substr(open + 2, close - open - 2);
+    const bool well_formed = !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0])) &&
+                             std::all_of(name.begin(), name.end(), [](char c) {
+                               return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+                             });
+    if (!well_formed) fail(path, "'${" + name + "}' is not an environment variable name");
+    const char* v = std::getenv(name.c_str());
+    if (!v || !*v)
+      fail(path,
+           "${" + name + "} names the environment variable " + name + ", which is unset or empty");
+    out += value.substr(at, open - at);
+    out += v;
+    at = close + 1;
+  }
+  return out + value.substr(at);
+}
+
 ferry_config parse_root(const YAML::Node& root) {
   ferry_config cfg;
   const section top(root, "",
@@ -286,6 +314,7 @@ ferry_config parse_root(const YAML::Node& root) {
   const section listen(top.get_or_null("listen"), "listen", {"control", "client", "metrics"});
   listen.optional_field("control", cfg.control_listen);
   listen.required_field("client", cfg.client_listen);
+  cfg.client_listen = expand_environment(cfg.client_listen, "listen.client");
   listen.optional_field("metrics", cfg.metrics_listen);
 
   const section fabric(

@@ -68,15 +68,22 @@ daemon_lock::~daemon_lock() {
 result<daemon_lock> lock_config(const std::string& client_socket, const std::string& node,
                                 const std::string& instance) {
   const auto path = client_socket + ".lock";
-  // The file is never unlinked, so every ferryd with this config locks the same inode.
-  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    const error failure{errc::system_error, fmt::format("cannot open the config lock {}: {}", path,
-                                                        std::strerror(errno))};
-    return failure;
+  // The holder unlinks the file as it lets go, so a lock taken on a file that is no longer at
+  // `path` (its holder stopped between this open and this flock) is taken again on the new
+  // one: every ferryd with this config contends for the one inode at `path`.
+  int fd = -1, e = 0;
+  for (int attempt = 0;; ++attempt) {
+    fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      const error failure{errc::system_error, fmt::format("cannot open the config lock {}: {}",
+                                                          path, std::strerror(errno))};
+      return failure;
+    }
+    e = flock(fd, LOCK_EX | LOCK_NB) == 0 ? 0 : errno;
+    if (e != 0 || same_file(fd, path) || attempt == 100) break;
+    close(fd);
   }
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    const int e = errno;
+  if (e != 0) {
     auto holder = read_all(fd);
     while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
     close(fd);
@@ -102,6 +109,7 @@ result<daemon_lock> lock_config(const std::string& client_socket, const std::str
   }
   daemon_lock l;
   l.fd_ = fd;
+  l.unlink_path_ = path;  // removed at a clean stop; a crash leaves it, unheld and harmless
   return l;
 }
 

@@ -4,7 +4,9 @@
 ///
 /// - The *config lock*, `<listen.client>.lock` beside the client socket, is held for the
 ///   daemon's life: a second ferryd started with the same config finds the first there and
-///   exits, touching nothing of it (the file says which pid, node and instance hold it).
+///   exits, touching nothing of it (the file says which pid, node and instance hold it). It is
+///   unlinked when released (a clean stop); one a crash left is unheld, and the next ferryd
+///   takes it.
 /// - The *instance lock*, the POSIX shm object `/ferry.<node>.<instance>.lock`, is held for the
 ///   instance's life beside its pools `/ferry.<node>.<instance>.{kv,state,aux}`. An instance
 ///   whose lock nobody holds is dead (the kernel drops an flock with its last holder, kill -9
@@ -38,7 +40,7 @@ class daemon_lock {
                                          const std::string&);
   friend result<daemon_lock> lock_instance(const std::string&, const std::string&);
   int fd_ = -1;
-  std::string unlink_path_;  ///< empty: the file stays (the config lock)
+  std::string unlink_path_;  ///< unlinked, while still held, on release
 };
 
 /// Take the config lock beside `client_socket`. When another live ferryd holds it, the error

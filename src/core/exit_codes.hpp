@@ -24,6 +24,10 @@ inline constexpr int timed_out = 4;
 /// ferryd could not start: a second instance of the config, the pools (/dev/shm), the fabric,
 /// memory registrations, the sockets, the locks.
 inline constexpr int could_not_start = 5;
+/// ferryd stopped without finishing its drain: a second stop signal, or timeouts.stop_ms
+/// expiring, while rooms accepted before the stop were still active (their peers see them
+/// fail). A drain that finished, or had nothing to wait for, exits `ok`.
+inline constexpr int forced_stop = 6;
 
 struct entry {
   int code;
@@ -35,7 +39,8 @@ inline constexpr entry all[] = {{ok, "ok"},
                                 {usage, "usage"},
                                 {unreachable, "unreachable"},
                                 {timed_out, "timed_out"},
-                                {could_not_start, "could_not_start"}};
+                                {could_not_start, "could_not_start"},
+                                {forced_stop, "forced_stop"}};
 
 /// The exit code of a client operation that returned `code`: `connection_lost` when the
 /// connection to ferryd broke (or never was made), which is `unreachable` whatever the code;

@@ -134,7 +134,8 @@ int main(int argc, char** argv) {
   bool drain_wait = false;
   drain->add_flag("--wait", drain_wait, "return once ferryd has exited (bounded by --timeout-ms)");
   drain->add_option("--timeout-ms", timeout_ms, "with --wait: give up after this long")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   auto* log_level = app.add_subcommand(
       "log-level", "show the daemon's log levels, or set one logger's or every logger's level");
   std::string level;
@@ -148,7 +149,9 @@ int main(int argc, char** argv) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   auto* ready =
       app.add_subcommand("wait-ready", "wait until the daemon accepts clients (for scripts)");
-  ready->add_option("--timeout-ms", timeout_ms, "give up after this long")->capture_default_str();
+  ready->add_option("--timeout-ms", timeout_ms, "give up after this long")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   auto* prepare = app.add_subcommand("prepare", "decode side: where a room's bytes must land");
   auto* send = app.add_subcommand("send", "prefill side: send one chunk of a room");
   auto* poll = app.add_subcommand("poll", "status of a room");
@@ -185,7 +188,9 @@ int main(int argc, char** argv) {
                    "layer-wise send: layers in the range (0, the default: every layer of the "
                    "daemon's rank)");
   fill->add_option("--first-position", first_position, "request position of the first page");
-  wait->add_option("--timeout-ms", timeout_ms, "give up after this long")->capture_default_str();
+  wait->add_option("--timeout-ms", timeout_ms, "give up after this long")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.footer(
       "Examples:\n"
       "  ferryctl -s /tmp/ferry-decode.sock prepare -r 7 --peer 127.0.0.1:7401 -p 100-163 "
@@ -222,20 +227,39 @@ int main(int argc, char** argv) {
     return out.usage(fmt::format("bad --pages '{}': {}", pages_text, e.what()));
   }
   if (*ready) {
-    // Retry the connect until the daemon has created its pools and socket, bounded in time.
+    // Retry until the daemon has created its pools and socket and says it is ready as /readyz
+    // does (the status document's `ready`: a client pool not registered is not), bounded.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    std::unique_ptr<client::client> c;
     for (;;) {
-      auto c = client::client::connect(socket, "ferryctl", std::chrono::seconds(10), false);
+      std::string why;
+      if (!c) {
+        auto made = client::client::connect(socket, "ferryctl", std::chrono::seconds(10), false);
+        if (made)
+          c = std::move(made.value);
+        else
+          why = made.message;
+      }
       if (c) {
-        const auto& d = c.value->daemon();
-        return out.done(
-            {{"ready", true}, {"node", d.node}, {"instance", d.instance}, {"role", d.role}},
-            fmt::format("{} ({}) is ready\n", d.node, d.role));
+        const auto& d = c->daemon();
+        auto status = c->info(proto::info_topic::status);
+        json doc = status ? json::parse(status.value, nullptr, false) : json();
+        if (!status) {
+          why = status.message;
+          c.reset();  // lost: connect again
+        } else if (doc.is_object() && doc.value("ready", true)) {
+          return out.done(
+              {{"ready", true}, {"node", d.node}, {"instance", d.instance}, {"role", d.role}},
+              fmt::format("{} ({}) is ready\n", d.node, d.role));
+        } else {
+          why = doc.is_object() ? doc.value("not_ready", std::string("not ready"))
+                                : std::string("ferryd's status is not a JSON document");
+        }
       }
       if (std::chrono::steady_clock::now() >= deadline)
         return out.fail_with(exit_code::timed_out, errc::timed_out,
-                             fmt::format("not ready after {} ms: {}", timeout_ms, c.message),
-                             fmt::format("not ready after {} ms: {}", timeout_ms, c.message));
+                             fmt::format("not ready after {} ms: {}", timeout_ms, why),
+                             fmt::format("not ready after {} ms: {}", timeout_ms, why));
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
@@ -311,8 +335,13 @@ int main(int argc, char** argv) {
     if (!r)
       return out.fail(r.code, r.message,
                       fmt::format("discover failed [{}]: {}", to_string(r.code), r.message));
+    // A rank that nothing answers at is unreachable, as a daemon is (exit 3); the answer is
+    // still printed, naming each rank and why it is down.
     auto doc = ctl::discover_doc(address, r.value);
-    return out.done(doc, ctl::render_discover(doc));
+    const bool all_up =
+        std::all_of(r.value.ranks.begin(), r.value.ranks.end(), [](const auto& k) { return k.up; });
+    return out.done(doc, ctl::render_discover(doc),
+                    all_up && !r.value.ranks.empty() ? exit_code::ok : exit_code::unreachable);
   }
   for (const auto& arg : peer_args) {
     size_t start = 0;

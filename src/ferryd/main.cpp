@@ -50,8 +50,8 @@ int main(int argc, char** argv) {
       "Examples:\n"
       "  ferryd --config configs/decode.yaml\n"
       "  ferryd --check-config configs/decode.yaml --set fabric.provider=shm --set tp.rank=0\n"
-      "Exit codes: 0 stopped cleanly, 2 bad options or config, 5 could not start "
-      "(docs/cli.md)");
+      "Exit codes: 0 stopped cleanly, 2 bad options or config, 5 could not start, 6 stopped "
+      "before the drain finished (docs/cli.md)");
   if (auto rc = ferry::cli::parse(app, argc, argv)) return *rc;
 
   if (config_path.empty() && check_path.empty()) {

@@ -1,6 +1,7 @@
 // A stop that drains (SIGTERM): the rooms a daemon accepted before it finish, byte for byte;
 // new rooms on it, or naming it, fail at once with 407 draining, never "lost"; a restarted
-// prefill serves the rooms refused meanwhile; a second signal or timeouts.stop_ms ends it.
+// prefill serves the rooms refused meanwhile; a second signal or timeouts.stop_ms ends it, and
+// a stop so forced, with rooms still active, exits with its own code (forced_stop).
 
 #include <fmt/format.h>
 
@@ -120,7 +121,11 @@ TEST_CASE("a decode that drains refuses new prepares with 407 and finishes its a
   CHECK(c.prefill.stop() == 0);
 }
 
-TEST_CASE("a drain ends at a second signal or at timeouts.stop_ms, and exits 0", "[e2e][drain]") {
+TEST_CASE(
+    "a drain ends at a second signal or at timeouts.stop_ms, and exits forced_stop when rooms "
+    "were still active, 0 when the drain finished",
+    "[e2e][drain]") {
+  using exit_code::forced_stop;
   shape s;
   SECTION("a second SIGTERM") {
     pair c(s);
@@ -129,9 +134,10 @@ TEST_CASE("a drain ends at a second signal or at timeouts.stop_ms, and exits 0",
     c.decode.drain();
     REQUIRE(log_shows(c.decode, "draining: 0 prefill and 1 decode rooms accepted"));
     c.decode.signal(SIGTERM);
-    CHECK(c.decode.wait_exit() == 0);
+    CHECK(c.decode.wait_exit() == forced_stop);
     CHECK_THAT(c.decode.log_text(),
                Catch::Contains("signal 15 received again while draining: stopping at once"));
+    CHECK_THAT(c.decode.log_text(), Catch::Contains("stopped, forced: 1 room ended unfinished"));
   }
   SECTION("the bound") {
     shape d = s;
@@ -140,7 +146,7 @@ TEST_CASE("a drain ends at a second signal or at timeouts.stop_ms, and exits 0",
     auto r = two_chunk_room(901, 0);
     prepare(c, r);
     c.decode.drain();
-    CHECK(c.decode.wait_exit() == 0);
+    CHECK(c.decode.wait_exit() == forced_stop);
     CHECK_THAT(c.decode.log_text(),
                Catch::Contains("timeouts.stop_ms (300 ms) passed with rooms still active"));
   }
@@ -150,5 +156,12 @@ TEST_CASE("a drain ends at a second signal or at timeouts.stop_ms, and exits 0",
     CHECK(c.decode.wait_exit() == 0);
     CHECK_THAT(c.decode.log_text(),
                Catch::Contains("drained: every room accepted before the stop has finished"));
+  }
+  SECTION("an idle daemon given both signals at once exits 0: no room was cut short") {
+    pair c(s);
+    c.decode.signal(SIGTERM);
+    c.decode.signal(SIGINT);
+    CHECK(c.decode.wait_exit() == 0);
+    CHECK_THAT(c.decode.log_text(), !Catch::Contains("forced"));
   }
 }

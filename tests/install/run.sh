@@ -7,6 +7,9 @@
 #     with it, checking every destination byte; then the installed Python client imports.
 #   run.sh unit BUILD_DIR: `systemd-analyze verify` the installed ferryd@.service (exit 77,
 #     skipped, where systemd-analyze is missing or cannot verify a unit here at all).
+#   run.sh docs BUILD_DIR: install the docs component alone (nothing built needed) and check
+#     that every relative link of every installed doc resolves in the installed tree: the
+#     Grafana dashboard, the example cluster configs, ... are installed where the docs say.
 # FLAGS: compile and link flags the probe needs to link the build's library (the sanitizers).
 set -euo pipefail
 mode=$1 build=$2
@@ -22,6 +25,38 @@ trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 prefix=$tmp/prefix
+
+if [ "$mode" = docs ]; then
+  cmake --install "$build" --prefix "$prefix" --component docs > "$tmp/install.log" ||
+    fail "cmake --install --component docs: $(cat "$tmp/install.log")"
+  python3 - "$prefix/share/doc/ferry" <<'PY' || fail "links of the installed docs do not resolve (above)"
+import pathlib, re, sys
+root = pathlib.Path(sys.argv[1])
+link, fence = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)"), re.compile(r"^\s*(```|~~~)")
+docs = sorted(root.rglob("*.md"))
+assert len(docs) > 10, f"only {len(docs)} docs installed under {root}"
+bad, checked = [], 0
+for doc in docs:
+    fenced = False
+    for n, line in enumerate(doc.read_text().splitlines(), 1):
+        if fence.match(line):
+            fenced = not fenced
+            continue
+        for target in [] if fenced else link.findall(line):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+                continue  # a URL, or an anchor of the same doc
+            checked += 1
+            if not (doc.parent / target.split("#")[0]).exists():
+                bad.append(f"{doc.relative_to(root)}:{n}: {target}")
+print("\n".join(bad) or f"ok: {checked} relative links of {len(docs)} installed docs resolve")
+sys.exit(1 if bad else 0)
+PY
+  for f in docs/grafana/ferry.json configs/examples/two-hosts/prefill.yaml; do
+    [ -e "$prefix/share/doc/ferry/$f" ] || fail "cmake --install did not install $f"
+  done
+  exit 0
+fi
+
 cmake --install "$build" --prefix "$prefix" > "$tmp/install.log" || fail "cmake --install: $(cat "$tmp/install.log")"
 unit=$prefix/lib/systemd/system/ferryd@.service
 
@@ -50,13 +85,14 @@ if [ "$mode" = unit ]; then
   exit 0
 fi
 
-[ "$mode" = package ] || fail "unknown mode '$mode' (package or unit)"
+[ "$mode" = package ] || fail "unknown mode '$mode' (package, unit or docs)"
 cxx=$3 flags=${4:-}
 for f in bin/ferryd bin/ferryctl bin/ferry-bench include/ferry/client.hpp \
          include/ferry/engine_memory.hpp include/ferry/core/protocol.hpp \
          lib/python3/dist-packages/ferry/__init__.py lib/python3/dist-packages/ferry_client.py \
          lib/systemd/system/ferryd@.service share/ferry/configs/prefill.yaml \
-         share/ferry/configs/decode.yaml; do
+         share/ferry/configs/decode.yaml share/ferry/configs/examples/two-hosts/decode.yaml \
+         share/doc/ferry/docs/operations.md share/doc/ferry/docs/grafana/ferry.json; do
   [ -e "$prefix/$f" ] || fail "cmake --install did not install $f"
 done
 config=$(find "$prefix" -name FerryConfig.cmake)

@@ -92,3 +92,51 @@ def test_every_error_code_is_in_protocol_md_and_the_python_client() -> None:
             continue
         assert re.search(rf"^\| {value} \| {name} \|", table, re.M), f"{value} {name} in protocol.md"
     assert {(e.value, e.wire_name) for e in Errc} == {(v, n) for v, n, _, _ in entries}
+
+
+def test_the_docs_state_the_protocol_ranges_and_the_version_the_binaries_have() -> None:
+    """Every range the docs and the Python package state is the constants': the client
+    protocol (src/core/protocol.hpp) and the peer protocol (actors/messages.hpp); the version in
+    the docs' examples is the file VERSION."""
+    protocol = (REPO / "src/core/protocol.hpp").read_text()
+    lo = re.search(r"\bmin_protocol_version = (\d+);", protocol).group(1)
+    hi = re.search(r"\bprotocol_version = (\d+);", protocol).group(1)
+    messages = (REPO / "actors/messages.hpp").read_text()
+    peer_lo = re.search(r"\bpeer_protocol_min_version = (\d+);", messages).group(1)
+    peer_hi = re.search(r"\bpeer_protocol_version = (\d+);", messages).group(1)
+    version = (REPO / "VERSION").read_text().strip()
+    text = {d: " ".join(d.read_text().split()) for d in documents()}
+    pyproject = REPO / "clients/python/pyproject.toml"
+    text[pyproject] = pyproject.read_text()
+    client = [(f"(versions {lo} to {hi})", r"\(versions (\d+) to (\d+)\)"),
+              (f"client protocol {lo}–{hi}", r"client protocol (\d+)–(\d+)"),
+              (f"(protocol versions {lo}-{hi}", r"\(protocol versions (\d+)-(\d+)"),
+              (f"protocol versions {lo} to {hi}", r"protocol versions (\d+) to (\d+)")]
+    peer = [(f"peer protocol {peer_lo}–{peer_hi}", r"peer protocol (\d+)–(\d+)"),
+            (f"peer protocol versions {peer_lo}-{peer_hi}",
+             r"peer protocol versions (\d+)-(\d+)")]
+    stated = []
+    for doc, t in text.items():
+        for want, pattern in client + peer:
+            for m in re.finditer(pattern, t):
+                stated.append(want)
+                assert m.group(0) in want, f"{doc.relative_to(REPO)}: '{m.group(0)}', not '{want}'"
+    for want in ("(versions", "client protocol", "peer protocol "):
+        assert any(s.startswith(want) for s in stated), f"no doc states '{want} ...'"
+    assert "# Ferry client protocol (versions" in (REPO / "docs/protocol.md").read_text()
+    for tool in ("ferryctl", "ferryd"):
+        shown = re.findall(rf"\b{tool} (\d+\.\d+\.\d+) \(protocol", text[REPO / "docs/cli.md"])
+        assert shown and set(shown) == {version}, (tool, shown, version)
+
+
+def test_the_python_package_has_ferrys_one_version() -> None:
+    """ferry.__version__ and the pyproject read the file VERSION, as CMake does (the tools'
+    --version: test_cli.py)."""
+    import ferry
+    assert ferry.__version__ == (REPO / "VERSION").read_text().strip()
+    pyproject = (REPO / "clients/python/pyproject.toml").read_text()
+    assert re.search(r'^dynamic = \["version"\]', pyproject, re.M), pyproject
+    assert 'version = {attr = "ferry.__version__"}' in pyproject
+    assert not re.search(r'^version = "', pyproject, re.M)  # no literal of its own
+    cmake = (REPO / "CMakeLists.txt").read_text()
+    assert "project(ferry VERSION ${FERRY_VERSION}" in cmake and "/VERSION" in cmake

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLIENT_DIR
+from conftest import CLIENT_DIR, REPO
 
 # Debian's interpreter: its pip (23) and setuptools (66) are the ones the install must work with.
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
@@ -33,8 +33,10 @@ def test_offline_install_into_a_venv(tmp_path: Path) -> None:
     made = run([PYTHON, "-m", "venv", "--system-site-packages", str(venv)], tmp_path)
     assert made.returncode == 0, made.stdout + made.stderr
     # A copy of the sources: the build must not write into the work tree (build/, *.egg-info).
-    src = tmp_path / "src"
-    src.mkdir()
+    # Laid out as the repository is: the version comes from its top, the file VERSION.
+    src = tmp_path / "repo" / "clients" / "python"
+    src.mkdir(parents=True)
+    (tmp_path / "repo" / "VERSION").write_bytes((REPO / "VERSION").read_bytes())
     for name in ("pyproject.toml", "README.md", "ferry_client.py"):
         (src / name).write_bytes((CLIENT_DIR / name).read_bytes())
     (src / "ferry").mkdir()
@@ -60,6 +62,8 @@ assert ferry.protocol.decode_frame(frame, 4) == (2, ferry.protocol.Poll(7))
 print(ferry.__version__)
 """], tmp_path)
     assert probe.returncode == 0, probe.stdout + probe.stderr
-    assert probe.stdout.strip() == "0.5.0"
+    version = (REPO / "VERSION").read_text().strip()
+    assert probe.stdout.strip() == version
     show = run([str(venv / "bin" / "pip"), "show", "ferry-client"], tmp_path)
     assert show.returncode == 0 and "Name: ferry-client" in show.stdout
+    assert f"Version: {version}" in show.stdout

@@ -46,10 +46,24 @@ TEST_CASE("config lock: a second holder is refused and told who holds it", "[uni
                                 socket + " (it holds " + socket +
                                 ".lock); this one exits and touches nothing of it");
   }
-  // Released with its holder: the next daemon takes it.
+  // Released with its holder, and its file removed: the next daemon takes it anew.
+  CHECK_FALSE(std::filesystem::exists(socket + ".lock"));
   auto again = lock_config(socket, "decode-0", "5e6f7a8b");
   CHECK(again);
-  ::unlink((socket + ".lock").c_str());
+  CHECK(std::filesystem::exists(socket + ".lock"));
+}
+
+TEST_CASE("config lock: one a crash left behind, unheld, is taken", "[unit][locks]") {
+  const auto socket = "/tmp/ferry-" + unique("stale") + ".sock";
+  const int fd = ::open((socket + ".lock").c_str(), O_CREAT | O_RDWR, 0600);
+  REQUIRE(fd >= 0);
+  ::close(fd);
+  {
+    auto taken = lock_config(socket, "decode-0", "1a2b3c4d");
+    INFO(taken.message);
+    CHECK(taken);
+  }
+  CHECK_FALSE(std::filesystem::exists(socket + ".lock"));
 }
 
 TEST_CASE("instance locks: only a dead instance's objects are reclaimed", "[unit][locks]") {

@@ -77,6 +77,7 @@ TEST_CASE("the tools' exit codes are distinct and clear of the shell's and ctest
   CHECK(ferry::exit_code::unreachable == 3);
   CHECK(ferry::exit_code::timed_out == 4);
   CHECK(ferry::exit_code::could_not_start == 5);
+  CHECK(ferry::exit_code::forced_stop == 6);
 }
 
 TEST_CASE("a client error maps to an exit code by whether the connection was lost",

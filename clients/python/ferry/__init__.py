@@ -7,7 +7,7 @@
         if c.wait_terminal(7, timeout=30).status == Status.Success: ...
 
 - :mod:`ferry.client`: :class:`Client`, thread-safe, several requests in flight, events to
-  callbacks and a queue, protocol versions 3 and 4 (``poll_many``, error codes on statuses);
+  callbacks and a queue, protocol versions 3 to 6 (``poll_many``, error codes on statuses);
 - :mod:`ferry.connection`: the connection under :class:`Client` (hello, seq matching, the
   reader and dispatcher threads, reconnecting);
 - :mod:`ferry.reconnect`: :class:`Reconnect`, the policy of a client that reconnects by itself
@@ -24,6 +24,8 @@
   :mod:`ferry.sglang_manager` and :mod:`ferry.sglang_rooms`.
 """
 
+from pathlib import Path as _Path
+
 from .client import Client, EventCallback
 from .errors import EncodeError, Errc, FerryError, ProtocolError, to_errc
 from .memory import MemfdPool
@@ -34,7 +36,20 @@ from .protocol import (MAX_POLL_MANY, MAX_REGISTER_BUFFERS, MAX_REGISTER_FDS,
                        MemoryBuffer, MemoryKind, MessageType, Pool, PollReply, PollResult,
                        RegisterMemory, Status, decode, encode)
 
-__version__ = "0.5.0"
+
+def _read_version() -> str:
+    """Ferry's one version (the tools print the same), from the file VERSION: beside this
+    package once `cmake --install` put it there, at the top of the repository in a checkout;
+    a package pip installed asks its own metadata (pip read the version from here)."""
+    here = _Path(__file__).resolve().parent
+    for f in (here / "VERSION", here.parents[1].parent / "VERSION"):
+        if f.is_file():
+            return f.read_text().strip()
+    from importlib.metadata import version
+    return version("ferry-client")
+
+
+__version__ = _read_version()
 
 __all__ = [
     "Client", "EventCallback", "EncodeError", "Errc", "FerryError", "ProtocolError", "to_errc",
