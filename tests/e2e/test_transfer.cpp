@@ -1,5 +1,7 @@
 // End-to-end transfers between two real ferryd processes over libfabric on loopback.
 
+#include <fmt/format.h>
+
 #include "harness.hpp"
 
 using namespace ferry;
