@@ -362,19 +362,11 @@ std::string by_code_text(const std::map<std::string, uint32_t>& m) {
 int run(const options& o, const scale::common& c) {
   scale::report rep{c, c.json == "-" ? std::cerr : std::cout};
   const auto g = static_cast<uint32_t>(c.prefill_sockets.size());
-  std::vector<instance> prefills(g);
+  std::vector<instance> prefills;
   instance decode;
-  for (uint32_t i = 0; i < g; ++i)
-    if (auto s = scale::connect(prefills[i], {c.prefill_sockets[i]}, rep.text)) return rep.fail(*s);
-  if (auto s = scale::connect(decode, c.decode_sockets, rep.text)) return rep.fail(*s);
-  for (uint32_t i = 0; i < g; ++i)
-    for (uint32_t j = 0; j < i; ++j)
-      if (prefills[i].controls[0] == prefills[j].controls[0])
-        return rep.fail(
-            stop{exit_code::usage,
-                 fmt::format("--prefill-socket {} and {} are the same prefill ({}): "
-                             "--rolling needs independent instances",
-                             c.prefill_sockets[j], c.prefill_sockets[i], prefills[i].controls[0])});
+  if (auto s = scale::connect_independent(prefills, decode, c.prefill_sockets, c.decode_sockets,
+                                          "--prefill-socket", "--rolling", rep.text))
+    return rep.fail(*s);
   std::vector<const instance*> all{&decode}, sources;
   for (const auto& p : prefills) all.push_back(&p), sources.push_back(&p);
   const uint32_t conc = c.concurrency;

@@ -13,20 +13,11 @@ namespace ferry::bench::scale {
 int run_fan_in(const options& o, report& rep) {
   const common& c = rep.c;
   const auto g = static_cast<uint32_t>(o.fan_in_sockets.size());
-  std::vector<instance> prefills(g);
+  std::vector<instance> prefills;
   instance decode;
-  for (uint32_t i = 0; i < g; ++i)
-    if (auto s = connect(prefills[i], {o.fan_in_sockets[i]}, rep.text)) return rep.fail(*s);
-  if (auto s = connect(decode, c.decode_sockets, rep.text)) return rep.fail(*s);
-  // Independent instances: a node (and a control address) once each.
-  for (uint32_t i = 0; i < g; ++i)
-    for (uint32_t j = 0; j < i; ++j)
-      if (prefills[i].controls[0] == prefills[j].controls[0])
-        return rep.fail(
-            stop{exit_code::usage,
-                 fmt::format("--fan-in-socket {} and {} are the same prefill ({}): "
-                             "fan-in needs independent instances",
-                             o.fan_in_sockets[j], o.fan_in_sockets[i], prefills[i].controls[0])});
+  if (auto s = connect_independent(prefills, decode, o.fan_in_sockets, c.decode_sockets,
+                                   "--fan-in-socket", "fan-in", rep.text))
+    return rep.fail(*s);
   std::vector<const instance*> all{&decode};
   std::vector<const instance*> sources;
   for (const auto& p : prefills) all.push_back(&p), sources.push_back(&p);

@@ -27,6 +27,25 @@ stop stop_on(const client::client& c, const ferry::error& e, const std::string& 
   return stop{exit_code::for_error(e.code, c.lost()), what + e.message};
 }
 
+maybe_stop connect_independent(std::vector<instance>& prefills, instance& decode,
+                               const std::vector<std::string>& sockets,
+                               const std::vector<std::string>& decode_sockets, const char* option,
+                               const char* mode, std::ostream& text) {
+  prefills.resize(sockets.size());
+  for (size_t i = 0; i < sockets.size(); ++i)
+    if (auto s = connect(prefills[i], {sockets[i]}, text)) return s;
+  if (auto s = connect(decode, decode_sockets, text)) return s;
+  // Independent instances: a node (and a control address) once each.
+  for (size_t i = 0; i < prefills.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (prefills[i].controls[0] == prefills[j].controls[0])
+        return stop{exit_code::usage,
+                    fmt::format("{} {} and {} are the same prefill ({}): {} needs independent "
+                                "instances",
+                                option, sockets[j], sockets[i], prefills[i].controls[0], mode)};
+  return std::nullopt;
+}
+
 maybe_stop connect(instance& out, const std::vector<std::string>& sockets, std::ostream& text) {
   for (const auto& path : sockets) {
     auto c = client::client::connect(path, "ferry-bench");

@@ -46,6 +46,13 @@ struct instance {
 };
 /// Connect to every socket of one instance, lending memory to `memory: client` pools.
 maybe_stop connect(instance& out, const std::vector<std::string>& sockets, std::ostream& text);
+/// Connect to independent prefill instances, one daemon each (`sockets`, given as `option`), and
+/// to the decode instance: a usage error names two sockets of one prefill, which `mode` needs
+/// apart.
+maybe_stop connect_independent(std::vector<instance>& prefills, instance& decode,
+                               const std::vector<std::string>& sockets,
+                               const std::vector<std::string>& decode_sockets, const char* option,
+                               const char* mode, std::ostream& text);
 
 /// One daemon's resident memory from /proc/PID/status, in KiB: the whole set, its anonymous part
 /// (the daemon's own heap and stacks) and its shared-memory part (pool pages it touched).
