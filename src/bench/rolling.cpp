@@ -55,6 +55,7 @@ struct attempt {
   uint64_t id = 0;
   uint32_t target = 0, slot = 0;
   std::vector<bool> ready_on, done_on;  ///< per decode rank: WaitingForInput or beyond; ended
+  std::vector<bool> prepared_on;        ///< per decode rank: it took the prepare
   bool sent = false, ok = true, retry = false;
   errc code = errc::ok;
   std::string reason;
@@ -117,7 +118,7 @@ struct rehearsal {
   /// The room's decode side: its id in the source aux row (ferryd checks it on send), on every
   /// decode rank its destination cleared (with --verify), prepared naming its prefill, and
   /// subscribed to.
-  result<none> open(const attempt& a) {
+  result<none> open(attempt& a) {
     if (aux)
       for (auto& r : prefills[a.target].ranks)
         std::memcpy(r->item(pool_kind::aux, 0, a.slot), &a.id, sizeof a.id);
@@ -127,6 +128,7 @@ struct rehearsal {
       if (c.verify)
         if (auto e = client::clear_room(*dc, dst, slot, row); !e) return e;
       if (auto e = dc->prepare({a.id, prefills[a.target].controls, dst, slot, row}); !e) return e;
+      a.prepared_on[&dc - decode.ranks.data()] = true;
       if (auto e = dc->subscribe(a.id); !e) return e;
     }
     return none{};
@@ -177,23 +179,42 @@ struct rehearsal {
     free_slots.pop_back();
     a.ready_on.assign(decode.ranks.size(), false);
     a.done_on.assign(decode.ranks.size(), false);
+    a.prepared_on.assign(decode.ranks.size(), false);
     ++attempts;
     if (auto e = open(a); !e) {
       if (auto* lost = lost_rank(decode)) return stop_on(*lost, e.error(), "prepare: ");
       if (e.code != errc::draining) return stop{exit_code::failed, "prepare: " + e.message};
-      free_slots.push_back(a.slot);
       const bool decode_drains = std::any_of(decode.ranks.begin(), decode.ranks.end(),
                                              [](const auto& r) { return r->draining(); });
-      if (decode_drains) {  // there is no other decode to send the request to
+      const bool taken =
+          std::find(a.prepared_on.begin(), a.prepared_on.end(), true) != a.prepared_on.end();
+      if (decode_drains && !taken) {  // there is no other decode to send the request to
+        free_slots.push_back(a.slot);
         fail_request(e.code, fmt::format("room {}: {}", a.id, e.message));
         return std::nullopt;
       }
-      // The prefill it names drains, and the decode knew it: retried as a send's 407 is (a
-      // decode rank that took the prepare before another refused it has its room cancelled).
-      for (auto& dc : decode.ranks)
+      // The prefill it names drains, and the decode knew it: retried as a send's 407 is. A
+      // decode rank that took the prepare before another refused it has its room cancelled,
+      // and holds the slot's pages until that room ends: the attempt stays live until then
+      // (finish() counts the retry and frees the slot).
+      for (size_t k = 0; k < decode.ranks.size(); ++k) {
+        auto& dc = decode.ranks[k];
+        if (!a.prepared_on[k]) {
+          a.done_on[k] = true;
+          continue;
+        }
         if (auto x = dc->cancel(a.id); !x && dc->lost()) return stop_on(*dc, x.error(), "cancel: ");
+      }
       targets[a.target].draining = true;
       ++targets[a.target].refused;
+      if (taken) {
+        a.retry = true;
+        a.code = errc::draining;
+        a.reason = e.message;
+        live.emplace(a.id, std::move(a));
+        return std::nullopt;
+      }
+      free_slots.push_back(a.slot);
       ++retried;
       ++retried_by[code_key(e.code)];
       ++again;

@@ -68,7 +68,9 @@ class _FerryRoom:
     into them. A failure of a room ferryd holds live (an abort, a refused chunk) sends the
     cancel and returns; the room then reports the status the engine last saw until ferryd has
     drained it, and Failed from then on. No call waits for that, except ``failure_exception()``
-    of a room that is not drained yet (see there)."""
+    of a room that is not drained yet (see there). The one exception to the rule: a room whose
+    connection to ferryd is lost is Failed at once (nothing is left to ask); ferryd cancels the
+    rooms of a connection that closes and fences their peers within ``timeouts.drain_ms``."""
 
     _local_status: Status
 
@@ -191,8 +193,8 @@ class _FerryRoom:
         c = self.kv_mgr.client
         deadline = time.monotonic() + self.kv_mgr.drain_timeout
         while self._draining and time.monotonic() < deadline:
-            try:
-                r = c.poll(self.bootstrap_room)
+            try:  # each poll within what is left of the bound, not the client's own timeout
+                r = c.poll(self.bootstrap_room, timeout=max(0.001, deadline - time.monotonic()))
             except FerryError:
                 break
             self._apply(r)
