@@ -394,17 +394,8 @@ int run(const options& o, const scale::common& c) {
   const uint32_t ppr = scale::pages_per_room(all, c.prompt_tokens);
   if (ppr == 0)
     return rep.fail(stop{exit_code::usage, "the daemons need kv pools of one page_tokens"});
-  const uint64_t dst_pages = scale::min_items({&decode}, pool_kind::kv);
+  if (auto s = scale::check_fit(conc, ppr, decode, sources, all)) return rep.fail(*s);
   const uint64_t src_pages = scale::min_items(sources, pool_kind::kv);
-  const uint64_t slots =
-      std::min(scale::min_items(all, pool_kind::state), scale::min_items(all, pool_kind::aux));
-  if (uint64_t{conc} * ppr > dst_pages || conc > slots || src_pages < ppr)
-    return rep.fail(stop{
-        exit_code::usage,
-        fmt::format("--concurrency {} rooms of {} pages need {} kv pages on the decode (it has "
-                    "{}), {} state slots and aux rows on every daemon (the smallest has {}) and "
-                    "{} kv pages on each prefill (the smallest has {})",
-                    conc, ppr, uint64_t{conc} * ppr, dst_pages, conc, slots, ppr, src_pages)});
   const auto regions = static_cast<uint32_t>(std::min<uint64_t>(conc, src_pages / ppr));
   scale::driver drv(prefills, decode, ppr, regions, c.verify);
   auto bytes = drv.room_bytes(scale::piece_bytes_of(prefills[0]));

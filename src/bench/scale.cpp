@@ -90,6 +90,21 @@ uint32_t pages_per_room(const std::vector<const instance*>& of, uint32_t tokens)
   return (tokens + page - 1) / page;
 }
 
+maybe_stop check_fit(uint32_t conc, uint32_t ppr, const instance& decode,
+                     const std::vector<const instance*>& sources,
+                     const std::vector<const instance*>& all) {
+  const uint64_t dst_pages = min_items({&decode}, pool_kind::kv);
+  const uint64_t src_pages = min_items(sources, pool_kind::kv);
+  const uint64_t slots = std::min(min_items(all, pool_kind::state), min_items(all, pool_kind::aux));
+  if (uint64_t{conc} * ppr <= dst_pages && conc <= slots && src_pages >= ppr) return std::nullopt;
+  return stop{
+      exit_code::usage,
+      fmt::format("--concurrency {} rooms of {} pages need {} kv pages on the decode (it has "
+                  "{}), {} state slots and aux rows on every daemon (the smallest has {}) and "
+                  "{} kv pages on each prefill (the smallest has {})",
+                  conc, ppr, uint64_t{conc} * ppr, dst_pages, conc, slots, ppr, src_pages)};
+}
+
 std::string provider_of(instance& i) {
   auto info = i.ranks.front()->info(proto::info_topic::status);
   if (!info) return "";

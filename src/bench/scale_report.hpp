@@ -28,6 +28,11 @@ struct report {
 uint64_t min_items(const std::vector<const instance*>& of, pool_kind k);
 /// Pages per room, or 0 when the instances disagree on page_tokens.
 uint32_t pages_per_room(const std::vector<const instance*>& of, uint32_t tokens);
+/// Whether `conc` rooms of `ppr` pages fit: kv pages on the decode and on each source, state
+/// slots and aux rows on every daemon of `all`; a usage error naming what is short.
+maybe_stop check_fit(uint32_t conc, uint32_t ppr, const instance& decode,
+                     const std::vector<const instance*>& sources,
+                     const std::vector<const instance*>& all);
 /// The daemons' provider as their status says (the first rank of `i`).
 std::string provider_of(instance& i);
 /// `fabric.write_piece_bytes` of the first rank of `i`.
