@@ -89,8 +89,21 @@ class ModelDaemon:
         self.srv.listen(8)
         self.errors: list[BaseException] = []
         self.threads: list[threading.Thread] = []
+        self.socks: list[socket.socket] = []
         self.stop = False
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def vanish(self) -> None:
+        """The daemon goes away and does not come back: its connections close, nothing
+        listens at its socket (a client's reconnect attempts fail)."""
+        self.stop = True
+        self.srv.close()
+        os.unlink(self.path)
+        for sock in self.socks:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def _accept(self) -> None:
         while not self.stop:
@@ -98,6 +111,7 @@ class ModelDaemon:
                 sock, _ = self.srv.accept()
             except OSError:
                 return
+            self.socks.append(sock)
             t = threading.Thread(target=self._serve, args=(FakeConn(sock),), daemon=True)
             self.threads.append(t)
             t.start()

@@ -7,6 +7,7 @@ reuse its memory."""
 from __future__ import annotations
 
 import shutil
+import signal
 import tempfile
 import time
 from typing import Callable, Iterator
@@ -161,3 +162,51 @@ def test_a_failure_from_another_rank_cancels_and_drains_within_the_bound(
     assert s.conclude_state == KVPoll.Failed
     print(f"failure_exception from another rank drained the room in {took * 1000:.1f} ms")
     assert wait_all([r]) == [KVPoll.Failed]
+
+
+@pytest.mark.parametrize("side", ["prefill", "decode"])
+def test_a_connection_ferryd_closes_holds_its_rooms_until_ferryd_has_drained_them(
+        side: str) -> None:
+    """ferryd closes an engine's connection while it lives on (here: bytes that are no frame;
+    in life a frame timeout). It cancels the connection's rooms and drains them within
+    timeouts.drain_ms, so a peer's write can still land in their memory: poll() must not say
+    Failed before ferryd reports the room terminal. The other side's ferryd is stopped
+    (SIGSTOP), so the drain lasts until ferryd fences the peer. After the reconnect to the same
+    daemon the adapter asks it again; the room ends Failed with the reason."""
+    tmp = tempfile.mkdtemp(prefix="ferry-closed-")
+    pd, dd = start_pair(tmp, "prefill-cl", "decode-cl", CLIENT_POOLS)
+    engines: list[Engine] = []
+    try:
+        boot = FerryBootstrap({BOOT: [pd.control]})
+        p, d = Engine(pd, "prefill", boot), Engine(dd, "decode", boot)
+        engines = [p, d]
+        room = ROOM + (40 if side == "prefill" else 50)
+        s, r = live_room(p, d, room)
+        obj, e, other = (s, p, dd) if side == "prefill" else (r, d, pd)
+        before = obj.poll()
+        other.proc.send_signal(signal.SIGSTOP)
+        try:
+            with Client(e.daemon.sock, name="observer") as observer:
+                e.mgr.client._link.sock.sendall(b"\xff" * 64)  # not a frame: ferryd closes
+                seen, held_while_live = [before], 0
+                deadline = time.monotonic() + 30
+                while seen[-1] != KVPoll.Failed and time.monotonic() < deadline:
+                    seen.append(obj.poll())
+                    live = not KVPoll(int(observer.poll(room).status)) in (
+                        KVPoll.Failed, KVPoll.Success)
+                    assert not (seen[-1] == KVPoll.Failed and live), \
+                        "poll() said Failed while ferryd still held the room live"
+                    held_while_live += live
+                    time.sleep(0.002)
+        finally:
+            other.proc.send_signal(signal.SIGCONT)
+        assert seen[-1] == KVPoll.Failed and set(seen[:-1]) <= {before}, seen
+        assert held_while_live > 0  # the drain was seen from outside: the hold was exercised
+        err = raised(obj)
+        assert err.code in (Errc.CANCELLED, Errc.PEER_LOST)
+        assert "connection" in err.failure_reason, err.failure_reason
+    finally:
+        for eng in reversed(engines):
+            eng.close()
+        stop_all([pd, dd])
+        shutil.rmtree(tmp, ignore_errors=True)

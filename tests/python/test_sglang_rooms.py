@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
+import time
+
 import pytest
 
 from conftest import IO_TIMEOUT
@@ -379,3 +381,26 @@ def test_poll_all_asks_each_ferryd_once(env: Setup) -> None:
     assert poll_all([rs[0], ss[0]]) == [KVPoll.Success, KVPoll.Success]
     assert len(w.log) == before
     assert all(isinstance(x, int) for x in got)
+
+
+def test_a_room_whose_ferryd_vanishes_is_held_then_failed_after_the_drain_bound(
+        env: Setup) -> None:
+    """ferryd's connection closes and no ferryd answers again: it may have closed the connection
+    itself and still drain the room, so the room keeps the status the engine saw; once no
+    connection came back within the manager's drain_timeout (longer than any ferryd drain),
+    Failed, with why."""
+    r = env.receiver(60)
+    r.send_metadata([1], aux_index=0, state_indices=[[0]])
+    before = r.poll()
+    assert before == KVPoll.WaitingForInput
+    env.dd.vanish()
+    seen = [before]
+    deadline = time.monotonic() + 30
+    while seen[-1] != KVPoll.Failed and time.monotonic() < deadline:
+        seen.append(r.poll())
+        time.sleep(0.01)
+    assert seen[-1] == KVPoll.Failed and set(seen[:-1]) == {before}, seen
+    e = failure(r)
+    assert e.code == Errc.PEER_LOST
+    assert "not connected again within the drain bound of 2 s" in e.failure_reason, \
+        e.failure_reason

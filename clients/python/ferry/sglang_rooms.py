@@ -25,6 +25,14 @@ ABORTED = "Aborted by AbortReq."
 FROM_ANOTHER_RANK = "Failed due to an unknown reason from another rank"
 """SGLang's reason when this rank saw no failure but another rank did."""
 
+# Where a room's ferryd stands for the adapter (_FerryRoom._link)
+_LIVE = "live"  # ask it
+_HELD = "held"  # the connection is lost; ferryd may still be draining the room: ask nothing
+_GONE = "gone"  # nothing of the room can land any more: Failed
+# A request's failure the client reports itself (no answer of ferryd's): the connection was
+# lost, no reply in time, the client closed. It says nothing about the room.
+_CLIENT_FAILURES = (Errc.PEER_LOST, Errc.TIMED_OUT, Errc.CANCELLED)
+
 
 class FerryKVTransferError(FerryError):
     """A failed request, as SGLang's ``KVTransferError``: ``bootstrap_room``, ``failure_reason``,
@@ -68,9 +76,15 @@ class _FerryRoom:
     into them. A failure of a room ferryd holds live (an abort, a refused chunk) sends the
     cancel and returns; the room then reports the status the engine last saw until ferryd has
     drained it, and Failed from then on. No call waits for that, except ``failure_exception()``
-    of a room that is not drained yet (see there). The one exception to the rule: a room whose
-    connection to ferryd is lost is Failed at once (nothing is left to ask); ferryd cancels the
-    rooms of a connection that closes and fences their peers within ``timeouts.drain_ms``."""
+    of a room that is not drained yet (see there).
+
+    A lost connection to ferryd keeps the rule: ferryd cancels the rooms a closed connection
+    handed it and fences their peers within ``timeouts.drain_ms``, and it may live on (it closed
+    the connection itself: a frame timeout, a malformed frame). Until the client is connected
+    again the room shows the status the engine last saw; on the same ferryd (its instance) the
+    adapter asks it again and reports Failed once it has drained the room; on a restarted ferryd
+    (a new instance) nothing of the old one can write, so the room is Failed at once. Without a
+    connection for the manager's ``drain_timeout`` (longer than any ferryd drain), Failed."""
 
     _local_status: Status
 
@@ -85,6 +99,9 @@ class _FerryRoom:
         self.failure: Optional[tuple[int, str]] = None  # (code, reason)
         self.last_result: Optional[PollResult] = None
         self.generation: Optional[int] = None  # the client's connection the room lives on
+        self.instance: Optional[str] = None  # and the ferryd instance on its other end
+        self._lost_at: Optional[float] = None  # when the room's connection was seen lost
+        self._lost_why = ""
         self._cancel_sent = False
         self._gone = False  # ferryd holds nothing of the room that could still be written
         self._draining = False  # cancelled on ferryd, which has not reported it terminal yet
@@ -95,22 +112,49 @@ class _FerryRoom:
         """The room now lives on the client's current connection to ferryd."""
         c = self.kv_mgr.client
         if c.connected:
-            self.generation = c.generation
+            self.generation, self.instance = c.generation, c.instance
 
-    def _lost(self) -> bool:
-        """Fail the room when the connection it lives on was lost: its ferryd went away, and
-        a restarted ferryd does not know it (a client that reconnects is on a new generation)."""
+    # whether this rank handed the room to ferryd on its connection (ferryd cancels such rooms
+    # when the connection closes)
+    def _handed_over(self) -> bool:
+        raise NotImplementedError
+
+    def _link(self) -> str:
+        """Whether ferryd can be asked about the room (_LIVE), the connection is lost and the
+        room is held at the status the engine last saw (_HELD), or nothing of the room can land
+        any more (_GONE, Failed). See the class's drain rule."""
+        if self._gone:
+            return _GONE
         c = self.kv_mgr.client
         if self.generation is None or (c.connected and c.generation == self.generation):
-            return False
-        why = c.error.message if c.error is not None else \
-            f"connected again as connection {c.generation}"
+            return _LIVE
+        where = f"ferryd at {c.socket_path}"
+        if self._lost_at is None:
+            self._lost_at = time.monotonic()
+            self._lost_why = c.error.message if c.error is not None else "connected again"
+        if c.connected and c.instance == self.instance:
+            # The same ferryd on a new connection: it cancelled what the old one handed it and
+            # drains that; ask it until it reports the room terminal.
+            self.generation, self._lost_at = c.generation, None
+            if self._handed_over() and self.conclude_state is None:
+                self._fail(Errc.PEER_LOST,
+                           f"the connection to {where} was lost while room "
+                           f"{self.bootstrap_room} was in flight ({self._lost_why}); ferryd "
+                           f"cancelled the room")
+                self._cancel_sent = self._draining = True
+            return _LIVE
+        if c.connected:
+            why = f"it restarted as instance {c.instance}"
+        elif time.monotonic() - self._lost_at >= self.kv_mgr.drain_timeout:
+            why = (f"{self._lost_why}; not connected again within the drain bound of "
+                   f"{self.kv_mgr.drain_timeout:g} s")
+        else:
+            return _HELD
         self._fail(Errc.PEER_LOST,
-                   f"ferryd at {c.socket_path} went away while room {self.bootstrap_room} was in "
-                   f"flight ({why}); a room does not survive its ferryd: a restarted daemon does "
-                   f"not know it")
+                   f"{where} went away while room {self.bootstrap_room} was in flight ({why}); "
+                   f"a room does not survive its ferryd: a restarted daemon does not know it")
         self._gone = True  # no ferryd knows the room any more: nothing to cancel or wait for
-        return True
+        return _GONE
 
     # whether ferryd knows (or may know) the room and is asked for its status
     def _daemon_room(self) -> bool:
@@ -124,6 +168,8 @@ class _FerryRoom:
     def _apply(self, r: PollResult) -> Status:
         """Take ferryd's answer for this room."""
         self.last_result = r
+        if self.kv_mgr.client.generation == self.generation:
+            self._lost_at = None  # ferryd answered on the room's connection
         status = Status(r.status)
         if self._draining:  # failed here: Failed once ferryd has drained it, whatever its end
             if not status.terminal:
@@ -143,13 +189,19 @@ class _FerryRoom:
             else self._local_status
 
     def _current(self) -> Optional[Status]:
-        """The status when ferryd need not be asked."""
+        """The status when ferryd need not (or cannot) be asked."""
         if self.conclude_state is not None:
             return self.conclude_state
-        if self._daemon_room() and self._lost():
-            self._draining = False
-            self.conclude_state = Status.Failed
-            return Status.Failed
+        if self._daemon_room():
+            link = self._link()
+            if link == _GONE:
+                self._draining = False
+                self.conclude_state = Status.Failed
+                return Status.Failed
+            if link == _HELD:
+                return self._held()
+            if self._draining and not self._cancel_sent and not self._send_cancel():
+                self._draining = False  # the cancel found nothing of the room on ferryd
         if self._draining:
             return None
         if self.failure is not None:
@@ -158,6 +210,25 @@ class _FerryRoom:
         if not self._daemon_room():
             return self._local_status
         return None
+
+    def _poll_failed(self, e: FerryError) -> Status:
+        """A poll of the room raised ``e``. ferryd's own answer (it does not know the room)
+        means nothing of it can land: Failed. A failure of the client (the connection lost, no
+        reply in time) says nothing about the room: held, within the drain bound."""
+        c = self.kv_mgr.client
+        if e.code not in _CLIENT_FAILURES and c.connected and c.generation == self.generation:
+            self._fail(e.code, f"polling room {self.bootstrap_room} failed: {e.message}")
+            self._draining = False
+            self.conclude_state = Status.Failed
+            return Status.Failed
+        if self._lost_at is None:
+            self._lost_at, self._lost_why = time.monotonic(), e.message
+        if self._link() == _GONE or time.monotonic() - self._lost_at >= self.kv_mgr.drain_timeout:
+            self._fail(e.code, f"polling room {self.bootstrap_room} failed: {e.message}")
+            self._draining, self._gone = False, True
+            self.conclude_state = Status.Failed
+            return Status.Failed
+        return self._held()
 
     def _show(self, s: Status) -> int:
         self._shown = s
@@ -171,10 +242,7 @@ class _FerryRoom:
         try:
             r = self.kv_mgr.client.poll(self.bootstrap_room)
         except FerryError as e:
-            self._fail(e.code, f"polling room {self.bootstrap_room} failed: {e.message}")
-            self._draining = False
-            self.conclude_state = Status.Failed
-            return self._show(Status.Failed)
+            return self._show(self._poll_failed(e))
         return self._show(self._apply(r))
 
     def _cancel(self) -> None:
@@ -193,11 +261,12 @@ class _FerryRoom:
         c = self.kv_mgr.client
         deadline = time.monotonic() + self.kv_mgr.drain_timeout
         while self._draining and time.monotonic() < deadline:
-            try:  # each poll within what is left of the bound, not the client's own timeout
-                r = c.poll(self.bootstrap_room, timeout=max(0.001, deadline - time.monotonic()))
-            except FerryError:
-                break
-            self._apply(r)
+            if self._current() is None:  # ferryd can be asked
+                try:  # each poll within what is left of the bound, not the client's own timeout
+                    self._apply(c.poll(self.bootstrap_room,
+                                       timeout=max(0.001, deadline - time.monotonic())))
+                except FerryError as e:
+                    self._poll_failed(e)
             if self._draining:
                 time.sleep(0.005)
         self._draining = False
@@ -206,19 +275,22 @@ class _FerryRoom:
     def _send_cancel(self) -> bool:
         """Cancel the room on ferryd (once); False when ferryd holds nothing of it to wait
         for: the cancel found no live room (unknown, or already finished), or its ferryd is
-        gone."""
-        if self._gone or self._lost():
+        gone. While the connection is lost the cancel waits for it (``_current`` sends it)."""
+        link = self._link()
+        if link == _GONE:
             return False
-        if self._cancel_sent:
+        if self._cancel_sent or link == _HELD:
             return True
         self._cancel_sent = True
-        c = self.kv_mgr.client
         try:
-            c.cancel(self.bootstrap_room)
+            self.kv_mgr.client.cancel(self.bootstrap_room)
         except FerryError as e:
-            if e.code in (Errc.UNKNOWN_ROOM, Errc.ROOM_FINISHED) or c.closed:
+            if e.code in (Errc.UNKNOWN_ROOM, Errc.ROOM_FINISHED):
                 self._gone = True  # and not polled again: that starts a prefill room anew
                 return False
+            if e.code in _CLIENT_FAILURES:  # not answered: sent again once ferryd can be asked
+                self._cancel_sent = False
+                return self._link() != _GONE
         return True
 
     def failure_exception(self) -> None:
@@ -270,6 +342,9 @@ class FerryKVReceiver(_FerryRoom):
         self.decode_prefix_len = 0
 
     def _daemon_room(self) -> bool:
+        return self.prepared
+
+    def _handed_over(self) -> bool:
         return self.prepared
 
     def init(self, prefill_dp_rank: int = 0) -> None:
@@ -358,6 +433,9 @@ class FerryKVSender(_FerryRoom):
     def _daemon_room(self) -> bool:
         return True  # a prefill ferryd answers Bootstrapping for a room it has not seen yet
 
+    def _handed_over(self) -> bool:
+        return self.chunks_sent > 0 or self._cancel_sent
+
     def pop_decode_prefix_len(self) -> int:
         """The decode's ``decode_prefix_len`` for this room, as the last poll of ferryd
         answered it (``prefix_tokens``; 0 before WaitingForInput)."""
@@ -389,8 +467,14 @@ class FerryKVSender(_FerryRoom):
         outright and is the only way to tell on a model without state."""
         if self.conclude_state is not None or self.failure is not None:
             return
-        if self._lost():
+        link = self._link()
+        if link == _GONE:
             self.conclude_state = Status.Failed
+            return
+        if link == _HELD:
+            self._fail_and_cancel(Errc.PEER_LOST,
+                                  f"room {self.bootstrap_room}: a chunk while the connection to "
+                                  f"ferryd is lost ({self._lost_why})")
             return
         pages = [int(p) for p in kv_indices]
         try:
@@ -475,11 +559,7 @@ def poll_all(rooms: Sequence[_FerryRoom]) -> list[int]:
             results = c.poll_many([rooms[i].bootstrap_room for i in idx])
         except FerryError as e:
             for i in idx:
-                rooms[i]._fail(e.code, f"polling room {rooms[i].bootstrap_room} failed: "
-                                       f"{e.message}")
-                rooms[i]._draining = False
-                rooms[i].conclude_state = Status.Failed
-                out[i] = rooms[i]._show(Status.Failed)
+                out[i] = rooms[i]._show(rooms[i]._poll_failed(e))
             continue
         for i, res in zip(idx, results):
             out[i] = rooms[i]._show(rooms[i]._apply(res))
