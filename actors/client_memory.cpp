@@ -43,6 +43,69 @@ bool reserve(uint8_t* base, uint64_t bytes) {
   return at != MAP_FAILED;
 }
 
+/// The size of descriptor `i`, a memfd sealed against shrinking, or why it cannot be used.
+result<uint64_t> check_descriptor(const std::string& name, size_t i, int fd) {
+  struct stat s {};
+  if (fstat(fd, &s) != 0)
+    return error{errc::invalid_request, fmt::format("pool {}: fd {} cannot be examined: {}", name,
+                                                    i, std::strerror(errno))};
+  if (!S_ISREG(s.st_mode))
+    return error{errc::invalid_request,
+                 fmt::format("pool {}: fd {} is {}, not a memfd", name, i, file_type(s.st_mode))};
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0)
+    return error{errc::invalid_request,
+                 fmt::format("pool {}: fd {} is not a memfd (it cannot carry seals: {})", name, i,
+                             std::strerror(errno))};
+  if ((seals & F_SEAL_SHRINK) == 0)
+    return error{errc::invalid_request,
+                 fmt::format("pool {}: fd {} is not sealed against shrinking (F_SEAL_SHRINK): a "
+                             "shrink would crash ferryd",
+                             name, i)};
+  return static_cast<uint64_t>(s.st_size);
+}
+
+/// Whether pool `k` is described by its registration (pool_placement::registered).
+bool registered(const daemon_context& ctx, int k) {
+  const auto& p = ctx.config.pools;
+  switch (static_cast<pool_kind>(k)) {
+    case pool_kind::kv:
+      return p.kv && p.kv->placement.registered;
+    case pool_kind::state:
+      return p.mamba && p.mamba->placement.registered;
+    case pool_kind::aux:
+      return p.aux && p.aux->placement.registered;
+  }
+  return false;
+}
+
+/// A registered pool's registration: the description it makes must pass the config's own
+/// checks, and, after the first registration, be that one.
+result<registration_plan> check_described(const daemon_context& ctx,
+                                          const proto::register_memory& req,
+                                          const std::vector<uint64_t>& sizes) {
+  const auto k = req.pool;
+  auto described = describe_registration(req, sizes);
+  if (!described) return std::move(described).error();
+  ferry_config whole = ctx.config;
+  if (k == pool_kind::kv) whole.pools.kv = described.value.section.kv;
+  if (k == pool_kind::state) whole.pools.mamba = described.value.section.mamba;
+  if (k == pool_kind::aux) whole.pools.aux = described.value.section.aux;
+  if (auto valid = validate_config(whole); !valid)
+    return error{errc::invalid_request,
+                 fmt::format("pool {}: the registration describes a pool this daemon cannot "
+                             "serve: {}",
+                             to_string(k), valid.message)};
+  if (const auto& first = ctx.client_pools[static_cast<int>(k)].described)
+    if (auto diff = registration_difference(k, *first, described.value))
+      return error{errc::invalid_request,
+                   fmt::format("pool {}: this registration differs from the first one: {}; a "
+                               "pool's layout is fixed by its first registration for the life "
+                               "of ferryd (peers planned with it): restart ferryd to change it",
+                               to_string(k), *diff)};
+  return registration_plan{std::move(described.value)};
+}
+
 }  // namespace
 
 const char* to_string(client_pool::state s) {
@@ -94,8 +157,13 @@ result<> reserve_client_pools(daemon_context& ctx) {
   const bool client[pool_kind_count] = {pools.kv && pools.kv->memory == pool_memory::client,
                                         pools.mamba && pools.mamba->memory == pool_memory::client,
                                         pools.aux && pools.aux->memory == pool_memory::client};
+  const bool registered[pool_kind_count] = {pools.kv && pools.kv->placement.registered,
+                                            pools.mamba && pools.mamba->placement.registered,
+                                            pools.aux && pools.aux->placement.registered};
   for (int k = 0; k < pool_kind_count; ++k) {
     if (!client[k] || !ctx.layout.pools[k].present) continue;
+    ctx.client_pools[k].client = true;
+    if (registered[k]) continue;  // its first registration says how large it is
     const uint64_t bytes = (ctx.layout.pools[k].total_bytes + page - 1) / page * page;
     void* at = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (at == MAP_FAILED)
@@ -108,8 +176,9 @@ result<> reserve_client_pools(daemon_context& ctx) {
   return {};
 }
 
-result<> check_registration(const daemon_context& ctx, const proto::register_memory& req,
-                            const std::vector<int>& fds) {
+result<registration_plan> check_registration(const daemon_context& ctx,
+                                             const proto::register_memory& req,
+                                             const std::vector<int>& fds) {
   const int k = static_cast<int>(req.pool);
   const std::string name = pool_name(k);
   const auto& layout = ctx.layout.pools[k];
@@ -157,33 +226,19 @@ result<> check_registration(const daemon_context& ctx, const proto::register_mem
                                "3 cuda_vmm_fd)",
                                static_cast<int>(req.kind))};
   }
+  // Every descriptor: a sealed memfd (a shrink under a mapping would crash ferryd).
+  std::vector<uint64_t> sizes(fds.size());
+  for (size_t i = 0; i < fds.size(); ++i) {
+    auto size = check_descriptor(name, i, fds[i]);
+    if (!size) return std::move(size).error();
+    sizes[i] = size.value;
+  }
+  if (registered(ctx, k)) return check_described(ctx, req, sizes);
   if (req.buffers.size() != layout.buffers.size())
     return error{errc::invalid_request,
                  fmt::format("pool {}: the table lists {} buffers, the pool has {} (see the "
                              "hello_reply's layout)",
                              name, req.buffers.size(), layout.buffers.size())};
-  // Every descriptor: a sealed memfd (a shrink under a mapping would crash ferryd).
-  std::vector<uint64_t> sizes(fds.size());
-  for (size_t i = 0; i < fds.size(); ++i) {
-    struct stat s {};
-    if (fstat(fds[i], &s) != 0)
-      return error{errc::invalid_request, fmt::format("pool {}: fd {} cannot be examined: {}", name,
-                                                      i, std::strerror(errno))};
-    if (!S_ISREG(s.st_mode))
-      return error{errc::invalid_request,
-                   fmt::format("pool {}: fd {} is {}, not a memfd", name, i, file_type(s.st_mode))};
-    const int seals = fcntl(fds[i], F_GET_SEALS);
-    if (seals < 0)
-      return error{errc::invalid_request,
-                   fmt::format("pool {}: fd {} is not a memfd (it cannot carry seals: {})", name, i,
-                               std::strerror(errno))};
-    if ((seals & F_SEAL_SHRINK) == 0)
-      return error{errc::invalid_request,
-                   fmt::format("pool {}: fd {} is not sealed against shrinking (F_SEAL_SHRINK): a "
-                               "shrink would crash ferryd",
-                               name, i)};
-    sizes[i] = static_cast<uint64_t>(s.st_size);
-  }
   struct range {
     uint64_t begin, end;
     size_t buffer;
@@ -231,11 +286,56 @@ result<> check_registration(const daemon_context& ctx, const proto::register_mem
                      fmt::format("pool {}: buffers {} and {} overlap in fd {}", name,
                                  r[j - 1].buffer, r[j].buffer, i)};
   }
+  return registration_plan{};
+}
+
+/// Map a registered pool: reserve its range at the first registration, then each descriptor's
+/// span at its place (its buffers land at the described offsets), and register the range.
+result<> map_described(daemon_context& ctx, const proto::register_memory& req,
+                       const std::vector<int>& fds, const described_pool& d) {
+  const int k = static_cast<int>(req.pool);
+  const std::string name = pool_name(k);
+  auto& pool = ctx.client_pools[k];
+  if (!pool.base) {
+    void* at =
+        mmap(nullptr, d.bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (at == MAP_FAILED)
+      return error{errc::system_error,
+                   fmt::format("pool {}: cannot reserve {} bytes of address space: {}", name,
+                               d.bytes, std::strerror(errno))};
+    pool.base = static_cast<uint8_t*>(at);
+    pool.bytes = d.bytes;
+  }
+  auto undo = [&](error why) {
+    reserve(pool.base, pool.bytes);
+    return why;
+  };
+  for (const auto& b : req.buffers)  // back every byte now (see map_client_pool)
+    if (int rc = posix_fallocate(fds[b.fd_index], static_cast<off_t>(b.fd_offset),
+                                 static_cast<off_t>(b.items * b.item_bytes));
+        rc != 0)
+      return undo({errc::system_error,
+                   fmt::format("pool {}: cannot reserve the memory of a buffer in fd {}: {}", name,
+                               b.fd_index, std::strerror(rc))});
+  for (const auto& s : d.spans) {
+    void* at = mmap(pool.base + s.at, s.end - s.begin, PROT_READ | PROT_WRITE,
+                    MAP_SHARED | MAP_FIXED | MAP_POPULATE, fds[s.fd], static_cast<off_t>(s.begin));
+    if (at == MAP_FAILED)
+      return undo(
+          {errc::system_error, fmt::format("pool {}: cannot map bytes {}..{} of fd {}: {}", name,
+                                           s.begin, s.end, s.fd, std::strerror(errno))});
+  }
+  auto reg = ctx.engine->register_region(pool.base, d.bytes, transport::region_access::local);
+  if (!reg)
+    return undo({reg.code, fmt::format("pool {}: memory registration of {} bytes failed: {}", name,
+                                       d.bytes, reg.message)});
+  ctx.regions[k] = reg.value;
   return {};
 }
 
 result<> map_client_pool(daemon_context& ctx, const proto::register_memory& req,
-                         const std::vector<int>& fds) {
+                         const std::vector<int>& fds, const registration_plan& plan) {
+  if (plan.described) return map_described(ctx, req, fds, *plan.described);
   const int k = static_cast<int>(req.pool);
   const std::string name = pool_name(k);
   auto& pool = ctx.client_pools[k];
@@ -270,6 +370,15 @@ result<> map_client_pool(daemon_context& ctx, const proto::register_memory& req,
                                        layout.total_bytes, reg.message)});
   ctx.regions[k] = reg.value;
   return {};
+}
+
+std::optional<std::string> undescribed_pool(const daemon_context& ctx) {
+  for (int k = 0; k < pool_kind_count; ++k)
+    if (registered(ctx, k) && !ctx.client_pools[k].described)
+      return fmt::format(
+          "pool {} of {} is described by its engine's register_memory, which has not come yet",
+          pool_name(k), ctx.config.node_name);
+  return std::nullopt;
 }
 
 result<> unmap_client_pool(daemon_context& ctx, int k) {

@@ -24,6 +24,7 @@
 #include "core/layout.hpp"
 #include "core/plan.hpp"
 #include "core/range_allocator.hpp"
+#include "core/registration.hpp"
 #include "core/shm_region.hpp"
 #include "core/waiter_queue.hpp"
 #include "transport/engine.hpp"
@@ -149,12 +150,20 @@ struct staging_area {
 /// start (no access), into which a client's registration maps its buffers at their layout
 /// offsets, so the pool has one base address whoever owns the memory. Only the Scheduler
 /// changes `state`; other actors read it (a handshake describes only a registered pool).
+///
+/// A pool the registration describes (pool_placement::registered) reserves its range at its
+/// first registration, which also fixes its description for the daemon's life: the Scheduler
+/// publishes it into `config.pools` and `layout` before the pool is first registered, and no
+/// peer connection exists before that (handshakes wait for it), so readers see it whole.
 struct client_pool {
   enum class state : uint8_t { unregistered, registering, registered, releasing };
+  bool client = false;  ///< `memory: client` (set at start-up)
   uint8_t* base = nullptr;
   uint64_t bytes = 0;
   std::atomic<state> now{state::unregistered};
   uint64_t owner = 0;  ///< the client connection whose registration it is (Scheduler only)
+  /// A registered pool's description since its first registration (Scheduler only).
+  std::optional<described_pool> described;
 };
 const char* to_string(client_pool::state s);
 
@@ -200,7 +209,7 @@ struct daemon_context {
     return client_pools[k].base ? client_pools[k].base : pools[k].data();
   }
   /// Whether pool `k` is `memory: client`.
-  bool client_memory(int k) const { return client_pools[k].base != nullptr; }
+  bool client_memory(int k) const { return client_pools[k].client; }
   /// Whether rooms can use the pools now, or why not (peer_incompatible: a `memory: client` pool
   /// is not registered).
   result<> pools_usable() const;

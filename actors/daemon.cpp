@@ -371,6 +371,13 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
   for (int k = 0; k < pool_kind_count; ++k) {
     const auto& pool = ctx->layout.pools[k];
     if (!pool.present) continue;
+    if (ctx->client_memory(k) && !ctx->client_pools[k].base) {
+      log->info(
+          "pool {}: client memory described by the engine's register_memory (rooms and "
+          "peers wait for it)",
+          to_string(static_cast<pool_kind>(k)));
+      continue;
+    }
     if (ctx->client_memory(k)) {
       log->info(
           "pool {}: client memory ({} bytes, {} buffers; rooms wait for a client's "

@@ -23,6 +23,7 @@
 #include "core/layout.hpp"
 #include "core/plan.hpp"
 #include "core/protocol.hpp"
+#include "core/registration.hpp"
 #include "core/status.hpp"
 #include "transport/engine.hpp"
 
@@ -326,6 +327,7 @@ struct memory_mapped {
   uint64_t conn = 0;
   uint32_t seq = 0;
   result<> outcome;
+  std::optional<described_pool> described;  ///< a registered pool's description
 };
 /// Off the actor workers -> Scheduler: a client pool's memory was deregistered and unmapped.
 struct memory_released {

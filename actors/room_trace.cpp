@@ -75,7 +75,16 @@ json pools_json(const pools_config& p) {
     j["mamba"] = {
         {"slots", p.mamba->slots}, {"layer_ids", p.mamba->layer_ids}, {"tensors", tensors}};
   }
-  if (p.aux) j["aux"] = {{"rows", p.aux->rows}, {"row_bytes", p.aux->row_bytes}};
+  if (p.aux)
+    j["aux"] = {{"rows", p.aux->rows},
+                {"row_bytes", p.aux->row_bytes},
+                {"more_row_bytes", p.aux->more_row_bytes},
+                {"room_id_buffer", p.aux->room_id_buffer}};
+  // A registered pool's buffers lie where the engine's memory put them.
+  if (p.kv && !p.kv->placement.offsets.empty()) j["kv"]["offsets"] = p.kv->placement.offsets;
+  if (p.mamba && !p.mamba->placement.offsets.empty())
+    j["mamba"]["offsets"] = p.mamba->placement.offsets;
+  if (p.aux && !p.aux->placement.offsets.empty()) j["aux"]["offsets"] = p.aux->placement.offsets;
   return j;
 }
 
@@ -92,6 +101,7 @@ pools_config pools_of(const json& j) {
     c.mla = k.at("mla");
     c.pages = k.at("pages");
     c.total_heads = k.at("total_heads");
+    c.placement.offsets = k.value("offsets", std::vector<uint64_t>{});
     p.kv = c;
   }
   if (j.contains("mamba")) {
@@ -108,12 +118,17 @@ pools_config pools_of(const json& j) {
       s.shard_groups = t.at("shard_groups").get<std::vector<uint64_t>>();
       c.tensors.push_back(std::move(s));
     }
+    c.placement.offsets = m.value("offsets", std::vector<uint64_t>{});
     p.mamba = c;
   }
   if (j.contains("aux")) {
+    const auto& a = j["aux"];
     aux_pool_config c;
-    c.rows = j["aux"].at("rows");
-    c.row_bytes = j["aux"].at("row_bytes");
+    c.rows = a.at("rows");
+    c.row_bytes = a.at("row_bytes");
+    c.more_row_bytes = a.value("more_row_bytes", std::vector<uint64_t>{});
+    c.room_id_buffer = a.value("room_id_buffer", uint32_t{0});
+    c.placement.offsets = a.value("offsets", std::vector<uint64_t>{});
     p.aux = c;
   }
   return p;

@@ -321,6 +321,7 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
           st.ctx->gateway->reply(m.conn, m.seq, std::move(m.outcome).error());
           return;
         }
+        if (m.described) publish_description(self, m.pool, *m.described);
         pool.now = client_pool::state::registered;
         st.ctx->log_sched->info("pool {}: registered the memory of client conn={} ({} bytes)", name,
                                 m.conn, st.ctx->layout.pools[m.pool].total_bytes);
@@ -339,6 +340,10 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
           st.ctx->log_sched->error("pool {}: released with an error: {}", name, m.outcome.message);
       },
       [=](peer_hello& h) {
+        if (auto why = undescribed_pool(*self->state.ctx)) {  // nothing to tell the peer yet
+          if (h.connection) self->send(h.connection, peer_refused{*why});
+          return;
+        }
         auto conn = spawn_inbound_connection(self, self->state.ctx, std::move(h),
                                              caf::actor_cast<caf::actor>(self));
         self->state.connections.emplace(conn, nullptr);

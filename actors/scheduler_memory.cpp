@@ -19,23 +19,50 @@ namespace ferry::sched {
 void on_register_memory(scheduler_actor* self, client_request& r) {
   auto& st = self->state;
   const auto& m = std::get<proto::register_memory>(r.msg);
-  if (auto e = check_registration(*st.ctx, m, r.fds); !e) {
+  auto plan = check_registration(*st.ctx, m, r.fds);
+  if (!plan) {
     for (int fd : r.fds) close(fd);
-    st.ctx->log_sched->warn("client conn={} register_memory refused: {}", r.conn, e.message);
-    return reply_error(self, r, std::move(e).error());
+    st.ctx->log_sched->warn("client conn={} register_memory refused: {}", r.conn, plan.message);
+    return reply_error(self, r, std::move(plan).error());
   }
   const int k = static_cast<int>(m.pool);
   st.ctx->client_pools[k].now = client_pool::state::registering;
   st.ctx->client_pools[k].owner = r.conn;
   auto me = caf::actor_cast<caf::actor>(self);
   self->spawn<caf::detached>(
-      [ctx = st.ctx, me, req = m, fds = std::move(r.fds), conn = r.conn, seq = r.seq](
-          caf::blocking_actor*, int k) {
-        auto mapped = map_client_pool(*ctx, req, fds);
+      [ctx = st.ctx, me, req = m, fds = std::move(r.fds), conn = r.conn, seq = r.seq,
+       plan = std::move(plan.value)](caf::blocking_actor*, int k) {
+        auto mapped = map_client_pool(*ctx, req, fds, plan);
         for (int fd : fds) close(fd);  // the mappings keep the memory
-        caf::anon_send(me, memory_mapped{k, conn, seq, std::move(mapped)});
+        caf::anon_send(me, memory_mapped{k, conn, seq, std::move(mapped), plan.described});
       },
       k);  // an argument: CAF 0.17 binds a null tuple for a function spawned without one (UBSan)
+}
+
+/// A registered pool's first registration is mapped: its description becomes the pool's config
+/// and layout for the daemon's life (context.hpp, client_pool), and what a peer's hello carries.
+void publish_description(scheduler_actor* self, int k, const described_pool& d) {
+  auto& st = self->state;
+  auto& ctx = *st.ctx;
+  auto& pool = ctx.client_pools[k];
+  if (pool.described) return;
+  pool.described = d;
+  if (k == static_cast<int>(pool_kind::kv)) ctx.config.pools.kv = d.section.kv;
+  if (k == static_cast<int>(pool_kind::state)) ctx.config.pools.mamba = d.section.mamba;
+  if (k == static_cast<int>(pool_kind::aux)) ctx.config.pools.aux = d.section.aux;
+  ctx.layout.pools[k] = make_layout(d.section).pools[k];
+  // No room was ever accepted before (the pool was never usable): size the claims anew.
+  const auto& pools = ctx.config.pools;
+  if (st.claims->held() == 0)
+    st.claims.emplace(pools.kv ? pools.kv->pages : 0, pools.mamba ? pools.mamba->slots : 0,
+                      pools.aux ? pools.aux->rows : 0);
+  ctx.config_yaml = to_yaml(ctx.config);
+  ctx.peer_config_yaml = to_yaml(ctx.config, yaml_for::peers);
+  st.ctx->log_sched->info(
+      "pool {}: described by its registration: {} buffers in {} bytes ({} "
+      "descriptor spans)",
+      to_string(static_cast<pool_kind>(k)), ctx.layout.pools[k].buffers.size(), d.bytes,
+      d.spans.size());
 }
 
 /// Continue releasing client pools whose registering connection closed: once no room is active,

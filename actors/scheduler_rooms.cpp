@@ -107,8 +107,8 @@ caf::actor connection_for(scheduler_actor* self, const std::string& address) {
   auto& st = self->state;
   auto it = st.outbound.find(address);
   if (it != st.outbound.end()) return it->second;
-  std::string known_down =
-      st.unresponsive.known_down(address, std::chrono::steady_clock::now()).value_or("");
+  std::string known_down = undescribed_pool(*st.ctx).value_or(
+      st.unresponsive.known_down(address, std::chrono::steady_clock::now()).value_or(""));
   auto conn = spawn_outbound_connection(self, st.ctx, st.basp, address,
                                         caf::actor_cast<caf::actor>(self), std::move(known_down));
   st.outbound.emplace(address, conn);
@@ -172,12 +172,13 @@ void on_send(scheduler_actor* self, client_request& r) {
                        fmt::format("room {}: {}", s.room, usable.message));
   if (auto e = check_send(ctx.config, ctx.layout, s); !e)
     return reply_error(self, r, std::move(e).error());
-  if (s.last && ctx.layout[pool_kind::aux].present) {
+  if (s.last && ctx.layout[pool_kind::aux].present &&
+      ctx.config.pools.aux->room_id_buffer != aux_pool_config::no_room_id) {
     // The aux row carries the room id: a wrong row would deliver another request's metadata.
+    const auto& rooms = ctx.layout[pool_kind::aux].buffers.at(ctx.config.pools.aux->room_id_buffer);
     uint64_t stored = 0;
     std::memcpy(&stored,
-                ctx.base(space::aux) + ctx.layout[pool_kind::aux].buffers[0].offset +
-                    uint64_t{s.aux_row} * ctx.config.pools.aux->row_bytes,
+                ctx.base(space::aux) + rooms.offset + uint64_t{s.aux_row} * rooms.item_bytes,
                 sizeof(stored));
     if (stored != s.room)
       return reply_error(self, r, errc::invalid_request,

@@ -127,6 +127,7 @@ void room_moved(scheduler_state& st, bool decode, room_entry& e, room_status to,
 // scheduler_memory.cpp: engine-owned memory, registered and released.
 void on_register_memory(scheduler_actor* self, client_request& r);
 void try_release(scheduler_actor* self);
+void publish_description(scheduler_actor* self, int k, const described_pool& d);
 void start_release(scheduler_actor* self, int k, const std::string& why);
 
 // scheduler_discovery.cpp: the ranks of an engine instance.

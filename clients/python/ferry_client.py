@@ -2,7 +2,7 @@
 package (clients/python/ferry/). New code should ``import ferry``.
 
     from ferry_client import Client
-    c = Client("/tmp/ferry-decode.sock")          # connects and says hello (versions 3..6)
+    c = Client("/tmp/ferry-decode.sock")          # connects and says hello (versions 3..7)
     c.prepare(room=7, prefill_peers=["127.0.0.1:7401"], dst_pages=[5, 6, 7], state_slot=2, aux_row=2)
     c.subscribe(7); ev = c.wait_terminal(7, timeout=30)   # Event(room, status, code, reason)
     c.pool("kv")[off:off + n]                      # memoryview of the mapped pool

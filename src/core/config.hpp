@@ -35,6 +35,9 @@ result<ferry_config> parse_config_file(const std::string& path,
                                        const std::vector<config_override>& overrides = {});
 /// Check meaning: ranges, consistency between sections, role needs.
 result<> validate_config(const ferry_config& cfg);
+/// False while a pool the engine's registration describes (`memory: client` and nothing else,
+/// pool_placement::registered) has not been described yet.
+bool described_yet(const pools_config& pools);
 /// Parse then validate.
 result<ferry_config> load_config_file(const std::string& path);
 /// Fill values derived from others. Call after a successful validation. (It derives nothing

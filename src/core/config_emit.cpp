@@ -22,6 +22,21 @@ void emit_dims(YAML::Emitter& out, const std::vector<uint64_t>& dims) {
   out << YAML::EndSeq;
 }
 
+/// A pool the engine's registration describes, before it did: `memory: client` and a comment.
+bool emit_undescribed(YAML::Emitter& out, const pool_placement& p, bool empty) {
+  if (!p.registered || !empty) return false;
+  out << YAML::Key << "memory" << YAML::Value << "client";
+  out << YAML::Comment("described by the engine's register_memory (not registered yet)");
+  return true;
+}
+
+/// A registered pool's buffer offsets (what a peer needs to address them).
+void emit_offsets(YAML::Emitter& out, const pool_placement& p) {
+  if (p.offsets.empty()) return;
+  out << YAML::Key << "offsets" << YAML::Value;
+  emit_dims(out, p.offsets);
+}
+
 }  // namespace
 
 std::string to_yaml(const ferry_config& cfg, yaml_for reader) {
@@ -138,54 +153,72 @@ std::string to_yaml(const ferry_config& cfg, yaml_for reader) {
   if (cfg.pools.kv) {
     const kv_pool_config& kv = *cfg.pools.kv;
     out << YAML::Key << "kv" << YAML::Value << YAML::BeginMap;
-    out << YAML::Key << "layer_ids" << YAML::Value;
-    emit_ids(out, kv.layer_ids);
-    out << YAML::Key << "page_tokens" << YAML::Value << kv.page_tokens;
-    out << YAML::Key << "kv_heads" << YAML::Value << kv.kv_heads;
-    if (kv.total_heads)
-      out << YAML::Key << "total_heads" << YAML::Value << kv.total_heads;
-    else if (!kv.mla)
-      out << YAML::Comment("total_heads not set: kv_heads x tp.size = " +
-                           std::to_string(kv.model_heads(cfg.tp.size)) + " assumed");
-    out << YAML::Key << "head_dim" << YAML::Value << kv.head_dim;
-    out << YAML::Key << "dtype_bytes" << YAML::Value << kv.dtype_bytes;
-    out << YAML::Key << "mla" << YAML::Value << kv.mla;
-    out << YAML::Key << "pages" << YAML::Value << kv.pages;
-    if (kv.memory != pool_memory::daemon)
-      out << YAML::Key << "memory" << YAML::Value << to_string(kv.memory);
+    if (!emit_undescribed(out, kv.placement, kv.layer_ids.empty())) {
+      out << YAML::Key << "layer_ids" << YAML::Value;
+      emit_ids(out, kv.layer_ids);
+      out << YAML::Key << "page_tokens" << YAML::Value << kv.page_tokens;
+      out << YAML::Key << "kv_heads" << YAML::Value << kv.kv_heads;
+      if (kv.total_heads)
+        out << YAML::Key << "total_heads" << YAML::Value << kv.total_heads;
+      else if (!kv.mla)
+        out << YAML::Comment("total_heads not set: kv_heads x tp.size = " +
+                             std::to_string(kv.model_heads(cfg.tp.size)) + " assumed");
+      out << YAML::Key << "head_dim" << YAML::Value << kv.head_dim;
+      out << YAML::Key << "dtype_bytes" << YAML::Value << kv.dtype_bytes;
+      out << YAML::Key << "mla" << YAML::Value << kv.mla;
+      out << YAML::Key << "pages" << YAML::Value << kv.pages;
+      if (kv.memory != pool_memory::daemon)
+        out << YAML::Key << "memory" << YAML::Value << to_string(kv.memory);
+      emit_offsets(out, kv.placement);
+    }
     out << YAML::EndMap;
   }
   if (cfg.pools.mamba) {
     const mamba_pool_config& mamba = *cfg.pools.mamba;
     out << YAML::Key << "mamba" << YAML::Value << YAML::BeginMap;
-    out << YAML::Key << "slots" << YAML::Value << mamba.slots;
-    out << YAML::Key << "layer_ids" << YAML::Value;
-    emit_ids(out, mamba.layer_ids);
-    out << YAML::Key << "tensors" << YAML::Value << YAML::BeginSeq;
-    for (const state_tensor_config& t : mamba.tensors) {
-      out << YAML::BeginMap;
-      out << YAML::Key << "name" << YAML::Value << t.name;
-      out << YAML::Key << "shape" << YAML::Value;
-      emit_dims(out, t.shape);
-      out << YAML::Key << "dtype_bytes" << YAML::Value << t.dtype_bytes;
-      if (t.slice_axis) out << YAML::Key << "slice_axis" << YAML::Value << *t.slice_axis;
-      if (!t.shard_groups.empty()) {
-        out << YAML::Key << "shard_groups" << YAML::Value;
-        emit_dims(out, t.shard_groups);
+    if (!emit_undescribed(out, mamba.placement, mamba.tensors.empty())) {
+      out << YAML::Key << "slots" << YAML::Value << mamba.slots;
+      out << YAML::Key << "layer_ids" << YAML::Value;
+      emit_ids(out, mamba.layer_ids);
+      out << YAML::Key << "tensors" << YAML::Value << YAML::BeginSeq;
+      for (const state_tensor_config& t : mamba.tensors) {
+        out << YAML::BeginMap;
+        out << YAML::Key << "name" << YAML::Value << t.name;
+        out << YAML::Key << "shape" << YAML::Value;
+        emit_dims(out, t.shape);
+        out << YAML::Key << "dtype_bytes" << YAML::Value << t.dtype_bytes;
+        if (t.slice_axis) out << YAML::Key << "slice_axis" << YAML::Value << *t.slice_axis;
+        if (!t.shard_groups.empty()) {
+          out << YAML::Key << "shard_groups" << YAML::Value;
+          emit_dims(out, t.shard_groups);
+        }
+        out << YAML::EndMap;
       }
-      out << YAML::EndMap;
+      out << YAML::EndSeq;
+      if (mamba.memory != pool_memory::daemon)
+        out << YAML::Key << "memory" << YAML::Value << to_string(mamba.memory);
+      emit_offsets(out, mamba.placement);
     }
-    out << YAML::EndSeq;
-    if (mamba.memory != pool_memory::daemon)
-      out << YAML::Key << "memory" << YAML::Value << to_string(mamba.memory);
     out << YAML::EndMap;
   }
   if (cfg.pools.aux) {
+    const aux_pool_config& aux = *cfg.pools.aux;
     out << YAML::Key << "aux" << YAML::Value << YAML::BeginMap;
-    out << YAML::Key << "rows" << YAML::Value << cfg.pools.aux->rows;
-    out << YAML::Key << "row_bytes" << YAML::Value << cfg.pools.aux->row_bytes;
-    if (cfg.pools.aux->memory != pool_memory::daemon)
-      out << YAML::Key << "memory" << YAML::Value << to_string(cfg.pools.aux->memory);
+    if (!emit_undescribed(out, aux.placement, aux.rows == 0)) {
+      out << YAML::Key << "rows" << YAML::Value << aux.rows;
+      out << YAML::Key << "row_bytes" << YAML::Value;
+      if (aux.more_row_bytes.empty())
+        out << aux.row_bytes;
+      else
+        emit_dims(out, aux.row_sizes());
+      if (aux.room_id_buffer == aux_pool_config::no_room_id)
+        out << YAML::Key << "room_id_buffer" << YAML::Value << "none";
+      else if (aux.room_id_buffer != 0)
+        out << YAML::Key << "room_id_buffer" << YAML::Value << aux.room_id_buffer;
+      if (aux.memory != pool_memory::daemon)
+        out << YAML::Key << "memory" << YAML::Value << to_string(aux.memory);
+      emit_offsets(out, aux.placement);
+    }
     out << YAML::EndMap;
   }
   out << YAML::EndMap;

@@ -167,6 +167,9 @@ class section {
     return path_.empty() ? std::string(key) : path_ + "." + std::string(key);
   }
 
+  /// How many keys the section has.
+  size_t size() const { return entries_.size(); }
+
   /// The value under `key`, if the key is present.
   std::optional<YAML::Node> find(std::string_view key) const {
     for (const auto& [name, value] : entries_) {
@@ -215,12 +218,22 @@ node_role parse_role(const YAML::Node& n, const std::string& path) {
   fail(path, "expected prefill, decode or both, got " + text);
 }
 
+/// A `memory: client` section that gives nothing but `memory`: the engine's registration
+/// describes the pool (pool_placement::registered).
+bool described_by_registration(const section& s, pool_memory memory) {
+  return memory == pool_memory::client && s.size() == 1;
+}
+
 kv_pool_config parse_kv(const YAML::Node& n) {
   const section s(n, "pools.kv",
                   {"layer_ids", "page_tokens", "kv_heads", "total_heads", "head_dim", "dtype_bytes",
-                   "mla", "pages", "memory"});
+                   "mla", "pages", "memory", "offsets"});
   kv_pool_config kv;
   kv.memory = parse_memory(s, "pools.kv");
+  if ((kv.placement.registered = described_by_registration(s, kv.memory))) {
+    kv.page_tokens = 0;  // the registration says it
+    return kv;
+  }
   s.required_field("layer_ids", kv.layer_ids);
   s.optional_field("page_tokens", kv.page_tokens);
   s.required_field("kv_heads", kv.kv_heads);
@@ -229,6 +242,7 @@ kv_pool_config parse_kv(const YAML::Node& n) {
   s.optional_field("dtype_bytes", kv.dtype_bytes);
   s.optional_field("mla", kv.mla);
   s.required_field("pages", kv.pages);
+  s.optional_field("offsets", kv.placement.offsets);
   return kv;
 }
 
@@ -244,9 +258,10 @@ state_tensor_config parse_tensor(const YAML::Node& n, const std::string& path) {
 }
 
 mamba_pool_config parse_mamba(const YAML::Node& n) {
-  const section s(n, "pools.mamba", {"slots", "layer_ids", "tensors", "memory"});
+  const section s(n, "pools.mamba", {"slots", "layer_ids", "tensors", "memory", "offsets"});
   mamba_pool_config mamba;
   mamba.memory = parse_memory(s, "pools.mamba");
+  if ((mamba.placement.registered = described_by_registration(s, mamba.memory))) return mamba;
   s.required_field("slots", mamba.slots);
   s.required_field("layer_ids", mamba.layer_ids);
   const auto tensors = s.find("tensors");
@@ -258,15 +273,35 @@ mamba_pool_config parse_mamba(const YAML::Node& n) {
     mamba.tensors.push_back(
         parse_tensor((*tensors)[i], "pools.mamba.tensors[" + std::to_string(i) + "]"));
   }
+  s.optional_field("offsets", mamba.placement.offsets);
   return mamba;
 }
 
 aux_pool_config parse_aux(const YAML::Node& n) {
-  const section s(n, "pools.aux", {"rows", "row_bytes", "memory"});
+  const section s(n, "pools.aux", {"rows", "row_bytes", "memory", "room_id_buffer", "offsets"});
   aux_pool_config aux;
   aux.memory = parse_memory(s, "pools.aux");
+  if ((aux.placement.registered = described_by_registration(s, aux.memory))) return aux;
   s.required_field("rows", aux.rows);
-  s.required_field("row_bytes", aux.row_bytes);
+  // One row size (one buffer), or a list of them (one buffer each, as SGLang's MetadataBuffers).
+  const auto rows = s.find("row_bytes");
+  if (!rows) fail("pools.aux.row_bytes", "required key is missing");
+  if (rows->IsSequence()) {
+    std::vector<uint64_t> sizes;
+    read(*rows, "pools.aux.row_bytes", sizes);
+    if (sizes.empty()) fail("pools.aux.row_bytes", "expected a non-empty list, got []");
+    aux.row_bytes = sizes.front();
+    aux.more_row_bytes.assign(sizes.begin() + 1, sizes.end());
+  } else {
+    read(*rows, "pools.aux.row_bytes", aux.row_bytes);
+  }
+  if (auto room = s.find("room_id_buffer")) {
+    if (room->IsScalar() && room->Scalar() == "none")
+      aux.room_id_buffer = aux_pool_config::no_room_id;
+    else
+      read(*room, "pools.aux.room_id_buffer", aux.room_id_buffer);
+  }
+  s.optional_field("offsets", aux.placement.offsets);
   return aux;
 }
 

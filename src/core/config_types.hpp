@@ -38,6 +38,21 @@ struct state_tensor_config {
   uint64_t unit_bytes() const;
 };
 
+/// Where a pool's description comes from and where its buffers lie.
+///
+/// One source of truth per pool: a daemon-owned pool is described by the config; a `memory:
+/// client` pool whose config section says nothing else (`kv: {memory: client}`) is described by
+/// the engine's register_memory (v7), which ferryd turns into this same form (docs/
+/// architecture.md). `registered` marks such a pool: until the first registration its schema
+/// fields are empty and only `memory` is known. `offsets` are the buffers' offsets in the pool's
+/// address range, in layout order (layout.hpp), when they are not the computed ones (4 KiB
+/// aligned, packed in order): a registered pool's, as a peer learns them from its hello.
+struct pool_placement {
+  bool registered = false;
+  std::vector<uint64_t> offsets;
+  bool operator==(const pool_placement&) const = default;
+};
+
 /// Paged KV pool: K and V buffers per attention layer (one buffer per layer for MLA).
 /// Who owns a pool's memory: ferryd (a POSIX shm object it creates and clients map), or a
 /// client that lends its own memory with register_memory (docs/protocol.md).
@@ -65,6 +80,7 @@ struct kv_pool_config {
     return total_heads ? total_heads : kv_heads * tp_size;
   }
   pool_memory memory = pool_memory::daemon;  ///< who owns the memory
+  pool_placement placement{};                ///< see pool_placement
 };
 
 /// Mamba state pool: `slots` slots; every layer in `layer_ids` holds every tensor in `tensors`.
@@ -73,14 +89,29 @@ struct mamba_pool_config {
   std::vector<uint32_t> layer_ids;
   std::vector<state_tensor_config> tensors;
   pool_memory memory = pool_memory::daemon;  ///< who owns the memory
+  pool_placement placement{};                ///< see pool_placement
 };
 
-/// Aux (metadata) rows, one per in-flight request. The first 8 bytes of a row hold the room id
-/// (little-endian u64), as SGLang's aux rows carry `bootstrap_room`.
+/// Aux (metadata) rows, one per in-flight request, in one or more buffers (SGLang's
+/// MetadataBuffers: one tensor per kind of metadata, each with its own row size); a request's
+/// row index names its row in every buffer. The first 8 bytes of the row of buffer
+/// `room_id_buffer` hold the room id (little-endian u64), as SGLang's `bootstrap_room` tensor
+/// does; ferryd checks it before it sends the row (`no_room_id`: no such check).
 struct aux_pool_config {
+  static constexpr uint32_t no_room_id = 0xFFFFFFFFu;
   uint64_t rows = 0;
-  uint64_t row_bytes = 0;
+  uint64_t row_bytes = 0;                  ///< of buffer 0
+  std::vector<uint64_t> more_row_bytes{};  ///< of buffers 1.. (a registered pool's MetadataBuffers)
+  uint32_t room_id_buffer = 0;
   pool_memory memory = pool_memory::daemon;  ///< who owns the memory
+  pool_placement placement{};                ///< see pool_placement
+
+  /// The row size of every buffer, in order.
+  std::vector<uint64_t> row_sizes() const {
+    std::vector<uint64_t> out{row_bytes};
+    out.insert(out.end(), more_row_bytes.begin(), more_row_bytes.end());
+    return out;
+  }
 };
 
 struct pools_config {

@@ -11,6 +11,7 @@
 #include "core/access.hpp"
 #include "core/config.hpp"
 #include "core/config_detail.hpp"
+#include "core/layout.hpp"
 
 namespace ferry {
 
@@ -136,14 +137,55 @@ void validate_tensor(const state_tensor_config& t, const std::string& path, uint
   }
 }
 
+/// Explicit buffer offsets (pool_placement::offsets): one per buffer, no two buffers overlapping.
+void check_offsets(const pool_layout& computed, const std::vector<uint64_t>& offsets,
+                   const std::string& path) {
+  if (offsets.empty()) return;
+  if (offsets.size() != computed.buffers.size())
+    fail(path, "expected one offset per buffer (" + std::to_string(computed.buffers.size()) +
+                   "), got " + std::to_string(offsets.size()));
+  std::vector<std::pair<uint64_t, uint64_t>> spans;  // (begin, end)
+  for (size_t b = 0; b < offsets.size(); ++b) {
+    const auto& buf = computed.buffers[b];
+    const uint64_t bytes = sat_mul(buf.item_bytes, buf.items);
+    if (sat_add(offsets[b], bytes) == UINT64_MAX)
+      fail(path + "[" + std::to_string(b) + "]",
+           "expected an offset the buffer fits after, got " + std::to_string(offsets[b]));
+    spans.emplace_back(offsets[b], offsets[b] + bytes);
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t j = 1; j < spans.size(); ++j)
+    if (spans[j].first < spans[j - 1].second)
+      fail(path, "expected buffers that do not overlap, got one at " +
+                     std::to_string(spans[j].first) + " inside the one at " +
+                     std::to_string(spans[j - 1].first));
+}
+
+}  // namespace
+
+bool described_yet(const pools_config& pools) {
+  return !((pools.kv && pools.kv->placement.registered && pools.kv->layer_ids.empty()) ||
+           (pools.mamba && pools.mamba->placement.registered && pools.mamba->tensors.empty()) ||
+           (pools.aux && pools.aux->placement.registered && pools.aux->rows == 0));
+}
+
+namespace {
+
 void validate_pools(const ferry_config& cfg) {
   const pools_config& pools = cfg.pools;
   if (!pools.kv && !pools.mamba && !pools.aux) {
     fail("pools", std::string("expected at least one of kv, mamba or aux for role ") +
                       to_string(cfg.role) + ", got none");
   }
+  // A pool the engine's registration describes has nothing to check until it is described.
+  auto waiting = [](const pool_placement& p, bool empty) { return p.registered && empty; };
+  const bool kv_known = pools.kv && !waiting(pools.kv->placement, pools.kv->layer_ids.empty());
+  const bool mamba_known =
+      pools.mamba && !waiting(pools.mamba->placement, pools.mamba->tensors.empty());
+  const bool aux_known = pools.aux && !waiting(pools.aux->placement, pools.aux->rows == 0);
+  const node_layout computed = make_layout(pools);
 
-  if (pools.kv) {
+  if (kv_known) {
     const kv_pool_config& kv = *pools.kv;
     check_layer_ids(kv.layer_ids, "pools.kv.layer_ids");
     check_positive(kv.page_tokens, "pools.kv.page_tokens");
@@ -166,13 +208,14 @@ void validate_pools(const ferry_config& cfg) {
     uint64_t page =
         sat_mul(sat_mul(kv.page_tokens, kv.kv_heads), sat_mul(kv.head_dim, kv.dtype_bytes));
     check_pool_total(sat_mul(sat_mul(page, kv.pages), kv.buffer_count()), "pools.kv");
+    check_offsets(computed[pool_kind::kv], kv.placement.offsets, "pools.kv.offsets");
   }
 
-  if (pools.mamba) {
+  if (mamba_known) {
     const mamba_pool_config& mamba = *pools.mamba;
     check_positive(mamba.slots, "pools.mamba.slots");
     check_layer_ids(mamba.layer_ids, "pools.mamba.layer_ids");
-    if (pools.kv) {
+    if (kv_known) {
       const std::set<uint32_t> kv_ids(pools.kv->layer_ids.begin(), pools.kv->layer_ids.end());
       for (uint32_t id : mamba.layer_ids) {
         if (kv_ids.count(id) != 0) {
@@ -198,16 +241,37 @@ void validate_pools(const ferry_config& cfg) {
     }
     const uint64_t total = sat_mul(sat_mul(mamba.slots, mamba.layer_ids.size()), per_layer_slot);
     check_pool_total(total, "pools.mamba");
+    check_offsets(computed[pool_kind::state], mamba.placement.offsets, "pools.mamba.offsets");
   }
 
-  if (pools.aux) {
+  if (aux_known) {
     const aux_pool_config& aux = *pools.aux;
     check_positive(aux.rows, "pools.aux.rows");
-    if (aux.row_bytes < 64 || aux.row_bytes % 8 != 0) {
-      fail("pools.aux.row_bytes",
-           "expected a multiple of 8 that is at least 64, got " + std::to_string(aux.row_bytes));
+    const auto sizes = aux.row_sizes();
+    uint64_t all = 0;
+    for (size_t b = 0; b < sizes.size(); ++b) {
+      const auto path = sizes.size() == 1 ? std::string("pools.aux.row_bytes")
+                                          : "pools.aux.row_bytes[" + std::to_string(b) + "]";
+      // A registered pool's rows are the engine's (SGLang's metadata tensors): any size.
+      if (aux.placement.registered)
+        check_positive(sizes[b], path);
+      else if (sizes[b] < 64 || sizes[b] % 8 != 0)
+        fail(path, "expected a multiple of 8 that is at least 64, got " + std::to_string(sizes[b]));
+      all = sat_add(all, sizes[b]);
     }
-    check_pool_total(sat_mul(aux.rows, aux.row_bytes), "pools.aux");
+    if (aux.room_id_buffer != aux_pool_config::no_room_id) {
+      if (aux.room_id_buffer >= sizes.size())
+        fail("pools.aux.room_id_buffer", "expected a buffer index below " +
+                                             std::to_string(sizes.size()) + " or none, got " +
+                                             std::to_string(aux.room_id_buffer));
+      if (sizes[aux.room_id_buffer] < 8)
+        fail("pools.aux.room_id_buffer",
+             "expected a buffer whose rows hold a room id (8 bytes), got buffer " +
+                 std::to_string(aux.room_id_buffer) + " with rows of " +
+                 std::to_string(sizes[aux.room_id_buffer]) + " bytes");
+    }
+    check_pool_total(sat_mul(aux.rows, all), "pools.aux");
+    check_offsets(computed[pool_kind::aux], aux.placement.offsets, "pools.aux.offsets");
   }
 }
 

@@ -330,10 +330,20 @@ result<link_plan> make_link_plan(const rank_schema& s, const rank_schema& d) {
   }
   if (s.pools.aux) {
     if (!d.pools.aux) return missing("aux");
-    if (s.pools.aux->row_bytes != d.pools.aux->row_bytes)
+    const auto src_rows = s.pools.aux->row_sizes(), dst_rows = d.pools.aux->row_sizes();
+    if (src_rows.size() != dst_rows.size())
       return error{errc::peer_incompatible,
-                   fmt::format("aux.row_bytes differs: prefill has {}, decode has {}",
-                               s.pools.aux->row_bytes, d.pools.aux->row_bytes)};
+                   fmt::format("aux buffers differ: prefill has {} ({}), decode has {} ({})",
+                               src_rows.size(), src_rows, dst_rows.size(), dst_rows)};
+    for (size_t b = 0; b < src_rows.size(); ++b)
+      if (src_rows[b] != dst_rows[b])
+        return error{errc::peer_incompatible,
+                     src_rows.size() == 1
+                         ? fmt::format("aux.row_bytes differs: prefill has {}, decode has {}",
+                                       src_rows[b], dst_rows[b])
+                         : fmt::format("aux buffer {} has rows of {} bytes on the prefill, {} "
+                                       "on the decode",
+                                       b, src_rows[b], dst_rows[b])};
     // The row comes from the first TP rank of the group, and from the last PP stage (which
     // samples the output token) when one decode stage receives from all of them.
     plan.aux = plan.in_group && s.tp_rank == group.front() &&

@@ -27,6 +27,19 @@ uint64_t fnv1a(const std::string& s) {
   return h;
 }
 
+/// The pool's buffers at `offsets` (a registered pool's, given in layout order) instead of the
+/// computed ones; the pool spans up to the end of its last byte, rounded up to a page.
+void place(pool_layout& pool, const std::vector<uint64_t>& offsets) {
+  if (offsets.empty() || offsets.size() != pool.buffers.size()) return;
+  pool.total_bytes = 0;
+  for (size_t b = 0; b < offsets.size(); ++b) {
+    auto& buf = pool.buffers[b];
+    buf.offset = offsets[b];
+    pool.total_bytes = std::max(pool.total_bytes, buf.offset + buf.item_bytes * buf.items);
+  }
+  pool.total_bytes = align_up(pool.total_bytes, buffer_alignment);
+}
+
 }  // namespace
 
 const char* to_string(pool_kind k) {
@@ -84,8 +97,13 @@ node_layout make_layout(const pools_config& cfg) {
   if (cfg.aux) {
     auto& pool = out[pool_kind::aux];
     pool.present = true;
-    add_buffer(pool, {0, cfg.aux->row_bytes, cfg.aux->rows, 0, 0, buffer_kind::aux});
+    if (!(cfg.aux->placement.registered && cfg.aux->rows == 0))  // described yet
+      for (auto bytes : cfg.aux->row_sizes())
+        add_buffer(pool, {0, bytes, cfg.aux->rows, 0, 0, buffer_kind::aux});
   }
+  if (cfg.kv) place(out[pool_kind::kv], cfg.kv->placement.offsets);
+  if (cfg.mamba) place(out[pool_kind::state], cfg.mamba->placement.offsets);
+  if (cfg.aux) place(out[pool_kind::aux], cfg.aux->placement.offsets);
   return out;
 }
 
@@ -109,7 +127,11 @@ uint64_t compatibility_hash(const pools_config& c) {
       s += fmt::format("t:{}:{}:{}:{}:{};", t.name, t.shape, t.dtype_bytes,
                        t.slice_axis ? int64_t{*t.slice_axis} : -1, t.shard_groups);
   }
-  if (c.aux) s += fmt::format("aux:{};", c.aux->row_bytes);
+  if (c.aux) {
+    s += fmt::format("aux:{};", c.aux->row_bytes);
+    if (!c.aux->more_row_bytes.empty() || c.aux->room_id_buffer != 0)
+      s += fmt::format("aux+:{}:{};", c.aux->more_row_bytes, c.aux->room_id_buffer);
+  }
   return fnv1a(s);
 }
 

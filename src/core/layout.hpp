@@ -6,8 +6,9 @@
 ///   `pages * page_bytes`; page p of buffer b is at `buffers[b].offset + p * item_bytes`.
 /// State pool: buffers tensor-major then layer [t0(l0) .. t0(ln), t1(l0) ..], each
 ///   `slots * slot_bytes`; slot s of buffer b is at `buffers[b].offset + s * item_bytes`.
-/// Aux pool: one buffer of `rows * row_bytes`.
-/// Every buffer starts on a 4 KiB boundary.
+/// Aux pool: one buffer of `rows * row_bytes` per row size (`aux_pool_config::row_sizes`).
+/// Every buffer starts on a 4 KiB boundary, packed in this order, unless the pool's placement
+/// gives its offsets (a pool its registration describes: the engine's own, any byte).
 
 #include <cstdint>
 #include <optional>

@@ -79,10 +79,12 @@ void plan_state_link(const link_plan& link, const node_layout& src, const node_l
 void plan_aux_link(const link_plan& link, const node_layout& src, const node_layout& dst,
                    uint32_t src_row, uint32_t dst_row, std::vector<planned_write>& out) {
   if (!link.aux) return;
-  const auto& s = src[pool_kind::aux].buffers.at(0);
-  const auto& d = dst[pool_kind::aux].buffers.at(0);
-  out.push_back({space::aux, space::aux, s.offset + uint64_t{src_row} * s.item_bytes,
-                 d.offset + uint64_t{dst_row} * d.item_bytes, s.item_bytes});
+  // The row of every aux buffer (the geometry checked that both sides have the same ones).
+  const auto& sb = src[pool_kind::aux].buffers;
+  const auto& db = dst[pool_kind::aux].buffers;
+  for (size_t b = 0; b < sb.size() && b < db.size(); ++b)
+    out.push_back({space::aux, space::aux, sb[b].offset + uint64_t{src_row} * sb[b].item_bytes,
+                   db[b].offset + uint64_t{dst_row} * db[b].item_bytes, sb[b].item_bytes});
 }
 
 void split_pieces(std::vector<planned_write>& writes, uint64_t piece_bytes) {

@@ -26,11 +26,12 @@
 
 namespace ferry::proto {
 
-inline constexpr uint16_t protocol_version = 6;         ///< the highest version spoken
+inline constexpr uint16_t protocol_version = 7;         ///< the highest version spoken
 inline constexpr uint16_t min_protocol_version = 3;     ///< the lowest version spoken
 inline constexpr uint32_t max_poll_many = 16384;        ///< rooms in one poll_many
 inline constexpr uint32_t max_register_fds = 64;        ///< descriptors with one register_memory
 inline constexpr uint32_t max_register_buffers = 4096;  ///< buffers in one register_memory
+inline constexpr uint32_t max_shard_groups = 64;        ///< v7: groups of one registered buffer
 inline constexpr uint32_t poll_many_reason_bytes =
     1000;  ///< reasons are cut there in its reply (so 16384 entries fit in a frame)
 inline constexpr uint32_t max_frame_bytes = 16u << 20;  ///< limit on the length field
@@ -135,14 +136,26 @@ struct memory_buffer {
   uint32_t layer_id = 0;
   uint32_t tensor = 0;
   buffer_kind kind = buffer_kind::aux;
+  // v7: how the buffer is sliced across TP ranks, as SGLang's KVArgs says it (what ferryd needs
+  // to describe a pool from its registration; zero where it does not apply).
+  uint32_t slice_dim = 0;  ///< KV: heads at this rank; state: the sliced axis' length here
+  uint32_t total_dim = 0;  ///< KV: heads of the whole model (0: slice_dim x TP)
+  uint64_t outer = 0;      ///< state: product of the dims before the sliced axis (0 taken as 1)
+  std::vector<uint64_t> groups{};  ///< state: full (unsharded) group sizes along the sliced axis
+  bool operator==(const memory_buffer&) const = default;
 };
 /// v4: a client lends its own memory for a `memory: client` pool; `fd_count` descriptors ride
-/// on the frame's first byte (SCM_RIGHTS).
+/// on the frame's first byte (SCM_RIGHTS). v7: with the facts that describe a pool whose config
+/// leaves its description to the registration (docs/protocol.md, register_memory).
 struct register_memory {
+  static constexpr uint32_t no_room_id = 0xFFFFFFFFu;
   pool_kind pool = pool_kind::kv;
   memory_kind kind = memory_kind::host;
   uint32_t fd_count = 0;
   std::vector<memory_buffer> buffers;
+  uint32_t page_tokens = 0;  ///< v7, kv: tokens per page
+  /// v7, aux: the buffer whose rows start with the room id (SGLang's `bootstrap_room`), or none
+  uint32_t room_id_buffer = no_room_id;
 };
 
 /// v5: start the drain a SIGTERM starts (docs/operations.md, "Drain"): no new rooms, the

@@ -197,7 +197,23 @@ bool decode_body(reader& r, register_memory& m) {
       return false;
     }
     b.kind = static_cast<buffer_kind>(kind);
+    if (r.version < 7) continue;
+    uint16_t groups = 0;
+    if (!(r.num(b.slice_dim, "buffer.slice_dim") && r.num(b.total_dim, "buffer.total_dim") &&
+          r.num(b.outer, "buffer.outer") && r.num(groups, "buffer.groups")))
+      return false;
+    if (groups > max_shard_groups) {
+      r.set_error(fmt::format("field 'buffer.groups' has {} entries, above the limit of {}", groups,
+                              max_shard_groups));
+      return false;
+    }
+    b.groups.resize(groups);
+    for (auto& g : b.groups)
+      if (!r.num(g, "buffer.group")) return false;
   }
+  if (r.version >= 7 &&
+      !(r.num(m.page_tokens, "page_tokens") && r.num(m.room_id_buffer, "room_id_buffer")))
+    return false;
   return true;
 }
 bool decode_body(reader& r, discover& m) { return r.str(m.address, "address"); }

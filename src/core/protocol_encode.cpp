@@ -82,6 +82,17 @@ void encode_body(writer& w, const register_memory& m) {
     w.num(b.layer_id);
     w.num(b.tensor);
     w.num(b.kind);
+    if (w.version >= 7) {
+      w.num(b.slice_dim);
+      w.num(b.total_dim);
+      w.num(b.outer);
+      w.num(static_cast<uint16_t>(b.groups.size()));
+      for (auto g : b.groups) w.num(g);
+    }
+  }
+  if (w.version >= 7) {
+    w.num(m.page_tokens);
+    w.num(m.room_id_buffer);
   }
 }
 void encode_body(writer& w, const discover& m) { w.str(m.address); }

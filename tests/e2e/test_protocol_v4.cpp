@@ -8,16 +8,16 @@ using namespace ferry;
 using namespace ferry::test;
 
 TEST_CASE(
-    "protocol: a client speaking 3..6 gets 6, a 3..5 client gets 5, a 3..4 client gets 4, a v3 "
+    "protocol: a client speaking 3..7 gets 7, a 3..5 client gets 5, a 3..4 client gets 4, a v3 "
     "client gets 3, a range above ours is refused and closed",
     "[e2e][protocol]") {
   temp_dir dir;
   shape s;
   daemon_proc decode(dir, "decode-0", "decode", s);
-  auto c6 = decode.connect();
-  CHECK(c6->version() == 6);
-  CHECK(c6->daemon().min_version == 3);
-  CHECK(c6->daemon().max_version == 6);
+  auto c7 = decode.connect();
+  CHECK(c7->version() == 7);
+  CHECK(c7->daemon().min_version == 3);
+  CHECK(c7->daemon().max_version == 7);
   auto c5 = decode.connect(5);
   CHECK(c5->version() == 5);
   // A layer range on a v5 connection is refused by the client before it is sent: the daemon
@@ -30,21 +30,21 @@ TEST_CASE(
   CHECK(piped[0].code == errc::unsupported_version);
   auto c4 = decode.connect(4);
   CHECK(c4->version() == 4);
-  CHECK(c4->daemon().max_version == 6);
+  CHECK(c4->daemon().max_version == 7);
   // A v5 request on a v4 connection is refused by the client before it is sent.
   CHECK(c4->drain().code == errc::unsupported_version);
   auto c3 = decode.connect(3);
   CHECK(c3->version() == 3);
 
   raw_conn raw(decode.socket());
-  raw.send_frame(proto::hello{8, "future", true, 7}, 1);
+  raw.send_frame(proto::hello{9, "future", true, 8}, 1);
   auto d = raw.next();
   REQUIRE(d.msg);
   auto* e = std::get_if<proto::error>(&*d.msg);
   REQUIRE(e);
   CHECK(d.seq == 1);
   CHECK(e->code == errc::unsupported_version);
-  CHECK(e->message == "client speaks protocol versions 7..8, ferryd speaks 3..6");
+  CHECK(e->message == "client speaks protocol versions 8..9, ferryd speaks 3..7");
   CHECK(raw.closed_by_peer());
   // The daemon serves on.
   CHECK(c4->poll_many({}).value.empty());

@@ -60,7 +60,7 @@ KV_CLIENT_POOL = """pools:
 
 def test_the_hello_reply_shows_client_pools(pair: tuple[Daemon, Daemon]) -> None:
     with Client(pair[1].sock, name="cm-hello", timeout=IO_TIMEOUT) as c:
-        assert c.version == 6
+        assert c.version == 7
         for kind in ("kv", "state", "aux"):
             assert c.pools[kind].present and c.pools[kind].shm_name == "", c.pools[kind]
         with pytest.raises(FerryError):

@@ -30,11 +30,11 @@ T = 60.0  # a room's whole transfer on a loaded 2-core machine
 
 def client(d: Daemon, name: str, **kw: object) -> Client:
     c = Client(d.sock, name=name, timeout=IO_TIMEOUT * 3, **kw)  # type: ignore[arg-type]
-    if kw.get("version_range") is None and c.version != 6:
+    if kw.get("version_range") is None and c.version != 7:
         c.close()
-        pytest.fail(f"{BIN_DIR / 'ferryd'} answered a hello offering versions 3..6 in version "
+        pytest.fail(f"{BIN_DIR / 'ferryd'} answered a hello offering versions 3..7 in version "
                     f"{c.version} (it speaks {c.daemon_versions[0]}..{c.daemon_versions[1]}): "
-                    f"these tests need a ferryd that speaks protocol version 6; rebuild it")
+                    f"these tests need a ferryd that speaks protocol version 7; rebuild it")
     return c
 
 
@@ -70,7 +70,7 @@ def kv_pair(tmpdir_short: str) -> Iterator[tuple[Daemon, Daemon]]:
 def test_the_daemons_speak_v4_and_v3(mamba_pair: tuple[Daemon, Daemon]) -> None:
     pd, dd = mamba_pair
     with client(pd, "it-v4") as p:
-        assert p.version == 6 and p.daemon_versions == (3, 6) and not p.fell_back_to_v3
+        assert p.version == 7 and p.daemon_versions == (3, 7) and not p.fell_back_to_v3
         assert p.role == "prefill" and p.control == pd.control
         assert p.pools["kv"].present and len(p.pools["kv"].buffers) == 4
     with client(dd, "it-v3", version_range=(3, 3)) as d:

@@ -368,7 +368,7 @@ def test_v4_only_messages_do_not_encode_in_v3() -> None:
             encode(msg, 1, 4)
         assert "needs protocol version 5; this connection speaks 4" in info.value.message
     with pytest.raises(ValueError):
-        encode(Ok(), 1, 7)
+        encode(Ok(), 1, 8)
     with pytest.raises(TypeError):
         encode(object(), 1, 4)  # type: ignore[arg-type]
 
@@ -413,7 +413,7 @@ def test_limits_match_protocol_hpp() -> None:
         m = re.search(r"constexpr\s+\w+\s+" + name + r"\s*=\s*([^;]+);", text)
         assert m, name
         return m.group(1).strip()
-    assert const("protocol_version") == "6" and const("min_protocol_version") == "3"
+    assert const("protocol_version") == "7" and const("min_protocol_version") == "3"
     assert const("max_poll_many") == str(MAX_POLL_MANY)
     assert const("poll_many_reason_bytes") == str(POLL_MANY_REASON_BYTES)
     assert const("max_frame_bytes") == "16u << 20" and MAX_FRAME_BYTES == 16 << 20

@@ -43,7 +43,7 @@ inline std::vector<golden_frame> golden_frames() {
   hr.pools[2].layout.buffers = {{0, 32, 2, 0, 0, buffer_kind::aux}};
 
   std::vector<golden_frame> out;
-  for (uint16_t v : {uint16_t{3}, uint16_t{4}, uint16_t{5}, uint16_t{6}}) {
+  for (uint16_t v : {uint16_t{3}, uint16_t{4}, uint16_t{5}, uint16_t{6}, uint16_t{7}}) {
     hello h{v, "engine-7", true, v};
     if (v >= 4) h.min_version = 3;
     auto r = hr;
@@ -84,6 +84,26 @@ inline std::vector<golden_frame> golden_frames() {
       reg.fd_count = 2;
       reg.buffers = {{0, 0, 512, 2, 3, 0, buffer_kind::k}, {1, 4096, 512, 2, 3, 0, buffer_kind::v}};
       out.push_back({v, "register_memory", 11, reg});
+      if (v >= 7) {
+        // A pool the registration describes: any offsets, with the slicing facts.
+        register_memory described;
+        described.pool = pool_kind::state;
+        described.fd_count = 1;
+        described.buffers = {{0, 76800, 6144, 9, 5, 0, buffer_kind::state, 1024, 0, 1, {512, 512}},
+                             {0, 131072, 65536, 9, 5, 1, buffer_kind::state, 4, 0, 1, {}}};
+        out.push_back({v, "register_memory_described", 11, described});
+        register_memory aux;
+        aux.pool = pool_kind::aux;
+        aux.fd_count = 1;
+        aux.buffers = {{0, 0, 64, 8, 0, 0, buffer_kind::aux},
+                       {0, 512, 8, 8, 0, 0, buffer_kind::aux}};
+        aux.room_id_buffer = 1;
+        out.push_back({v, "register_memory_aux", 11, aux});
+        register_memory kv = reg;
+        kv.page_tokens = 16;
+        for (auto& b : kv.buffers) b.slice_dim = 2, b.total_dim = 4;
+        out.push_back({v, "register_memory_kv", 11, kv});
+      }
       out.push_back({v, "discover", 12, discover{"10.0.0.2:7401"}});
       discover_reply found;
       found.ranks.push_back({"10.0.0.2:7401", true, "prefill-1", 2, 1, 1, 0, 2, 1, ""});

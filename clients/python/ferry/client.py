@@ -11,7 +11,7 @@
 Any number of threads may issue requests at once: each request gets its own seq and waits for
 its own reply, whatever order ferryd answers in. Pushed events go to the callbacks registered
 with :meth:`Client.on_event`, to the queue of :meth:`Client.events` and to
-:meth:`Client.wait_terminal`. The client offers protocol versions 3..6 by default and speaks
+:meth:`Client.wait_terminal`. The client offers protocol versions 3..7 by default and speaks
 what ferryd's ``hello_reply`` says (``client.version``), falling back to version 3 with an old
 daemon.
 
@@ -154,7 +154,8 @@ class Client(Connection):
                         buffers: Sequence[Union[MemoryBuffer, Mapping[str, Any],
                                                 Sequence[int]]],
                         fds: Sequence[int], memory_kind: int = MemoryKind.HOST,
-                        timeout: Optional[float] = None) -> None:
+                        timeout: Optional[float] = None, *, page_tokens: int = 0,
+                        room_id_buffer: Optional[int] = None) -> None:
         """(v4) Lend ferryd this process's memory for a ``memory: client`` pool (``"kv"``,
         ``"state"``, ``"aux"``, or 0..2).
 
@@ -170,7 +171,13 @@ class Client(Connection):
         Raises :class:`FerryError`: ferryd's refusal, which names the buffer or descriptor
         (e.g. ``pool kv: fd 0 is not sealed against shrinking (F_SEAL_SHRINK): ...``), 312 on a
         version-3 connection; :class:`~ferry.errors.EncodeError` (nothing sent) for more than
-        64 descriptors or 4096 buffers."""
+        64 descriptors or 4096 buffers.
+
+        (v7) A pool ferryd's config leaves to the registration (``memory: client`` and nothing
+        else) is described by this table: any byte offsets, each buffer's slicing facts
+        (:class:`~ferry.protocol.MemoryBuffer`), ``page_tokens`` for a kv pool and
+        ``room_id_buffer`` (the aux buffer whose rows start with the room id, or None) for an aux
+        pool. The first registration fixes the pool's layout for ferryd's life."""
         if self.version < 4:
             lo, hi = self.version_range
             raise FerryError(Errc.UNSUPPORTED_VERSION,
@@ -180,7 +187,8 @@ class Client(Connection):
                              f"{self.daemon_versions[1]})")
         table = [_memory_buffer(b) for b in buffers]
         fds = [int(fd) for fd in fds]
-        msg = RegisterMemory(pool_number(pool), memory_kind, len(fds), table)
+        msg = RegisterMemory(pool_number(pool), memory_kind, len(fds), table, int(page_tokens),
+                             room_id_buffer)
         if len(fds) > MAX_REGISTER_FDS:
             encode(msg, 0, self.version)  # raises the codec's EncodeError naming fd_count
         reg = self._registration(msg, fds)

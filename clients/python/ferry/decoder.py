@@ -25,6 +25,7 @@ from typing import Optional, TypeVar, Union
 from .errors import Errc, ProtocolError, to_errc
 from .frames import check_flags, split_frame
 from .messages import (MAX_LIST_STRINGS, MAX_POLL_MANY, MAX_REGISTER_BUFFERS, MAX_REGISTER_FDS,
+                       MAX_SHARD_GROUPS,
                        MAX_STRING_BYTES, NO_INDEX, POOL_KINDS, PROTOCOL_VERSION, Buffer,
                        BufferKind, Cancel, Discover, DiscoveredRank, Drain, SetLogLevel, first_version, DiscoverReply, Error, Event,
                        Hello, HelloReply, Info, InfoReply, InfoTopic, MemoryBuffer, MemoryKind,
@@ -217,12 +218,27 @@ def _decode_register_memory(r: _Reader) -> RegisterMemory:
         kind = r.num(1, "buffer.kind")
         if kind > BufferKind.AUX:
             raise _Fail(f"field 'buffer.kind' is not a buffer kind: {kind}", "buffer.kind")
+        if r.version < 7:
+            buffers.append(MemoryBuffer(fd_index, fd_offset, item_bytes, items, layer_id, tensor,
+                                        BufferKind(kind)))
+            continue
+        slice_dim, total_dim = r.num(4, "buffer.slice_dim"), r.num(4, "buffer.total_dim")
+        outer, ngroups = r.num(8, "buffer.outer"), r.num(2, "buffer.groups")
+        if ngroups > MAX_SHARD_GROUPS:
+            raise _Fail(f"field 'buffer.groups' has {ngroups} entries, above the limit of "
+                        f"{MAX_SHARD_GROUPS}", "buffer.groups")
+        groups = tuple(r.num(8, "buffer.group") for _ in range(ngroups))
         buffers.append(MemoryBuffer(fd_index, fd_offset, item_bytes, items, layer_id, tensor,
-                                    BufferKind(kind)))
+                                    BufferKind(kind), slice_dim, total_dim, outer, groups))
+    page_tokens, room_id_buffer = 0, None
+    if r.version >= 7:
+        page_tokens = r.num(4, "page_tokens")
+        room = r.num(4, "room_id_buffer")
+        room_id_buffer = None if room == NO_INDEX else room
     kind_value: Union[MemoryKind, int] = (MemoryKind(memory_kind)
                                           if memory_kind <= MemoryKind.CUDA_VMM_FD
                                           else memory_kind)
-    return RegisterMemory(pool, kind_value, fd_count, buffers)
+    return RegisterMemory(pool, kind_value, fd_count, buffers, page_tokens, room_id_buffer)
 
 
 def _decode_discover_reply(r: _Reader) -> DiscoverReply:

@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 from .errors import EncodeError
 from .frames import HEADER
 from .messages import (HEADER_BYTES, MAX_FRAME_BYTES, MAX_LIST_STRINGS, MAX_POLL_MANY,
-                       MAX_REGISTER_BUFFERS, MAX_REGISTER_FDS, MAX_STRING_BYTES, NO_INDEX,
+                       MAX_REGISTER_BUFFERS, MAX_REGISTER_FDS, MAX_SHARD_GROUPS, MAX_STRING_BYTES, NO_INDEX,
                        POOL_KINDS, PROTOCOL_VERSION, BufferKind, Cancel, Discover, Drain, SetLogLevel, first_version,
                        DiscoverReply, Error, Event, Hello, HelloReply, Info, InfoReply,
                        MemoryBuffer, Message, MessageType, Ok, Poll, PollMany, PollManyReply,
@@ -220,6 +220,20 @@ def _encode_register_memory(w: _Writer, m: RegisterMemory) -> None:
         if kind > BufferKind.AUX:
             raise w.fail("buffer.kind", f"is not a buffer kind: {kind}")
         w.num(kind, 1, "buffer.kind")
+        if w.version >= 7:
+            w.num(b.slice_dim, 4, "buffer.slice_dim")
+            w.num(b.total_dim, 4, "buffer.total_dim")
+            w.num(b.outer, 8, "buffer.outer")
+            groups = list(b.groups)
+            if len(groups) > MAX_SHARD_GROUPS:
+                raise w.fail("buffer.groups", f"has {len(groups)} entries, above the limit of "
+                                              f"{MAX_SHARD_GROUPS}")
+            w.num(len(groups), 2, "buffer.groups")
+            for g in groups:
+                w.num(g, 8, "buffer.group")
+    if w.version >= 7:
+        w.num(m.page_tokens, 4, "page_tokens")
+        w.num(NO_INDEX if m.room_id_buffer is None else m.room_id_buffer, 4, "room_id_buffer")
 
 
 def _encode_hello_reply(w: _Writer, m: HelloReply) -> None:

@@ -18,11 +18,11 @@ from typing import NamedTuple, Optional, Union
 
 from .errors import Errc
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 """The highest protocol version this codec speaks."""
 MIN_PROTOCOL_VERSION = 3
 """The lowest protocol version this codec speaks."""
-SUPPORTED_VERSIONS = (3, 4, 5, 6)
+SUPPORTED_VERSIONS = (3, 4, 5, 6, 7)
 
 NO_INDEX = 0xFFFFFFFF
 """``no_index``: the wire value of an absent state slot or aux row (``None`` in Python)."""
@@ -261,9 +261,18 @@ class PollMany:
 
 class MemoryBuffer(NamedTuple):
     """One buffer of a register_memory table: ``items`` items of ``item_bytes`` bytes starting at
-    byte ``fd_offset`` (a multiple of 4096) of the frame's descriptor number ``fd_index``, and
-    what the buffer is (``layer_id``, ``tensor``, ``kind``, as the pool's layout in hello_reply
-    lists it)."""
+    byte ``fd_offset`` of the frame's descriptor number ``fd_index``, and what the buffer is
+    (``layer_id``, ``tensor``, ``kind``). For a pool its config describes, the table follows the
+    pool's layout in hello_reply and offsets are multiples of 4096; for a pool the registration
+    describes (v7; ``memory: client`` and nothing else in the config) the table *is* the layout
+    and offsets are any byte.
+
+    (v7) How the buffer is sliced across TP ranks, as SGLang's ``KVArgs`` says it (0 and empty
+    where it does not apply): ``slice_dim`` the KV heads at this rank (``kv_head_num``) or a
+    state tensor's sliced axis (``state_dim_per_tensor``), ``total_dim`` the model's KV heads
+    (``total_kv_head_num``; 0: ``slice_dim`` x TP), ``outer`` the product of a state slot's dims
+    before its sliced axis (``state_slice_outer_counts``; 0 taken as 1), ``groups`` the full
+    group sizes along it (``state_conv_shard_groups``)."""
 
     fd_index: int
     fd_offset: int
@@ -272,6 +281,14 @@ class MemoryBuffer(NamedTuple):
     layer_id: int
     tensor: int
     kind: int  # a BufferKind when known
+    slice_dim: int = 0
+    total_dim: int = 0
+    outer: int = 0
+    groups: tuple[int, ...] = ()
+
+
+MAX_SHARD_GROUPS = 64
+"""(v7) Shard groups of one registered buffer."""
 
 
 @dataclass
@@ -281,12 +298,16 @@ class RegisterMemory:
     ``pool``: 0 kv, 1 state, 2 aux. ``memory_kind``: 0 host (1..3 reserved, see
     :class:`MemoryKind`). ``fd_count`` descriptors ride as SCM_RIGHTS on the frame's first byte
     (at most 64); ``buffers`` (at most 4096) list every buffer of the pool in the pool's layout
-    order, each as a range of one of those descriptors."""
+    order, each as a range of one of those descriptors. (v7) ``page_tokens``: a kv pool's tokens
+    per page; ``room_id_buffer``: an aux pool's buffer whose rows start with the room id
+    (``None``: no such check)."""
 
     pool: int = 0
     memory_kind: int = MemoryKind.HOST
     fd_count: int = 0
     buffers: list[MemoryBuffer] = field(default_factory=list)
+    page_tokens: int = 0
+    room_id_buffer: Optional[int] = None
 
 
 @dataclass
@@ -473,7 +494,7 @@ __all__ = [
     "MAX_FRAME_BYTES", "HEADER_BYTES", "MAX_STRING_BYTES", "MAX_LIST_STRINGS", "MAX_POLL_MANY",
     "POLL_MANY_REASON_BYTES", "MAX_REGISTER_FDS", "MAX_REGISTER_BUFFERS", "MessageType",
     "V4_ONLY", "V5_ONLY", "first_version", "Drain", "SetLogLevel", "type_name", "Status", "InfoTopic", "BufferKind", "Buffer", "Pool", "POOL_KINDS",
-    "MemoryKind", "pool_number", "MemoryBuffer", "RegisterMemory", "Discover", "DiscoveredRank",
+    "MemoryKind", "pool_number", "MemoryBuffer", "MAX_SHARD_GROUPS", "RegisterMemory", "Discover", "DiscoveredRank",
     "DiscoverReply", "Hello", "Prepare", "Send", "Poll", "Cancel", "Subscribe", "Info",
     "PollMany", "Ok", "Error", "HelloReply", "PollResult", "PollReply", "Event", "InfoReply",
     "PollManyReply", "Message", "MESSAGE_CLASSES", "message_type",

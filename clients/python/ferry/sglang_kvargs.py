@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from .memory import MemfdPool, MemoryRegion
+from .protocol import BufferKind
 
 MAMBA = "mamba"
 """The one ``state_types`` entry Ferry moves (SGLang's ``StateType.MAMBA`` value)."""
@@ -25,6 +26,22 @@ class FerryKVArgs:
     are the bytes of each buffer (optional: 0 skips the local size check), ``*_item_lens`` the
     bytes of one item (a page of one layer's K or V, a slot of one state tensor and layer, a
     row). ``kv_layer_ids`` and ``state_layer_ids`` (global layer ids) default to ferryd's.
+
+    ``bootstrap_room_ptr``: the address of the aux buffer whose rows start with the room id
+    (SGLang's ``MetadataBuffers.bootstrap_room``), so ferryd checks the row before it sends it;
+    None: no check.
+
+    The slicing facts keep SGLang's names too: ``kv_head_num`` (KV heads at this rank),
+    ``total_kv_head_num``, and per state entry ``state_dim_per_tensor`` (the TP-sliced axis'
+    length), ``state_slice_outer_counts`` (dims before it) and ``state_conv_shard_groups`` (full
+    group sizes, or None). A pool ferryd's config leaves to the registration (``memory:
+    client`` and nothing else) is described by them (:meth:`entries`).
+
+    A draft model's K and V buffers (EAGLE, MTP) follow the target's in ``kv_data_ptrs``, as
+    SGLang appends them: ``draft_kv_buffers`` says how many there are (K and V together), or,
+    when ``kv_layer_ids`` are given, the ids tell (the target's K ids, the same again for V,
+    then the draft's twice). Draft layers are their own layer set: ids that collide with the
+    target's (attention or Mamba) are moved past them, the same way on both sides.
 
     For Ferry: ``memory_regions`` are the memfd mappings that hold those buffers (each pointer
     is lent as a range of the memfd whose mapping contains it); :meth:`from_memfd_pools` fills
@@ -44,6 +61,13 @@ class FerryKVArgs:
     state_item_lens: List[Any] = field(default_factory=list)
     state_layer_ids: Optional[List[Any]] = None
     page_size: int = 1
+    kv_head_num: int = 0
+    total_kv_head_num: int = 0
+    state_dim_per_tensor: List[Any] = field(default_factory=list)
+    state_slice_outer_counts: List[Any] = field(default_factory=list)
+    state_conv_shard_groups: List[Any] = field(default_factory=list)
+    draft_kv_buffers: Optional[int] = None
+    bootstrap_room_ptr: Optional[int] = None
     pp_rank: int = 0
     system_dp_rank: int = 0
     gpu_id: int = 0
@@ -76,6 +100,7 @@ class FerryKVArgs:
             a.aux_data_ptrs = [aux.address(i) for i in range(len(aux.buffers))]
             a.aux_data_lens = [b.item_bytes * b.items for b in aux.buffers]
             a.aux_item_lens = [b.item_bytes for b in aux.buffers]
+            a.bootstrap_room_ptr = aux.address(0)  # ferryd's aux rows start with the room id
         return a
 
     def mamba_component(self) -> Optional[int]:
@@ -110,4 +135,115 @@ class FerryKVArgs:
                 component(self.state_item_lens), layers)
 
 
-__all__ = ["MAMBA", "FerryKVArgs"]
+    # --- the pools a registration describes ---------------------------------------------------
+
+    def entries(self, kind: str, mla: bool = False) -> list[Entry]:
+        """Every buffer of pool ``kind`` as the registration lists it (ferryd's order: K of
+        every layer then V, draft layers after the target's within each half; state
+        tensor-major then layer; aux in SGLang's order), each with its slicing facts."""
+        ptrs, lens, item_lens, layer_ids = self._pool_lists(kind)
+        if len(item_lens) != len(ptrs):
+            raise ValueError(f"pool {kind}: the KVArgs give {len(item_lens)} item sizes for "
+                             f"{len(ptrs)} buffers")
+        lens = [int(x) for x in lens] + [0] * (len(ptrs) - len(lens))
+        if kind == "kv":
+            return self._kv_entries(ptrs, lens, item_lens, layer_ids, mla)
+        if kind == "aux":
+            return [Entry(int(p), int(i), n, 0, 0, BufferKind.AUX)
+                    for p, i, n in zip(ptrs, item_lens, lens)]
+        return self._state_entries(ptrs, lens, item_lens, layer_ids)
+
+    def draft_split(self, n: int, layer_ids: Optional[list[int]]) -> int:
+        """How many of the ``n`` KV buffers are the target's (the rest are a draft model's)."""
+        if self.draft_kv_buffers is not None:
+            d = int(self.draft_kv_buffers)
+            if d < 0 or d % 2 or d > n:
+                raise ValueError(f"draft_kv_buffers {d}: expected an even count of at most "
+                                 f"the {n} KV buffers")
+            return n - d
+        if not layer_ids or n % 2:
+            return n
+        half = layer_ids.index(layer_ids[0], 1) if layer_ids[0] in layer_ids[1:] else n // 2
+        target = 2 * half
+        if layer_ids[half:target] != layer_ids[:half]:
+            return n  # not K-then-V by ids: ferryd names what is wrong
+        rest = layer_ids[target:]
+        if rest and (len(rest) % 2 or rest[:len(rest) // 2] != rest[len(rest) // 2:]):
+            raise ValueError(f"pool kv: kv_layer_ids {layer_ids}: after the target's {target} buffers "
+                             f"(K then V of layers {layer_ids[:half]}) come {len(rest)} that "
+                             f"are not a draft model's K then V of the same layers")
+        return target
+
+    def _kv_entries(self, ptrs: list[int], lens: list[int], item_lens: list[int],
+                    layer_ids: Optional[list[int]], mla: bool) -> list[Entry]:
+        n = len(ptrs)
+        ids = list(layer_ids) if layer_ids is not None else [None] * n
+        if mla:
+            return [Entry(int(p), int(i), m, lid, 0, BufferKind.KV, 1, 0)
+                    for p, i, m, lid in zip(ptrs, item_lens, lens, ids)]
+        target = self.draft_split(n, layer_ids)
+        th, dh = target // 2, (n - target) // 2
+        if layer_ids is not None and dh:
+            state_ids = self._pool_lists("state")[3] or []
+            taken = set(ids[:th]) | {int(x) for x in state_ids}
+            draft = ids[target:target + dh]
+            if taken & set(draft):  # a draft of its own layer set, the same on both sides
+                top = max(taken) + 1
+                moved = [top + j for j in range(dh)]
+                ids[target:] = moved + moved
+        order = list(range(th)) + list(range(target, target + dh)) + \
+            list(range(th, target)) + list(range(target + dh, n))
+        out = []
+        for pos, i in enumerate(order):
+            k = BufferKind.K if pos < th + dh else BufferKind.V
+            out.append(Entry(int(ptrs[i]), int(item_lens[i]), lens[i], ids[i], 0, k,
+                             int(self.kv_head_num), int(self.total_kv_head_num)))
+        return out
+
+    def _state_entries(self, ptrs: list[int], lens: list[int], item_lens: list[int],
+                       layer_ids: Optional[list[int]]) -> list[Entry]:
+        def facts(given: Any, nested: bool = False) -> list[Any]:
+            """The Mamba component's entries of a per-component list (SGLang's format), or the
+            list itself (the flat, pre-component format). ``nested``: entries are lists."""
+            lists: list[Any] = list(given or [])
+            first = lists[0] if lists else None
+            per_component = isinstance(first, (list, tuple)) and (
+                not nested or not first or first[0] is None or
+                isinstance(first[0], (list, tuple)))
+            if per_component:
+                c = self.mamba_component()
+                return list(lists[c]) if c is not None and c < len(lists) else []
+            return lists
+        dims = facts(self.state_dim_per_tensor)
+        outers = facts(self.state_slice_outer_counts)
+        groups = facts(self.state_conv_shard_groups, nested=True)
+        layers = len(set(layer_ids)) if layer_ids else 0
+        out = []
+        for i, (p, item, n) in enumerate(zip(ptrs, item_lens, lens)):
+            g = groups[i] if i < len(groups) else None
+            out.append(Entry(int(p), int(item), n, None if layer_ids is None else layer_ids[i],
+                             i // layers if layers else 0, BufferKind.STATE,
+                             int(dims[i]) if i < len(dims) and dims[i] else 0, 0,
+                             int(outers[i]) if i < len(outers) and outers[i] else 0,
+                             tuple(int(x) for x in g) if g else ()))
+        return out
+
+
+@dataclass
+class Entry:
+    """One buffer as a registration lists it: its address, item size, length in bytes (0:
+    unknown), layer id (None: unknown), tensor index, kind and slicing facts."""
+
+    ptr: int
+    item_len: int
+    length: int
+    layer_id: Optional[int]
+    tensor: int
+    kind: int
+    slice_dim: int = 0
+    total_dim: int = 0
+    outer: int = 0
+    groups: tuple = ()
+
+
+__all__ = ["MAMBA", "FerryKVArgs", "Entry"]

@@ -114,56 +114,94 @@ class FerryKVManager:
 
     def memory_table(self, kind: str) -> tuple[list[MemoryBuffer], list[int]]:
         """The register_memory table and descriptors of pool ``kind``, from the KVArgs: every
-        buffer as a range of the memfd whose mapping holds its pointer; item sizes from the
-        KVArgs, item counts, tensor ids and kinds from ferryd's layout."""
+        buffer as a range of the memfd whose mapping holds its pointer, with its slicing facts
+        (:meth:`FerryKVArgs.entries`). For a pool ferryd's config describes, item counts, tensor
+        ids and kinds come from ferryd's layout; for one its config leaves to the registration
+        (no layout until the first one), the KVArgs say everything."""
         layout = self.client.pools[kind].buffers
-        ptrs, lens, item_lens, layer_ids = self.kv_args._pool_lists(kind)
         label = {"kv": "kv_data_ptrs", "state": "state_data_ptrs", "aux": "aux_data_ptrs"}[kind]
-        if len(ptrs) != len(layout):
+        count = len(self.kv_args._pool_lists(kind)[0])
+        if layout and count != len(layout):
             raise FerryError(Errc.INVALID_REQUEST,
-                             f"pool {kind}: the KVArgs list {len(ptrs)} buffers ({label}), "
+                             f"pool {kind}: the KVArgs list {count} buffers ({label}), "
                              f"ferryd's pool has {len(layout)} (pools.{kind}.memory: client; "
                              f"see the hello_reply's layout)")
-        if len(item_lens) != len(ptrs):
-            raise FerryError(Errc.INVALID_REQUEST,
-                             f"pool {kind}: the KVArgs give {len(item_lens)} item sizes for "
-                             f"{len(ptrs)} buffers")
+        try:
+            entries = self.kv_args.entries(kind, mla=self.is_mla_backend)
+        except ValueError as e:
+            raise FerryError(Errc.INVALID_REQUEST, str(e)) from None
+        if not layout and self.client.version < 7:
+            raise FerryError(Errc.UNSUPPORTED_VERSION,
+                             f"pool {kind} of ferryd at {self.client.socket_path} is described "
+                             f"by the registration, which needs protocol version 7; this "
+                             f"connection speaks {self.client.version}")
+        field_name = label.replace("ptrs", "lens")
         fds: list[int] = []
         table: list[MemoryBuffer] = []
-        for i, (ptr, item_len, want) in enumerate(zip(ptrs, item_lens, layout)):
-            length = int(item_len) * want.items
-            # (an item size that differs from ferryd's is for ferryd to name: it knows why)
-            if int(item_len) == want.item_bytes and i < len(lens) and lens[i] and \
-                    int(lens[i]) < length:
-                field_name = label.replace("ptrs", "lens")
-                raise FerryError(Errc.INVALID_REQUEST,
-                                 f"pool {kind}: buffer {i} holds {int(lens[i])} bytes "
-                                 f"({field_name}[{i}]), fewer than ferryd's pool needs there: "
-                                 f"{want.items} items of {want.item_bytes} bytes")
+        for i, e in enumerate(entries):
+            want = layout[i] if layout else None
+            if want is not None:
+                items = want.items
+                # (an item size that differs from ferryd's is for ferryd to name: it knows why)
+                if e.item_len == want.item_bytes and e.length and e.length < items * e.item_len:
+                    raise FerryError(Errc.INVALID_REQUEST,
+                                     f"pool {kind}: buffer {i} holds {e.length} bytes "
+                                     f"({field_name}[{i}]), fewer than ferryd's pool needs "
+                                     f"there: {want.items} items of {want.item_bytes} bytes")
+            else:
+                items = e.length // e.item_len if e.item_len > 0 else 0
+                if items == 0:
+                    raise FerryError(Errc.INVALID_REQUEST,
+                                     f"pool {kind}: buffer {i} holds {e.length} bytes "
+                                     f"({field_name}), not one item of {e.item_len}: ferryd's "
+                                     f"pool is described by the registration, so every buffer's "
+                                     f"length is needed")
+            length = e.item_len * items
             region = next((r for r in self.kv_args.memory_regions
-                           if r.contains(int(ptr), max(1, length))), None)
+                           if r.contains(e.ptr, max(1, length))), None)
             if region is None:
                 region = next((r for r in self.kv_args.memory_regions
-                               if r.contains(int(ptr), 1)), None)
+                               if r.contains(e.ptr, 1)), None)
             if region is None:
                 raise FerryError(Errc.INVALID_REQUEST,
-                                 f"pool {kind}: buffer {i} (address {int(ptr):#x}) lies in no "
+                                 f"pool {kind}: buffer {i} (address {e.ptr:#x}) lies in no "
                                  f"memory region of the KVArgs: lend memory mapped from a memfd "
                                  f"(memory_regions)")
             if region.fd not in fds:
                 fds.append(region.fd)
-            layer = want.layer_id if layer_ids is None or i >= len(layer_ids) else \
-                int(layer_ids[i])
-            table.append(MemoryBuffer(fds.index(region.fd), region.fd_offset(int(ptr)),
-                                      int(item_len), want.items, layer, want.tensor, want.kind))
+            layer = e.layer_id if e.layer_id is not None else \
+                (want.layer_id if want is not None else None)
+            if layer is None:
+                raise FerryError(Errc.INVALID_REQUEST,
+                                 f"pool {kind}: buffer {i} has no layer id: ferryd's pool is "
+                                 f"described by the registration, so the KVArgs must give "
+                                 f"{'kv_layer_ids' if kind == 'kv' else 'state_layer_ids'}")
+            tensor, bkind = (want.tensor, want.kind) if want is not None else (e.tensor, e.kind)
+            table.append(MemoryBuffer(fds.index(region.fd), region.fd_offset(e.ptr), e.item_len,
+                                      items, int(layer), tensor, bkind, e.slice_dim,
+                                      e.total_dim, e.outer, tuple(e.groups)))
         return table, fds
+
+    def _room_id_buffer(self) -> Optional[int]:
+        """The aux buffer holding SGLang's ``bootstrap_room`` (found by its address), or None."""
+        ptr = self.kv_args.bootstrap_room_ptr
+        if ptr is None:
+            return None
+        ptrs = [int(p) for p in self.kv_args.aux_data_ptrs]
+        if int(ptr) not in ptrs:
+            raise FerryError(Errc.INVALID_REQUEST,
+                             f"pool aux: bootstrap_room_ptr {int(ptr):#x} is none of the "
+                             f"aux_data_ptrs")
+        return ptrs.index(int(ptr))
 
     def _register(self, kind: str, table: list[MemoryBuffer], fds: list[int],
                   register_timeout: float) -> None:
         deadline = time.monotonic() + register_timeout
         while True:
             try:
-                self.client.register_memory(kind, table, fds, MemoryKind.HOST)
+                self.client.register_memory(
+                    kind, table, fds, MemoryKind.HOST, page_tokens=self.kv_args.page_size,
+                    room_id_buffer=self._room_id_buffer() if kind == "aux" else None)
                 return
             except FerryError as e:
                 if "is still being released" not in e.message or \

@@ -1,0 +1,226 @@
+"""The engine's tensors are the layout: ferryd pools whose config says only ``memory: client``
+are described by what the SGLang adapter registers from SGLang's own ``KVArgs`` (buffers at any
+byte offset, Mamba components as ``[layers, size + 1, ...]`` tensors, MetadataBuffers with their
+own row sizes and ``bootstrap_room`` not last, an EAGLE draft layer after the target's), against
+real ferryd processes, byte for byte; and what ferryd refuses, by name."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from typing import Iterator
+
+import pytest
+
+from conftest import IO_TIMEOUT, start_daemon, start_pair
+from ferry import Client, Errc, FerryError
+from ferry.protocol import BufferKind, MemoryBuffer
+from ferry.sglang import FerryBootstrap, FerryKVManager, FerryKVReceiver, FerryKVSender, KVPoll
+
+from engine_ranks import BOOT, T, stop_all, wait_all
+from sglang_engine_memory import (BOOTSTRAP_ROOM, METADATA_ROWS, REGISTERED_POOLS, Model,
+                                  SGLangRank)
+
+ROOM = 0x5D3A_0000_0000_0000
+
+
+class Rank:
+    def __init__(self, daemon, mode: str, boot: FerryBootstrap, m: Model, seed: int) -> None:
+        self.mem = SGLangRank(m, name=mode)
+        self.mem.fill(seed)
+        self.mgr = FerryKVManager(self.mem.kv_args(), mode, socket_path=daemon.sock,
+                                  bootstrap=boot, timeout=IO_TIMEOUT * 3, register_timeout=T)
+
+    def close(self) -> None:
+        self.mgr.close()
+        self.mem.close()
+
+
+@pytest.fixture(scope="module")
+def ranks() -> Iterator[tuple[Rank, Rank, object, object]]:
+    tmp = tempfile.mkdtemp(prefix="ferry-layout-")
+    p, d = start_pair(tmp, "prefill-lay", "decode-lay", REGISTERED_POOLS)
+    made: list[Rank] = []
+    try:
+        boot = FerryBootstrap({BOOT: [p.control]})
+        made.append(Rank(p, "prefill", boot, Model(), seed=1))
+        made.append(Rank(d, "decode", boot, Model(), seed=2))
+        yield made[0], made[1], p, d
+    finally:
+        for r in reversed(made):
+            r.close()
+        stop_all([p, d])
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_the_registration_describes_the_pools(ranks) -> None:
+    p, d, pd, _ = ranks
+    with Client(pd.sock, name="observer", timeout=IO_TIMEOUT) as c:
+        kv, state, aux = c.pools["kv"], c.pools["state"], c.pools["aux"]
+    m = p.mem.m
+    # K of the target's layers and the draft's (its own layer set: moved past the target's),
+    # then V the same way
+    draft = max(m.kv_layers) + 1
+    assert [(b.kind, b.layer_id) for b in kv.buffers] == \
+        [(BufferKind.K, 3), (BufferKind.K, 7), (BufferKind.K, draft),
+         (BufferKind.V, 3), (BufferKind.V, 7), (BufferKind.V, draft)]
+    assert {b.items for b in kv.buffers} == {p.mem.kv_pages}
+    assert [(b.tensor, b.layer_id, b.items) for b in state.buffers] == \
+        [(0, 0, m.slots + 1), (0, 1, m.slots + 1), (1, 0, m.slots + 1), (1, 1, m.slots + 1)]
+    assert [b.item_bytes for b in aux.buffers] == METADATA_ROWS
+    # The buffers keep the engine's byte offsets within each page (nothing was moved to fit)
+    assert {b.offset % 4096 for b in kv.buffers} == \
+        {(p.mem.places[k]) % 4096 for k in p.mem.kv_keys()}
+
+
+def test_a_room_moves_every_buffer_byte_exact(ranks) -> None:
+    p, d, _, _ = ranks
+    room = ROOM + 1
+    src_pages, dst_pages, src_slot, dst_slot, src_row, dst_row = [1, 2, 3], [10, 11, 12], 2, 4, 3, 5
+    room_at = p.mem.meta_at(BOOTSTRAP_ROOM, src_row)  # SGLang's set_buf on the last chunk
+    p.mem.view[room_at:room_at + 8] = room.to_bytes(8, "little")
+    before = bytes(d.mem.view[d.mem.kv_at("K3", 13):d.mem.kv_at("K3", 14)])
+    r = FerryKVReceiver(d.mgr, BOOT, room)
+    s = FerryKVSender(p.mgr, BOOT, room, [0], 0)
+    r.init(0)
+    r.send_metadata(dst_pages, aux_index=dst_row, state_indices=[[dst_slot]])
+    assert wait_all([s], KVPoll.WaitingForInput) == [KVPoll.WaitingForInput]
+    s.init(len(src_pages), src_row)
+    s.send(src_pages, [[src_slot]])
+    assert wait_all([s, r]) == [KVPoll.Success, KVPoll.Success], (s.failure, r.failure)
+    bad = []
+    for key in p.mem.kv_keys():
+        for sp, dp in zip(src_pages, dst_pages):
+            a = p.mem.view[p.mem.kv_at(key, sp):p.mem.kv_at(key, sp) + p.mem.kv_item]
+            b = d.mem.view[d.mem.kv_at(key, dp):d.mem.kv_at(key, dp) + d.mem.kv_item]
+            if a != b:
+                bad.append(f"{key} page {sp} -> {dp}")
+    for t, item in (("conv", p.mem.conv_item), ("ssm", p.mem.ssm_item)):
+        for li in range(len(p.mem.m.mamba_layers)):
+            a0, b0 = p.mem.state_at(t, li, src_slot), d.mem.state_at(t, li, dst_slot)
+            if p.mem.view[a0:a0 + item] != d.mem.view[b0:b0 + item]:
+                bad.append(f"{t} layer {li} slot {src_slot} -> {dst_slot}")
+    for i, rb in enumerate(METADATA_ROWS):
+        a0, b0 = p.mem.meta_at(i, src_row), d.mem.meta_at(i, dst_row)
+        if p.mem.view[a0:a0 + rb] != d.mem.view[b0:b0 + rb]:
+            bad.append(f"metadata {i} row {src_row} -> {dst_row}")
+    assert not bad, bad
+    assert bytes(d.mem.view[d.mem.kv_at("K3", 13):d.mem.kv_at("K3", 14)]) == before
+    got = d.mem.view[d.mem.meta_at(BOOTSTRAP_ROOM, dst_row):][:8]
+    assert int.from_bytes(got, "little") == room  # SGLang's metadata gate sees its room
+
+
+def test_the_room_id_check_reads_the_bootstrap_room_buffer(ranks) -> None:
+    p, _, _, _ = ranks
+    room = ROOM + 2
+    p.mem.view[p.mem.meta_at(BOOTSTRAP_ROOM, 1):][:8] = (room + 1).to_bytes(8, "little")
+    p.mem.view[p.mem.meta_at(0, 1):][:8] = room.to_bytes(8, "little")  # buffer 0 is not it
+    with pytest.raises(FerryError) as e:
+        p.mgr.client.send(room, [], True, state_slot=0, aux_row=1)
+    assert e.value.code == Errc.INVALID_REQUEST
+    assert f"src aux row 1 carries room id {room + 1}, expected {room}" in e.value.message
+
+
+def test_a_mis_shaped_registration_is_refused_by_name(tmp_path) -> None:
+    p, d = start_pair(str(tmp_path), "prefill-bad", "decode-bad", REGISTERED_POOLS)
+    try:
+        rank = SGLangRank(Model(draft_layer=None), name="bad")
+        try:
+            with Client(p.sock, name="bad", timeout=IO_TIMEOUT) as c:
+                k = [MemoryBuffer(0, rank.places["K3"], rank.kv_item, 8, 3, 0, BufferKind.K, 2, 2),
+                     MemoryBuffer(0, rank.places["K7"], rank.kv_item * 2, 4, 7, 0, BufferKind.K,
+                                  2, 2),
+                     MemoryBuffer(0, rank.places["V3"], rank.kv_item, 8, 3, 0, BufferKind.V, 2, 2),
+                     MemoryBuffer(0, rank.places["V7"], rank.kv_item, 8, 7, 0, BufferKind.V, 2, 2)]
+                with pytest.raises(FerryError) as e:
+                    c.register_memory("kv", k, [rank.fd], page_tokens=1)
+                assert e.value.message == (
+                    f"pool kv: buffer 1 (K of layer 7) has page size {rank.kv_item * 2}, buffer 0 "
+                    f"(K of layer 3) {rank.kv_item}: they must be the same")
+                swapped = [k[0], k[2]._replace(fd_offset=rank.places["K7"])]
+                with pytest.raises(FerryError) as e:
+                    c.register_memory("kv", [swapped[1], swapped[0]], [rank.fd], page_tokens=1)
+                assert "buffer 0 is V of layer 3, expected K" in e.value.message
+                overlap = [k[0], k[0]._replace(layer_id=7, fd_offset=rank.places["K3"] + 8)]
+                overlap += [k[2], k[2]._replace(layer_id=7, fd_offset=rank.places["V7"])]
+                with pytest.raises(FerryError) as e:
+                    c.register_memory("kv", overlap, [rank.fd], page_tokens=1)
+                assert e.value.message == "pool kv: buffers 0 and 1 overlap in fd 0"
+        finally:
+            rank.close()
+    finally:
+        stop_all([p, d])
+
+
+def test_tp2_to_tp1_reslices_registered_pools_byte_exact(tmp_path) -> None:
+    """Two prefill ranks at TP 2 (each holds one KV head, half of every conv group and half the
+    temporal heads) to one decode rank at TP 1, every pool described by its registration. The
+    expected bytes are gathered from the slicing rules, not from the planner."""
+    extra = "tp: {{size: 2, rank: {}}}\n"
+    p0 = start_daemon(str(tmp_path), "prefill-t0", "prefill", REGISTERED_POOLS, extra.format(0))
+    p1 = start_daemon(str(tmp_path), "prefill-t1", "prefill", REGISTERED_POOLS, extra.format(1))
+    d = start_daemon(str(tmp_path), "decode-t", "decode", REGISTERED_POOLS)
+    daemons, made = [p0, p1, d], []
+    try:
+        boot = FerryBootstrap({BOOT: [p0.control, p1.control]})
+        m = Model()
+        src = []
+        for rank, daemon in enumerate((p0, p1)):
+            mem = SGLangRank(m, tp_size=2, tp_rank=rank, name=f"p{rank}")
+            mem.fill(10 + rank)
+            made.append(mem)
+            src.append((mem, FerryKVManager(mem.kv_args(), "prefill", socket_path=daemon.sock,
+                                            bootstrap=boot, timeout=IO_TIMEOUT * 3)))
+        dst = SGLangRank(m, name="d")
+        dst.fill(20)
+        made.append(dst)
+        dmgr = FerryKVManager(dst.kv_args(), "decode", socket_path=d.sock, bootstrap=boot,
+                              timeout=IO_TIMEOUT * 3)
+        room, pages_s, pages_d, slot_s, slot_d, row_s, row_d = ROOM + 9, [4, 5], [20, 21], 1, 3, 2, 6
+        for mem, _ in src:
+            mem.view[mem.meta_at(BOOTSTRAP_ROOM, row_s):][:8] = room.to_bytes(8, "little")
+        r = FerryKVReceiver(dmgr, BOOT, room)
+        senders = [FerryKVSender(mgr, BOOT, room, [0], 0) for _, mgr in src]
+        r.init(0)
+        r.send_metadata(pages_d, aux_index=row_d, state_indices=[[slot_d]])
+        assert wait_all(senders, KVPoll.WaitingForInput) == [KVPoll.WaitingForInput] * 2
+        for s in senders:
+            s.init(len(pages_s), row_s)
+            s.send(pages_s, [[slot_s]])
+        assert wait_all(senders + [r]) == [KVPoll.Success] * 3, [x.failure for x in senders + [r]]
+        want = bytearray()
+        got = bytearray()
+        head = m.head_dim * 2
+        for key in dst.kv_keys():
+            for sp, dp in zip(pages_s, pages_d):
+                for rank, (mem, _) in enumerate(src):  # decode head h <- rank h (one head each)
+                    at = mem.kv_at(key, sp)
+                    want += mem.view[at:at + head]
+                at = dst.kv_at(key, dp)
+                got += dst.view[at:at + 2 * head]
+        row = (m.conv_k - 1) * 2  # one conv channel of one slot, bf16
+        for li in range(len(m.mamba_layers)):
+            for g, size in enumerate(m.conv_groups):  # each group halved over the ranks
+                for rank, (mem, _) in enumerate(src):
+                    at = mem.state_at("conv", li, slot_s) + sum(m.conv_groups[:g]) // 2 * row
+                    want += mem.view[at:at + size // 2 * row]
+            at = dst.state_at("conv", li, slot_d)
+            got += dst.view[at:at + dst.conv_item]
+            for rank, (mem, _) in enumerate(src):  # temporal heads halved
+                at = mem.state_at("ssm", li, slot_s)
+                want += mem.view[at:at + mem.ssm_item]
+            at = dst.state_at("ssm", li, slot_d)
+            got += dst.view[at:at + dst.ssm_item]
+        for i, rb in enumerate(METADATA_ROWS):  # the rows come from TP rank 0
+            at = src[0][0].meta_at(i, row_s)
+            want += src[0][0].view[at:at + rb]
+            at = dst.meta_at(i, row_d)
+            got += dst.view[at:at + rb]
+        assert got == want
+        dmgr.close()
+        for _, mgr in src:
+            mgr.close()
+    finally:
+        for mem in made:
+            mem.close()
+        stop_all(daemons)
