@@ -145,8 +145,8 @@ class FerryKVBootstrapServer:
         self.httpd = ThreadingHTTPServer((host, port), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True,
-                                       name=f"ferry-bootstrap-{self.port}")
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.1,),
+                                       daemon=True, name=f"ferry-bootstrap-{self.port}")
         self.thread.start()
         _log.info("ferry: bootstrap server on %s:%d", host, self.port)
 
