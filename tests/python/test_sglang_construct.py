@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import inspect
 import os
+import time
 from types import SimpleNamespace
 from typing import Any, Iterator
 
@@ -157,10 +158,11 @@ def boot() -> Iterator[KVBootstrapServer]:
 
 @pytest.fixture
 def daemons(short_tmp: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[World, str]]:
-    """A prefill and a decode model daemon at <tmp>/prefill.sock and <tmp>/decode.sock, and
-    FERRY_SOCKET naming them by the side."""
+    """A prefill and a decode model daemon at <tmp>/prefill.sock and <tmp>/decode.sock (also in
+    ``world.daemons``), and FERRY_SOCKET naming them by the side."""
     world = World()
     pd, dd = ModelDaemon(short_tmp, "prefill", world), ModelDaemon(short_tmp, "decode", world)
+    world.daemons = [pd, dd]  # type: ignore[attr-defined]
     for k in [k for k in os.environ if k.startswith("FERRY_")]:
         monkeypatch.delenv(k)
     monkeypatch.setenv("FERRY_SOCKET", os.path.join(short_tmp, "{mode}.sock"))
@@ -168,8 +170,8 @@ def daemons(short_tmp: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[W
     try:
         yield world, short_tmp
     finally:
-        pd.close()
-        dd.close()
+        for d in world.daemons:  # type: ignore[attr-defined]
+            d.close()
 
 
 def test_a_room_between_ranks_built_only_as_sglang_builds_them(
@@ -298,5 +300,57 @@ def test_the_table_bootstrap_fills_prefill_info_table_too(daemons: tuple[World, 
                 mgr.prefill_info_table["p:1"].follow_bootstrap_room) == (2, False)
         mgr.close()
     finally:
+        for p in pools:
+            p.close()
+
+
+def test_a_prefill_rank_registers_again_when_its_ferryd_comes_back(
+        daemons: tuple[World, str], boot: KVBootstrapServer) -> None:
+    """The client reconnects to a restarted ferryd and lends the memory again; the rank then
+    registers with the bootstrap server again (here one that lost its table)."""
+    world, tmp = daemons
+    prefill = Rank(Mode.PREFILL, server_args(boot.port))
+    try:
+        assert len(boot.ranks) == 1
+        world.daemons[0].vanish()  # type: ignore[attr-defined]
+        with boot.lock:
+            boot.ranks.clear()
+            boot.info = None
+        world.daemons.append(ModelDaemon(tmp, "prefill", world))  # type: ignore[attr-defined]
+        deadline = time.monotonic() + IO_TIMEOUT
+        while not boot.ranks and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert boot.ranks == {(0, 0, 0, 0): {"rank_ip": "127.0.0.1", "rank_port": 7401}}
+    finally:
+        prefill.close()
+
+
+def test_the_bootstrap_servers_ranks_may_seed_discovery(daemons: tuple[World, str],
+                                                         boot: KVBootstrapServer) -> None:
+    """FerryHTTPBootstrap(discover=True): the registered rank is the seed; the prepare names
+    every rank ferryd's discover reports up."""
+    from ferry.protocol import DiscoveredRank
+    from ferry.sglang import FerryHTTPBootstrap
+    world, _ = daemons
+    world.instances["127.0.0.1:7401"] = [
+        DiscoveredRank("127.0.0.1:7401", True, "p0", 2, 0, 1, 0, 1, 0, ""),
+        DiscoveredRank("127.0.0.1:7402", True, "p1", 2, 1, 1, 0, 1, 0, "")]
+    prefill = Rank(Mode.PREFILL, server_args(boot.port))
+    kv, state, aux = layout()
+    pools = [MemfdPool("kv", kv), MemfdPool("state", state), MemfdPool("aux", aux)]
+    try:
+        args = FerryKVArgs.from_memfd_pools(kv=pools[0], state=pools[1], aux=pools[2],
+                                            page_size=16)
+        mgr = KVManager(args, Mode.DECODE, server_args(boot.port), False,
+                        bootstrap=FerryHTTPBootstrap(discover=True))
+        assert mgr.try_ensure_parallel_info(boot.address)
+        r = KVReceiver(mgr=mgr, bootstrap_addr=boot.address, bootstrap_room=70)
+        r.init(0)
+        r.send_metadata([1], 0, [[0]], 0)
+        assert world.requests("decode", Prepare)[-1].prefill_peers == ["127.0.0.1:7401",
+                                                                       "127.0.0.1:7402"]
+        mgr.close()
+    finally:
+        prefill.close()
         for p in pools:
             p.close()
