@@ -210,6 +210,9 @@ def test_a_room_between_ranks_built_only_as_sglang_builds_them(
         assert m.transfer_latency_s is not None and m.transfer_latency_s >= 0
         fresh = KVSender(prefill.mgr, addr, 42, [0], 0)  # positional, as older schedulers
         assert fresh.get_transfer_metric() == type(m)(None, None, 0)
+        decode.mgr.forget_prefill(addr)  # asked again: still registered, so ready again
+        assert decode.mgr.prefill_info_table == {}
+        assert decode.mgr.try_ensure_parallel_info(addr) and addr in decode.mgr.prefill_info_table
     finally:
         if prefill is not None:
             prefill.close()

@@ -309,6 +309,15 @@ class FerryKVManager:
         self.prefill_info_table[bootstrap_addr] = info
         return True
 
+    def forget_prefill(self, bootstrap_addr: str) -> None:
+        """Forget what was learned of the prefill instance at ``bootstrap_addr`` (its
+        ``prefill_info_table`` entry, its ranks' addresses): the next
+        :meth:`try_ensure_parallel_info` and ``init`` ask again, e.g. after the instance was
+        restarted on other hosts or with other sizes."""
+        self.prefill_info_table.pop(bootstrap_addr, None)
+        if self.bootstrap is not None:
+            self.bootstrap.forget_ranks(bootstrap_addr)
+
     def register_room_dp_rank(self, bootstrap_addr: str, room: int,
                               req_has_disagg_prefill_dp_rank: bool) -> Optional[str]:
         """A prefill sender's part in picking the room's prefill DP group, as SGLang's: with
