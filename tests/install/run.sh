@@ -92,6 +92,7 @@ for f in bin/ferryd bin/ferryctl bin/ferry-bench include/ferry/client.hpp \
          lib/python3/dist-packages/ferry/__init__.py lib/python3/dist-packages/ferry_client.py \
          lib/systemd/system/ferryd@.service share/ferry/configs/prefill.yaml \
          share/ferry/configs/decode.yaml share/ferry/configs/examples/two-hosts/decode.yaml \
+         share/ferry/configs/sglang-prefill.yaml share/ferry/configs/sglang-decode.yaml \
          share/doc/ferry/docs/operations.md share/doc/ferry/docs/grafana/ferry.json \
          share/doc/ferry/docs/prometheus/ferry-rules.yml; do
   [ -e "$prefix/$f" ] || fail "cmake --install did not install $f"

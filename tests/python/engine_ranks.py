@@ -75,8 +75,9 @@ def wait_all(objs: list, want: int = KVPoll.Success, timeout: float = T) -> list
 
 def run_room(p: Engine, d: Engine, room: int, src: list[int], dst: list[int], prefix: int,
              src_slot: int, dst_slot: int, src_row: int, dst_row: int,
-             chunks: list[int]) -> dict[tuple, bytes]:
-    """One room through the adapter in SGLang's order; the bytes the decode must receive, by
+             chunks: list[int], boot: str = BOOT) -> dict[tuple, bytes]:
+    """One room through the adapter in SGLang's order (receiver and sender built with SGLang's
+    keywords, for the bootstrap address ``boot``); the bytes the decode must receive, by
     (pool, buffer, destination index)."""
     expect: dict[tuple, bytes] = {}
     sent = src[prefix:]  # the prefill sends the pages after the decode's prefix only
@@ -93,8 +94,9 @@ def run_room(p: Engine, d: Engine, room: int, src: list[int], dst: list[int], pr
     p.aux.item(0, src_row)[:] = row
     expect[("aux", 0, dst_row)] = row
 
-    r = FerryKVReceiver(d.mgr, BOOT, room)
-    s = FerryKVSender(p.mgr, BOOT, room, [0], 0)
+    r = FerryKVReceiver(mgr=d.mgr, bootstrap_addr=boot, bootstrap_room=room)
+    s = FerryKVSender(mgr=p.mgr, bootstrap_addr=boot, bootstrap_room=room, dest_tp_ranks=[0],
+                      pp_rank=0)
     assert r.poll() == KVPoll.Bootstrapping and s.poll() == KVPoll.Bootstrapping
     r.init(0)
     r.send_metadata(dst, aux_index=dst_row, state_indices=[[dst_slot]], decode_prefix_len=prefix)

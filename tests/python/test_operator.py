@@ -179,6 +179,37 @@ def test_example_configs_take_their_socket_directory_from_ferry_run_dir(config: 
                         "environment variable FERRY_RUN_DIR, which is unset or empty\n"), r.stderr
 
 
+SGLANG = sorted((REPO / "configs").glob("sglang-*.yaml"))
+
+
+@pytest.mark.parametrize("config", SGLANG, ids=lambda p: p.name)
+def test_the_sglang_configs_are_the_base_configs_with_sglangs_timeouts(config: Path,
+                                                                       tmp_path) -> None:
+    """configs/sglang-{prefill,decode}.yaml (issue 29, item 6): accepted by ferryd, SGLang's
+    300 s Bootstrapping and WaitingForInput waits, ferryd's longest bounds (1 h) where SGLang
+    has none, the socket under systemd's RuntimeDirectory; otherwise the base config as is."""
+    assert [p.name for p in SGLANG] == ["sglang-decode.yaml", "sglang-prefill.yaml"]
+    env = dict(os.environ, RUNTIME_DIRECTORY=str(tmp_path))
+    r = run("ferryd", "--check-config", str(config), env=env)
+    assert r.returncode == OK, r.stderr
+    want = ("timeouts:\n  handshake_ms: 10000\n  bootstrapping_ms: 300000\n"
+            "  waiting_for_input_ms: 300000\n  transferring_ms: 3600000\n"
+            "  transfer_ms: 3600000\n")
+    assert want in r.stdout, r.stdout
+    assert f"\n  client: {tmp_path}/ferryd.sock\n" in r.stdout
+    base = run("ferryd", "--check-config", str(REPO / "configs" / config.name[len("sglang-"):]))
+    assert base.returncode == OK, base.stderr
+
+    def rest(text: str) -> list[str]:
+        return [line for line in text.splitlines()
+                if not re.match(r"  (client|bootstrapping_ms|waiting_for_input_ms|"
+                                r"transferring_ms|transfer_ms):", line)]
+    assert rest(r.stdout) == rest(base.stdout)
+    env.pop("RUNTIME_DIRECTORY")
+    r = run("ferryd", "--check-config", str(config), env=env)
+    assert r.returncode == USAGE and "RUNTIME_DIRECTORY" in r.stderr, r.stderr
+
+
 def test_no_source_file_of_the_binaries_is_longer_than_600_lines() -> None:
     """The daemon's, the tools' and the C++ client's sources (tests are not held to it)."""
     files = subprocess.run(["git", "-C", str(REPO), "ls-files", "*.cpp", "*.hpp"],

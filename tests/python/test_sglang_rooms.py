@@ -56,7 +56,9 @@ def test_a_room_in_sglang_call_order(env: Setup) -> None:
     n = len(w.log)
     assert s.poll() == KVPoll.Success and r.poll() == KVPoll.Success
     assert len(w.log) == n  # terminal statuses are not asked again
-    assert s.get_transfer_metric().transfer_total_bytes == 5 * 4 * 256
+    m = s.get_transfer_metric()  # 5 pages of 4 KV buffers, and the Mamba slot's 2 tensors
+    assert m.transfer_total_bytes == 5 * 4 * 256 + 128 + 512
+    assert m.alloc_latency_s is not None and m.transfer_latency_s is not None
 
 
 # --- decode_prefix_len -----------------------------------------------------------------------------

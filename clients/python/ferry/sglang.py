@@ -83,30 +83,58 @@ place; decode ranks of one room that name different prefixes fail it too.)
 ``decode_prefix_len`` must be a multiple of the page size (ferryd's ``page_tokens``), as a
 radix-cache match on pages is.
 
-**Bootstrap.** What SGLang's bootstrap server provides (the prefill instance's rank addresses,
-and whether its ranks are ready) sits behind :class:`FerryBootstrap`: a table (or a callable) of
-every prefill rank's control address per bootstrap address, or, with ``discover=True``, one
-seed address per instance and ferryd's ``discover`` for the rest.
+**Bootstrap.** SGLang's bootstrap server is :class:`FerryKVBootstrapServer` (``host=``,
+``port=``; SGLang's routes): each prefill manager registers its ferryd's control address there,
+and a decode manager constructed as SGLang constructs it finds the ranks through it
+(:class:`FerryHTTPBootstrap`). Or give the managers a :class:`FerryBootstrap`: a table (or a
+callable) of every prefill rank's control address per bootstrap address, or, with
+``discover=True``, one seed address per instance and ferryd's ``discover`` for the rest.
+
+**Construction.** ``KVManager(args, disaggregation_mode, server_args, is_mla_backend)``,
+``KVSender(mgr, bootstrap_addr, bootstrap_room, dest_tp_ranks, pp_rank,
+req_has_disagg_prefill_dp_rank=False)``, ``KVReceiver(mgr, bootstrap_addr, bootstrap_room)``
+and ``KVBootstrapServer(host, port)`` take SGLang's arguments; what Ferry needs besides comes
+from ``FERRY_*`` environment variables (:class:`FerrySettings`, docs/integration.md).
 
 The adapter's parts: :mod:`ferry.sglang_bootstrap` (:class:`FerryBootstrap`),
+:mod:`ferry.sglang_http` (:class:`FerryHTTPBootstrap`), :mod:`ferry.sglang_server`
+(:class:`FerryKVBootstrapServer`), :mod:`ferry.sglang_settings` (:class:`FerrySettings`),
 :mod:`ferry.sglang_kvargs` (:class:`FerryKVArgs`), :mod:`ferry.sglang_manager`
-(:class:`FerryKVManager`) and :mod:`ferry.sglang_rooms` (:class:`FerryKVReceiver`,
-:class:`FerryKVSender`, :func:`poll_all`, :data:`KVPoll` and the failure texts); import them
-from here.
+(:class:`FerryKVManager`), :mod:`ferry.sglang_rooms` (:class:`FerryKVReceiver`,
+:class:`FerryKVSender`, :func:`poll_all`) and :mod:`ferry.sglang_types` (:data:`KVPoll`, the
+failure texts, :class:`FerryKVTransferError`); import them from here.
 """
 
 from __future__ import annotations
 
 from . import sglang_bootstrap
 from .sglang_bootstrap import FerryBootstrap
+from .sglang_http import FerryHTTPBootstrap
 from .sglang_kvargs import MAMBA, FerryKVArgs
 from .sglang_manager import FerryKVManager
-from .sglang_rooms import (ABORTED, FROM_ANOTHER_RANK, FerryKVReceiver, FerryKVSender,
-                           FerryKVTransferError, FerryTransferMetric, KVPoll, poll_all)
+from .sglang_rooms import FerryKVReceiver, FerryKVSender, poll_all
+from .sglang_server import FerryKVBootstrapServer, FerryPrefillInfo
+from .sglang_settings import FerrySettings
+from .sglang_types import (ABORTED, FROM_ANOTHER_RANK, FerryKVTransferError,
+                           FerryTransferMetric, KVPoll)
 
 PrefillRanks = sglang_bootstrap.PrefillRanks
 """The type of :class:`FerryBootstrap`'s ``prefill_ranks``: a table or a callable."""
 
+# SGLang's names, for a backend table entry (``KVClassType.KVARGS``, ``MANAGER``, ``SENDER``,
+# ``RECEIVER``, ``BOOTSTRAP_SERVER``): each is constructed exactly as SGLang constructs its own.
+KVArgs = FerryKVArgs
+KVManager = FerryKVManager
+KVSender = FerryKVSender
+KVReceiver = FerryKVReceiver
+KVBootstrapServer = FerryKVBootstrapServer
+KVTransferError = FerryKVTransferError
+KVTransferMetric = FerryTransferMetric
+PrefillServerInfo = FerryPrefillInfo
+
 __all__ = ["KVPoll", "MAMBA", "ABORTED", "FROM_ANOTHER_RANK", "FerryKVTransferError",
-           "FerryBootstrap", "FerryKVArgs", "FerryKVManager", "FerryKVReceiver", "FerryKVSender",
-           "FerryTransferMetric", "poll_all"]
+           "FerryBootstrap", "FerryHTTPBootstrap", "FerryKVArgs", "FerryKVManager",
+           "FerryKVReceiver", "FerryKVSender", "FerryKVBootstrapServer", "FerryPrefillInfo",
+           "FerrySettings", "FerryTransferMetric", "poll_all", "KVArgs", "KVManager",
+           "KVSender", "KVReceiver", "KVBootstrapServer", "KVTransferError",
+           "KVTransferMetric", "PrefillServerInfo"]

@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping, MutableMapping, Optional, Sequence, U
 
 from .client import Client
 from .errors import FerryError
+from .sglang_server import FerryPrefillInfo
 
 PrefillRanks = Union[Mapping[str, Sequence[str]], Callable[[str, int], Sequence[str]]]
 
@@ -39,17 +40,46 @@ class FerryBootstrap:
     there, as SGLang's decode waits for a prefill to register with its bootstrap server (a
     prepare reaching a ferryd whose engine has not lent its memory yet fails with
     ``peer_unreachable``). Without it readiness is not tracked. Discovery needs no store: a rank
-    whose memory is not registered refuses the handshake and is reported down."""
+    whose memory is not registered refuses the handshake and is reported down.
+
+    ``dp_size`` and ``follow_bootstrap_room``: what :meth:`parallel_info` says of an instance
+    given by a table (SGLang's scheduler picks a request's prefill DP rank from them); with
+    discovery, the DP size the ranks report."""
 
     def __init__(self, prefill_ranks: PrefillRanks, *, discover: bool = False,
                  discover_ttl: float = 30.0,
-                 ready: Optional[MutableMapping[str, Any]] = None) -> None:
+                 ready: Optional[MutableMapping[str, Any]] = None, dp_size: int = 1,
+                 follow_bootstrap_room: bool = True) -> None:
         self._ranks = prefill_ranks
         self._ready = ready
         self.discover = discover
         self.discover_ttl = discover_ttl
+        self.dp_size = dp_size
+        self.follow_bootstrap_room = follow_bootstrap_room
         self._discovered: dict[tuple[str, int], tuple[float, list[str]]] = {}
+        self._shapes: dict[str, FerryPrefillInfo] = {}  # what discovery reported
         self._lock = threading.Lock()
+
+    def parallel_info(self, bootstrap_addr: str, client: Optional[Client] = None,
+                      prefill_dp_rank: int = 0) -> Optional[FerryPrefillInfo]:
+        """The instance's parallel info (SGLang's ``PrefillServerInfo``) once it takes
+        prepares: every named rank ready (when tracked), or, with discovery, a rank up; None
+        before. An address that names no rank raises ``LookupError`` (without discovery)."""
+        try:
+            peers = self.prefill_peers(bootstrap_addr, prefill_dp_rank, client)
+        except LookupError:
+            if self.discover:
+                return None  # no rank up yet: asked again on the next call
+            raise
+        if self.unready(peers):
+            return None
+        with self._lock:
+            shape = self._shapes.get(bootstrap_addr)
+        if shape is not None:
+            return FerryPrefillInfo(**{**shape.__dict__,
+                                       "follow_bootstrap_room": self.follow_bootstrap_room})
+        return FerryPrefillInfo(dp_size=self.dp_size,
+                                follow_bootstrap_room=self.follow_bootstrap_room)
 
     def prefill_peers(self, bootstrap_addr: str, prefill_dp_rank: int = 0,
                       client: Optional[Client] = None) -> list[str]:
@@ -74,6 +104,11 @@ class FerryBootstrap:
                 why.append(f"{seed}: {e.message}")
                 continue
             alive = [r for r in ranks if r.up]
+            if alive:
+                with self._lock:
+                    self._shapes[bootstrap_addr] = FerryPrefillInfo(
+                        attn_tp_size=max(1, alive[0].tp_size), dp_size=max(1, alive[0].dp_size),
+                        pp_size=max(1, alive[0].pp_size))
             # With attention DP a room's KV lives in one group: name that group's ranks only.
             up = [r.address for r in alive if r.dp_rank == prefill_dp_rank]
             if up:
@@ -106,6 +141,7 @@ class FerryBootstrap:
         with self._lock:
             for key in [k for k in self._discovered if k[0] == bootstrap_addr]:
                 del self._discovered[key]
+            self._shapes.pop(bootstrap_addr, None)
 
     def _given(self, bootstrap_addr: str, prefill_dp_rank: int) -> list[str]:
         found: Union[Sequence[str], str, None]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import operator
+import os
+import threading
 import time
 from typing import Any, Optional, Union
 
@@ -16,7 +18,12 @@ from .errors import Errc, FerryError
 from .protocol import POOL_KINDS, MemoryBuffer, MemoryKind
 from .reconnect import ConnectionNotice, Reconnect, Reconnected
 from .sglang_bootstrap import FerryBootstrap
+from .sglang_http import FerryHTTPBootstrap, register_dp_rank, register_rank
 from .sglang_kvargs import FerryKVArgs
+from .sglang_server import FerryPrefillInfo
+from .sglang_settings import FerrySettings, config_section, host_port
+
+_DEFAULT: Any = object()  # a keyword left out: the FERRY_* environment variable, else its default
 
 _log = logging.getLogger("ferry")
 
@@ -37,54 +44,72 @@ class FerryKVManager:
     being released``) is asked again until ``register_timeout`` seconds passed. Raises
     :class:`FerryError` when the memory is refused; the message names the buffer.
 
-    ``bootstrap`` (a :class:`FerryBootstrap`) is needed by receivers, and by senders for
-    ``pop_decode_prefix_len``. ``drain_timeout`` bounds how long
-    ``failure_exception()`` of a room no poll has said Failed for yet (another rank failed)
-    waits for ferryd to report it terminal (after which its pages, slot and row may be
-    reused); ``abort()`` never waits. Pass ``client`` to use a connected client instead
-    of ``socket_path``.
+    **Constructed as SGLang constructs it** (``KVManager(args, disaggregation_mode,
+    server_args, is_mla_backend)``, no Ferry keyword): the socket, the bootstrap and the bounds
+    come from :class:`~ferry.sglang_settings.FerrySettings` (``FERRY_*`` environment variables,
+    the ``KVArgs``' ranks, ``server_args``' bootstrap host and port). A prefill rank then
+    registers with the prefill instance's bootstrap server (``PUT /route``: its ferryd's
+    control address and its TP/PP/DP position as ferryd's config gives them), and a decode rank
+    finds prefill ranks through the request's bootstrap server
+    (:class:`~ferry.sglang_http.FerryHTTPBootstrap`). The keywords override: ``socket_path`` or
+    ``client``, ``bootstrap`` (a :class:`FerryBootstrap`: a table, ``ready`` store, discovery),
+    ``timeout``, ``register_timeout``, ``drain_timeout``, ``reconnect``, ``settings`` (all at
+    once). With ``socket_path`` derived from the template, the manager checks that the ferryd
+    it reached is this rank's (``tp.rank`` = ``engine_rank``, ``pp.rank`` = ``pp_rank``).
+
+    ``drain_timeout`` bounds how long ``failure_exception()`` of a room no poll has said Failed
+    for yet (another rank failed) waits for ferryd to report it terminal (after which its
+    pages, slot and row may be reused); ``abort()`` never waits.
 
     ``reconnect`` (on by default; a :class:`~ferry.reconnect.Reconnect` to tune it, False to
     turn it off) is the client's: when ferryd goes away (a drain and restart, a crash), the
     client connects again by itself and registers this rank's memory again; the requests whose
     rooms lived on the lost connection fail with 302 ``peer_lost`` (the reason says ferryd went
     away) and the scheduler retries them, and new requests work once it is back. A prefill
-    rank marks itself ready in the bootstrap again after each reconnect."""
+    rank registers itself with the bootstrap again after each reconnect.
+
+    What SGLang's scheduler reads: ``prefill_info_table[bootstrap_addr]`` (a decode's; a
+    :class:`~ferry.sglang_server.FerryPrefillInfo` with ``dp_size`` and
+    ``follow_bootstrap_room``, filled by :meth:`try_ensure_parallel_info`), ``kv_args``,
+    ``server_args``, ``is_mla_backend``; and the rank's position ``attn_tp_size``,
+    ``attn_tp_rank``, ``pp_size``, ``pp_rank``, ``attn_dp_size``, ``attn_dp_rank`` (ferryd's
+    ``tp``, ``pp`` and ``dp``)."""
 
     def __init__(self, args: FerryKVArgs, disaggregation_mode: Any, server_args: Any = None,
                  is_mla_backend: bool = False, *, socket_path: Optional[str] = None,
                  bootstrap: Optional[FerryBootstrap] = None, client: Optional[Client] = None,
-                 name: Optional[str] = None, timeout: Optional[float] = 30.0,
-                 register_timeout: float = 30.0, drain_timeout: float = 10.0,
-                 reconnect: Union[bool, Reconnect] = True) -> None:
+                 name: Optional[str] = None, timeout: Optional[float] = _DEFAULT,
+                 register_timeout: float = _DEFAULT, drain_timeout: float = _DEFAULT,
+                 reconnect: Union[bool, Reconnect] = _DEFAULT,
+                 settings: Optional[FerrySettings] = None) -> None:
         self.kv_args = args
         self.disaggregation_mode = _mode_name(disaggregation_mode)
         self.server_args = server_args
         self.is_mla_backend = is_mla_backend
+        cfg = settings or FerrySettings.derive(args, self.disaggregation_mode, server_args)
+        self.settings = cfg
+        timeout = cfg.timeout if timeout is _DEFAULT else timeout
+        register_timeout = cfg.register_timeout if register_timeout is _DEFAULT \
+            else register_timeout
+        self.register_timeout = register_timeout
+        reconnect = cfg.reconnect if reconnect is _DEFAULT else reconnect
+        self.drain_timeout = cfg.drain_timeout if drain_timeout is _DEFAULT else drain_timeout
+        if bootstrap is None and self.disaggregation_mode == "decode":
+            bootstrap = FerryHTTPBootstrap(timeout=cfg.http_timeout)
         self.bootstrap = bootstrap
-        self.drain_timeout = drain_timeout
+        self.prefill_info_table: dict[str, FerryPrefillInfo] = {}
+        self.bootstrap_addr = cfg.bootstrap_addr  # where this prefill rank registers
         self.mamba_component = args.mamba_component()
         own = client is None
+        derived = client is None and socket_path is None
         if client is None:
-            if socket_path is None:
-                raise ValueError("FerryKVManager needs socket_path (the local ferryd's client "
-                                 "socket) or a client")
-            client = Client(socket_path, name=name or f"sglang-{self.disaggregation_mode}-"
-                                                      f"{args.engine_rank}", timeout=timeout,
+            client = Client(socket_path or cfg.socket_path,
+                            name=name or f"sglang-{self.disaggregation_mode}-"
+                                         f"{args.engine_rank}", timeout=timeout,
                             reconnect=reconnect)
         self.client = client
         try:
-            if client.version < 4:
-                raise FerryError(Errc.UNSUPPORTED_VERSION,
-                                 f"the SGLang adapter needs protocol version 4; ferryd at "
-                                 f"{client.socket_path} speaks {client.daemon_versions[0]}.."
-                                 f"{client.daemon_versions[1]}")
-            roles = {"prefill": ("prefill", "both"), "decode": ("decode", "both")}
-            if client.role not in roles[self.disaggregation_mode]:
-                raise FerryError(Errc.WRONG_ROLE,
-                                 f"a {self.disaggregation_mode} engine rank needs a ferryd whose "
-                                 f"role is {self.disaggregation_mode} or both; the one at "
-                                 f"{client.socket_path} is {client.role}")
+            self._check_daemon(client, derived)
             self.page_size = client.page_tokens or args.page_size
             self.has_state = client.pools["state"].present
             self.has_aux = client.pools["aux"].present
@@ -109,6 +134,36 @@ class FerryKVManager:
             if own:
                 client.close()
             raise
+
+    def _check_daemon(self, client: Client, derived: bool) -> None:
+        """The protocol and role this side needs; the rank's position from ferryd's config;
+        with a derived socket, that the ferryd reached is this rank's."""
+        if client.version < 4:
+            raise FerryError(Errc.UNSUPPORTED_VERSION,
+                             f"the SGLang adapter needs protocol version 4; ferryd at "
+                             f"{client.socket_path} speaks {client.daemon_versions[0]}.."
+                             f"{client.daemon_versions[1]}")
+        roles = {"prefill": ("prefill", "both"), "decode": ("decode", "both")}
+        if client.role not in roles[self.disaggregation_mode]:
+            raise FerryError(Errc.WRONG_ROLE,
+                             f"a {self.disaggregation_mode} engine rank needs a ferryd whose "
+                             f"role is {self.disaggregation_mode} or both; the one at "
+                             f"{client.socket_path} is {client.role}")
+        pp, dp = (config_section(client.config_yaml, k) for k in ("pp", "dp"))
+        self.attn_tp_size, self.attn_tp_rank = max(1, client.tp_size), client.tp_rank
+        self.pp_size, self.pp_rank = pp.get("size", 1), pp.get("rank", 0)
+        self.attn_dp_size, self.attn_dp_rank = dp.get("size", 1), dp.get("rank", 0)
+        if not derived:
+            return
+        args = self.kv_args
+        for what, mine, theirs in (("tp.rank", args.engine_rank, self.attn_tp_rank),
+                                   ("pp.rank", args.pp_rank, self.pp_rank)):
+            if int(mine) != int(theirs):
+                raise FerryError(Errc.INVALID_REQUEST,
+                                 f"the ferryd at {client.socket_path} (FERRY_SOCKET) is {what} "
+                                 f"{theirs}, but this engine rank is {what.split('.')[0]} rank "
+                                 f"{mine} (KVArgs): each rank needs its own ferryd, whose "
+                                 f"config names the rank")
 
     # --- registration ---------------------------------------------------------------------------
 
@@ -220,29 +275,113 @@ class FerryKVManager:
                        self.kv_args.engine_rank, self.client.socket_path,
                        "; ".join(f"{k}: {e}" for k, e in notice.not_registered.items()))
             return
-        self.register_to_bootstrap()
+        # (HTTP may wait up to register_timeout: not on the client's dispatcher thread)
+        threading.Thread(target=self._register_again, daemon=True,
+                         name="ferry-register-again").start()
+
+    def _register_again(self) -> None:
+        try:
+            self.register_to_bootstrap()
+        except Exception as e:
+            _log.error("ferry: prefill rank %s: registering with the bootstrap server again "
+                       "after ferryd came back failed: %s", self.kv_args.engine_rank, e)
+
+    def registration(self) -> dict[str, Any]:
+        """What this prefill rank registers with the bootstrap server (``PUT /route``): SGLang's
+        fields, with its ferryd's control address as ``rank_ip``/``rank_port`` and its position
+        as ferryd's config gives it (``tp``, ``pp``, ``dp``)."""
+        host, port = host_port(self.settings.control_addr or self.client.control,
+                               "the control address")
+        if host in ("0.0.0.0", "::", ""):
+            raise ValueError(f"ferryd at {self.client.socket_path} listens on "
+                             f"{self.client.control} (listen.control), which a decode cannot "
+                             f"reach: set FERRY_CONTROL_ADDR to this rank's reachable host:port")
+        sa = self.server_args
+        dp_attention = bool(getattr(sa, "enable_dp_attention", False))
+        return {"attn_tp_size": self.attn_tp_size, "attn_tp_rank": self.attn_tp_rank,
+                "attn_cp_size": 1, "attn_cp_rank": 0,
+                "attn_dp_size": self.attn_dp_size, "attn_dp_rank": self.attn_dp_rank,
+                "pp_size": self.pp_size, "pp_rank": self.pp_rank,
+                "system_dp_size": 1 if dp_attention else int(getattr(sa, "dp_size", 1) or 1),
+                "system_dp_rank": int(self.kv_args.system_dp_rank or 0),
+                "rank_ip": host, "rank_port": port, "page_size": self.page_size,
+                "kv_cache_dtype": getattr(sa, "kv_cache_dtype", None),
+                "load_balance_method": getattr(sa, "load_balance_method", None)
+                or "follow_bootstrap_room",
+                "prefill_http_port": getattr(sa, "port", None)}
 
     def register_to_bootstrap(self) -> None:
-        """SGLang's prefill registration with its bootstrap server: once this rank's memory is
-        lent (the constructor did it), say so in the bootstrap's ``ready`` store under its
-        ferryd's control address. The constructor of a prefill manager calls it."""
-        if self.disaggregation_mode == "prefill" and self.bootstrap is not None:
+        """SGLang's prefill registration with its bootstrap server, once this rank's memory is
+        lent (the constructor calls it; so does a reconnect): ``PUT /route`` to the bootstrap
+        server (:attr:`bootstrap_addr`, retried until ``register_timeout``; raises
+        ``ConnectionError`` naming it when it never answers 200) and, with a
+        :class:`FerryBootstrap` ``ready`` store, the mark there under its ferryd's control
+        address."""
+        if self.disaggregation_mode != "prefill":
+            return
+        if self.bootstrap_addr is not None:
+            register_rank(self.bootstrap_addr, self.registration(),
+                          time.monotonic() + self.register_timeout, self.settings.http_timeout)
+        if self.bootstrap is not None:
             self.bootstrap.mark_ready(self.client.control)
 
     def try_ensure_parallel_info(self, bootstrap_addr: str, prefill_dp_rank: int = 0) -> bool:
         """Decode side, as SGLang's: whether the prefill instance at ``bootstrap_addr`` is ready
-        for prepares (every rank named has registered, when the bootstrap tracks it; with
-        discovery, at least one rank answers). A scheduler keeps the request waiting while this
-        is False; an address that names no rank raises ``LookupError``."""
+        for prepares; once it is, its parallel info stays in ``prefill_info_table``. With the
+        bootstrap server, ready means every rank registered (``GET /route``); with a
+        :class:`FerryBootstrap` table, every rank named is in its ``ready`` store (when it
+        tracks readiness); with discovery, at least one rank answers. A scheduler keeps the
+        request waiting while this is False; a table that names no rank for the address raises
+        ``LookupError``, a prefill whose page size differs from this rank's ``RuntimeError``."""
+        if bootstrap_addr in self.prefill_info_table:
+            return True
         if self.bootstrap is None:
             raise LookupError("a decode manager needs a FerryBootstrap")
-        try:
-            peers = self.bootstrap.prefill_peers(bootstrap_addr, prefill_dp_rank, self.client)
-        except LookupError:
-            if self.bootstrap.discover:
-                return False  # no rank up yet: asked again on the next call
-            raise
-        return not self.bootstrap.unready(peers)
+        info = self.bootstrap.parallel_info(bootstrap_addr, self.client, prefill_dp_rank)
+        if info is None:
+            return False
+        if info.page_size is not None and info.page_size != self.page_size:
+            raise RuntimeError(f"page size mismatch: the prefill at {bootstrap_addr} has "
+                               f"page_size={info.page_size}, this decode rank's ferryd "
+                               f"{self.page_size} (pools.kv.page_tokens)")
+        self.prefill_info_table[bootstrap_addr] = info
+        return True
+
+    def forget_prefill(self, bootstrap_addr: str) -> None:
+        """Forget what was learned of the prefill instance at ``bootstrap_addr`` (its
+        ``prefill_info_table`` entry, its ranks' addresses): the next
+        :meth:`try_ensure_parallel_info` and ``init`` ask again, e.g. after the instance was
+        restarted on other hosts or with other sizes."""
+        self.prefill_info_table.pop(bootstrap_addr, None)
+        if self.bootstrap is not None:
+            self.bootstrap.forget_ranks(bootstrap_addr)
+
+    def register_room_dp_rank(self, bootstrap_addr: str, room: int,
+                              req_has_disagg_prefill_dp_rank: bool) -> Optional[str]:
+        """A prefill sender's part in picking the room's prefill DP group, as SGLang's: with
+        ``server_args.dp_size`` > 1 and no DP rank chosen for the request, either register this
+        rank's DP rank for the room (``POST /register_dp_rank``, when
+        ``load_balance_method`` is not ``follow_bootstrap_room``), or check that the room's id
+        picks this DP rank. Returns the request's failure text, or None."""
+        sa = self.server_args
+        dp_size = int(getattr(sa, "dp_size", 1) or 1)
+        if dp_size <= 1 or req_has_disagg_prefill_dp_rank:
+            return None
+        lb = getattr(sa, "load_balance_method", None) or "follow_bootstrap_room"
+        force = os.environ.get("SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK", "") \
+            .lower() in ("1", "true", "yes", "on")
+        if lb == "follow_bootstrap_room" and self.attn_dp_rank == room % dp_size:
+            return None
+        if lb == "follow_bootstrap_room" and not force:
+            return (f"follow_bootstrap_room conflict: dispatched to dp_rank {self.attn_dp_rank} "
+                    f"but bootstrap_room {room} implies dp_rank {room % dp_size}. Set "
+                    f"SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1 to allow mixed "
+                    f"routing.")
+        why = register_dp_rank(bootstrap_addr, room, self.attn_dp_rank,
+                               self.settings.http_timeout)
+        if why is not None:
+            _log.error("ferry: failed to register prefill dp_rank of room %d: %s", room, why)
+        return None
 
     # --- helpers for senders and receivers ------------------------------------------------------
 

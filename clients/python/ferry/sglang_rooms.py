@@ -8,22 +8,14 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Sequence
 
 from .client import Client
 from .errors import Errc, FerryError
 from .protocol import PollResult, Status
 from .sglang_manager import FerryKVManager, _as_index, _RequestFailed
-
-KVPoll = Status
-"""SGLang's ``KVPoll``: Failed 0, Bootstrapping 1, WaitingForInput 2, Transferring 3,
-Success 4 (``KVPoll.Failed`` etc. are ints)."""
-
-ABORTED = "Aborted by AbortReq."
-"""SGLang's failure reason of an aborted request."""
-FROM_ANOTHER_RANK = "Failed due to an unknown reason from another rank"
-"""SGLang's reason when this rank saw no failure but another rank did."""
+from .sglang_types import (ABORTED, FROM_ANOTHER_RANK, FerryKVTransferError,
+                           FerryTransferMetric, KVPoll)
 
 # Where a room's ferryd stands for the adapter (_FerryRoom._link)
 _LIVE = "live"  # ask it
@@ -34,37 +26,8 @@ _GONE = "gone"  # nothing of the room can land any more: Failed
 _CLIENT_FAILURES = (Errc.PEER_LOST, Errc.TIMED_OUT, Errc.CANCELLED)
 
 
-class FerryKVTransferError(FerryError):
-    """A failed request, as SGLang's ``KVTransferError``: ``bootstrap_room``, ``failure_reason``,
-    ``is_from_another_rank``, plus ferryd's error ``code`` (an :class:`Errc`)."""
-
-    def __init__(self, bootstrap_room: int, failure_reason: str, code: int = Errc.INTERNAL,
-                 is_from_another_rank: bool = False) -> None:
-        super().__init__(code, failure_reason)
-        self.bootstrap_room = bootstrap_room
-        self.failure_reason = failure_reason
-        self.is_from_another_rank = is_from_another_rank
-
-    def __str__(self) -> str:
-        return (f"KVTransferError(bootstrap_room={self.bootstrap_room}): "
-                f"[{int(self.code)}] {self.failure_reason}")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (FerryKVTransferError, (self.bootstrap_room, self.failure_reason, int(self.code),
-                                       self.is_from_another_rank))
-
-
 # --------------------------------------------------------------------------------------------
 # Senders and receivers
-
-
-@dataclass
-class FerryTransferMetric:
-    """SGLang's ``KVTransferMetric``: latencies are not measured here (None)."""
-
-    transfer_latency_s: Optional[float] = None
-    alloc_latency_s: Optional[float] = None
-    transfer_total_bytes: Optional[int] = None
 
 
 class _FerryRoom:
@@ -106,6 +69,8 @@ class _FerryRoom:
         self._gone = False  # ferryd holds nothing of the room that could still be written
         self._draining = False  # cancelled on ferryd, which has not reported it terminal yet
         self._shown: Optional[Status] = None  # the status poll() last returned
+        self.created_at = time.monotonic()
+        self.seen_at: dict[int, float] = {}  # when poll() / poll_all first returned a status
         self._lock = threading.Lock()
 
     def _bind(self) -> None:
@@ -232,6 +197,7 @@ class _FerryRoom:
 
     def _show(self, s: Status) -> int:
         self._shown = s
+        self.seen_at.setdefault(int(s), time.monotonic())
         return int(s)
 
     def poll(self) -> int:
@@ -333,7 +299,7 @@ class FerryKVReceiver(_FerryRoom):
     """Decode side of one request (SGLang's ``KVReceiver``); see :mod:`ferry.sglang`."""
 
     def __init__(self, mgr: FerryKVManager, bootstrap_addr: str,
-                 bootstrap_room: Optional[int] = None, **_: Any) -> None:
+                 bootstrap_room: Optional[int] = None) -> None:
         super().__init__(mgr, bootstrap_addr, bootstrap_room)
         self._local_status = Status.Bootstrapping
         self.prefill_peers: Optional[list[str]] = None
@@ -412,13 +378,21 @@ class FerryKVReceiver(_FerryRoom):
     def clear(self) -> None:
         """SGLang's cleanup hook: ferryd forgets a terminal room by itself."""
 
+    @staticmethod
+    def query_prefill_dp_ranks(bootstrap_addr: str, bootstrap_rooms: list[int]
+                               ) -> dict[str, int]:
+        """SGLang's: the prefill DP rank each room's prefill registered (``POST
+        /query_dp_ranks`` to the bootstrap server), ``{str(room): dp_rank}``."""
+        from .sglang_http import query_prefill_dp_ranks
+        return query_prefill_dp_ranks(bootstrap_addr, bootstrap_rooms)
+
 
 class FerryKVSender(_FerryRoom):
     """Prefill side of one request (SGLang's ``KVSender``); see :mod:`ferry.sglang`."""
 
     def __init__(self, mgr: FerryKVManager, bootstrap_addr: str, bootstrap_room: int,
                  dest_tp_ranks: Optional[Sequence[int]] = None, pp_rank: int = 0,
-                 req_has_disagg_prefill_dp_rank: bool = False, **_: Any) -> None:
+                 req_has_disagg_prefill_dp_rank: bool = False) -> None:
         super().__init__(mgr, bootstrap_addr, bootstrap_room)
         self._local_status = Status.Bootstrapping
         self.dest_tp_ranks = list(dest_tp_ranks or [])
@@ -428,7 +402,13 @@ class FerryKVSender(_FerryRoom):
         self.curr_idx = 0
         self.sent_last = False
         self.chunks_sent = 0
+        self.first_send_at: Optional[float] = None
+        self.state_sent = False
         self._bind()  # a prefill ferryd knows the room from its first poll
+        why = mgr.register_room_dp_rank(bootstrap_addr, self.bootstrap_room,
+                                        req_has_disagg_prefill_dp_rank)
+        if why is not None:  # as SGLang's: this rank is not the room's DP group
+            self._fail_and_cancel(Errc.INVALID_REQUEST, why)
 
     def _daemon_room(self) -> bool:
         return True  # a prefill ferryd answers Bootstrapping for a room it has not seen yet
@@ -524,7 +504,10 @@ class FerryKVSender(_FerryRoom):
             return
         self.curr_idx = end
         self.sent_last = last
+        self.state_sent = slot is not None
         self.chunks_sent += 1
+        if self.first_send_at is None:
+            self.first_send_at = time.monotonic()
 
     def _fail_and_cancel(self, code: int, reason: str) -> None:
         """Fail the request here and cancel its room on ferryd, which tells the decode (and,
@@ -533,8 +516,19 @@ class FerryKVSender(_FerryRoom):
         self._cancel()
 
     def get_transfer_metric(self) -> FerryTransferMetric:
+        """SGLang's metric of this request (:class:`FerryTransferMetric` says what each field
+        measures)."""
         args = self.kv_mgr.kv_args
-        return FerryTransferMetric(transfer_total_bytes=self.curr_idx * sum(args.kv_item_lens))
+        total = self.curr_idx * sum(int(n) for n in args.kv_item_lens)
+        if self.state_sent:
+            total += sum(int(n) for n in args._pool_lists("state")[2])
+        seen = [t for st, t in self.seen_at.items() if st >= Status.WaitingForInput]
+        ok = self.seen_at.get(int(Status.Success))
+        return FerryTransferMetric(
+            transfer_latency_s=None if ok is None or self.first_send_at is None
+            else max(0.0, ok - self.first_send_at),
+            alloc_latency_s=min(seen) - self.created_at if seen else None,
+            transfer_total_bytes=total)
 
 
 # --------------------------------------------------------------------------------------------
