@@ -2,7 +2,8 @@
 its tensors at the offsets an allocator gives (not page-aligned), KV as per-layer tensors of the
 target model followed by an EAGLE draft layer's, Mamba components as ``[layers, size + 1, ...]``
 tensors whose per-layer views start anywhere, and MetadataBuffers (ten tensors, each its own row
-size, ``bootstrap_room`` not last). :meth:`SGLangRank.kv_args` lists them as SGLang's ``KVArgs``
+size, ``bootstrap_room`` not last), in the memfd or, as SGLang allocates them, in ordinary
+memory (``aux_memory="ordinary"``: an anonymous mapping, which the adapter copies rows through). :meth:`SGLangRank.kv_args` lists them as SGLang's ``KVArgs``
 does (``kv_data_ptrs`` target K, target V, draft K, draft V; state tensor-major then layer, with
 ``state_dim_per_tensor`` and ``state_conv_shard_groups``), for pools ferryd's config leaves to the
 registration (``memory: client`` and nothing else)."""
@@ -51,7 +52,8 @@ class Model:
 class SGLangRank:
     """One engine rank's tensors in one memfd, at allocator offsets."""
 
-    def __init__(self, m: Model, tp_size: int = 1, tp_rank: int = 0, name: str = "rank") -> None:
+    def __init__(self, m: Model, tp_size: int = 1, tp_rank: int = 0, name: str = "rank",
+                 aux_memory: str = "memfd") -> None:
         self.m, self.tp_size, self.tp_rank = m, tp_size, tp_rank
         heads = max(1, m.kv_heads // tp_size)
         self.token_bytes = heads * m.head_dim * 2  # bf16
@@ -71,11 +73,21 @@ class SGLangRank:
             plan += [("Kd", self.kv_item * self.kv_pages), ("Vd", self.kv_item * self.kv_pages)]
         plan += [("conv", layers * (m.slots + 1) * self.conv_item),
                  ("ssm", layers * (m.slots + 1) * self.ssm_item)]
-        plan += [(f"meta{i}", r * m.rows) for i, r in enumerate(METADATA_ROWS)]
+        metas = [(f"meta{i}", r * m.rows) for i, r in enumerate(METADATA_ROWS)]
+        self.ordinary_aux = aux_memory == "ordinary"
+        if not self.ordinary_aux:
+            plan += metas
         for key, nbytes in plan:  # 512-byte allocator granularity, then a 192-byte header
             self._at = align_up(self._at, 512) + 192
             self.places[key] = self._at
             self._at += nbytes
+        # SGLang's MetadataBuffers are ordinary CPU tensors: an anonymous mapping, no memfd
+        self.meta_places, at = {}, 0
+        for key, nbytes in metas:
+            at = align_up(at, 512) + 192
+            self.meta_places[key] = at
+            at += nbytes
+        self.meta_size = align_up(at)
         self.size = align_up(self._at)
         self.fd = os.memfd_create(f"ferry-sglang-{name}", os.MFD_ALLOW_SEALING)
         os.ftruncate(self.fd, self.size)
@@ -84,6 +96,13 @@ class SGLangRank:
         self.map = mmap.mmap(self.fd, self.size)
         self.view = memoryview(self.map)
         self.base = address_of(self.map)
+        if self.ordinary_aux:
+            self.meta_map = mmap.mmap(-1, self.meta_size)
+            self.meta_view = memoryview(self.meta_map)
+            self.meta_base = address_of(self.meta_map)
+        else:
+            self.meta_places = {k: self.places[k] for k, _ in metas}
+            self.meta_view, self.meta_base = self.view, self.base
 
     # --- where things are ------------------------------------------------------------------------
 
@@ -95,7 +114,8 @@ class SGLangRank:
         return self.places[tensor] + (layer_index * (self.m.slots + 1) + slot) * item
 
     def meta_at(self, i: int, row: int) -> int:
-        return self.places[f"meta{i}"] + row * METADATA_ROWS[i]
+        """Offset in ``meta_view`` of row ``row`` of metadata tensor ``i``."""
+        return self.meta_places[f"meta{i}"] + row * METADATA_ROWS[i]
 
     def kv_keys(self) -> list[str]:
         keys = [f"K{l}" for l in self.m.kv_layers] + [f"V{l}" for l in self.m.kv_layers]
@@ -132,7 +152,8 @@ class SGLangRank:
         a.state_layer_ids, a.state_dim_per_tensor = [lids], [dims]
         a.state_slice_outer_counts = [[1] * len(ptrs)]
         a.state_conv_shard_groups = [groups]
-        a.aux_data_ptrs = [self.base + self.places[f"meta{i}"] for i in range(len(METADATA_ROWS))]
+        a.aux_data_ptrs = [self.meta_base + self.meta_places[f"meta{i}"]
+                           for i in range(len(METADATA_ROWS))]
         a.aux_data_lens = [r * m.rows for r in METADATA_ROWS]
         a.aux_item_lens = list(METADATA_ROWS)
         a.bootstrap_room_ptr = a.aux_data_ptrs[BOOTSTRAP_ROOM]
@@ -144,8 +165,14 @@ class SGLangRank:
         pattern = bytes((i * 131 + seed * 17 + (i >> 8)) & 0xFF for i in range(4096))
         for at in range(0, n, 4096):
             self.view[at:min(n, at + 4096)] = pattern[:min(4096, n - at)]
+        if self.ordinary_aux:
+            for at in range(0, self.meta_size, 4096):
+                self.meta_view[at:at + 4096] = bytes(reversed(pattern))
 
     def close(self) -> None:
         self.view.release()
         self.map.close()
+        if self.ordinary_aux:
+            self.meta_view.release()
+            self.meta_map.close()
         os.close(self.fd)

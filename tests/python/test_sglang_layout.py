@@ -25,8 +25,9 @@ ROOM = 0x5D3A_0000_0000_0000
 
 
 class Rank:
-    def __init__(self, daemon, mode: str, boot: FerryBootstrap, m: Model, seed: int) -> None:
-        self.mem = SGLangRank(m, name=mode)
+    def __init__(self, daemon, mode: str, boot: FerryBootstrap, m: Model, seed: int,
+                 aux: str = "memfd") -> None:
+        self.mem = SGLangRank(m, name=mode, aux_memory=aux)
         self.mem.fill(seed)
         self.mgr = FerryKVManager(self.mem.kv_args(), mode, socket_path=daemon.sock,
                                   bootstrap=boot, timeout=IO_TIMEOUT * 3, register_timeout=T)
@@ -36,15 +37,17 @@ class Rank:
         self.mem.close()
 
 
-@pytest.fixture(scope="module")
-def ranks() -> Iterator[tuple[Rank, Rank, object, object]]:
+@pytest.fixture(scope="module", params=["memfd", "ordinary"])
+def ranks(request: pytest.FixtureRequest) -> Iterator[tuple[Rank, Rank, object, object]]:
+    """MetadataBuffers in the rank's memfd (lent), or in ordinary memory as SGLang allocates
+    them (rows copied through the manager's own memfd)."""
     tmp = tempfile.mkdtemp(prefix="ferry-layout-")
     p, d = start_pair(tmp, "prefill-lay", "decode-lay", REGISTERED_POOLS)
     made: list[Rank] = []
     try:
         boot = FerryBootstrap({BOOT: [p.control]})
-        made.append(Rank(p, "prefill", boot, Model(), seed=1))
-        made.append(Rank(d, "decode", boot, Model(), seed=2))
+        made.append(Rank(p, "prefill", boot, Model(), seed=1, aux=request.param))
+        made.append(Rank(d, "decode", boot, Model(), seed=2, aux=request.param))
         yield made[0], made[1], p, d
     finally:
         for r in reversed(made):
@@ -78,7 +81,7 @@ def test_a_room_moves_every_buffer_byte_exact(ranks) -> None:
     room = ROOM + 1
     src_pages, dst_pages, src_slot, dst_slot, src_row, dst_row = [1, 2, 3], [10, 11, 12], 2, 4, 3, 5
     room_at = p.mem.meta_at(BOOTSTRAP_ROOM, src_row)  # SGLang's set_buf on the last chunk
-    p.mem.view[room_at:room_at + 8] = room.to_bytes(8, "little")
+    p.mem.meta_view[room_at:room_at + 8] = room.to_bytes(8, "little")
     before = bytes(d.mem.view[d.mem.kv_at("K3", 13):d.mem.kv_at("K3", 14)])
     r = FerryKVReceiver(d.mgr, BOOT, room)
     s = FerryKVSender(p.mgr, BOOT, room, [0], 0)
@@ -102,19 +105,21 @@ def test_a_room_moves_every_buffer_byte_exact(ranks) -> None:
                 bad.append(f"{t} layer {li} slot {src_slot} -> {dst_slot}")
     for i, rb in enumerate(METADATA_ROWS):
         a0, b0 = p.mem.meta_at(i, src_row), d.mem.meta_at(i, dst_row)
-        if p.mem.view[a0:a0 + rb] != d.mem.view[b0:b0 + rb]:
+        if p.mem.meta_view[a0:a0 + rb] != d.mem.meta_view[b0:b0 + rb]:
             bad.append(f"metadata {i} row {src_row} -> {dst_row}")
     assert not bad, bad
     assert bytes(d.mem.view[d.mem.kv_at("K3", 13):d.mem.kv_at("K3", 14)]) == before
-    got = d.mem.view[d.mem.meta_at(BOOTSTRAP_ROOM, dst_row):][:8]
+    got = d.mem.meta_view[d.mem.meta_at(BOOTSTRAP_ROOM, dst_row):][:8]
     assert int.from_bytes(got, "little") == room  # SGLang's metadata gate sees its room
 
 
 def test_the_room_id_check_reads_the_bootstrap_room_buffer(ranks) -> None:
     p, _, _, _ = ranks
     room = ROOM + 2
-    p.mem.view[p.mem.meta_at(BOOTSTRAP_ROOM, 1):][:8] = (room + 1).to_bytes(8, "little")
-    p.mem.view[p.mem.meta_at(0, 1):][:8] = room.to_bytes(8, "little")  # buffer 0 is not it
+    p.mem.meta_view[p.mem.meta_at(BOOTSTRAP_ROOM, 1):][:8] = (room + 1).to_bytes(8, "little")
+    p.mem.meta_view[p.mem.meta_at(0, 1):][:8] = room.to_bytes(8, "little")  # buffer 0 is not it
+    if p.mgr.aux_shadow is not None:  # what the sender's last chunk does first
+        p.mgr.aux_shadow.stage(1)
     with pytest.raises(FerryError) as e:
         p.mgr.client.send(room, [], True, state_slot=0, aux_row=1)
     assert e.value.code == Errc.INVALID_REQUEST
@@ -178,7 +183,7 @@ def test_tp2_to_tp1_reslices_registered_pools_byte_exact(tmp_path) -> None:
                               timeout=IO_TIMEOUT * 3)
         room, pages_s, pages_d, slot_s, slot_d, row_s, row_d = ROOM + 9, [4, 5], [20, 21], 1, 3, 2, 6
         for mem, _ in src:
-            mem.view[mem.meta_at(BOOTSTRAP_ROOM, row_s):][:8] = room.to_bytes(8, "little")
+            mem.meta_view[mem.meta_at(BOOTSTRAP_ROOM, row_s):][:8] = room.to_bytes(8, "little")
         r = FerryKVReceiver(dmgr, BOOT, room)
         senders = [FerryKVSender(mgr, BOOT, room, [0], 0) for _, mgr in src]
         r.init(0)
@@ -213,9 +218,9 @@ def test_tp2_to_tp1_reslices_registered_pools_byte_exact(tmp_path) -> None:
             got += dst.view[at:at + dst.ssm_item]
         for i, rb in enumerate(METADATA_ROWS):  # the rows come from TP rank 0
             at = src[0][0].meta_at(i, row_s)
-            want += src[0][0].view[at:at + rb]
+            want += src[0][0].meta_view[at:at + rb]
             at = dst.meta_at(i, row_d)
-            got += dst.view[at:at + rb]
+            got += dst.meta_view[at:at + rb]
         assert got == want
         dmgr.close()
         for _, mgr in src:

@@ -19,6 +19,7 @@ from .protocol import POOL_KINDS, MemoryBuffer, MemoryKind
 from .reconnect import ConnectionNotice, Reconnect, Reconnected
 from .sglang_bootstrap import FerryBootstrap
 from .sglang_http import FerryHTTPBootstrap, register_dp_rank, register_rank
+from .sglang_aux import AuxShadow, outside_regions
 from .sglang_kvargs import FerryKVArgs
 from .sglang_server import FerryPrefillInfo
 from .sglang_settings import FerrySettings, config_section, host_port
@@ -122,6 +123,17 @@ class FerryKVManager:
                                  f"the KVArgs' state_types name a mamba component, but ferryd at "
                                  f"{client.socket_path} has no state pool (pools.mamba)")
             self.registered: list[str] = []
+            # SGLang's MetadataBuffers in ordinary memory: rows copied through a memfd of ours.
+            self.aux_shadow: Optional[AuxShadow] = None
+            aux = client.pools["aux"]
+            if aux.present and not aux.shm_name and outside_regions(args):
+                try:
+                    self.aux_shadow = AuxShadow(args.aux_data_ptrs, args.aux_item_lens,
+                                                args.aux_data_lens, args.bootstrap_room_ptr,
+                                                f"ferry-aux-{self.disaggregation_mode}-"
+                                                f"{args.engine_rank}")
+                except ValueError as e:
+                    raise FerryError(Errc.INVALID_REQUEST, str(e)) from None
             # Every table first: a KVArgs that does not fit lends nothing.
             tables = {kind: self.memory_table(kind) for kind in POOL_KINDS
                       if client.pools[kind].present and not client.pools[kind].shm_name}
@@ -175,14 +187,15 @@ class FerryKVManager:
         (no layout until the first one), the KVArgs say everything."""
         layout = self.client.pools[kind].buffers
         label = {"kv": "kv_data_ptrs", "state": "state_data_ptrs", "aux": "aux_data_ptrs"}[kind]
-        count = len(self.kv_args._pool_lists(kind)[0])
+        args = self._args_of(kind)
+        count = len(args._pool_lists(kind)[0])
         if layout and count != len(layout):
             raise FerryError(Errc.INVALID_REQUEST,
                              f"pool {kind}: the KVArgs list {count} buffers ({label}), "
                              f"ferryd's pool has {len(layout)} (pools.{kind}.memory: client; "
                              f"see the hello_reply's layout)")
         try:
-            entries = self.kv_args.entries(kind, mla=self.is_mla_backend)
+            entries = args.entries(kind, mla=self.is_mla_backend)
         except ValueError as e:
             raise FerryError(Errc.INVALID_REQUEST, str(e)) from None
         if not layout and self.client.version < 7:
@@ -212,10 +225,10 @@ class FerryKVManager:
                                      f"pool is described by the registration, so every buffer's "
                                      f"length is needed")
             length = e.item_len * items
-            region = next((r for r in self.kv_args.memory_regions
+            region = next((r for r in args.memory_regions
                            if r.contains(e.ptr, max(1, length))), None)
             if region is None:
-                region = next((r for r in self.kv_args.memory_regions
+                region = next((r for r in args.memory_regions
                                if r.contains(e.ptr, 1)), None)
             if region is None:
                 raise FerryError(Errc.INVALID_REQUEST,
@@ -237,12 +250,19 @@ class FerryKVManager:
                                       e.total_dim, e.outer, tuple(e.groups)))
         return table, fds
 
+    def _args_of(self, kind: str) -> FerryKVArgs:
+        """The KVArgs that list pool ``kind``'s buffers: the engine's, or for aux in ordinary
+        memory the memfd copy's (:mod:`ferry.sglang_aux`)."""
+        return self.aux_shadow.args if kind == "aux" and self.aux_shadow is not None \
+            else self.kv_args
+
     def _room_id_buffer(self) -> Optional[int]:
         """The aux buffer holding SGLang's ``bootstrap_room`` (found by its address), or None."""
-        ptr = self.kv_args.bootstrap_room_ptr
+        args = self._args_of("aux")
+        ptr = args.bootstrap_room_ptr
         if ptr is None:
             return None
-        ptrs = [int(p) for p in self.kv_args.aux_data_ptrs]
+        ptrs = [int(p) for p in args.aux_data_ptrs]
         if int(ptr) not in ptrs:
             raise FerryError(Errc.INVALID_REQUEST,
                              f"pool aux: bootstrap_room_ptr {int(ptr):#x} is none of the "
@@ -415,6 +435,9 @@ class FerryKVManager:
         (after which the pools can be registered again, e.g. by a new manager)."""
         self._unwatch()
         self.client.close()
+        if self.aux_shadow is not None:  # ferryd released it with the connection
+            self.aux_shadow.close()
+            self.aux_shadow = None
 
     def __enter__(self) -> FerryKVManager:
         return self

@@ -143,9 +143,14 @@ class _FerryRoom:
             status = Status.Failed
         elif status == Status.Failed:
             self._fail(Errc.INTERNAL if not r.code else int(r.code), r.reason)
+        if status == Status.Success and self.conclude_state is None:
+            self._succeeded()
         if status.terminal:
             self.conclude_state = status
         return status
+
+    def _succeeded(self) -> None:
+        """The room ended in Success: what must happen before the engine is told."""
 
     def _held(self) -> Status:
         """While a failed room drains: the status the engine last saw, so it neither reuses
@@ -306,6 +311,7 @@ class FerryKVReceiver(_FerryRoom):
         self.prefill_dp_rank: Optional[int] = None
         self.prepared = False
         self.decode_prefix_len = 0
+        self.aux_row: Optional[int] = None
 
     def _daemon_room(self) -> bool:
         return self.prepared
@@ -365,7 +371,14 @@ class FerryKVReceiver(_FerryRoom):
         except _RequestFailed as e:
             self._fail(e.code, e.reason)
             return
+        shadow = self.kv_mgr.aux_shadow
+        if shadow is not None and row is not None and row >= shadow.rows:
+            self._fail(Errc.INVALID_REQUEST, f"room {self.bootstrap_room}: aux row {row} is "
+                                             f"outside the {shadow.rows} rows of the metadata "
+                                             f"buffers")
+            return
         self.decode_prefix_len = prefix
+        self.aux_row = row
         try:
             self.kv_mgr.client.prepare(self.bootstrap_room, self.prefill_peers, pages,
                                        state_slot=slot, aux_row=row, prefix_tokens=prefix)
@@ -374,6 +387,13 @@ class FerryKVReceiver(_FerryRoom):
             return
         self._bind()
         self.prepared = True
+
+    def _succeeded(self) -> None:
+        """Metadata in ordinary memory: the row ferryd wrote into the manager's memfd goes into
+        the engine's tensors before Success is reported (SGLang's gate then reads it)."""
+        shadow = self.kv_mgr.aux_shadow
+        if shadow is not None and self.aux_row is not None:
+            shadow.deliver(self.aux_row)
 
     def clear(self) -> None:
         """SGLang's cleanup hook: ferryd forgets a terminal room by itself."""
@@ -493,6 +513,13 @@ class FerryKVSender(_FerryRoom):
                                              f"room {self.bootstrap_room}: aux_index "
                                              f"{self.aux_index!r} is not an aux row (this "
                                              f"ferryd has an aux pool)")
+                    shadow = self.kv_mgr.aux_shadow
+                    if shadow is not None:  # the engine's metadata row, where ferryd reads it
+                        try:
+                            shadow.stage(row)
+                        except IndexError as e:
+                            raise _RequestFailed(Errc.INVALID_REQUEST,
+                                                 f"room {self.bootstrap_room}: {e}") from None
         except _RequestFailed as e:
             self._fail_and_cancel(e.code, e.reason)
             return
