@@ -15,6 +15,7 @@ from ferry import Errc, FerryError
 from ferry.memory import MemfdPool
 from ferry.protocol import Discover, DiscoveredRank, Prepare
 from ferry.sglang import FerryBootstrap, FerryKVArgs, FerryKVManager, FerryKVReceiver, KVPoll
+from ferry.sglang_kvargs import NOT_MOVED
 from sglang_fakes import BOOT, PREFILL_RANKS, Engine, ModelDaemon, Setup, World, failure
 
 
@@ -113,12 +114,31 @@ def test_a_kvargs_table_that_does_not_fit_is_refused_naming_the_pool(short_tmp: 
         with pytest.raises(FerryError) as info:
             FerryKVManager(no_state, "decode", socket_path=d.path, timeout=IO_TIMEOUT)
         assert "state_types name no mamba component" in info.value.message
-        with pytest.raises(ValueError):
-            FerryKVManager(FerryKVArgs(state_types=["swa"]), "decode", socket_path=d.path)
         assert world.registered == []  # nothing was lent by a refused manager
     finally:
         for p in pools:
             p.close()
+        d.close()
+
+
+@pytest.mark.parametrize("kind", ["swa", "dsa", "minimax_index_k", "swa_ring", "c128_state"])
+def test_a_state_type_ferry_cannot_move_is_refused_at_construction_by_name(
+        short_tmp: str, kind: str) -> None:
+    d = ModelDaemon(short_tmp, "decode", World())
+    try:
+        with pytest.raises(FerryError) as info:
+            FerryKVManager(FerryKVArgs(state_types=["mamba", kind]), "decode", socket_path=d.path)
+        assert info.value.code == Errc.INVALID_REQUEST
+        assert info.value.message == (f"state_types ['mamba', '{kind}']: Ferry cannot move {kind} "
+                                      f"yet ({NOT_MOVED[kind]}); only mamba state moves today "
+                                      f"(docs/integration.md)")
+        with pytest.raises(FerryError) as info:
+            FerryKVManager(FerryKVArgs(state_types=["mamba", "lora"]), "decode",
+                           socket_path=d.path)
+        assert info.value.message.startswith("state_types ['mamba', 'lora']: unknown state type "
+                                             "'lora' (SGLang's are mamba, swa, dsa,")
+        assert d.world.log == []  # refused before it said a word to ferryd
+    finally:
         d.close()
 
 

@@ -14,6 +14,21 @@ from .protocol import BufferKind
 MAMBA = "mamba"
 """The one ``state_types`` entry Ferry moves (SGLang's ``StateType.MAMBA`` value)."""
 
+NOT_MOVED = {
+    "swa": "sliding-window attention KV: a page-indexed component with its own list of the "
+           "window's pages; SGLang itself refuses it under a TP mismatch for non-MLA models",
+    "dsa": "the DSA indexer cache of MLA models: a page-indexed component with its own page "
+           "list",
+    "minimax_index_k": "MiniMax's sparse index K: a page-indexed component; SGLang refuses it "
+                       "with PP > 1 and under a TP mismatch",
+    "swa_ring": "DeepSeek-V4's SWA ring: a row-indexed component whose row lists must match "
+                "exactly",
+    "c128_state": "DeepSeek-V4's C128 compressor state: a row-indexed component whose row "
+                  "lists must match exactly",
+}
+"""SGLang's other ``StateType`` values, which the adapter refuses at construction, and what
+each is (issue 29, item 3: not moved yet)."""
+
 
 @dataclass
 class FerryKVArgs:
@@ -105,11 +120,16 @@ class FerryKVArgs:
 
     def mamba_component(self) -> Optional[int]:
         """The index of the Mamba entry in ``state_types`` (None: no state component)."""
-        names = [getattr(t, "value", t) for t in self.state_types]
-        others = [n for n in names if n != MAMBA]
-        if others:
-            raise ValueError(f"state_types {names}: Ferry moves Mamba state only (one "
-                             f"pools.mamba), not {', '.join(map(str, others))}")
+        names = [str(getattr(t, "value", t)).lower() for t in self.state_types]
+        for n in names:
+            if n == MAMBA:
+                continue
+            why = NOT_MOVED.get(n)
+            if why is None:
+                raise ValueError(f"state_types {names}: unknown state type {n!r} (SGLang's are "
+                                 f"{', '.join([MAMBA, *NOT_MOVED])})")
+            raise ValueError(f"state_types {names}: Ferry cannot move {n} yet ({why}); only "
+                             f"mamba state moves today (docs/integration.md)")
         if len(names) > 1:
             raise ValueError(f"state_types {names}: at most one Mamba component")
         return 0 if names else None
@@ -246,4 +266,4 @@ class Entry:
     groups: tuple = ()
 
 
-__all__ = ["MAMBA", "FerryKVArgs", "Entry"]
+__all__ = ["MAMBA", "NOT_MOVED", "FerryKVArgs", "Entry"]

@@ -100,7 +100,10 @@ class FerryKVManager:
         self.bootstrap = bootstrap
         self.prefill_info_table: dict[str, FerryPrefillInfo] = {}
         self.bootstrap_addr = cfg.bootstrap_addr  # where this prefill rank registers
-        self.mamba_component = args.mamba_component()
+        try:
+            self.mamba_component = args.mamba_component()
+        except ValueError as e:  # a state type Ferry cannot move: refused before connecting
+            raise FerryError(Errc.INVALID_REQUEST, str(e)) from None
         own = client is None
         derived = client is None and socket_path is None
         if client is None:
