@@ -10,13 +10,14 @@ registration (``memory: client`` and nothing else)."""
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 from dataclasses import dataclass, field
 from typing import Optional
 
 from ferry.memory import F_ADD_SEALS, F_SEAL_SHRINK, MemoryRegion, address_of, align_up
-from ferry.sglang import FerryKVArgs
+from ferry.sglang import FerryKVArgs, host_buffer
 
 REGISTERED_POOLS = """pools:
   kv: {memory: client}
@@ -53,7 +54,9 @@ class SGLangRank:
     """One engine rank's tensors in one memfd, at allocator offsets."""
 
     def __init__(self, m: Model, tp_size: int = 1, tp_rank: int = 0, name: str = "rank",
-                 aux_memory: str = "memfd") -> None:
+                 aux_memory: str = "memfd", hook: bool = False) -> None:
+        """``hook``: the tensors come from ``ferry.sglang.host_buffer`` (SGLang's allocation
+        hook) and the KVArgs name no memory_regions, as SGLang's do."""
         self.m, self.tp_size, self.tp_rank = m, tp_size, tp_rank
         heads = max(1, m.kv_heads // tp_size)
         self.token_bytes = heads * m.head_dim * 2  # bf16
@@ -89,13 +92,18 @@ class SGLangRank:
             at += nbytes
         self.meta_size = align_up(at)
         self.size = align_up(self._at)
-        self.fd = os.memfd_create(f"ferry-sglang-{name}", os.MFD_ALLOW_SEALING)
-        os.ftruncate(self.fd, self.size)
-        import fcntl
-        fcntl.fcntl(self.fd, F_ADD_SEALS, F_SEAL_SHRINK)
-        self.map = mmap.mmap(self.fd, self.size)
-        self.view = memoryview(self.map)
-        self.base = address_of(self.map)
+        self.hook = hook
+        if hook:
+            self.fd, self.map = -1, None
+            self.view = host_buffer(self.size, f"ferry-sglang-{name}")
+            self.base = address_of(self.view)
+        else:
+            self.fd = os.memfd_create(f"ferry-sglang-{name}", os.MFD_ALLOW_SEALING)
+            os.ftruncate(self.fd, self.size)
+            fcntl.fcntl(self.fd, F_ADD_SEALS, F_SEAL_SHRINK)
+            self.map = mmap.mmap(self.fd, self.size)
+            self.view = memoryview(self.map)
+            self.base = address_of(self.map)
         if self.ordinary_aux:
             self.meta_map = mmap.mmap(-1, self.meta_size)
             self.meta_view = memoryview(self.meta_map)
@@ -127,7 +135,8 @@ class SGLangRank:
         m = self.m
         a = FerryKVArgs(engine_rank=self.tp_rank, page_size=m.page, kv_head_num=self.heads,
                         total_kv_head_num=m.kv_heads)
-        a.memory_regions = [MemoryRegion(self.fd, self.base, self.size)]
+        if not self.hook:
+            a.memory_regions = [MemoryRegion(self.fd, self.base, self.size)]
         keys = self.kv_keys()
         a.kv_data_ptrs = [self.base + self.places[k] for k in keys]
         a.kv_data_lens = [self.kv_item * self.kv_pages] * len(keys)
@@ -171,8 +180,9 @@ class SGLangRank:
 
     def close(self) -> None:
         self.view.release()
-        self.map.close()
+        if self.map is not None:  # the hook's memory lives as long as the process
+            self.map.close()
+            os.close(self.fd)
         if self.ordinary_aux:
             self.meta_view.release()
             self.meta_map.close()
-        os.close(self.fd)

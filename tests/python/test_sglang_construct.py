@@ -357,3 +357,31 @@ def test_the_bootstrap_servers_ranks_may_seed_discovery(daemons: tuple[World, st
         prefill.close()
         for p in pools:
             p.close()
+
+
+def test_sglangs_dynamic_backend_loads_ferry_by_module_and_class_name() -> None:
+    """SGLang's DisaggBackendFactory: the extra config names a module and a class; SGLang imports
+    it, constructs it with no argument, and asks get_kv_class(KVClassType.X) for each class."""
+    import enum
+    import importlib
+    import json
+
+    class KVClassType(enum.Enum):  # SGLang's enum (utils.py)
+        KVARGS = "kvargs"
+        MANAGER = "manager"
+        SENDER = "sender"
+        RECEIVER = "receiver"
+        BOOTSTRAP_SERVER = "bootstrap_server"
+
+    extra = json.loads('{"backend_name": "ferry", "module_path": "ferry.sglang", '
+                       '"class_name": "FerryBackendProvider"}')
+    provider = getattr(importlib.import_module(extra["module_path"]), extra["class_name"])()
+    from ferry import sglang
+    assert [provider.get_kv_class(t) for t in KVClassType] == \
+        [sglang.KVArgs, sglang.KVManager, sglang.KVSender, sglang.KVReceiver,
+         sglang.KVBootstrapServer]
+    assert provider.get_kv_class("sender") is sglang.KVSender
+    assert provider.get_kv_class("CHECKPOINT_LOADER") is None
+    args = provider.get_kv_class(KVClassType.KVARGS)()  # SGLang: kv_args_class(), then fields
+    args.kv_data_ptrs = [0x1000]
+    assert args.kv_data_ptrs == [0x1000] and args.memory_regions == []

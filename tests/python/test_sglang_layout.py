@@ -27,7 +27,8 @@ ROOM = 0x5D3A_0000_0000_0000
 class Rank:
     def __init__(self, daemon, mode: str, boot: FerryBootstrap, m: Model, seed: int,
                  aux: str = "memfd") -> None:
-        self.mem = SGLangRank(m, name=mode, aux_memory=aux)
+        self.mem = SGLangRank(m, name=mode, aux_memory="ordinary" if aux == "hook" else aux,
+                              hook=aux == "hook")
         self.mem.fill(seed)
         self.mgr = FerryKVManager(self.mem.kv_args(), mode, socket_path=daemon.sock,
                                   bootstrap=boot, timeout=IO_TIMEOUT * 3, register_timeout=T)
@@ -37,10 +38,11 @@ class Rank:
         self.mem.close()
 
 
-@pytest.fixture(scope="module", params=["memfd", "ordinary"])
+@pytest.fixture(scope="module", params=["memfd", "ordinary", "hook"])
 def ranks(request: pytest.FixtureRequest) -> Iterator[tuple[Rank, Rank, object, object]]:
     """MetadataBuffers in the rank's memfd (lent), or in ordinary memory as SGLang allocates
-    them (rows copied through the manager's own memfd)."""
+    them (rows copied through the manager's own memfd); "hook": that, with the KV and state
+    tensors from ferry.sglang.host_buffer and KVArgs that name no memory regions, as SGLang's."""
     tmp = tempfile.mkdtemp(prefix="ferry-layout-")
     p, d = start_pair(tmp, "prefill-lay", "decode-lay", REGISTERED_POOLS)
     made: list[Rank] = []

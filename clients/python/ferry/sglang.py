@@ -107,11 +107,14 @@ failure texts, :class:`FerryKVTransferError`); import them from here.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from . import sglang_bootstrap
 from .sglang_bootstrap import FerryBootstrap
 from .sglang_http import FerryHTTPBootstrap
 from .sglang_kvargs import MAMBA, FerryKVArgs
 from .sglang_manager import FerryKVManager
+from .sglang_memory import host_buffer, host_regions
 from .sglang_rooms import FerryKVReceiver, FerryKVSender, poll_all
 from .sglang_server import FerryKVBootstrapServer, FerryPrefillInfo
 from .sglang_settings import FerrySettings
@@ -132,9 +135,31 @@ KVTransferError = FerryKVTransferError
 KVTransferMetric = FerryTransferMetric
 PrefillServerInfo = FerryPrefillInfo
 
+
+class FerryBackendProvider:
+    """SGLang's dynamic disaggregation backend provider: with
+    ``--disaggregation-transfer-backend dynamic`` and
+    ``--disaggregation-transfer-backend-extra-config '{"backend_name": "ferry", "module_path":
+    "ferry.sglang", "class_name": "FerryBackendProvider"}'`` SGLang imports this module,
+    constructs this class with no argument and asks :meth:`get_kv_class` for each class it
+    builds, so no SGLang patch is needed (docs/integration.md §9)."""
+
+    CLASSES = {"KVARGS": KVArgs, "MANAGER": KVManager, "SENDER": KVSender,
+               "RECEIVER": KVReceiver, "BOOTSTRAP_SERVER": KVBootstrapServer}
+
+    def get_kv_class(self, class_type: object) -> Optional[type]:
+        """The class for SGLang's ``KVClassType`` member (or its name or value, any case);
+        None for a kind Ferry does not provide, as SGLang's providers answer."""
+        for key in (getattr(class_type, "name", None), getattr(class_type, "value", None),
+                    class_type):
+            if isinstance(key, str) and key.upper() in self.CLASSES:
+                return self.CLASSES[key.upper()]
+        return None
+
 __all__ = ["KVPoll", "MAMBA", "ABORTED", "FROM_ANOTHER_RANK", "FerryKVTransferError",
            "FerryBootstrap", "FerryHTTPBootstrap", "FerryKVArgs", "FerryKVManager",
            "FerryKVReceiver", "FerryKVSender", "FerryKVBootstrapServer", "FerryPrefillInfo",
            "FerrySettings", "FerryTransferMetric", "poll_all", "KVArgs", "KVManager",
            "KVSender", "KVReceiver", "KVBootstrapServer", "KVTransferError",
-           "KVTransferMetric", "PrefillServerInfo"]
+           "KVTransferMetric", "PrefillServerInfo", "FerryBackendProvider",
+           "host_buffer", "host_regions"]

@@ -21,6 +21,7 @@ from .sglang_bootstrap import FerryBootstrap
 from .sglang_http import FerryHTTPBootstrap, register_dp_rank, register_rank
 from .sglang_aux import AuxShadow, outside_regions
 from .sglang_kvargs import FerryKVArgs
+from .sglang_memory import host_regions
 from .sglang_server import FerryPrefillInfo
 from .sglang_settings import FerrySettings, config_section, host_port
 
@@ -126,6 +127,8 @@ class FerryKVManager:
                                  f"the KVArgs' state_types name a mamba component, but ferryd at "
                                  f"{client.socket_path} has no state pool (pools.mamba)")
             self.registered: list[str] = []
+            if not args.memory_regions:  # SGLang's KVArgs: the allocation hook's memory
+                args.memory_regions = host_regions()
             # SGLang's MetadataBuffers in ordinary memory: rows copied through a memfd of ours.
             self.aux_shadow: Optional[AuxShadow] = None
             aux = client.pools["aux"]
