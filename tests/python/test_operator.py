@@ -185,9 +185,10 @@ SGLANG = sorted((REPO / "configs").glob("sglang-*.yaml"))
 @pytest.mark.parametrize("config", SGLANG, ids=lambda p: p.name)
 def test_the_sglang_configs_are_the_base_configs_with_sglangs_timeouts(config: Path,
                                                                        tmp_path) -> None:
-    """configs/sglang-{prefill,decode}.yaml (issue 29, item 6): accepted by ferryd, SGLang's
-    300 s Bootstrapping and WaitingForInput waits, ferryd's longest bounds (1 h) where SGLang
-    has none, the socket under systemd's RuntimeDirectory; otherwise the base config as is."""
+    """configs/sglang-{prefill,decode}.yaml (issue 29, items 1 and 6): accepted by ferryd,
+    SGLang's 300 s Bootstrapping and WaitingForInput waits, ferryd's longest bounds (1 h) where
+    SGLang has none, the socket under systemd's RuntimeDirectory, every pool left to the
+    engine's registration; otherwise the base config as is."""
     assert [p.name for p in SGLANG] == ["sglang-decode.yaml", "sglang-prefill.yaml"]
     env = dict(os.environ, RUNTIME_DIRECTORY=str(tmp_path))
     r = run("ferryd", "--check-config", str(config), env=env)
@@ -200,7 +201,12 @@ def test_the_sglang_configs_are_the_base_configs_with_sglangs_timeouts(config: P
     base = run("ferryd", "--check-config", str(REPO / "configs" / config.name[len("sglang-"):]))
     assert base.returncode == OK, base.stderr
 
+    pools = r.stdout[r.stdout.index("\npools:"):]
+    assert re.findall(r"\n  (\w+):\n    memory: client  # described by the engine's "
+                      r"register_memory", pools) == ["kv", "mamba", "aux"], pools
+
     def rest(text: str) -> list[str]:
+        text = text[:text.index("\npools:")]
         return [line for line in text.splitlines()
                 if not re.match(r"  (client|bootstrapping_ms|waiting_for_input_ms|"
                                 r"transferring_ms|transfer_ms):", line)]
