@@ -372,6 +372,8 @@ result<> map_client_pool(daemon_context& ctx, const proto::register_memory& req,
   return {};
 }
 
+bool registered_pool(const daemon_context& ctx, int k) { return registered(ctx, k); }
+
 std::optional<std::string> undescribed_pool(const daemon_context& ctx) {
   for (int k = 0; k < pool_kind_count; ++k)
     if (registered(ctx, k) && !ctx.client_pools[k].described)

@@ -39,6 +39,9 @@ result<registration_plan> check_registration(const daemon_context& ctx,
 result<> map_client_pool(daemon_context& ctx, const proto::register_memory& req,
                          const std::vector<int>& fds, const registration_plan& plan);
 
+/// Whether pool `k` is described by its registration (pool_placement::registered).
+bool registered_pool(const daemon_context& ctx, int k);
+
 /// Why this daemon cannot describe itself to a peer yet: a pool its registration describes has
 /// not been registered (the text a refused handshake carries), or nothing. Scheduler only.
 std::optional<std::string> undescribed_pool(const daemon_context& ctx);

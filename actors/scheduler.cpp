@@ -42,6 +42,7 @@ void on_client(scheduler_actor* self, client_request& r) {
             h.pools[k].present = st.ctx->layout.pools[k].present;
             h.pools[k].shm_name = st.ctx->pools[k].name();
             h.pools[k].layout = st.ctx->layout.pools[k];
+            h.pools[k].registered = registered_pool(*st.ctx, k);
           }
           st.ctx->gateway->reply(r.conn, r.seq, h);
         } else if constexpr (std::is_same_v<T, proto::prepare>) {

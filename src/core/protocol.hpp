@@ -177,6 +177,9 @@ struct pool_info {
   bool present = false;
   std::string shm_name;  ///< POSIX shm object to map (shm_open)
   pool_layout layout;
+  /// v7: described by its registration (`memory: client` and nothing else in the config): a
+  /// client registers it from its own tensors, not from `layout` (the first registration's).
+  bool registered = false;
 };
 struct hello_reply {
   uint16_t version = protocol_version;

@@ -266,6 +266,7 @@ bool decode_body(reader& r, hello_reply& m) {
             r.num(b.items, "buffer.items") && r.num(b.layer_id, "buffer.layer_id") &&
             r.num(b.tensor, "buffer.tensor") && r.num(b.kind, "buffer.kind")))
         return false;
+    if (m.version >= 7 && !r.boolean(p.registered, "pool.registered")) return false;
   }
   if (m.version >= 4) {
     if (!(r.num(m.min_version, "min_version") && r.num(m.max_version, "max_version"))) return false;

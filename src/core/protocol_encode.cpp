@@ -148,6 +148,7 @@ void encode_body(writer& w, const hello_reply& m) {
       w.num(b.tensor);
       w.num(b.kind);
     }
+    if (m.version >= 7) w.num(static_cast<uint8_t>(p.registered));
   }
   if (m.version >= 4) {
     w.num(m.min_version);

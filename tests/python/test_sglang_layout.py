@@ -231,3 +231,66 @@ def test_tp2_to_tp1_reslices_registered_pools_byte_exact(tmp_path) -> None:
         for mem in made:
             mem.close()
         stop_all(daemons)
+
+
+def test_a_prefill_whose_pools_wait_for_their_registration_refuses_handshakes_by_name(
+        tmp_path) -> None:
+    """Until its engine registered, a prefill ferryd cannot tell a peer its layout: a decode's
+    prepare naming it fails at once, saying which pool waits for what."""
+    p, d = start_pair(str(tmp_path), "prefill-wait", "decode-wait", REGISTERED_POOLS)
+    made: list[Rank] = []
+    try:
+        boot = FerryBootstrap({BOOT: [p.control]})
+        made.append(Rank(d, "decode", boot, Model(), seed=3))
+        r = FerryKVReceiver(made[0].mgr, BOOT, ROOM + 30)
+        r.init(0)
+        r.send_metadata([1], aux_index=0, state_indices=[[0]])
+        assert wait_all([r]) == [KVPoll.Failed]
+        assert r.failure is not None
+        code, reason = r.failure
+        assert code == Errc.PEER_INCOMPATIBLE, r.failure
+        assert ("pool kv of prefill-wait is described by its engine's register_memory, which has "
+                "not come yet") in reason, reason
+        # once the prefill's engine registered, the next room goes through
+        made.append(Rank(p, "prefill", boot, Model(), seed=4))
+        room = ROOM + 31
+        made[1].mem.meta_view[made[1].mem.meta_at(BOOTSTRAP_ROOM, 0):][:8] = \
+            room.to_bytes(8, "little")
+        r = FerryKVReceiver(made[0].mgr, BOOT, room)
+        s = FerryKVSender(made[1].mgr, BOOT, room, [0], 0)
+        r.init(0)
+        r.send_metadata([1], aux_index=0, state_indices=[[0]])
+        assert wait_all([s], KVPoll.WaitingForInput) == [KVPoll.WaitingForInput]
+        s.init(1, 0)
+        s.send([2], [[1]])
+        assert wait_all([s, r]) == [KVPoll.Success, KVPoll.Success], (s.failure, r.failure)
+    finally:
+        for x in reversed(made):
+            x.close()
+        stop_all([p, d])
+
+
+def test_a_later_registration_must_describe_the_first_ones_pools(tmp_path) -> None:
+    """The first registration fixes a pool's layout for ferryd's life (peers planned with it):
+    an engine that comes back with the same tensors registers again; one with other tensors is
+    refused, naming the first difference."""
+    p, d = start_pair(str(tmp_path), "prefill-again", "decode-again", REGISTERED_POOLS)
+    try:
+        boot = FerryBootstrap({BOOT: [p.control]})
+        Rank(d, "decode", boot, Model(), seed=5).close()
+        Rank(d, "decode", boot, Model(), seed=6).close()  # the same tensors: registered again
+        bigger = SGLangRank(Model(tokens=128), name="bigger")
+        try:
+            with pytest.raises(FerryError) as e:
+                FerryKVManager(bigger.kv_args(), "decode", socket_path=d.sock, bootstrap=boot,
+                               timeout=IO_TIMEOUT * 3, register_timeout=T)
+            assert e.value.code == Errc.INVALID_REQUEST
+            assert e.value.message.startswith("pool kv: this registration differs from the first "
+                                              "one: buffer 0 is K of layer 3"), e.value.message
+            assert e.value.message.endswith(
+                "a pool's layout is fixed by its first registration for the life of ferryd "
+                "(peers planned with it): restart ferryd to change it")
+        finally:
+            bigger.close()
+    finally:
+        stop_all([p, d])

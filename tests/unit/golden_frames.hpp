@@ -52,6 +52,14 @@ inline std::vector<golden_frame> golden_frames() {
     r.max_version = v;
     out.push_back({v, "hello", 1, h});
     out.push_back({v, "hello_reply", 1, r});
+    if (v >= 7) {  // a pool its registration describes, before and after the first one
+      auto described = r;
+      described.pools[1].present = described.pools[1].layout.present = true;
+      described.pools[1].registered = true;
+      described.pools[2].registered = true;
+      described.pools[2].shm_name.clear();
+      out.push_back({v, "hello_reply_registered", 1, described});
+    }
     // prefix_tokens (v4) is on the wire in v4 only
     out.push_back(
         {v, "prepare", 2,

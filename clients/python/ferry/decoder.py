@@ -169,7 +169,8 @@ def _decode_hello_reply(r: _Reader) -> HelloReply:
             kind = r.num(1, "buffer.kind")
             bufs.append(Buffer(offset, item_bytes, items, layer_id, tensor,
                                BufferKind(kind) if kind <= BufferKind.AUX else kind))
-        pools.append(Pool(present, shm_name, total, tuple(bufs)))
+        registered = r.boolean("pool.registered") if m.version >= 7 else False
+        pools.append(Pool(present, shm_name, total, tuple(bufs), registered))
     m.pools = (pools[0], pools[1], pools[2])
     if m.version >= 4:
         m.min_version = r.num(2, "min_version")

@@ -261,6 +261,8 @@ def _encode_hello_reply(w: _Writer, m: HelloReply) -> None:
             w.num(b.layer_id, 4, "buffer.layer_id")
             w.num(b.tensor, 4, "buffer.tensor")
             w.num(b.kind, 1, "buffer.kind")
+        if m.version >= 7:
+            w.boolean(p.registered, "pool.registered")
     if m.version >= 4:
         w.num(m.min_version, 2, "min_version")
         w.num(m.max_version, 2, "max_version")

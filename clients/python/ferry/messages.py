@@ -144,12 +144,16 @@ class Buffer(NamedTuple):
 
 
 class Pool(NamedTuple):
-    """One of the daemon's pools (kv, state, aux) as hello_reply describes it."""
+    """One of the daemon's pools (kv, state, aux) as hello_reply describes it. ``registered``
+    (v7): described by its registration (``memory: client`` and nothing else in the config), so
+    a client registers it from its own tensors; ``buffers`` are then the first registration's
+    (empty before it)."""
 
     present: bool
     shm_name: str
     total_bytes: int
     buffers: tuple[Buffer, ...]
+    registered: bool = False
 
 
 POOL_KINDS = ("kv", "state", "aux")

@@ -191,7 +191,8 @@ class FerryKVManager:
         (:meth:`FerryKVArgs.entries`). For a pool ferryd's config describes, item counts, tensor
         ids and kinds come from ferryd's layout; for one its config leaves to the registration
         (no layout until the first one), the KVArgs say everything."""
-        layout = self.client.pools[kind].buffers
+        pool = self.client.pools[kind]
+        layout = () if pool.registered else pool.buffers  # registered: our tensors say it
         label = {"kv": "kv_data_ptrs", "state": "state_data_ptrs", "aux": "aux_data_ptrs"}[kind]
         args = self._args_of(kind)
         count = len(args._pool_lists(kind)[0])
