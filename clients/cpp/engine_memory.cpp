@@ -35,6 +35,13 @@ result<engine_memory> engine_memory::lend(client& c) {
     const auto& info = c.daemon().pools[k];
     if (!info.present || !info.shm_name.empty()) continue;
     const auto name = to_string(static_cast<pool_kind>(k));
+    if (info.registered)  // its layout is the engine's own tensors, not one to copy
+      return error{errc::invalid_request,
+                   fmt::format("pool {} of ferryd is described by its engine's registration "
+                               "(memory: client and nothing else in its config): engine_memory "
+                               "lays out only pools a config describes; register the engine's "
+                               "own tensors with register_memory (protocol v7)",
+                               name)};
     auto& p = m.pools_[k];
     p.bytes = (info.layout.total_bytes + 4095) / 4096 * 4096;
     p.fd =

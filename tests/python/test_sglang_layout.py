@@ -294,3 +294,23 @@ def test_a_later_registration_must_describe_the_first_ones_pools(tmp_path) -> No
             bigger.close()
     finally:
         stop_all([p, d])
+
+
+def test_the_cpp_clients_engine_memory_refuses_a_pool_its_registration_describes(
+        tmp_path) -> None:
+    """ferry-bench lends memory laid out as a config says; a pool whose layout is an engine's
+    own tensors is refused by name, not lent as something else."""
+    import subprocess
+    from conftest import BIN_DIR
+    p, d = start_pair(str(tmp_path), "prefill-cpp", "decode-cpp", REGISTERED_POOLS)
+    try:
+        r = subprocess.run([str(BIN_DIR / "ferry-bench"), "--prefill-socket", p.sock,
+                            "--decode-socket", d.sock, "--requests", "1", "--no-baseline"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0
+        assert ("pool kv of ferryd is described by its engine's registration (memory: client and "
+                "nothing else in its config): engine_memory lays out only pools a config "
+                "describes; register the engine's own tensors with register_memory (protocol "
+                "v7)") in r.stderr + r.stdout, r.stderr + r.stdout
+    finally:
+        stop_all([p, d])

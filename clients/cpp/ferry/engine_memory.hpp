@@ -22,7 +22,8 @@ class engine_memory {
 
   /// Lend memory for every pool of `c`'s daemon that is client memory (its hello_reply names
   /// no shm object); pools the daemon owns are left alone. The registrations last as long as
-  /// `c`'s connection; this object must outlive it.
+  /// `c`'s connection; this object must outlive it. A pool described by its registration
+  /// (`registered` in the hello) is refused by name: its layout is an engine's own tensors.
   static result<engine_memory> lend(client& c);
 
   /// Pools lent.
