@@ -177,6 +177,16 @@ result<aux_pool_config> describe_aux(const proto::register_memory& req) {
   return a;
 }
 
+/// The described section, placed at `offsets`, into the pool's place in a pools_config.
+template <class Section>
+result<> fill(result<Section> described, std::vector<uint64_t> offsets,
+              std::optional<Section>& into) {
+  if (!described) return std::move(described).error();
+  described.value.placement.offsets = std::move(offsets);
+  into = std::move(described.value);
+  return {};
+}
+
 }  // namespace
 
 result<described_pool> describe_registration(const proto::register_memory& req,
@@ -229,29 +239,19 @@ result<described_pool> describe_registration(const proto::register_memory& req,
     const auto& s = out.spans[b.fd_index];
     offsets.push_back(s.at + (b.fd_offset - s.begin));
   }
+  result<> filled;
   switch (k) {
-    case pool_kind::kv: {
-      auto kv = describe_kv(req);
-      if (!kv) return std::move(kv).error();
-      kv.value.placement.offsets = std::move(offsets);
-      out.section.kv = std::move(kv.value);
+    case pool_kind::kv:
+      filled = fill(describe_kv(req), std::move(offsets), out.section.kv);
       break;
-    }
-    case pool_kind::state: {
-      auto m = describe_state(req);
-      if (!m) return std::move(m).error();
-      m.value.placement.offsets = std::move(offsets);
-      out.section.mamba = std::move(m.value);
+    case pool_kind::state:
+      filled = fill(describe_state(req), std::move(offsets), out.section.mamba);
       break;
-    }
-    case pool_kind::aux: {
-      auto a = describe_aux(req);
-      if (!a) return std::move(a).error();
-      a.value.placement.offsets = std::move(offsets);
-      out.section.aux = std::move(a.value);
+    case pool_kind::aux:
+      filled = fill(describe_aux(req), std::move(offsets), out.section.aux);
       break;
-    }
   }
+  if (!filled) return std::move(filled).error();
   return out;
 }
 
