@@ -36,12 +36,19 @@ std::optional<std::string> uneven(const std::vector<proto::memory_buffer>& bs, s
   return std::nullopt;
 }
 
+/// A pool section of client memory whose description comes from its registration.
+template <class Section>
+Section registered_section() {
+  Section s;
+  s.memory = pool_memory::client;
+  s.placement.registered = true;
+  return s;
+}
+
 result<kv_pool_config> describe_kv(const proto::register_memory& req) {
   const auto& bs = req.buffers;
   const auto k = pool_kind::kv;
-  kv_pool_config kv;
-  kv.memory = pool_memory::client;
-  kv.placement.registered = true;
+  auto kv = registered_section<kv_pool_config>();
   kv.mla = bs.front().kind == buffer_kind::kv;
   if (kv.mla) {
     for (size_t i = 0; i < bs.size(); ++i)
@@ -96,9 +103,7 @@ result<kv_pool_config> describe_kv(const proto::register_memory& req) {
 result<mamba_pool_config> describe_state(const proto::register_memory& req) {
   const auto& bs = req.buffers;
   const auto k = pool_kind::state;
-  mamba_pool_config m;
-  m.memory = pool_memory::client;
-  m.placement.registered = true;
+  auto m = registered_section<mamba_pool_config>();
   // Tensor-major: tensor 0 over its layers, then tensor 1 over the same layers, ...
   size_t layers = 0;
   while (layers < bs.size() && bs[layers].tensor == 0) ++layers;
@@ -162,9 +167,7 @@ result<mamba_pool_config> describe_state(const proto::register_memory& req) {
 result<aux_pool_config> describe_aux(const proto::register_memory& req) {
   const auto& bs = req.buffers;
   const auto k = pool_kind::aux;
-  aux_pool_config a;
-  a.memory = pool_memory::client;
-  a.placement.registered = true;
+  auto a = registered_section<aux_pool_config>();
   for (size_t i = 0; i < bs.size(); ++i)
     if (bs[i].kind != buffer_kind::aux)
       return refuse(k, fmt::format("buffer {} is {}, expected an aux buffer", i, what(bs[i])));
