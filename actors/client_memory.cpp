@@ -62,6 +62,16 @@ result<uint64_t> check_descriptor(const std::string& name, size_t i, int fd) {
                  fmt::format("pool {}: fd {} is not sealed against shrinking (F_SEAL_SHRINK): a "
                              "shrink would crash ferryd",
                              name, i)};
+  if ((seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0)
+    return error{errc::invalid_request,
+                 fmt::format("pool {}: fd {} is sealed against writing: ferryd's fabric writes "
+                             "land in it",
+                             name, i)};
+  if (s.st_blksize > static_cast<blksize_t>(page))
+    return error{errc::invalid_request,
+                 fmt::format("pool {}: fd {} has blocks of {} bytes (a huge-page memfd); lend "
+                             "memory of {}-byte pages",
+                             name, i, s.st_blksize, page)};
   return static_cast<uint64_t>(s.st_size);
 }
 
@@ -85,6 +95,15 @@ result<registration_plan> check_described(const daemon_context& ctx,
                                           const proto::register_memory& req,
                                           const std::vector<uint64_t>& sizes) {
   const auto k = req.pool;
+  // One described pool at a time: the checks across pools (layer ids) see the others whole.
+  for (int other = 0; other < pool_kind_count; ++other)
+    if (other != static_cast<int>(k) && registered(ctx, other) &&
+        !ctx.client_pools[other].described &&
+        ctx.client_pools[other].now.load() == client_pool::state::registering)
+      return error{errc::invalid_request,
+                   fmt::format("pool {}: pool {}'s first registration is still being mapped; "
+                               "register one pool at a time",
+                               to_string(k), pool_name(other))};
   auto described = describe_registration(req, sizes);
   if (!described) return std::move(described).error();
   ferry_config whole = ctx.config;
@@ -296,7 +315,8 @@ result<> map_described(daemon_context& ctx, const proto::register_memory& req,
   const int k = static_cast<int>(req.pool);
   const std::string name = pool_name(k);
   auto& pool = ctx.client_pools[k];
-  if (!pool.base) {
+  const bool first = !pool.base;
+  if (first) {
     void* at =
         mmap(nullptr, d.bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (at == MAP_FAILED)
@@ -305,9 +325,19 @@ result<> map_described(daemon_context& ctx, const proto::register_memory& req,
                                d.bytes, std::strerror(errno))};
     pool.base = static_cast<uint8_t*>(at);
     pool.bytes = d.bytes;
+  } else if (pool.bytes != d.bytes) {  // check_described compared it with the first: never
+    return error{errc::internal,
+                 fmt::format("pool {}: the registration spans {} bytes, the reserved range {}",
+                             name, d.bytes, pool.bytes)};
   }
   auto undo = [&](error why) {
-    reserve(pool.base, pool.bytes);
+    if (first) {  // nothing was described yet: the next registration reserves its own size
+      munmap(pool.base, pool.bytes);
+      pool.base = nullptr;
+      pool.bytes = 0;
+    } else {
+      reserve(pool.base, pool.bytes);
+    }
     return why;
   };
   for (const auto& b : req.buffers)  // back every byte now (see map_client_pool)

@@ -111,6 +111,10 @@ result<std::shared_ptr<peer_info>> validate_peer(const ferry_config& mine_cfg, c
   if (!parsed) return refuse("peer config could not be read: " + parsed.message);
   if (auto valid = validate_config(parsed.value); !valid)
     return refuse("peer config is invalid: " + valid.message);
+  if (!described_yet(parsed.value.pools))
+    return refuse(
+        "peer config leaves a pool to its engine's registration, which it has not "
+        "described yet");
   auto info = std::make_shared<peer_info>();
   info->address = address;
   info->node = h.node;

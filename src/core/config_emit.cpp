@@ -30,8 +30,10 @@ bool emit_undescribed(YAML::Emitter& out, const pool_placement& p, bool empty) {
   return true;
 }
 
-/// A registered pool's buffer offsets (what a peer needs to address them).
+/// A registered pool's buffer offsets (what a peer needs to address them), and that its
+/// registration described it.
 void emit_offsets(YAML::Emitter& out, const pool_placement& p) {
+  if (p.registered) out << YAML::Key << "registered" << YAML::Value << true;
   if (p.offsets.empty()) return;
   out << YAML::Key << "offsets" << YAML::Value;
   emit_dims(out, p.offsets);

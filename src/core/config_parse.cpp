@@ -219,18 +219,24 @@ node_role parse_role(const YAML::Node& n, const std::string& path) {
 }
 
 /// A `memory: client` section that gives nothing but `memory`: the engine's registration
-/// describes the pool (pool_placement::registered).
-bool described_by_registration(const section& s, pool_memory memory) {
-  return memory == pool_memory::client && s.size() == 1;
+/// describes the pool (pool_placement::registered). A described one, as ferryd writes it for
+/// its peers, says `registered: true` beside its description.
+bool described_by_registration(const section& s, pool_memory memory, const std::string& path) {
+  bool said = false;
+  s.optional_field("registered", said);
+  if (said && memory != pool_memory::client)
+    fail(path + ".registered", "expected only with memory: client");
+  return memory == pool_memory::client && (said || s.size() == 1);
 }
 
 kv_pool_config parse_kv(const YAML::Node& n) {
   const section s(n, "pools.kv",
                   {"layer_ids", "page_tokens", "kv_heads", "total_heads", "head_dim", "dtype_bytes",
-                   "mla", "pages", "memory", "offsets"});
+                   "mla", "pages", "memory", "offsets", "registered"});
   kv_pool_config kv;
   kv.memory = parse_memory(s, "pools.kv");
-  if ((kv.placement.registered = described_by_registration(s, kv.memory))) {
+  kv.placement.registered = described_by_registration(s, kv.memory, "pools.kv");
+  if (kv.placement.registered && s.size() == 1) {
     kv.page_tokens = 0;  // the registration says it
     return kv;
   }
@@ -258,10 +264,12 @@ state_tensor_config parse_tensor(const YAML::Node& n, const std::string& path) {
 }
 
 mamba_pool_config parse_mamba(const YAML::Node& n) {
-  const section s(n, "pools.mamba", {"slots", "layer_ids", "tensors", "memory", "offsets"});
+  const section s(n, "pools.mamba",
+                  {"slots", "layer_ids", "tensors", "memory", "offsets", "registered"});
   mamba_pool_config mamba;
   mamba.memory = parse_memory(s, "pools.mamba");
-  if ((mamba.placement.registered = described_by_registration(s, mamba.memory))) return mamba;
+  mamba.placement.registered = described_by_registration(s, mamba.memory, "pools.mamba");
+  if (mamba.placement.registered && s.size() == 1) return mamba;
   s.required_field("slots", mamba.slots);
   s.required_field("layer_ids", mamba.layer_ids);
   const auto tensors = s.find("tensors");
@@ -278,10 +286,12 @@ mamba_pool_config parse_mamba(const YAML::Node& n) {
 }
 
 aux_pool_config parse_aux(const YAML::Node& n) {
-  const section s(n, "pools.aux", {"rows", "row_bytes", "memory", "room_id_buffer", "offsets"});
+  const section s(n, "pools.aux",
+                  {"rows", "row_bytes", "memory", "room_id_buffer", "offsets", "registered"});
   aux_pool_config aux;
   aux.memory = parse_memory(s, "pools.aux");
-  if ((aux.placement.registered = described_by_registration(s, aux.memory))) return aux;
+  aux.placement.registered = described_by_registration(s, aux.memory, "pools.aux");
+  if (aux.placement.registered && s.size() == 1) return aux;
   s.required_field("rows", aux.rows);
   // One row size (one buffer), or a list of them (one buffer each, as SGLang's MetadataBuffers).
   const auto rows = s.find("row_bytes");

@@ -73,6 +73,13 @@ void check_range(uint64_t v, uint64_t lo, uint64_t hi, const std::string& path) 
   }
 }
 
+/// Items a request names by u32 index (no_index, 0xFFFFFFFF, is none): fewer than that.
+void check_index_count(uint64_t v, const std::string& path) {
+  if (v >= 0xFFFFFFFFull)
+    fail(path, "expected fewer than 4294967295 (a request names one by a u32 index), got " +
+                   std::to_string(v));
+}
+
 void check_dtype(uint32_t v, const std::string& path) {
   if (v != 1 && v != 2 && v != 4 && v != 8) {
     fail(path, "expected 1, 2, 4 or 8, got " + std::to_string(v));
@@ -112,6 +119,21 @@ void validate_tensor(const state_tensor_config& t, const std::string& path, uint
   }
   if (!t.shard_groups.empty() && !t.slice_axis)
     fail(path + ".shard_groups", "expected slice_axis to be given with shard_groups");
+  // A plan under a TP mismatch has a segment per outer index and group: keep it bounded.
+  if (t.slice_axis) {
+    uint64_t outer = 1;
+    for (uint32_t j = 0; j < *t.slice_axis && j < t.shape.size(); ++j)
+      outer = sat_mul(outer, t.shape[j]);
+    const uint64_t groups = std::max<size_t>(1, t.shard_groups.size());
+    if (sat_mul(outer, groups) > 65536)
+      fail(path + ".shape",
+           "expected at most 65536 dims before the sliced axis times its "
+           "shard groups, got " +
+               std::to_string(outer) + " x " + std::to_string(groups));
+  }
+  if (t.shard_groups.size() > 64)
+    fail(path + ".shard_groups",
+         "expected at most 64 groups, got " + std::to_string(t.shard_groups.size()));
   if (!t.shard_groups.empty()) {
     uint64_t sum = 0;
     for (size_t j = 0; j < t.shard_groups.size(); ++j) {
@@ -205,6 +227,7 @@ void validate_pools(const ferry_config& cfg) {
     check_positive(kv.head_dim, "pools.kv.head_dim");
     check_dtype(kv.dtype_bytes, "pools.kv.dtype_bytes");
     check_positive(kv.pages, "pools.kv.pages");
+    check_index_count(kv.pages, "pools.kv.pages");
     uint64_t page =
         sat_mul(sat_mul(kv.page_tokens, kv.kv_heads), sat_mul(kv.head_dim, kv.dtype_bytes));
     check_pool_total(sat_mul(sat_mul(page, kv.pages), kv.buffer_count()), "pools.kv");
@@ -214,6 +237,7 @@ void validate_pools(const ferry_config& cfg) {
   if (mamba_known) {
     const mamba_pool_config& mamba = *pools.mamba;
     check_positive(mamba.slots, "pools.mamba.slots");
+    check_index_count(mamba.slots, "pools.mamba.slots");
     check_layer_ids(mamba.layer_ids, "pools.mamba.layer_ids");
     if (kv_known) {
       const std::set<uint32_t> kv_ids(pools.kv->layer_ids.begin(), pools.kv->layer_ids.end());
@@ -247,6 +271,7 @@ void validate_pools(const ferry_config& cfg) {
   if (aux_known) {
     const aux_pool_config& aux = *pools.aux;
     check_positive(aux.rows, "pools.aux.rows");
+    check_index_count(aux.rows, "pools.aux.rows");
     const auto sizes = aux.row_sizes();
     uint64_t all = 0;
     for (size_t b = 0; b < sizes.size(); ++b) {

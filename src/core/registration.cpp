@@ -145,6 +145,10 @@ result<mamba_pool_config> describe_state(const proto::register_memory& req) {
       t.shape = {b.item_bytes};  // not sliced: it moves only between equal TP sizes
     } else {
       const uint64_t outer = std::max<uint64_t>(1, b.outer);
+      if (outer > b.item_bytes / b.slice_dim)  // (and no product below overflows)
+        return refuse(k, fmt::format("buffer {} ({}): slots of {} bytes cannot hold {} x {} "
+                                     "(outer dims x sliced axis)",
+                                     from, what(b), b.item_bytes, outer, b.slice_dim));
       if (b.item_bytes % (outer * b.slice_dim) != 0)
         return refuse(k, fmt::format("buffer {} ({}): slots of {} bytes do not hold {} x {} "
                                      "(outer dims x sliced axis) evenly",
@@ -226,21 +230,29 @@ result<described_pool> describe_registration(const proto::register_memory& req,
     if (r.empty())
       return refuse(k, fmt::format("fd {} came with the frame but no buffer uses it", fd));
     std::sort(r.begin(), r.end(), [](const range& a, const range& b) { return a.begin < b.begin; });
-    uint64_t end = 0;
+    // The pages each buffer touches, runs of them merged: only those are mapped (the engine's
+    // other memory between its buffers is neither mapped nor exposed to peers).
     for (size_t j = 0; j < r.size(); ++j) {
       if (j > 0 && r[j].begin < r[j - 1].end)
         return refuse(
             k, fmt::format("buffers {} and {} overlap in fd {}", r[j - 1].buffer, r[j].buffer, fd));
-      end = std::max(end, r[j].end);
+      const uint64_t begin = align_down(r[j].begin), end = align_up(r[j].end);
+      if (!out.spans.empty() && out.spans.back().fd == fd && begin <= out.spans.back().end) {
+        auto& last = out.spans.back();
+        out.bytes += std::max(end, last.end) - last.end;
+        last.end = std::max(end, last.end);
+      } else {
+        out.spans.push_back({fd, begin, end, out.bytes});
+        out.bytes += end - begin;
+      }
     }
-    const fd_span s{fd, align_down(r.front().begin), align_up(end), out.bytes};
-    out.bytes += s.end - s.begin;
-    out.spans.push_back(s);
   }
   std::vector<uint64_t> offsets;
-  for (const auto& b : bs) {
-    const auto& s = out.spans[b.fd_index];
-    offsets.push_back(s.at + (b.fd_offset - s.begin));
+  for (const auto& b : bs) {  // the span of its fd that holds it
+    const auto s = std::find_if(out.spans.begin(), out.spans.end(), [&](const fd_span& x) {
+      return x.fd == b.fd_index && x.begin <= b.fd_offset && b.fd_offset < x.end;
+    });
+    offsets.push_back(s->at + (b.fd_offset - s->begin));
   }
   result<> filled;
   switch (k) {
@@ -276,14 +288,19 @@ std::optional<std::string> registration_difference(pool_kind k, const described_
           i, to_string(y.kind), y.layer_id, y.tensor, y.items, y.item_bytes, y.offset,
           to_string(x.kind), x.layer_id, x.tensor, x.items, x.item_bytes, x.offset);
   }
+  // The same pieces of memory at the same places (where they lie in the descriptors may move).
   if (first.spans.size() != now.spans.size())
-    return fmt::format("it comes with {} descriptors, the first registration with {}",
+    return fmt::format("its buffers lie in {} runs of pages, the first registration's in {}",
                        now.spans.size(), first.spans.size());
-  for (size_t i = 0; i < first.spans.size(); ++i)
-    if (!(first.spans[i] == now.spans[i]))
-      return fmt::format("fd {} spans bytes {}..{}, the first registration's {}..{}", i,
-                         now.spans[i].begin, now.spans[i].end, first.spans[i].begin,
-                         first.spans[i].end);
+  for (size_t i = 0; i < first.spans.size(); ++i) {
+    const auto& a = first.spans[i];
+    const auto& b = now.spans[i];
+    if (a.fd != b.fd || a.at != b.at || a.end - a.begin != b.end - b.begin)
+      return fmt::format(
+          "its run of pages {} is {} bytes of fd {} at pool offset {}, the first "
+          "registration's {} bytes of fd {} at {}",
+          i, b.end - b.begin, b.fd, b.at, a.end - a.begin, a.fd, a.at);
+  }
   // The slicing facts: the same layout with other heads or groups would plan other writes.
   if (compatibility_hash(first.section) != compatibility_hash(now.section))
     return std::string(

@@ -5,8 +5,8 @@
 /// the request and the descriptors' sizes, so it is tested without a daemon.
 ///
 /// The rules (docs/protocol.md, register_memory):
-/// - a buffer lies anywhere in its descriptor (any byte offset); ferryd maps, per descriptor,
-///   the page-aligned span that covers its buffers, one span after the other;
+/// - a buffer lies anywhere in its descriptor (any byte offset); ferryd maps the pages each
+///   buffer touches (runs of them merged), one run after the other, and nothing in between;
 /// - kv: K of every layer then V of the same layers (one `KV` buffer per layer for MLA), one
 ///   page size and page count, the heads at this rank (`slice_dim`) and in the model
 ///   (`total_dim`), tokens per page from the request;
@@ -36,7 +36,7 @@ struct fd_span {
 
 struct described_pool {
   pools_config section;        ///< only the registered pool is set, with its offsets
-  std::vector<fd_span> spans;  ///< one per descriptor, in order
+  std::vector<fd_span> spans;  ///< runs of pages, by descriptor then offset
   uint64_t bytes = 0;          ///< the pool's address range
 };
 

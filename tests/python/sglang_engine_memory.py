@@ -26,7 +26,7 @@ REGISTERED_POOLS = """pools:
 """
 
 # SGLang's MetadataBuffers (utils.py): row bytes of each tensor, bootstrap_room at index 7
-METADATA_ROWS = [64, 64, 64, 64, 320, 320, 4096, 64, 64, 128]
+METADATA_ROWS = [64, 64, 64, 20, 320, 320, 4096, 64, 64, 128]  # 20: 5 top logprobs
 BOOTSTRAP_ROOM = 7
 
 

@@ -153,6 +153,21 @@ def test_a_mis_shaped_registration_is_refused_by_name(tmp_path) -> None:
                 with pytest.raises(FerryError) as e:
                     c.register_memory("kv", overlap, [rank.fd], page_tokens=1)
                 assert e.value.message == "pool kv: buffers 0 and 1 overlap in fd 0"
+                import fcntl
+                import os
+                from ferry.memory import F_ADD_SEALS, F_SEAL_SHRINK
+                sealed = os.memfd_create("ferry-sealed", os.MFD_ALLOW_SEALING)
+                try:
+                    os.ftruncate(sealed, rank.size)
+                    fcntl.fcntl(sealed, F_ADD_SEALS, F_SEAL_SHRINK | 0x0008)  # F_SEAL_WRITE
+                    with pytest.raises(FerryError) as e:
+                        c.register_memory("kv", [k[0], k[0]._replace(fd_offset=rank.places["K7"],
+                                                                     layer_id=7), k[2], k[3]],
+                                          [sealed], page_tokens=1)
+                    assert e.value.message == ("pool kv: fd 0 is sealed against writing: "
+                                               "ferryd's fabric writes land in it")
+                finally:
+                    os.close(sealed)
         finally:
             rank.close()
     finally:

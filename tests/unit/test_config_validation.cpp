@@ -219,8 +219,23 @@ TEST_CASE("validation errors name the key and the value seen", "[unit][config]")
             "limits.peer_preamble_ms: expected an integer in 10..600000, got 5");
   }
   SECTION("pool size overflowing 64 bits") {
-    REQUIRE(validate_error(replace(base_yaml, "slots: 4", "slots: 18446744073709551615")) ==
+    REQUIRE(validate_error(replace(base_yaml, "shape: [32, 128, 128]",
+                                   "shape: [32, 128, 18446744073709551615]")) ==
             "pools.mamba: expected at most 1099511627776 bytes (1 TiB) in total, got more than "
             "2^64");
+  }
+  SECTION("more items than a u32 index names") {
+    REQUIRE(validate_error(replace(base_yaml, "slots: 4", "slots: 18446744073709551615")) ==
+            "pools.mamba.slots: expected fewer than 4294967295 (a request names one by a u32 "
+            "index), got 18446744073709551615");
+  }
+  SECTION("a plan of too many segments") {
+    REQUIRE(validate_error(replace(base_yaml,
+                                   "shape: [8192, 3]\n        dtype_bytes: 2\n        slice_axis: "
+                                   "0\n        shard_groups: [2048, 2048, 4096]",
+                                   "shape: [70000, 3]\n        dtype_bytes: 2\n        "
+                                   "slice_axis: 1")) ==
+            "pools.mamba.tensors[0].shape: expected at most 65536 dims before the sliced axis "
+            "times its shard groups, got 70000 x 1");
   }
 }

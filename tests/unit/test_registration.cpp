@@ -184,3 +184,30 @@ TEST_CASE("a client pool with nothing else in its config waits for its registrat
   CHECK_FALSE(shaped.value.pools.aux->placement.registered);
   CHECK(described_yet(shaped.value.pools));
 }
+
+TEST_CASE("a registration's numbers cannot overflow or map what lies between its buffers",
+          "[registration]") {
+  proto::register_memory s;
+  s.pool = pool_kind::state;
+  s.fd_count = 1;
+  s.buffers = {buf(0, 1024, 5, 0, buffer_kind::state, 0, 2)};
+  s.buffers[0].outer = uint64_t{1} << 63;  // outer x slice_dim wraps to 0
+  auto e = describe_registration(s, {8192});
+  REQUIRE_FALSE(e);
+  CHECK(e.message ==
+        "pool state: buffer 0 (state tensor 0 of layer 0): slots of 1024 bytes cannot hold "
+        "9223372036854775808 x 2 (outer dims x sliced axis)");
+
+  // Two buffers far apart in one memfd: only the pages they touch are mapped, one run each.
+  auto r = kv_table();
+  r.buffers[2].fd_offset += 1 << 30;
+  r.buffers[3].fd_offset += 1 << 30;
+  auto d = describe_registration(r, {(1 << 30) + 69632});
+  REQUIRE(d);
+  REQUIRE(d.value.spans.size() == 2);
+  CHECK(d.value.spans[0] == fd_span{0, 0, 36864, 0});
+  CHECK(d.value.spans[1] == fd_span{0, (1 << 30) + 32768, (1 << 30) + 69632, 36864});
+  CHECK(d.value.bytes == 36864 + 36864);
+  CHECK(d.value.section.kv->placement.offsets ==
+        std::vector<uint64_t>{704, 17600, 36864 + 34496 - 32768, 36864 + 51392 - 32768});
+}
