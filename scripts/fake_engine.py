@@ -210,9 +210,9 @@ def main() -> int:
                          "memory (anonymous mmaps, as SGLang's CPU tensors) that the adapter "
                          "moves through a pool of its own (default memfd until that adapter "
                          "path is in main)")
-    ap.add_argument("--tp2-requests", type=int, default=16,
+    ap.add_argument("--tp2-requests", type=int, default=24,
                     help="requests of the TP 2 -> TP 1 phase (0 skips it)")
-    ap.add_argument("--tp12-requests", type=int, default=16,
+    ap.add_argument("--tp12-requests", type=int, default=24,
                     help="requests of the TP 1 -> TP 2 phase (0 skips it)")
     ap.add_argument("--tp-max-tokens", type=int, default=1024,
                     help="prompt tokens at most in the TP phases")

@@ -24,7 +24,7 @@ from typing import Any
 
 from fake_engine_allocators import IndexAllocator, PageAllocator
 from fake_engine_memory import BOOTSTRAP_ROOM, METADATA_ROWS
-from fake_engine_rank import GiB, Calls, Geometry, Rank, log
+from fake_engine_rank import GiB, Calls, Geometry, Rank, log, same
 from fake_engine_schedule import Pattern, Req, runs
 from ferry.sglang import FerryKVTransferError, KVPoll, KVReceiver
 
@@ -280,16 +280,16 @@ class DecodeEngine:
             for pos, first, n in runs(pages):
                 for b in range(len(mem.kv_keys)):
                     full = pat.kv_run(r.room, b, geo.page_bytes, r.prefix_pages + pos, n)
-                    if mem.kv_run(b, first, n) != geo.kv_slice(full, self.tp, d):
+                    if not same(mem.kv_run(b, first, n), geo.kv_slice(full, self.tp, d)):
                         bad.append(f"rank {d} kv buffer {b} pages {first}..{first + n - 1}")
                     nbytes += n * mem.kv_item
             for e in range(mem.state_entries):
                 full = pat.state(r.room, e, geo.state_full_bytes(e))
-                if mem.state_item(e, slot) != geo.state_slice(full, e, self.tp, d):
+                if not same(mem.state_item(e, slot), geo.state_slice(full, e, self.tp, d)):
                     bad.append(f"rank {d} state entry {e} slot {slot}")
                 nbytes += mem.state_item_bytes(e)
             for i, rb in enumerate(METADATA_ROWS):
-                if mem.meta_row(i, row) != pat.meta(r.room, i, rb, i == BOOTSTRAP_ROOM):
+                if not same(mem.meta_row(i, row), pat.meta(r.room, i, rb, i == BOOTSTRAP_ROOM)):
                     bad.append(f"rank {d} metadata {i} row {row}")
                 nbytes += rb
         if bad:

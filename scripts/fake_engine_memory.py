@@ -168,7 +168,7 @@ class RankMemory:
         """SGLang's ``bootstrap_room[row, 0]``: what the decode's metadata gate reads."""
         return int.from_bytes(self.meta_row(BOOTSTRAP_ROOM, row)[:8], "little")
 
-    # --- SGLang's KVArgs ---------------------------------------------------------------------------
+    # --- SGLang's KVArgs -------------------------------------------------------------------------
 
     def kv_args(self) -> FerryKVArgs:
         m = self.m

@@ -9,9 +9,11 @@ client it is checked out with, not an installed copy.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import time
+from hmac import compare_digest
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -44,6 +46,25 @@ def ferry_env(socket_template: str) -> None:
         del os.environ[k]
     os.environ.update(FERRY_SOCKET=socket_template, FERRY_TIMEOUT=str(IO_TIMEOUT),
                       FERRY_REGISTER_TIMEOUT="60", FERRY_DRAIN_TIMEOUT="10")
+
+
+_memcmp = ctypes.CDLL(None).memcmp
+_memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+_memcmp.restype = ctypes.c_int
+
+
+def same(got: Any, want: Any) -> bool:
+    """Whether two buffers hold the same bytes: libc's memcmp when both are writable buffers
+    (the engine's memory, the pattern block), else a C loop over both (``==`` on memoryviews
+    compares item by item: on 40 GiB that alone would take a core from the daemons)."""
+    if len(got) != len(want):
+        return False
+    try:
+        a = ctypes.addressof(ctypes.c_char.from_buffer(got))
+        b = ctypes.addressof(ctypes.c_char.from_buffer(want))
+    except (TypeError, ValueError):
+        return compare_digest(got, want)
+    return _memcmp(a, b, len(got)) == 0
 
 
 class Calls:
@@ -97,8 +118,8 @@ class Geometry:
             return full
         tb = self.token_bytes
         hb = tb // tp
-        return b"".join(full[t * tb + rank * hb:t * tb + (rank + 1) * hb]
-                        for t in range(len(full) // tb))
+        return bytearray(b"".join(full[t * tb + rank * hb:t * tb + (rank + 1) * hb]
+                                  for t in range(len(full) // tb)))
 
     def state_parts(self, t: int, tp: int, rank: int) -> list[tuple[int, int]]:
         """(offset in the full slot item, length) of what ``rank`` holds, in its slot order."""
@@ -128,5 +149,5 @@ class Geometry:
     def state_slice(self, full: Any, e: int, tp: int, rank: int) -> Any:
         if tp == 1:
             return full
-        return b"".join(full[off:off + n]
-                        for off, n in self.state_parts(e // self.layers, tp, rank))
+        return bytearray(b"".join(full[off:off + n]
+                                  for off, n in self.state_parts(e // self.layers, tp, rank)))

@@ -15,13 +15,17 @@ def _q(xs: list[float], q: float) -> float:
 
 
 def summarize(results: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """{kind: {n, p50, p99, max}} over every phase and side, plus "all"."""
+    """{kind: {n, p50, p99, max}} over every phase and side, plus "all" and "all prefill",
+    "all decode"."""
     by: dict[str, list[float]] = {}
+    sides: dict[str, list[float]] = {}
     for ph in results.values():
         for side in ("prefill", "decode"):
             for kind, xs in ph.get(side, {}).get("calls", {}).items():
                 by.setdefault(kind, []).extend(xs)
+                sides.setdefault(f"all {side}", []).extend(xs)
     by["all"] = [x for xs in list(by.values()) for x in xs]
+    by.update(sides)
     out = {}
     for kind, xs in by.items():
         xs = sorted(xs)
@@ -33,7 +37,7 @@ def summarize(results: dict[str, Any]) -> dict[str, dict[str, float]]:
 def latency_lines(lat: dict[str, dict[str, float]], limit_ms: float) -> list[str]:
     limit = f"the p99 of all calls <= {limit_ms:g} ms" if limit_ms > 0 else "none (--ci)"
     lines = [f"adapter call latency, ms (limit: {limit}):"]
-    for kind in sorted(lat, key=lambda k: (k == "all", -lat[k]["n"])):
+    for kind in sorted(lat, key=lambda k: (k.startswith("all"), k != "all", -lat[k]["n"])):
         s = lat[kind]
         lines.append(f"  {kind:<26} n={s['n']:<7} p50 {s['p50'] * 1e3:7.3f}  p99 "
                      f"{s['p99'] * 1e3:7.3f}  max {s['max'] * 1e3:8.3f}")

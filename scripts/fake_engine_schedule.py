@@ -104,7 +104,8 @@ class Pattern:
     page size, so a page left over from another room never matches."""
 
     def __init__(self, seed: int) -> None:
-        self.R = memoryview(random.Random(f"{seed}/bytes").randbytes(R_BYTES))
+        # (a bytearray: its slices are writable buffers, which the decode compares with memcmp)
+        self.R = memoryview(bytearray(random.Random(f"{seed}/bytes").randbytes(R_BYTES)))
 
     @staticmethod
     def _h(*key: Any) -> int:
