@@ -132,7 +132,7 @@ def run_phase(phase: str, bin_dir: Path, work: str, o: dict, prefill_tp: int,
                 sock = o["socket_template"].format(mode=side, tp_rank=i)
                 text = rewrite_config(base, name=name, control=ctrl[i], sock=sock, tp=(tp, i),
                                       instance_ranks=ctrl if tp > 1 and side == "prefill"
-                                      else None)
+                                      else None, provider=o["provider"])
                 daemons.append(Daemon(bin_dir, work, name, text, ctrl[i], sock, wait=False))
         for d in daemons:  # they start at once
             d.wait_ready()
@@ -218,6 +218,9 @@ def main() -> int:
                     help="prompt tokens at most in the TP phases")
     ap.add_argument("--timeout", type=float, default=300.0,
                     help="bound of the main phase's engines, seconds")
+    ap.add_argument("--provider", default="tcp",
+                    help="the daemons' fabric provider (default tcp, as configs/; shm moves "
+                         "the bytes with one copy on one host)")
     ap.add_argument("--p99-limit-ms", type=float, default=P99_LIMIT_S * 1e3,
                     help="fail when the p99 of all adapter calls exceeds this (default 5; 0: "
                          "report only)")
@@ -249,7 +252,7 @@ def main() -> int:
     work = tempfile.mkdtemp(prefix="ferry-fe-")
     errors: list[str] = []
     base = dict(seed=seed, abort_rate=a.abort_rate, aux_memory=a.aux_memory,
-                page=a.page_size)
+                page=a.page_size, provider=a.provider)
     phases = [("main", a.requests, a.max_tokens, 1, 1, a.timeout),
               ("tp2", a.tp2_requests, a.tp_max_tokens, 2, 1, 120.0),
               ("tp12", a.tp12_requests, a.tp_max_tokens, 1, 2, 120.0)]

@@ -28,12 +28,12 @@ BOOTSTRAPPING_MS = 10000
 
 
 def rewrite_config(text: str, *, name: str, control: str, sock: str, tp: tuple[int, int] = (1, 0),
-                   instance_ranks: Optional[list[str]] = None) -> str:
+                   instance_ranks: Optional[list[str]] = None, provider: str = "tcp") -> str:
     """configs/*.yaml with this run's name, addresses and TP position, its pools section
     replaced by pools the registration describes (``memory: client`` and nothing else: the
     engine's tensors are the layout), and ``timeouts.bootstrapping_ms`` shortened to
     BOOTSTRAPPING_MS: a room whose decode aborted before its prepare times out there, as in
-    SGLang, and the run should not wait 30 s for it."""
+    SGLang, and the run should not wait 30 s for it. ``provider``: the fabric provider."""
     size, rank = tp
     out = []
     in_pools = False
@@ -57,6 +57,8 @@ def rewrite_config(text: str, *, name: str, control: str, sock: str, tp: tuple[i
             line = f"  size: {size}"
         elif line.startswith("  rank:"):
             line = f"  rank: {rank}"
+        elif s.startswith("provider:"):
+            line = f"  provider: {provider}"
         elif s.startswith("bootstrapping_ms:"):
             line = f"  bootstrapping_ms: {BOOTSTRAPPING_MS}"
         out.append(line)

@@ -35,6 +35,8 @@ from ferry.sglang import FerryKVArgs
 
 del fake_engine_rank
 
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14
+
 # SGLang's MetadataBuffers (utils.py), in its order: row bytes of each tensor
 METADATA = [("output_ids", 64), ("cached_tokens", 64), ("output_token_logprobs_val", 64),
             ("output_token_logprobs_idx", 64), ("output_top_logprobs_val", 320),
@@ -68,6 +70,14 @@ class Model:
     def pages_usable(self) -> int:
         """Pages an allocator hands out (page 0 is SGLang's padding page)."""
         return self.tokens // self.page
+
+
+def populate(mp: mmap.mmap) -> None:
+    """Map every page now (a kernel before 5.14 lacks the advice: they come at first touch)."""
+    try:
+        mp.madvise(MADV_POPULATE_WRITE)
+    except OSError:
+        pass
 
 
 def swa_refusal() -> str:
@@ -119,7 +129,11 @@ class RankMemory:
         self.fd = os.memfd_create(f"ferry-fe-{name}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(self.fd, self.size)
         fcntl.fcntl(self.fd, F_ADD_SEALS, F_SEAL_SHRINK)
+        # SGLang's pools are torch.zeros: every page exists (and is zero) before the first
+        # request, so neither the engine's first write nor ferryd's lands on a page fault
+        os.posix_fallocate(self.fd, 0, self.size)
         self.map = mmap.mmap(self.fd, self.size)
+        populate(self.map)
         self.view = memoryview(self.map)
         self.base = address_of(self.map)
         # MetadataBuffers: views (and addresses) of each tensor
@@ -134,6 +148,7 @@ class RankMemory:
                 self.meta_ptrs.append(self.base + at)
             else:  # ordinary memory: an anonymous private mapping, like a CPU tensor's
                 mp = mmap.mmap(-1, n)
+                populate(mp)
                 self._aux_maps.append(mp)
                 self.meta.append(memoryview(mp))
                 self.meta_ptrs.append(address_of(mp))
