@@ -7,7 +7,8 @@ per rank; Bootstrapping waits, Failed calls ``failure_exception()``; otherwise a
 ``pop_decode_prefix_len()``, ``init(ceil((len - prefix) / page_size), aux_index)``. Chunked
 prefill: a non-last chunk's end is rounded down to a page and the chunk skipped when that leaves
 no page; the last chunk writes the metadata rows (SGLang's ``set_buf``) and sends
-``send(kv_indices, [[slot]])``. Inflight queue: Success releases and ``clear()``s, Failed calls
+``send(kv_indices, [[slot]])``. Inflight queue: Success reads ``get_transfer_metric()`` (its
+bytes must be what this rank sent), releases and ``clear()``s; Failed calls
 ``failure_exception()`` then releases. Aborts at the five points of
 fake_engine_schedule.PREFILL_ABORTS; at the end nothing is active on ferryd and every allocator
 is full again.
@@ -49,7 +50,7 @@ class PrefillEngine:
         self.errors: list[str] = []
         self.stats: dict[str, Any] = dict(
             succeeded=0, prefill_aborts=0, decode_aborts_seen=0, abort_raced=0,
-            chunks_sent=0, chunks_skipped=0, zero_page_last=0, source_bytes=0,
+            chunks_sent=0, chunks_skipped=0, zero_page_last=0, source_bytes=0, metric_bytes=0,
             aborts={p: 0 for p in ("before_bootstrap", "waiting_for_input",
                                    "before_first_chunk", "mid_chunks", "after_last_chunk")})
 
@@ -159,6 +160,17 @@ class PrefillEngine:
                         self.stats["succeeded"] += 1
                         if q["aborted"]:
                             self.stats["abort_raced"] += 1  # after the last chunk: committed
+                        metric = [self.calls("get_transfer_metric", s.get_transfer_metric)
+                                  for s in q["snd"]]
+                        mem = self.ranks[0].mem
+                        want = (q["sent"] - q["start"]) * mem.kv_item * len(mem.kv_keys) + \
+                            sum(mem.state_item_bytes(e) for e in range(mem.state_entries))
+                        if metric[0].transfer_total_bytes != want:
+                            self.errors.append(f"{self.who}: room {q['r'].room}: "
+                                               f"get_transfer_metric says "
+                                               f"{metric[0].transfer_total_bytes} bytes, rank 0 "
+                                               f"sent {want}")
+                        self.stats["metric_bytes"] += want
                         self.each("clear", q["snd"])
                         self.free(q)
                     elif st == KVPoll.Failed:
