@@ -2,6 +2,7 @@
 """A fake SGLang engine pair that proves Ferry does what it is for.
 
     /usr/bin/python3 scripts/fake_engine.py --bin-dir build/src [--requests 300] [--seed N]
+        [--aux-memory memfd|ordinary] [--provider tcp|shm] [--ci] [--json PATH]
 
 Standard library only. Each phase starts its own ferryd daemons from configs/prefill.yaml and
 configs/decode.yaml (Qwen3-Next-80B-A3B), rewritten into a temporary directory with their own
@@ -32,7 +33,9 @@ points on each side: fake_engine_schedule.py) and the bytes from the shared seed
 main one (TP 1 -> TP 1, 300 requests by default), TP 2 -> TP 1 (one engine process drives two
 prefill ranks in lockstep) and TP 1 -> TP 2 (two decode ranks in lockstep). After each phase
 every room and every allocator is empty and ferryd says so. The report gives every adapter
-call's latency by kind (p50, p99, max); the run FAILS when the p99 of all calls exceeds 5 ms.
+call's latency by kind (p50, p99, max); the run FAILS when the p99 of all calls exceeds 5 ms
+(``--p99-limit-ms``). ``--ci`` is the short form CI runs (tests/python/test_fake_engine.py): 40
+requests, 8 per TP phase, the latency reported but not checked.
 
 Exit 0 only when every check passed; the last line is the summary (``fake_engine: PASS ...``).
 
