@@ -90,6 +90,14 @@ def make_schedule(seed: int, n: int, max_tokens: int, page_tokens: int, abort_ra
             fit = [r for r in cand if not r.prefill_abort and not r.decode_abort and
                    (not multi_chunk or (len(r.chunks) >= 3 and r.prefix_pages == 0 and
                                         r.chunk >= page_tokens))]
+            if not fit and multi_chunk:  # a short run: cut one request into three chunks
+                long = [r for r in cand if not r.prefill_abort and not r.decode_abort and
+                        r.tokens >= 3 * page_tokens]
+                if long:
+                    r = long[0]
+                    r.prefix_pages, r.chunk = 0, r.tokens // 3
+                    r.chunks = [r.chunk, r.chunk, r.tokens - 2 * r.chunk]
+                    fit = [r]
             for r in fit[:per_point]:
                 setattr(r, attr, point)
                 if point == "mid_chunks":
