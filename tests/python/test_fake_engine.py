@@ -83,3 +83,38 @@ def test_the_fake_engine_finds_a_byte_landing_in_memory_an_abort_handed_back() -
         assert eng.errors == []
     finally:
         Rank.mem.close()
+
+
+def test_the_fake_engines_memory_is_laid_out_as_sglang_lays_it_out() -> None:
+    """What a fake engine rank lends: SGLang's KVArgs over tensors at allocator offsets."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from fake_engine_memory import BOOTSTRAP_ROOM, METADATA, Model, RankMemory, swa_refusal
+
+    m = Model(tokens=256, slots=2, rows=4, swa_tokens=64)
+    for aux in ("ordinary", "memfd"):
+        mem = RankMemory(m, 2, 1, aux, "layout")
+        try:
+            a = mem.kv_args()
+            region = a.memory_regions[0]
+            # target K, target V, then the EAGLE draft layer's K and V with its own id
+            assert a.kv_layer_ids == m.kv_layers + m.kv_layers + [0, 0]
+            assert any(p % 4096 for p in a.kv_data_ptrs)  # not page-aligned
+            assert all(region.contains(p, n) for p, n in zip(a.kv_data_ptrs, a.kv_data_lens))
+            assert a.kv_item_lens[0] == m.page * (m.kv_heads // 2) * m.head_dim * 2
+            # Mamba: per-layer views of [layers, size + 1, ...] tensors, tensor-major
+            (ptrs,), (items,), (lens,) = a.state_data_ptrs, a.state_item_lens, a.state_data_lens
+            nl = len(m.mamba_layers)
+            assert len(ptrs) == 2 * nl and a.state_types == ["mamba"]
+            assert all(ptrs[i + 1] - ptrs[i] == lens[i] == (m.slots + 1) * items[i]
+                       for i in range(nl - 1))
+            assert a.state_layer_ids == [m.mamba_layers * 2]
+            assert a.state_conv_shard_groups[0][0] == list(m.conv_groups)
+            assert a.state_dim_per_tensor[0][0] == sum(m.conv_groups) // 2
+            # MetadataBuffers: ten tensors, bootstrap_room not last
+            assert a.aux_item_lens == [r for _, r in METADATA] and len(a.aux_data_ptrs) == 10
+            assert a.bootstrap_room_ptr == a.aux_data_ptrs[BOOTSTRAP_ROOM] != a.aux_data_ptrs[-1]
+            inside = [region.contains(p, n) for p, n in zip(a.aux_data_ptrs, a.aux_data_lens)]
+            assert inside == [aux == "memfd"] * 10
+        finally:
+            mem.close()
+    assert "swa" in swa_refusal()  # hence the SWA pool is allocated but not listed
