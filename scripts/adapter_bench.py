@@ -40,15 +40,67 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fake_engine import (BOOT, REPO, Daemon, Rank, free_port,  # noqa: E402
-                         rewrite_config)
-from ferry.sglang import (FerryBootstrap, FerryKVReceiver, FerryKVSender,  # noqa: E402
-                          KVPoll, poll_all)
+from fake_engine_daemons import Daemon, free_port  # noqa: E402
+from fake_engine_rank import IO_TIMEOUT, REPO  # noqa: E402
+from ferry import Client  # noqa: E402
+from ferry.memory import MemfdPool  # noqa: E402
+from ferry.sglang import (FerryBootstrap, FerryKVArgs, FerryKVManager,  # noqa: E402
+                          FerryKVReceiver, FerryKVSender, KVPoll, poll_all)
+
+BOOT = "fake-prefill:8998"
 
 TERMINAL = (KVPoll.Success, KVPoll.Failed)
+
+
+def bench_config(text: str, *, name: str, control: str, sock: str,
+                 pages: Optional[int] = None, slots: Optional[int] = None) -> str:
+    """configs/*.yaml with this run's name and addresses, ``memory: client`` on every pool
+    (the pools keep the config's layout, which the bench lends memfds for: MemfdPool), and the
+    given numbers of KV pages and state slots."""
+    out = []
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith("name:") and line.startswith("  name:"):
+            line = f"  name: {name}"
+        elif s.startswith("control:"):
+            line = f"  control: {control}"
+        elif s.startswith("client:"):
+            line = f"  client: {sock}"
+        elif s.startswith("pages:") and pages is not None:
+            line = f"    pages: {pages}"
+        elif s.startswith("slots:") and slots is not None:
+            line = f"    slots: {slots}"
+        out.append(line)
+        if line in ("  kv:", "  mamba:", "  aux:"):
+            out.append("    memory: client")
+    return "\n".join(out) + "\n"
+
+
+class Rank:
+    """One engine rank's memory (MemfdPools as its ferryd lays them out) and manager."""
+
+    def __init__(self, sock: str, mode: str, bootstrap: FerryBootstrap, tag: str) -> None:
+        with Client(sock, name=f"{tag}-layout", timeout=IO_TIMEOUT) as c:
+            pools = dict(c.pools)
+        self.kv = MemfdPool("kv", pools["kv"], name=f"{tag}-kv")
+        self.state = MemfdPool("state", pools["state"], name=f"{tag}-state")
+        self.aux = MemfdPool("aux", pools["aux"], name=f"{tag}-aux")
+        args = FerryKVArgs.from_memfd_pools(kv=self.kv, state=self.state, aux=self.aux)
+        self.mgr = FerryKVManager(args, mode, socket_path=sock, bootstrap=bootstrap,
+                                  name=tag, timeout=IO_TIMEOUT, drain_timeout=10.0)
+        assert self.mgr.registered == ["kv", "state", "aux"], self.mgr.registered
+        self.page_tokens = self.mgr.page_size
+
+    def active_rooms(self, side: str) -> int:
+        return int(self.mgr.client.info("status")[side]["active"])
+
+    def close(self) -> None:
+        self.mgr.close()
+        for p in (self.kv, self.state, self.aux):
+            p.close()
 
 
 def pct(v: list[float], p: float) -> float:
@@ -298,7 +350,7 @@ def main() -> int:
         pre_sock, dec_sock = os.path.join(work, "p.sock"), os.path.join(work, "d.sock")
         for name, base, ctrl, sock in (("bench-prefill", "prefill.yaml", pre_ctrl, pre_sock),
                                        ("bench-decode", "decode.yaml", dec_ctrl, dec_sock)):
-            text = rewrite_config((REPO / "configs" / base).read_text(), name=name,
+            text = bench_config((REPO / "configs" / base).read_text(), name=name,
                                   control=ctrl, sock=sock, pages=a.pages, slots=a.slots)
             text = text.replace("  provider: tcp", f"  provider: {a.provider}")
             daemons.append(Daemon(bin_dir, work, name, text, ctrl, sock, wait=False))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job: install what is missing, build, run the fake engine pair (scripts/fake_engine.py:
-# a prefill and a decode engine process through the SGLang adapter, 200 verified requests), then
+# The main job: install what is missing, build, run the fake SGLang engine pair
+# (scripts/fake_engine.py: a prefill and a decode engine process holding memory as SGLang does,
+# built with SGLang's signatures, 300 requests and two TP-mismatch phases, verified), then
 # start a prefill and a decode ferryd on loopback from configs/ and move a Qwen3-Next-80B-A3B-shaped workload (4096-token prompts: 96 MiB of KV and
 # one 74 MiB Mamba state slot per request, plus the aux row) through the client protocol, check
 # every destination byte, print a summary, and stop both daemons.
@@ -13,10 +14,12 @@ build=${FERRY_BUILD_DIR:-$root/build}
 "$root/scripts/install-deps.sh"
 "$root/scripts/build.sh"
 
-# First the fake engine pair: two engine processes driving the SGLang-shaped adapter against
-# their own prefill and decode ferryds (200 requests with prefix hits, chunked prefill, aborts on
-# both sides, every destination byte checked, then a TP2-prefill -> TP1-decode phase).
-/usr/bin/python3 "$root/scripts/fake_engine.py" --bin-dir "$build/src" --requests "${FERRY_FAKE_REQUESTS:-200}"
+# First the fake engine pair: two engine processes driving the SGLang adapter as SGLang's
+# schedulers do against their own prefill and decode ferryds, whose pools the engines' tensors
+# describe (300 requests with prefix hits, page-rounded chunks, aborts at five points on each
+# side, every destination byte checked, then TP 2 -> 1 and TP 1 -> 2 phases; it fails when the
+# p99 of the adapter's calls exceeds 5 ms).
+/usr/bin/python3 "$root/scripts/fake_engine.py" --bin-dir "$build/src" --requests "${FERRY_FAKE_REQUESTS:-300}"
 
 source "$root/scripts/pair-lib.sh"
 provider=${FERRY_PROVIDER:-tcp}

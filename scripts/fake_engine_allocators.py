@@ -15,9 +15,9 @@ class PageAllocator:
     """Free pages as sorted extents; allocation takes the preferred pages first (those of an
     aborted request, so a later request reuses them), then the lowest free ones."""
 
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.ext: list[list[int]] = [[0, n]]  # [start, length], sorted, merged
+    def __init__(self, n: int, first: int = 0) -> None:
+        self.n, self.first = n, first  # pages first..first+n-1 (SGLang keeps page 0 as padding)
+        self.ext: list[list[int]] = [[first, n]]  # [start, length], sorted, merged
         self.free_count = n
 
     def alloc(self, n: int, prefer: Optional[set[int]] = None) -> Optional[list[int]]:
@@ -69,7 +69,7 @@ class PageAllocator:
 
     @property
     def full(self) -> bool:
-        return self.free_count == self.n and self.ext == [[0, self.n]]
+        return self.free_count == self.n and self.ext == [[self.first, self.n]]
 
 
 class IndexAllocator:

@@ -1,5 +1,6 @@
 """The fake engine's daemons (scripts/fake_engine.py): this run's configs, rewritten from
-configs/*.yaml with ``memory: client`` on every pool and their own names, sockets and ports, and
+configs/*.yaml with pools left to the registration (``memory: client`` and nothing else) and
+their own names, sockets and ports, and
 one ferryd started from each (checked with ``--check-config``, ready on ``--ready-fd``) and
 stopped cleanly. Standard library only.
 """
@@ -21,16 +22,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+REGISTERED_POOLS = ["pools:", "  kv: {memory: client}", "  mamba: {memory: client}",
+                    "  aux: {memory: client}"]
+BOOTSTRAPPING_MS = 10000
+
+
 def rewrite_config(text: str, *, name: str, control: str, sock: str, tp: tuple[int, int] = (1, 0),
-                   instance_ranks: Optional[list[str]] = None, pages: Optional[int] = None,
-                   slots: Optional[int] = None) -> str:
-    """configs/*.yaml with this run's name, addresses, ``memory: client`` on every pool, the
-    given numbers of KV pages and state slots and, for a TP rank of ``tp[0]``, the per-rank
-    shapes of docs/geometry.md section 7."""
+                   instance_ranks: Optional[list[str]] = None, provider: str = "tcp") -> str:
+    """configs/*.yaml with this run's name, addresses and TP position, its pools section
+    replaced by pools the registration describes (``memory: client`` and nothing else: the
+    engine's tensors are the layout), and ``timeouts.bootstrapping_ms`` shortened to
+    BOOTSTRAPPING_MS: a room whose decode aborted before its prepare times out there, as in
+    SGLang, and the run should not wait 30 s for it. ``provider``: the fabric provider."""
     size, rank = tp
     out = []
+    in_pools = False
     for line in text.splitlines():
         s = line.strip()
+        if in_pools and line and not line[0].isspace() and not line.startswith("#"):
+            in_pools = False
+        if in_pools:
+            continue
+        if line.startswith("pools:"):
+            in_pools = True
+            out.extend(REGISTERED_POOLS)
+            continue
         if s.startswith("name:") and line.startswith("  name:"):
             line = f"  name: {name}"
         elif s.startswith("control:"):
@@ -41,19 +57,11 @@ def rewrite_config(text: str, *, name: str, control: str, sock: str, tp: tuple[i
             line = f"  size: {size}"
         elif line.startswith("  rank:"):
             line = f"  rank: {rank}"
-        elif s.startswith("pages:") and pages is not None:
-            line = f"    pages: {pages}"
-        elif s.startswith("slots:") and slots is not None:
-            line = f"    slots: {slots}"
-        elif size > 1 and s.startswith("kv_heads:"):
-            line = f"    kv_heads: {2 // size}          # 2 KV heads over TP{size}"
-        elif size > 1 and s.startswith("shape: [8192, 3]"):
-            line = f"        shape: [{8192 // size}, 3]"
-        elif size > 1 and s.startswith("shape: [32, 128, 128]"):
-            line = f"        shape: [{32 // size}, 128, 128]"
+        elif s.startswith("provider:"):
+            line = f"  provider: {provider}"
+        elif s.startswith("bootstrapping_ms:"):
+            line = f"  bootstrapping_ms: {BOOTSTRAPPING_MS}"
         out.append(line)
-        if line in ("  kv:", "  mamba:", "  aux:"):
-            out.append("    memory: client")
     if instance_ranks:
         out.append("discovery:")
         out.append(f"  instance_ranks: [{', '.join(instance_ranks)}]")

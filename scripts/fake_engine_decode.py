@@ -1,135 +1,152 @@
 """The fake engine's decode engine (scripts/fake_engine.py): SGLang's decode scheduler in
-miniature over one rank. Waiting queue -> bootstrap queue (a FerryKVReceiver per request, init,
-then pages after the prefix, a state slot and an aux row with send_metadata) -> transfer queue,
-with one poll_all (poll_many) of every room in flight per step; aborts some rooms mid-transfer;
-verifies every destination byte of every successful request; and checks at the end that
-nothing is active on ferryd and every allocator is full again.
+miniature over one or more TP ranks in lockstep (the same requests, pages, slot and row on every
+rank; each rank its own memory and KVReceiver; every poll MIN-reduced over the ranks).
+
+Waiting queue: ``try_ensure_parallel_info(bootstrap_addr)`` (the bootstrap server's ``GET
+/route``), ``KVReceiver(mgr=, bootstrap_addr=, bootstrap_room=)``, ``init(prefill_dp_rank)``.
+Prealloc queue: pages after the prefix, a Mamba slot and a metadata row, then
+``send_metadata(kv_indices (int32), aux_index, [[slot]], decode_prefix_len)``. Transfer queue:
+the MIN-reduced poll with the metadata gate (a Success counts once the request's
+``bootstrap_room`` entry equals the room on every rank); Failed: ``failure_exception()`` and
+release; Success: verify every destination byte (every KV buffer's pages, the draft layer's
+too, every state entry, every metadata row), ``clear()``, zero the room entry, release. Aborts
+at the five points of fake_engine_schedule.DECODE_ABORTS; memory an abort handed back stays
+poisoned until a later verified request reuses it; at the end nothing is active on ferryd and
+every allocator is full again.
 """
 
 from __future__ import annotations
 
 import time
+from array import array
 from collections import deque
+from typing import Any
 
 from fake_engine_allocators import IndexAllocator, PageAllocator
-from fake_engine_rank import BOOT, GiB, Geometry, Rank, log
+from fake_engine_memory import BOOTSTRAP_ROOM, METADATA_ROWS
+from fake_engine_rank import GiB, Calls, Geometry, Rank, log, same
 from fake_engine_schedule import Pattern, Req, runs
-from ferry.sglang import FerryKVReceiver, KVPoll, poll_all
+from ferry.sglang import FerryKVTransferError, KVPoll, KVReceiver
 
 
 class DecodeEngine:
-    def __init__(self, rank: Rank, reqs: list[Req], pat: Pattern, who: str,
-                 deadline: float) -> None:
-        self.rank, self.reqs, self.pat, self.who, self.deadline = rank, reqs, pat, who, deadline
-        self.mgr = rank.mgr
-        self.geo = Geometry(1, rank.page_tokens)
-        kvb = rank.kv.buffers
-        assert kvb[0].item_bytes == self.geo.page_bytes, (kvb[0].item_bytes, self.geo.page_bytes)
-        self.pages = PageAllocator(kvb[0].items)
-        self.slots = IndexAllocator(rank.state.buffers[0].items)
-        self.rows = IndexAllocator(rank.aux.buffers[0].items)
+    PREALLOC = 8  # requests between the waiting queue and memory
+
+    def __init__(self, ranks: list[Rank], reqs: list[Req], pat: Pattern, who: str,
+                 deadline: float, boot: str) -> None:
+        self.ranks, self.reqs, self.pat, self.who, self.deadline = ranks, reqs, pat, who, deadline
+        self.boot = boot
+        self.tp = len(ranks)
+        m = ranks[0].mem.m
+        self.m, self.page = m, m.page
+        self.geo = Geometry(m)
+        self.pages = PageAllocator(m.pages_usable(), first=1)
+        self.slots = IndexAllocator(m.slots)
+        self.rows = IndexAllocator(m.rows)
+        self.calls = Calls()
         self.errors: list[str] = []
         # What aborted (or failed) requests held, until a later verified request reuses it.
         self.uncovered_pages: set[int] = set()
         self.uncovered_slots: set[int] = set()
         self.uncovered_rows: set[int] = set()
-        self.prefill_ready = False
-        self.stats = dict(succeeded=0, decode_aborts=0, prefill_aborts_seen=0,
-                          abort_missed=0, decode_aborts_transferring=0, verified_bytes=0, prefix_hits=0, zero_page=0,
-                          reused_after_abort=0, max_inflight=0)
+        self.stats: dict[str, Any] = dict(
+            succeeded=0, decode_aborts=0, prefill_aborts_seen=0, abort_missed=0,
+            verified_bytes=0, prefix_hits=0, zero_page=0, reused_after_abort=0, max_inflight=0,
+            gate_waits=0, aborts={p: 0 for p in ("before_init", "before_metadata",
+                                                 "after_metadata", "transferring",
+                                                 "after_success")})
+
+    def poll(self, group: list[list[Any]]) -> list[int]:
+        return [min(self.calls("poll", x.poll) for x in rcv) for rcv in group]
+
+    def each(self, kind: str, rcv: list[Any], *args: Any, **kw: Any) -> None:
+        for x in rcv:
+            self.calls(kind, getattr(x, kind), *args, **kw)
+
+    def abort(self, t: dict, point: str) -> None:
+        self.each("abort", t["rcv"])
+        self.stats["decode_aborts"] += 1
+        self.stats["aborts"][point] += 1
+        t["aborted"] = point
 
     def run(self) -> dict:
         waiting = deque(self.reqs)
-        boot: list[tuple[Req, FerryKVReceiver]] = []
-        transfer: list[list] = []  # [req, receiver, pages, slot, row, aborted]
+        prealloc: list[dict] = []
+        transfer: list[dict] = []
         done = 0
         last_print = time.monotonic()
         while done < len(self.reqs):
             if time.monotonic() > self.deadline:
                 self.errors.append(f"{self.who}: deadline passed with {len(self.reqs) - done} "
                                    f"requests unfinished")
-                for t in transfer:
-                    t[1].abort()
+                for t in prealloc + transfer:
+                    self.each("abort", t["rcv"])
                 break
             busy = False
-            # waiting -> bootstrap: a receiver per request, init (resolves the prefill ranks),
-            # once the prefill engine has lent its memory (its register_to_bootstrap)
-            if not self.prefill_ready:
-                self.prefill_ready = self.mgr.try_ensure_parallel_info(BOOT)
-            while self.prefill_ready and waiting and len(boot) < 4:
+            # waiting -> prealloc, once the prefill instance registered every rank
+            while waiting and len(prealloc) < self.PREALLOC and all(
+                    self.calls("try_ensure_parallel_info", rk.mgr.try_ensure_parallel_info,
+                               self.boot) for rk in self.ranks):
                 r = waiting.popleft()
-                rcv = FerryKVReceiver(self.mgr, BOOT, r.room)
-                rcv.init(0)
-                boot.append((r, rcv))
+                rcv = [self.calls("KVReceiver", KVReceiver, mgr=rk.mgr,
+                                  bootstrap_addr=self.boot, bootstrap_room=r.room)
+                       for rk in self.ranks]
+                t = {"r": r, "rcv": rcv, "pages": [], "slot": None, "row": None, "aborted": ""}
+                if r.decode_abort == "before_init":
+                    self.abort(t, "before_init")
+                    transfer.append(t)
+                else:
+                    dp = self.ranks[0].mgr.prefill_info_table[self.boot].dp_size
+                    self.each("init", rcv, r.room % dp)  # follow_bootstrap_room
+                    prealloc.append(t)
                 busy = True
-            # bootstrap -> transfer: allocate pages (after the prefix), a slot, a row; in order
-            while boot:
-                r, rcv = boot[0]
-                st = rcv.poll()
+            # prealloc: handshake poll, then memory and send_metadata, in order
+            while prealloc:
+                t = prealloc[0]
+                r = t["r"]
+                st = self.poll([t["rcv"]])[0]
                 if st == KVPoll.Failed:
-                    self.errors.append(f"{self.who}: room {r.room} failed at bootstrap: "
-                                       f"{rcv.failure}")
-                    boot.pop(0)
-                    done += 1
+                    transfer.append(prealloc.pop(0))  # failure_exception and release there
+                    continue
+                if r.decode_abort == "before_metadata":
+                    self.abort(t, "before_metadata")
+                    transfer.append(prealloc.pop(0))
                     continue
                 need = r.pages - r.prefix_pages
                 if need > self.pages.free_count or not self.slots.free_list or \
                         not self.rows.free_list:
                     break
-                pages = self.pages.alloc(need, self.uncovered_pages)
-                slot, row = self.slots.alloc(), self.rows.alloc()
-                assert pages is not None and slot is not None and row is not None
-                rcv.send_metadata(pages, aux_index=row, state_indices=[[slot]],
-                                  decode_prefix_len=r.prefix_pages * self.rank.page_tokens)
+                t["pages"] = self.pages.alloc(need, self.uncovered_pages)
+                t["slot"], t["row"] = self.slots.alloc(), self.rows.alloc()
+                self.each("send_metadata", t["rcv"], array("i", t["pages"]), t["row"],
+                          [[t["slot"]]], r.prefix_pages * self.page)
                 if r.prefix_pages:
                     self.stats["prefix_hits"] += 1
                     if need == 0:
                         self.stats["zero_page"] += 1
-                transfer.append([r, rcv, pages, slot, row, False])
-                boot.pop(0)
+                if r.decode_abort == "after_metadata":
+                    self.abort(t, "after_metadata")
+                transfer.append(prealloc.pop(0))
                 busy = True
             self.stats["max_inflight"] = max(self.stats["max_inflight"], len(transfer))
-            # aborts first, on a fresh status: the decode aborts a room mid-transfer, once
-            # ferryd reports that the prefill accepted it (WaitingForInput: the prefill engine
-            # is bootstrapping or chunking it) or that its writes started (Transferring)
-            for t in [t for t in transfer if t[0].decode_abort and not t[5]]:
-                st = t[1].poll()
-                if st in (KVPoll.WaitingForInput, KVPoll.Transferring):
-                    if st == KVPoll.Transferring:
-                        self.stats["decode_aborts_transferring"] += 1
-                    t[1].abort()  # returns at once: poll() says Failed once ferryd drained it
-                    t[5] = True
-                    self.stats["decode_aborts"] += 1
-                    busy = True
-            # transfer queue: one poll_many for every room in flight
+            # transfer queue: MIN-reduced polls with the metadata gate
             if transfer:
-                got = poll_all([t[1] for t in transfer])
                 keep = []
-                for t, st in zip(transfer, got):
-                    r, rcv, pages, slot, row, aborted = t
-                    if st == KVPoll.Success:
-                        if r.decode_abort and not aborted:
-                            self.stats["abort_missed"] += 1  # finished before the abort
-                        if r.prefill_abort_after:
-                            self.errors.append(f"{self.who}: room {r.room} succeeded, but the "
-                                               f"prefill aborts it after chunk "
-                                               f"{r.prefill_abort_after}")
-                        self.verify(r, pages, slot, row)
-                        self.finish(t, failed=False)
+                for t, st in zip(transfer, self.poll([t["rcv"] for t in transfer])):
+                    r = t["r"]
+                    if st == KVPoll.Transferring and r.decode_abort == "transferring" and \
+                            not t["aborted"]:
+                        self.abort(t, "transferring")
+                        busy = True
+                    if st == KVPoll.Success and not self.gate(t):
+                        self.stats["gate_waits"] += 1
+                        keep.append(t)
+                    elif st == KVPoll.Success:
+                        self.succeeded(t)
                         done += 1
                         busy = True
                     elif st == KVPoll.Failed:
-                        if aborted:
-                            pass  # aborted here: its memory is free to reuse only now
-                        elif r.prefill_abort_after and rcv.failure and rcv.failure[0] != 406:
-                            self.errors.append(f"{self.who}: room {r.room}, aborted by the "
-                                               f"prefill, failed with {rcv.failure} (want 406)")
-                        elif r.prefill_abort_after:
-                            self.stats["prefill_aborts_seen"] += 1
-                        else:
-                            self.errors.append(f"{self.who}: room {r.room} failed: "
-                                               f"{rcv.failure}")
-                        self.finish(t, failed=True)
+                        self.failed(t)
                         done += 1
                         busy = True
                     else:
@@ -143,25 +160,56 @@ class DecodeEngine:
                               f"{self.stats['prefill_aborts_seen']} aborted by the prefill")
             if not busy:
                 time.sleep(0.002)
-        # the end: nothing active on ferryd, every page, slot and row back, aborts' memory reused
-        active = self.rank.active_rooms("decode")
-        if active:
-            self.errors.append(f"{self.who}: ferryd reports {active} active decode rooms")
-        for name, a in (("pages", self.pages), ("slots", self.slots), ("rows", self.rows)):
-            if not a.full:
-                self.errors.append(f"{self.who}: the {name} allocator is not full again")
-        # memory an abort handed back and no later verified request reused: once ferryd ended
-        # the room, no byte may land in it, so it must still hold the poison finish() wrote
-        self.check_poison()
-        self.stats["left_unreused"] = (len(self.uncovered_pages), len(self.uncovered_slots),
-                                       len(self.uncovered_rows))
-        self.stats["ferryd_active"] = active
+        self.end_checks()
         self.stats["errors"] = self.errors
+        self.stats["calls"] = self.calls.times
         return self.stats
 
-    def finish(self, t: list, failed: bool) -> None:
-        r, rcv, pages, slot, row, _ = t
-        rcv.clear()
+    def gate(self, t: dict) -> bool:
+        """SGLang's metadata gate: the request's bootstrap_room entry holds its room."""
+        return all(rk.mem.room_entry(t["row"]) == t["r"].room for rk in self.ranks)
+
+    def succeeded(self, t: dict) -> None:
+        r = t["r"]
+        if r.decode_abort == "after_success":
+            self.abort(t, "after_success")  # SGLang may abort a request that just finished
+            if self.poll([t["rcv"]])[0] != KVPoll.Success:
+                self.errors.append(f"{self.who}: room {r.room}: an abort after Success "
+                                   f"changed the poll to {self.poll([t['rcv']])[0]}")
+        elif r.decode_abort and not t["aborted"]:
+            self.stats["abort_missed"] += 1  # finished before the abort point came
+        elif t["aborted"]:
+            self.errors.append(f"{self.who}: room {r.room} succeeded after its abort at "
+                               f"{t['aborted']}")
+        if r.prefill_abort and r.prefill_abort != "after_last_chunk":
+            self.errors.append(f"{self.who}: room {r.room} succeeded, but the prefill aborts "
+                               f"it ({r.prefill_abort})")
+        self.verify(t)
+        self.each("clear", t["rcv"])
+        for rk in self.ranks:  # the gate must not pass for the row's next request
+            rk.mem.meta_row(BOOTSTRAP_ROOM, t["row"])[:8] = bytes(8)
+        self.release(t, failed=False)
+
+    def failed(self, t: dict) -> None:
+        r = t["r"]
+        for x in t["rcv"]:
+            try:
+                self.calls("failure_exception", x.failure_exception)
+            except FerryKVTransferError:
+                pass
+        if t["aborted"]:
+            pass
+        elif r.prefill_abort:
+            self.stats["prefill_aborts_seen"] += 1
+        else:
+            why = "; ".join(f"rank {i}: {x.failure}" for i, x in enumerate(t["rcv"]))
+            self.errors.append(f"{self.who}: room {r.room} failed: {why}")
+        self.release(t, failed=True)
+
+    def release(self, t: dict, failed: bool) -> None:
+        pages, slot, row = t["pages"], t["slot"], t["row"]
+        if slot is None:
+            return  # aborted before memory was allocated
         if failed:  # ferryd ended the room: no byte may land here from now on
             self.poison(pages, slot, row)
             self.uncovered_pages.update(pages)
@@ -173,18 +221,19 @@ class DecodeEngine:
 
     POISON = 0xA5
 
-    def _regions(self, pages, slots, rows):
-        """Every (memoryview, what) of the given pages, state slots and aux rows."""
-        pb = self.geo.page_bytes
-        for b in range(len(self.rank.kv.buffers)):
-            view = self.rank.kv.view(b)
-            for p in pages:
-                yield view[p * pb:(p + 1) * pb], f"kv buffer {b} page {p}"
-        for b in range(len(self.rank.state.buffers)):
-            for s in slots:
-                yield self.rank.state.item(b, s), f"state buffer {b} slot {s}"
-        for i in rows:
-            yield self.rank.aux.item(0, i), f"aux row {i}"
+    def _regions(self, pages: list[int], slots: list[int], rows: list[int]):
+        """Every (memoryview, what) of the given pages, state slots and metadata rows."""
+        for d, rk in enumerate(self.ranks):
+            mem = rk.mem
+            for b in range(len(mem.kv_keys)):
+                for p in pages:
+                    yield mem.kv_run(b, p, 1), f"rank {d} kv buffer {b} page {p}"
+            for e in range(mem.state_entries):
+                for s in slots:
+                    yield mem.state_item(e, s), f"rank {d} state entry {e} slot {s}"
+            for i in range(len(METADATA_ROWS)):
+                for row in rows:
+                    yield mem.meta_row(i, row), f"rank {d} metadata {i} row {row}"
 
     def poison(self, pages: list[int], slot: int, row: int) -> None:
         for mv, _ in self._regions(pages, [slot], [row]):
@@ -199,35 +248,58 @@ class DecodeEngine:
             self.errors.append(f"{self.who}: bytes landed in memory an abort had handed back: "
                                + ", ".join(bad[:5]))
 
-    def verify(self, r: Req, pages: list[int], slot: int, row: int) -> None:
-        geo, kv, bad = self.geo, self.rank.kv, []
-        nbytes = 0
-        for pos, first, n in runs(pages):
-            pos += r.prefix_pages
-            for b in range(len(kv.buffers)):
-                got = kv.view(b)[first * geo.page_bytes:(first + n) * geo.page_bytes]
-                if got != self.pat.kv_run(r.room, b, geo.page_bytes, pos, n):
-                    bad.append(f"kv buffer {b} pages {first}..{first + n - 1}")
-                nbytes += n * geo.page_bytes
-        st = self.rank.state
-        for b, buf in enumerate(st.buffers):
-            if st.item(b, slot) != self.pat.state(r.room, b, buf.item_bytes):
-                bad.append(f"state buffer {b} slot {slot}")
-            nbytes += buf.item_bytes
-        aux = self.rank.aux
-        if bytes(aux.item(0, row)) != self.pat.aux(r.room, aux.buffers[0].item_bytes):
-            bad.append(f"aux row {row}")
-        nbytes += aux.buffers[0].item_bytes
+    def end_checks(self) -> None:
+        """Nothing active on ferryd, every page, slot and row back, aborts' memory untouched
+        since, SGLang's padding page and padding slot never written."""
+        for d, rk in enumerate(self.ranks):
+            active = rk.active_rooms()
+            if active:
+                self.errors.append(f"{self.who}: rank {d}'s ferryd reports {active} active "
+                                   f"decode rooms")
+            mem = rk.mem
+            pad = [f"kv buffer {b} page 0" for b in range(len(mem.kv_keys))
+                   if mem.kv_run(b, 0, 1).tobytes().count(0) != mem.kv_item]
+            pad += [f"state entry {e} slot {self.m.slots}" for e in range(mem.state_entries)
+                    if mem.state_item(e, self.m.slots).tobytes().count(0) !=
+                    mem.state_item_bytes(e)]
+            if pad:
+                self.errors.append(f"{self.who}: rank {d}: bytes landed in padding: "
+                                   + ", ".join(pad[:5]))
+        for name, a in (("pages", self.pages), ("slots", self.slots), ("rows", self.rows)):
+            if not a.full:
+                self.errors.append(f"{self.who}: the {name} allocator is not full again")
+        self.check_poison()
+        self.stats["left_unreused"] = (len(self.uncovered_pages), len(self.uncovered_slots),
+                                       len(self.uncovered_rows))
+
+    def verify(self, t: dict) -> None:
+        r, pages, slot, row = t["r"], t["pages"], t["slot"], t["row"]
+        geo, pat, bad, nbytes = self.geo, self.pat, [], 0
+        for d, rk in enumerate(self.ranks):
+            mem = rk.mem
+            for pos, first, n in runs(pages):
+                for b in range(len(mem.kv_keys)):
+                    full = pat.kv_run(r.room, b, geo.page_bytes, r.prefix_pages + pos, n)
+                    if not same(mem.kv_run(b, first, n), geo.kv_slice(full, self.tp, d)):
+                        bad.append(f"rank {d} kv buffer {b} pages {first}..{first + n - 1}")
+                    nbytes += n * mem.kv_item
+            for e in range(mem.state_entries):
+                full = pat.state(r.room, e, geo.state_full_bytes(e))
+                if not same(mem.state_item(e, slot), geo.state_slice(full, e, self.tp, d)):
+                    bad.append(f"rank {d} state entry {e} slot {slot}")
+                nbytes += mem.state_item_bytes(e)
+            for i, rb in enumerate(METADATA_ROWS):
+                if not same(mem.meta_row(i, row), pat.meta(r.room, i, rb, i == BOOTSTRAP_ROOM)):
+                    bad.append(f"rank {d} metadata {i} row {row}")
+                nbytes += rb
         if bad:
             self.errors.append(f"{self.who}: room {r.room}: wrong bytes in " + ", ".join(bad[:5]))
             return
         self.stats["succeeded"] += 1
         self.stats["verified_bytes"] += nbytes
-        reused = (self.uncovered_pages.intersection(pages) or slot in self.uncovered_slots or
-                  row in self.uncovered_rows)
-        if reused:
+        if self.uncovered_pages.intersection(pages) or slot in self.uncovered_slots or \
+                row in self.uncovered_rows:
             self.stats["reused_after_abort"] += 1
         self.uncovered_pages.difference_update(pages)
         self.uncovered_slots.discard(slot)
         self.uncovered_rows.discard(row)
-

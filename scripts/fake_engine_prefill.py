@@ -1,57 +1,91 @@
 """The fake engine's prefill engine (scripts/fake_engine.py): SGLang's prefill scheduler in
-miniature over one or more TP ranks in lockstep. Bootstrap queue (a FerryKVSender per rank and
-request, polled until WaitingForInput, pop_decode_prefix_len, init) -> chunked prefill (the
-source bytes written, one send per chunk, the last with the state slot and the aux row) ->
-transfer queue polled every step; aborts some rooms after a chunk; and checks at the end that
-nothing is active on ferryd and every allocator is full again.
+miniature over one or more TP ranks in lockstep (the same requests and chunks; each rank its own
+memory and KVSender; every poll MIN-reduced over the ranks, as SGLang's all-reduce).
+
+Bootstrap queue: ``KVSender(mgr, bootstrap_addr, bootstrap_room, dest_tp_ranks, pp_rank)``
+per rank; Bootstrapping waits, Failed calls ``failure_exception()``; otherwise a metadata row,
+``pop_decode_prefix_len()``, ``init(ceil((len - prefix) / page_size), aux_index)``. Chunked
+prefill: a non-last chunk's end is rounded down to a page and the chunk skipped when that leaves
+no page; the last chunk writes the metadata rows (SGLang's ``set_buf``) and sends
+``send(kv_indices, [[slot]])``. Inflight queue: Success reads ``get_transfer_metric()`` (its
+bytes must be what this rank sent), releases and ``clear()``s; Failed calls
+``failure_exception()`` then releases. Aborts at the five points of
+fake_engine_schedule.PREFILL_ABORTS; at the end nothing is active on ferryd and every allocator
+is full again.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Optional
+from typing import Any, Optional
 
 from fake_engine_allocators import IndexAllocator, PageAllocator
-from fake_engine_rank import BOOT, Geometry, Rank, log
+from fake_engine_memory import BOOTSTRAP_ROOM, METADATA_ROWS
+from fake_engine_rank import Calls, Geometry, Rank, log
 from fake_engine_schedule import Pattern, Req, runs
-from ferry.sglang import FerryKVSender, FerryKVTransferError, KVPoll, poll_all
+from ferry.sglang import FerryKVTransferError, KVPoll, KVSender
+
+# Failures the decode's aborts cause here: before its prepare the room times out in
+# Bootstrapping; after it, the decode's cancel reaches this side
+DECODE_ABORTS_SEEN_HERE = ("before_init", "before_metadata", "after_metadata", "transferring")
 
 
 class PrefillEngine:
-    """One prefill engine over one or more TP ranks driven in lockstep (the same chunks, each
-    rank from its own pages, slot and row; poll reduced with MIN, as SGLang's all-reduce)."""
-
     WINDOW = 6  # requests polled while the decode has not prepared them yet
 
     def __init__(self, ranks: list[Rank], reqs: list[Req], pat: Pattern, who: str,
-                 deadline: float) -> None:
+                 deadline: float, boot: str) -> None:
         self.ranks, self.reqs, self.pat, self.who, self.deadline = ranks, reqs, pat, who, deadline
+        self.boot = boot
         self.tp = len(ranks)
-        self.page_tokens = ranks[0].page_tokens
-        self.geo = Geometry(self.tp, self.page_tokens)
-        kvb = ranks[0].kv.buffers
-        assert kvb[0].item_bytes == self.geo.page_bytes // self.tp
-        # The ranks allocate in lockstep, so one allocator serves them all.
-        self.pages = PageAllocator(kvb[0].items)
-        self.slots = IndexAllocator(ranks[0].state.buffers[0].items)
-        self.rows = IndexAllocator(ranks[0].aux.buffers[0].items)
+        m = ranks[0].mem.m
+        self.m, self.page = m, m.page
+        self.geo = Geometry(m)
+        # The ranks allocate in lockstep, so one allocator serves them all (page 0 is padding).
+        self.pages = PageAllocator(m.pages_usable(), first=1)
+        self.slots = IndexAllocator(m.slots)
+        self.rows = IndexAllocator(m.rows)
+        self.calls = Calls()
         self.errors: list[str] = []
-        self.stats = dict(succeeded=0, prefill_aborts=0, decode_aborts_seen=0,
-                          decode_abort_raced=0, chunks_sent=0, zero_page_last=0, zero_page_chunks=0,
-                          source_bytes=0)
+        self.stats: dict[str, Any] = dict(
+            succeeded=0, prefill_aborts=0, decode_aborts_seen=0, abort_raced=0,
+            chunks_sent=0, chunks_skipped=0, zero_page_last=0, source_bytes=0, metric_bytes=0,
+            aborts={p: 0 for p in ("before_bootstrap", "waiting_for_input",
+                                   "before_first_chunk", "mid_chunks", "after_last_chunk")})
 
-    def poll(self, group: list[list[FerryKVSender]]) -> list[int]:
-        flat = [s for g in group for s in g]
-        got = poll_all(flat) if flat else []
-        return [min(got[i * self.tp:(i + 1) * self.tp]) for i in range(len(group))]
+    # --- the adapter, as SGLang's scheduler calls it -------------------------------------------
+
+    def poll(self, group: list[list[Any]]) -> list[int]:
+        """Every sender's poll(), MIN-reduced over the ranks (SGLang's poll_and_all_reduce)."""
+        return [min(self.calls("poll", s.poll) for s in snd) for snd in group]
+
+    def each(self, kind: str, snd: list[Any], *args: Any) -> None:
+        for s in snd:
+            self.calls(kind, getattr(s, kind), *args)
+
+    def drain(self, snd: list[Any]) -> None:
+        """failure_exception() on every rank once the MIN-reduced poll says Failed."""
+        for s in snd:
+            try:
+                self.calls("failure_exception", s.failure_exception)
+            except FerryKVTransferError:
+                pass
+
+    def abort(self, q: dict, point: str) -> None:
+        self.each("abort", q["snd"])  # returns at once: poll() says Failed once ferryd drained
+        self.stats["prefill_aborts"] += 1
+        self.stats["aborts"][point] += 1
+        q["aborted"] = point
+
+    # --- the scheduler ------------------------------------------------------------------------
 
     def run(self) -> dict:
         pending = deque(self.reqs)
-        boot: list[tuple[Req, list[FerryKVSender]]] = []
-        waiting: deque = deque()   # [req, senders, row, prefix]
+        boot: list[dict] = []
+        waiting: deque = deque()
         running: Optional[dict] = None
-        transfer: list[dict] = []
+        inflight: list[dict] = []
         done = 0
         last_print = time.monotonic()
         while done < len(self.reqs):
@@ -62,33 +96,47 @@ class PrefillEngine:
             busy = False
             while pending and len(boot) < self.WINDOW:
                 r = pending.popleft()
-                boot.append((r, [FerryKVSender(rk.mgr, BOOT, r.room, [0], 0)
-                                 for rk in self.ranks]))
-            # bootstrap queue: poll; WaitingForInput -> prefix, init(num_pages, aux_index)
+                snd = [self.calls("KVSender", KVSender, rk.mgr, self.boot, r.room,
+                                  [rk.mem.tp_rank], 0) for rk in self.ranks]
+                q = {"r": r, "snd": snd, "row": None, "slot": None, "pages": [], "token": 0,
+                     "chunk": 0, "sent": 0, "aborted": ""}
+                if r.prefill_abort == "before_bootstrap":
+                    self.abort(q, "before_bootstrap")
+                    inflight.append(q)
+                else:
+                    boot.append(q)
+            # bootstrap queue
             if boot:
                 keep = []
-                for (r, snd), st in zip(boot, self.poll([s for _, s in boot])):
+                for q, st in zip(boot, self.poll([q["snd"] for q in boot])):
+                    r = q["r"]
                     if st == KVPoll.Failed:
-                        self.end_failed(r, snd, "bootstrap")
+                        self.end_failed(q, "bootstrap")
                         done += 1
                         busy = True
+                    elif st == KVPoll.WaitingForInput and r.prefill_abort == "waiting_for_input":
+                        self.abort(q, "waiting_for_input")
+                        inflight.append(q)
+                        busy = True
                     elif st == KVPoll.WaitingForInput and self.rows.free_list:
-                        prefix = snd[0].pop_decode_prefix_len()
-                        if prefix != r.prefix_pages * self.page_tokens:
+                        q["row"] = self.rows.alloc()
+                        prefix = [self.calls("pop_decode_prefix_len", s.pop_decode_prefix_len)
+                                  for s in q["snd"]]
+                        want = r.prefix_pages * self.page
+                        if prefix != [want] * self.tp:
                             self.errors.append(f"{self.who}: room {r.room}: decode_prefix_len "
-                                               f"{prefix} through FerryBootstrap, the schedule "
-                                               f"says {r.prefix_pages * self.page_tokens}")
-                        start = prefix // self.page_tokens
-                        row = self.rows.alloc()
-                        for rk, s in zip(self.ranks, snd):
-                            s.init(r.pages - start, row)
-                            rk.aux.item(0, row)[:] = self.pat.aux(r.room,
-                                                                  rk.aux.buffers[0].item_bytes)
-                        waiting.append({"r": r, "snd": snd, "row": row, "start": start,
-                                        "pages": [], "slot": None, "token": 0, "chunk": 0})
+                                               f"{prefix}, the schedule says {want}")
+                        q["start"] = q["sent"] = prefix[0] // self.page
+                        self.each("init", q["snd"], -(-(r.tokens - prefix[0]) // self.page),
+                                  q["row"])
+                        if r.prefill_abort == "before_first_chunk":
+                            self.abort(q, "before_first_chunk")
+                            inflight.append(q)
+                        else:
+                            waiting.append(q)
                         busy = True
                     else:
-                        keep.append((r, snd))
+                        keep.append(q)
                 boot = keep
             # chunked prefill: one chunk per step of the running request
             if running is None and waiting and self.slots.free_list:
@@ -98,40 +146,42 @@ class PrefillEngine:
                 res = self.step_chunk(running)
                 if res != "wait":
                     busy = True
-                if res == "last":
-                    transfer.append(running)
-                    running = None
-                elif res == "aborted":  # its memory is freed once poll says Failed
-                    transfer.append(running)
+                if res in ("last", "aborted"):
+                    inflight.append(running)
                     running = None
                 elif res == "failed":
                     done += 1
                     running = None
-            # transfer queue: polled every step
-            if transfer:
+            # inflight queue: polled every step
+            if inflight:
                 keep2 = []
-                for q, st in zip(transfer, self.poll([q["snd"] for q in transfer])):
-                    r = q["r"]
+                for q, st in zip(inflight, self.poll([q["snd"] for q in inflight])):
                     if st == KVPoll.Success:
                         self.stats["succeeded"] += 1
-                        if r.decode_abort:
-                            self.stats["decode_abort_raced"] += 1
+                        if q["aborted"]:
+                            self.stats["abort_raced"] += 1  # after the last chunk: committed
+                        metric = [self.calls("get_transfer_metric", s.get_transfer_metric)
+                                  for s in q["snd"]]
+                        mem = self.ranks[0].mem
+                        want = (q["sent"] - q["start"]) * mem.kv_item * len(mem.kv_keys) + \
+                            sum(mem.state_item_bytes(e) for e in range(mem.state_entries))
+                        if metric[0].transfer_total_bytes != want:
+                            self.errors.append(f"{self.who}: room {q['r'].room}: "
+                                               f"get_transfer_metric says "
+                                               f"{metric[0].transfer_total_bytes} bytes, rank 0 "
+                                               f"sent {want}")
+                        self.stats["metric_bytes"] += want
+                        self.each("clear", q["snd"])
                         self.free(q)
-                        done += 1
-                        busy = True
-                    elif st == KVPoll.Failed and q.get("aborted"):
-                        self.drain(q["snd"])  # the MIN says Failed once one rank drained
-                        self.free(q)  # drained on every rank: the memory may be reused
-                        done += 1
-                        busy = True
                     elif st == KVPoll.Failed:
-                        self.end_failed(r, q["snd"], "transfer")
+                        self.end_failed(q, "transfer")
                         self.free(q)
-                        done += 1
-                        busy = True
                     else:
                         keep2.append(q)
-                transfer = keep2
+                        continue
+                    done += 1
+                    busy = True
+                inflight = keep2
             if time.monotonic() - last_print > 5 or done == len(self.reqs):
                 last_print = time.monotonic()
                 log(self.who, f"{done}/{len(self.reqs)} done: {self.stats['succeeded']} "
@@ -141,7 +191,7 @@ class PrefillEngine:
             if not busy:
                 time.sleep(0.002)
         for i, rk in enumerate(self.ranks):
-            active = rk.active_rooms("prefill")
+            active = rk.active_rooms()
             if active:
                 self.errors.append(f"{self.who}: rank {i}'s ferryd reports {active} active "
                                    f"prefill rooms")
@@ -149,24 +199,16 @@ class PrefillEngine:
             if not a.full:
                 self.errors.append(f"{self.who}: the {name} allocator is not full again")
         self.stats["errors"] = self.errors
+        self.stats["calls"] = self.calls.times
         return self.stats
 
-    @staticmethod
-    def drain(snd: list[FerryKVSender]) -> None:
-        """SGLang's failure_exception() on every rank once the MIN-reduced poll says Failed: a
-        rank whose room is not drained yet is cancelled and waited for (bounded)."""
-        for s in snd:
-            try:
-                s.failure_exception()
-            except FerryKVTransferError:
-                pass
-
-    def end_failed(self, r: Req, snd: list[FerryKVSender], where: str) -> None:
-        self.drain(snd)
-        if r.decode_abort:
+    def end_failed(self, q: dict, where: str) -> None:
+        self.drain(q["snd"])
+        r = q["r"]
+        if r.decode_abort in DECODE_ABORTS_SEEN_HERE:
             self.stats["decode_aborts_seen"] += 1
-        else:
-            why = "; ".join(f"rank {i}: {s.failure}" for i, s in enumerate(snd))
+        elif not q["aborted"]:
+            why = "; ".join(f"rank {i}: {s.failure}" for i, s in enumerate(q["snd"]))
             self.errors.append(f"{self.who}: room {r.room} failed in {where}: {why}")
 
     def free(self, q: dict) -> None:
@@ -174,86 +216,80 @@ class PrefillEngine:
             self.pages.free(q["pages"])
         if q["slot"] is not None:
             self.slots.free(q["slot"])
-        self.rows.free(q["row"])
+        if q["row"] is not None:
+            self.rows.free(q["row"])
+
+    # --- what the model computes -----------------------------------------------------------------
 
     def write_kv(self, r: Req, src: list[int], first_pos: int) -> None:
-        """The source pages of positions first_pos.. on every rank: the rank's head slice of
-        the full page pattern."""
-        geo = self.geo
-        rank_page = geo.page_bytes // self.tp
+        """The source pages of positions first_pos.. on every rank: the rank's heads of the
+        full page pattern, in every KV buffer (the draft layer's too)."""
         for rank, rk in enumerate(self.ranks):
             for pos, first, n in runs(src):
-                pos += first_pos
-                for b in range(len(rk.kv.buffers)):
-                    full = self.pat.kv_run(r.room, b, geo.page_bytes, pos, n)
-                    dst = rk.kv.view(b)[first * rank_page:(first + n) * rank_page]
-                    if self.tp == 1:
-                        dst[:] = full
-                    else:
-                        tb, hb = geo.token_bytes, geo.head_bytes
-                        for t in range(n * geo.page_tokens):
-                            dst[t * hb:(t + 1) * hb] = full[t * tb + rank * hb:
-                                                            t * tb + (rank + 1) * hb]
-                self.stats["source_bytes"] += n * rank_page * len(rk.kv.buffers)
+                for b in range(len(rk.mem.kv_keys)):
+                    full = self.pat.kv_run(r.room, b, self.geo.page_bytes, first_pos + pos, n)
+                    rk.mem.kv_run(b, first, n)[:] = self.geo.kv_slice(full, self.tp, rank)
+                self.stats["source_bytes"] += n * rk.mem.kv_item * len(rk.mem.kv_keys)
 
-    def write_state(self, r: Req, slot: int) -> None:
+    def write_state_and_metadata(self, r: Req, slot: int, row: int) -> None:
         for rank, rk in enumerate(self.ranks):
-            nl = len(rk.state.buffers) // len(Geometry.TENSORS)
-            for b, buf in enumerate(rk.state.buffers):
-                t = b // nl
-                full = self.pat.state(r.room, b, self.geo.state_full_bytes(t))
-                item = rk.state.item(b, slot)
-                if self.tp == 1:
-                    item[:] = full
-                else:
-                    at = 0
-                    for off, n in self.geo.state_parts(t, rank):
-                        item[at:at + n] = full[off:off + n]
-                        at += n
-                    assert at == buf.item_bytes, (at, buf.item_bytes)
-                self.stats["source_bytes"] += buf.item_bytes
+            for e in range(rk.mem.state_entries):
+                full = self.pat.state(r.room, e, self.geo.state_full_bytes(e))
+                rk.mem.state_item(e, slot)[:] = self.geo.state_slice(full, e, self.tp, rank)
+                self.stats["source_bytes"] += rk.mem.state_item_bytes(e)
+            for i, rb in enumerate(METADATA_ROWS):  # SGLang's set_buf on the last chunk
+                rk.mem.meta_row(i, row)[:] = self.pat.meta(r.room, i, rb, i == BOOTSTRAP_ROOM)
+
+    STALL_S = 30.0
 
     def step_chunk(self, q: dict) -> str:
         r, snd = q["r"], q["snd"]
         if any(s.conclude_state == KVPoll.Failed for s in snd):
-            self.end_failed(r, snd, "prefill")
+            self.end_failed(q, "prefill")
             self.free(q)
             return "failed"
-        tokens = r.chunks[q["chunk"]]
-        lo_page = q["token"] // self.page_tokens
-        hi_page = -(-(q["token"] + tokens) // self.page_tokens)
-        new = self.pages.alloc(hi_page - len(q["pages"]))
+        if r.decode_abort == "transferring" and q["sent"] > q["start"] and \
+                time.monotonic() < q.setdefault("stall_until", time.monotonic() + self.STALL_S):
+            # a long prompt's next chunk takes a while to compute: the decode sees the room
+            # Transferring and aborts it meanwhile (bounded: after STALL_S it goes on)
+            if self.poll([snd])[0] == KVPoll.Failed:
+                self.end_failed(q, "prefill")
+                self.free(q)
+                return "failed"
+            return "wait"
+        t0 = q["token"]
+        t1 = t0 + r.chunks[q["chunk"]]
+        need = -(-t1 // self.page) - len(q["pages"])  # KV for every token computed
+        new = self.pages.alloc(need)
         if new is None:
             return "wait"  # no free pages: a transfer in flight frees some
         q["pages"].extend(new)
-        q["token"] += tokens
+        q["token"] = t1
         q["chunk"] += 1
         last = q["chunk"] == len(r.chunks)
-        # the pages of this chunk after the decode's prefix are sent (SGLang's start_send_idx)
-        first = max(lo_page, q["start"])
-        send = q["pages"][first:hi_page] if hi_page > first else []
-        if send:
-            self.write_kv(r, send, first)
-        if last:
-            self.write_state(r, q["slot"])
-            if not send:
-                self.stats["zero_page_last"] += 1
-        # every chunk goes to the adapter, also one with no page to send (a chunk inside the
-        # decode's prefix): SGLang's state_indices ride only on the last chunk, which is how the
-        # adapter tells a zero-page chunk from a zero-page last one
-        for s in snd:
-            s.send(send, [[q["slot"]]] if last else None)
-        self.stats["chunks_sent"] += 1
+        # the pages after the decode's prefix not sent yet; a non-last chunk ends at a page
+        end = len(q["pages"]) if last else t1 // self.page
+        send = q["pages"][q["sent"]:end] if end > q["sent"] else []
         if not send and not last:
-            self.stats["zero_page_chunks"] += 1
+            self.stats["chunks_skipped"] += 1  # SGLang skips a chunk with no whole page
+        else:
+            if send:
+                self.write_kv(r, send, q["sent"])
+            if last:
+                self.write_state_and_metadata(r, q["slot"], q["row"])
+                if not send:
+                    self.stats["zero_page_last"] += 1
+            self.each("send", snd, send, [[q["slot"]]] if last else None)
+            q["sent"] += len(send)
+            self.stats["chunks_sent"] += 1
         if any(s.conclude_state == KVPoll.Failed for s in snd):
-            self.end_failed(r, snd, "send")
+            self.end_failed(q, "send")
             self.free(q)
             return "failed"
-        if r.prefill_abort_after and q["chunk"] == r.prefill_abort_after:
-            for s in snd:
-                s.abort()  # returns at once: poll() says Failed once ferryd drained it
-            self.stats["prefill_aborts"] += 1
-            q["aborted"] = True
+        if last and r.prefill_abort == "after_last_chunk":
+            self.abort(q, "after_last_chunk")
+            return "aborted"
+        if not last and r.prefill_abort == "mid_chunks" and q["chunk"] == r.prefill_abort_after:
+            self.abort(q, "mid_chunks")
             return "aborted"
         return "last" if last else "sent"
