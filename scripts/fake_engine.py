@@ -208,11 +208,10 @@ def main() -> int:
     ap.add_argument("--abort-rate", type=float, default=0.05,
                     help="fraction of requests aborted on each side, spread over the five "
                          "points (default 0.05; every point at least once)")
-    ap.add_argument("--aux-memory", choices=("memfd", "ordinary"), default="memfd",
-                    help="where the MetadataBuffers live: in the rank's memfd, or in ordinary "
-                         "memory (anonymous mmaps, as SGLang's CPU tensors) that the adapter "
-                         "moves through a pool of its own (default memfd until that adapter "
-                         "path is in main)")
+    ap.add_argument("--aux-memory", choices=("memfd", "ordinary"), default="ordinary",
+                    help="where the MetadataBuffers live: in ordinary memory (anonymous mmaps, "
+                         "as SGLang's CPU tensors; the adapter copies their rows through a "
+                         "memfd of its own; the default) or in the rank's memfd (lent)")
     ap.add_argument("--tp2-requests", type=int, default=24,
                     help="requests of the TP 2 -> TP 1 phase (0 skips it)")
     ap.add_argument("--tp12-requests", type=int, default=24,

@@ -12,13 +12,14 @@ them as SGLang's ``KVArgs`` does, for pools ferryd's config leaves to the regist
   ``state_slice_outer_counts`` and ``state_conv_shard_groups``.
 - SWA: an SWA KV pool (two sliding-window layers, K then V, its own token count) is allocated
   as SGLang's ``SWAKVPool`` would, but NOT listed in ``state_types``: the adapter refuses
-  ``StateType`` swa at construction (``FerryKVArgs.mamba_component``: Ferry moves Mamba state
-  only), so an SGLang model with an SWA component cannot use Ferry today; see
+  ``StateType`` swa at construction (``FerryKVArgs.mamba_component``: Ferry cannot move swa
+  yet), so an SGLang model with an SWA component cannot use Ferry today; see
   :func:`swa_refusal`.
 - MetadataBuffers: ten tensors with SGLang's row sizes, ``bootstrap_room`` at index 7 (not
   last), in ordinary memory (one anonymous mmap per tensor, as torch's CPU allocations:
   ``--aux-memory ordinary``) or inside the rank's memfd (``--aux-memory memfd``). Ordinary
-  memory lies outside ``memory_regions``: the adapter must move those rows itself.
+  memory lies outside ``memory_regions``: the adapter copies those rows through a memfd of its
+  own (:mod:`ferry.sglang_aux`).
 """
 
 from __future__ import annotations

@@ -64,6 +64,17 @@ class Engine:
             p.close()
 
 
+def ensured(mgr: FerryKVManager, addr: str, timeout: float = T) -> bool:
+    """``try_ensure_parallel_info`` until True (bounded): it answers False while a lookup that
+    needs the network runs in its own thread, as a scheduler keeps the request waiting."""
+    deadline = time.monotonic() + timeout
+    while not mgr.try_ensure_parallel_info(addr):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
 def wait_all(objs: list, want: int = KVPoll.Success, timeout: float = T) -> list[int]:
     deadline = time.monotonic() + timeout
     while True:

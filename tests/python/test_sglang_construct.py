@@ -16,12 +16,14 @@ from typing import Any, Iterator
 import pytest
 
 from conftest import IO_TIMEOUT
+from engine_ranks import ensured
 from ferry import Errc, FerryError
 from ferry.memory import MemfdPool
 from ferry.protocol import Cancel, Prepare, Send
 from ferry.sglang import (FerryKVArgs, FerryKVManager, FerryKVReceiver, FerryKVSender,
                           FerrySettings, KVArgs, KVBootstrapServer, KVManager, KVPoll, KVReceiver,
                           KVSender)
+from ferry.sglang_http import FerryHTTPBootstrap
 from ferry.sglang_settings import DEFAULT_SOCKET, config_section
 from sglang_fakes import ModelDaemon, World, failure, layout
 
@@ -186,7 +188,7 @@ def test_a_room_between_ranks_built_only_as_sglang_builds_them(
         assert decode.mgr.try_ensure_parallel_info(addr) is False  # nothing registered yet
         prefill = Rank(Mode.PREFILL, sa)
         assert boot.ranks == {(0, 0, 0, 0): {"rank_ip": "127.0.0.1", "rank_port": 7401}}
-        assert decode.mgr.try_ensure_parallel_info(addr) is True
+        assert ensured(decode.mgr, addr)
         info = decode.mgr.prefill_info_table[addr]
         assert (info.dp_size, info.follow_bootstrap_room, info.attn_tp_size, info.page_size) \
             == (1, False, 1, 16)
@@ -212,7 +214,7 @@ def test_a_room_between_ranks_built_only_as_sglang_builds_them(
         assert fresh.get_transfer_metric() == type(m)(None, None, 0)
         decode.mgr.forget_prefill(addr)  # asked again: still registered, so ready again
         assert decode.mgr.prefill_info_table == {}
-        assert decode.mgr.try_ensure_parallel_info(addr) and addr in decode.mgr.prefill_info_table
+        assert ensured(decode.mgr, addr) and addr in decode.mgr.prefill_info_table
     finally:
         if prefill is not None:
             prefill.close()
@@ -346,7 +348,7 @@ def test_the_bootstrap_servers_ranks_may_seed_discovery(daemons: tuple[World, st
                                             page_size=16)
         mgr = KVManager(args, Mode.DECODE, server_args(boot.port), False,
                         bootstrap=FerryHTTPBootstrap(discover=True))
-        assert mgr.try_ensure_parallel_info(boot.address)
+        assert ensured(mgr, boot.address)
         r = KVReceiver(mgr=mgr, bootstrap_addr=boot.address, bootstrap_room=70)
         r.init(0)
         r.send_metadata([1], 0, [[0]], 0)
@@ -385,3 +387,29 @@ def test_sglangs_dynamic_backend_loads_ferry_by_module_and_class_name() -> None:
     args = provider.get_kv_class(KVClassType.KVARGS)()  # SGLang: kv_args_class(), then fields
     args.kv_data_ptrs = [0x1000]
     assert args.kv_data_ptrs == [0x1000] and args.memory_regions == []
+
+
+def test_try_ensure_parallel_info_never_waits_on_the_bootstrap_server(
+        daemons: tuple[World, str]) -> None:
+    """A bootstrap address that accepts and never answers, and an HTTP timeout of an hour: a
+    call that waited on it would hang this test. Every call answers False at once (the lookup
+    runs in a thread of its own), as a scheduler keeps the request waiting."""
+    import socket
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    addr = f"127.0.0.1:{srv.getsockname()[1]}"
+    kv, state, aux = layout()
+    pools = [MemfdPool("kv", kv), MemfdPool("state", state), MemfdPool("aux", aux)]
+    try:
+        args = FerryKVArgs.from_memfd_pools(kv=pools[0], state=pools[1], aux=pools[2],
+                                            page_size=16)
+        mgr = KVManager(args, "decode", None, False,
+                        bootstrap=FerryHTTPBootstrap(timeout=3600.0))
+        assert [mgr.try_ensure_parallel_info(addr) for _ in range(50)] == [False] * 50
+        assert mgr.prefill_info_table == {}
+        mgr.close()
+    finally:
+        srv.close()
+        for p in pools:
+            p.close()

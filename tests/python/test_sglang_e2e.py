@@ -18,7 +18,7 @@ import pytest
 from conftest import IO_TIMEOUT, Daemon, start_pair
 from ferry.sglang import FerryHTTPBootstrap, KVBootstrapServer, KVManager
 
-from engine_ranks import CLIENT_POOLS, T, Engine, check_landed, run_room, stop_all
+from engine_ranks import CLIENT_POOLS, T, Engine, check_landed, ensured, run_room, stop_all
 
 
 class SGLangEngine(Engine):
@@ -72,7 +72,7 @@ def test_a_room_lands_between_ranks_built_as_sglang_builds_them(
     assert boot.ranks == {(0, 0, 0, 0): {"rank_ip": "127.0.0.1",
                                          "rank_port": int(p.daemon.control.split(":")[1])}}
     addr = boot.address
-    assert d.mgr.try_ensure_parallel_info(addr)
+    assert ensured(d.mgr, addr)
     info = d.mgr.prefill_info_table[addr]
     assert (info.dp_size, info.follow_bootstrap_room, info.attn_tp_size, info.pp_size) == \
         (1, True, 1, 1)

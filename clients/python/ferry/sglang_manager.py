@@ -37,6 +37,15 @@ def _mode_name(mode: Any) -> str:
     return name
 
 
+class _Lookup:
+    """A prefill instance's parallel info being fetched off the scheduler loop."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.info: Optional[FerryPrefillInfo] = None
+        self.error: Optional[BaseException] = None
+
+
 class FerryKVManager:
     """One engine rank's link to its local ferryd (SGLang's ``KVManager``).
 
@@ -85,6 +94,8 @@ class FerryKVManager:
                  reconnect: Union[bool, Reconnect] = _DEFAULT,
                  settings: Optional[FerrySettings] = None) -> None:
         self.kv_args = args
+        self._lookups: dict[str, _Lookup] = {}
+        self._lookups_lock = threading.Lock()
         self.disaggregation_mode = _mode_name(disaggregation_mode)
         self.server_args = server_args
         self.is_mla_backend = is_mla_backend
@@ -359,12 +370,52 @@ class FerryKVManager:
         :class:`FerryBootstrap` table, every rank named is in its ``ready`` store (when it
         tracks readiness); with discovery, at least one rank answers. A scheduler keeps the
         request waiting while this is False; a table that names no rank for the address raises
-        ``LookupError``, a prefill whose page size differs from this rank's ``RuntimeError``."""
+        ``LookupError``, a prefill whose page size differs from this rank's ``RuntimeError``.
+
+        It never waits on the network: where the answer needs one (the bootstrap server's
+        HTTP, ferryd's discover), the first call starts the lookup in a thread of its own and
+        answers False; a later call takes its outcome (raising what it raised), and the ranks
+        of every DP group are fetched with it, so ``init`` finds them at hand."""
         if bootstrap_addr in self.prefill_info_table:
             return True
         if self.bootstrap is None:
             raise LookupError("a decode manager needs a FerryBootstrap")
-        info = self.bootstrap.parallel_info(bootstrap_addr, self.client, prefill_dp_rank)
+        if not (isinstance(self.bootstrap, FerryHTTPBootstrap) or self.bootstrap.discover):
+            return self._take_info(bootstrap_addr, self.bootstrap.parallel_info(
+                bootstrap_addr, self.client, prefill_dp_rank))
+        with self._lookups_lock:
+            job = self._lookups.get(bootstrap_addr)
+            if job is None:
+                job = _Lookup()
+                self._lookups[bootstrap_addr] = job
+                threading.Thread(target=self._look_up, args=(bootstrap_addr, prefill_dp_rank, job),
+                                 daemon=True, name=f"ferry-lookup[{bootstrap_addr}]").start()
+                return False
+            if not job.done.is_set():
+                return False
+            del self._lookups[bootstrap_addr]  # the next call after a False looks again
+        if job.error is not None:
+            raise job.error
+        return self._take_info(bootstrap_addr, job.info)
+
+    def _look_up(self, bootstrap_addr: str, prefill_dp_rank: int, job: _Lookup) -> None:
+        boot = self.bootstrap
+        assert boot is not None
+        try:
+            job.info = boot.parallel_info(bootstrap_addr, self.client, prefill_dp_rank)
+            if job.info is not None:
+                for dp in range(max(1, int(job.info.dp_size or 1))):
+                    try:  # warm init()'s ranks; init asks again (and says why) if this failed
+                        boot.prefill_peers(bootstrap_addr, dp, self.client)
+                    except Exception as e:  # noqa: BLE001 - reported by init
+                        _log.info("ferry: prefill ranks of %s DP %d not at hand yet: %s",
+                                  bootstrap_addr, dp, e)
+        except BaseException as e:  # noqa: BLE001 - raised by the next try_ensure_parallel_info
+            job.error = e
+        finally:
+            job.done.set()
+
+    def _take_info(self, bootstrap_addr: str, info: Optional[FerryPrefillInfo]) -> bool:
         if info is None:
             return False
         if info.page_size is not None and info.page_size != self.page_size:
