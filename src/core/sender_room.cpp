@@ -180,8 +180,10 @@ effects room::chunk(proto::send c) {
   const bool ends = step.value.completes && c.last;
   last_taken_ = last_taken_ || ends;
   ++unposted_;
-  out.push_back(post_chunk{std::move(c), open_first_, ends});
+  // Answered before it is planned and posted (packing a large chunk takes milliseconds): the
+  // engine's call waits for the chunk's acceptance, not for ferryd's work on it.
   out.push_back(reply{{}});
+  out.push_back(post_chunk{std::move(c), open_first_, ends});
   return out;
 }
 

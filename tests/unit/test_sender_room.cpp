@@ -317,11 +317,11 @@ const row table[] = {
   {P::waiting_for_input, ev::prepare_bad_indices,  P::waiting_for_input, "ack_err"},
   {P::waiting_for_input, ev::prepare_out_of_group, P::waiting_for_input, "ack_err"},
   {P::waiting_for_input, ev::prepare_again,        P::waiting_for_input, "ack_err"},
-  {P::waiting_for_input, ev::chunk,                P::waiting_for_input, "post_chunk reply_ok"},
-  {P::waiting_for_input, ev::chunk_last,           P::waiting_for_input, "post_chunk reply_ok"},
+  {P::waiting_for_input, ev::chunk,                P::waiting_for_input, "reply_ok post_chunk"},
+  {P::waiting_for_input, ev::chunk_last,           P::waiting_for_input, "reply_ok post_chunk"},
   {P::waiting_for_input, ev::chunk_overrun,        P::waiting_for_input, "reply_err"},
   {P::waiting_for_input, ev::chunk_repeat,         P::waiting_for_input, "reply_err"},
-  {P::waiting_for_input, ev::chunk_layer,          P::waiting_for_input, "post_chunk reply_ok"},
+  {P::waiting_for_input, ev::chunk_layer,          P::waiting_for_input, "reply_ok post_chunk"},
   {P::waiting_for_input, ev::chunk_layer_again,    P::waiting_for_input, "reply_err"},
   {P::waiting_for_input, ev::chunk_other_open,     P::waiting_for_input, "reply_err"},
   {P::waiting_for_input, ev::posted,               P::transferring, "report:Transferring"},
@@ -343,11 +343,11 @@ const row table[] = {
   {P::transferring, ev::prepare_bad_indices,  P::transferring, "ack_err"},
   {P::transferring, ev::prepare_out_of_group, P::transferring, "ack_err"},
   {P::transferring, ev::prepare_again,        P::transferring, "ack_err"},
-  {P::transferring, ev::chunk,                P::transferring, "post_chunk reply_ok"},
-  {P::transferring, ev::chunk_last,           P::transferring, "post_chunk reply_ok"},
+  {P::transferring, ev::chunk,                P::transferring, "reply_ok post_chunk"},
+  {P::transferring, ev::chunk_last,           P::transferring, "reply_ok post_chunk"},
   {P::transferring, ev::chunk_overrun,        P::transferring, "reply_err"},
   {P::transferring, ev::chunk_repeat,         P::transferring, "reply_err"},
-  {P::transferring, ev::chunk_layer,          P::transferring, "post_chunk reply_ok"},
+  {P::transferring, ev::chunk_layer,          P::transferring, "reply_ok post_chunk"},
   {P::transferring, ev::chunk_layer_again,    P::transferring, "reply_err"},
   {P::transferring, ev::chunk_other_open,     P::transferring, "reply_err"},
   {P::transferring, ev::posted,               P::transferring, ""},
@@ -470,7 +470,7 @@ TEST_CASE("sender room: the announcement waits for the last chunk, every post an
           "[unit][sender_room]") {
   harness h;
   bring_to(h, room_phase::transferring);
-  CHECK(h.apply(h.m.chunk(harness::chunk({101}, true))) == "post_chunk reply_ok");
+  CHECK(h.apply(h.m.chunk(harness::chunk({101}, true))) == "reply_ok post_chunk");
   CHECK(h.apply(h.m.pumped(true)) == "");        // the post is not carried out yet
   CHECK(h.apply(h.m.chunk_posted(true)) == "");  // head-sliced KV still waits for staging
   CHECK(h.apply(h.m.pumped(true)) == "");
@@ -597,7 +597,7 @@ TEST_CASE("sender room: a chunk sent in layer ranges ends the room with its last
   bring_to(h, room_phase::transferring);  // chunk {10} at position 0
   auto post_of = [](const effects& fx) {
     REQUIRE(fx.size() == 2);
-    return std::get<post_chunk>(fx[0]);
+    return std::get<post_chunk>(fx[1]);
   };
   auto p = post_of(h.m.chunk(harness::layers({101}, 7, 1, true)));
   CHECK(p.first == 1);
