@@ -582,4 +582,5 @@ def test_the_compatibility_module(fake: FakeDaemon) -> None:
     assert ferry_client.Event is Event
     assert ferry_client.Buffer._fields == ("offset", "item_bytes", "items", "layer_id", "tensor",
                                            "kind")
-    assert ferry_client.Pool._fields == ("present", "shm_name", "total_bytes", "buffers")
+    assert ferry_client.Pool._fields == ("present", "shm_name", "total_bytes", "buffers",
+                                         "registered")

@@ -233,7 +233,25 @@ def test_a_sender_registers_its_rooms_dp_rank_as_sglangs_do(
     try:
         KVSender(prefill.mgr, boot.address, 60, [0], 0)
         KVSender(prefill.mgr, boot.address, 61, [0], 0, req_has_disagg_prefill_dp_rank=True)
+        # posted off the scheduler loop, in order: the decode sees it once it is done
+        deadline = time.monotonic() + IO_TIMEOUT
+        while FerryKVReceiver.query_prefill_dp_ranks(boot.address, [60, 61]) != {"60": 0} and \
+                time.monotonic() < deadline:
+            time.sleep(0.005)
         assert FerryKVReceiver.query_prefill_dp_ranks(boot.address, [60, 61]) == {"60": 0}
+        # A bootstrap server that accepts and never answers, with an hour's HTTP timeout: a
+        # sender that waited on it would hang here.
+        import socket
+        hang = socket.socket()
+        hang.bind(("127.0.0.1", 0))
+        hang.listen(8)
+        prefill.mgr.settings.http_timeout = 3600.0
+        try:
+            for room in (64, 66):
+                KVSender(prefill.mgr, f"127.0.0.1:{hang.getsockname()[1]}", room, [0], 0)
+        finally:
+            hang.close()
+            prefill.mgr.settings.http_timeout = 5.0
         prefill.mgr.server_args.load_balance_method = "follow_bootstrap_room"
         ok = KVSender(prefill.mgr, boot.address, 62, [0], 0)  # 62 % 2 == 0: this rank's group
         assert ok.poll() == KVPoll.Bootstrapping

@@ -9,9 +9,10 @@ from __future__ import annotations
 import logging
 import operator
 import os
+import queue
 import threading
 import time
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from .client import Client
 from .errors import Errc, FerryError
@@ -96,6 +97,8 @@ class FerryKVManager:
         self.kv_args = args
         self._lookups: dict[str, _Lookup] = {}
         self._lookups_lock = threading.Lock()
+        self._posts: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._poster: Optional[threading.Thread] = None
         self.disaggregation_mode = _mode_name(disaggregation_mode)
         self.server_args = server_args
         self.is_mla_backend = is_mla_backend
@@ -455,11 +458,32 @@ class FerryKVManager:
                     f"but bootstrap_room {room} implies dp_rank {room % dp_size}. Set "
                     f"SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1 to allow mixed "
                     f"routing.")
+        self._post_off_loop(lambda: self._register_dp_rank(bootstrap_addr, room))
+        return None
+
+    def _register_dp_rank(self, bootstrap_addr: str, room: int) -> None:
         why = register_dp_rank(bootstrap_addr, room, self.attn_dp_rank,
                                self.settings.http_timeout)
         if why is not None:
             _log.error("ferry: failed to register prefill dp_rank of room %d: %s", room, why)
-        return None
+
+    def _post_off_loop(self, job: Callable[[], None]) -> None:
+        """Run ``job`` (an HTTP request whose failure is only logged) on this manager's one
+        worker thread, in order, so no call from the scheduler loop waits on the network."""
+        with self._lookups_lock:
+            if self._poster is None:
+                self._poster = threading.Thread(target=self._post_loop, daemon=True,
+                                                name="ferry-bootstrap-posts")
+                self._poster.start()
+        self._posts.put(job)
+
+    def _post_loop(self) -> None:
+        while True:
+            job = self._posts.get()
+            try:
+                job()
+            except Exception as e:  # noqa: BLE001 - a registration is best effort, as SGLang's
+                _log.error("ferry: a bootstrap request failed: %s", e)
 
     # --- helpers for senders and receivers ------------------------------------------------------
 
