@@ -10,13 +10,14 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${FERRY_FUZZ_DIR:-$root/build-fuzz}
 seconds=${FUZZ_SECONDS:-20}
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(fuzz_protocol fuzz_config fuzz_geometry fuzz_preamble)
+[ ${#targets[@]} -gt 0 ] || targets=(fuzz_protocol fuzz_config fuzz_geometry fuzz_preamble fuzz_registration)
 
 CXX=clang++ cmake -S "$root" -B "$build" -DFERRY_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build" -j2 --target fuzzers
 
 seeds="$build/seeds"
-mkdir -p "$seeds/fuzz_protocol" "$seeds/fuzz_config" "$seeds/fuzz_geometry" "$seeds/fuzz_preamble"
+mkdir -p "$seeds/fuzz_protocol" "$seeds/fuzz_config" "$seeds/fuzz_geometry" "$seeds/fuzz_preamble" \
+  "$seeds/fuzz_registration"
 cp "$root"/configs/*.yaml "$seeds/fuzz_config/"
 { cat "$root/configs/prefill.yaml"; printf '\n---8<---\n'; cat "$root/configs/decode.yaml"; } \
   >"$seeds/fuzz_geometry/pair.yaml"
@@ -31,6 +32,19 @@ printf '\x06\x09\x00\x00\x00\x01\x00\x00\x00\x01\x00\x00\x00\x02\x00\x01\x00\x00
   printf 'FERRY-PP\x00\x01P\x00'; head -c 36 /dev/zero
 } >"$seeds/fuzz_preamble/hello-proof.bin"
 { printf '\x01\x00\x00\x00\xff\xff\xff\xff'; head -c 24 /dev/zero; } >"$seeds/fuzz_preamble/basp.bin"
+# One descriptor of 1 MiB; an aux pool (2) of two buffers at offsets 100 and 4000, 8 rows of 64
+# bytes each, room id in buffer 1 (v7 register_memory body).
+{
+  printf '\x00\x00\x00\x10\x00\x00\x00\x00\x00'
+  printf '\x02\x00\x01\x00\x00\x00\x02\x00\x00\x00'
+  for b in 'd\x00' '\xa0\x0f'; do
+    printf '\x00\x00\x00\x00'"$b"'\x00\x00\x00\x00\x00\x00'
+    printf '\x40\x00\x00\x00\x00\x00\x00\x00\x08\x00\x00\x00\x00\x00\x00\x00'
+    printf '\x00\x00\x00\x00\x00\x00\x00\x00\x04'
+    head -c 16 /dev/zero; printf '\x00\x00'
+  done
+  printf '\x00\x00\x00\x00\x01\x00\x00\x00'
+} >"$seeds/fuzz_registration/aux.bin"
 
 status=0
 for t in "${targets[@]}"; do
