@@ -1,5 +1,6 @@
 // Parsing: YAML text to the config structs, checking only keys and types (an unknown or repeated
 // key, a string where a number belongs); what the values mean is config_validate.cpp's.
+#include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -100,9 +101,32 @@ void read(const YAML::Node& n, const std::string& path, uint64_t& out) {
   out = read_uint(n, path, std::numeric_limits<uint64_t>::max());
 }
 
+/// Where `s` is not printable UTF-8 (a control character, or bytes that are no UTF-8), or
+/// npos. A config's text is printed again (`--check-config`, a peer's hello) and must read back
+/// the same, which such bytes would not.
+size_t unprintable_at(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f) return i;
+    const size_t len = c < 0x80           ? 1
+                       : (c >> 5) == 0x6  ? 2
+                       : (c >> 4) == 0xe  ? 3
+                       : (c >> 3) == 0x1e ? 4
+                                          : 0;
+    if (len == 0 || i + len > s.size()) return i;
+    for (size_t j = 1; j < len; ++j)
+      if ((static_cast<unsigned char>(s[i + j]) >> 6) != 0x2) return i;
+    i += len;
+  }
+  return std::string::npos;
+}
+
 void read(const YAML::Node& n, const std::string& path, std::string& out) {
   if (!n.IsScalar()) fail(path, "expected a string, got " + describe(n));
   out = n.Scalar();
+  if (const auto at = unprintable_at(out); at != std::string::npos)
+    fail(path, fmt::format("expected printable UTF-8 text, got byte 0x{:02x} at offset {}",
+                           static_cast<unsigned char>(out[at]), at));
 }
 
 void read(const YAML::Node& n, const std::string& path, bool& out) {

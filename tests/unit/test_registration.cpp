@@ -211,3 +211,17 @@ TEST_CASE("a registration's numbers cannot overflow or map what lies between its
   CHECK(d.value.section.kv->placement.offsets ==
         std::vector<uint64_t>{704, 17600, 36864 + 34496 - 32768, 36864 + 51392 - 32768});
 }
+
+TEST_CASE("a config's text is printable UTF-8, so it reads back the same when printed",
+          "[config]") {
+  auto cfg = parse_config_text(
+      "node: {name: d}\nrole: decode\nlisten: {control: \"127.0.0.1:7400\", client: "
+      "\"/tmp\\x0fx.sock\"}\npools:\n  kv: {memory: client}\n");
+  REQUIRE_FALSE(cfg);
+  CHECK(cfg.message == "listen.client: expected printable UTF-8 text, got byte 0x0f at offset 4");
+  cfg = parse_config_text(
+      "node: {name: d}\nrole: decode\nlisten: {control: \"127.0.0.1:7400\", client: "
+      "/tmp/d\xc3\xa9"
+      "code.sock}\npools:\n  kv: {memory: client}\n");
+  CHECK(cfg);  // UTF-8 is text
+}

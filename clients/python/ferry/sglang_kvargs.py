@@ -37,7 +37,7 @@ class FerryKVArgs:
     The per-buffer lists keep SGLang's names and order: ``kv_data_ptrs`` K of every layer then
     V (one per layer for MLA), ``state_data_ptrs`` one list per ``state_types`` component,
     tensor-major then layer (a flat list is taken as the Mamba component), ``aux_data_ptrs`` the
-    aux buffers (ferryd's aux pool is one buffer of ``row_bytes`` rows: one entry). ``*_lens``
+    aux buffers (SGLang's MetadataBuffers: one entry per tensor, each its own row size). ``*_lens``
     are the bytes of each buffer (optional: 0 skips the local size check), ``*_item_lens`` the
     bytes of one item (a page of one layer's K or V, a slot of one state tensor and layer, a
     row). ``kv_layer_ids`` and ``state_layer_ids`` (global layer ids) default to ferryd's.
@@ -137,9 +137,9 @@ class FerryKVArgs:
     def _pool_lists(self, kind: str
                     ) -> tuple[list[int], list[int], list[int], Optional[list[int]]]:
         """(ptrs, lens, item_lens, layer_ids) of pool ``kind``."""
-        if kind == "kv":
+        if kind == "kv":  # (SGLang gives [] with a draft model: as good as none)
             return (list(self.kv_data_ptrs), list(self.kv_data_lens), list(self.kv_item_lens),
-                    None if self.kv_layer_ids is None else list(self.kv_layer_ids))
+                    list(self.kv_layer_ids) if self.kv_layer_ids else None)
         if kind == "aux":
             return list(self.aux_data_ptrs), list(self.aux_data_lens), \
                 list(self.aux_item_lens), None
