@@ -210,6 +210,18 @@ result<registration_plan> check_registration(const daemon_context& ctx,
         fmt::format("pool {0} is daemon memory (pools.{1}.memory: daemon); there is nothing to "
                     "register",
                     name, req.pool == pool_kind::state ? "mamba" : name)};
+  if (req.pool != pool_kind::state && req.state != state_type::mamba)
+    return error{errc::invalid_request,
+                 fmt::format("pool {}: state_type {} applies to the state pool only", name,
+                             to_string(req.state))};
+  // The config describes such a pool, its type too; a registration may leave the type unsaid
+  // (mamba, as before version 8) but not contradict it.
+  if (req.pool == pool_kind::state && !registered(ctx, k) && req.state != state_type::mamba &&
+      req.state != ctx.config.pools.mamba->type)
+    return error{errc::invalid_request,
+                 fmt::format("pool state: the registration says state_type {}, the config's "
+                             "pools.mamba.type is {}",
+                             to_string(req.state), to_string(ctx.config.pools.mamba->type))};
   switch (ctx.client_pools[k].now.load()) {
     case client_pool::state::unregistered:
       break;

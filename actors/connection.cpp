@@ -386,6 +386,7 @@ caf::behavior relay(connection_actor* self) {
           st.queued.push_back(std::move(o.msg));
       },
       [=](peer_prepare& m) { inbound(caf::make_message(std::move(m))); },
+      [=](peer_prepare_paged& m) { inbound(caf::make_message(std::move(m))); },
       [=](peer_prepare_ack& m) { inbound(caf::make_message(std::move(m))); },
       [=](peer_announce& m) { inbound(caf::make_message(std::move(m))); },
       [=](peer_outcome& m) { inbound(caf::make_message(std::move(m))); },

@@ -13,6 +13,7 @@ void add_ferry_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<peer_hello>("ferry::peer_hello");
   cfg.add_message_type<peer_refused>("ferry::peer_refused");
   cfg.add_message_type<peer_prepare>("ferry::peer_prepare");
+  cfg.add_message_type<peer_prepare_paged>("ferry::peer_prepare_paged");
   cfg.add_message_type<peer_prepare_ack>("ferry::peer_prepare_ack");
   cfg.add_message_type<peer_announce>("ferry::peer_announce");
   cfg.add_message_type<peer_outcome>("ferry::peer_outcome");

@@ -42,7 +42,10 @@ namespace ferry {
 /// 7: a daemon may have several fabric endpoints (rails); once ready, the two Connections
 /// exchange them (`peer_rails`) and the prefill stripes its writes across the rails both have.
 /// A peer of version 5 or 6 is sent none, and the pair uses one endpoint each (the hello's).
-inline constexpr uint32_t peer_protocol_version = 7;
+/// 8: a state pool may be indexed by pages (swa, dsa, minimax_index_k); such a pool's prepares
+/// go as `peer_prepare_paged`. A daemon with a paged state pool refuses peers below version 8.
+inline constexpr uint32_t peer_protocol_version = 8;
+inline constexpr uint32_t peer_paged_state_version = 8;
 inline constexpr uint32_t peer_protocol_min_version = 5;
 
 /// "No staging" in peer_prepare::dst_staging.
@@ -130,6 +133,17 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, peer_prepare& x) {
   return f(caf::meta::type_name("peer_prepare"), x.room, x.token, x.dst_pages, x.dst_state_slot,
            x.dst_aux_row, x.dst_staging, x.prefix_tokens);
+}
+
+/// Decode -> prefill (version 8): a prepare whose state pool is indexed by pages (swa, dsa,
+/// minimax_index_k) names those pages too, in the order the engine gave them.
+struct peer_prepare_paged {
+  peer_prepare prepare;
+  std::vector<uint32_t> dst_state_pages;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, peer_prepare_paged& x) {
+  return f(caf::meta::type_name("peer_prepare_paged"), x.prepare, x.dst_state_pages);
 }
 
 // Every room message after the prepare carries the prepare's `token`: the epoch of that room

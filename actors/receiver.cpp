@@ -159,11 +159,15 @@ void apply(receiver_actor* self, receiver::effects fx) {
                 st.ctx->log_room->debug("room={} peer={} prepare: {} pages; {}", st.prep.room,
                                         peer->address, st.prep.dst_pages.size(),
                                         peer->link->describe());
-              self->send(
-                  st.connections[l.named],
-                  peer_outbound{caf::make_message(peer_prepare{
-                      st.prep.room, l.token, st.prep.dst_pages, st.prep.state_slot, st.prep.aux_row,
-                      l.staging.value_or(no_staging), st.prep.prefix_tokens})});
+              peer_prepare p{st.prep.room,         l.token,         st.prep.dst_pages,
+                             st.prep.state_slot,   st.prep.aux_row, l.staging.value_or(no_staging),
+                             st.prep.prefix_tokens};
+              const auto& state = st.ctx->config.pools.mamba;
+              self->send(st.connections[l.named],
+                         peer_outbound{state && paged(state->type)
+                                           ? caf::make_message(peer_prepare_paged{
+                                                 std::move(p), st.prep.state_pages})
+                                           : caf::make_message(std::move(p))});
             }
           } else if constexpr (std::is_same_v<E, receiver::tell>) {
             if (x.ok)

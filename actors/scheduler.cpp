@@ -121,35 +121,35 @@ void on_peer_inbound(scheduler_actor* self, peer_inbound& in) {
   auto to_decode = [&](uint64_t token) {
     if (auto t = st.token_room.find(token); t != st.token_room.end()) forward(st.decode, t->second);
   };
+  auto on_prepare = [&](peer_prepare& p) {
+    auto refuse = [&](std::string why, errc code = errc::ok) {
+      self->send(in.connection, peer_outbound{caf::make_message(peer_prepare_ack{
+                                    p.room, p.token, false, why, static_cast<uint16_t>(code)})});
+    };
+    auto it = st.prefill.active.find(p.room);
+    if (it == st.prefill.active.end()) {
+      if (!st.ctx->serves_prefill()) return refuse("this daemon does not serve the prefill role");
+      if (auto late = late_prepare(st.prefill.finished, p.room); !late)
+        return refuse(late.message, late.code);
+      const auto now = std::chrono::steady_clock::now();
+      if (auto c = st.cancelled_unknown.prepare_allowed(p.room, now); !c)
+        return refuse(c.message, c.code);
+      if (auto e = admission(st, st.prefill, "prefill"); !e) return refuse(e.message, e.code);
+      open_room(st, st.prefill, p.room,
+                spawn_sender(self, st.ctx, p.room, caf::actor_cast<caf::actor>(self)));
+      it = st.prefill.active.find(p.room);
+    }
+    auto& e = it->second;
+    if (std::find(e.connections.begin(), e.connections.end(), in.connection) ==
+        e.connections.end()) {
+      e.connections.push_back(in.connection);
+      e.peer += (e.peer.empty() ? "" : ",") + in.from->address;
+    }
+    self->send(e.actor, std::move(in));
+  };
   in.msg.apply({
-      [&](peer_prepare& p) {
-        auto refuse = [&](std::string why, errc code = errc::ok) {
-          self->send(in.connection,
-                     peer_outbound{caf::make_message(peer_prepare_ack{
-                         p.room, p.token, false, why, static_cast<uint16_t>(code)})});
-        };
-        auto it = st.prefill.active.find(p.room);
-        if (it == st.prefill.active.end()) {
-          if (!st.ctx->serves_prefill())
-            return refuse("this daemon does not serve the prefill role");
-          if (auto late = late_prepare(st.prefill.finished, p.room); !late)
-            return refuse(late.message, late.code);
-          const auto now = std::chrono::steady_clock::now();
-          if (auto c = st.cancelled_unknown.prepare_allowed(p.room, now); !c)
-            return refuse(c.message, c.code);
-          if (auto e = admission(st, st.prefill, "prefill"); !e) return refuse(e.message, e.code);
-          open_room(st, st.prefill, p.room,
-                    spawn_sender(self, st.ctx, p.room, caf::actor_cast<caf::actor>(self)));
-          it = st.prefill.active.find(p.room);
-        }
-        auto& e = it->second;
-        if (std::find(e.connections.begin(), e.connections.end(), in.connection) ==
-            e.connections.end()) {
-          e.connections.push_back(in.connection);
-          e.peer += (e.peer.empty() ? "" : ",") + in.from->address;
-        }
-        self->send(e.actor, std::move(in));
-      },
+      [&](peer_prepare& p) { on_prepare(p); },
+      [&](peer_prepare_paged& p) { on_prepare(p.prepare); },
       [&](peer_prepare_ack& a) { to_decode(a.token); },
       [&](peer_announce& a) { to_decode(a.token); },
       [&](peer_drained& d) { to_decode(d.token); },
@@ -297,7 +297,8 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
               u.code == errc::ok ? "" : " code=", u.code == errc::ok ? "" : to_string(u.code),
               u.reason.empty() ? "" : ": ", u.reason);
         if (u.decode_side)
-          st.claims->release(u.room, it->second.dst_pages, it->second.dst_slot, it->second.dst_row);
+          st.claims->release(u.room, it->second.dst_pages, it->second.dst_slot, it->second.dst_row,
+                             it->second.dst_state_pages);
         if (u.decode_side)
           for (uint32_t i = 0; i < it->second.tokens; ++i) {
             const uint64_t t = it->second.token + i;

@@ -72,7 +72,7 @@ void fail_orphan(scheduler_actor* self, side_rooms& side, uint64_t room, std::st
   room_moved(st, &side == &st.decode, e, room_status::failed, errc::internal, 0);
   if (&side == &st.decode) {
     for (uint32_t i = 0; i < e.tokens; ++i) st.token_room.erase(e.token + i);
-    st.claims->release(room, e.dst_pages, e.dst_slot, e.dst_row);
+    st.claims->release(room, e.dst_pages, e.dst_slot, e.dst_row, e.dst_state_pages);
   }
   st.ctx->log_sched->info("room={} side={} Failed: {}", room,
                           &side == &st.decode ? "decode" : "prefill", reason);
@@ -132,9 +132,10 @@ void on_prepare(scheduler_actor* self, client_request& r) {
     return reply_error(self, r, e.code, fmt::format("room {}: {}", p.room, e.message));
   if (auto e = check_prepare(st.ctx->config, st.ctx->layout, p); !e)
     return reply_error(self, r, std::move(e).error());
-  if (auto e = st.claims->claim(p.room, p.dst_pages, p.state_slot, p.aux_row); !e)
+  if (auto e = st.claims->claim(p.room, p.dst_pages, p.state_slot, p.aux_row, p.state_pages); !e)
     return reply_error(self, r, std::move(e).error());
   auto dst_pages = p.dst_pages;
+  auto dst_state_pages = p.state_pages;
   const auto dst_slot = p.state_slot, dst_row = p.aux_row;
   const uint64_t token = st.next_token;
   const auto tokens = static_cast<uint32_t>(p.prefill_peers.size());
@@ -154,6 +155,7 @@ void on_prepare(scheduler_actor* self, client_request& r) {
   e.owner = owner_of(st, r);
   e.dst_pages = std::move(dst_pages);
   e.dst_slot = dst_slot;
+  e.dst_state_pages = std::move(dst_state_pages);
   e.dst_row = dst_row;
   for (uint32_t i = 0; i < tokens; ++i) st.token_room[token + i] = room;
   st.ctx->gateway->reply(r.conn, r.seq, proto::ok{});

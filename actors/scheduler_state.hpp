@@ -31,6 +31,7 @@ struct room_entry {
   // decode: the destination indices it claimed (released at its terminal state)
   std::vector<uint32_t> dst_pages;
   uint32_t dst_slot = no_index, dst_row = no_index;
+  std::vector<uint32_t> dst_state_pages;  // a paged state pool's destination pages
   // decode: the room's actor ended abnormally; the room fails once these links are fenced
   std::vector<caf::actor> awaiting_fence;
   std::string orphan_reason;

@@ -45,6 +45,7 @@ struct decode_link {
   peer_info_ptr peer;
   caf::actor connection;
   peer_prepare prep;
+  std::vector<uint32_t> dst_state_pages{};  // a paged state pool's (peer_prepare_paged)
   std::deque<pack_job> jobs;  // KV waiting to be gathered through staging (core/pack.hpp)
 };
 
@@ -242,9 +243,14 @@ void post_link(sender_actor* self, size_t i, const sender::post_chunk& post) {
     st.writes = std::move(plan.writes);
     l.jobs.insert(l.jobs.end(), plan.jobs.begin(), plan.jobs.end());
   }
-  if (chunk.last && ctx.layout[pool_kind::state].present)
-    plan_state_link(link, ctx.layout, l.peer->layout, chunk.state_slot, l.prep.dst_state_slot,
-                    st.writes, layers);
+  if (chunk.last && ctx.layout[pool_kind::state].present) {
+    if (paged(ctx.config.pools.mamba->type))
+      plan_state_pages(link, ctx.layout, l.peer->layout, chunk.state_pages, l.dst_state_pages,
+                       st.writes, layers);
+    else
+      plan_state_link(link, ctx.layout, l.peer->layout, chunk.state_slot, l.prep.dst_state_slot,
+                      st.writes, layers);
+  }
   if (post.ends_room && ctx.layout[pool_kind::aux].present)
     plan_aux_link(link, ctx.layout, l.peer->layout, chunk.aux_row, l.prep.dst_aux_row, st.writes);
   submit(self, i, std::nullopt);
@@ -332,8 +338,8 @@ void apply(sender_actor* self, sender::effects fx, const answering& to) {
 
 /// A decode rank's named indices, checked against the layout it declared, before any write is
 /// planned: a buggy or hostile peer gets a refusal, not writes outside its pools.
-result<> check_named_indices(const sender_state& st, const peer_inbound& in,
-                             const peer_prepare& p) {
+result<> check_named_indices(const sender_state& st, const peer_inbound& in, const peer_prepare& p,
+                             const std::vector<uint32_t>& state_pages) {
   const auto& dl = in.from->layout;
   if (!p.dst_pages.empty()) {
     if (!dl[pool_kind::kv].present)
@@ -354,11 +360,29 @@ result<> check_named_indices(const sender_state& st, const peer_inbound& in,
     return error{errc::invalid_request,
                  fmt::format("room {}: decode dst aux row {} is outside its aux pool", p.room,
                              p.dst_aux_row)};
-  if (st.ctx->layout[pool_kind::state].present && p.dst_state_slot == no_index)
+  const auto& state = st.ctx->config.pools.mamba;
+  if (state && paged(state->type)) {
+    // The handshake made both sides' state pools of one type, so the decode's is paged too.
+    if (p.dst_state_slot != no_index)
+      return error{errc::invalid_request,
+                   fmt::format("room {}: the decode named state slot {} for a {} state pool, "
+                               "which is indexed by pages",
+                               p.room, p.dst_state_slot, to_string(state->type))};
+    if (auto e = check_indices(state_pages, dl[pool_kind::state].buffers[0].items,
+                               "decode dst state page", "pages");
+        !e)
+      return error{e.code, fmt::format("room {}: {}", p.room, e.message)};
+  } else if (!state_pages.empty()) {
+    return error{errc::invalid_request,
+                 fmt::format("room {}: the decode named {} state pages; this daemon's state pool "
+                             "takes one slot",
+                             p.room, state_pages.size())};
+  } else if (st.ctx->layout[pool_kind::state].present && p.dst_state_slot == no_index) {
     return error{
         errc::invalid_request,
         fmt::format("mamba requires single state index: room {} got dst=none from the decode",
                     p.room)};
+  }
   if (st.ctx->layout[pool_kind::aux].present && p.dst_aux_row == no_index)
     return error{errc::invalid_request,
                  fmt::format("room {}: the decode named no aux row", p.room)};
@@ -376,7 +400,8 @@ result<> check_named_indices(const sender_state& st, const peer_inbound& in,
   return {};
 }
 
-void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p) {
+void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p,
+                std::vector<uint32_t> state_pages = {}) {
   auto& st = self->state;
   const auto& schema = in.from->schema;
   sender::prepare_in m;
@@ -388,19 +413,27 @@ void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p) {
   m.pp_rank = schema.pp_rank;
   m.expected_links = decode_ranks_per_prefill(st.ctx->config.tp.size, schema.tp_size);
   m.pages = static_cast<uint32_t>(p.dst_pages.size());
+  m.state_pages = static_cast<uint32_t>(state_pages.size());
   m.prefix_tokens = p.prefix_tokens;
   m.token = p.token;
-  m.indices = check_named_indices(st, in, p);
+  m.indices = check_named_indices(st, in, p, state_pages);
   const size_t before = st.machine.links().size();
   auto fx = feed(
       st,
       [&] {
-        return trace::json{{"e", "prepare"},       {"link", m.link},
-                           {"address", m.address}, {"in_group", m.in_group},
-                           {"tp_size", m.tp_size}, {"tp_rank", m.tp_rank},
-                           {"pp_rank", m.pp_rank}, {"expected_links", m.expected_links},
-                           {"pages", m.pages},     {"prefix_tokens", m.prefix_tokens},
-                           {"token", m.token},     {"indices", trace::result_json(m.indices)}};
+        return trace::json{{"e", "prepare"},
+                           {"link", m.link},
+                           {"address", m.address},
+                           {"in_group", m.in_group},
+                           {"tp_size", m.tp_size},
+                           {"tp_rank", m.tp_rank},
+                           {"pp_rank", m.pp_rank},
+                           {"expected_links", m.expected_links},
+                           {"pages", m.pages},
+                           {"state_pages", m.state_pages},
+                           {"prefix_tokens", m.prefix_tokens},
+                           {"token", m.token},
+                           {"indices", trace::result_json(m.indices)}};
       },
       [&] { return st.machine.prepare(std::move(m)); });
   if (st.machine.links().size() > before) {
@@ -409,7 +442,8 @@ void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p) {
           "room={} peer={} prepared: {} dst pages, state slot {}, aux row {}; {}", st.room,
           in.from->address, p.dst_pages.size(), p.dst_state_slot, p.dst_aux_row,
           in.from->link->describe());
-    st.links.push_back(decode_link{in.from, in.connection, std::move(p), {}});
+    st.links.push_back(
+        decode_link{in.from, in.connection, std::move(p), std::move(state_pages), {}});
   }
   apply(self, std::move(fx), answering{nullptr, in.connection});
 }
@@ -418,6 +452,7 @@ void on_peer(sender_actor* self, peer_inbound& in) {
   auto& st = self->state;
   in.msg.apply({
       [&](peer_prepare& p) { on_prepare(self, in, p); },
+      [&](peer_prepare_paged& p) { on_prepare(self, in, p.prepare, std::move(p.dst_state_pages)); },
       [&](peer_outcome& o) {
         const uint64_t link = in.connection.id();
         const bool in_group = in.from->link->in_group;
@@ -474,13 +509,11 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
         auto fx = feed(
             st,
             [&] {
-              return trace::json{{"e", "chunk"},
-                                 {"room", c.room},
-                                 {"pages", c.src_pages},
-                                 {"last", c.last},
-                                 {"slot", c.state_slot},
-                                 {"row", c.aux_row},
-                                 {"layers", {c.first_layer, c.layer_count}}};
+              return trace::json{
+                  {"e", "chunk"},         {"room", c.room},
+                  {"pages", c.src_pages}, {"last", c.last},
+                  {"slot", c.state_slot}, {"state_pages", c.state_pages},
+                  {"row", c.aux_row},     {"layers", {c.first_layer, c.layer_count}}};
             },
             [&] { return st.machine.chunk(std::move(c)); });
         apply(self, std::move(fx), answering{&req, {}});

@@ -179,6 +179,8 @@ std::string to_yaml(const ferry_config& cfg, yaml_for reader) {
     const mamba_pool_config& mamba = *cfg.pools.mamba;
     out << YAML::Key << "mamba" << YAML::Value << YAML::BeginMap;
     if (!emit_undescribed(out, mamba.placement, mamba.tensors.empty())) {
+      if (mamba.type != state_type::mamba)
+        out << YAML::Key << "type" << YAML::Value << to_string(mamba.type);
       out << YAML::Key << "slots" << YAML::Value << mamba.slots;
       out << YAML::Key << "layer_ids" << YAML::Value;
       emit_ids(out, mamba.layer_ids);

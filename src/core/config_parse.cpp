@@ -233,6 +233,15 @@ pool_memory parse_memory(const section& s, const std::string& path) {
   fail(path + ".memory", "expected daemon or client, got " + *text);
 }
 
+state_type parse_state_type(const section& s) {
+  std::optional<std::string> text;
+  s.optional_field("type", text);
+  if (!text) return state_type::mamba;
+  for (uint8_t t = 0; t < state_type_count; ++t)
+    if (*text == to_string(static_cast<state_type>(t))) return static_cast<state_type>(t);
+  fail("pools.mamba.type", "expected mamba, swa, dsa or minimax_index_k, got " + *text);
+}
+
 node_role parse_role(const YAML::Node& n, const std::string& path) {
   std::string text;
   read(n, path, text);
@@ -289,11 +298,12 @@ state_tensor_config parse_tensor(const YAML::Node& n, const std::string& path) {
 
 mamba_pool_config parse_mamba(const YAML::Node& n) {
   const section s(n, "pools.mamba",
-                  {"slots", "layer_ids", "tensors", "memory", "offsets", "registered"});
+                  {"type", "slots", "layer_ids", "tensors", "memory", "offsets", "registered"});
   mamba_pool_config mamba;
   mamba.memory = parse_memory(s, "pools.mamba");
   mamba.placement.registered = described_by_registration(s, mamba.memory, "pools.mamba");
   if (mamba.placement.registered && s.size() == 1) return mamba;
+  mamba.type = parse_state_type(s);
   s.required_field("slots", mamba.slots);
   s.required_field("layer_ids", mamba.layer_ids);
   const auto tensors = s.find("tensors");

@@ -50,6 +50,20 @@ uint32_t kv_pool_config::buffer_count() const {
 
 const char* to_string(pool_memory m) { return m == pool_memory::client ? "client" : "daemon"; }
 
+const char* to_string(state_type t) {
+  switch (t) {
+    case state_type::mamba:
+      return "mamba";
+    case state_type::swa:
+      return "swa";
+    case state_type::dsa:
+      return "dsa";
+    case state_type::minimax_index_k:
+      return "minimax_index_k";
+  }
+  return "?";
+}
+
 const char* to_string(node_role r) {
   switch (r) {
     case node_role::prefill:

@@ -83,8 +83,20 @@ struct kv_pool_config {
   pool_placement placement{};                ///< see pool_placement
 };
 
-/// Mamba state pool: `slots` slots; every layer in `layer_ids` holds every tensor in `tensors`.
+/// What a state pool holds, as SGLang's `StateType` names it, and so how a request indexes it:
+/// `mamba` by exactly one slot (the single-state rule: a scalar everywhere); `swa` (the
+/// sliding window's KV pages), `dsa` (the DSA indexer cache of MLA models) and `minimax_index_k`
+/// by a list of pages of their own, like KV (docs/architecture.md, "State components").
+enum class state_type : uint8_t { mamba = 0, swa = 1, dsa = 2, minimax_index_k = 3 };
+inline constexpr uint8_t state_type_count = 4;
+const char* to_string(state_type t);
+/// Whether requests index a pool of this type with a page list (else with one slot).
+constexpr bool paged(state_type t) { return t != state_type::mamba; }
+
+/// State pool: `slots` slots (pages, for a paged type); every layer in `layer_ids` holds every
+/// tensor in `tensors`.
 struct mamba_pool_config {
+  state_type type = state_type::mamba;
   uint64_t slots = 0;
   std::vector<uint32_t> layer_ids;
   std::vector<state_tensor_config> tensors;

@@ -239,7 +239,21 @@ void validate_pools(const ferry_config& cfg) {
     check_positive(mamba.slots, "pools.mamba.slots");
     check_index_count(mamba.slots, "pools.mamba.slots");
     check_layer_ids(mamba.layer_ids, "pools.mamba.layer_ids");
-    if (kv_known) {
+    // A Mamba layer is not an attention layer; SWA, DSA and MiniMax index-K buffers belong to
+    // attention layers (DSA's and MiniMax's to the KV pool's own).
+    if (mamba.type == state_type::minimax_index_k && cfg.pp.size > 1)
+      fail("pools.mamba.type",
+           "expected pp.size 1 for minimax_index_k state (SGLang refuses it "
+           "with PP > 1), got pp.size " +
+               std::to_string(cfg.pp.size));
+    if (mamba.type == state_type::dsa && kv_known && !pools.kv->mla)
+      fail("pools.mamba.type",
+           "expected MLA KV (pools.kv.mla: true) for dsa state: the DSA "
+           "indexer cache exists for MLA models only");
+    if (paged(mamba.type) && !pools.kv)
+      fail("pools.mamba.type", std::string("expected a kv pool beside a paged state pool (") +
+                                   to_string(mamba.type) + " is indexed by pages, like KV)");
+    if (kv_known && mamba.type == state_type::mamba) {
       const std::set<uint32_t> kv_ids(pools.kv->layer_ids.begin(), pools.kv->layer_ids.end());
       for (uint32_t id : mamba.layer_ids) {
         if (kv_ids.count(id) != 0) {

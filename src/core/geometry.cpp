@@ -141,6 +141,29 @@ result<> plan_state(const rank_schema& s, const rank_schema& d, const node_layou
                     const node_layout& dl, link_plan& plan) {
   const auto& a = *s.pools.mamba;
   const auto& b = *d.pools.mamba;
+  if (a.type != b.type)
+    return error{errc::peer_incompatible,
+                 fmt::format("state type differs: prefill has {}, decode has {}", to_string(a.type),
+                             to_string(b.type))};
+  // A paged component (SGLang's swa, dsa, minimax_index_k) is re-sliced nowhere: under a TP
+  // mismatch it moves only where SGLang moves it, replicated beside MLA KV, from one rank.
+  bool replicated = false;
+  if (paged(a.type) && s.tp_size != d.tp_size) {
+    const bool mla = s.pools.kv && s.pools.kv->mla;
+    bool sliced = false;
+    for (const auto& t : a.tensors) sliced = sliced || t.slice_axis.has_value();
+    if (a.type == state_type::minimax_index_k || !mla || sliced)
+      return error{
+          errc::peer_incompatible,
+          fmt::format("{} state cannot move from prefill TP {} to decode TP {}: {}",
+                      to_string(a.type), s.tp_size, d.tp_size,
+                      a.type == state_type::minimax_index_k
+                          ? "SGLang refuses minimax_index_k under a TP mismatch"
+                      : !mla ? "SGLang refuses SWA state under a TP mismatch for non-MLA models"
+                             : "its tensors are sliced across TP ranks, and a paged state "
+                               "component moves under a TP mismatch only replicated (MLA)")};
+    replicated = true;
+  }
   if (a.tensors.size() != b.tensors.size())
     return error{errc::peer_incompatible,
                  fmt::format("mamba.tensors count differs: prefill has {}, decode has {}",
@@ -171,7 +194,7 @@ result<> plan_state(const rank_schema& s, const rank_schema& d, const node_layou
       return error{errc::peer_incompatible,
                    fmt::format("{} shape differs: prefill has {}, decode has {}", key,
                                dims_text(x.shape), dims_text(y.shape))};
-    if (same_tp) {
+    if (same_tp || replicated) {
       if (x.shape != y.shape)
         return error{errc::peer_incompatible,
                      fmt::format("{} shape differs: prefill has {}, decode has {}", key,
@@ -230,6 +253,9 @@ result<> plan_state(const rank_schema& s, const rank_schema& d, const node_layou
     plan.state_segments.push_back(std::move(segs));
   }
   if (!plan.in_group) return {};
+  // Replicated state goes out once, from the lowest prefill rank of the group.
+  if (replicated && s.tp_rank != prefill_ranks_for(s.tp_size, d.tp_size, d.tp_rank).front())
+    return {};
   const auto& sp = sl[pool_kind::state];
   const auto& dp = dl[pool_kind::state];
   for (uint32_t i = 0; i < sp.buffers.size(); ++i) {

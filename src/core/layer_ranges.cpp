@@ -79,6 +79,11 @@ result<chunk_layers::step> chunk_layers::check(const proto::send& s) const {
                              "this layer range names slot {} and row {}",
                              chunk_, index_text(opened_.state_slot), index_text(opened_.aux_row),
                              index_text(s.state_slot), index_text(s.aux_row))};
+  if (s.state_pages != opened_.state_pages)
+    return error{errc::invalid_request,
+                 fmt::format("chunk {} named {} state pages with its first layers; this layer "
+                             "range names another list ({} pages)",
+                             chunk_, opened_.state_pages.size(), s.state_pages.size())};
   for (size_t i = lo; i < hi; ++i)
     if (sent_[i])
       return error{errc::invalid_request,
@@ -91,7 +96,7 @@ chunk_layers::step chunk_layers::take(const proto::send& s) {
   const auto [lo, hi] = span_of(r);
   step st{!open_, false, chunk_};
   if (!open_) {
-    opened_ = proto::send{s.room, s.src_pages, s.last, s.state_slot, s.aux_row};
+    opened_ = s;
     std::fill(sent_.begin(), sent_.end(), false);
     sent_count_ = 0;
   }

@@ -123,6 +123,7 @@ uint64_t compatibility_hash(const pools_config& c) {
                      c.kv->kv_heads, c.kv->total_heads, c.kv->head_dim, c.kv->layer_ids);
   if (c.mamba) {
     s += fmt::format("mamba:{};", c.mamba->layer_ids);
+    if (c.mamba->type != state_type::mamba) s += fmt::format("type:{};", to_string(c.mamba->type));
     for (const auto& t : c.mamba->tensors)
       s += fmt::format("t:{}:{}:{}:{}:{};", t.name, t.shape, t.dtype_bytes,
                        t.slice_axis ? int64_t{*t.slice_axis} : -1, t.shard_groups);

@@ -76,6 +76,34 @@ void plan_state_link(const link_plan& link, const node_layout& src, const node_l
   }
 }
 
+void plan_state_pages(const link_plan& link, const node_layout& src, const node_layout& dst,
+                      std::span<const uint32_t> src_pages, std::span<const uint32_t> dst_pages,
+                      std::vector<planned_write>& out, layer_range layers) {
+  const auto& sp = src[pool_kind::state];
+  const auto& dp = dst[pool_kind::state];
+  const auto runs = coalesce_runs(src_pages, dst_pages);
+  for (const auto& pair : link.state_buffers) {
+    const auto& s = sp.buffers[pair.src];
+    if (!layers.contains(s.layer_id)) continue;
+    const auto& d = dp.buffers[pair.dst];
+    const auto& segs = link.state_segments[pair.tensor];
+    const bool whole = segs.size() == 1 && segs[0].src == 0 && segs[0].dst == 0 &&
+                       segs[0].length == s.item_bytes && s.item_bytes == d.item_bytes;
+    for (const auto& r : runs) {
+      const uint64_t s0 = s.offset + uint64_t{r.src} * s.item_bytes;
+      const uint64_t d0 = d.offset + uint64_t{r.dst} * d.item_bytes;
+      if (whole) {
+        out.push_back({space::state, space::state, s0, d0, uint64_t{r.count} * s.item_bytes});
+        continue;
+      }
+      for (uint32_t i = 0; i < r.count; ++i)
+        for (const auto& seg : segs)
+          out.push_back({space::state, space::state, s0 + i * s.item_bytes + seg.src,
+                         d0 + i * d.item_bytes + seg.dst, seg.length});
+    }
+  }
+}
+
 void plan_aux_link(const link_plan& link, const node_layout& src, const node_layout& dst,
                    uint32_t src_row, uint32_t dst_row, std::vector<planned_write>& out) {
   if (!link.aux) return;

@@ -9,7 +9,8 @@
 ///   decode's staging (unpack at the destination); without staging, one write per token. Small
 ///   runs may be gathered through staging on either side (core/pack.hpp).
 /// - State: one (source slot, destination slot) pair; per (tensor, layer) buffer pair one write
-///   per segment of the link (one segment at equal TP).
+///   per segment of the link (one segment at equal TP). A paged state pool (swa, dsa,
+///   minimax_index_k) pairs its own page lists by position, in runs like KV.
 /// - Aux: one (source row, destination row) pair; one write, from one prefill rank.
 /// Any write longer than `piece_bytes` is split into pieces so many can be in flight.
 /// A `layer_range` (core/layer_ranges.hpp) restricts the KV and state writes to the buffers of
@@ -96,6 +97,12 @@ void plan_kv_chunk(const link_plan& link, const node_layout& src, const node_lay
 void plan_state_link(const link_plan& link, const node_layout& src, const node_layout& dst,
                      uint32_t src_slot, uint32_t dst_slot, std::vector<planned_write>& out,
                      layer_range layers = {});
+/// Append the writes of a paged state pool's pages (swa, dsa, minimax_index_k), paired by
+/// position: per run of pages contiguous on both sides and buffer pair, one write when the
+/// link moves whole items, else one per page and segment. Precondition: equal list lengths.
+void plan_state_pages(const link_plan& link, const node_layout& src, const node_layout& dst,
+                      std::span<const uint32_t> src_pages, std::span<const uint32_t> dst_pages,
+                      std::vector<planned_write>& out, layer_range layers = {});
 /// Append the aux row write when the link carries aux.
 void plan_aux_link(const link_plan& link, const node_layout& src, const node_layout& dst,
                    uint32_t src_row, uint32_t dst_row, std::vector<planned_write>& out);

@@ -26,7 +26,7 @@
 
 namespace ferry::proto {
 
-inline constexpr uint16_t protocol_version = 7;         ///< the highest version spoken
+inline constexpr uint16_t protocol_version = 8;         ///< the highest version spoken
 inline constexpr uint16_t min_protocol_version = 3;     ///< the lowest version spoken
 inline constexpr uint32_t max_poll_many = 16384;        ///< rooms in one poll_many
 inline constexpr uint32_t max_register_fds = 64;        ///< descriptors with one register_memory
@@ -86,6 +86,9 @@ struct prepare {
   /// v4: tokens of the prompt the decode already holds (SGLang's decode_prefix_len); carried
   /// to the prefill, whose poll answers it, so its engine sends from there.
   uint32_t prefix_tokens = 0;
+  /// v8: the destination pages of a paged state pool (swa, dsa, minimax_index_k: its own page
+  /// list, e.g. the sliding window's pages); empty for a Mamba pool, which takes `state_slot`.
+  std::vector<uint32_t> state_pages{};
 };
 /// Prefill side: one chunk of the room, or (v6) the layers [first_layer, first_layer +
 /// layer_count) of one chunk; the last chunk's sends carry the state slot and aux row.
@@ -100,6 +103,8 @@ struct send {
   uint32_t aux_row = no_index;     ///< source aux row (last chunk only)
   uint32_t first_layer = 0;        ///< v6: the first global layer id of the range
   uint32_t layer_count = 0;        ///< v6: layers in the range; 0 = every layer of the rank
+  /// v8: the source pages of a paged state pool (last chunk only; as many as the decode's)
+  std::vector<uint32_t> state_pages{};
 };
 struct poll {
   uint64_t room = 0;
@@ -156,6 +161,7 @@ struct register_memory {
   uint32_t page_tokens = 0;  ///< v7, kv: tokens per page
   /// v7, aux: the buffer whose rows start with the room id (SGLang's `bootstrap_room`), or none
   uint32_t room_id_buffer = no_room_id;
+  state_type state = state_type::mamba;  ///< v8, state: what the pool holds (its indexing)
 };
 
 /// v5: start the drain a SIGTERM starts (docs/operations.md, "Drain"): no new rooms, the

@@ -139,14 +139,17 @@ bool decode_body(reader& r, hello& m) {
 bool decode_body(reader& r, prepare& m) {
   return r.num(m.room, "room") && r.str_list(m.prefill_peers, "prefill_peers") &&
          r.num_list(m.dst_pages, "dst_pages") && r.num(m.state_slot, "state_slot") &&
-         r.num(m.aux_row, "aux_row") && (r.version < 4 || r.num(m.prefix_tokens, "prefix_tokens"));
+         r.num(m.aux_row, "aux_row") &&
+         (r.version < 4 || r.num(m.prefix_tokens, "prefix_tokens")) &&
+         (r.version < 8 || r.num_list(m.state_pages, "state_pages"));
 }
 bool decode_body(reader& r, send& m) {
   return r.num(m.room, "room") && r.num_list(m.src_pages, "src_pages") &&
          r.boolean(m.last, "last") && r.num(m.state_slot, "state_slot") &&
          r.num(m.aux_row, "aux_row") &&
          (r.version < 6 ||
-          (r.num(m.first_layer, "first_layer") && r.num(m.layer_count, "layer_count")));
+          (r.num(m.first_layer, "first_layer") && r.num(m.layer_count, "layer_count"))) &&
+         (r.version < 8 || r.num_list(m.state_pages, "state_pages"));
 }
 bool decode_body(reader& r, poll& m) { return r.num(m.room, "room"); }
 bool decode_body(reader& r, cancel& m) { return r.num(m.room, "room"); }
@@ -214,6 +217,15 @@ bool decode_body(reader& r, register_memory& m) {
   if (r.version >= 7 &&
       !(r.num(m.page_tokens, "page_tokens") && r.num(m.room_id_buffer, "room_id_buffer")))
     return false;
+  if (r.version < 8) return true;
+  uint8_t type = 0;
+  if (!r.num(type, "state_type")) return false;
+  if (type >= state_type_count) {
+    r.set_error(
+        fmt::format("field 'state_type' must be 0..{}, got {}", state_type_count - 1, type));
+    return false;
+  }
+  m.state = static_cast<state_type>(type);
   return true;
 }
 bool decode_body(reader& r, discover& m) { return r.str(m.address, "address"); }

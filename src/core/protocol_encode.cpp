@@ -53,6 +53,7 @@ void encode_body(writer& w, const prepare& m) {
   w.num(m.state_slot);
   w.num(m.aux_row);
   if (w.version >= 4) w.num(m.prefix_tokens);
+  if (w.version >= 8) w.u32_list(m.state_pages);
 }
 void encode_body(writer& w, const send& m) {
   w.num(m.room);
@@ -64,6 +65,7 @@ void encode_body(writer& w, const send& m) {
     w.num(m.first_layer);
     w.num(m.layer_count);
   }
+  if (w.version >= 8) w.u32_list(m.state_pages);
 }
 void encode_body(writer& w, const poll& m) { w.num(m.room); }
 void encode_body(writer& w, const cancel& m) { w.num(m.room); }
@@ -94,6 +96,7 @@ void encode_body(writer& w, const register_memory& m) {
     w.num(m.page_tokens);
     w.num(m.room_id_buffer);
   }
+  if (w.version >= 8) w.num(static_cast<uint8_t>(m.state));
 }
 void encode_body(writer& w, const discover& m) { w.str(m.address); }
 void encode_body(writer&, const drain&) {}

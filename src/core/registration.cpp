@@ -122,6 +122,7 @@ result<mamba_pool_config> describe_state(const proto::register_memory& req) {
   auto items = [](const proto::memory_buffer& b) { return b.items; };
   if (auto e = uneven(bs, 0, bs.size(), "slot count", items)) return refuse(k, *e);
   m.slots = bs.front().items;
+  m.type = req.state;
   for (size_t l = 0; l < layers; ++l) m.layer_ids.push_back(bs[l].layer_id);
   for (size_t from = 0; from < bs.size(); from += layers) {
     auto item = [](const proto::memory_buffer& b) { return b.item_bytes; };

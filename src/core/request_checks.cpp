@@ -7,23 +7,43 @@
 
 namespace ferry {
 
-result<> check_slot_and_row(const ferry_config& cfg, const node_layout& l, uint64_t room,
-                            const char* side, uint32_t slot, uint32_t row) {
-  if (l[pool_kind::state].present) {
-    const auto slots = cfg.pools.mamba->slots;
+result<> check_state_and_row(const ferry_config& cfg, const node_layout& l, uint64_t room,
+                             const char* side, uint32_t slot,
+                             const std::vector<uint32_t>& state_pages, uint32_t row) {
+  if (!l[pool_kind::state].present) {
+    if (slot != no_index)
+      return error{errc::invalid_request,
+                   fmt::format("room {}: {} state slot {} given but this daemon has no mamba pool",
+                               room, side, slot)};
+    if (!state_pages.empty())
+      return error{errc::invalid_request,
+                   fmt::format("room {}: {} state pages given but this daemon has no mamba pool",
+                               room, side)};
+  } else if (const auto& m = *cfg.pools.mamba; paged(m.type)) {
+    // A page-indexed component: its own page list (any length, the window's pages for swa).
+    if (slot != no_index)
+      return error{errc::invalid_request,
+                   fmt::format("room {}: {} state slot {} given, but the {} state pool is indexed "
+                               "by pages (state_pages), not by a slot",
+                               room, side, slot, to_string(m.type))};
+    const auto what = fmt::format("{} {} state page", side, to_string(m.type));
+    if (auto e = check_indices(state_pages, m.slots, what.c_str(), "pages"); !e)
+      return error{e.code, fmt::format("room {}: {}", room, e.message)};
+  } else {
+    if (!state_pages.empty())
+      return error{errc::invalid_request,
+                   fmt::format("mamba requires single state index: room {} got {} {} state "
+                               "pages (exactly one {} state slot, as state_slot)",
+                               room, state_pages.size(), side, side)};
     if (slot == no_index)
       return error{errc::invalid_request, fmt::format("mamba requires single state index: room {} "
                                                       "got {}=none (exactly one {} state slot is "
                                                       "required)",
                                                       room, side, side)};
-    if (slot >= slots)
+    if (slot >= m.slots)
       return error{errc::invalid_request,
                    fmt::format("room {}: {} state slot {} is outside the pool of {} slots", room,
-                               side, slot, slots)};
-  } else if (slot != no_index) {
-    return error{errc::invalid_request,
-                 fmt::format("room {}: {} state slot {} given but this daemon has no mamba pool",
-                             room, side, slot)};
+                               side, slot, m.slots)};
   }
   if (l[pool_kind::aux].present) {
     const auto rows = cfg.pools.aux->rows;
@@ -81,18 +101,20 @@ result<> check_prepare(const ferry_config& cfg, const node_layout& layout,
                                                         p.room, p.prefill_peers[i])};
   }
   if (auto e = check_pages(cfg, p.room, p.dst_pages, "dst page"); !e) return e;
-  return check_slot_and_row(cfg, layout, p.room, "dst", p.state_slot, p.aux_row);
+  return check_state_and_row(cfg, layout, p.room, "dst", p.state_slot, p.state_pages, p.aux_row);
 }
 
 result<> check_send(const ferry_config& cfg, const node_layout& layout, const proto::send& s) {
   if (auto e = check_pages(cfg, s.room, s.src_pages, "src page"); !e) return e;
   if (s.layer_count != 0 || s.first_layer != 0)
     if (auto e = check_layer_range(layer_ids(layout), s.room, layer_range::of(s)); !e) return e;
-  if (s.last) return check_slot_and_row(cfg, layout, s.room, "src", s.state_slot, s.aux_row);
-  if (s.state_slot != no_index || s.aux_row != no_index)
-    return error{
-        errc::invalid_request,
-        fmt::format("room {}: state slot and aux row go only with the last chunk", s.room)};
+  if (s.last)
+    return check_state_and_row(cfg, layout, s.room, "src", s.state_slot, s.state_pages, s.aux_row);
+  if (s.state_slot != no_index || s.aux_row != no_index || !s.state_pages.empty())
+    return error{errc::invalid_request,
+                 fmt::format("room {}: state slot, state pages and aux row go only with the last "
+                             "chunk",
+                             s.room)};
   return {};
 }
 

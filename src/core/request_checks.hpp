@@ -13,10 +13,12 @@
 
 namespace ferry {
 
-/// Exactly one state slot and one aux row when those pools exist, none when they do not; each
-/// inside its pool. `side` is "src" or "dst".
-result<> check_slot_and_row(const ferry_config& cfg, const node_layout& layout, uint64_t room,
-                            const char* side, uint32_t slot, uint32_t row);
+/// The state index and the aux row: exactly one state slot for a Mamba pool (no state pages),
+/// a list of state pages (each inside the pool, each once; no slot) for a paged one, and one aux
+/// row when that pool exists; none when a pool does not. `side` is "src" or "dst".
+result<> check_state_and_row(const ferry_config& cfg, const node_layout& layout, uint64_t room,
+                             const char* side, uint32_t slot,
+                             const std::vector<uint32_t>& state_pages, uint32_t row);
 
 /// `pages` inside the kv pool, each once (`what`: "src page", "dst page").
 result<> check_pages(const ferry_config& cfg, uint64_t room, const std::vector<uint32_t>& pages,

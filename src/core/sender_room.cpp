@@ -53,6 +53,11 @@ result<> room::check(const prepare_in& in, bool& fatal) const {
                    fmt::format("room {}: decode ranks prepared different page counts: {} "
                                "prepared {} pages, {} prepared {}",
                                id_, l.address, l.pages, in.address, in.pages)};
+    if (l.state_pages != in.state_pages)
+      return error{errc::invalid_request,
+                   fmt::format("room {}: decode ranks prepared different state page counts: {} "
+                               "prepared {} state pages, {} prepared {}",
+                               id_, l.address, l.state_pages, in.address, in.state_pages)};
     if (l.prefix_tokens != in.prefix_tokens)
       return error{errc::invalid_request,
                    fmt::format("room {}: decode ranks prepared different prefixes: {} prepared "
@@ -66,6 +71,16 @@ result<> room::check(const prepare_in& in, bool& fatal) const {
   }
   fatal = false;
   return in.indices;
+}
+
+result<> room::state_pages_match(const proto::send& c) const {
+  // A paged state component moves page for page: a list of another length is refused, not
+  // truncated to the common prefix (SGLang's backends warn and truncate).
+  if (!c.last || links_.empty() || c.state_pages.size() == links_.front().state_pages) return {};
+  return error{errc::invalid_request,
+               fmt::format("room {}: the last chunk names {} state pages but the decode prepared "
+                           "{} (the lists must be the same length)",
+                           id_, c.state_pages.size(), links_.front().state_pages)};
 }
 
 effects room::prepare(prepare_in in) {
@@ -91,6 +106,7 @@ effects room::prepare(prepare_in in) {
   l.address = std::move(in.address);
   l.tp_size = in.tp_size;
   l.pages = in.pages;
+  l.state_pages = in.state_pages;
   l.prefix_tokens = in.prefix_tokens;
   l.token = in.token;
   links_.push_back(std::move(l));
@@ -104,6 +120,10 @@ effects room::prepare(prepare_in in) {
   while (!queued_.empty()) {
     auto q = std::move(queued_.front());
     queued_.pop_front();
+    if (auto fits = state_pages_match(q.send); !fits) {
+      fail(fits.code, fits.message, out);
+      return out;
+    }
     if (q.step.opens) {
       auto first = cursor_.take(static_cast<uint32_t>(q.send.src_pages.size()), q.send.last);
       if (!first) {
@@ -165,6 +185,10 @@ effects room::chunk(proto::send c) {
     layers_.take(c);
     out.push_back(reply{{}});
     queued_.push_back({std::move(c), step.value});
+    return out;
+  }
+  if (auto fits = state_pages_match(c); !fits) {
+    out.push_back(reply{fits});
     return out;
   }
   if (step.value.opens) {

@@ -60,6 +60,7 @@ struct prepare_in {
   uint32_t tp_size = 1, tp_rank = 0, pp_rank = 0;
   uint32_t expected_links = 1;  ///< decode ranks per prefill rank for its TP size
   uint32_t pages = 0;
+  uint32_t state_pages = 0;  ///< pages of a paged state pool it named (0 with a Mamba slot)
   uint32_t prefix_tokens = 0;
   uint64_t token = 0;
   result<> indices;  ///< its named indices checked against its declared layout
@@ -71,6 +72,7 @@ struct link_record {
   std::string address;
   uint32_t tp_size = 1;
   uint32_t pages = 0;
+  uint32_t state_pages = 0;
   uint32_t prefix_tokens = 0;
   uint64_t token = 0;
   uint64_t writes = 0, bytes = 0;  ///< posted
@@ -158,6 +160,8 @@ class room {
 
  private:
   result<> check(const prepare_in& in, bool& fatal) const;
+  /// A last chunk's state pages against the count the decode ranks prepared.
+  result<> state_pages_match(const proto::send& c) const;
   void take_chunk(proto::send c, effects& out);
   void fail(errc code, std::string reason, effects& out);
   void finish_drain(const std::string& note, effects& out);

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <iostream>
 #include <thread>
+#include <tuple>
 
 #include "cli/common.hpp"
 #include "ferry/client.hpp"
@@ -104,7 +105,7 @@ int main(int argc, char** argv) {
                "print one JSON document: the daemon's own for status, rooms, peers and pools, "
                "the outcome for the others, and errors as {\"error\": {\"code\", \"message\"}}");
   uint64_t room = 0;
-  std::string pages_text, address;
+  std::string pages_text, state_pages_text, address;
   std::vector<std::string> peer_args, prefill_peers;
   uint32_t slot = no_index, row = no_index, first_position = 0, prefix_tokens = 0;
   uint32_t first_layer = 0, layer_count = 0;
@@ -165,6 +166,10 @@ int main(int argc, char** argv) {
     c->add_option("-r,--room", room, "room id")->required();
   for (auto* c : {prepare, send, fill, verify})
     c->add_option("-p,--pages", pages_text, "page list, e.g. 0-15,40,41");
+  for (auto* c : {prepare, send})
+    c->add_option("--state-pages", state_pages_text,
+                  "a paged state pool's pages (pools.mamba.type swa, dsa or minimax_index_k), "
+                  "e.g. 30,31,2; with --last on a send");
   for (auto* c : {prepare, send, fill, verify}) {
     c->add_option("--state-slot", slot, "the one Mamba state slot");
     c->add_option("--aux-row", row, "the aux row");
@@ -220,11 +225,14 @@ int main(int argc, char** argv) {
     return out.usage(e.what());
   }
 
-  std::vector<uint32_t> pages;
-  try {
-    if (!pages_text.empty()) pages = parse_pages(pages_text);
-  } catch (const std::exception& e) {
-    return out.usage(fmt::format("bad --pages '{}': {}", pages_text, e.what()));
+  std::vector<uint32_t> pages, state_pages;
+  for (auto [text, list, name] : {std::tuple{&pages_text, &pages, "--pages"},
+                                  std::tuple{&state_pages_text, &state_pages, "--state-pages"}}) {
+    try {
+      if (!text->empty()) *list = parse_pages(*text);
+    } catch (const std::exception& e) {
+      return out.usage(fmt::format("bad {} '{}': {}", name, *text, e.what()));
+    }
   }
   if (*ready) {
     // Retry until the daemon has created its pools and socket and says it is ready as /readyz
@@ -350,10 +358,11 @@ int main(int argc, char** argv) {
     prefill_peers.push_back(arg.substr(start));
   }
   if (*prepare)
-    return out.report(c.prepare({room, prefill_peers, pages, slot, row, prefix_tokens}),
-                      fmt::format("prepare room {}", room), room);
+    return out.report(
+        c.prepare({room, prefill_peers, pages, slot, row, prefix_tokens, state_pages}),
+        fmt::format("prepare room {}", room), room);
   if (*send)
-    return out.report(c.send({room, pages, last, slot, row, first_layer, layer_count}),
+    return out.report(c.send({room, pages, last, slot, row, first_layer, layer_count, state_pages}),
                       fmt::format("send room {}", room), room);
   if (*cancel) return out.report(c.cancel(room), fmt::format("cancel room {}", room), room);
   if (*poll) {

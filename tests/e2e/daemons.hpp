@@ -154,6 +154,7 @@ struct shape {
   std::vector<uint32_t> kv_layer_ids;     ///< empty: kv_layers ids 3, 7, 11, ...
   std::vector<uint32_t> mamba_layer_ids;  ///< empty: mamba_layers ids 0, 4, 8, ...
   bool client_memory = false;  ///< every pool `memory: client` (the engine lends its memfds)
+  std::string state_type;      ///< pools.mamba.type (empty: not written, mamba)
   std::vector<std::string> instance_ranks;  ///< discovery.instance_ranks (empty: none)
   std::string metrics_listen;               ///< listen.metrics (empty: not served)
   std::string log_yaml;  ///< the log section as a flow map, e.g. "{format: json}" (empty: info)
@@ -225,7 +226,8 @@ inline std::string make_config(const std::string& name, const std::string& role,
     << "pools:\n  kv:\n    layer_ids: [" << kv_ids.str() << "]\n    page_tokens: " << s.page_tokens
     << "\n    kv_heads: " << kv_heads
     << "\n    total_heads: 2\n    head_dim: 256\n    dtype_bytes: 2\n    pages: " << s.pages
-    << (s.client_memory ? "\n    memory: client" : "") << "\n  mamba:\n    slots: " << s.slots
+    << (s.client_memory ? "\n    memory: client" : "") << "\n  mamba:\n"
+    << (s.state_type.empty() ? "" : "    type: " + s.state_type + "\n") << "    slots: " << s.slots
     << (s.client_memory ? "\n    memory: client" : "") << "\n    layer_ids: [" << m_ids.str()
     << "]\n    tensors:\n"
     << "      - name: conv\n        shape: [" << s.conv_dim / s.tp_size

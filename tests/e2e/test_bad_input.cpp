@@ -64,7 +64,7 @@ TEST_CASE("bad client requests get errors naming the problem, and the daemon kee
   }
   SECTION("state slot or aux row on a non-last chunk") {
     CHECK(error_of(c.p->send({5, {1}, false, 0, no_index})) ==
-          "room 5: state slot and aux row go only with the last chunk");
+          "room 5: state slot, state pages and aux row go only with the last chunk");
   }
   SECTION("aux row that does not carry the room id") {
     REQUIRE(client::clear_room(*c.p, {}, 0, 3).message == "");

@@ -43,7 +43,8 @@ inline std::vector<golden_frame> golden_frames() {
   hr.pools[2].layout.buffers = {{0, 32, 2, 0, 0, buffer_kind::aux}};
 
   std::vector<golden_frame> out;
-  for (uint16_t v : {uint16_t{3}, uint16_t{4}, uint16_t{5}, uint16_t{6}, uint16_t{7}}) {
+  for (uint16_t v :
+       {uint16_t{3}, uint16_t{4}, uint16_t{5}, uint16_t{6}, uint16_t{7}, uint16_t{8}}) {
     hello h{v, "engine-7", true, v};
     if (v >= 4) h.min_version = 3;
     auto r = hr;
@@ -68,6 +69,12 @@ inline std::vector<golden_frame> golden_frames() {
     out.push_back({v, "send_last", 4, send{77, {}, true, 1, 1}});
     // A layer range (v6): layers [12, 15) of the last chunk.
     if (v >= 6) out.push_back({v, "send_layers", 4, send{77, {1, 2}, true, 1, 1, 12, 3}});
+    if (v >= 8) {  // a paged state pool's pages (swa, dsa, minimax_index_k)
+      out.push_back({v, "prepare_state_pages", 2,
+                     prepare{77, {"127.0.0.1:7401"}, {5, 6}, no_index, 3, 0, {30, 31, 2}}});
+      out.push_back(
+          {v, "send_state_pages", 4, send{77, {1, 2}, true, no_index, 1, 0, 0, {5, 6, 20}}});
+    }
     out.push_back({v, "poll", 5, poll{77}});
     out.push_back({v, "cancel", 6, cancel{78}});
     out.push_back({v, "subscribe", 7, subscribe{77}});
@@ -111,6 +118,15 @@ inline std::vector<golden_frame> golden_frames() {
         kv.page_tokens = 16;
         for (auto& b : kv.buffers) b.slice_dim = 2, b.total_dim = 4;
         out.push_back({v, "register_memory_kv", 11, kv});
+      }
+      if (v >= 8) {
+        register_memory swa;
+        swa.pool = pool_kind::state;
+        swa.fd_count = 1;
+        swa.buffers = {{0, 8192, 4096, 32, 0, 0, buffer_kind::state},
+                       {0, 139264, 4096, 32, 0, 1, buffer_kind::state}};
+        swa.state = state_type::swa;
+        out.push_back({v, "register_memory_swa", 11, swa});
       }
       out.push_back({v, "discover", 12, discover{"10.0.0.2:7401"}});
       discover_reply found;

@@ -102,7 +102,7 @@ TEST_CASE("request checks: a send's slot and row go with its last chunk only, po
   CHECK(check_send(cfg, layout, s));
   s.state_slot = 1;
   CHECK(refusal(check_send(cfg, layout, s)) ==
-        "room 3: state slot and aux row go only with the last chunk");
+        "room 3: state slot, state pages and aux row go only with the last chunk");
   s.last = true;
   s.aux_row = 2;
   CHECK(check_send(cfg, layout, s));
