@@ -187,6 +187,9 @@ json pools_doc(const scheduler_state& st) {
         {"in_use", r.in_use},
         {"free", r.items - std::min(r.items, r.in_use)},
         {"buffers", buffer_groups(ctx.layout.pools[r.kind])}};
+  // What the state pool holds, and so whether its items are slots or pages.
+  if (const auto& m = ctx.config.pools.mamba; m && out.contains("state"))
+    out["state"]["type"] = to_string(m->type);
   return out;
 }
 

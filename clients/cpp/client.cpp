@@ -234,6 +234,12 @@ std::optional<error> too_new(const proto::message& m, uint16_t version) {
     return error{
         errc::unsupported_version,
         fmt::format("a layer range needs protocol version 6; this connection speaks {}", version)};
+  // A paged state pool's pages (v8) would be dropped by an older encoding: refuse them here.
+  const auto* p = std::get_if<proto::prepare>(&m);
+  if (((s && !s->state_pages.empty()) || (p && !p->state_pages.empty())) && version < 8)
+    return error{
+        errc::unsupported_version,
+        fmt::format("state pages need protocol version 8; this connection speaks {}", version)};
   return std::nullopt;
 }
 

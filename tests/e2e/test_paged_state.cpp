@@ -141,6 +141,11 @@ TEST_CASE("paged state: a window of another length is refused by name, and a Mam
   daemon_proc pre(dir, "prefill", "prefill", swa(1, 0)), dec(dir, "decode", "decode", swa(1, 0));
   auto p = pre.connect();
   auto d = dec.connect();
+  // The pools document says what the state pool holds, so its items are read as pages.
+  const auto pools = info_of(*d, proto::info_topic::pools);
+  CHECK(pools["state"]["type"] == "swa");
+  CHECK(pools["state"]["items"] == 64);
+  CHECK(info_of(*d, proto::info_topic::pools)["kv"].contains("type") == false);
   auto r = window_room(9);
   auto bad = prepare_of(r, {pre.control()});
   bad.state_slot = 1;

@@ -8,16 +8,16 @@ using namespace ferry;
 using namespace ferry::test;
 
 TEST_CASE(
-    "protocol: a client speaking 3..7 gets 7, a 3..5 client gets 5, a 3..4 client gets 4, a v3 "
+    "protocol: a client speaking 3..8 gets 8, a 3..5 client gets 5, a 3..4 client gets 4, a v3 "
     "client gets 3, a range above ours is refused and closed",
     "[e2e][protocol]") {
   temp_dir dir;
   shape s;
   daemon_proc decode(dir, "decode-0", "decode", s);
-  auto c7 = decode.connect();
-  CHECK(c7->version() == 7);
-  CHECK(c7->daemon().min_version == 3);
-  CHECK(c7->daemon().max_version == 7);
+  auto c8 = decode.connect();
+  CHECK(c8->version() == 8);
+  CHECK(c8->daemon().min_version == 3);
+  CHECK(c8->daemon().max_version == 8);
   auto c5 = decode.connect(5);
   CHECK(c5->version() == 5);
   // A layer range on a v5 connection is refused by the client before it is sent: the daemon
@@ -28,23 +28,29 @@ TEST_CASE(
   auto piped = c5->pipeline({proto::send{9, {1}, false, no_index, no_index, 3, 1}});
   REQUIRE(piped.size() == 1);
   CHECK(piped[0].code == errc::unsupported_version);
+  // So are a paged state pool's pages (v8), which an older encoding would drop.
+  proto::send paged{9, {1}, true, no_index, no_index};
+  paged.state_pages = {4};
+  auto dropped = c5->send(paged);
+  CHECK(dropped.code == errc::unsupported_version);
+  CHECK(dropped.message == "state pages need protocol version 8; this connection speaks 5");
   auto c4 = decode.connect(4);
   CHECK(c4->version() == 4);
-  CHECK(c4->daemon().max_version == 7);
+  CHECK(c4->daemon().max_version == 8);
   // A v5 request on a v4 connection is refused by the client before it is sent.
   CHECK(c4->drain().code == errc::unsupported_version);
   auto c3 = decode.connect(3);
   CHECK(c3->version() == 3);
 
   raw_conn raw(decode.socket());
-  raw.send_frame(proto::hello{9, "future", true, 8}, 1);
+  raw.send_frame(proto::hello{10, "future", true, 9}, 1);
   auto d = raw.next();
   REQUIRE(d.msg);
   auto* e = std::get_if<proto::error>(&*d.msg);
   REQUIRE(e);
   CHECK(d.seq == 1);
   CHECK(e->code == errc::unsupported_version);
-  CHECK(e->message == "client speaks protocol versions 8..9, ferryd speaks 3..7");
+  CHECK(e->message == "client speaks protocol versions 9..10, ferryd speaks 3..8");
   CHECK(raw.closed_by_peer());
   // The daemon serves on.
   CHECK(c4->poll_many({}).value.empty());

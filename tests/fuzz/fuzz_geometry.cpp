@@ -70,9 +70,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   writes.insert(writes.end(), kp.writes.begin(), kp.writes.end());
   expand_pack_jobs(kp.jobs, 0, copies, writes);
   pack = std::max(pack, kp.decision.packed_bytes);
-  if (s.pools.mamba && d.pools.mamba)
+  if (s.pools.mamba && d.pools.mamba) {
     plan_state_link(link, sl, dl, static_cast<uint32_t>(s.pools.mamba->slots - 1),
                     static_cast<uint32_t>(d.pools.mamba->slots - 1), writes);
+    // A paged state pool's pages, reversed at the source, ascending at the destination.
+    std::vector<uint32_t> ss, ds;
+    const uint64_t n = std::min<uint64_t>({s.pools.mamba->slots, d.pools.mamba->slots, 8});
+    for (uint64_t i = 0; i < n; ++i) {
+      ss.push_back(static_cast<uint32_t>(s.pools.mamba->slots - 1 - i));
+      ds.push_back(static_cast<uint32_t>(i));
+    }
+    plan_state_pages(link, sl, dl, ss, ds, writes);
+  }
   if (s.pools.aux && d.pools.aux)
     plan_aux_link(link, sl, dl, static_cast<uint32_t>(s.pools.aux->rows - 1),
                   static_cast<uint32_t>(d.pools.aux->rows - 1), writes);
