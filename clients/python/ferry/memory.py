@@ -209,10 +209,13 @@ class MemfdPool:
 
     # --- registration ---------------------------------------------------------------------------
 
-    def register(self, client: Client, *, timeout: Optional[float] = None) -> None:
+    def register(self, client: Client, *, timeout: Optional[float] = None,
+                 state_type: Union[str, int] = "mamba") -> None:
         """Lend this memory to ``client``'s daemon (register_memory); it stays registered as long
-        as that connection."""
-        client.register_memory(self.kind, self.table, self.fds, MemoryKind.HOST, timeout=timeout)
+        as that connection. ``state_type`` (v8, a state pool): what it holds, ``"mamba"``
+        (slot-indexed) or a page-indexed ``"swa"``, ``"dsa"``, ``"minimax_index_k"``."""
+        client.register_memory(self.kind, self.table, self.fds, MemoryKind.HOST, timeout=timeout,
+                               state_type=state_type)
 
     def close(self) -> None:
         """Unmap and close the memfds. A mapping still viewed (a memoryview outstanding) is
