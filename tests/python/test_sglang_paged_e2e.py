@@ -1,0 +1,221 @@
+"""Page-indexed state components end to end (issue 29 item 3), against real ferryd processes
+speaking protocol v8, every pool described by the registration (``memory: client``): a
+gpt-oss-shaped SWA model (full-attention KV layers, sliding-window layers as a ``swa``
+component whose window pages are not the KV pages) and an MLA model with a ``dsa`` indexer move
+byte for byte at equal TP, checked on every byte of the decode rank's memory; ``swa`` under a
+TP mismatch (non-MLA) is refused at the handshake with SGLang's reason; page lists of different
+lengths fail the room, loudly."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from typing import Iterator
+
+import pytest
+
+from conftest import IO_TIMEOUT, Daemon, start_daemon, start_pair
+from ferry import Client, Errc
+from ferry.protocol import PROTOCOL_VERSION, BufferKind
+from ferry.sglang import FerryBootstrap, FerryKVManager, FerryKVReceiver, FerryKVSender, KVPoll
+
+from engine_ranks import BOOT, T, stop_all, wait_all
+from sglang_engine_memory import METADATA_ROWS
+from sglang_paged_memory import (REGISTERED_POOLS, PagedModel, PagedRank, copies_of,
+                                 deepseek_dsa_like, gpt_oss_like)
+
+ROOM = 0x5A6E_0000_0000_0000
+SWA_TP_REFUSAL = "SGLang refuses SWA state under a TP mismatch for non-MLA models"
+"""The daemon's words (docs/protocol.md, after SGLang's 'PD Disaggregation does NOT support PD
+different TP sizes for non-MLA SWA hybrid models yet')."""
+
+
+class Rank:
+    """An engine rank: its memory and its manager (which registers it)."""
+
+    def __init__(self, daemon: Daemon, mode: str, boot: FerryBootstrap, m: PagedModel,
+                 seed: int, tp_size: int = 1, tp_rank: int = 0) -> None:
+        self.mem = PagedRank(m, tp_size, tp_rank, name=f"{mode}{tp_rank}")
+        self.mem.fill(seed)
+        try:
+            self.mgr = FerryKVManager(self.mem.kv_args(), mode, is_mla_backend=m.mla,
+                                      socket_path=daemon.sock, bootstrap=boot,
+                                      timeout=IO_TIMEOUT * 3, register_timeout=T)
+        except BaseException:
+            self.mem.close()
+            raise
+
+    def close(self) -> None:
+        self.mgr.close()
+        self.mem.close()
+
+
+class Pair:
+    def __init__(self, m: PagedModel, name: str) -> None:
+        self.tmp = tempfile.mkdtemp(prefix="ferry-paged-")
+        self.daemons = list(start_pair(self.tmp, f"prefill-{name}", f"decode-{name}",
+                                       REGISTERED_POOLS))
+        self.ranks: list[Rank] = []
+        try:
+            boot = FerryBootstrap({BOOT: [self.daemons[0].control]})
+            self.p = self._rank(self.daemons[0], "prefill", boot, m, 1)
+            self.d = self._rank(self.daemons[1], "decode", boot, m, 2)
+        except BaseException:
+            self.close()
+            raise
+
+    def _rank(self, daemon: Daemon, mode: str, boot: FerryBootstrap, m: PagedModel,
+              seed: int) -> Rank:
+        r = Rank(daemon, mode, boot, m, seed)
+        self.ranks.append(r)
+        return r
+
+    def close(self) -> None:
+        for r in reversed(self.ranks):
+            r.close()
+        stop_all(self.daemons)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def run_room(pair: Pair, room: int, kv_src: list[int], kv_dst: list[int], st_src: list[int],
+             st_dst: list[int], row_src: int, row_dst: int, chunks: list[int]
+             ) -> tuple[FerryKVReceiver, FerryKVSender]:
+    """One room in SGLang's order: the decode's metadata with its pages of the component, the
+    prefill's chunks, the last with the prefill's pages of the component."""
+    pair.p.mem.set_room(row_src, room)
+    r = FerryKVReceiver(pair.d.mgr, BOOT, room)
+    s = FerryKVSender(pair.p.mgr, BOOT, room, [0], 0)
+    r.init(0)
+    r.send_metadata(kv_dst, aux_index=row_dst, state_indices=[st_dst])
+    assert wait_all([s], KVPoll.WaitingForInput) == [KVPoll.WaitingForInput], \
+        (s.failure, r.failure)
+    s.init(len(kv_src), row_src)
+    at = 0
+    for i, n in enumerate(chunks):
+        last = i == len(chunks) - 1
+        s.send(kv_src[at:at + n], [st_src] if last else None)
+        at += n
+    assert at == len(kv_src)
+    return r, s
+
+
+def check_room(pair: Pair, r: FerryKVReceiver, s: FerryKVSender, kv_src: list[int],
+               kv_dst: list[int], st_src: list[int], st_dst: list[int], row_src: int,
+               row_dst: int) -> None:
+    p, d = pair.p.mem, pair.d.mem
+    metas = [f"meta{i}" for i in range(len(METADATA_ROWS))]
+    src_before = bytes(p.view)
+    want = d.expect(p, copies_of(d.kv_keys(), kv_src, kv_dst) +
+                    copies_of(d.state_keys(), st_src, st_dst) +
+                    copies_of(metas, [row_src], [row_dst]))
+    assert wait_all([s, r]) == [KVPoll.Success, KVPoll.Success], (s.failure, r.failure)
+    assert d.diff(want) == []  # every byte of every pool of the decode rank
+    assert bytes(p.view) == src_before  # and nothing written on the prefill
+
+
+# --- (a) an SWA model shaped like gpt-oss ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def swa_pair() -> Iterator[Pair]:
+    p = Pair(gpt_oss_like(), "swa")
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def test_the_swa_component_is_registered_as_swa(swa_pair: Pair) -> None:
+    with Client(swa_pair.daemons[1].sock, name="observer", timeout=IO_TIMEOUT) as c:
+        assert c.version == PROTOCOL_VERSION
+        kv, state = c.pools["kv"], c.pools["state"]
+    m = swa_pair.d.mem.m
+    assert [(b.kind, b.layer_id) for b in kv.buffers] == \
+        [(BufferKind.K, l) for l in m.kv_layers] + [(BufferKind.V, l) for l in m.kv_layers]
+    # K over the sliding-window layers, then V over the same layers; the SWA pool's own pages
+    assert [(b.tensor, b.layer_id, b.items, b.kind) for b in state.buffers] == \
+        [(t, l, m.swa_pages, BufferKind.STATE) for t in (0, 1) for l in m.state_layers]
+    assert swa_pair.d.mgr.paged_state and swa_pair.d.mgr.client.version == PROTOCOL_VERSION
+
+
+def test_an_swa_room_moves_every_byte_to_its_place(swa_pair: Pair) -> None:
+    """Six KV pages in two chunks; the window's two SWA pages (SGLang's translated indices:
+    neither the KV pages nor in order) move with the last chunk."""
+    kv_src, kv_dst = [1, 2, 3, 4, 5, 6], [10, 11, 12, 13, 14, 15]
+    st_src, st_dst = [9, 3], [5, 2]
+    r, s = run_room(swa_pair, ROOM + 1, kv_src, kv_dst, st_src, st_dst, 3, 6, [4, 2])
+    check_room(swa_pair, r, s, kv_src, kv_dst, st_src, st_dst, 3, 6)
+    assert s.get_transfer_metric().transfer_total_bytes == \
+        6 * sum(swa_pair.p.mem.kv_args().kv_item_lens) + 2 * 6 * swa_pair.p.mem.state_item
+
+
+def test_an_swa_room_whose_window_is_one_page(swa_pair: Pair) -> None:
+    kv_src, kv_dst, st_src, st_dst = [7], [20], [11], [0]
+    r, s = run_room(swa_pair, ROOM + 2, kv_src, kv_dst, st_src, st_dst, 1, 2, [1])
+    check_room(swa_pair, r, s, kv_src, kv_dst, st_src, st_dst, 1, 2)
+
+
+# --- (d) page lists of different lengths ------------------------------------------------------
+
+def test_page_lists_of_different_lengths_fail_the_room_loudly(swa_pair: Pair) -> None:
+    """SGLang truncates the longer list with a warning; Ferry fails the room, naming both
+    counts, and writes no state page."""
+    d = swa_pair.d.mem
+    before = {k: [d.item(k, i) for i in (4, 8)] for k in d.state_keys()}
+    r, s = run_room(swa_pair, ROOM + 3, [1, 2], [16, 17], [6], [4, 8], 2, 4, [2])
+    got = wait_all([s, r])
+    assert got == [KVPoll.Failed, KVPoll.Failed], (got, s.failure, r.failure)
+    reasons = [x.failure[1] for x in (s, r) if x.failure is not None]
+    assert reasons, "no side says why"
+    assert any("state_pages" in why or "state pages" in why for why in reasons), reasons
+    assert any("1" in why and "2" in why for why in reasons), reasons
+    assert {k: [d.item(k, i) for i in (4, 8)] for k in d.state_keys()} == before
+
+
+# --- (b) an MLA model with a DSA indexer ------------------------------------------------------
+
+def test_a_dsa_room_moves_every_byte_to_its_place() -> None:
+    pair = Pair(deepseek_dsa_like(), "dsa")
+    try:
+        with Client(pair.daemons[1].sock, name="observer", timeout=IO_TIMEOUT) as c:
+            state = c.pools["state"]
+        m = pair.d.mem.m
+        assert [(b.tensor, b.layer_id, b.items) for b in state.buffers] == \
+            [(0, l, m.kv_pages) for l in m.state_layers]
+        # the indexer is indexed by the full KV page id: SGLang names every page of the request
+        kv_src, kv_dst = [2, 3, 4, 5, 6], [17, 9, 12, 13, 20]
+        r, s = run_room(pair, ROOM + 10, kv_src, kv_dst, kv_src, kv_dst, 0, 7, [3, 2])
+        check_room(pair, r, s, kv_src, kv_dst, kv_src, kv_dst, 0, 7)
+    finally:
+        pair.close()
+
+
+# --- (c) swa under TP 2 -> 1 ------------------------------------------------------------------
+
+def test_swa_under_a_tp_mismatch_is_refused_at_the_handshake(tmp_path) -> None:
+    extra = "tp: {{size: 2, rank: {}}}\n"
+    tmp = str(tmp_path)
+    daemons = [start_daemon(tmp, f"prefill-stp{r}", "prefill", REGISTERED_POOLS,
+                            extra.format(r)) for r in (0, 1)]
+    made: list[Rank] = []
+    try:
+        daemons.append(start_daemon(tmp, "decode-stp", "decode", REGISTERED_POOLS))
+        boot = FerryBootstrap({BOOT: [daemons[0].control, daemons[1].control]})
+        m = gpt_oss_like()
+        for rank in (0, 1):
+            made.append(Rank(daemons[rank], "prefill", boot, m, 5 + rank, 2, rank))
+        made.append(Rank(daemons[2], "decode", boot, m, 7))
+        d = made[2].mem
+        before = bytes(d.view)
+        r = FerryKVReceiver(made[2].mgr, BOOT, ROOM + 20)
+        r.init(0)
+        r.send_metadata([1, 2], aux_index=0, state_indices=[[3]])
+        assert wait_all([r]) == [KVPoll.Failed]
+        assert r.failure is not None
+        code, reason = r.failure
+        assert SWA_TP_REFUSAL in reason, r.failure
+        assert code != Errc.OK
+        assert bytes(d.view) == before  # nothing landed
+    finally:
+        for x in reversed(made):
+            x.close()
+        stop_all(daemons)
