@@ -305,13 +305,13 @@ class FerryKVManager:
     def _register(self, kind: str, table: list[MemoryBuffer], fds: list[int],
                   register_timeout: float) -> None:
         deadline = time.monotonic() + register_timeout
+        state_type = self.state_type if kind == "state" else None
         while True:
             try:
                 self.client.register_memory(
                     kind, table, fds, MemoryKind.HOST, page_tokens=self.kv_args.page_size,
                     room_id_buffer=self._room_id_buffer() if kind == "aux" else None,
-                    state_type=self.state_type if kind == "state" and self.state_type
-                    is not None else StateType.MAMBA)
+                    state_type=StateType.MAMBA if state_type is None else state_type)
                 return
             except FerryError as e:
                 if "is still being released" not in e.message or \
