@@ -11,6 +11,8 @@ ferryd's config leaves to the registration (``memory: client`` and nothing else)
 - ``dsa`` (DeepSeek with the DSA/NSA indexer: ``DSATokenToKVPool``): the MLA layers' latent KV
   (one buffer per layer) is the KV pool; the indexer's K-with-scale buffer of each of those
   layers is the ``dsa`` component, indexed by the full KV page id (one item is one page).
+- ``minimax_index_k`` (MiniMax's sparse attention): K and V of every layer are the KV pool; the
+  sparse layers' index K buffers are the component, indexed by the full KV page id.
 
 :meth:`PagedRank.expect` is the rank's memory as it must be after a room: its bytes before,
 with the given items replaced by the source's; :meth:`PagedRank.diff` names the items that
@@ -39,9 +41,12 @@ REGISTERED_POOLS = """pools:
 class PagedModel:
     """``kind`` "swa": full-attention ``kv_layers`` and sliding-window ``state_layers`` with
     ``kv_heads`` heads of ``head_dim``; "dsa": MLA ``kv_layers`` (one latent of ``head_dim``)
-    each with an indexer (``state_layers``, the same ids) of ``index_bytes`` per token."""
+    each with an indexer (``state_layers``, the same ids) of ``index_bytes`` per token;
+    "minimax_index_k": ``kv_layers`` with K and V, and an index K of ``index_bytes`` per token
+    for each of the sparse ``state_layers``."""
 
     kind: str = "swa"
+    mla: bool = False
     kv_layers: list[int] = field(default_factory=lambda: [0, 2, 4])
     state_layers: list[int] = field(default_factory=lambda: [1, 3, 5])
     kv_heads: int = 2
@@ -53,8 +58,9 @@ class PagedModel:
     rows: int = 8
 
     @property
-    def mla(self) -> bool:
-        return self.kind == "dsa"
+    def by_full_page(self) -> bool:
+        """The component is indexed by the KV pool's page ids (dsa, minimax_index_k)."""
+        return self.kind != "swa"
 
 
 def gpt_oss_like() -> PagedModel:
@@ -62,8 +68,13 @@ def gpt_oss_like() -> PagedModel:
 
 
 def deepseek_dsa_like() -> PagedModel:
-    return PagedModel(kind="dsa", kv_layers=[0, 1, 2], state_layers=[0, 1, 2], kv_heads=1,
-                      head_dim=288, index_bytes=132, swa_pages=24)
+    return PagedModel(kind="dsa", mla=True, kv_layers=[0, 1, 2], state_layers=[0, 1, 2],
+                      kv_heads=1, head_dim=288, index_bytes=132, swa_pages=24)
+
+
+def minimax_like() -> PagedModel:
+    return PagedModel(kind="minimax_index_k", kv_layers=[0, 1, 2, 3], state_layers=[1, 3],
+                      index_bytes=64, swa_pages=24)
 
 
 class PagedRank:
@@ -74,13 +85,13 @@ class PagedRank:
         self.m, self.tp_size, self.tp_rank = m, tp_size, tp_rank
         self.heads = 1 if m.mla else max(1, m.kv_heads // tp_size)
         self.kv_item = m.page * self.heads * m.head_dim * 2  # bf16
-        self.state_item = m.page * m.index_bytes if m.mla else self.kv_item
-        self.state_pages = m.kv_pages if m.mla else m.swa_pages
+        self.state_item = m.page * m.index_bytes if m.by_full_page else self.kv_item
+        self.state_pages = m.kv_pages if m.by_full_page else m.swa_pages
         self.items: dict[str, tuple[int, int]] = {}  # key -> (item bytes, items)
         for l in m.kv_layers:
             for t in (("KV",) if m.mla else ("K", "V")):
                 self.items[f"{t}{l}"] = (self.kv_item, m.kv_pages)
-        for t in (("I",) if m.mla else ("sK", "sV")):
+        for t in (("I",) if m.by_full_page else ("sK", "sV")):
             for l in m.state_layers:
                 self.items[f"{t}{l}"] = (self.state_item, self.state_pages)
         for i, r in enumerate(METADATA_ROWS):
@@ -107,7 +118,7 @@ class PagedRank:
         return [f"K{l}" for l in self.m.kv_layers] + [f"V{l}" for l in self.m.kv_layers]
 
     def state_keys(self) -> list[str]:
-        tensors = ("I",) if self.m.mla else ("sK", "sV")
+        tensors = ("I",) if self.m.by_full_page else ("sK", "sV")
         return [f"{t}{l}" for t in tensors for l in self.m.state_layers]  # tensor-major
 
     def at(self, key: str, index: int) -> int:
@@ -193,4 +204,4 @@ def copies_of(keys: list[str], src: list[int], dst: list[int]) -> list[tuple[str
 
 
 __all__ = ["REGISTERED_POOLS", "PagedModel", "PagedRank", "gpt_oss_like", "deepseek_dsa_like",
-           "copies_of"]
+           "minimax_like", "copies_of"]

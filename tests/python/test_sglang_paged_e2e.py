@@ -22,7 +22,7 @@ from ferry.sglang import FerryBootstrap, FerryKVManager, FerryKVReceiver, FerryK
 from engine_ranks import BOOT, T, stop_all, wait_all
 from sglang_engine_memory import METADATA_ROWS
 from sglang_paged_memory import (REGISTERED_POOLS, PagedModel, PagedRank, copies_of,
-                                 deepseek_dsa_like, gpt_oss_like)
+                                 deepseek_dsa_like, gpt_oss_like, minimax_like)
 
 ROOM = 0x5A6E_0000_0000_0000
 SWA_TP_REFUSAL = "SGLang refuses SWA state under a TP mismatch for non-MLA models"
@@ -185,6 +185,21 @@ def test_a_dsa_room_moves_every_byte_to_its_place() -> None:
         kv_src, kv_dst = [2, 3, 4, 5, 6], [17, 9, 12, 13, 20]
         r, s = run_room(pair, ROOM + 10, kv_src, kv_dst, kv_src, kv_dst, 0, 7, [3, 2])
         check_room(pair, r, s, kv_src, kv_dst, kv_src, kv_dst, 0, 7)
+    finally:
+        pair.close()
+
+
+def test_a_minimax_index_k_room_moves_every_byte_to_its_place() -> None:
+    pair = Pair(minimax_like(), "mmx")
+    try:
+        m = pair.d.mem.m
+        with Client(pair.daemons[1].sock, name="observer", timeout=IO_TIMEOUT) as c:
+            state = c.pools["state"]
+        assert [(b.tensor, b.layer_id, b.items) for b in state.buffers] == \
+            [(0, l, m.kv_pages) for l in m.state_layers]
+        kv_src, kv_dst = [8, 1, 2], [3, 4, 22]
+        r, s = run_room(pair, ROOM + 15, kv_src, kv_dst, kv_src, kv_dst, 5, 5, [1, 2])
+        check_room(pair, r, s, kv_src, kv_dst, kv_src, kv_dst, 5, 5)
     finally:
         pair.close()
 
