@@ -1,10 +1,12 @@
 """Page-indexed state components end to end (issue 29 item 3), against real ferryd processes
 speaking protocol v8, every pool described by the registration (``memory: client``): a
 gpt-oss-shaped SWA model (full-attention KV layers, sliding-window layers as a ``swa``
-component whose window pages are not the KV pages) and an MLA model with a ``dsa`` indexer move
-byte for byte at equal TP, checked on every byte of the decode rank's memory; ``swa`` under a
-TP mismatch (non-MLA) is refused at the handshake with SGLang's reason; page lists of different
-lengths fail the room, loudly."""
+component whose window pages are not the KV pages), an MLA model with a ``dsa`` indexer and a
+MiniMax-like ``minimax_index_k`` model move byte for byte at equal TP, checked on every byte of
+the decode rank's memory; ``dsa`` moves under TP 2 -> 1 (MLA: replicated, from the lowest
+prefill rank); ``swa`` and ``minimax_index_k`` under TP 2 -> 1 are refused at the handshake with
+SGLang's reason; page lists of different lengths, or that the decode's pool cannot take, fail
+the request with ferryd's words."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Iterator
 import pytest
 
 from conftest import IO_TIMEOUT, Daemon, start_daemon, start_pair
-from ferry import Client, Errc
+from ferry import Client, Errc, FerryError
 from ferry.protocol import PROTOCOL_VERSION, BufferKind
 from ferry.sglang import FerryBootstrap, FerryKVManager, FerryKVReceiver, FerryKVSender, KVPoll
 
@@ -157,18 +159,37 @@ def test_an_swa_room_whose_window_is_one_page(swa_pair: Pair) -> None:
 # --- (d) page lists of different lengths ------------------------------------------------------
 
 def test_page_lists_of_different_lengths_fail_the_room_loudly(swa_pair: Pair) -> None:
-    """SGLang truncates the longer list with a warning; Ferry fails the room, naming both
-    counts, and writes no state page."""
+    """SGLang truncates the longer list with a warning; ferryd refuses the prefill's last send
+    naming both counts (the adapter then cancels the room, so the decode fails too), and no
+    state page is written."""
     d = swa_pair.d.mem
-    before = {k: [d.item(k, i) for i in (4, 8)] for k in d.state_keys()}
-    r, s = run_room(swa_pair, ROOM + 3, [1, 2], [16, 17], [6], [4, 8], 2, 4, [2])
-    got = wait_all([s, r])
-    assert got == [KVPoll.Failed, KVPoll.Failed], (got, s.failure, r.failure)
-    reasons = [x.failure[1] for x in (s, r) if x.failure is not None]
-    assert reasons, "no side says why"
-    assert any("state_pages" in why or "state pages" in why for why in reasons), reasons
-    assert any("1" in why and "2" in why for why in reasons), reasons
-    assert {k: [d.item(k, i) for i in (4, 8)] for k in d.state_keys()} == before
+    before = bytes(d.view)
+    room = ROOM + 3
+    r, s = run_room(swa_pair, room, [1, 2], [16, 17], [6], [4, 8], 2, 4, [2])
+    assert wait_all([s, r]) == [KVPoll.Failed, KVPoll.Failed], (s.failure, r.failure)
+    assert s.failure == (Errc.INVALID_REQUEST,
+                         f"room {room}: the last chunk names 1 state pages but the decode "
+                         f"prepared 2 (the lists must be the same length)")
+    assert r.failure is not None and r.failure[0] == Errc.CANCELLED, r.failure
+    assert d.diff(before) == []  # nothing of the room landed: the last send was refused
+
+
+def test_a_decode_page_list_ferryd_cannot_take_fails_the_request(swa_pair: Pair) -> None:
+    """Each page in the SWA pool and named once; a slot is no way to name a paged pool."""
+    for room, pages, why in (
+            (ROOM + 4, [4, 40], "dst swa state page 40 (position 1) is outside the pool of 12 "
+                                "pages"),
+            (ROOM + 5, [4, 4], "dst swa state page 4 is named twice (positions 0 and 1)")):
+        r = FerryKVReceiver(swa_pair.d.mgr, BOOT, room)
+        r.init(0)
+        r.send_metadata([1], aux_index=0, state_indices=[pages])
+        assert r.poll() == KVPoll.Failed
+        assert r.failure == (Errc.INVALID_REQUEST, f"room {room}: {why}")
+    with pytest.raises(FerryError) as info:
+        swa_pair.d.mgr.client.prepare(ROOM + 6, [swa_pair.daemons[0].control], [1],
+                                      state_slot=2, aux_row=0)
+    assert info.value.message == (f"room {ROOM + 6}: dst state slot 2 given, but the swa state "
+                                  f"pool is indexed by pages (state_pages), not by a slot")
 
 
 # --- (b) an MLA model with a DSA indexer ------------------------------------------------------
@@ -204,33 +225,86 @@ def test_a_minimax_index_k_room_moves_every_byte_to_its_place() -> None:
         pair.close()
 
 
-# --- (c) swa under TP 2 -> 1 ------------------------------------------------------------------
+# --- (c) TP 2 -> 1 -----------------------------------------------------------------------------
 
-def test_swa_under_a_tp_mismatch_is_refused_at_the_handshake(tmp_path) -> None:
-    extra = "tp: {{size: 2, rank: {}}}\n"
-    tmp = str(tmp_path)
-    daemons = [start_daemon(tmp, f"prefill-stp{r}", "prefill", REGISTERED_POOLS,
-                            extra.format(r)) for r in (0, 1)]
-    made: list[Rank] = []
+class Tp2To1:
+    """Two prefill ranks at TP 2 and one decode rank at TP 1, every pool registered."""
+
+    def __init__(self, tmp: str, m: PagedModel, name: str) -> None:
+        extra = "tp: {{size: 2, rank: {}}}\n"
+        self.daemons: list[Daemon] = []
+        self.ranks: list[Rank] = []
+        try:
+            for r in (0, 1):
+                self.daemons.append(start_daemon(tmp, f"prefill-{name}{r}", "prefill",
+                                                 REGISTERED_POOLS, extra.format(r)))
+            self.daemons.append(start_daemon(tmp, f"decode-{name}", "decode",
+                                             REGISTERED_POOLS))
+            boot = FerryBootstrap({BOOT: [self.daemons[0].control, self.daemons[1].control]})
+            for r in (0, 1):
+                self.ranks.append(Rank(self.daemons[r], "prefill", boot, m, 5 + r, 2, r))
+            self.ranks.append(Rank(self.daemons[2], "decode", boot, m, 7))
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for x in reversed(self.ranks):
+            x.close()
+        stop_all(self.daemons)
+
+
+@pytest.mark.parametrize("kind", ["swa", "minimax_index_k"])
+def test_a_non_mla_paged_component_under_a_tp_mismatch_is_refused_at_the_handshake(
+        tmp_path, kind: str) -> None:
+    m = gpt_oss_like() if kind == "swa" else minimax_like()
+    why = SWA_TP_REFUSAL if kind == "swa" else \
+        "SGLang refuses minimax_index_k under a TP mismatch"
+    g = Tp2To1(str(tmp_path), m, kind[:3])
     try:
-        daemons.append(start_daemon(tmp, "decode-stp", "decode", REGISTERED_POOLS))
-        boot = FerryBootstrap({BOOT: [daemons[0].control, daemons[1].control]})
-        m = gpt_oss_like()
-        for rank in (0, 1):
-            made.append(Rank(daemons[rank], "prefill", boot, m, 5 + rank, 2, rank))
-        made.append(Rank(daemons[2], "decode", boot, m, 7))
-        d = made[2].mem
+        d = g.ranks[2].mem
         before = bytes(d.view)
-        r = FerryKVReceiver(made[2].mgr, BOOT, ROOM + 20)
+        r = FerryKVReceiver(g.ranks[2].mgr, BOOT, ROOM + 20)
         r.init(0)
-        r.send_metadata([1, 2], aux_index=0, state_indices=[[3]])
+        r.send_metadata([1, 2], aux_index=0, state_indices=[[1, 2]])
         assert wait_all([r]) == [KVPoll.Failed]
         assert r.failure is not None
         code, reason = r.failure
-        assert SWA_TP_REFUSAL in reason, r.failure
-        assert code != Errc.OK
-        assert bytes(d.view) == before  # nothing landed
+        assert code == Errc.PEER_INCOMPATIBLE, r.failure
+        assert reason.startswith("could not use peer "), reason
+        assert reason.endswith(": peer refused the handshake: incompatible layouts (prefill TP 2 "
+                               "rank 0 PP 1 stage 0, decode TP 1 rank 0 PP 1 stage 0): "
+                               f"{kind} state cannot move from prefill TP 2 to decode TP 1: "
+                               f"{why}"), reason
+        assert d.diff(before) == []  # nothing landed
     finally:
-        for x in reversed(made):
-            x.close()
-        stop_all(daemons)
+        g.close()
+
+
+def test_dsa_under_tp_2_to_1_moves_from_the_lowest_prefill_rank(tmp_path) -> None:
+    """MLA KV and the DSA indexer are replicated: the lowest prefill rank of the group sends
+    them (and the aux row), byte for byte; both ranks send their chunks as SGLang's do."""
+    g = Tp2To1(str(tmp_path), deepseek_dsa_like(), "dsa")
+    try:
+        p0, p1, d = (x.mem for x in g.ranks)
+        room, src, dst = ROOM + 30, [2, 3, 11], [9, 10, 0]
+        for p in (p0, p1):
+            p.set_room(1, room)
+        metas = [f"meta{i}" for i in range(len(METADATA_ROWS))]
+        want = d.expect(p0, copies_of(d.kv_keys(), src, dst) + copies_of(d.state_keys(), src, dst)
+                        + copies_of(metas, [1], [4]))
+        assert p0.item("KV0", 2) != p1.item("KV0", 2)  # which rank sent is visible
+        r = FerryKVReceiver(g.ranks[2].mgr, BOOT, room)
+        r.init(0)
+        r.send_metadata(dst, aux_index=4, state_indices=[dst])
+        senders = [FerryKVSender(x.mgr, BOOT, room, [0], 0) for x in g.ranks[:2]]
+        assert wait_all(senders, KVPoll.WaitingForInput) == [KVPoll.WaitingForInput] * 2
+        for s in senders:
+            s.init(len(src), 1)
+            s.send(src[:2], None)
+            s.send(src[2:], [src])
+        assert wait_all(senders + [r]) == [KVPoll.Success] * 3, \
+            [x.failure for x in senders + [r]]
+        assert d.diff(want) == []
+    finally:
+        g.close()
