@@ -72,7 +72,8 @@ component of ``KVArgs.state_types``; Ferry moves one component per rank (one sta
   pool's page list (SGLang's SWA window pages in the SWA pool's numbering; every page of the
   request for ``dsa`` and ``minimax_index_k``), which goes on the wire as ``state_pages``, with
   no slot: the decode's in its ``prepare``, the prefill's in its last ``send``. ``None`` names no
-  pages. ferryd fails the room when the two counts differ (SGLang truncates; Ferry does not).
+  pages. ferryd refuses a last send whose count differs from the decode's (SGLang truncates;
+  Ferry does not): the request fails and its room is cancelled.
 
 A flat ``[slot]`` or ``[page, ...]`` (SGLang's format before the per-component lists) is taken
 as the component's entry. Non-last chunks carry no state (their ``state_indices`` are ignored,

@@ -68,7 +68,8 @@ class StateIndices:
         that component's pool: an SWA window's, or every page of the request for dsa and
         minimax_index_k), in order; [] for no entry (``None``: SGLang moves nothing of the
         component then). ferryd checks each page against its pool, and the prefill's count
-        against the decode's: a different count fails the room (Ferry does not truncate)."""
+        against the decode's: it refuses a last send whose count differs (Ferry does not
+        truncate)."""
         if not self._state_pool(state_indices):
             return []
         entry = _component_entry(state_indices, self.component, self.n_types)
