@@ -81,8 +81,11 @@ class ModelDaemon:
     """A fake ferryd of one role: a unix socket server, one thread per connection."""
 
     def __init__(self, directory: str, role: str, world: World, client_memory: bool = True,
-                 version: int = 4) -> None:
+                 version: int = 4, state_type: str = "mamba") -> None:
         self.role, self.world, self.version = role, world, version
+        # the effective config names a state pool's type unless it is mamba, as ferryd's does
+        self.config_yaml = "" if state_type == "mamba" else \
+            f"pools:\n  mamba:\n    type: {state_type}\n"
         self.pools = layout(client_memory)
         self.path = os.path.join(directory, role + ".sock")
         self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -139,7 +142,8 @@ class ModelDaemon:
             c.version = min(msg.version, self.version)  # the requests that follow
             return HelloReply(version=c.version, node=f"fake-{self.role}", instance="0",
                               role=self.role, control="127.0.0.1:7401", page_tokens=PAGE_TOKENS,
-                              pools=self.pools, min_version=3, max_version=self.version)
+                              config_yaml=self.config_yaml, pools=self.pools, min_version=3,
+                              max_version=self.version)
         if isinstance(msg, RegisterMemory):
             fds = list(c.fds)
             assert len(fds) == msg.fd_count

@@ -18,8 +18,10 @@ import pytest
 
 from conftest import IO_TIMEOUT, Daemon, start_daemon, start_pair
 from ferry import Client, Errc, FerryError
+from ferry.memory import MemfdPool
 from ferry.protocol import PROTOCOL_VERSION, BufferKind
-from ferry.sglang import FerryBootstrap, FerryKVManager, FerryKVReceiver, FerryKVSender, KVPoll
+from ferry.sglang import (FerryBootstrap, FerryKVArgs, FerryKVManager, FerryKVReceiver,
+                          FerryKVSender, KVPoll)
 
 from engine_ranks import BOOT, T, stop_all, wait_all
 from sglang_engine_memory import METADATA_ROWS
@@ -308,3 +310,73 @@ def test_dsa_under_tp_2_to_1_moves_from_the_lowest_prefill_rank(tmp_path) -> Non
         assert d.diff(want) == []
     finally:
         g.close()
+
+
+# --- a state pool ferryd's config describes -------------------------------------------------
+
+CONFIG_SWA = """pools:
+  kv: {layer_ids: [0, 2], page_tokens: 2, kv_heads: 2, head_dim: 32, dtype_bytes: 2, pages: 24, memory: client}
+  mamba:
+    type: swa
+    slots: 12
+    layer_ids: [1, 3]
+    tensors:
+      - {name: k, shape: [2, 2, 32], dtype_bytes: 2}
+      - {name: v, shape: [2, 2, 32], dtype_bytes: 2}
+    memory: client
+  aux: {rows: 8, row_bytes: 64, memory: client}
+"""
+
+
+def test_a_config_described_swa_pool_is_lent_and_moved_as_swa(tmp_path) -> None:
+    """``pools.mamba.type: swa`` with a shape: MemfdPool.for_client lends it as swa, KVArgs
+    naming mamba are refused before anything is lent, and a room moves the window's pages."""
+    pd, dd = start_pair(str(tmp_path), "prefill-cfg", "decode-cfg", CONFIG_SWA)
+    pools: list[MemfdPool] = []
+    mgrs: list[FerryKVManager] = []
+    try:
+        boot = FerryBootstrap({BOOT: [pd.control]})
+        args = {}
+        for mode, daemon in (("prefill", pd), ("decode", dd)):
+            with Client(daemon.sock, name="layout", timeout=IO_TIMEOUT) as c:
+                kv, st, aux = (MemfdPool.for_client(c, k, name=f"{mode}-{k}")
+                               for k in ("kv", "state", "aux"))
+            pools += [kv, st, aux]
+            assert st.state_type == "swa" and [b.items for b in st.buffers] == [12] * 4
+            for pool, seed in ((kv, 1), (st, 2), (aux, 3)):
+                view = pool.view()
+                view[:] = bytes((i * 7 + seed + len(mode)) & 0xFF for i in range(len(view)))
+            args[mode] = lambda t, kv=kv, st=st, aux=aux: FerryKVArgs.from_memfd_pools(
+                kv=kv, state=st, aux=aux, page_size=2, state_type=t)
+            with pytest.raises(FerryError) as info:
+                FerryKVManager(args[mode]("mamba"), mode, socket_path=daemon.sock,
+                               bootstrap=boot, timeout=IO_TIMEOUT)
+            assert info.value.message == (f"ferryd at {daemon.sock} has a swa state pool "
+                                          f"(pools.mamba.type), but the KVArgs' state_types "
+                                          f"name a mamba component")
+            mgrs.append(FerryKVManager(args[mode]("swa"), mode, socket_path=daemon.sock,
+                                       bootstrap=boot, timeout=IO_TIMEOUT * 3,
+                                       register_timeout=T))
+        pkv, pst, paux, dkv, dst, daux = pools
+        room = ROOM + 50
+        paux.item(0, 1)[:8] = room.to_bytes(8, "little")
+        want = {("kv", b, d): bytes(pkv.item(b, s)) for b in range(4) for s, d in ((3, 7), (4, 8))}
+        want.update({("state", b, d): bytes(pst.item(b, s)) for b in range(4)
+                     for s, d in ((10, 1), (2, 6))})
+        want[("aux", 0, 5)] = bytes(paux.item(0, 1))
+        r = FerryKVReceiver(mgrs[1], BOOT, room)
+        s = FerryKVSender(mgrs[0], BOOT, room, [0], 0)
+        r.init(0)
+        r.send_metadata([7, 8], aux_index=5, state_indices=[[1, 6]])
+        assert wait_all([s], KVPoll.WaitingForInput) == [KVPoll.WaitingForInput]
+        s.init(2, 1)
+        s.send([3, 4], [[10, 2]])
+        assert wait_all([s, r]) == [KVPoll.Success] * 2, (s.failure, r.failure)
+        got = {"kv": dkv, "state": dst, "aux": daux}
+        assert [k for k, v in want.items() if bytes(got[k[0]].item(k[1], k[2])) != v] == []
+    finally:
+        for m in mgrs:
+            m.close()
+        for p in pools:
+            p.close()
+        stop_all([pd, dd])

@@ -6,6 +6,7 @@ refuses at construction is refused by name, before a word to ferryd."""
 
 from __future__ import annotations
 
+import os
 from typing import Iterator
 
 import pytest
@@ -25,8 +26,8 @@ class Paged:
     def __init__(self, tmp: str, kind: str, mla: bool = False) -> None:
         self.world = World()
         boot = FerryBootstrap({BOOT: PREFILL_RANKS})
-        self.pd = ModelDaemon(tmp, "prefill", self.world, version=8)
-        self.dd = ModelDaemon(tmp, "decode", self.world, version=8)
+        self.pd = ModelDaemon(tmp, "prefill", self.world, version=8, state_type=kind)
+        self.dd = ModelDaemon(tmp, "decode", self.world, version=8, state_type=kind)
         self.engines: list[Engine] = []
         self.prefill = self._engine(self.pd, "prefill", boot, kind, mla)
         self.decode = self._engine(self.dd, "decode", boot, kind, mla)
@@ -191,8 +192,29 @@ def test_dsa_with_mla_registers_as_dsa(short_tmp: str) -> None:
         p.close()
 
 
+def test_a_state_type_other_than_the_configs_is_refused_before_any_memory_is_lent(
+        short_tmp: str) -> None:
+    """A state pool ferryd's config describes has the config's type (pools.mamba.type, as the
+    hello's config_yaml says it); KVArgs naming another are refused by name."""
+    for i, (have, want) in enumerate((("swa", "mamba"), ("mamba", "dsa"),
+                                      ("swa", "minimax_index_k"))):
+        os.mkdir(os.path.join(short_tmp, str(i)))
+        d = ModelDaemon(os.path.join(short_tmp, str(i)), "decode", World(), version=8,
+                        state_type=have)
+        try:
+            with pytest.raises(FerryError) as info:
+                Engine(d, "decode", FerryBootstrap({}), state_type=want, mla=True)
+            assert info.value.code == Errc.INVALID_REQUEST
+            assert info.value.message == (f"ferryd at {d.path} has a {have} state pool "
+                                          f"(pools.mamba.type), but the KVArgs' state_types name "
+                                          f"a {want} component")
+            assert d.world.registered == []
+        finally:
+            d.close()
+
+
 def test_a_paged_component_needs_a_v8_ferryd(short_tmp: str) -> None:
-    d = ModelDaemon(short_tmp, "decode", World(), version=7)
+    d = ModelDaemon(short_tmp, "decode", World(), version=7, state_type="swa")
     try:
         with pytest.raises(FerryError) as info:
             Engine(d, "decode", FerryBootstrap({}), state_type="swa")
@@ -200,7 +222,11 @@ def test_a_paged_component_needs_a_v8_ferryd(short_tmp: str) -> None:
         assert info.value.message == (f"a swa state component needs protocol version 8; ferryd "
                                       f"at {d.path} speaks 3..7")
         assert d.world.registered == []  # nothing lent
-        # mamba still registers on a v7 daemon, with no state_type on the wire
+    finally:
+        d.close()
+    os.mkdir(os.path.join(short_tmp, "v7"))
+    d = ModelDaemon(os.path.join(short_tmp, "v7"), "decode", World(), version=7)
+    try:  # mamba still registers on a v7 daemon, with no state_type on the wire
         e = Engine(d, "decode", FerryBootstrap({}))
         assert d.world.state_types == [("decode", 0)] and e.mgr.client.version == 7
         e.close()

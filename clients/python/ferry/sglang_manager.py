@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional, Union
 
 from .client import Client
 from .errors import Errc, FerryError
+from .memory import configured_state_type
 from .protocol import POOL_KINDS, MemoryBuffer, MemoryKind, StateType, state_type_number
 from .reconnect import ConnectionNotice, Reconnect, Reconnected
 from .sglang_bootstrap import FerryBootstrap
@@ -146,6 +147,14 @@ class FerryKVManager:
                                  f"the KVArgs' state_types name a {self.state_type.wire_name} "
                                  f"component, but ferryd at {client.socket_path} has no state "
                                  f"pool (pools.mamba)")
+            state = client.pools["state"]
+            configured = configured_state_type(client.config_yaml) or "mamba"
+            if self.state_type is not None and state.present and not state.registered and \
+                    configured != self.state_type.wire_name:
+                raise FerryError(Errc.INVALID_REQUEST,
+                                 f"ferryd at {client.socket_path} has a {configured} state pool "
+                                 f"(pools.mamba.type), but the KVArgs' state_types name a "
+                                 f"{self.state_type.wire_name} component")
             if self.paged_state and client.version < 8:
                 assert self.state_type is not None
                 raise FerryError(Errc.UNSUPPORTED_VERSION,
