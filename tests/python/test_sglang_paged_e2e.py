@@ -10,6 +10,7 @@ the request with ferryd's words."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 from typing import Iterator
@@ -380,3 +381,21 @@ def test_a_config_described_swa_pool_is_lent_and_moved_as_swa(tmp_path) -> None:
         for p in pools:
             p.close()
         stop_all([pd, dd])
+
+
+def test_minimax_index_k_with_pp_2_is_refused_at_registration(tmp_path) -> None:
+    """SGLang refuses MiniMax's sparse index with PP > 1; a prefill stage's ferryd refuses the
+    registration, so the manager is not constructed and nothing is lent."""
+    d = start_daemon(str(tmp_path), "prefill-mpp", "prefill", REGISTERED_POOLS,
+                     "pp: {size: 2, rank: 1}\n")
+    try:
+        m = dataclasses.replace(minimax_like(), kv_layers=[2, 3], state_layers=[3])
+        with pytest.raises(FerryError) as info:
+            Rank(d, "prefill", FerryBootstrap({}), m, 1)
+        assert info.value.code == Errc.INVALID_REQUEST
+        assert info.value.message == (
+            "pool state: the registration describes a pool this daemon cannot serve: "
+            "pools.mamba.type: expected pp.size 1 for minimax_index_k state (SGLang refuses it "
+            "with PP > 1), got pp.size 2")
+    finally:
+        stop_all([d])
