@@ -14,7 +14,7 @@ from ferry import errors as ferry_errors
 from ferry.errors import EncodeError, Errc, FerryError, ProtocolError, to_errc
 from ferry.protocol import (MAX_FRAME_BYTES, MAX_LIST_STRINGS, MAX_POLL_MANY,
                             MAX_REGISTER_BUFFERS, MAX_REGISTER_FDS, MAX_STRING_BYTES, NO_INDEX, PROTOCOL_VERSION,
-                            POLL_MANY_REASON_BYTES, V4_ONLY, Buffer, BufferKind, Cancel, Error,
+                            POLL_MANY_REASON_BYTES, Buffer, BufferKind, Cancel, Error,
                             Event, FrameReader, Hello, HelloReply, Info, InfoReply, InfoTopic,
                             Discover, DiscoveredRank, DiscoverReply, MemoryBuffer, MemoryKind,
                             Message, MessageType, Ok, Poll, PollMany,
