@@ -11,10 +11,11 @@ them as SGLang's ``KVArgs`` does, for pools ferryd's config leaves to the regist
   layer (views at arbitrary offsets), tensor-major then layer, with ``state_dim_per_tensor``,
   ``state_slice_outer_counts`` and ``state_conv_shard_groups``.
 - SWA: an SWA KV pool (two sliding-window layers, K then V, its own token count) is allocated
-  as SGLang's ``SWAKVPool`` would, but NOT listed in ``state_types``: the adapter refuses
-  ``StateType`` swa at construction (``FerryKVArgs.mamba_component``: Ferry cannot move swa
-  yet), so an SGLang model with an SWA component cannot use Ferry today; see
-  :func:`swa_refusal`.
+  as SGLang's ``SWAKVPool`` would, but NOT listed in ``state_types``: next to the Mamba
+  component it would be a second state component, which the adapter refuses at construction
+  (``FerryKVArgs.state_component``: one state component per rank), so an SGLang model with
+  both cannot use Ferry today; see :func:`swa_refusal`. (An SWA component alone moves:
+  tests/python/test_sglang_paged_e2e.py.)
 - MetadataBuffers: ten tensors with SGLang's row sizes, ``bootstrap_room`` at index 7 (not
   last), in ordinary memory (one anonymous mmap per tensor, as torch's CPU allocations:
   ``--aux-memory ordinary``) or inside the rank's memfd (``--aux-memory memfd``). Ordinary
@@ -86,7 +87,7 @@ def swa_refusal() -> str:
     if it accepts them)."""
     a = FerryKVArgs(state_types=["mamba", "swa"])
     try:
-        a.mamba_component()
+        a.state_component()
     except ValueError as e:
         return str(e)
     return ""

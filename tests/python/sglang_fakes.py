@@ -50,6 +50,7 @@ class World:
         self.failed: dict[int, tuple[int, str]] = {}
         self.refuse: dict[tuple[str, int], Error] = {}  # (role, room) -> the error reply
         self.registered: list[tuple[str, int, int, int, list[tuple[int, int]]]] = []
+        self.state_types: list[tuple[str, int]] = []  # (role, state_type) of state pools
         self.instances: dict[str, list[DiscoveredRank]] = {}  # discover's answers
 
     def requests(self, role: str, *types: type) -> list[Message]:
@@ -79,9 +80,12 @@ class World:
 class ModelDaemon:
     """A fake ferryd of one role: a unix socket server, one thread per connection."""
 
-    def __init__(self, directory: str, role: str, world: World, client_memory: bool = True
-                 ) -> None:
-        self.role, self.world = role, world
+    def __init__(self, directory: str, role: str, world: World, client_memory: bool = True,
+                 version: int = 4, state_type: str = "mamba") -> None:
+        self.role, self.world, self.version = role, world, version
+        # the effective config names a state pool's type unless it is mamba, as ferryd's does
+        self.config_yaml = "" if state_type == "mamba" else \
+            f"pools:\n  mamba:\n    type: {state_type}\n"
         self.pools = layout(client_memory)
         self.path = os.path.join(directory, role + ".sock")
         self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -135,9 +139,11 @@ class ModelDaemon:
     def _answer(self, c: FakeConn, msg: Message) -> Message:
         w = self.world
         if isinstance(msg, Hello):
-            return HelloReply(version=4, node=f"fake-{self.role}", instance="0", role=self.role,
-                              control="127.0.0.1:7401", page_tokens=PAGE_TOKENS,
-                              pools=self.pools, min_version=3, max_version=4)
+            c.version = min(msg.version, self.version)  # the requests that follow
+            return HelloReply(version=c.version, node=f"fake-{self.role}", instance="0",
+                              role=self.role, control="127.0.0.1:7401", page_tokens=PAGE_TOKENS,
+                              config_yaml=self.config_yaml, pools=self.pools, min_version=3,
+                              max_version=self.version)
         if isinstance(msg, RegisterMemory):
             fds = list(c.fds)
             assert len(fds) == msg.fd_count
@@ -151,6 +157,8 @@ class ModelDaemon:
                 == [(b.item_bytes, b.items, b.layer_id, b.tensor, b.kind) for b in want]
             w.registered.append((self.role, msg.pool, msg.fd_count, len(msg.buffers),
                                  [(b.fd_index, b.fd_offset) for b in msg.buffers]))
+            if msg.pool == 1:
+                w.state_types.append((self.role, int(msg.state_type)))
             c.close_fds()
             return Ok()
         room = getattr(msg, "room", None)
@@ -202,15 +210,22 @@ class Engine:
     """One engine rank: its memfd pools, KVArgs and manager."""
 
     def __init__(self, daemon: ModelDaemon, mode: str, bootstrap: FerryBootstrap,
-                 per_buffer: bool = False) -> None:
+                 per_buffer: bool = False, state_type: str = "mamba", mla: bool = False
+                 ) -> None:
         kv, state, aux = daemon.pools
         self.kv = MemfdPool("kv", kv, per_buffer=per_buffer)
         self.state = MemfdPool("state", state, per_buffer=per_buffer)
         self.aux = MemfdPool("aux", aux)
         self.args = FerryKVArgs.from_memfd_pools(kv=self.kv, state=self.state, aux=self.aux,
-                                                 page_size=PAGE_TOKENS)
-        self.mgr = FerryKVManager(self.args, mode, socket_path=daemon.path, bootstrap=bootstrap,
-                                  timeout=IO_TIMEOUT, drain_timeout=2.0)
+                                                 page_size=PAGE_TOKENS, state_type=state_type)
+        try:
+            self.mgr = FerryKVManager(self.args, mode, is_mla_backend=mla,
+                                      socket_path=daemon.path, bootstrap=bootstrap,
+                                      timeout=IO_TIMEOUT, drain_timeout=2.0)
+        except BaseException:
+            for p in (self.kv, self.state, self.aux):
+                p.close()
+            raise
 
     def close(self) -> None:
         self.mgr.close()

@@ -17,7 +17,7 @@ import pytest
 from conftest import IO_TIMEOUT, Daemon, start_daemon, start_pair
 from ferry import Client, Errc, FerryError
 from ferry.memory import MemfdPool, create_memfd
-from ferry.protocol import MemoryBuffer
+from ferry.protocol import PROTOCOL_VERSION, MemoryBuffer
 from ferry.sglang import (FerryBootstrap, FerryKVArgs, FerryKVManager, FerryKVReceiver,
                           KVPoll)
 
@@ -60,7 +60,7 @@ KV_CLIENT_POOL = """pools:
 
 def test_the_hello_reply_shows_client_pools(pair: tuple[Daemon, Daemon]) -> None:
     with Client(pair[1].sock, name="cm-hello", timeout=IO_TIMEOUT) as c:
-        assert c.version == 7
+        assert c.version == PROTOCOL_VERSION
         for kind in ("kv", "state", "aux"):
             assert c.pools[kind].present and c.pools[kind].shm_name == "", c.pools[kind]
         with pytest.raises(FerryError):

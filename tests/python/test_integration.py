@@ -22,7 +22,7 @@ import pytest
 from conftest import (BIN_DIR, IO_TIMEOUT, KV_ONLY_POOLS, MAMBA_POOLS, REPO, Daemon, start_daemon,
                       start_pair)
 from ferry import Client, Errc, FerryError, ProtocolError, Status
-from ferry.protocol import (Error, FrameReader, Hello, HelloReply, MessageType, PollMany,
+from ferry.protocol import (PROTOCOL_VERSION, Error, FrameReader, Hello, HelloReply, MessageType, PollMany,
                             PollManyReply, decode, encode)
 
 T = 60.0  # a room's whole transfer on a loaded 2-core machine
@@ -30,11 +30,12 @@ T = 60.0  # a room's whole transfer on a loaded 2-core machine
 
 def client(d: Daemon, name: str, **kw: object) -> Client:
     c = Client(d.sock, name=name, timeout=IO_TIMEOUT * 3, **kw)  # type: ignore[arg-type]
-    if kw.get("version_range") is None and c.version != 7:
+    if kw.get("version_range") is None and c.version != PROTOCOL_VERSION:
         c.close()
-        pytest.fail(f"{BIN_DIR / 'ferryd'} answered a hello offering versions 3..7 in version "
-                    f"{c.version} (it speaks {c.daemon_versions[0]}..{c.daemon_versions[1]}): "
-                    f"these tests need a ferryd that speaks protocol version 7; rebuild it")
+        pytest.fail(f"{BIN_DIR / 'ferryd'} answered a hello offering versions 3.."
+                    f"{PROTOCOL_VERSION} in version {c.version} (it speaks "
+                    f"{c.daemon_versions[0]}..{c.daemon_versions[1]}): these tests need a ferryd "
+                    f"that speaks protocol version {PROTOCOL_VERSION}; rebuild it")
     return c
 
 
@@ -70,7 +71,8 @@ def kv_pair(tmpdir_short: str) -> Iterator[tuple[Daemon, Daemon]]:
 def test_the_daemons_speak_v4_and_v3(mamba_pair: tuple[Daemon, Daemon]) -> None:
     pd, dd = mamba_pair
     with client(pd, "it-v4") as p:
-        assert p.version == 7 and p.daemon_versions == (3, 7) and not p.fell_back_to_v3
+        assert p.version == PROTOCOL_VERSION and not p.fell_back_to_v3
+        assert p.daemon_versions == (3, PROTOCOL_VERSION)
         assert p.role == "prefill" and p.control == pd.control
         assert p.pools["kv"].present and len(p.pools["kv"].buffers) == 4
     with client(dd, "it-v3", version_range=(3, 3)) as d:

@@ -13,8 +13,8 @@ from conftest import REPO
 from ferry import errors as ferry_errors
 from ferry.errors import EncodeError, Errc, FerryError, ProtocolError, to_errc
 from ferry.protocol import (MAX_FRAME_BYTES, MAX_LIST_STRINGS, MAX_POLL_MANY,
-                            MAX_REGISTER_BUFFERS, MAX_REGISTER_FDS, MAX_STRING_BYTES, NO_INDEX,
-                            POLL_MANY_REASON_BYTES, V4_ONLY, Buffer, BufferKind, Cancel, Error,
+                            MAX_REGISTER_BUFFERS, MAX_REGISTER_FDS, MAX_STRING_BYTES, NO_INDEX, PROTOCOL_VERSION,
+                            POLL_MANY_REASON_BYTES, Buffer, BufferKind, Cancel, Error,
                             Event, FrameReader, Hello, HelloReply, Info, InfoReply, InfoTopic,
                             Discover, DiscoveredRank, DiscoverReply, MemoryBuffer, MemoryKind,
                             Message, MessageType, Ok, Poll, PollMany,
@@ -368,7 +368,7 @@ def test_v4_only_messages_do_not_encode_in_v3() -> None:
             encode(msg, 1, 4)
         assert "needs protocol version 5; this connection speaks 4" in info.value.message
     with pytest.raises(ValueError):
-        encode(Ok(), 1, 8)
+        encode(Ok(), 1, PROTOCOL_VERSION + 1)
     with pytest.raises(TypeError):
         encode(object(), 1, 4)  # type: ignore[arg-type]
 
@@ -413,7 +413,8 @@ def test_limits_match_protocol_hpp() -> None:
         m = re.search(r"constexpr\s+\w+\s+" + name + r"\s*=\s*([^;]+);", text)
         assert m, name
         return m.group(1).strip()
-    assert const("protocol_version") == "7" and const("min_protocol_version") == "3"
+    assert const("protocol_version") == str(PROTOCOL_VERSION)
+    assert const("min_protocol_version") == "3"
     assert const("max_poll_many") == str(MAX_POLL_MANY)
     assert const("poll_many_reason_bytes") == str(POLL_MANY_REASON_BYTES)
     assert const("max_frame_bytes") == "16u << 20" and MAX_FRAME_BYTES == 16 << 20

@@ -113,7 +113,7 @@ def test_a_kvargs_table_that_does_not_fit_is_refused_naming_the_pool(short_tmp: 
         no_state = FerryKVArgs.from_memfd_pools(kv=pools[0], aux=pools[2])
         with pytest.raises(FerryError) as info:
             FerryKVManager(no_state, "decode", socket_path=d.path, timeout=IO_TIMEOUT)
-        assert "state_types name no mamba component" in info.value.message
+        assert "state_types name no state component" in info.value.message
         assert world.registered == []  # nothing was lent by a refused manager
     finally:
         for p in pools:
@@ -121,17 +121,18 @@ def test_a_kvargs_table_that_does_not_fit_is_refused_naming_the_pool(short_tmp: 
         d.close()
 
 
-@pytest.mark.parametrize("kind", ["swa", "dsa", "minimax_index_k", "swa_ring", "c128_state"])
-def test_a_state_type_ferry_cannot_move_is_refused_at_construction_by_name(
+@pytest.mark.parametrize("kind", ["swa_ring", "c128_state"])
+def test_a_row_indexed_state_type_is_refused_at_construction_by_name(
         short_tmp: str, kind: str) -> None:
     d = ModelDaemon(short_tmp, "decode", World())
     try:
         with pytest.raises(FerryError) as info:
-            FerryKVManager(FerryKVArgs(state_types=["mamba", kind]), "decode", socket_path=d.path)
+            FerryKVManager(FerryKVArgs(state_types=[kind]), "decode", socket_path=d.path)
         assert info.value.code == Errc.INVALID_REQUEST
-        assert info.value.message == (f"state_types ['mamba', '{kind}']: Ferry cannot move {kind} "
-                                      f"yet ({NOT_MOVED[kind]}); only mamba state moves today "
-                                      f"(docs/integration.md)")
+        assert info.value.message == (f"state_types ['{kind}']: Ferry cannot move {kind} yet "
+                                      f"({NOT_MOVED[kind]}); Ferry moves one mamba, swa, dsa or "
+                                      f"minimax_index_k component (docs/integration.md)")
+        assert "row-indexed" in NOT_MOVED[kind]
         with pytest.raises(FerryError) as info:
             FerryKVManager(FerryKVArgs(state_types=["mamba", "lora"]), "decode",
                            socket_path=d.path)

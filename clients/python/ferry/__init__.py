@@ -34,7 +34,7 @@ from .protocol import (MAX_POLL_MANY, MAX_REGISTER_BUFFERS, MAX_REGISTER_FDS,
                        MIN_PROTOCOL_VERSION, NO_INDEX, POOL_KINDS, PROTOCOL_VERSION,
                        SUPPORTED_VERSIONS, Buffer, BufferKind, Event, HelloReply, InfoTopic,
                        MemoryBuffer, MemoryKind, MessageType, Pool, PollReply, PollResult,
-                       RegisterMemory, Status, decode, encode)
+                       RegisterMemory, StateType, Status, decode, encode)
 
 
 def _read_version() -> str:
@@ -57,7 +57,8 @@ __all__ = [
     "MAX_POLL_MANY", "MAX_REGISTER_BUFFERS", "MAX_REGISTER_FDS",
     "MIN_PROTOCOL_VERSION", "NO_INDEX", "POOL_KINDS", "PROTOCOL_VERSION", "SUPPORTED_VERSIONS",
     "Buffer", "BufferKind", "Event", "HelloReply", "InfoTopic", "MemoryBuffer", "MemoryKind",
-    "MessageType", "Pool", "PollReply", "PollResult", "RegisterMemory", "Status", "decode",
+    "MessageType", "Pool", "PollReply", "PollResult", "RegisterMemory", "StateType", "Status",
+    "decode",
     "encode",
     "__version__",
 ]

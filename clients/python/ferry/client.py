@@ -11,7 +11,7 @@
 Any number of threads may issue requests at once: each request gets its own seq and waits for
 its own reply, whatever order ferryd answers in. Pushed events go to the callbacks registered
 with :meth:`Client.on_event`, to the queue of :meth:`Client.events` and to
-:meth:`Client.wait_terminal`. The client offers protocol versions 3..7 by default and speaks
+:meth:`Client.wait_terminal`. The client offers protocol versions 3..8 by default and speaks
 what ferryd's ``hello_reply`` says (``client.version``), falling back to version 3 with an old
 daemon.
 
@@ -32,8 +32,8 @@ from .errors import Errc, FerryError, ProtocolError
 from .protocol import (MAX_POLL_MANY, MAX_REGISTER_FDS, SUPPORTED_VERSIONS, Cancel, Discover,
                        DiscoveredRank, DiscoverReply, Drain, Event, Info, InfoReply, InfoTopic,
                        MemoryBuffer, MemoryKind, Poll, PollMany, PollManyReply, PollReply,
-                       PollResult, Prepare, RegisterMemory, Send, SetLogLevel, Subscribe, encode,
-                       pool_number)
+                       PollResult, Prepare, RegisterMemory, Send, SetLogLevel, StateType,
+                       Subscribe, encode, pool_number, state_type_number)
 from .reconnect import NoticeCallback
 
 _TOPICS = {"status": InfoTopic.STATUS, "rooms": InfoTopic.ROOMS, "peers": InfoTopic.PEERS,
@@ -69,24 +69,29 @@ class Client(Connection):
     def prepare(self, room: int, prefill_peers: Union[str, Sequence[str]],
                 dst_pages: Sequence[int], state_slot: Optional[int] = None,
                 aux_row: Optional[int] = None, *, prefix_tokens: int = 0,
+                state_pages: Optional[Sequence[int]] = None,
                 timeout: Optional[float] = None) -> None:
         """Decode side: where ``room``'s bytes land. ``prefill_peers`` is a prefill ferryd's
         control address ``"host:port"`` or a list of them (every rank of the prefill instance
         is fine). ``state_slot`` is exactly one Mamba slot (an int; None = absent), ``aux_row``
         one aux row. ``prefix_tokens`` (v4): tokens of the prompt this decode already holds
-        (a multiple of the page size); the prefill's ``poll`` answers it."""
+        (a multiple of the page size); the prefill's ``poll`` answers it. ``state_pages`` (v8):
+        the destination pages of a page-indexed state pool (swa, dsa, minimax_index_k), each
+        once, with no ``state_slot``."""
         peers = [prefill_peers] if isinstance(prefill_peers, str) else list(prefill_peers)
         if prefix_tokens and self.version < 4:
             raise FerryError(Errc.UNSUPPORTED_VERSION,
                              f"prefix_tokens needs protocol version 4; this connection speaks "
                              f"{self.version}")
+        pages = self._state_pages(state_pages)
         self._forget_lost(room)
-        self.request(Prepare(room, peers, list(dst_pages), state_slot, aux_row, prefix_tokens),
-                     timeout)
+        self.request(Prepare(room, peers, list(dst_pages), state_slot, aux_row, prefix_tokens,
+                             pages), timeout)
 
     def send(self, room: int, src_pages: Sequence[int], last: bool = False,
              state_slot: Optional[int] = None, aux_row: Optional[int] = None, *,
              first_layer: int = 0, layer_count: int = 0,
+             state_pages: Optional[Sequence[int]] = None,
              timeout: Optional[float] = None) -> None:
         """Prefill side: one chunk of ``room``; the last chunk carries the one state slot and
         the aux row.
@@ -96,13 +101,26 @@ class Client(Connection):
         sends each layer as its forward pass produces it: every send of a chunk names the
         chunk's pages (and, on the last chunk, the state slot and the aux row), each layer once;
         the chunk is complete once every layer was sent, and the send that completes the last
-        chunk carries the aux row (docs/protocol.md, "Layer-wise sends")."""
+        chunk carries the aux row (docs/protocol.md, "Layer-wise sends").
+
+        (v8) ``state_pages``: on the last chunk, the source pages of a page-indexed state pool
+        (swa, dsa, minimax_index_k), as many as the decode's ``state_pages``, with no
+        ``state_slot``."""
         if (first_layer or layer_count) and self.version < 6:
             raise FerryError(Errc.UNSUPPORTED_VERSION,
                              f"a layer range needs protocol version 6; this connection speaks "
                              f"{self.version}")
+        pages = self._state_pages(state_pages)
         self.request(Send(room, list(src_pages), bool(last), state_slot, aux_row,
-                          first_layer, layer_count), timeout)
+                          first_layer, layer_count, pages), timeout)
+
+    def _state_pages(self, state_pages: Optional[Sequence[int]]) -> list[int]:
+        pages = [] if state_pages is None else list(state_pages)
+        if pages and self.version < 8:
+            raise FerryError(Errc.UNSUPPORTED_VERSION,
+                             f"state_pages need protocol version 8; this connection speaks "
+                             f"{self.version}")
+        return pages
 
     @property
     def layers(self) -> list[int]:
@@ -155,7 +173,8 @@ class Client(Connection):
                                                 Sequence[int]]],
                         fds: Sequence[int], memory_kind: int = MemoryKind.HOST,
                         timeout: Optional[float] = None, *, page_tokens: int = 0,
-                        room_id_buffer: Optional[int] = None) -> None:
+                        room_id_buffer: Optional[int] = None,
+                        state_type: Union[str, int] = StateType.MAMBA) -> None:
         """(v4) Lend ferryd this process's memory for a ``memory: client`` pool (``"kv"``,
         ``"state"``, ``"aux"``, or 0..2).
 
@@ -177,7 +196,17 @@ class Client(Connection):
         else) is described by this table: any byte offsets, each buffer's slicing facts
         (:class:`~ferry.protocol.MemoryBuffer`), ``page_tokens`` for a kv pool and
         ``room_id_buffer`` (the aux buffer whose rows start with the room id, or None) for an aux
-        pool. The first registration fixes the pool's layout for ferryd's life."""
+        pool. The first registration fixes the pool's layout for ferryd's life.
+
+        (v8) ``state_type``: what a state pool holds (:class:`~ferry.protocol.StateType` or its
+        name: ``"mamba"``, slot-indexed, or the page-indexed ``"swa"``, ``"dsa"``,
+        ``"minimax_index_k"``), which must be the peers' too; a state pool the registration
+        describes takes its type from it. Only mamba can be registered before v8 (312)."""
+        st = state_type_number(state_type)
+        if st != StateType.MAMBA and self.version < 8:
+            raise FerryError(Errc.UNSUPPORTED_VERSION,
+                             f"state type {st.wire_name} needs protocol version 8; this "
+                             f"connection speaks {self.version}")
         if self.version < 4:
             lo, hi = self.version_range
             raise FerryError(Errc.UNSUPPORTED_VERSION,
@@ -188,7 +217,7 @@ class Client(Connection):
         table = [_memory_buffer(b) for b in buffers]
         fds = [int(fd) for fd in fds]
         msg = RegisterMemory(pool_number(pool), memory_kind, len(fds), table, int(page_tokens),
-                             room_id_buffer)
+                             room_id_buffer, st)
         if len(fds) > MAX_REGISTER_FDS:
             encode(msg, 0, self.version)  # raises the codec's EncodeError naming fd_count
         reg = self._registration(msg, fds)

@@ -30,7 +30,7 @@ from .messages import (MAX_LIST_STRINGS, MAX_POLL_MANY, MAX_REGISTER_BUFFERS, MA
                        BufferKind, Cancel, Discover, DiscoveredRank, Drain, SetLogLevel, first_version, DiscoverReply, Error, Event,
                        Hello, HelloReply, Info, InfoReply, InfoTopic, MemoryBuffer, MemoryKind,
                        Message, MessageType, Ok, Poll, PollMany, PollManyReply, PollReply,
-                       PollResult, Pool, Prepare, RegisterMemory, Send, Status, Subscribe,
+                       PollResult, Pool, Prepare, RegisterMemory, Send, StateType, Status, Subscribe,
                        check_version)
 
 _REGISTER_BUFFER_BYTES = 37
@@ -236,10 +236,17 @@ def _decode_register_memory(r: _Reader) -> RegisterMemory:
         page_tokens = r.num(4, "page_tokens")
         room = r.num(4, "room_id_buffer")
         room_id_buffer = None if room == NO_INDEX else room
+    state_type = StateType.MAMBA
+    if r.version >= 8:
+        value = r.num(1, "state_type")
+        if value > StateType.MINIMAX_INDEX_K:
+            raise _Fail(f"field 'state_type' is not a state type: {value}", "state_type")
+        state_type = StateType(value)
     kind_value: Union[MemoryKind, int] = (MemoryKind(memory_kind)
                                           if memory_kind <= MemoryKind.CUDA_VMM_FD
                                           else memory_kind)
-    return RegisterMemory(pool, kind_value, fd_count, buffers, page_tokens, room_id_buffer)
+    return RegisterMemory(pool, kind_value, fd_count, buffers, page_tokens, room_id_buffer,
+                          state_type)
 
 
 def _decode_discover_reply(r: _Reader) -> DiscoverReply:
@@ -261,12 +268,14 @@ def _decode_body(mtype: MessageType, r: _Reader) -> Message:
     if mtype == MessageType.PREPARE:
         return Prepare(r.num(8, "room"), r.str_list("prefill_peers"), r.int_list(4, "dst_pages"),
                        r.index("state_slot"), r.index("aux_row"),
-                       r.num(4, "prefix_tokens") if r.version >= 4 else 0)
+                       r.num(4, "prefix_tokens") if r.version >= 4 else 0,
+                       r.int_list(4, "state_pages") if r.version >= 8 else [])
     if mtype == MessageType.SEND:
         return Send(r.num(8, "room"), r.int_list(4, "src_pages"), r.boolean("last"),
                     r.index("state_slot"), r.index("aux_row"),
                     r.num(4, "first_layer") if r.version >= 6 else 0,
-                    r.num(4, "layer_count") if r.version >= 6 else 0)
+                    r.num(4, "layer_count") if r.version >= 6 else 0,
+                    r.int_list(4, "state_pages") if r.version >= 8 else [])
     if mtype == MessageType.POLL:
         return Poll(r.num(8, "room"))
     if mtype == MessageType.CANCEL:

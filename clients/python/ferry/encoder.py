@@ -6,7 +6,8 @@
 A few bodies differ between versions (``prepare``, ``poll_reply`` and ``event`` carry more in
 v4), so ``encode`` takes the connection's version; ``hello`` and ``hello_reply`` are laid out
 by their own ``version`` field. A message that cannot be encoded (a field outside its wire
-range or limit, a frame above 16 MiB, a v4-only message in version 3) raises
+range or limit, a frame above 16 MiB, a v4-only message in version 3, a v8 field that is not
+empty or zero in an earlier version) raises
 :class:`~ferry.errors.EncodeError` naming the message and the field. Strings travel as UTF-8
 with ``surrogateescape``, so what the decoder read re-encodes to the same bytes.
 """
@@ -23,7 +24,7 @@ from .messages import (HEADER_BYTES, MAX_FRAME_BYTES, MAX_LIST_STRINGS, MAX_POLL
                        POOL_KINDS, PROTOCOL_VERSION, BufferKind, Cancel, Discover, Drain, SetLogLevel, first_version,
                        DiscoverReply, Error, Event, Hello, HelloReply, Info, InfoReply,
                        MemoryBuffer, Message, MessageType, Ok, Poll, PollMany, PollManyReply,
-                       PollReply, Prepare, RegisterMemory, Send, Subscribe, check_version,
+                       PollReply, Prepare, RegisterMemory, Send, StateType, Subscribe, check_version,
                        message_type)
 
 _U32 = struct.Struct("<I")
@@ -126,6 +127,7 @@ def _encode_body(w: _Writer, m: Message) -> None:
         w.index(m.aux_row, "aux_row")
         if w.version >= 4:
             w.num(m.prefix_tokens, 4, "prefix_tokens")
+        _state_pages(w, m.state_pages)
     elif isinstance(m, Send):
         w.num(m.room, 8, "room")
         w.int_list(m.src_pages, 4, "src_pages")
@@ -138,6 +140,7 @@ def _encode_body(w: _Writer, m: Message) -> None:
         elif m.first_layer or m.layer_count:
             raise EncodeError(f"a layer range needs protocol version 6; this connection speaks "
                               f"{w.version}", message_type="send")
+        _state_pages(w, m.state_pages)
     elif isinstance(m, (Poll, Cancel, Subscribe)):
         w.num(m.room, 8, "room")
     elif isinstance(m, Info):
@@ -189,6 +192,16 @@ def _encode_body(w: _Writer, m: Message) -> None:
         raise TypeError(type(m).__name__)
 
 
+def _state_pages(w: _Writer, pages: Sequence[int]) -> None:
+    """(v8) ``u32_list state_pages`` after the fields of earlier versions; before v8 only an
+    empty list can be encoded (it is not on the wire)."""
+    if w.version >= 8:
+        w.int_list(pages, 4, "state_pages")
+    elif len(list(pages)):
+        raise EncodeError(f"state pages need protocol version 8; this connection speaks "
+                          f"{w.version}", message_type=w.name, field="state_pages")
+
+
 def _encode_register_memory(w: _Writer, m: RegisterMemory) -> None:
     pool = w._int(m.pool, 1, "pool")
     if pool >= len(POOL_KINDS):
@@ -234,6 +247,15 @@ def _encode_register_memory(w: _Writer, m: RegisterMemory) -> None:
     if w.version >= 7:
         w.num(m.page_tokens, 4, "page_tokens")
         w.num(NO_INDEX if m.room_id_buffer is None else m.room_id_buffer, 4, "room_id_buffer")
+    state_type = w._int(m.state_type, 1, "state_type")
+    if state_type > StateType.MINIMAX_INDEX_K:
+        raise w.fail("state_type", f"is not a state type: {state_type}")
+    if w.version >= 8:
+        w.num(state_type, 1, "state_type")
+    elif state_type != StateType.MAMBA:
+        raise EncodeError(f"state type {StateType(state_type).wire_name} needs protocol version "
+                          f"8; this connection speaks {w.version}", message_type=w.name,
+                          field="state_type")
 
 
 def _encode_hello_reply(w: _Writer, m: HelloReply) -> None:

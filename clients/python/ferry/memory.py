@@ -27,6 +27,7 @@ import ctypes
 import fcntl
 import mmap
 import os
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence, Union
 
@@ -67,6 +68,29 @@ def address_of(buf: Union[mmap.mmap, bytearray, memoryview]) -> int:
     """The address of a writable buffer's first byte in this process (an engine's
     ``data_ptr``)."""
     return ctypes.addressof(ctypes.c_char.from_buffer(buf))
+
+
+def configured_state_type(config_yaml: str) -> Optional[str]:
+    """``pools.mamba.type`` of ferryd's effective config (the hello's ``config_yaml``, as
+    ``ferryd --check-config`` prints it): ``"swa"``, ``"dsa"``, ``"minimax_index_k"``; None
+    where it names none (a mamba pool, the default, or a pool its registration describes)."""
+    section = sub = ""
+    for line in config_yaml.splitlines():
+        text = line.split("#")[0].rstrip()
+        if not text.strip():
+            continue
+        if not text.startswith(" "):
+            section = text.strip()
+            continue
+        if section != "pools:":
+            continue
+        if re.fullmatch(r"  \S.*", text):
+            sub = text.strip()
+            continue
+        m = re.fullmatch(r"    type: *(\w+)", text)
+        if m and sub == "mamba:":
+            return m.group(1)
+    return None
 
 
 @dataclass(frozen=True)
@@ -128,6 +152,9 @@ class MemfdPool:
             raise
         self.table = [MemoryBuffer(fd, off, b.item_bytes, b.items, b.layer_id, b.tensor, b.kind)
                       for (fd, off), b in zip(self._place, buffers)]
+        self.state_type = "mamba"
+        """(a state pool) What :meth:`register` says it holds unless told: the config's
+        ``pools.mamba.type`` for a pool made by :meth:`for_client`, else mamba."""
 
     @classmethod
     def for_client(cls, client: Client, kind: str, *, per_buffer: bool = False,
@@ -138,8 +165,11 @@ class MemfdPool:
         pool = client.pools[kind]
         if not pool.present:
             raise ValueError(f"the daemon has no {kind} pool")
-        return cls(kind, pool, per_buffer=per_buffer,
+        made = cls(kind, pool, per_buffer=per_buffer,
                    name=name or f"ferry-{client.node}-{kind}")
+        if kind == "state":
+            made.state_type = configured_state_type(client.config_yaml) or "mamba"
+        return made
 
     @staticmethod
     def _offsets(buffers: Sequence[Buffer]) -> list[int]:
@@ -209,10 +239,16 @@ class MemfdPool:
 
     # --- registration ---------------------------------------------------------------------------
 
-    def register(self, client: Client, *, timeout: Optional[float] = None) -> None:
+    def register(self, client: Client, *, timeout: Optional[float] = None,
+                 state_type: Union[str, int, None] = None) -> None:
         """Lend this memory to ``client``'s daemon (register_memory); it stays registered as long
-        as that connection."""
-        client.register_memory(self.kind, self.table, self.fds, MemoryKind.HOST, timeout=timeout)
+        as that connection. ``state_type`` (v8, a state pool): what it holds, ``"mamba"``
+        (slot-indexed) or a page-indexed ``"swa"``, ``"dsa"``, ``"minimax_index_k"``; None:
+        :attr:`state_type` (the config's, for a pool made by :meth:`for_client`)."""
+        if self.kind != "state":
+            state_type = "mamba"
+        client.register_memory(self.kind, self.table, self.fds, MemoryKind.HOST, timeout=timeout,
+                               state_type=self.state_type if state_type is None else state_type)
 
     def close(self) -> None:
         """Unmap and close the memfds. A mapping still viewed (a memoryview outstanding) is
@@ -242,4 +278,4 @@ class MemfdPool:
 
 
 __all__ = ["PAGE", "F_ADD_SEALS", "F_GET_SEALS", "F_SEAL_SHRINK", "align_up", "create_memfd",
-           "seals", "address_of", "MemoryRegion", "MemfdPool"]
+           "seals", "address_of", "configured_state_type", "MemoryRegion", "MemfdPool"]

@@ -1,5 +1,5 @@
 """The client protocol's vocabulary (docs/protocol.md): versions and limits, frame types, enums,
-and one dataclass per message of versions 3 to 6.
+and one dataclass per message of versions 3 to 8.
 
 Pure data: :mod:`ferry.encoder` turns these messages into frames, :mod:`ferry.decoder` reads
 them back and :mod:`ferry.frames` cuts a byte stream into frames; :mod:`ferry.protocol` gathers
@@ -18,11 +18,11 @@ from typing import NamedTuple, Optional, Union
 
 from .errors import Errc
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 """The highest protocol version this codec speaks."""
 MIN_PROTOCOL_VERSION = 3
 """The lowest protocol version this codec speaks."""
-SUPPORTED_VERSIONS = (3, 4, 5, 6, 7)
+SUPPORTED_VERSIONS = (3, 4, 5, 6, 7, 8)
 
 NO_INDEX = 0xFFFFFFFF
 """``no_index``: the wire value of an absent state slot or aux row (``None`` in Python)."""
@@ -175,6 +175,41 @@ class MemoryKind(IntEnum):
         return self.name.lower()
 
 
+class StateType(IntEnum):
+    """(v8) register_memory's ``state_type``: what a state pool holds, as SGLang's ``StateType``
+    names it. ``MAMBA`` is slot-indexed (one ``state_slot`` per room); the others are
+    page-indexed (``state_pages`` in prepare and in the last send). ``StateType.X.wire_name``
+    is SGLang's value (``"minimax_index_k"``)."""
+
+    MAMBA = 0
+    SWA = 1
+    DSA = 2
+    MINIMAX_INDEX_K = 3
+
+    @property
+    def wire_name(self) -> str:
+        return self.name.lower()
+
+    @property
+    def paged(self) -> bool:
+        """Page-indexed (every type but mamba)."""
+        return self != StateType.MAMBA
+
+
+def state_type_number(state_type: Union[str, int]) -> StateType:
+    """The :class:`StateType` of ``"mamba"``/``"swa"``/``"dsa"``/``"minimax_index_k"`` (any
+    case; SGLang's ``StateType`` members too, by their value) or of 0..3."""
+    value = getattr(state_type, "value", state_type)
+    if isinstance(value, str):
+        for t in StateType:
+            if t.wire_name == value.lower():
+                return t
+    elif isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 3:
+        return StateType(value)
+    raise ValueError(f"state_type must be one of mamba, swa, dsa, minimax_index_k (or 0..3), "
+                     f"got {state_type!r}")
+
+
 def pool_number(pool: Union[str, int]) -> int:
     """register_memory's pool number of ``"kv"``/``"state"``/``"aux"`` (or of 0..2, unchanged);
     ``"mamba"`` (the config's name of the state pool) is accepted too."""
@@ -217,6 +252,10 @@ class Prepare:
     prefix_tokens: int = 0
     """v4: tokens the decode already holds (SGLang's decode_prefix_len), which the prefill's
     poll answers; not on the wire in v3."""
+    state_pages: list[int] = field(default_factory=list)
+    """v8: the destination pages of a page-indexed state pool (swa, dsa, minimax_index_k),
+    each once; empty for a mamba pool (which takes ``state_slot``). Not on the wire before
+    v8."""
 
 
 @dataclass
@@ -234,6 +273,9 @@ class Send:
     """v6: the first global layer id of the range; not on the wire before v6."""
     layer_count: int = 0
     """v6: layers in the range (0: every layer of the daemon's rank)."""
+    state_pages: list[int] = field(default_factory=list)
+    """v8, the last send only: the source pages of a page-indexed state pool, as many as the
+    decode's ``state_pages``; empty otherwise. Not on the wire before v8."""
 
 
 @dataclass
@@ -304,7 +346,8 @@ class RegisterMemory:
     (at most 64); ``buffers`` (at most 4096) list every buffer of the pool in the pool's layout
     order, each as a range of one of those descriptors. (v7) ``page_tokens``: a kv pool's tokens
     per page; ``room_id_buffer``: an aux pool's buffer whose rows start with the room id
-    (``None``: no such check)."""
+    (``None``: no such check). (v8) ``state_type``: what a state pool holds
+    (:class:`StateType`; 0 mamba for the other pools); not on the wire before v8."""
 
     pool: int = 0
     memory_kind: int = MemoryKind.HOST
@@ -312,6 +355,7 @@ class RegisterMemory:
     buffers: list[MemoryBuffer] = field(default_factory=list)
     page_tokens: int = 0
     room_id_buffer: Optional[int] = None
+    state_type: int = StateType.MAMBA
 
 
 @dataclass
@@ -498,7 +542,7 @@ __all__ = [
     "MAX_FRAME_BYTES", "HEADER_BYTES", "MAX_STRING_BYTES", "MAX_LIST_STRINGS", "MAX_POLL_MANY",
     "POLL_MANY_REASON_BYTES", "MAX_REGISTER_FDS", "MAX_REGISTER_BUFFERS", "MessageType",
     "V4_ONLY", "V5_ONLY", "first_version", "Drain", "SetLogLevel", "type_name", "Status", "InfoTopic", "BufferKind", "Buffer", "Pool", "POOL_KINDS",
-    "MemoryKind", "pool_number", "MemoryBuffer", "MAX_SHARD_GROUPS", "RegisterMemory", "Discover", "DiscoveredRank",
+    "MemoryKind", "StateType", "state_type_number", "pool_number", "MemoryBuffer", "MAX_SHARD_GROUPS", "RegisterMemory", "Discover", "DiscoveredRank",
     "DiscoverReply", "Hello", "Prepare", "Send", "Poll", "Cancel", "Subscribe", "Info",
     "PollMany", "Ok", "Error", "HelloReply", "PollResult", "PollReply", "Event", "InfoReply",
     "PollManyReply", "Message", "MESSAGE_CLASSES", "message_type",

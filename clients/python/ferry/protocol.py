@@ -3,11 +3,12 @@
     frame = encode(Poll(room=7), seq=3, version=4)          # bytes, 12-byte header included
     msg = decode(MessageType.POLL_REPLY, 3, body, version=4) # -> PollReply(...)
 
-Every message of versions 3 to 6 is a dataclass, importable from here. ``encode`` and
+Every message of versions 3 to 8 is a dataclass, importable from here. ``encode`` and
 ``decode`` take the connection's protocol version, since a few bodies differ between versions
 (``poll_reply`` and ``event`` carry a ``code`` in v4; ``poll_many``, ``poll_many_reply``,
 ``register_memory``, ``discover`` and ``discover_reply`` exist from v4 on, ``drain`` and
-``set_log_level`` from v5 on).
+``set_log_level`` from v5 on; ``prepare``, ``send`` and ``register_memory`` carry a paged state
+pool's ``state_pages`` and ``state_type`` from v8 on).
 ``hello`` and ``hello_reply`` carry their own version field and are laid out by it, whatever the
 ``version`` argument says (they are what settles the connection's version).
 
@@ -38,15 +39,16 @@ from .messages import (HEADER_BYTES, MAX_FRAME_BYTES, MAX_LIST_STRINGS, MAX_POLL
                        BufferKind, Cancel, Discover, DiscoveredRank, DiscoverReply, Drain, Error, Event,
                        Hello, HelloReply, Info, InfoReply, InfoTopic, MemoryBuffer, MemoryKind,
                        Message, MessageType, Ok, Poll, PollMany, PollManyReply, PollReply,
-                       PollResult, Pool, Prepare, RegisterMemory, Send, SetLogLevel, Status,
-                       Subscribe, first_version, message_type, pool_number, type_name)
+                       PollResult, Pool, Prepare, RegisterMemory, Send, SetLogLevel, StateType,
+                       Status, Subscribe, first_version, message_type, pool_number,
+                       state_type_number, type_name)
 
 __all__ = [
     "PROTOCOL_VERSION", "MIN_PROTOCOL_VERSION", "SUPPORTED_VERSIONS", "NO_INDEX",
     "MAX_FRAME_BYTES", "HEADER_BYTES", "MAX_STRING_BYTES", "MAX_LIST_STRINGS", "MAX_POLL_MANY",
     "POLL_MANY_REASON_BYTES", "MAX_REGISTER_FDS", "MAX_REGISTER_BUFFERS", "MessageType",
     "V4_ONLY", "V5_ONLY", "first_version", "Drain", "SetLogLevel", "type_name", "Status", "InfoTopic", "BufferKind", "Buffer", "Pool", "POOL_KINDS",
-    "MemoryKind", "pool_number", "MemoryBuffer", "RegisterMemory", "Discover", "DiscoveredRank",
+    "MemoryKind", "StateType", "state_type_number", "pool_number", "MemoryBuffer", "RegisterMemory", "Discover", "DiscoveredRank",
     "DiscoverReply", "Hello", "Prepare", "Send",
     "Poll", "Cancel", "Subscribe", "Info", "PollMany", "Ok", "Error", "HelloReply", "PollResult",
     "PollReply",

@@ -15,8 +15,9 @@ SGLang (decode side)                             Ferry
                                                  instance; WaitingForInput (local)
 ``receiver.send_metadata(page_indices,           **one** ``prepare(room, those addresses,
 aux_index, state_indices, decode_prefix_len)``   dst_pages=page_indices, state_slot, aux_row,
-                                                 prefix_tokens=decode_prefix_len)``;
-                                                 ferryd picks the ranks the geometry needs
+                                                 prefix_tokens=decode_prefix_len,
+                                                 state_pages)``; ferryd picks the ranks the
+                                                 geometry needs
 ``receiver.poll()``                              ``poll`` (or :func:`poll_all`: ``poll_many``)
 ``receiver.abort()``                             ``cancel``, and return at once; ``poll()`` says
                                                  Failed once ferryd reports the room terminal
@@ -34,7 +35,8 @@ dest_tp_ranks, pp_rank)``                        ferryd, which answers Bootstrap
 ``sender.init(num_pages, aux_index)``            local: the pages the room will send, its aux row
 ``sender.send(page_indices, state_indices)``     one ``send`` per chunk; the chunk that brings
                                                  the pages sent to ``num_pages`` is the last one
-                                                 (``last=1``, with the state slot and aux row);
+                                                 (``last=1``, with the state slot or state
+                                                 pages and the aux row);
                                                  a last chunk may have zero pages: then it is
                                                  the one with ``state_indices`` (or
                                                  ``last_chunk=True``)
@@ -53,18 +55,29 @@ its ``poll()`` turns Failed, its ``failure_exception()`` raises the reason and c
 requests, and the manager, go on.
 
 **state_indices.** SGLang passes, on the last chunk and in ``send_metadata``, one entry per state
-component of ``KVArgs.state_types`` (``[[slot]]`` for a model whose only component is Mamba);
-the Mamba entry is a list holding exactly one index. Ferry has one state pool (``pools.mamba``)
-and one slot per request on the wire (``state_slot``), so that entry must have exactly one
-element, which is what goes on the wire as the scalar slot. Any other length, or no entry
-(``None``) while ferryd has a state pool, fails the request alone with SGLang's words
-``PD state transfer failed: mamba requires single state index, got src=N, dst=M``. Each side
-sees only its own indices: the prefill names its count as ``src`` and the decode its count as
-``dst``, and the other side's count is given as 1, which is what any request that reaches the
-wire carries (each side refuses anything else before it leaves, and ferryd refuses a prepare
-without exactly one slot). A flat ``[slot]`` (SGLang's format before the per-component lists)
-is taken as the Mamba entry. Non-last chunks carry no state (their ``state_indices`` are
-ignored, as SGLang passes None there).
+component of ``KVArgs.state_types``; Ferry moves one component per rank (one state pool,
+``pools.mamba``), of type ``mamba``, ``swa``, ``dsa`` or ``minimax_index_k``
+(:meth:`FerryKVArgs.state_component` refuses two or more, the row-indexed ``swa_ring`` and
+``c128_state``, and ``dsa`` without MLA, at construction, naming them).
+
+- ``mamba`` (``[[slot]]``): the entry is a list holding exactly one index, which goes on the
+  wire as the scalar ``state_slot``. Any other length, or no entry (``None``) while ferryd has
+  a state pool, fails the request alone with SGLang's words ``PD state transfer failed: mamba
+  requires single state index, got src=N, dst=M``. Each side sees only its own indices: the
+  prefill names its count as ``src`` and the decode its count as ``dst``, and the other side's
+  count is given as 1, which is what any request that reaches the wire carries (each side
+  refuses anything else before it leaves, and ferryd refuses a prepare without exactly one
+  slot).
+- ``swa``, ``dsa``, ``minimax_index_k`` (``[[page, page, ...]]``, protocol v8): the entry is that
+  pool's page list (SGLang's SWA window pages in the SWA pool's numbering; every page of the
+  request for ``dsa`` and ``minimax_index_k``), which goes on the wire as ``state_pages``, with
+  no slot: the decode's in its ``prepare``, the prefill's in its last ``send``. ``None`` names no
+  pages. ferryd refuses a last send whose count differs from the decode's (SGLang truncates;
+  Ferry does not): the request fails and its room is cancelled.
+
+A flat ``[slot]`` or ``[page, ...]`` (SGLang's format before the per-component lists) is taken
+as the component's entry. Non-last chunks carry no state (their ``state_indices`` are ignored,
+as SGLang passes None there).
 
 **decode_prefix_len.** SGLang's decode may already hold a prefix of the prompt (its radix cache);
 it allocates and names only the pages of tokens ``[decode_prefix_len, len(prompt))`` and tells
@@ -101,7 +114,8 @@ The adapter's parts: :mod:`ferry.sglang_bootstrap` (:class:`FerryBootstrap`),
 (:class:`FerryKVBootstrapServer`), :mod:`ferry.sglang_settings` (:class:`FerrySettings`),
 :mod:`ferry.sglang_kvargs` (:class:`FerryKVArgs`), :mod:`ferry.sglang_manager`
 (:class:`FerryKVManager`), :mod:`ferry.sglang_rooms` (:class:`FerryKVReceiver`,
-:class:`FerryKVSender`, :func:`poll_all`) and :mod:`ferry.sglang_types` (:data:`KVPoll`, the
+:class:`FerryKVSender`, :func:`poll_all`), :mod:`ferry.sglang_state` (``state_indices`` as a
+slot or state pages) and :mod:`ferry.sglang_types` (:data:`KVPoll`, the
 failure texts, :class:`FerryKVTransferError`); import them from here.
 """
 

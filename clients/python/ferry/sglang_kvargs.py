@@ -12,22 +12,28 @@ from .memory import MemfdPool, MemoryRegion
 from .protocol import BufferKind
 
 MAMBA = "mamba"
-"""The one ``state_types`` entry Ferry moves (SGLang's ``StateType.MAMBA`` value)."""
+"""SGLang's ``StateType.MAMBA`` value: a slot-indexed component (one slot per request)."""
+
+PAGED = ("swa", "dsa", "minimax_index_k")
+"""SGLang's page-indexed ``StateType`` values Ferry moves (protocol v8): each comes with its own
+page list per request (``swa`` the sliding window's pages, ``dsa`` and ``minimax_index_k`` every
+page of the request)."""
+
+MOVED = (MAMBA, *PAGED)
+"""The ``state_types`` entries Ferry moves, one per rank."""
 
 NOT_MOVED = {
-    "swa": "sliding-window attention KV: a page-indexed component with its own list of the "
-           "window's pages; SGLang itself refuses it under a TP mismatch for non-MLA models",
-    "dsa": "the DSA indexer cache of MLA models: a page-indexed component with its own page "
-           "list",
-    "minimax_index_k": "MiniMax's sparse index K: a page-indexed component; SGLang refuses it "
-                       "with PP > 1 and under a TP mismatch",
     "swa_ring": "DeepSeek-V4's SWA ring: a row-indexed component whose row lists must match "
                 "exactly",
     "c128_state": "DeepSeek-V4's C128 compressor state: a row-indexed component whose row "
                   "lists must match exactly",
 }
 """SGLang's other ``StateType`` values, which the adapter refuses at construction, and what
-each is (issue 29, item 3: not moved yet)."""
+each is (row-indexed: not moved yet)."""
+
+DSA_NEEDS_MLA = "DSA is MLA-only"
+"""Why a ``dsa`` component without MLA KV is refused (SGLang registers DSA state for MLA
+pools only)."""
 
 
 @dataclass
@@ -36,11 +42,18 @@ class FerryKVArgs:
 
     The per-buffer lists keep SGLang's names and order: ``kv_data_ptrs`` K of every layer then
     V (one per layer for MLA), ``state_data_ptrs`` one list per ``state_types`` component,
-    tensor-major then layer (a flat list is taken as the Mamba component), ``aux_data_ptrs`` the
+    tensor-major then layer (a flat list is taken as the one component), ``aux_data_ptrs`` the
     aux buffers (SGLang's MetadataBuffers: one entry per tensor, each its own row size). ``*_lens``
     are the bytes of each buffer (optional: 0 skips the local size check), ``*_item_lens`` the
-    bytes of one item (a page of one layer's K or V, a slot of one state tensor and layer, a
-    row). ``kv_layer_ids`` and ``state_layer_ids`` (global layer ids) default to ferryd's.
+    bytes of one item (a page of one layer's K or V, a slot of one Mamba tensor and layer, a
+    page of one paged state tensor and layer, a row). ``kv_layer_ids`` and ``state_layer_ids``
+    (global layer ids) default to ferryd's.
+
+    ``state_types`` names at most one component (:meth:`state_component`): ``mamba``
+    (slot-indexed: conv then temporal state, each over the Mamba layers), or a page-indexed
+    ``swa`` (SGLang's SWA pool: K over the sliding-window layers, then V over the same layers),
+    ``dsa`` (the DSA indexer's K-with-scale buffer of each MLA layer) or ``minimax_index_k``;
+    a page-indexed component is registered unsliced (``slice_dim`` 0).
 
     ``bootstrap_room_ptr``: the address of the aux buffer whose rows start with the room id
     (SGLang's ``MetadataBuffers.bootstrap_room``), so ferryd checks the row before it sends it;
@@ -92,10 +105,11 @@ class FerryKVArgs:
     @classmethod
     def from_memfd_pools(cls, *, kv: Optional[MemfdPool] = None,
                          state: Optional[MemfdPool] = None, aux: Optional[MemfdPool] = None,
-                         page_size: int = 1, engine_rank: int = 0, pp_rank: int = 0
-                         ) -> FerryKVArgs:
+                         page_size: int = 1, engine_rank: int = 0, pp_rank: int = 0,
+                         state_type: str = MAMBA) -> FerryKVArgs:
         """KVArgs whose buffers are the given pools' (their addresses, sizes, item sizes and
-        layer ids), with their memfds as the regions."""
+        layer ids), with their memfds as the regions; the state pool as one component of
+        ``state_type``."""
         a = cls(engine_rank=engine_rank, page_size=page_size, pp_rank=pp_rank)
         for pool in (kv, state, aux):
             if pool is not None:
@@ -106,7 +120,7 @@ class FerryKVArgs:
             a.kv_item_lens = [b.item_bytes for b in kv.buffers]
             a.kv_layer_ids = [b.layer_id for b in kv.buffers]
         if state is not None:
-            a.state_types = [MAMBA]
+            a.state_types = [state_type]
             a.state_data_ptrs = [[state.address(i) for i in range(len(state.buffers))]]
             a.state_data_lens = [[b.item_bytes * b.items for b in state.buffers]]
             a.state_item_lens = [[b.item_bytes for b in state.buffers]]
@@ -118,21 +132,46 @@ class FerryKVArgs:
             a.bootstrap_room_ptr = aux.address(0)  # ferryd's aux rows start with the room id
         return a
 
-    def mamba_component(self) -> Optional[int]:
-        """The index of the Mamba entry in ``state_types`` (None: no state component)."""
-        names = [str(getattr(t, "value", t)).lower() for t in self.state_types]
+    def state_type_names(self) -> list[str]:
+        """``state_types`` as SGLang's values (``"mamba"``, ``"swa"``...), lower case."""
+        return [str(getattr(t, "value", t)).lower() for t in self.state_types]
+
+    def state_component(self, mla: Optional[bool] = None) -> Optional[int]:
+        """The index of the one state component in ``state_types`` (None: no state component).
+
+        Raises ``ValueError`` naming the types for what Ferry cannot move: an unknown type, a
+        row-indexed one (:data:`NOT_MOVED`), two or more components (Ferry has one state pool
+        per rank), and, when ``mla`` is False, a ``dsa`` component (DSA is MLA-only)."""
+        names = self.state_type_names()
         for n in names:
-            if n == MAMBA:
+            if n in MOVED:
                 continue
             why = NOT_MOVED.get(n)
             if why is None:
                 raise ValueError(f"state_types {names}: unknown state type {n!r} (SGLang's are "
-                                 f"{', '.join([MAMBA, *NOT_MOVED])})")
-            raise ValueError(f"state_types {names}: Ferry cannot move {n} yet ({why}); only "
-                             f"mamba state moves today (docs/integration.md)")
+                                 f"{', '.join([*MOVED, *NOT_MOVED])})")
+            raise ValueError(f"state_types {names}: Ferry cannot move {n} yet ({why}); Ferry "
+                             f"moves one {', '.join(MOVED[:-1])} or {MOVED[-1]} component "
+                             f"(docs/integration.md)")
         if len(names) > 1:
-            raise ValueError(f"state_types {names}: at most one Mamba component")
+            raise ValueError(f"state_types {names}: one state component per rank; got "
+                             f"{len(names)} ({', '.join(names)}): Ferry has one state pool "
+                             f"(pools.mamba)")
+        if names == ["dsa"] and mla is False:
+            raise ValueError(f"state_types {names}: a dsa component needs MLA KV, and this "
+                             f"backend is not MLA (is_mla_backend false): {DSA_NEEDS_MLA}")
         return 0 if names else None
+
+    def state_type(self) -> Optional[str]:
+        """The one state component's type (``"mamba"``, ``"swa"``, ``"dsa"``,
+        ``"minimax_index_k"``), or None; raises as :meth:`state_component`."""
+        c = self.state_component()
+        return None if c is None else self.state_type_names()[c]
+
+    def mamba_component(self) -> Optional[int]:
+        """The state component's index (the name before paged components moved); see
+        :meth:`state_component`."""
+        return self.state_component()
 
     def _pool_lists(self, kind: str
                     ) -> tuple[list[int], list[int], list[int], Optional[list[int]]]:
@@ -147,7 +186,7 @@ class FerryKVArgs:
         def component(given: Any) -> list[int]:
             lists: list[Any] = list(given or [])
             if lists and isinstance(lists[0], (list, tuple)):  # per component
-                c = self.mamba_component()
+                c = self.state_component()
                 return list(lists[c]) if c is not None and c < len(lists) else []
             return lists  # the flat, pre-component format
         layers = None if self.state_layer_ids is None else component(self.state_layer_ids)
@@ -223,7 +262,7 @@ class FerryKVArgs:
     def _state_entries(self, ptrs: list[int], lens: list[int], item_lens: list[int],
                        layer_ids: Optional[list[int]]) -> list[Entry]:
         def facts(given: Any, nested: bool = False) -> list[Any]:
-            """The Mamba component's entries of a per-component list (SGLang's format), or the
+            """The state component's entries of a per-component list (SGLang's format), or the
             list itself (the flat, pre-component format). ``nested``: entries are lists."""
             lists: list[Any] = list(given or [])
             first = lists[0] if lists else None
@@ -231,12 +270,17 @@ class FerryKVArgs:
                 not nested or not first or first[0] is None or
                 isinstance(first[0], (list, tuple)))
             if per_component:
-                c = self.mamba_component()
+                c = self.state_component()
                 return list(lists[c]) if c is not None and c < len(lists) else []
             return lists
-        dims = facts(self.state_dim_per_tensor)
-        outers = facts(self.state_slice_outer_counts)
-        groups = facts(self.state_conv_shard_groups, nested=True)
+        if self.state_type() in PAGED:  # pages of replicated tensors: not sliced (slice_dim 0)
+            dims: list[Any] = []
+            outers: list[Any] = []
+            groups: list[Any] = []
+        else:
+            dims = facts(self.state_dim_per_tensor)
+            outers = facts(self.state_slice_outer_counts)
+            groups = facts(self.state_conv_shard_groups, nested=True)
         layers = len(set(layer_ids)) if layer_ids else 0
         out = []
         for i, (p, item, n) in enumerate(zip(ptrs, item_lens, lens)):
@@ -266,4 +310,4 @@ class Entry:
     groups: tuple = ()
 
 
-__all__ = ["MAMBA", "NOT_MOVED", "FerryKVArgs", "Entry"]
+__all__ = ["MAMBA", "PAGED", "MOVED", "NOT_MOVED", "DSA_NEEDS_MLA", "FerryKVArgs", "Entry"]

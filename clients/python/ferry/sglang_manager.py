@@ -1,13 +1,12 @@
 """The SGLang adapter's manager (see :mod:`ferry.sglang`): one engine rank's link to its local
 ferryd, which lends the rank's memory at construction, tells the bootstrap when a prefill rank
-is ready, and reads SGLang's ``state_indices`` as Ferry's one state slot per request for the
-senders and receivers.
+is ready, and reads SGLang's ``state_indices`` as Ferry's state slot (mamba) or state pages (a
+page-indexed component) per request for the senders and receivers.
 """
 
 from __future__ import annotations
 
 import logging
-import operator
 import os
 import queue
 import threading
@@ -16,7 +15,8 @@ from typing import Any, Callable, Optional, Union
 
 from .client import Client
 from .errors import Errc, FerryError
-from .protocol import POOL_KINDS, MemoryBuffer, MemoryKind
+from .memory import configured_state_type
+from .protocol import POOL_KINDS, MemoryBuffer, MemoryKind, StateType, state_type_number
 from .reconnect import ConnectionNotice, Reconnect, Reconnected
 from .sglang_bootstrap import FerryBootstrap
 from .sglang_http import FerryHTTPBootstrap, register_dp_rank, register_rank
@@ -25,6 +25,7 @@ from .sglang_kvargs import FerryKVArgs
 from .sglang_memory import host_regions
 from .sglang_server import FerryPrefillInfo
 from .sglang_settings import FerrySettings, config_section, host_port
+from .sglang_state import StateIndices
 
 _DEFAULT: Any = object()  # a keyword left out: the FERRY_* environment variable, else its default
 
@@ -116,9 +117,12 @@ class FerryKVManager:
         self.prefill_info_table: dict[str, FerryPrefillInfo] = {}
         self.bootstrap_addr = cfg.bootstrap_addr  # where this prefill rank registers
         try:
-            self.mamba_component = args.mamba_component()
+            self.state_component = args.state_component(mla=bool(is_mla_backend))
         except ValueError as e:  # a state type Ferry cannot move: refused before connecting
             raise FerryError(Errc.INVALID_REQUEST, str(e)) from None
+        self.state_type: Optional[StateType] = None if self.state_component is None else \
+            state_type_number(args.state_type_names()[self.state_component])
+        self.paged_state = self.state_type is not None and self.state_type.paged
         own = client is None
         derived = client is None and socket_path is None
         if client is None:
@@ -132,14 +136,31 @@ class FerryKVManager:
             self.page_size = client.page_tokens or args.page_size
             self.has_state = client.pools["state"].present
             self.has_aux = client.pools["aux"].present
-            if self.has_state and self.mamba_component is None:
+            self.state_indices = StateIndices(self.has_state, self.state_component,
+                                              len(args.state_types), self.state_type)
+            if self.has_state and self.state_type is None:
                 raise FerryError(Errc.INVALID_REQUEST,
                                  f"ferryd at {client.socket_path} has a state pool (pools.mamba), "
-                                 f"but the KVArgs' state_types name no mamba component")
-            if not self.has_state and self.mamba_component is not None:
+                                 f"but the KVArgs' state_types name no state component")
+            if not self.has_state and self.state_type is not None:
                 raise FerryError(Errc.INVALID_REQUEST,
-                                 f"the KVArgs' state_types name a mamba component, but ferryd at "
-                                 f"{client.socket_path} has no state pool (pools.mamba)")
+                                 f"the KVArgs' state_types name a {self.state_type.wire_name} "
+                                 f"component, but ferryd at {client.socket_path} has no state "
+                                 f"pool (pools.mamba)")
+            state = client.pools["state"]
+            configured = configured_state_type(client.config_yaml) or "mamba"
+            if self.state_type is not None and state.present and not state.registered and \
+                    configured != self.state_type.wire_name:
+                raise FerryError(Errc.INVALID_REQUEST,
+                                 f"ferryd at {client.socket_path} has a {configured} state pool "
+                                 f"(pools.mamba.type), but the KVArgs' state_types name a "
+                                 f"{self.state_type.wire_name} component")
+            if self.paged_state and client.version < 8:
+                assert self.state_type is not None
+                raise FerryError(Errc.UNSUPPORTED_VERSION,
+                                 f"a {self.state_type.wire_name} state component needs protocol "
+                                 f"version 8; ferryd at {client.socket_path} speaks "
+                                 f"{client.daemon_versions[0]}..{client.daemon_versions[1]}")
             self.registered: list[str] = []
             if not args.memory_regions:  # SGLang's KVArgs: the allocation hook's memory
                 args.memory_regions = host_regions()
@@ -293,11 +314,13 @@ class FerryKVManager:
     def _register(self, kind: str, table: list[MemoryBuffer], fds: list[int],
                   register_timeout: float) -> None:
         deadline = time.monotonic() + register_timeout
+        state_type = self.state_type if kind == "state" else None
         while True:
             try:
                 self.client.register_memory(
                     kind, table, fds, MemoryKind.HOST, page_tokens=self.kv_args.page_size,
-                    room_id_buffer=self._room_id_buffer() if kind == "aux" else None)
+                    room_id_buffer=self._room_id_buffer() if kind == "aux" else None,
+                    state_type=StateType.MAMBA if state_type is None else state_type)
                 return
             except FerryError as e:
                 if "is still being released" not in e.message or \
@@ -487,30 +510,11 @@ class FerryKVManager:
 
     # --- helpers for senders and receivers ------------------------------------------------------
 
-    def state_slot(self, state_indices: Any, side: str) -> Optional[int]:
-        """The scalar slot of ``state_indices`` (:mod:`ferry.sglang`), or None without a state
-        pool. Raises :class:`_RequestFailed` with SGLang's text when the Mamba entry does not
-        hold exactly one index."""
-        if not self.has_state:
-            if _entries(state_indices):
-                raise _RequestFailed(Errc.INVALID_REQUEST,
-                                     "state_indices were given, but this ferryd has no state "
-                                     "pool (pools.mamba)")
-            return None
-        entry = _mamba_entry(state_indices, self.mamba_component, len(self.kv_args.state_types))
-        n = 0 if entry is None else len(entry)
-        if n != 1:
-            src, dst = (n, 1) if side == "src" else (1, n)
-            raise _RequestFailed(Errc.INVALID_REQUEST,
-                                 f"PD state transfer failed: mamba requires single state index, "
-                                 f"got src={src}, dst={dst}")
-        assert entry is not None
-        slot = _as_index(entry[0])
-        if slot is None or slot < 0:
-            raise _RequestFailed(Errc.INVALID_REQUEST,
-                                 f"PD state transfer failed: state index {entry[0]!r} is not a "
-                                 f"slot number")
-        return slot
+    def state_of(self, state_indices: Any, side: str) -> tuple[Optional[int], list[int]]:
+        """What a request's ``state_indices`` put on the wire: ``(state_slot, state_pages)``
+        (:class:`~ferry.sglang_state.StateIndices`). Raises ``_RequestFailed`` with the
+        request's failure."""
+        return self.state_indices.state_of(state_indices, side)
 
     def close(self) -> None:
         """Close the connection: ferryd cancels this rank's rooms and releases the lent memory
@@ -526,71 +530,6 @@ class FerryKVManager:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-# --------------------------------------------------------------------------------------------
-# What one request names: SGLang's state_indices and aux_index, read as Ferry's scalars
-
-
-class _RequestFailed(Exception):
-    """One request's failure found locally: its code and reason."""
-
-    def __init__(self, code: int, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason
-
-
-def _as_index(v: Any) -> Optional[int]:
-    try:
-        return operator.index(v)
-    except TypeError:
-        pass
-    try:  # a one-element array
-        f = float(v)
-        return int(f) if f.is_integer() else None
-    except (TypeError, ValueError):
-        return None
-
-
-def _is_sequence(v: Any) -> bool:
-    if isinstance(v, (str, bytes)):
-        return False
-    try:
-        len(v)
-        return True
-    except TypeError:  # ints, numpy 0-d arrays
-        return False
-
-
-def _entries(state_indices: Any) -> int:
-    """How many state indices a request names at all (any component)."""
-    if state_indices is None:
-        return 0
-    items = list(state_indices)
-    if items and all(_is_sequence(x) or x is None for x in items):
-        return sum(len(x) for x in items if x is not None)
-    return len(items)
-
-
-def _mamba_entry(state_indices: Any, component: Optional[int], n_types: int
-                 ) -> Optional[list[Any]]:
-    """The Mamba component's indices: ``state_indices[component]`` of the per-component form,
-    or the flat list itself."""
-    if state_indices is None:
-        return None
-    items = list(state_indices)
-    if not items:
-        return []
-    if all(_is_sequence(x) or x is None for x in items):  # one entry per component
-        if n_types and len(items) != n_types:
-            raise _RequestFailed(Errc.INVALID_REQUEST,
-                                 f"PD state transfer failed: state_indices has {len(items)} "
-                                 f"components, the KVArgs' state_types {n_types}")
-        entry = items[component if component is not None else 0]
-        return None if entry is None else list(entry)
-    return items  # the flat format: the Mamba indices themselves
-
 
 
 __all__ = ["FerryKVManager"]

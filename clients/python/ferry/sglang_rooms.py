@@ -13,7 +13,8 @@ from typing import Any, Iterable, Optional, Sequence
 from .client import Client
 from .errors import Errc, FerryError
 from .protocol import PollResult, Status
-from .sglang_manager import FerryKVManager, _as_index, _RequestFailed
+from .sglang_manager import FerryKVManager
+from .sglang_state import _as_index, _RequestFailed
 from .sglang_types import (ABORTED, FROM_ANOTHER_RANK, FerryKVTransferError,
                            FerryTransferMetric, KVPoll)
 
@@ -341,8 +342,10 @@ class FerryKVReceiver(_FerryRoom):
                       state_indices: Any = None, decode_prefix_len: Optional[int] = None,
                       **_: Any) -> None:
         """One ``prepare`` of the room: ``kv_indices`` (the pages after the decode's prefix,
-        in token order) as ``dst_pages``, the Mamba slot, the aux row, naming every prefill
-        rank's control address. A refusal fails this request alone."""
+        in token order) as ``dst_pages``, the state component's entry of ``state_indices`` (a
+        Mamba slot as ``state_slot``, or a page-indexed component's page list as
+        ``state_pages``), the aux row, naming every prefill rank's control address. A refusal
+        fails this request alone."""
         if self.conclude_state is not None or self.failure is not None:
             return
         try:
@@ -360,7 +363,7 @@ class FerryKVReceiver(_FerryRoom):
                 raise _RequestFailed(Errc.INVALID_REQUEST,
                                      f"decode_prefix_len {prefix} of room {self.bootstrap_room} "
                                      f"is not a multiple of the page size {page}")
-            slot = self.kv_mgr.state_slot(state_indices, "dst")
+            slot, state_pages = self.kv_mgr.state_of(state_indices, "dst")
             row = None
             if self.kv_mgr.has_aux:
                 row = _as_index(aux_index) if aux_index is not None else None
@@ -381,7 +384,8 @@ class FerryKVReceiver(_FerryRoom):
         self.aux_row = row
         try:
             self.kv_mgr.client.prepare(self.bootstrap_room, self.prefill_peers, pages,
-                                       state_slot=slot, aux_row=row, prefix_tokens=prefix)
+                                       state_slot=slot, aux_row=row, prefix_tokens=prefix,
+                                       state_pages=state_pages)
         except FerryError as e:  # refused: no room was created by it
             self._fail(e.code, e.message)
             return
@@ -424,6 +428,7 @@ class FerryKVSender(_FerryRoom):
         self.chunks_sent = 0
         self.first_send_at: Optional[float] = None
         self.state_sent = False
+        self.state_items = 0  # state slots or pages the last chunk named
         self._bind()  # a prefill ferryd knows the room from its first poll
         why = mgr.register_room_dp_rank(bootstrap_addr, self.bootstrap_room,
                                         req_has_disagg_prefill_dp_rank)
@@ -454,9 +459,10 @@ class FerryKVSender(_FerryRoom):
     def send(self, kv_indices: Iterable[int], state_indices: Any = None,
              token_position_offset: int = 0, last_chunk: Optional[bool] = None,
              **_: Any) -> None:
-        """One chunk: ``send(room, pages, last, state_slot, aux_row)``. The chunk that brings
-        the pages sent to ``num_pages`` (of :meth:`init`) is the last one and carries the Mamba
-        slot (the one element of ``state_indices``' Mamba entry) and the aux row; a zero-page
+        """One chunk: ``send(room, pages, last, state_slot, aux_row, state_pages)``. The chunk
+        that brings the pages sent to ``num_pages`` (of :meth:`init`) is the last one and carries
+        the state (the Mamba slot, the one element of ``state_indices``' Mamba entry, or a
+        page-indexed component's page list as ``state_pages``) and the aux row; a zero-page
         chunk that is not the last is skipped. A refusal fails this request alone (and cancels
         its room, so the decode learns at once).
 
@@ -504,8 +510,9 @@ class FerryKVSender(_FerryRoom):
             if not pages and not last:
                 return
             slot = row = None
+            state_pages: list[int] = []
             if last:
-                slot = self.kv_mgr.state_slot(state_indices, "src")
+                slot, state_pages = self.kv_mgr.state_of(state_indices, "src")
                 if self.kv_mgr.has_aux:
                     row = _as_index(self.aux_index) if self.aux_index is not None else None
                     if row is None or row < 0:
@@ -525,13 +532,14 @@ class FerryKVSender(_FerryRoom):
             return
         try:
             self.kv_mgr.client.send(self.bootstrap_room, pages, last, state_slot=slot,
-                                    aux_row=row)
+                                    aux_row=row, state_pages=state_pages)
         except FerryError as e:
             self._fail_and_cancel(e.code, e.message)
             return
         self.curr_idx = end
         self.sent_last = last
-        self.state_sent = slot is not None
+        self.state_items = len(state_pages) if state_pages else int(slot is not None)
+        self.state_sent = self.state_items > 0
         self.chunks_sent += 1
         if self.first_send_at is None:
             self.first_send_at = time.monotonic()
@@ -547,8 +555,8 @@ class FerryKVSender(_FerryRoom):
         measures)."""
         args = self.kv_mgr.kv_args
         total = self.curr_idx * sum(int(n) for n in args.kv_item_lens)
-        if self.state_sent:
-            total += sum(int(n) for n in args._pool_lists("state")[2])
+        if self.state_sent:  # a Mamba slot, or each page of a paged component, of every buffer
+            total += self.state_items * sum(int(n) for n in args._pool_lists("state")[2])
         seen = [t for st, t in self.seen_at.items() if st >= Status.WaitingForInput]
         ok = self.seen_at.get(int(Status.Success))
         return FerryTransferMetric(
