@@ -118,6 +118,13 @@ void request_insert(connection_actor* self) {
 
 /// The fence: close this peer's registrations and cut its fabric connection (one step of the
 /// progress thread, engine::fence_peer); `done` runs once nothing of the peer can land any more.
+/// Whether the connection's end is a drained peer's goodbye: it said it is stopping, then closed
+/// the connection itself (not declared dead by the heartbeat, not fenced for a room's failed
+/// writes). Counted `drained`, neither lost nor fenced, and logged at info.
+bool said_goodbye(const connection_state& st) {
+  return !st.leaving.empty() && !st.machine.unresponsive() && !st.fence_asked;
+}
+
 void fence_peer(connection_state& st, std::function<void()> done) {
   st.ctx->engine->fence_peer(st.handle, std::move(st.fence), std::move(done));
   st.fence.clear();
@@ -317,7 +324,12 @@ void apply(connection_actor* self, hs::effects fx) {
           } else if constexpr (std::is_same_v<E, hs::closing_with>) {
             for (auto& rp : st.waiting) rp.deliver(peer_lookup{nullptr, x.reason, x.code});
             st.waiting.clear();
-            st.ctx->log_peer->warn("peer={} connection closed: {}", st.address, x.reason);
+            // A peer that said it drains and then goes (not silent: it closed) said goodbye.
+            if (said_goodbye(st))
+              st.ctx->log_peer->info("peer={} drained and closed its connection: {}", st.address,
+                                     x.reason);
+            else
+              st.ctx->log_peer->warn("peer={} connection closed: {}", st.address, x.reason);
           } else if constexpr (std::is_same_v<E, hs::release>) {
             st.ctx->log_peer->warn("peer={} refused: {}", st.address, x.reason);
             fence_peer(st, nullptr);
@@ -325,13 +337,16 @@ void apply(connection_actor* self, hs::effects fx) {
             // sees this actor end (messages to it arrive before the down message).
             self->send(st.scheduler, peer_resources{});
           } else if constexpr (std::is_same_v<E, hs::fence>) {
-            st.ctx->metrics->peer_fenced(metrics_peer(st));
+            if (!said_goodbye(st)) st.ctx->metrics->peer_fenced(metrics_peer(st));
             fence_peer(st, [me] { caf::anon_send(me, fenced_atom::value); });
           } else if constexpr (std::is_same_v<E, hs::remove_address>) {
             if (st.handle) st.ctx->engine->remove_peer(*st.handle);
           } else if constexpr (std::is_same_v<E, hs::report_down>) {
             const auto& m = st.machine;
-            if (x.was_ready) st.ctx->metrics->peer_lost(metrics_peer(st));
+            if (x.was_ready && said_goodbye(st))
+              st.ctx->metrics->peer_drained(metrics_peer(st));
+            else if (x.was_ready)
+              st.ctx->metrics->peer_lost(metrics_peer(st));
             st.health.reset();  // no longer ready: out of the scrape
             self->send(st.scheduler, peer_down{st.address, me, m.reason(), x.was_ready, true,
                                                x.unresponsive, x.cut, m.code()});
@@ -398,10 +413,14 @@ caf::behavior relay(connection_actor* self) {
       [=](tick_atom) { tick(self); },
       [=](leaving_atom) {
         auto& st = self->state;
-        if (st.machine.ready() && st.info->version >= peer_leaving_version)
-          self->send(
-              st.remote,
-              peer_leaving{"it began a stop; it finishes the rooms it accepted, then exits"});
+        auto told = [self] { self->send(self->state.scheduler, goodbye_atom::value); };
+        if (!st.machine.ready() || st.info->version < peer_leaving_version) return told();
+        // A request: its answer (CAF's empty response, once the peer handled it) says the peer
+        // has the goodbye, so the drain does not end before it, and a stop is no loss to it.
+        self->request(
+                st.remote, std::chrono::milliseconds(st.ctx->config.timeouts.heartbeat_ms),
+                peer_leaving{"it began a stop; it finishes the rooms it accepted, then exits"})
+            .then([told] { told(); }, [told](caf::error&) { told(); });
       },
       [=](peer_rails& m) { on_peer_rails(self, m); },
       [=](rails_added& m) { on_rails_added(self, m); },
@@ -410,12 +429,17 @@ caf::behavior relay(connection_actor* self) {
         if (!st.machine.ready() || !from(self, st.remote)) return;
         heard(st);
         st.leaving = m.reason;
+        // Before the log line: whoever reads the line and then asks for the peers finds it so.
+        self->send(st.scheduler, leaving_atom::value, st.address);  // peers info: draining
         st.ctx->log_peer->info("peer={} is draining: {}; new rooms naming it fail (407 draining)",
                                st.address, m.reason);
       },
       [=](redial_atom) { apply(self, self->state.machine.redial()); },
       [=](unusable_atom, const std::string& why) { apply(self, self->state.machine.lost(why)); },
-      [=](fence_atom, const std::string& why) { apply(self, self->state.machine.lost(why)); },
+      [=](fence_atom, const std::string& why) {
+        self->state.fence_asked = true;
+        apply(self, self->state.machine.lost(why));
+      },
       [=](fenced_atom) { apply(self, self->state.machine.fenced()); },
       [=](replaced_atom, const std::string& instance) {
         auto& st = self->state;

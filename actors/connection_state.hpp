@@ -83,6 +83,7 @@ struct connection_state {
   int64_t tick_due = 0;                   // when the scheduled heartbeat tick should run
   std::shared_ptr<peer_health> health;    // while ready: the metrics' view of last_heard
   std::string leaving;                    // the peer said it is stopping (peer_leaving): why
+  bool fence_asked = false;               // a room asked for the fence (its writes failed)
   std::optional<peer_rails> early_rails;  // connecting: the peer's rails, sent before our ready
 };
 

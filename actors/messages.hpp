@@ -284,8 +284,12 @@ struct peer_lookup {
   errc code = errc::ok;  ///< why the peer cannot be used (with `error`)
 };
 using info_atom = caf::atom_constant<caf::atom("info")>;
-/// Scheduler -> Connection: tell the peer this daemon is leaving (peer_leaving).
+/// Scheduler -> Connection: tell the peer this daemon is leaving (peer_leaving). Connection ->
+/// Scheduler, with the peer's address: the peer said it is leaving.
 using leaving_atom = caf::atom_constant<caf::atom("leaving")>;
+/// Connection -> Scheduler: the peer has the goodbye (it answered the peer_leaving request), or
+/// it cannot get it any more; a drain ends only after every ready peer's.
+using goodbye_atom = caf::atom_constant<caf::atom("goodbye")>;
 
 /// Written once when a drain has nothing left to wait for; its descriptor is closed when the
 /// last holder (the stopping thread, the Scheduler) lets go, so a late write finds it open.

@@ -146,6 +146,7 @@ struct daemon_metrics::impl {
   struct peer_series {
     Counter* lost = nullptr;
     Counter* fenced = nullptr;
+    Counter* drained = nullptr;
     int64_t seen_ms = 0;
   };
   mutable std::mutex peers_mutex;
@@ -159,6 +160,7 @@ struct daemon_metrics::impl {
     if (!p.lost) {
       p.lost = &peer_events.Add({{"peer", peer}, {"event", "lost"}});
       p.fenced = &peer_events.Add({{"peer", peer}, {"event", "fenced"}});
+      p.drained = &peer_events.Add({{"peer", peer}, {"event", "drained"}});
     }
     p.seen_ms = clock();
     return p;
@@ -185,6 +187,7 @@ struct daemon_metrics::impl {
       }
       peer_events.Remove(it->second.lost);
       peer_events.Remove(it->second.fenced);
+      peer_events.Remove(it->second.drained);
       it = peer_counters.erase(it);
     }
     return ages;
@@ -265,6 +268,11 @@ std::shared_ptr<peer_health> daemon_metrics::peer_ready(const std::string& peer)
 void daemon_metrics::peer_lost(const std::string& peer) {
   std::lock_guard lock(impl_->peers_mutex);
   impl_->counters_of(peer).lost->Increment();
+}
+
+void daemon_metrics::peer_drained(const std::string& peer) {
+  std::lock_guard lock(impl_->peers_mutex);
+  impl_->counters_of(peer).drained->Increment();
 }
 
 void daemon_metrics::peer_fenced(const std::string& peer) {

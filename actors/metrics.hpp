@@ -117,6 +117,8 @@ class daemon_metrics {
   /// one was lost, one was fenced (its registrations closed and fabric connection cut).
   std::shared_ptr<peer_health> peer_ready(const std::string& peer);
   void peer_lost(const std::string& peer);
+  /// A peer that said it drains closed its connection (a rolling restart's goodbye).
+  void peer_drained(const std::string& peer);
   void peer_fenced(const std::string& peer);
   /// A peer's handshake proved the cluster secret held in `secret_file`.
   void peer_authenticated(const std::string& secret_file);

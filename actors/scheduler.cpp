@@ -375,6 +375,13 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
             self->send(other, replaced_atom::value, p.info->instance);
       },
       [=](peer_inbound& in) { on_peer_inbound(self, in); },
+      [=](leaving_atom, const std::string&) {  // a Connection's peer said it drains
+        self->state.draining_peers.insert(caf::actor_cast<caf::actor>(self->current_sender()));
+      },
+      [=](goodbye_atom) {  // a peer has this daemon's goodbye (or cannot get it)
+        self->state.goodbyes.erase(caf::actor_cast<caf::actor>(self->current_sender()));
+        check_drained(self);
+      },
       [=](peer_down& d) {
         auto& st = self->state;
         for (auto* side : {&st.prefill, &st.decode})
@@ -403,6 +410,8 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
                   std::chrono::milliseconds(uint64_t{t.heartbeat_ms} * t.heartbeat_misses));
         }
         st.connections.erase(d.connection);
+        st.draining_peers.erase(d.connection);
+        if (st.goodbyes.erase(d.connection)) check_drained(self);
         for (auto it = st.outbound.begin(); it != st.outbound.end();)
           it = it->second == d.connection ? st.outbound.erase(it) : std::next(it);
         try_release(self);

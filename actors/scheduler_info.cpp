@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -96,8 +97,12 @@ json rooms_doc(const scheduler_state& st) {
 
 json peers_doc(const scheduler_state& st) {
   std::vector<const peer_info*> ready;
+  std::set<const peer_info*> draining;
   for (const auto& [conn, info] : st.connections)
-    if (info) ready.push_back(info.get());
+    if (info) {
+      ready.push_back(info.get());
+      if (st.draining_peers.count(conn)) draining.insert(info.get());
+    }
   std::sort(ready.begin(), ready.end(),
             [](const auto* a, const auto* b) { return a->address < b->address; });
   json out = json::array();
@@ -111,7 +116,7 @@ json peers_doc(const scheduler_state& st) {
                    {"dp", position(s.dp_rank, s.dp_size)},
                    {"link", info->link ? info->link->describe() : ""},
                    {"rails", st.ctx->engine->peer_rails(info->fabric_peer).size()},
-                   {"state", "connected"}});
+                   {"state", draining.count(info) ? "draining" : "connected"}});
   }
   // Outbound connections still in their handshake: only their address is known yet.
   std::vector<std::string> connecting;

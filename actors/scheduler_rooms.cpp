@@ -91,13 +91,18 @@ void start_drain(scheduler_actor* self, std::shared_ptr<stop_notice> done) {
       "timeouts.stop_ms {} ms; new rooms are refused (407 draining), and peers are told",
       st.prefill.active.size(), st.decode.active.size(), st.ctx->config.timeouts.stop_ms);
   for (auto& [conn, info] : st.connections)
-    if (info) self->send(conn, leaving_atom::value);
+    if (info) {
+      st.goodbyes.insert(conn);
+      self->send(conn, leaving_atom::value);
+    }
   check_drained(self);
 }
 
 void check_drained(scheduler_actor* self) {
   auto& st = self->state;
-  if (!st.drained || !st.prefill.active.empty() || !st.decode.active.empty()) return;
+  if (!st.drained || !st.prefill.active.empty() || !st.decode.active.empty() ||
+      !st.goodbyes.empty())
+    return;
   st.ctx->log_sched->info("drained: every room accepted before the stop has finished");
   st.drained->notify();
   st.drained.reset();

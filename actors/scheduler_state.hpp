@@ -7,6 +7,7 @@
 #include <chrono>
 #include <deque>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -65,6 +66,8 @@ struct scheduler_state {
   uint64_t next_token = 1;
   std::unordered_map<std::string, caf::actor> outbound;       // by control address
   std::unordered_map<caf::actor, peer_info_ptr> connections;  // every live connection
+  std::set<caf::actor> draining_peers;  // connections whose peer said it drains (peer_leaving)
+  std::set<caf::actor> goodbyes;        // draining: connections whose peer has not the goodbye yet
   /// The registrations each ready connection's peer may write into, to fence them should the
   /// Connection end abnormally (normally it fences them itself).
   std::unordered_map<caf::actor, std::vector<transport::region_id>> fences;

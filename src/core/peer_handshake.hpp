@@ -152,6 +152,8 @@ class machine {
   int engine_calls() const { return int{registering_} + int{inserting_}; }
   int dials() const { return dials_; }
   const std::string& reason() const { return reason_; }
+  /// The connection was declared dead by the heartbeat (not closed by the peer).
+  bool unresponsive() const { return unresponsive_; }
   errc code() const { return code_; }
 
  private:

@@ -53,6 +53,10 @@ TEST_CASE(
   c.prefill.drain();
   REQUIRE(log_shows(c.decode, "is draining"));
   CHECK(log_shows(c.prefill, "draining: 4 prefill and 0 decode rooms accepted"));
+  // The decode shows its peer draining (the Scheduler knew before the log line was written).
+  const auto peers = info_of(*c.d, proto::info_topic::peers);
+  REQUIRE(peers.size() == 1);
+  CHECK(peers[0]["state"] == "draining");
 
   // New rooms naming the draining prefill fail at once, with its reason and 407.
   std::vector<room_spec> refused;
@@ -84,6 +88,8 @@ TEST_CASE(
   CHECK(c.prefill.wait_exit() == 0);
   CHECK_THAT(c.prefill.log_text(),
              Catch::Contains("drained: every room accepted before the stop has finished"));
+  // It said goodbye: its connection's end is a drained peer's, not a loss.
+  CHECK(log_shows(c.decode, "peer=" + c.prefill.control() + " drained and closed its connection"));
   CHECK_THAT(c.decode.log_text(), !Catch::Contains("lost"));
 
   // Restarted, the prefill serves the refused rooms again.

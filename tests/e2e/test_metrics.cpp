@@ -227,16 +227,47 @@ TEST_CASE("metrics follow a room: active while prepared, counted with its bytes 
     CHECK(value(after, "ferry_rooms_active", {{"side", "decode"}}) == 0);
     served.add(after);
   }
-  // The prefill leaves: the decode counts its peer lost, and no longer reports its heartbeat.
+  // A scrape of the decode once its peer series reach `count` events of kind `event`, or after
+  // 10 s (bounded: the connection's end is seen on the decode's own time).
+  auto scrape_when = [&](const char* event, double count) {
+    std::string text;
+    for (int i = 0; i < 200; ++i) {
+      text = scrape(m.decode_port);
+      if (series(text, "ferry_peer_events_total", {{"event", event}}).value_or(0) >= count &&
+          !series(text, "ferry_peer_heartbeat_age_seconds").has_value())
+        break;
+      std::this_thread::sleep_for(50ms);
+    }
+    return text;
+  };
+  // The prefill stops (SIGTERM: a drain, which says goodbye before it exits): the decode counts
+  // it drained, neither lost nor fenced, so a rolling restart raises no alert.
   CHECK(c.prefill.stop() == 0);
-  std::string gone;
-  for (int i = 0; i < 200; ++i) {
-    gone = scrape(m.decode_port);
-    if (series(gone, "ferry_peer_events_total", {{"event", "lost"}}).value_or(0) > 0) break;
-    std::this_thread::sleep_for(50ms);  // bounded wait for the loss to be seen: 10 s in all
-  }
-  CHECK(value(gone, "ferry_peer_events_total", {{"peer", "prefill-0"}, {"event", "lost"}}) == 1);
-  CHECK(value(gone, "ferry_peer_events_total", {{"peer", "prefill-0"}, {"event", "fenced"}}) >= 1);
+  const auto drained = scrape_when("drained", 1);
+  const std::map<std::string, std::string> prefill0{{"peer", "prefill-0"}};
+  auto with = [&](const char* event) {
+    auto l = prefill0;
+    l["event"] = event;
+    return l;
+  };
+  CHECK(value(drained, "ferry_peer_events_total", with("drained")) == 1);
+  CHECK(value(drained, "ferry_peer_events_total", with("lost")) == 0);
+  CHECK(value(drained, "ferry_peer_events_total", with("fenced")) == 0);
+  CHECK_THAT(c.decode.log_text(),
+             Catch::Contains("peer=" + c.prefill.control() + " drained and closed its connection"));
+  // Restarted and then killed: that one is lost (and fenced), and its heartbeat series goes.
+  c.prefill.restart();
+  c.p = c.prefill.connect();
+  room_spec again;
+  again.room = 79;
+  again.src_pages = range(0, 8);
+  again.dst_pages = range(500, 8);
+  run_and_verify(c, again);
+  c.prefill.signal(SIGKILL);
+  const auto gone = scrape_when("lost", 1);
+  CHECK(value(gone, "ferry_peer_events_total", with("lost")) == 1);
+  CHECK(value(gone, "ferry_peer_events_total", with("fenced")) >= 1);
+  CHECK(value(gone, "ferry_peer_events_total", with("drained")) == 1);
   CHECK_FALSE(series(gone, "ferry_peer_heartbeat_age_seconds").has_value());
   CHECK(value(gone, "ferry_connections", {{"kind", "peer"}}) == 0);
   // docs/grafana/ferry.json and docs/prometheus/ferry-rules.yml query only what daemons serve:
