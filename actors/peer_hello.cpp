@@ -121,6 +121,16 @@ result<std::shared_ptr<peer_info>> validate_peer(const ferry_config& mine_cfg, c
   info->instance = h.instance;
   info->version = std::min(h.version, ours);
   info->pools = parsed.value.pools;
+  // A paged state pool's prepares carry its pages (peer_prepare_paged), which an older peer
+  // cannot read.
+  const pools_config* ours_then_theirs[] = {&mine_cfg.pools, &info->pools};
+  for (const pools_config* pools : ours_then_theirs)
+    if (pools->mamba && paged(pools->mamba->type) && info->version < peer_paged_state_version)
+      return refuse(
+          fmt::format("{} has a {} state pool, which needs peer protocol {}; the pair "
+                      "speaks {}",
+                      pools == &mine_cfg.pools ? "this daemon" : "the peer",
+                      to_string(pools->mamba->type), peer_paged_state_version, info->version));
   if (compatibility_hash(info->pools) != h.compat_hash)
     return error{errc::peer_incompatible,
                  "peer compatibility hash does not match its own layout (corrupted handshake)"};

@@ -189,3 +189,22 @@ TEST_CASE("paged state: SWA under a TP mismatch is refused at the handshake with
                                             "1: SGLang refuses SWA state under a TP mismatch for "
                                             "non-MLA models"));
 }
+
+TEST_CASE(
+    "paged state: a peer speaking an older peer protocol is refused by name, not sent pages "
+    "it cannot read",
+    "[e2e][paged_state]") {
+  require_provider("tcp");
+  temp_dir dir;
+  auto old = swa(1, 0);
+  old.env.push_back({"FERRY_FAILPOINTS", "peer_protocol_6"});
+  daemon_proc pre(dir, "prefill", "prefill", old), dec(dir, "decode", "decode", swa(1, 0));
+  auto d = dec.connect();
+  auto r = window_room(3);
+  REQUIRE(d->prepare(prepare_of(r, {pre.control()})));
+  const auto failed = wait_done(*d, r.room);
+  REQUIRE(failed.status == room_status::failed);
+  CHECK(failed.code == errc::peer_incompatible);
+  CHECK_THAT(failed.reason, Catch::Contains("has a swa state pool, which needs peer protocol 8; "
+                                            "the pair speaks 6"));
+}
