@@ -2,46 +2,57 @@
 """A fake SGLang engine pair that proves Ferry does what it is for.
 
     /usr/bin/python3 scripts/fake_engine.py --bin-dir build/src [--requests 300] [--seed N]
-        [--aux-memory memfd|ordinary] [--provider tcp|shm] [--ci] [--json PATH]
+        [--swa-requests 48] [--aux-memory memfd|ordinary] [--provider tcp|shm] [--ci]
+        [--json PATH]
 
 Standard library only. Each phase starts its own ferryd daemons from configs/prefill.yaml and
-configs/decode.yaml (Qwen3-Next-80B-A3B), rewritten into a temporary directory with their own
-names, sockets and ports and their pools section replaced by pools the registration describes
-(``memory: client`` and nothing else), then runs two engine processes that hold their memory
-the way SGLang does (fake_engine_memory.py: one memfd per rank with per-layer KV tensors at
-allocator offsets, an EAGLE draft layer after the target's, Mamba components as ``[layers,
-size + 1, ...]`` tensors, an SWA pool that is allocated but not listed, MetadataBuffers of ten
-tensors in ordinary memory or in the memfd, ``--aux-memory``) and build every adapter class
+configs/decode.yaml, rewritten into a temporary directory with their own names, sockets and
+ports and their pools section replaced by pools the registration describes (``memory: client``
+and nothing else), then runs two engine processes that hold their memory the way SGLang does
+(fake_engine_memory.py, Qwen3-Next-80B-A3B: one memfd per rank with per-layer KV tensors at
+allocator offsets, an EAGLE draft layer after the target's, the Mamba component as ``[layers,
+size + 1, ...]`` tensors, MetadataBuffers of ten tensors in ordinary memory or in the memfd,
+``--aux-memory``; fake_engine_swa.py, the SWA phase's gpt-oss-shaped model: the full-attention
+layers as KV and the sliding-window layers' pool, SGLang's ``SWAKVPool``, as the ``swa`` state
+component) and build every adapter class
 with SGLang's signatures: the prefill process starts a ``KVBootstrapServer(host=, port=)``,
 each rank makes ``KVManager(kv_args, mode, server_args, is_mla_backend)`` with FERRY_SOCKET
 naming its ferryd, and the decode finds the prefill ranks through the server's HTTP routes.
 
 - the **decode engine** (fake_engine_decode.py) drives SGLang's decode scheduler: waiting
   queue (``try_ensure_parallel_info``, ``KVReceiver(mgr=, bootstrap_addr=, bootstrap_room=)``,
-  ``init(prefill_dp_rank)``), prealloc (pages, slot, row, ``send_metadata(kv_indices,
-  aux_index, [[slot]], decode_prefix_len)``), transfer queue (MIN-reduced polls, the metadata
-  gate, ``failure_exception`` on Failed, ``clear`` on Success), and verifies every destination
-  byte of every successful request: every KV buffer's pages (the draft layer's too), every
-  state entry, every metadata row;
+  ``init(prefill_dp_rank)``), prealloc (pages, the Mamba slot or the SWA window's pages, row,
+  ``send_metadata(kv_indices, aux_index, [[slot]] or [window_pages], decode_prefix_len)``),
+  transfer queue (MIN-reduced polls, the metadata gate, ``failure_exception`` on Failed,
+  ``clear`` on Success), and verifies every destination byte of every successful request:
+  every KV buffer's pages (the draft layer's too), every state entry's slot or every SWA
+  buffer's window pages, every metadata row;
 - the **prefill engine** (fake_engine_prefill.py) drives SGLang's prefill scheduler:
   ``KVSender(mgr, bootstrap_addr, bootstrap_room, dest_tp_ranks, pp_rank)``, MIN-reduced
   polls, ``pop_decode_prefix_len``, ``init``, page-rounded non-last chunks (skipped when
-  empty), the last with the metadata rows and ``[[slot]]``, ``clear`` / ``failure_exception``.
+  empty), the last with the metadata rows and ``[[slot]]`` (or ``[window_pages]``), ``clear``
+  / ``failure_exception``.
 
 Both derive the requests (rooms, prompt lengths, chunk sizes, prefix hits, aborts at five
 points on each side: fake_engine_schedule.py) and the bytes from the shared seed. Phases: the
 main one (TP 1 -> TP 1, 300 requests by default), TP 2 -> TP 1 (one engine process drives two
-prefill ranks in lockstep) and TP 1 -> TP 2 (two decode ranks in lockstep). After each phase
-every room and every allocator is empty and ferryd says so. The report gives every adapter
-call's latency by kind (p50, p99, max); the run FAILS when the p99 of all calls exceeds 5 ms
-(``--p99-limit-ms``). ``--ci`` is the short form CI runs (tests/python/test_fake_engine.py): 40
-requests, 8 per TP phase, the latency reported but not checked.
+prefill ranks in lockstep), TP 1 -> TP 2 (two decode ranks in lockstep), all Qwen3-Next, and
+the SWA phase (``--swa-requests``, 48 by default, TP 1 -> TP 1: SGLang refuses SWA state under
+a TP mismatch, and so does ferryd, tested in tests/python/test_sglang_paged_e2e.py): a
+gpt-oss-shaped model whose window pages (the pages of the prompt's last 128 tokens, start
+floored to a page) come from each side's SWA page allocator, not the KV pages' numbers. After
+each phase every room and every allocator is empty and ferryd says so. The report gives every
+adapter call's latency by kind (p50, p99, max) over all phases, and the SWA phase's alone; the
+run FAILS when the p99 of all calls exceeds 5 ms (``--p99-limit-ms``). ``--ci`` is the short
+form CI runs (tests/python/test_fake_engine.py): 40 requests, 8 per TP phase and in the SWA
+phase, the latency reported but not checked.
 
 Exit 0 only when every check passed; the last line is the summary (``fake_engine: PASS ...``).
 
 Its parts: fake_engine_daemons.py (configs, ferryd processes), fake_engine_schedule.py (the
 shared schedule and byte patterns), fake_engine_allocators.py (pages, slots, rows),
-fake_engine_memory.py (a rank's tensors and KVArgs), fake_engine_rank.py (a rank's manager,
+fake_engine_memory.py (a rank's tensors and KVArgs), fake_engine_swa.py (the SWA phase's
+memory and its engines' state handling), fake_engine_rank.py (a rank's manager,
 the geometry, the call timer, the log; it puts this tree's clients/python on ``sys.path``),
 fake_engine_decode.py and fake_engine_prefill.py (the engines), fake_engine_report.py (the
 latency report).

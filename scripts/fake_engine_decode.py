@@ -1,15 +1,16 @@
 """The fake engine's decode engine (scripts/fake_engine.py): SGLang's decode scheduler in
-miniature over one or more TP ranks in lockstep (the same requests, pages, slot and row on every
-rank; each rank its own memory and KVReceiver; every poll MIN-reduced over the ranks).
+miniature over one or more TP ranks in lockstep (the same requests, pages, state indices and row
+on every rank; each rank its own memory and KVReceiver; every poll MIN-reduced over the ranks).
 
 Waiting queue: ``try_ensure_parallel_info(bootstrap_addr)`` (the bootstrap server's ``GET
 /route``), ``KVReceiver(mgr=, bootstrap_addr=, bootstrap_room=)``, ``init(prefill_dp_rank)``.
-Prealloc queue: pages after the prefix, a Mamba slot and a metadata row, then
+Prealloc queue: pages after the prefix, the state component's indices (a Mamba slot here; the
+SWA window's pages in fake_engine_swa.SwaDecodeEngine) and a metadata row, then
 ``send_metadata(kv_indices (int32), aux_index, [[slot]], decode_prefix_len)``. Transfer queue:
 the MIN-reduced poll with the metadata gate (a Success counts once the request's
 ``bootstrap_room`` entry equals the room on every rank); Failed: ``failure_exception()`` and
 release; Success: verify every destination byte (every KV buffer's pages, the draft layer's
-too, every state entry, every metadata row), ``clear()``, zero the room entry, release. Aborts
+too, every state entry at every state index, every metadata row), ``clear()``, zero the room entry, release. Aborts
 at the five points of fake_engine_schedule.DECODE_ABORTS; memory an abort handed back stays
 poisoned until a later verified request reuses it; at the end nothing is active on ferryd and
 every allocator is full again.
