@@ -80,7 +80,8 @@ from fake_engine_prefill import PrefillEngine
 from fake_engine_rank import REPO, GiB, Rank, ferry_env, log, server_args
 from fake_engine_report import P99_LIMIT_S, latency_lines, summarize
 from fake_engine_schedule import Pattern, make_schedule
-from fake_engine_swa import SwaDecodeEngine, SwaModel, SwaPrefillEngine, SwaRankMemory
+from fake_engine_swa import (SwaDecodeEngine, SwaModel, SwaPrefillEngine, SwaRankMemory,
+                             with_short_prompts)
 from ferry.sglang import KVBootstrapServer
 
 # --------------------------------------------------------------------------------------------
@@ -112,6 +113,8 @@ def engine_main(side: str, phase: str, tp: int, o: dict, boot_up: Any, result_q:
             ranks.append(Rank(mems[-1], side, sargs))
         reqs = make_schedule(o["seed"], o["n"], o["max_tokens"], model.page, o["abort_rate"],
                              phase)
+        if swa:
+            reqs = with_short_prompts(reqs, o["seed"], model)
         pat = Pattern(o["seed"])
         if side == "decode":
             eng = SwaDecodeEngine if swa else DecodeEngine
@@ -329,7 +332,10 @@ def main() -> int:
             f"SWA {'ok' if res['swa']['ok'] else 'FAILED'} ({a.swa_requests} requests, "
             f"{sd.get('succeeded', 0)} verified, {sd.get('verified_bytes', 0) / GiB:.2f} GiB of "
             f"which {sd.get('verified_state_bytes', 0) / (1 << 20):.1f} MiB in "
-            f"{sd.get('verified_state_indices', 0)} window pages, "
+            f"{sd.get('verified_state_indices', 0)} window pages; windows of a whole prompt "
+            f"{sd.get('windows_of_the_whole_prompt', 0)}, of a tail "
+            f"{sd.get('windows_of_a_tail', 0)}, reaching into the decode's prefix "
+            f"{sd.get('windows_in_prefix', 0)}; "
             f"{sp.get('swa_evicted', 0)} SWA pages evicted by the prefill, aborted "
             f"{sd.get('decode_aborts', 0)} by decode and {sp.get('prefill_aborts', 0)} by "
             f"prefill, adapter p99 "

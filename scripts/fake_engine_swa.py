@@ -27,6 +27,7 @@ non-MLA models, and so does ferryd (tests/python/test_sglang_paged_e2e.py checks
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -114,6 +115,21 @@ class SwaRankMemory(RankMemory):
         a.state_dim_per_tensor = [[]]  # SGLang gives no slicing facts for SWA
 
 
+def with_short_prompts(reqs: list[Req], seed: int, m: SwaModel, every: int = 8) -> list[Req]:
+    """The SWA phase's schedule: every ``every``-th request that no side aborts and that is
+    not a full prefix hit (the zero-page last chunk that carries only the window) gets a prompt
+    no longer than the window (1..``window_tokens`` tokens, the first one page at most; one
+    chunk, no prefix), so whole-prompt windows down to a single page are moved too, not only
+    the tails of longer prompts. Both engines derive the same list."""
+    rng = random.Random(f"{seed}/swa/short")
+    for i, r in enumerate([r for r in reqs if not r.decode_abort and not r.prefill_abort and
+                           r.prefix_pages < r.pages][::every]):
+        r.tokens = rng.randint(1, m.page if i == 0 else m.window_tokens)
+        r.pages, r.prefix_pages = -(-r.tokens // m.page), 0
+        r.chunk, r.chunks = r.tokens, [r.tokens]
+    return reqs
+
+
 def swa_pattern_key(e: int) -> str:
     """The Pattern buffer key of SWA buffer ``e`` (apart from every KV buffer's)."""
     return f"swa{e}"
@@ -132,7 +148,14 @@ class SwaDecodeEngine(DecodeEngine):
         return self.m.window(r.tokens)[1] <= self.states.free_count
 
     def alloc_state(self, r: Req) -> list[int]:
-        return self.states.alloc(self.m.window(r.tokens)[1], self.uncovered_states)
+        first, n = self.m.window(r.tokens)
+        # what the windows cover: the whole prompt (no longer than the window) or its tail;
+        # pages the decode's prefix already holds (SGLang moves the whole window anyway)
+        key = "windows_of_a_tail" if first else "windows_of_the_whole_prompt"
+        self.stats[key] = self.stats.get(key, 0) + 1
+        if first < r.prefix_pages:
+            self.stats["windows_in_prefix"] = self.stats.get("windows_in_prefix", 0) + 1
+        return self.states.alloc(n, self.uncovered_states)
 
     def free_state(self, state: list[int], failed: bool) -> None:
         self.states.free(state)

@@ -50,6 +50,7 @@ def test_the_fake_engine_passes_its_ci_form(tmp_path) -> None:
     # the SWA phase moved window pages (every SWA buffer's, verified) and no Mamba slot
     swa = r["swa"]["decode"]
     assert swa["verified_state_indices"] >= swa["succeeded"], swa
+    assert swa["windows_of_the_whole_prompt"] >= 1 and swa["windows_of_a_tail"] >= 1, swa
     assert swa["verified_state_bytes"] > 0 and r["swa"]["latency"]["n"] > 0, r["swa"]
     assert any("SWA ok" in line for line in summary), summary
     # every call kind SGLang's schedulers make was made (and timed)
