@@ -252,8 +252,8 @@ def main() -> int:
                          "report only)")
     ap.add_argument("--ci", action="store_true",
                     help="the short form for CI: 40 requests of at most 2048 tokens, 8 in each "
-                         "TP phase and in the SWA phase, the latency reported but not checked (a shared CI machine "
-                         "and sanitized daemons say nothing about it)")
+                         "TP phase and in the SWA phase, the latency reported but not checked "
+                         "(a shared CI machine and sanitized daemons say nothing about it)")
     ap.add_argument("--json", metavar="PATH",
                     help="also write the verdict, errors and every counter as JSON to PATH")
     a = ap.parse_args()
@@ -349,7 +349,8 @@ def main() -> int:
           f"memory reused byte-exact by {d.get('reused_after_abort', 0)} later requests), "
           f"{d.get('prefix_hits', 0)} prefix hits, {p.get('chunks_sent', 0)} chunks sent "
           f"({p.get('chunks_skipped', 0)} skipped, {p.get('zero_page_last', 0)} zero-page "
-          f"last), 0 rooms active, allocators full; {phases_text}; adapter p99 {lat['all']['p99'] * 1e3:.2f} ms; {elapsed:.1f} s", flush=True)
+          f"last), 0 rooms active, allocators full; {phases_text}; adapter p99 "
+          f"{lat['all']['p99'] * 1e3:.2f} ms; {elapsed:.1f} s", flush=True)
     return 0 if not errors else 1
 
 

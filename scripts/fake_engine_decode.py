@@ -10,10 +10,10 @@ SWA window's pages in fake_engine_swa.SwaDecodeEngine) and a metadata row, then
 the MIN-reduced poll with the metadata gate (a Success counts once the request's
 ``bootstrap_room`` entry equals the room on every rank); Failed: ``failure_exception()`` and
 release; Success: verify every destination byte (every KV buffer's pages, the draft layer's
-too, every state entry at every state index, every metadata row), ``clear()``, zero the room entry, release. Aborts
-at the five points of fake_engine_schedule.DECODE_ABORTS; memory an abort handed back stays
-poisoned until a later verified request reuses it; at the end nothing is active on ferryd and
-every allocator is full again.
+too, every state entry at every state index, every metadata row), ``clear()``, zero the room
+entry, release. Aborts at the five points of fake_engine_schedule.DECODE_ABORTS; memory an
+abort handed back stays poisoned until a later verified request reuses it; at the end nothing
+is active on ferryd and every allocator is full again.
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ per rank; Bootstrapping waits, Failed calls ``failure_exception()``; otherwise a
 prefill: a non-last chunk's end is rounded down to a page and the chunk skipped when that leaves
 no page; the last chunk writes the final Mamba state and the metadata rows (SGLang's
 ``set_buf``) and sends ``send(kv_indices, [[slot]])`` (fake_engine_swa.SwaPrefillEngine: SWA
-pages written chunk by chunk, ``[window_pages]``). Inflight queue: Success reads ``get_transfer_metric()`` (its
-bytes must be what this rank sent), releases and ``clear()``s; Failed calls
-``failure_exception()`` then releases. Aborts at the five points of
+pages written chunk by chunk, ``[window_pages]``). Inflight queue: Success reads
+``get_transfer_metric()`` (its bytes must be what this rank sent), releases and ``clear()``s;
+Failed calls ``failure_exception()`` then releases. Aborts at the five points of
 fake_engine_schedule.PREFILL_ABORTS; at the end nothing is active on ferryd and every allocator
 is full again.
 """

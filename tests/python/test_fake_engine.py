@@ -4,10 +4,10 @@ one memfd per rank, an EAGLE draft layer, Mamba ``[layers, size + 1, ...]`` tens
 MetadataBuffers of ten tensors) and built with SGLang's signatures (a KVBootstrapServer,
 ``KVManager(kv_args, mode, server_args, is_mla_backend)`` with FERRY_SOCKET), against real
 ferryd daemons from FERRY_BIN_DIR (default build/src) whose pools the registration describes;
-prefix hits, aborts at five points on each side, byte-exact verification, the TP 2 -> 1
-and TP 1 -> 2 phases, and the SWA phase (a gpt-oss-shaped model whose ``swa`` component's window
-pages come from the SWA pool's own allocator). The latency check is the script's own (its report); here only
-outcomes are asserted."""
+prefix hits, aborts at five points on each side, byte-exact verification, the TP 2 -> 1 and
+TP 1 -> 2 phases, and the SWA phase (a gpt-oss-shaped model whose ``swa`` component's window
+pages come from the SWA pool's own allocator). The latency check is the script's own (its
+report); here only outcomes are asserted."""
 
 from __future__ import annotations
 
