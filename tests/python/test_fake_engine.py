@@ -93,6 +93,33 @@ def test_the_fake_engine_finds_a_byte_landing_in_memory_an_abort_handed_back() -
         Rank.mem.close()
 
 
+def test_the_swa_phase_finds_a_byte_landing_in_a_window_page_an_abort_handed_back() -> None:
+    """The same end check over the SWA phase's memory: an aborted request's window pages (in
+    every SWA buffer) stay poisoned until a later request reuses them."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from fake_engine_swa import SwaDecodeEngine, SwaModel, SwaRankMemory
+
+    class Rank:
+        mem = SwaRankMemory(SwaModel(kv_layers=[1], swa_layers=[0, 2], tokens=64, page=4,
+                                     rows=4), 1, 0, "ordinary", "swa-poison")
+
+    try:
+        eng = object.__new__(SwaDecodeEngine)
+        eng.ranks, eng.who, eng.errors = [Rank()], "decode", []
+        eng.uncovered_pages, eng.uncovered_states, eng.uncovered_rows = {2}, {5, 7}, {1}
+        eng.poison([2], [5, 7], 1)
+        eng.check_poison()
+        assert eng.errors == []
+        view = Rank.mem.state_item(3, 7)  # V of the second SWA layer, window page 7
+        view[0] ^= 0xFF
+        eng.check_poison()
+        assert len(eng.errors) == 1 and "swa buffer 3 (V2) page 7" in eng.errors[0], eng.errors
+        view[0] ^= 0xFF
+        view.release()
+    finally:
+        Rank.mem.close()
+
+
 def test_the_fake_engines_memory_is_laid_out_as_sglang_lays_it_out() -> None:
     """What a fake engine rank lends: SGLang's KVArgs over tensors at allocator offsets."""
     sys.path.insert(0, str(REPO / "scripts"))
