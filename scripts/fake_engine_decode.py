@@ -1,18 +1,19 @@
 """The fake engine's decode engine (scripts/fake_engine.py): SGLang's decode scheduler in
-miniature over one or more TP ranks in lockstep (the same requests, pages, slot and row on every
-rank; each rank its own memory and KVReceiver; every poll MIN-reduced over the ranks).
+miniature over one or more TP ranks in lockstep (the same requests, pages, state indices and row
+on every rank; each rank its own memory and KVReceiver; every poll MIN-reduced over the ranks).
 
 Waiting queue: ``try_ensure_parallel_info(bootstrap_addr)`` (the bootstrap server's ``GET
 /route``), ``KVReceiver(mgr=, bootstrap_addr=, bootstrap_room=)``, ``init(prefill_dp_rank)``.
-Prealloc queue: pages after the prefix, a Mamba slot and a metadata row, then
+Prealloc queue: pages after the prefix, the state component's indices (a Mamba slot here; the
+SWA window's pages in fake_engine_swa.SwaDecodeEngine) and a metadata row, then
 ``send_metadata(kv_indices (int32), aux_index, [[slot]], decode_prefix_len)``. Transfer queue:
 the MIN-reduced poll with the metadata gate (a Success counts once the request's
 ``bootstrap_room`` entry equals the room on every rank); Failed: ``failure_exception()`` and
 release; Success: verify every destination byte (every KV buffer's pages, the draft layer's
-too, every state entry, every metadata row), ``clear()``, zero the room entry, release. Aborts
-at the five points of fake_engine_schedule.DECODE_ABORTS; memory an abort handed back stays
-poisoned until a later verified request reuses it; at the end nothing is active on ferryd and
-every allocator is full again.
+too, every state entry at every state index, every metadata row), ``clear()``, zero the room
+entry, release. Aborts at the five points of fake_engine_schedule.DECODE_ABORTS; memory an
+abort handed back stays poisoned until a later verified request reuses it; at the end nothing
+is active on ferryd and every allocator is full again.
 """
 
 from __future__ import annotations
@@ -41,17 +42,18 @@ class DecodeEngine:
         self.m, self.page = m, m.page
         self.geo = Geometry(m)
         self.pages = PageAllocator(m.pages_usable(), first=1)
-        self.slots = IndexAllocator(m.slots)
+        self.states = self.state_allocator()
         self.rows = IndexAllocator(m.rows)
         self.calls = Calls()
         self.errors: list[str] = []
         # What aborted (or failed) requests held, until a later verified request reuses it.
         self.uncovered_pages: set[int] = set()
-        self.uncovered_slots: set[int] = set()
+        self.uncovered_states: set[int] = set()
         self.uncovered_rows: set[int] = set()
         self.stats: dict[str, Any] = dict(
             succeeded=0, decode_aborts=0, prefill_aborts_seen=0, abort_missed=0,
-            verified_bytes=0, prefix_hits=0, zero_page=0, reused_after_abort=0, max_inflight=0,
+            verified_bytes=0, verified_state_bytes=0, verified_state_indices=0,
+            prefix_hits=0, zero_page=0, reused_after_abort=0, max_inflight=0,
             gate_waits=0, aborts={p: 0 for p in ("before_init", "before_metadata",
                                                  "after_metadata", "transferring",
                                                  "after_success")})
@@ -91,7 +93,8 @@ class DecodeEngine:
                 rcv = [self.calls("KVReceiver", KVReceiver, mgr=rk.mgr,
                                   bootstrap_addr=self.boot, bootstrap_room=r.room)
                        for rk in self.ranks]
-                t = {"r": r, "rcv": rcv, "pages": [], "slot": None, "row": None, "aborted": ""}
+                t = {"r": r, "rcv": rcv, "pages": [], "state": None, "row": None,
+                     "aborted": ""}
                 if r.decode_abort == "before_init":
                     self.abort(t, "before_init")
                     transfer.append(t)
@@ -113,13 +116,13 @@ class DecodeEngine:
                     transfer.append(prealloc.pop(0))
                     continue
                 need = r.pages - r.prefix_pages
-                if need > self.pages.free_count or not self.slots.free_list or \
+                if need > self.pages.free_count or not self.state_fits(r) or \
                         not self.rows.free_list:
                     break
                 t["pages"] = self.pages.alloc(need, self.uncovered_pages)
-                t["slot"], t["row"] = self.slots.alloc(), self.rows.alloc()
+                t["state"], t["row"] = self.alloc_state(r), self.rows.alloc()
                 self.each("send_metadata", t["rcv"], array("i", t["pages"]), t["row"],
-                          [[t["slot"]]], r.prefix_pages * self.page)
+                          [t["state"]], r.prefix_pages * self.page)
                 if r.prefix_pages:
                     self.stats["prefix_hits"] += 1
                     if need == 0:
@@ -207,41 +210,66 @@ class DecodeEngine:
         self.release(t, failed=True)
 
     def release(self, t: dict, failed: bool) -> None:
-        pages, slot, row = t["pages"], t["slot"], t["row"]
-        if slot is None:
+        pages, state, row = t["pages"], t["state"], t["row"]
+        if state is None:
             return  # aborted before memory was allocated
         if failed:  # ferryd ended the room: no byte may land here from now on
-            self.poison(pages, slot, row)
+            self.poison(pages, state, row)
             self.uncovered_pages.update(pages)
-            self.uncovered_slots.add(slot)
+            self.uncovered_states.update(state)
             self.uncovered_rows.add(row)
         self.pages.free(pages)
-        self.slots.free(slot, first=failed)
+        self.free_state(state, failed)
         self.rows.free(row, first=failed)
+
+    # --- the state component: a Mamba slot here (fake_engine_swa.SwaDecodeEngine: pages) ---------
+
+    STATE_NAME = "state slots"
+
+    def state_allocator(self) -> Any:
+        return IndexAllocator(self.m.slots)
+
+    def state_fits(self, r: Req) -> bool:
+        return bool(self.states.free_list)
+
+    def alloc_state(self, r: Req) -> list[int]:
+        """The request's state indices (its entry of ``state_indices``): one Mamba slot."""
+        return [self.states.alloc()]
+
+    def free_state(self, state: list[int], failed: bool) -> None:
+        self.states.free(state[0], first=failed)
+
+    def want_state(self, r: Req, e: int, j: int, rank: int) -> Any:
+        """What state entry ``e`` must hold at the request's ``j``-th state index on decode
+        rank ``rank``: rank's share of the room's full slot."""
+        full = self.pat.state(r.room, e, self.geo.state_full_bytes(e))
+        return self.geo.state_slice(full, e, self.tp, rank)
+
+    # --- checks ----------------------------------------------------------------------------------
 
     POISON = 0xA5
 
-    def _regions(self, pages: list[int], slots: list[int], rows: list[int]):
-        """Every (memoryview, what) of the given pages, state slots and metadata rows."""
+    def _regions(self, pages: list[int], states: list[int], rows: list[int]):
+        """Every (memoryview, what) of the given pages, state indices and metadata rows."""
         for d, rk in enumerate(self.ranks):
             mem = rk.mem
             for b in range(len(mem.kv_keys)):
                 for p in pages:
                     yield mem.kv_run(b, p, 1), f"rank {d} kv buffer {b} page {p}"
             for e in range(mem.state_entries):
-                for s in slots:
-                    yield mem.state_item(e, s), f"rank {d} state entry {e} slot {s}"
+                for i in states:
+                    yield mem.state_item(e, i), f"rank {d} {mem.state_what(e, i)}"
             for i in range(len(METADATA_ROWS)):
                 for row in rows:
                     yield mem.meta_row(i, row), f"rank {d} metadata {i} row {row}"
 
-    def poison(self, pages: list[int], slot: int, row: int) -> None:
-        for mv, _ in self._regions(pages, [slot], [row]):
+    def poison(self, pages: list[int], states: list[int], row: int) -> None:
+        for mv, _ in self._regions(pages, states, [row]):
             mv[:] = bytes([self.POISON]) * len(mv)
 
     def check_poison(self) -> None:
         bad = [what for mv, what in self._regions(sorted(self.uncovered_pages),
-                                                  sorted(self.uncovered_slots),
+                                                  sorted(self.uncovered_states),
                                                   sorted(self.uncovered_rows))
                if mv.tobytes().count(self.POISON) != len(mv)]
         if bad:
@@ -249,8 +277,8 @@ class DecodeEngine:
                                + ", ".join(bad[:5]))
 
     def end_checks(self) -> None:
-        """Nothing active on ferryd, every page, slot and row back, aborts' memory untouched
-        since, SGLang's padding page and padding slot never written."""
+        """Nothing active on ferryd, every page, state index and row back, aborts' memory
+        untouched since, SGLang's padding page and padding state index never written."""
         for d, rk in enumerate(self.ranks):
             active = rk.active_rooms()
             if active:
@@ -259,21 +287,22 @@ class DecodeEngine:
             mem = rk.mem
             pad = [f"kv buffer {b} page 0" for b in range(len(mem.kv_keys))
                    if mem.kv_run(b, 0, 1).tobytes().count(0) != mem.kv_item]
-            pad += [f"state entry {e} slot {self.m.slots}" for e in range(mem.state_entries)
-                    if mem.state_item(e, self.m.slots).tobytes().count(0) !=
+            pad += [mem.state_what(e, mem.state_pad) for e in range(mem.state_entries)
+                    if mem.state_item(e, mem.state_pad).tobytes().count(0) !=
                     mem.state_item_bytes(e)]
             if pad:
                 self.errors.append(f"{self.who}: rank {d}: bytes landed in padding: "
                                    + ", ".join(pad[:5]))
-        for name, a in (("pages", self.pages), ("slots", self.slots), ("rows", self.rows)):
+        for name, a in (("pages", self.pages), (self.STATE_NAME, self.states),
+                        ("rows", self.rows)):
             if not a.full:
                 self.errors.append(f"{self.who}: the {name} allocator is not full again")
         self.check_poison()
-        self.stats["left_unreused"] = (len(self.uncovered_pages), len(self.uncovered_slots),
+        self.stats["left_unreused"] = (len(self.uncovered_pages), len(self.uncovered_states),
                                        len(self.uncovered_rows))
 
     def verify(self, t: dict) -> None:
-        r, pages, slot, row = t["r"], t["pages"], t["slot"], t["row"]
+        r, pages, state, row = t["r"], t["pages"], t["state"], t["row"]
         geo, pat, bad, nbytes = self.geo, self.pat, [], 0
         for d, rk in enumerate(self.ranks):
             mem = rk.mem
@@ -284,10 +313,10 @@ class DecodeEngine:
                         bad.append(f"rank {d} kv buffer {b} pages {first}..{first + n - 1}")
                     nbytes += n * mem.kv_item
             for e in range(mem.state_entries):
-                full = pat.state(r.room, e, geo.state_full_bytes(e))
-                if not same(mem.state_item(e, slot), geo.state_slice(full, e, self.tp, d)):
-                    bad.append(f"rank {d} state entry {e} slot {slot}")
-                nbytes += mem.state_item_bytes(e)
+                for j, i in enumerate(state):
+                    if not same(mem.state_item(e, i), self.want_state(r, e, j, d)):
+                        bad.append(f"rank {d} {mem.state_what(e, i)}")
+                    nbytes += mem.state_item_bytes(e)
             for i, rb in enumerate(METADATA_ROWS):
                 if not same(mem.meta_row(i, row), pat.meta(r.room, i, rb, i == BOOTSTRAP_ROOM)):
                     bad.append(f"rank {d} metadata {i} row {row}")
@@ -297,9 +326,12 @@ class DecodeEngine:
             return
         self.stats["succeeded"] += 1
         self.stats["verified_bytes"] += nbytes
-        if self.uncovered_pages.intersection(pages) or slot in self.uncovered_slots or \
-                row in self.uncovered_rows:
+        self.stats["verified_state_indices"] += len(state)
+        self.stats["verified_state_bytes"] += self.tp * len(state) * sum(
+            self.ranks[0].mem.state_item_bytes(e) for e in range(self.ranks[0].mem.state_entries))
+        if self.uncovered_pages.intersection(pages) or \
+                self.uncovered_states.intersection(state) or row in self.uncovered_rows:
             self.stats["reused_after_abort"] += 1
         self.uncovered_pages.difference_update(pages)
-        self.uncovered_slots.discard(slot)
+        self.uncovered_states.difference_update(state)
         self.uncovered_rows.discard(row)

@@ -10,12 +10,8 @@ them as SGLang's ``KVArgs`` does, for pools ferryd's config leaves to the regist
   kernel - 1]`` bf16 with shard groups, temporal ``[heads / tp, 128, 128]`` fp32), listed per
   layer (views at arbitrary offsets), tensor-major then layer, with ``state_dim_per_tensor``,
   ``state_slice_outer_counts`` and ``state_conv_shard_groups``.
-- SWA: an SWA KV pool (two sliding-window layers, K then V, its own token count) is allocated
-  as SGLang's ``SWAKVPool`` would, but NOT listed in ``state_types``: next to the Mamba
-  component it would be a second state component, which the adapter refuses at construction
-  (``FerryKVArgs.state_component``: one state component per rank), so an SGLang model with
-  both cannot use Ferry today; see :func:`swa_refusal`. (An SWA component alone moves:
-  tests/python/test_sglang_paged_e2e.py.)
+- No SWA pool: Qwen3-Next has no sliding-window layers, and a rank has one state component
+  (Mamba here). The gpt-oss-shaped SWA phase has memory of its own (fake_engine_swa.py).
 - MetadataBuffers: ten tensors with SGLang's row sizes, ``bootstrap_room`` at index 7 (not
   last), in ordinary memory (one anonymous mmap per tensor, as torch's CPU allocations:
   ``--aux-memory ordinary``) or inside the rank's memfd (``--aux-memory memfd``). Ordinary
@@ -50,8 +46,8 @@ METADATA_ROWS = [r for _, r in METADATA]
 
 @dataclass
 class Model:
-    """Qwen3-Next-80B-A3B's shapes (configs/decode.yaml's comments) plus an EAGLE draft layer
-    and an SWA pool; sizes in SGLang's terms (token slots, Mamba ``size``, metadata rows)."""
+    """Qwen3-Next-80B-A3B's shapes (configs/decode.yaml's comments) plus an EAGLE draft layer;
+    sizes in SGLang's terms (token slots, Mamba ``size``, metadata rows)."""
 
     kv_layers: list[int] = field(default_factory=lambda: list(range(3, 48, 4)))
     draft_layer: Optional[int] = 0
@@ -66,8 +62,6 @@ class Model:
     ssm: tuple[int, int] = (128, 128)
     slots: int = 8
     rows: int = 64
-    swa_layers: int = 2
-    swa_tokens: int = 4096
 
     def pages_usable(self) -> int:
         """Pages an allocator hands out (page 0 is SGLang's padding page)."""
@@ -82,17 +76,6 @@ def populate(mp: mmap.mmap) -> None:
         pass
 
 
-def swa_refusal() -> str:
-    """What the adapter says to KVArgs listing an SWA component next to Mamba (''
-    if it accepts them)."""
-    a = FerryKVArgs(state_types=["mamba", "swa"])
-    try:
-        a.state_component()
-    except ValueError as e:
-        return str(e)
-    return ""
-
-
 class RankMemory:
     """One engine rank's tensors (TP rank ``tp_rank`` of ``tp_size``)."""
 
@@ -104,21 +87,11 @@ class RankMemory:
         self.token_bytes = self.heads * m.head_dim * 2  # bf16
         self.kv_item = self.token_bytes * m.page
         self.kv_pages = (m.tokens + m.page) // m.page
-        self.conv_dim = sum(m.conv_groups) // tp_size
-        self.ssm_heads = m.ssm_heads // tp_size
-        self.conv_item = self.conv_dim * (m.conv_k - 1) * 2
-        self.ssm_item = self.ssm_heads * m.ssm[0] * m.ssm[1] * 4
-        nl = len(m.mamba_layers)
         keys = [f"K{l}" for l in m.kv_layers] + [f"V{l}" for l in m.kv_layers]
         if m.draft_layer is not None:
             keys += ["Kd", "Vd"]
         self.kv_keys = keys
-        swa_bytes = (m.swa_tokens + m.page) * self.token_bytes
-        plan = [(k, self.kv_item * self.kv_pages) for k in keys]
-        plan += [(f"swaK{i}", swa_bytes) for i in range(m.swa_layers)]
-        plan += [(f"swaV{i}", swa_bytes) for i in range(m.swa_layers)]
-        plan += [("conv", nl * (m.slots + 1) * self.conv_item),
-                 ("ssm", nl * (m.slots + 1) * self.ssm_item)]
+        plan = [(k, self.kv_item * self.kv_pages) for k in keys] + self.state_plan()
         if aux_memory == "memfd":
             plan += [(f"meta{i}", r * m.rows) for i, r in enumerate(METADATA_ROWS)]
         self.places: dict[str, int] = {}
@@ -155,6 +128,18 @@ class RankMemory:
                 self.meta.append(memoryview(mp))
                 self.meta_ptrs.append(address_of(mp))
 
+    def state_plan(self) -> list[tuple[str, int]]:
+        """The state component's tensors (key, bytes), after the KV's: the Mamba pool's conv
+        and temporal ``[layers, size + 1, ...]`` tensors."""
+        m, tp = self.m, self.tp_size
+        self.conv_dim = sum(m.conv_groups) // tp
+        self.ssm_heads = m.ssm_heads // tp
+        self.conv_item = self.conv_dim * (m.conv_k - 1) * 2
+        self.ssm_item = self.ssm_heads * m.ssm[0] * m.ssm[1] * 4
+        nl = len(m.mamba_layers)
+        return [("conv", nl * (m.slots + 1) * self.conv_item),
+                ("ssm", nl * (m.slots + 1) * self.ssm_item)]
+
     # --- where things are ------------------------------------------------------------------------
 
     def kv_run(self, b: int, first: int, n: int) -> memoryview:
@@ -165,6 +150,15 @@ class RankMemory:
     @property
     def state_entries(self) -> int:
         return 2 * len(self.m.mamba_layers)
+
+    def state_what(self, e: int, i: int) -> str:
+        """Index ``i`` of state entry ``e``, named for a report."""
+        return f"state entry {e} slot {i}"
+
+    @property
+    def state_pad(self) -> int:
+        """SGLang's padding slot (the ``+ 1`` of ``size + 1``): never written."""
+        return self.m.slots
 
     def state_item_bytes(self, e: int) -> int:
         return self.conv_item if e < len(self.m.mamba_layers) else self.ssm_item
@@ -199,6 +193,17 @@ class RankMemory:
         if m.draft_layer is not None:
             ids = ids + [m.draft_layer, m.draft_layer]
         a.kv_layer_ids = ids
+        self.state_args(a)
+        a.aux_data_ptrs = list(self.meta_ptrs)
+        a.aux_data_lens = [r * m.rows for r in METADATA_ROWS]
+        a.aux_item_lens = list(METADATA_ROWS)
+        a.bootstrap_room_ptr = a.aux_data_ptrs[BOOTSTRAP_ROOM]
+        return a
+
+    def state_args(self, a: FerryKVArgs) -> None:
+        """The KVArgs' state fields: the Mamba component, per-layer views tensor-major, with
+        the slicing facts."""
+        m = self.m
         ptrs, lens, items, lids, dims, groups = [], [], [], [], [], []
         for e in range(self.state_entries):
             nl = len(m.mamba_layers)
@@ -211,16 +216,11 @@ class RankMemory:
             lids.append(m.mamba_layers[li])
             dims.append(self.conv_dim if t == 0 else self.ssm_heads)
             groups.append(list(m.conv_groups) if t == 0 else None)
-        a.state_types = ["mamba"]  # not "swa": see the module docstring
+        a.state_types = ["mamba"]
         a.state_data_ptrs, a.state_data_lens, a.state_item_lens = [ptrs], [lens], [items]
         a.state_layer_ids, a.state_dim_per_tensor = [lids], [dims]
         a.state_slice_outer_counts = [[1] * len(ptrs)]
         a.state_conv_shard_groups = [groups]
-        a.aux_data_ptrs = list(self.meta_ptrs)
-        a.aux_data_lens = [r * m.rows for r in METADATA_ROWS]
-        a.aux_item_lens = list(METADATA_ROWS)
-        a.bootstrap_room_ptr = a.aux_data_ptrs[BOOTSTRAP_ROOM]
-        return a
 
     def close(self) -> None:
         for v in self.meta:

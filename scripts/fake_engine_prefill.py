@@ -6,10 +6,11 @@ Bootstrap queue: ``KVSender(mgr, bootstrap_addr, bootstrap_room, dest_tp_ranks, 
 per rank; Bootstrapping waits, Failed calls ``failure_exception()``; otherwise a metadata row,
 ``pop_decode_prefix_len()``, ``init(ceil((len - prefix) / page_size), aux_index)``. Chunked
 prefill: a non-last chunk's end is rounded down to a page and the chunk skipped when that leaves
-no page; the last chunk writes the metadata rows (SGLang's ``set_buf``) and sends
-``send(kv_indices, [[slot]])``. Inflight queue: Success reads ``get_transfer_metric()`` (its
-bytes must be what this rank sent), releases and ``clear()``s; Failed calls
-``failure_exception()`` then releases. Aborts at the five points of
+no page; the last chunk writes the final Mamba state and the metadata rows (SGLang's
+``set_buf``) and sends ``send(kv_indices, [[slot]])`` (fake_engine_swa.SwaPrefillEngine: SWA
+pages written chunk by chunk, ``[window_pages]``). Inflight queue: Success reads
+``get_transfer_metric()`` (its bytes must be what this rank sent), releases and ``clear()``s;
+Failed calls ``failure_exception()`` then releases. Aborts at the five points of
 fake_engine_schedule.PREFILL_ABORTS; at the end nothing is active on ferryd and every allocator
 is full again.
 """
@@ -44,7 +45,7 @@ class PrefillEngine:
         self.geo = Geometry(m)
         # The ranks allocate in lockstep, so one allocator serves them all (page 0 is padding).
         self.pages = PageAllocator(m.pages_usable(), first=1)
-        self.slots = IndexAllocator(m.slots)
+        self.states = self.state_allocator()
         self.rows = IndexAllocator(m.rows)
         self.calls = Calls()
         self.errors: list[str] = []
@@ -98,7 +99,7 @@ class PrefillEngine:
                 r = pending.popleft()
                 snd = [self.calls("KVSender", KVSender, rk.mgr, self.boot, r.room,
                                   [rk.mem.tp_rank], 0) for rk in self.ranks]
-                q = {"r": r, "snd": snd, "row": None, "slot": None, "pages": [], "token": 0,
+                q = {"r": r, "snd": snd, "row": None, "state": None, "pages": [], "token": 0,
                      "chunk": 0, "sent": 0, "aborted": ""}
                 if r.prefill_abort == "before_bootstrap":
                     self.abort(q, "before_bootstrap")
@@ -139,9 +140,8 @@ class PrefillEngine:
                         keep.append(q)
                 boot = keep
             # chunked prefill: one chunk per step of the running request
-            if running is None and waiting and self.slots.free_list:
+            if running is None and waiting and self.start_state(waiting[0]):
                 running = waiting.popleft()
-                running["slot"] = self.slots.alloc()
             if running is not None:
                 res = self.step_chunk(running)
                 if res != "wait":
@@ -164,7 +164,8 @@ class PrefillEngine:
                                   for s in q["snd"]]
                         mem = self.ranks[0].mem
                         want = (q["sent"] - q["start"]) * mem.kv_item * len(mem.kv_keys) + \
-                            sum(mem.state_item_bytes(e) for e in range(mem.state_entries))
+                            len(q["state"]) * sum(mem.state_item_bytes(e)
+                                                  for e in range(mem.state_entries))
                         if metric[0].transfer_total_bytes != want:
                             self.errors.append(f"{self.who}: room {q['r'].room}: "
                                                f"get_transfer_metric says "
@@ -195,7 +196,8 @@ class PrefillEngine:
             if active:
                 self.errors.append(f"{self.who}: rank {i}'s ferryd reports {active} active "
                                    f"prefill rooms")
-        for name, a in (("pages", self.pages), ("slots", self.slots), ("rows", self.rows)):
+        for name, a in (("pages", self.pages), (self.STATE_NAME, self.states),
+                        ("rows", self.rows)):
             if not a.full:
                 self.errors.append(f"{self.who}: the {name} allocator is not full again")
         self.stats["errors"] = self.errors
@@ -214,10 +216,36 @@ class PrefillEngine:
     def free(self, q: dict) -> None:
         if q["pages"]:
             self.pages.free(q["pages"])
-        if q["slot"] is not None:
-            self.slots.free(q["slot"])
+        self.free_state(q)
         if q["row"] is not None:
             self.rows.free(q["row"])
+
+    # --- the state component: a Mamba slot here (fake_engine_swa.SwaPrefillEngine: pages) ----
+
+    STATE_NAME = "state slots"
+
+    def state_allocator(self) -> Any:
+        return IndexAllocator(self.m.slots)
+
+    def start_state(self, q: dict) -> bool:
+        """A request starts its chunks: its Mamba slot (False: none free, it waits)."""
+        if not self.states.free_list:
+            return False
+        q["state"] = [self.states.alloc()]
+        return True
+
+    def chunk_state(self, q: dict, t0: int, t1: int) -> bool:
+        """The state of a chunk's tokens t0..t1 (False: no memory, the chunk waits); a Mamba
+        slot holds the state after the last token only (:meth:`write_last`)."""
+        return True
+
+    def last_state(self, q: dict) -> list[int]:
+        """The request's entry of ``state_indices`` on its last chunk."""
+        return q["state"]
+
+    def free_state(self, q: dict) -> None:
+        if q["state"] is not None:
+            self.states.free(q["state"][0])
 
     # --- what the model computes -----------------------------------------------------------------
 
@@ -231,14 +259,21 @@ class PrefillEngine:
                     rk.mem.kv_run(b, first, n)[:] = self.geo.kv_slice(full, self.tp, rank)
                 self.stats["source_bytes"] += n * rk.mem.kv_item * len(rk.mem.kv_keys)
 
-    def write_state_and_metadata(self, r: Req, slot: int, row: int) -> None:
+    def write_last(self, q: dict) -> None:
+        """The last chunk: the request's final Mamba state in its slot, and the metadata rows
+        (SGLang's ``set_buf``)."""
+        r, row = q["r"], q["row"]
         for rank, rk in enumerate(self.ranks):
             for e in range(rk.mem.state_entries):
-                full = self.pat.state(r.room, e, self.geo.state_full_bytes(e))
-                rk.mem.state_item(e, slot)[:] = self.geo.state_slice(full, e, self.tp, rank)
-                self.stats["source_bytes"] += rk.mem.state_item_bytes(e)
-            for i, rb in enumerate(METADATA_ROWS):  # SGLang's set_buf on the last chunk
-                rk.mem.meta_row(i, row)[:] = self.pat.meta(r.room, i, rb, i == BOOTSTRAP_ROOM)
+                for slot in q["state"]:
+                    full = self.pat.state(r.room, e, self.geo.state_full_bytes(e))
+                    rk.mem.state_item(e, slot)[:] = self.geo.state_slice(full, e, self.tp, rank)
+                    self.stats["source_bytes"] += rk.mem.state_item_bytes(e)
+            self.write_metadata(rk, r, row)
+
+    def write_metadata(self, rk: Rank, r: Req, row: int) -> None:
+        for i, rb in enumerate(METADATA_ROWS):  # SGLang's set_buf on the last chunk
+            rk.mem.meta_row(i, row)[:] = self.pat.meta(r.room, i, rb, i == BOOTSTRAP_ROOM)
 
     STALL_S = 30.0
 
@@ -260,9 +295,9 @@ class PrefillEngine:
         t0 = q["token"]
         t1 = t0 + r.chunks[q["chunk"]]
         need = -(-t1 // self.page) - len(q["pages"])  # KV for every token computed
-        new = self.pages.alloc(need)
-        if new is None:
+        if need > self.pages.free_count or not self.chunk_state(q, t0, t1):
             return "wait"  # no free pages: a transfer in flight frees some
+        new = self.pages.alloc(need)
         q["pages"].extend(new)
         q["token"] = t1
         q["chunk"] += 1
@@ -276,10 +311,10 @@ class PrefillEngine:
             if send:
                 self.write_kv(r, send, q["sent"])
             if last:
-                self.write_state_and_metadata(r, q["slot"], q["row"])
+                self.write_last(q)
                 if not send:
                     self.stats["zero_page_last"] += 1
-            self.each("send", snd, send, [[q["slot"]]] if last else None)
+            self.each("send", snd, send, [self.last_state(q)] if last else None)
             q["sent"] += len(send)
             self.stats["chunks_sent"] += 1
         if any(s.conclude_state == KVPoll.Failed for s in snd):

@@ -110,7 +110,7 @@ class Geometry:
         self.m = m
         self.token_bytes = m.kv_heads * m.head_dim * 2
         self.page_bytes = self.token_bytes * m.page  # a full page of one K or V buffer
-        self.layers = len(m.mamba_layers)
+        self.layers = len(getattr(m, "mamba_layers", ()))  # the SWA phase's model has none
 
     def kv_slice(self, full: Any, tp: int, rank: int) -> Any:
         """Rank ``rank`` of ``tp``'s bytes of full pages (its heads of every token)."""

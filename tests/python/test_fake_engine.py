@@ -4,12 +4,14 @@ one memfd per rank, an EAGLE draft layer, Mamba ``[layers, size + 1, ...]`` tens
 MetadataBuffers of ten tensors) and built with SGLang's signatures (a KVBootstrapServer,
 ``KVManager(kv_args, mode, server_args, is_mla_backend)`` with FERRY_SOCKET), against real
 ferryd daemons from FERRY_BIN_DIR (default build/src) whose pools the registration describes;
-prefix hits, aborts at five points on each side, byte-exact verification, and the TP 2 -> 1
-and TP 1 -> 2 phases. The latency check is the script's own (its report); here only
-outcomes are asserted."""
+prefix hits, aborts at five points on each side, byte-exact verification, the TP 2 -> 1 and
+TP 1 -> 2 phases, and the SWA phase (a gpt-oss-shaped model whose ``swa`` component's window
+pages come from the SWA pool's own allocator). The latency check is the script's own (its
+report); here only outcomes are asserted."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import subprocess
 import sys
@@ -43,8 +45,14 @@ def test_the_fake_engine_passes_its_ci_form(tmp_path) -> None:
     assert pre["chunks_skipped"] >= 1 and pre["zero_page_last"] >= 1, pre
     assert r["main"]["ferryd"]["decode"]["succeeded"] >= dec["succeeded"]
     assert r["main"]["ferryd"]["decode"]["bytes"] > 0
-    for phase in ("tp2", "tp12"):
+    for phase in ("tp2", "tp12", "swa"):
         assert r[phase]["ok"] and r[phase]["decode"]["succeeded"] >= 3, r[phase]
+    # the SWA phase moved window pages (every SWA buffer's, verified) and no Mamba slot
+    swa = r["swa"]["decode"]
+    assert swa["verified_state_indices"] >= swa["succeeded"], swa
+    assert swa["windows_of_the_whole_prompt"] >= 1 and swa["windows_of_a_tail"] >= 1, swa
+    assert swa["verified_state_bytes"] > 0 and r["swa"]["latency"]["n"] > 0, r["swa"]
+    assert any("SWA ok" in line for line in summary), summary
     # every call kind SGLang's schedulers make was made (and timed)
     assert {"KVSender", "KVReceiver", "init", "send", "send_metadata", "poll", "abort",
             "failure_exception", "clear", "pop_decode_prefix_len",
@@ -60,13 +68,13 @@ def test_the_fake_engine_finds_a_byte_landing_in_memory_an_abort_handed_back() -
 
     class Rank:
         mem = RankMemory(Model(kv_layers=[3], mamba_layers=[0], tokens=64, page=4, slots=2,
-                               rows=4, swa_tokens=16), 1, 0, "memfd", "poison")
+                               rows=4), 1, 0, "memfd", "poison")
 
     try:
         eng = object.__new__(DecodeEngine)
         eng.ranks, eng.who, eng.errors = [Rank()], "decode", []
-        eng.uncovered_pages, eng.uncovered_slots, eng.uncovered_rows = {2, 3}, {1}, {3}
-        eng.poison([2, 3], 1, 3)
+        eng.uncovered_pages, eng.uncovered_states, eng.uncovered_rows = {2, 3}, {1}, {3}
+        eng.poison([2, 3], [1], 3)
         eng.check_poison()
         assert eng.errors == []
         mem = Rank.mem
@@ -85,12 +93,39 @@ def test_the_fake_engine_finds_a_byte_landing_in_memory_an_abort_handed_back() -
         Rank.mem.close()
 
 
+def test_the_swa_phase_finds_a_byte_landing_in_a_window_page_an_abort_handed_back() -> None:
+    """The same end check over the SWA phase's memory: an aborted request's window pages (in
+    every SWA buffer) stay poisoned until a later request reuses them."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from fake_engine_swa import SwaDecodeEngine, SwaModel, SwaRankMemory
+
+    class Rank:
+        mem = SwaRankMemory(SwaModel(kv_layers=[1], swa_layers=[0, 2], tokens=64, page=4,
+                                     rows=4), 1, 0, "ordinary", "swa-poison")
+
+    try:
+        eng = object.__new__(SwaDecodeEngine)
+        eng.ranks, eng.who, eng.errors = [Rank()], "decode", []
+        eng.uncovered_pages, eng.uncovered_states, eng.uncovered_rows = {2}, {5, 7}, {1}
+        eng.poison([2], [5, 7], 1)
+        eng.check_poison()
+        assert eng.errors == []
+        view = Rank.mem.state_item(3, 7)  # V of the second SWA layer, window page 7
+        view[0] ^= 0xFF
+        eng.check_poison()
+        assert len(eng.errors) == 1 and "swa buffer 3 (V2) page 7" in eng.errors[0], eng.errors
+        view[0] ^= 0xFF
+        view.release()
+    finally:
+        Rank.mem.close()
+
+
 def test_the_fake_engines_memory_is_laid_out_as_sglang_lays_it_out() -> None:
     """What a fake engine rank lends: SGLang's KVArgs over tensors at allocator offsets."""
     sys.path.insert(0, str(REPO / "scripts"))
-    from fake_engine_memory import BOOTSTRAP_ROOM, METADATA, Model, RankMemory, swa_refusal
+    from fake_engine_memory import BOOTSTRAP_ROOM, METADATA, Model, RankMemory
 
-    m = Model(tokens=256, slots=2, rows=4, swa_tokens=64)
+    m = Model(tokens=256, slots=2, rows=4)
     for aux in ("ordinary", "memfd"):
         mem = RankMemory(m, 2, 1, aux, "layout")
         try:
@@ -117,4 +152,39 @@ def test_the_fake_engines_memory_is_laid_out_as_sglang_lays_it_out() -> None:
             assert inside == [aux == "memfd"] * 10
         finally:
             mem.close()
-    assert "swa" in swa_refusal()  # hence the SWA pool is allocated but not listed
+
+
+def test_the_swa_phases_memory_is_laid_out_as_sglangs_swa_kv_pool() -> None:
+    """The SWA phase's rank: full-attention K and V as the KV pool, the sliding-window
+    layers' K then V as the swa component, a pool of its own with fewer pages (SGLang's
+    SWAKVPool); the window is the pages of the prompt's last 128 tokens, start floored to a
+    page."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from fake_engine_swa import SwaModel, SwaRankMemory
+
+    m = SwaModel(tokens=256, rows=4)
+    assert m.swa_tokens == 192 and m.swa_pages_usable() == 12  # 0.8 x 256, whole pages
+    # (first token page, pages): short prompts are all window; 200 tokens start at 72 -> 64
+    assert [m.window(n) for n in (1, 16, 17, 128, 129, 200, 208)] == \
+        [(0, 1), (0, 1), (0, 2), (0, 8), (0, 9), (4, 9), (5, 8)]
+    mem = SwaRankMemory(m, 1, 0, "ordinary", "swa-layout")
+    try:
+        a = mem.kv_args()
+        region = a.memory_regions[0]
+        assert a.state_types == ["swa"] and a.kv_layer_ids == m.kv_layers * 2
+        (ptrs,), (lens,), (items,) = a.state_data_ptrs, a.state_data_lens, a.state_item_lens
+        assert a.state_layer_ids == [m.swa_layers * 2] and len(ptrs) == 2 * len(m.swa_layers)
+        assert items == [m.page * m.kv_heads * m.head_dim * 2] * len(ptrs) == \
+            a.kv_item_lens[:len(ptrs)]
+        assert lens == [(m.swa_tokens + m.page) * m.kv_heads * m.head_dim * 2] * len(ptrs)
+        assert a.kv_data_lens[0] == (m.tokens + m.page) * m.kv_heads * m.head_dim * 2
+        assert all(region.contains(p, n) for p, n in zip(ptrs, lens))
+        assert any(p % 4096 for p in ptrs)  # not page-aligned
+        # K over the SWA layers, then V; page i of buffer e at its item offset
+        assert ptrs[len(m.swa_layers)] == mem.base + mem.places[f"sV{m.swa_layers[0]}"]
+        view = mem.state_item(3, 5)
+        assert ctypes.addressof(ctypes.c_char.from_buffer(view)) == ptrs[3] + 5 * items[3]
+        assert view.nbytes == items[3] and mem.state_pad == 0
+        view.release()
+    finally:
+        mem.close()
