@@ -368,6 +368,9 @@ result<> check_named_indices(const sender_state& st, const peer_inbound& in, con
                    fmt::format("room {}: the decode named state slot {} for a {} state pool, "
                                "which is indexed by pages",
                                p.room, p.dst_state_slot, to_string(state->type))};
+    if (!dl[pool_kind::state].present)  // (the handshake pairs state pools; checked anyway)
+      return error{errc::invalid_request,
+                   fmt::format("room {}: the decode has no state pool", p.room)};
     if (auto e = check_indices(state_pages, dl[pool_kind::state].buffers[0].items,
                                "decode dst state page", "pages");
         !e)
