@@ -227,14 +227,16 @@ TEST_CASE("metrics follow a room: active while prepared, counted with its bytes 
     CHECK(value(after, "ferry_rooms_active", {{"side", "decode"}}) == 0);
     served.add(after);
   }
-  // A scrape of the decode once its peer series reach `count` events of kind `event`, or after
-  // 10 s (bounded: the connection's end is seen on the decode's own time).
+  // A scrape of the decode once its peer series reach `count` events of kind `event` and the
+  // connection is gone from the scrape, or after 10 s (bounded: the connection's end is seen on
+  // the decode's own time, and the Scheduler drops it after the Connection counted it).
   auto scrape_when = [&](const char* event, double count) {
     std::string text;
     for (int i = 0; i < 200; ++i) {
       text = scrape(m.decode_port);
       if (series(text, "ferry_peer_events_total", {{"event", event}}).value_or(0) >= count &&
-          !series(text, "ferry_peer_heartbeat_age_seconds").has_value())
+          !series(text, "ferry_peer_heartbeat_age_seconds").has_value() &&
+          series(text, "ferry_connections", {{"kind", "peer"}}).value_or(1) == 0)
         break;
       std::this_thread::sleep_for(50ms);
     }
