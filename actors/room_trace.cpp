@@ -256,6 +256,7 @@ sender::effects replay(sender::room& m, const json& ev) {
     p.pp_rank = ev.at("pp_rank");
     p.expected_links = ev.at("expected_links");
     p.pages = ev.at("pages");
+    p.state_pages = ev.value("state_pages", 0u);  // (traces before version 8 have none)
     p.prefix_tokens = ev.at("prefix_tokens");
     p.token = ev.at("token");
     p.indices = result_of(ev.at("indices"));
@@ -264,7 +265,8 @@ sender::effects replay(sender::room& m, const json& ev) {
   if (e == "chunk")
     return m.chunk(proto::send{ev.at("room"), ev.at("pages").get<std::vector<uint32_t>>(),
                                ev.at("last"), ev.at("slot"), ev.at("row"), ev.at("layers").at(0),
-                               ev.at("layers").at(1)});
+                               ev.at("layers").at(1),
+                               ev.value("state_pages", std::vector<uint32_t>{})});
   if (e == "posted")
     return m.posted(ev.at("link"), ev.at("batch"), ev.at("writes"), ev.at("bytes"));
   if (e == "chunk_posted") return m.chunk_posted(ev.at("pending"));

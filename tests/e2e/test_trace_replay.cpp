@@ -2,8 +2,8 @@
 // (actors/room_trace.hpp), every Sender and Receiver records the events it fed its machine and
 // the effects it got back, and each trace replayed into a fresh machine (core/sender_room.hpp,
 // core/receiver_room.hpp) gives back the same effects, event for event. The rooms cover
-// success, a send before its prepare, a refused chunk, a cancel on each side, and a room sent
-// in layer ranges.
+// success, a send before its prepare, a refused chunk, a cancel on each side, a room sent
+// in layer ranges, and a paged state room (swa) with a refused state page count.
 
 #include <filesystem>
 #include <fstream>
@@ -165,4 +165,36 @@ TEST_CASE("room traces of an end-to-end run replay into the pure machines with t
   CHECK(senders.reports.count("Failed") == 1);
   CHECK(receivers.reports.count("Success") == 1);
   CHECK(receivers.reports.count("Failed") == 1);
+}
+
+TEST_CASE(
+    "a paged state room's trace replays too: its state page counts and the refusal of a "
+    "last chunk that names another count",
+    "[e2e][trace]") {
+  temp_dir dir;
+  shape s;
+  s.state_type = "swa";
+  s.slots = 16;  // pages of the swa pool
+  s.env = {{"FERRY_TRACE_DIR", dir.path.string()}};
+  {
+    pair c(s);
+    proto::prepare p{7, {c.prefill.control()}, range(100, 4), no_index, 1};
+    p.state_pages = {9, 2};
+    REQUIRE(c.d->prepare(p));
+    wait_status(*c.d, 7, room_status::waiting_for_input);  // the prefill room holds it
+    proto::send last{7, range(0, 4), true, no_index, 1};
+    last.state_pages = {3};  // one page where the decode named two: refused, the room goes on
+    REQUIRE(client::fill_state_and_aux(*c.p, 7, no_index, 1).message == "");
+    CHECK(c.p->send(last).code == errc::invalid_request);
+    last.state_pages = {3, 4};
+    REQUIRE(c.p->send(last));
+    REQUIRE(wait_done(*c.d, 7).status == room_status::success);
+    CHECK(c.prefill.stop() == 0);
+    CHECK(c.decode.stop() == 0);
+  }
+  replayed senders;
+  for (const auto& f : files_in(dir.path))
+    if (f.find("/sender-") != std::string::npos) replay_file(f, trace::sender_of, senders);
+  CHECK(senders.events >= 5);
+  CHECK(senders.reports.count("Success") == 1);
 }
