@@ -3,7 +3,7 @@
 ///
 /// - Scheduler (one per daemon): room registry, client requests, admission, peer connections,
 ///   routing of peer messages and arrived immediates to rooms. Peers reach it through the peer
-///   gate (actors/peer_gate.hpp), which hands their sockets to CAF's BASP broker `basp`.
+///   gate (actors/peer_gate.hpp), which gives it each inbound link's first message.
 /// - Connection (one per peer): handshake (identity, instance, layouts, compatibility hash,
 ///   fabric address, memory regions), relays room messages to/from the peer, monitors it.
 /// - Sender (one per room, prefill side): plans and posts the room's writes, announces the total.
@@ -17,18 +17,18 @@
 
 namespace ferry {
 
-caf::actor spawn_scheduler(caf::actor_system& sys, context_ptr ctx, caf::actor basp);
+caf::actor spawn_scheduler(caf::actor_system& sys, context_ptr ctx);
 
 /// Outbound connection to the peer daemon at `address` ("host:port"); reports to `scheduler`.
-/// It dials through the peer gate (ctx->peer_port) and gives the socket to `basp`.
+/// It dials through the peer gate (ctx->peer_port) and speaks on the link it gets.
 /// With `known_down` it fails at once with that reason (a peer declared unresponsive moments
 /// ago is not contacted again until timeouts.heartbeat_ms x heartbeat_misses has passed).
 caf::actor spawn_outbound_connection(caf::event_based_actor* parent, context_ptr ctx,
-                                     caf::actor basp, std::string address, caf::actor scheduler,
+                                     std::string address, caf::actor scheduler,
                                      std::string known_down = {});
-/// Inbound connection answering the handshake `hello` a peer sent to our Scheduler.
+/// Inbound connection answering the handshake `hello` a peer sent first on `link`.
 caf::actor spawn_inbound_connection(caf::event_based_actor* parent, context_ptr ctx,
-                                    peer_hello hello, caf::actor scheduler);
+                                    peer_link_ptr link, peer_hello hello, caf::actor scheduler);
 
 /// Prefill-side room, created by the first client send or the first decode prepare; it waits
 /// for the prepares of every decode rank it feeds (max(1, Pd/Ps)).

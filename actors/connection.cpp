@@ -4,16 +4,16 @@
 // core/peer_handshake.hpp; this actor turns messages into its events and carries out its effects.
 //
 // Outbound (decode side, created for a prepare naming a prefill address): dial the peer through
-// the peer gate, which runs Ferry's preamble (core/peer_preamble.hpp) without blocking a worker,
-// hand the socket to CAF's BASP broker as a client connection, and send our `peer_hello` to the
-// Scheduler the peer's gate published on it; the peer spawns an inbound Connection that validates
-// it and answers with its own `peer_hello` (or `peer_refused`). Both sides then check version,
-// roles, compatibility of the layouts and the memory regions, insert the fabric address, and
-// monitor each other.
+// the peer gate, which runs Ferry's preamble (core/peer_preamble.hpp) without blocking a worker
+// and gives back a link of Ferry's peer channel (actors/peer_link.hpp), and send our
+// `peer_hello` on it; the peer's Scheduler gets it as the link's first message and spawns an
+// inbound Connection that validates it and answers with its own `peer_hello` (or
+// `peer_refused`). Both sides then check version, roles, compatibility of the layouts and the
+// memory regions, and insert the fabric address. The link's end is the peer's end.
 //
-// Once ready, room messages from local rooms (`peer_outbound`) go to the remote Connection, and
-// room messages from the remote go to the local Scheduler for routing. Messages from rooms that
-// arrive before the handshake completes are queued.
+// Once ready, room messages from local rooms (`peer_outbound`) go out on the link, and room
+// messages from the peer go to the local Scheduler for routing. Messages from rooms that arrive
+// before the handshake completes are queued.
 //
 // Authentication: with a cluster secret (security.cluster_secret_file) the hellos carry nonces,
 // the accepting side's hello carries its proof, and the connecting side answers `peer_auth`
@@ -37,11 +37,10 @@
 //
 // Liveness: both sides send a heartbeat every timeouts.heartbeat_ms; a peer from which nothing
 // arrived for heartbeat_ms x heartbeat_misses is declared dead (a SIGSTOPped or partitioned
-// peer, whose TCP connection CAF still believes open).
+// peer, whose TCP connection still looks open). A peer process that dies closes its socket,
+// which ends the link at once.
 
 #include <fmt/format.h>
-
-#include <caf/io/all.hpp>
 
 #include "actors/actors.hpp"
 #include "actors/connection_state.hpp"
@@ -64,8 +63,18 @@ void heard(connection_state& st) {
   if (st.health) st.health->last_heard_ms = st.last_heard;
 }
 
-bool from(connection_actor* self, const caf::actor& a) {
-  return a && self->current_sender() == caf::actor_cast<caf::strong_actor_ptr>(a);
+void send(connection_state& st, const peer_wire::message& m) {
+  if (st.link) st.link->send(m);
+}
+
+/// Make this actor the link's owner: each inbound message is posted to it as its own type, and
+/// the link's end as `link_closed`.
+void bind_link(const caf::actor& me, const peer_link_ptr& link) {
+  link->bind(
+      [me](peer_wire::message&& m) {
+        std::visit([&](auto& x) { caf::anon_send(me, std::move(x)); }, m);
+      },
+      [me](const std::string& why) { caf::anon_send(me, link_closed{why}); });
 }
 
 /// Ask for the registrations this peer is described: a daemon that receives writes registers
@@ -130,8 +139,8 @@ void fence_peer(connection_state& st, std::function<void()> done) {
   st.fence.clear();
 }
 
-peer_hello make_hello(const connection_state& st, caf::actor self) {
-  return describe_self(*st.ctx, st.regions, st.staging, st.nonce, std::move(self));
+peer_hello make_hello(const connection_state& st) {
+  return describe_self(*st.ctx, st.regions, st.staging, st.nonce);
 }
 
 /// Connecting side: the peer's answer, checked (its proof of the cluster secret, then
@@ -194,7 +203,7 @@ void tick(connection_actor* self) {
                                              "{})",
                                              step.silent_ms, t.heartbeat_ms, t.heartbeat_misses),
                                  true));
-  if (step.send) self->send(st.remote, heartbeat_atom::value);
+  if (step.send) send(st, peer_heartbeat{});
   // After a stalled tick the next one judges however late it runs (due unknown): a daemon that
   // is always late still declares a silent peer dead, one period later at most.
   st.tick_due = step.own_stall ? 0 : now + step.wake_in_ms;
@@ -205,42 +214,23 @@ void tick(connection_actor* self) {
 /// address was checked to be host:port by outbound_behavior.
 void dial(connection_actor* self) {
   auto& st = self->state;
-  // Runs on the gate thread (or here, when the dial fails at once): only wrap and post.
+  // Runs on the gate thread (or here, when the dial fails at once): bind, wrap and post. The
+  // peer says nothing before our hello, so nothing arrives before `peer_dialed` does.
   auto me = caf::actor_cast<caf::actor>(self);
-  auto* mm = &self->system().middleman();
-  st.ctx->peer_port->dial(
-      st.host, st.port, [me, mm](int fd, const std::string&, const std::string& error, bool reset) {
-        peer_dialed d;
-        if (fd >= 0) d.scribe = mm->backend().new_scribe(fd);
-        d.error = error;
-        d.reset = reset;
-        caf::anon_send(me, std::move(d));
-      });
+  st.ctx->peer_port->dial(st.host, st.port,
+                          [me](const peer_link_ptr& link, const std::string& error, bool reset) {
+                            if (link) bind_link(me, link);
+                            caf::anon_send(me, peer_dialed{link, error, reset});
+                          });
 }
 
-/// Outbound: BASP as the client on the connected socket; the reply is the one the middleman's
-/// own connect gives: the peer's node and the actor its gate published (its Scheduler).
-void join(connection_actor* self) {
-  auto& st = self->state;
-  self->request(st.basp, std::chrono::milliseconds(st.ctx->config.timeouts.handshake_ms),
-                caf::connect_atom::value, std::move(st.scribe), st.port)
-      .then(
-          [=](caf::node_id&, caf::strong_actor_ptr& ptr, std::set<std::string>&) {
-            self->state.peer_scheduler = caf::actor_cast<caf::actor>(ptr);
-            apply(self, self->state.machine.joined(ptr != nullptr, {}));
-          },
-          [=](caf::error& err) {
-            apply(self, self->state.machine.joined(false, self->system().render(err)));
-          });
-}
-
-/// Our hello: to the Scheduler the peer published (connecting), or as the answer to the peer's
-/// (accepting; with a cluster secret, with our nonce and our proof over both).
+/// Our hello: the link's first message (connecting), or the answer to the peer's (accepting;
+/// with a cluster secret, with our nonce and our proof over both).
 void send_hello(connection_actor* self) {
   auto& st = self->state;
-  auto h = make_hello(st, caf::actor_cast<caf::actor>(self));
+  auto h = make_hello(st);
   if (st.machine.which() == hs::side::connecting) {
-    self->send(st.peer_scheduler, std::move(h));
+    send(st, std::move(h));
     return;
   }
   const auto& secrets = st.ctx->secrets;
@@ -250,7 +240,7 @@ void send_hello(connection_actor* self) {
     h.proof = auth_proof(secrets.proving(), "ferry-accept", st.hello.nonce, st.nonce,
                          identity(st.ctx->config.node_name, st.ctx->instance));
   }
-  self->send(st.hello.connection, std::move(h));
+  send(st, std::move(h));
 }
 
 /// The peer as the metrics name it: its node, the same on both sides and across its restarts
@@ -262,8 +252,7 @@ const std::string& metrics_peer(const connection_state& st) {
 void become_ready(connection_actor* self) {
   auto& st = self->state;
   st.info = std::move(st.candidate);
-  st.remote = st.hello.connection;
-  self->monitor(st.remote);
+  st.ready_link = true;
   st.health = st.ctx->metrics->peer_ready(metrics_peer(st));
   heard(st);
   st.next_beat = st.last_heard;  // the first tick sends one
@@ -283,7 +272,7 @@ void become_ready(connection_actor* self) {
   for (auto& rp : st.waiting) rp.deliver(peer_lookup{st.info, {}});
   st.waiting.clear();
   self->send(st.scheduler, peer_ready{st.address, st.info, {}, st.fence});
-  for (auto& m : st.queued) self->send(st.remote, std::move(m));
+  for (const auto& m : st.queued) send(st, m);
   st.queued.clear();
   rails_when_ready(self);
 }
@@ -306,16 +295,16 @@ void apply(connection_actor* self, hs::effects fx) {
                                    hs::max_dials, x.error);
             self->delayed_send(self, std::chrono::milliseconds(x.ms), redial_atom::value);
           } else if constexpr (std::is_same_v<E, hs::join>) {
-            join(self);
+            // The preamble already joined the channel: nothing more to set up.
+            apply(self, st.machine.joined(true, {}));
           } else if constexpr (std::is_same_v<E, hs::send_hello>) {
             send_hello(self);
           } else if constexpr (std::is_same_v<E, hs::send_proof>) {
-            self->send(st.hello.connection,
-                       peer_auth{auth_proof(st.ctx->secrets.proving(), "ferry-connect",
-                                            st.hello.nonce, st.nonce,
-                                            identity(st.ctx->config.node_name, st.ctx->instance))});
+            send(st, peer_auth{auth_proof(st.ctx->secrets.proving(), "ferry-connect",
+                                          st.hello.nonce, st.nonce,
+                                          identity(st.ctx->config.node_name, st.ctx->instance))});
           } else if constexpr (std::is_same_v<E, hs::send_refusal>) {
-            if (st.hello.connection) self->send(st.hello.connection, peer_refused{x.reason});
+            send(st, peer_refused{x.reason});
           } else if constexpr (std::is_same_v<E, hs::report_resources>) {
             // For the Scheduler's fallback fence, should this actor end abnormally.
             self->send(st.scheduler, peer_resources{st.fence, st.handle});
@@ -351,6 +340,7 @@ void apply(connection_actor* self, hs::effects fx) {
             self->send(st.scheduler, peer_down{st.address, me, m.reason(), x.was_ready, true,
                                                x.unresponsive, x.cut, m.code()});
           } else if constexpr (std::is_same_v<E, hs::quit>) {
+            if (st.link) st.link->close(st.machine.reason());
             self->quit();
           }
         },
@@ -360,21 +350,14 @@ void apply(connection_actor* self, hs::effects fx) {
 
 /// Behaviour shared by both directions once constructed.
 caf::behavior relay(connection_actor* self) {
-  self->set_down_handler([=](caf::down_msg& dm) {
-    auto& st = self->state;
-    if (dm.source == st.remote)
-      apply(self, st.machine.lost("peer went down: " + self->system().render(dm.reason)));
-  });
   auto inbound = [=](caf::message m) {
     auto& st = self->state;
     if (st.machine.closed()) return;
     if (!st.machine.ready()) {
       // Only a peer that skipped the handshake or authentication sends room messages now.
-      if (st.machine.at() == hs::phase::awaiting_auth && from(self, st.hello.connection))
-        apply(self, st.machine.lost("peer sent a room message before it authenticated"));
+      apply(self, st.machine.lost("peer sent a room message before it authenticated"));
       return;
     }
-    if (!from(self, st.remote)) return;
     heard(st);
     self->send(st.scheduler,
                peer_inbound{st.info, caf::actor_cast<caf::actor>(self), std::move(m)});
@@ -395,9 +378,9 @@ caf::behavior relay(connection_actor* self) {
       },
       [=](peer_outbound& o) {
         auto& st = self->state;
-        if (st.remote)
-          self->send(st.remote, std::move(o.msg));
-        else
+        if (st.ready_link)
+          send(st, o.msg);
+        else if (!st.machine.closed())
           st.queued.push_back(std::move(o.msg));
       },
       [=](peer_prepare& m) { inbound(caf::make_message(std::move(m))); },
@@ -406,28 +389,46 @@ caf::behavior relay(connection_actor* self) {
       [=](peer_announce& m) { inbound(caf::make_message(std::move(m))); },
       [=](peer_outcome& m) { inbound(caf::make_message(std::move(m))); },
       [=](peer_drained& m) { inbound(caf::make_message(std::move(m))); },
-      [=](heartbeat_atom) {
+      [=](peer_heartbeat) {
         auto& st = self->state;
-        if (st.machine.ready() && from(self, st.remote)) heard(st);
+        if (st.machine.ready()) heard(st);
+      },
+      [=](link_closed& c) {
+        apply(self, self->state.machine.lost("peer connection ended: " + c.reason));
       },
       [=](tick_atom) { tick(self); },
       [=](leaving_atom) {
         auto& st = self->state;
         auto told = [self] { self->send(self->state.scheduler, goodbye_atom::value); };
         if (!st.machine.ready() || st.info->version < peer_leaving_version) return told();
-        // A request: its answer (CAF's empty response, once the peer handled it) says the peer
-        // has the goodbye, so the drain does not end before it, and a stop is no loss to it.
-        self->request(
-                st.remote, std::chrono::milliseconds(st.ctx->config.timeouts.heartbeat_ms),
-                peer_leaving{"it began a stop; it finishes the rooms it accepted, then exits"})
-            .then([told] { told(); }, [told](caf::error&) { told(); });
+        // Answered (peer_leaving_ack) once the peer handled it: the peer has the goodbye, so the
+        // drain does not end before it, and a stop is no loss to it. Bounded by a heartbeat.
+        send(st, peer_leaving{"it began a stop; it finishes the rooms it accepted, then exits"});
+        if (st.info->version < peer_leaving_ack_version) return told();
+        st.goodbye_pending = true;
+        self->delayed_send(self, std::chrono::milliseconds(st.ctx->config.timeouts.heartbeat_ms),
+                           goodbye_atom::value);
+      },
+      [=](goodbye_atom) {  // the peer's answer did not come within a heartbeat
+        auto& st = self->state;
+        if (!st.goodbye_pending) return;
+        st.goodbye_pending = false;
+        self->send(st.scheduler, goodbye_atom::value);
+      },
+      [=](peer_leaving_ack) {
+        auto& st = self->state;
+        if (!st.goodbye_pending) return;
+        heard(st);
+        st.goodbye_pending = false;
+        self->send(st.scheduler, goodbye_atom::value);
       },
       [=](peer_rails& m) { on_peer_rails(self, m); },
       [=](rails_added& m) { on_rails_added(self, m); },
       [=](peer_leaving& m) {
         auto& st = self->state;
-        if (!st.machine.ready() || !from(self, st.remote)) return;
+        if (!st.machine.ready()) return;
         heard(st);
+        if (st.info->version >= peer_leaving_ack_version) send(st, peer_leaving_ack{});
         st.leaving = m.reason;
         // Before the log line: whoever reads the line and then asks for the peers finds it so.
         self->send(st.scheduler, leaving_atom::value, st.address);  // peers info: draining
@@ -451,7 +452,7 @@ caf::behavior relay(connection_actor* self) {
         // Only the connecting side awaits an answer, and only one.
         if (st.machine.which() != hs::side::connecting ||
             st.machine.at() != hs::phase::awaiting_hello)
-          return;
+          return apply(self, st.machine.lost("peer sent a second hello"));
         st.hello = std::move(h);
         apply(self, st.machine.hello(check_answer(st)));
       },
@@ -482,7 +483,8 @@ caf::behavior relay(connection_actor* self) {
       },
       [=](peer_auth& a) {
         auto& st = self->state;
-        if (st.machine.at() != hs::phase::awaiting_auth || !from(self, st.hello.connection)) return;
+        if (st.machine.at() != hs::phase::awaiting_auth)
+          return apply(self, st.machine.lost("peer sent a proof it was not asked for"));
         st.proved_with =
             matching_secret(st.ctx->secrets, a.proof, "ferry-connect", st.nonce, st.hello.nonce,
                             identity(st.candidate->node, st.candidate->instance));
@@ -491,22 +493,21 @@ caf::behavior relay(connection_actor* self) {
       [=](peer_refused& r) { apply(self, self->state.machine.refused(r.reason)); },
       [=](peer_dialed& d) {
         auto& st = self->state;
-        const auto o = d.scribe  ? hs::dial_outcome::connected
+        const auto o = d.link    ? hs::dial_outcome::connected
                        : d.reset ? hs::dial_outcome::reset
                                  : hs::dial_outcome::failed;
-        st.scribe = std::move(d.scribe);
+        if (d.link && st.machine.closed()) return d.link->close("the connection ended");
+        st.link = std::move(d.link);
         apply(self, st.machine.dialed(o, d.error));
-        st.scribe = nullptr;  // not taken: the socket closes
       },
       [=](deadline_msg& d) { apply(self, self->state.machine.deadline(d.ms)); },
   };
 }
 
-caf::behavior outbound_behavior(connection_actor* self, context_ptr ctx, caf::actor basp,
-                                std::string address, caf::actor scheduler, std::string known_down) {
+caf::behavior outbound_behavior(connection_actor* self, context_ptr ctx, std::string address,
+                                caf::actor scheduler, std::string known_down) {
   auto& st = self->state;
   st.ctx = std::move(ctx);
-  st.basp = std::move(basp);
   st.address = address;
   st.scheduler = std::move(scheduler);
   st.machine = hs::machine(hs::side::connecting, address, !st.ctx->secrets.empty());
@@ -532,10 +533,12 @@ caf::behavior outbound_behavior(connection_actor* self, context_ptr ctx, caf::ac
   return relay(self);
 }
 
-caf::behavior inbound_behavior(connection_actor* self, context_ptr ctx, peer_hello hello,
-                               caf::actor scheduler) {
+caf::behavior inbound_behavior(connection_actor* self, context_ptr ctx, peer_link_ptr link,
+                               peer_hello hello, caf::actor scheduler) {
   auto& st = self->state;
   st.ctx = std::move(ctx);
+  st.link = std::move(link);
+  bind_link(caf::actor_cast<caf::actor>(self), st.link);
   st.scheduler = std::move(scheduler);
   st.address = identity(hello.node, hello.instance);
   st.machine = hs::machine(hs::side::accepting, st.address, !st.ctx->secrets.empty());
@@ -550,17 +553,16 @@ caf::behavior inbound_behavior(connection_actor* self, context_ptr ctx, peer_hel
 }  // namespace conn
 
 caf::actor spawn_outbound_connection(caf::event_based_actor* parent, context_ptr ctx,
-                                     caf::actor basp, std::string address, caf::actor scheduler,
+                                     std::string address, caf::actor scheduler,
                                      std::string known_down) {
-  return parent->spawn<caf::monitored>(conn::outbound_behavior, std::move(ctx), std::move(basp),
-                                       std::move(address), std::move(scheduler),
-                                       std::move(known_down));
+  return parent->spawn<caf::monitored>(conn::outbound_behavior, std::move(ctx), std::move(address),
+                                       std::move(scheduler), std::move(known_down));
 }
 
 caf::actor spawn_inbound_connection(caf::event_based_actor* parent, context_ptr ctx,
-                                    peer_hello hello, caf::actor scheduler) {
-  return parent->spawn<caf::monitored>(conn::inbound_behavior, std::move(ctx), std::move(hello),
-                                       std::move(scheduler));
+                                    peer_link_ptr link, peer_hello hello, caf::actor scheduler) {
+  return parent->spawn<caf::monitored>(conn::inbound_behavior, std::move(ctx), std::move(link),
+                                       std::move(hello), std::move(scheduler));
 }
 
 }  // namespace ferry

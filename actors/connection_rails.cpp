@@ -29,7 +29,7 @@ void rails_when_ready(connection_actor* self) {
   auto& st = self->state;
   if (st.info->version < peer_rails_version) return;  // an older peer could not read a list
   if (st.machine.which() == hs::side::accepting) {
-    self->send(st.remote, describe_rails(*st.ctx->engine));
+    send(st, describe_rails(*st.ctx->engine));
   } else if (st.early_rails) {
     auto m = std::move(*st.early_rails);
     st.early_rails.reset();
@@ -42,11 +42,9 @@ void on_peer_rails(connection_actor* self, peer_rails& m) {
   if (st.machine.closed()) return;
   if (!st.machine.ready()) {
     // The prefill sends its rails right behind its hello, before our insertion answered.
-    if (st.machine.which() == hs::side::connecting && from(self, st.hello.connection))
-      st.early_rails = std::move(m);
+    if (st.machine.which() == hs::side::connecting) st.early_rails = std::move(m);
     return;
   }
-  if (!from(self, st.remote)) return;
   heard(st);
   take_rails(self, m);
 }
@@ -61,7 +59,7 @@ void on_rails_added(connection_actor* self, rails_added& m) {
     // Only the endpoints we can cut: after a failure, rail 0 alone.
     auto ours = describe_rails(*st.ctx->engine);
     if (!m.outcome) ours.rails.resize(1);
-    self->send(st.remote, std::move(ours));
+    send(st, ours);
   }
   const auto used = st.ctx->engine->peer_rails(*st.handle);
   st.ctx->log_peer->info("peer={} fabric endpoints: {} of ours in use with it", st.address,

@@ -4,7 +4,6 @@
 // those two files.
 
 #include <caf/all.hpp>
-#include <caf/io/all.hpp>
 #include <optional>
 
 #include "actors/context.hpp"
@@ -16,10 +15,9 @@ namespace ferry::conn {
 
 namespace hs = handshake;
 
-/// Peer gate -> Connection: the dialed socket, through the preamble, or why not. A scribe that
-/// is never used (the actor is gone or done) closes its socket when the message is dropped.
+/// Peer gate -> Connection: the dialed link, through the preamble, or why not.
 struct peer_dialed {
-  caf::io::scribe_ptr scribe;
+  peer_link_ptr link;
   std::string error;
   bool reset = false;  // reset in the middle of the preamble: perhaps evicted by a flood
 };
@@ -57,20 +55,25 @@ namespace ferry::conn {
 
 struct connection_state {
   static inline const char* name = "ferry.connection";
+  connection_state() = default;
+  connection_state(const connection_state&) = delete;
+  connection_state& operator=(const connection_state&) = delete;
+  /// However the actor ends, its link ends with it, so the peer sees the connection close.
+  ~connection_state() {
+    if (link) link->close("the connection ended");
+  }
   hs::machine machine{hs::side::connecting, {}, false};
   context_ptr ctx;
   caf::actor scheduler;
   std::string address;
-  caf::actor basp;   // outbound: CAF's BASP broker, given the dialed socket
   std::string host;  // outbound: the peer's control address, split once
   uint16_t port = 0;
-  caf::io::scribe_ptr scribe;            // outbound: the dialed socket, until BASP takes it
-  caf::actor peer_scheduler;             // outbound: what the peer's gate published
-  peer_hello hello;                      // the peer's (its Connection, its nonce)
+  peer_link_ptr link;                    // the channel to the peer, once dialed or admitted
+  peer_hello hello;                      // the peer's (its nonce)
   std::shared_ptr<peer_info> candidate;  // its hello passed; becomes `info` when ready
   peer_info_ptr info;
-  caf::actor remote;  // the peer's Connection, once ready
-  std::vector<caf::message> queued;
+  bool ready_link = false;  // handshake done: room messages go out on `link`
+  std::vector<peer_wire::message> queued;
   std::vector<caf::response_promise> waiting;    // info requests before the handshake finished
   bytes nonce;                                   // ours, when a cluster secret is configured
   int proved_with = -1;                          // which of the accepted secrets the peer proved
@@ -84,6 +87,7 @@ struct connection_state {
   std::shared_ptr<peer_health> health;    // while ready: the metrics' view of last_heard
   std::string leaving;                    // the peer said it is stopping (peer_leaving): why
   bool fence_asked = false;               // a room asked for the fence (its writes failed)
+  bool goodbye_pending = false;           // our peer_leaving awaits its peer_leaving_ack
   std::optional<peer_rails> early_rails;  // connecting: the peer's rails, sent before our ready
 };
 
@@ -93,8 +97,8 @@ using connection_actor = caf::stateful_actor<connection_state>;
 int64_t now_ms();
 /// Something arrived from the ready peer.
 void heard(connection_state& st);
-/// Whether the message being handled comes from `a`.
-bool from(connection_actor* self, const caf::actor& a);
+/// Send on the link (dropped once it is over: the connection's end is reported by then).
+void send(connection_state& st, const peer_wire::message& m);
 /// Carry out the handshake machine's effects, in order.
 void apply(connection_actor* self, hs::effects fx);
 

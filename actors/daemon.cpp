@@ -10,8 +10,6 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
-#include <caf/io/all.hpp>
-#include <caf/io/basp_broker.hpp>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -42,8 +40,6 @@ namespace {
 class daemon_system_config : public caf::actor_system_config {
  public:
   explicit daemon_system_config(uint32_t workers) {
-    load<caf::io::middleman>();
-    add_ferry_message_types(*this);
     // No actor waits on the fabric or the network, so one worker per core suffices.
     // Work stealing, because a message one actor sends another from a worker stays in that
     // worker's own queue: a room's chain (Scheduler -> Receiver -> Connection -> ...) runs on
@@ -52,7 +48,7 @@ class daemon_system_config : public caf::actor_system_config {
     // hop, half of a small room's CPU (docs/performance.md section 13). Its polling is cut to
     // a short spin: no moderate phase (500 sleeps of 50 µs, a wake-up every 50 µs while
     // idle), so an idle worker blocks on its condition variable at once and a message from a
-    // thread outside the pool (client gateway, progress thread, multiplexer) wakes it, as fast
+    // thread outside the pool (client gateway, progress thread, peer gate) wakes it, as fast
     // as sharing's. A blocked worker steals every relaxed-sleep-duration.
     set("scheduler.max-threads", static_cast<size_t>(workers));
     set("scheduler.policy", caf::atom("stealing"));
@@ -62,15 +58,8 @@ class daemon_system_config : public caf::actor_system_config {
     set("work-stealing.relaxed-steal-interval", size_t{1});
     set("work-stealing.relaxed-sleep-duration", caf::timespan{std::chrono::milliseconds(10)});
     set("logger.verbosity", caf::atom("quiet"));
-    // CAF's middleman actor runs on the worker pool, not on a thread of its own: on its own
-    // thread, a stop that came while it was setting up a peer connection hung in the actor
-    // system's teardown (tests/e2e "a daemon stopped while it connects to a peer exits
-    // cleanly"). Peer connections no longer go through it (the peer gate dials them), but
-    // nothing is gained by giving it a thread back.
-    set("middleman.attach-utility-actors", true);
-    // CAF must never listen: with automatic connections on, the BASP broker would open a port
-    // of its own on every interface and parse unauthenticated bytes (actors/peer_gate.hpp).
-    set("middleman.enable-automatic-connections", false);
+    // No middleman: daemons talk on Ferry's own peer channel (actors/peer_gate.hpp), so CAF
+    // opens no socket and parses no byte from the network.
   }
 };
 
@@ -450,12 +439,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
     log->info("actor workers: {}{}", workers, cfg.runtime.workers ? "" : " (one per core)");
     daemon_system_config sys_cfg(workers);
     caf::actor_system sys{sys_cfg};
-    // CAF never listens: the peer gate owns the peer port and gives CAF only sockets that
-    // completed Ferry's preamble (actors/peer_gate.hpp). The BASP broker is looked up once,
-    // here: middleman::stop() writes the table this reads.
-    auto& mm = sys.middleman();
-    auto basp = mm.named_broker<caf::io::basp_broker>(caf::atom("BASP"));
-    auto scheduler = spawn_scheduler(sys, ctx, basp);
+    auto scheduler = spawn_scheduler(sys, ctx);
     const auto colon = cfg.control_listen.rfind(':');
     auto host = cfg.control_listen.substr(0, colon);
     auto port = static_cast<uint16_t>(std::stoi(cfg.control_listen.substr(colon + 1)));
@@ -464,13 +448,20 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
         peer_gate::limits{cfg.limits.max_pending_peers, cfg.limits.max_pending_peers_per_source, 32,
                           cfg.limits.peer_preamble_ms},
         ctx->log_peer);
-    auto whom = caf::actor_cast<caf::strong_actor_ptr>(scheduler);
-    // Runs on the gate thread: the socket becomes a BASP server connection, as if CAF had
-    // accepted it, with the Scheduler as the actor published at this port.
-    auto err =
-        ctx->peer_port->listen(host, port, [&mm, basp, whom, port](int fd, const std::string&) {
-          caf::anon_send(basp, caf::publish_atom::value, mm.backend().new_scribe(fd), port, whom,
-                         std::set<std::string>{});
+    // Runs on the gate thread: the link's first message goes to the Scheduler, which spawns its
+    // Connection; the link reads nothing more until that Connection binds it.
+    auto err = ctx->peer_port->listen(
+        host, port, [scheduler, log = ctx->log_peer](const peer_link_ptr& link) {
+          std::weak_ptr<peer_link> weak = link;
+          link->bind(
+              [scheduler, weak](peer_wire::message&& m) {
+                if (auto l = weak.lock())
+                  caf::anon_send(scheduler, peer_link_first{l, std::move(m)});
+              },
+              [log, source = link->source(), node = link->peer_node()](const std::string& why) {
+                log->warn("peer port: {} ({}) ended before its hello: {}", source, node, why);
+              },
+              true);
         });
     if (!err.empty())
       err = fmt::format("cannot listen for peers on {}: {}", cfg.control_listen, err);

@@ -2,9 +2,9 @@
 /// Every message exchanged by Ferry's actors, in one place.
 ///
 /// Two boundaries:
-/// - between daemons (CAF's BASP, serialized, on sockets the peer gate authenticated):
-///   `peer_*` types, exchanged only between the two Connection actors of a peer pair. They carry
-///   scalars and lists of page indices; the state slot is always one scalar per side.
+/// - between daemons: the `peer_*` types of core/peer_messages.hpp, on Ferry's peer channel
+///   (core/peer_wire.hpp, actors/peer_link.hpp), exchanged only between the two Connection
+///   actors of a peer pair; here they travel as local messages once received.
 /// - inside a daemon (local only, never serialized): client requests from the gateway thread,
 ///   fabric completions from the progress thread, and room bookkeeping.
 ///
@@ -18,9 +18,12 @@
 #include <vector>
 
 #include "actors/metrics.hpp"
+#include "actors/peer_link.hpp"
 #include "core/config.hpp"
 #include "core/geometry.hpp"
 #include "core/layout.hpp"
+#include "core/peer_messages.hpp"
+#include "core/peer_wire.hpp"
 #include "core/plan.hpp"
 #include "core/protocol.hpp"
 #include "core/registration.hpp"
@@ -28,224 +31,6 @@
 #include "transport/engine.hpp"
 
 namespace ferry {
-
-/// Versions of the daemon-to-daemon handshake; the highest is bumped on any change of the peer_*
-/// types or of what goes over the fabric, and a hello carries the range its daemon speaks.
-/// 4: on tcp each write is a plain write plus a 0-byte write carrying its immediate, so the
-/// decode's fence may cut a connection mid-write (a version-3 prefill sends writes with payload
-/// and immediate in one, and cutting one of those mid-write crashes libfabric 1.17's ofi_rxm at
-/// the decode, so version 3 peers are refused). 5: room failures carry an error code
-/// (`peer_prepare_ack`, `peer_outcome`), and the hello carries the range (`min_version`); the
-/// layouts of version 4 differ, so its peers are refused too. 6: a daemon that begins a stop
-/// tells its peers (`peer_leaving`), so new rooms naming it fail at once with `draining`; a
-/// version-5 peer is not told, and its new prepares are refused by the draining daemon instead.
-/// 7: a daemon may have several fabric endpoints (rails); once ready, the two Connections
-/// exchange them (`peer_rails`) and the prefill stripes its writes across the rails both have.
-/// A peer of version 5 or 6 is sent none, and the pair uses one endpoint each (the hello's).
-/// 8: a state pool may be indexed by pages (swa, dsa, minimax_index_k); such a pool's prepares
-/// go as `peer_prepare_paged`. A daemon with a paged state pool refuses peers below version 8.
-inline constexpr uint32_t peer_protocol_version = 8;
-inline constexpr uint32_t peer_paged_state_version = 8;
-inline constexpr uint32_t peer_protocol_min_version = 5;
-
-/// "No staging" in peer_prepare::dst_staging.
-inline constexpr uint64_t no_staging = ~uint64_t{0};
-
-// ---------------------------------------------------------------------------------------------
-// Between daemons
-// ---------------------------------------------------------------------------------------------
-
-/// A registered pool as the peer must address it.
-struct peer_region {
-  bool present = false;
-  uint64_t remote_base = 0;
-  uint64_t key = 0;
-  uint64_t length = 0;
-};
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, peer_region& x) {
-  return f(caf::meta::type_name("peer_region"), x.present, x.remote_base, x.key, x.length);
-}
-
-/// Handshake, sent by the connecting side's Connection to the peer daemon's Scheduler, and
-/// answered by the accepting side's Connection with its own `peer_hello`.
-struct peer_hello {
-  uint32_t version = peer_protocol_version;
-  std::string node;
-  std::string instance;
-  std::string role;
-  uint32_t tp_size = 1;
-  uint32_t tp_rank = 0;
-  uint32_t pp_size = 1;
-  uint32_t pp_rank = 0;
-  std::string config_yaml;   ///< the sender's effective config; pools give the layout
-  uint64_t compat_hash = 0;  ///< compatibility_hash(pools)
-  std::vector<uint8_t> fabric_address;
-  std::vector<peer_region> regions;  ///< indexed by pool_kind
-  peer_region staging;               ///< bounce region for head-sliced KV (may be absent)
-  caf::actor connection;             ///< the sender's Connection actor
-  /// Challenge-response with the cluster secret (security.cluster_secret): each side sends a
-  /// fresh nonce; the accepting side's hello carries its proof over both nonces, and the
-  /// connecting side answers with `peer_auth`. Both empty when no secret is configured.
-  std::vector<uint8_t> nonce;
-  std::vector<uint8_t> proof;
-  uint32_t min_version = peer_protocol_min_version;  ///< lowest version the sender speaks
-};
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, peer_hello& x) {
-  return f(caf::meta::type_name("peer_hello"), x.version, x.node, x.instance, x.role, x.tp_size,
-           x.tp_rank, x.pp_size, x.pp_rank, x.config_yaml, x.compat_hash, x.fabric_address,
-           x.regions, x.staging, x.connection, x.nonce, x.proof, x.min_version);
-}
-
-/// Connecting side -> accepting side, after it verified the accepting side's proof: its own
-/// proof of the cluster secret. The accepting side takes no room message before it.
-struct peer_auth {
-  std::vector<uint8_t> proof;
-};
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, peer_auth& x) {
-  return f(caf::meta::type_name("peer_auth"), x.proof);
-}
-
-/// The accepting side refused the handshake (version, compatibility, role).
-struct peer_refused {
-  std::string reason;
-};
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, peer_refused& x) {
-  return f(caf::meta::type_name("peer_refused"), x.reason);
-}
-
-/// Decode -> prefill: where room `room` must land. Exactly one destination slot and aux row.
-struct peer_prepare {
-  uint64_t room = 0;
-  uint64_t token = 0;  ///< immediate data every write of this room must carry
-  std::vector<uint32_t> dst_pages;
-  uint32_t dst_state_slot = no_index;
-  uint32_t dst_aux_row = no_index;
-  /// Offset in the decode's staging region reserved for this room's head-sliced KV from this
-  /// prefill rank (link kv_mode::unpack), or no_staging: write each token's slice directly.
-  uint64_t dst_staging = no_staging;
-  uint32_t prefix_tokens = 0;  ///< the decode engine's prepare.prefix_tokens (decode_prefix_len)
-};
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, peer_prepare& x) {
-  return f(caf::meta::type_name("peer_prepare"), x.room, x.token, x.dst_pages, x.dst_state_slot,
-           x.dst_aux_row, x.dst_staging, x.prefix_tokens);
-}
-
-/// Decode -> prefill (version 8): a prepare whose state pool is indexed by pages (swa, dsa,
-/// minimax_index_k) names those pages too, in the order the engine gave them.
-struct peer_prepare_paged {
-  peer_prepare prepare;
-  std::vector<uint32_t> dst_state_pages;
-};
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, peer_prepare_paged& x) {
-  return f(caf::meta::type_name("peer_prepare_paged"), x.prepare, x.dst_state_pages);
-}
-
-// Every room message after the prepare carries the prepare's `token`: the epoch of that room
-// incarnation. A room id may be reused once its room is terminal; a late message (or write) of
-// an earlier incarnation carries an older token and is ignored.
-
-/// Prefill -> decode: the prepare was accepted (ok) or refused with a reason.
-struct peer_prepare_ack {
-  uint64_t room = 0;
-  uint64_t token = 0;
-  bool ok = true;
-  std::string reason;
-  uint16_t code = 0;  ///< errc of the refusal
-};
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, peer_prepare_ack& x) {
-  return f(caf::meta::type_name("peer_prepare_ack"), x.room, x.token, x.ok, x.reason, x.code);
-}
-
-/// Prefill -> decode: every write of the room has been posted; `total_writes` will land.
-struct peer_announce {
-  uint64_t room = 0;
-  uint64_t token = 0;
-  uint64_t total_writes = 0;
-  uint64_t total_bytes = 0;
-};
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, peer_announce& x) {
-  return f(caf::meta::type_name("peer_announce"), x.room, x.token, x.total_writes, x.total_bytes);
-}
-
-/// Decode -> prefill: the room committed (every write landed) or failed with a reason.
-/// Prefill -> decode with ok=false: the prefill side failed or cancelled the room.
-struct peer_outcome {
-  uint64_t room = 0;
-  uint64_t token = 0;
-  bool to_decode = false;  ///< which side's room it concerns (both roles may share a room id)
-  bool ok = false;
-  std::string reason;
-  uint16_t code = 0;  ///< errc of the failure
-};
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, peer_outcome& x) {
-  return f(caf::meta::type_name("peer_outcome"), x.room, x.token, x.to_decode, x.ok, x.reason,
-           x.code);
-}
-
-/// Prefill -> decode, after the prefill's room failed (for any reason, on either side): every
-/// write it posted for the room has completed locally, so no more will be posted. `completed`
-/// writes succeeded locally and will land (the decode counts their immediates before it lets
-/// the room's pages and slot go); `failed` writes completed with an error or were never posted.
-struct peer_drained {
-  uint64_t room = 0;
-  uint64_t token = 0;
-  uint64_t completed = 0;
-  uint64_t failed = 0;
-};
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, peer_drained& x) {
-  return f(caf::meta::type_name("peer_drained"), x.room, x.token, x.completed, x.failed);
-}
-
-/// Connection -> Connection (version 6): this daemon began a stop. It finishes the rooms it
-/// accepted and takes no new one; new rooms naming it should fail at once with `draining`.
-struct peer_leaving {
-  std::string reason;
-};
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, peer_leaving& x) {
-  return f(caf::meta::type_name("peer_leaving"), x.reason);
-}
-inline constexpr uint32_t peer_leaving_version = 6;
-
-/// One of a daemon's fabric endpoints, as `peer_rails` lists them (transport::rail_desc).
-struct peer_rail_desc {
-  std::vector<uint8_t> fabric_address;
-  bool express = false;  ///< carries only small batches (fabric.express_bytes)
-};
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, peer_rail_desc& x) {
-  return f(caf::meta::type_name("peer_rail_desc"), x.fabric_address, x.express);
-}
-
-/// Connection -> Connection (version 7): the sender's fabric endpoints, rail 0 (the one its
-/// hello named) first. The prefill side sends its own once ready; the decode side, once it has
-/// made the prefill's known on its own rails (so its fence can cut them), answers with its
-/// own; only then does the prefill write on them. Each side pairs the two lists alike
-/// (core/rails.hpp). Memory keys are the same on every rail, so no key travels here.
-struct peer_rails {
-  std::vector<peer_rail_desc> rails;
-};
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, peer_rails& x) {
-  return f(caf::meta::type_name("peer_rails"), x.rails);
-}
-inline constexpr uint32_t peer_rails_version = 7;
-/// The most endpoints a peer may list.
-inline constexpr size_t max_peer_rails = 64;
-
-/// Connection <-> Connection liveness: sent every timeouts.heartbeat_ms by both sides; a peer
-/// from which nothing arrived for heartbeat_ms x heartbeat_misses is declared dead.
-using heartbeat_atom = caf::atom_constant<caf::atom("heartbeat")>;
 
 // ---------------------------------------------------------------------------------------------
 // Inside a daemon (local only)
@@ -416,7 +201,19 @@ inline std::string describe(const peer_down& d) {
 
 /// Room actor -> Connection: deliver to the peer.
 struct peer_outbound {
-  caf::message msg;
+  peer_wire::message msg;
+};
+
+/// Peer gate -> Scheduler: the first message on an inbound link (it must be a `peer_hello`);
+/// the link reads nothing more until a Connection binds it.
+struct peer_link_first {
+  peer_link_ptr link;
+  peer_wire::message msg;
+};
+
+/// Peer gate -> Connection: its link ended other than by its own close; why.
+struct link_closed {
+  std::string reason;
 };
 
 /// Decode side: writes that landed for this room (aggregated), by the token (link) they carry.
@@ -467,9 +264,6 @@ using pump_atom = caf::atom_constant<caf::atom("pump")>;
 using unpack_atom = caf::atom_constant<caf::atom("unpack")>;
 inline constexpr uint64_t copy_quantum_bytes = 8u << 20;
 
-/// Register the serialized types on an actor system config (both daemons must do this).
-void add_ferry_message_types(caf::actor_system_config& cfg);
-
 }  // namespace ferry
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_info_ptr)
@@ -487,6 +281,22 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_resources)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_inbound)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_down)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_outbound)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_link_first)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::link_closed)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_region)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_hello)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_auth)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_refused)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_prepare)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_prepare_paged)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_prepare_ack)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_announce)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_outcome)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_drained)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_leaving)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_leaving_ack)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_rails)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_heartbeat)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::peer_lookup)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::landed_msg)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ferry::deadline_msg)

@@ -1,13 +1,14 @@
 #pragma once
-/// The peer port, served by one epoll thread of Ferry's own, so that CAF never reads a byte from
-/// a connection that has not completed Ferry's preamble (core/peer_preamble.hpp). CAF's BASP
-/// parser trusts its length fields; reached unauthenticated, a 32-byte header made it zero-fill
-/// 4 GiB and spin (docs/architecture.md, "Peer port").
+/// The peer port and the peer channel, served by one epoll thread of Ferry's own: it runs Ferry's
+/// preamble (core/peer_preamble.hpp) on every peer connection, inbound and outbound, and then
+/// carries the connection's channel frames (actors/peer_link.hpp, core/peer_wire.hpp). Nothing
+/// but Ferry's own fixed-size or bounded frames is ever parsed (docs/architecture.md, "Peer
+/// port").
 ///
-/// Inbound: the gate accepts, runs the accepting side of the preamble, and hands the socket to
-/// `admit_fn` (the daemon gives it to CAF's BASP broker as an already connected server socket).
-/// Outbound: `dial()` connects without blocking, runs the connecting side, and hands the socket
-/// to the caller's `dial_fn` (a Connection, which gives it to BASP as a client socket).
+/// Inbound: the gate accepts, runs the accepting side of the preamble, and hands the new link to
+/// `admit_fn` (the daemon gives its first message to the Scheduler). Outbound: `dial()`
+/// connects without blocking, runs the connecting side, and hands the link to the caller's
+/// `dial_fn` (a Connection). Either binds the link before it returns or the link reads nothing.
 ///
 /// Bounds on what anyone who can reach the port can hold:
 /// - every connection must finish the preamble within `preamble_ms`;
@@ -17,7 +18,7 @@
 ///   instead would let idle sockets lock an honest peer out. Each source is capped below the
 ///   total, so one address cannot evict another's connections;
 /// - the gate reads exactly the current fixed-size frame, never more: no length field to
-///   inflate, and no byte that belongs to BASP is consumed;
+///   inflate, and no byte of the channel is consumed by the preamble;
 /// - at most 64 accepts per wake-up; when accept() runs out of descriptors the oldest pending
 ///   connection is evicted or the listener paused for 200 ms (left armed, it would spin);
 /// - rejected sockets are reset (SO_LINGER 0), so a flood leaves no TIME_WAIT behind;
@@ -33,6 +34,7 @@
 #include <string>
 #include <thread>
 
+#include "actors/peer_link.hpp"
 #include "core/auth.hpp"
 
 namespace ferry {
@@ -48,18 +50,18 @@ class peer_gate {
   /// What the gate did, for logs and tests.
   struct counters {
     std::atomic<uint64_t> accepted{0}, garbage{0}, refused{0}, timed_out{0}, peer_closed{0},
-        evicted{0}, admitted{0}, dials_ok{0}, dials_failed{0}, accept_paused{0};
+        evicted{0}, admitted{0}, dials_ok{0}, dials_failed{0}, accept_paused{0}, links_open{0};
   };
-  /// An inbound socket that passed the preamble; the callee owns `fd` from here on. Runs on the
-  /// gate thread: keep it short.
-  using admit_fn = std::function<void(int fd, const std::string& node)>;
-  /// Outbound result: `fd` >= 0 (the callee owns it) or -1 and `error`; `reset`: the peer reset
+  /// An inbound connection that passed the preamble, as a link to bind. Runs on the gate
+  /// thread: keep it short.
+  using admit_fn = std::function<void(const peer_link_ptr& link)>;
+  /// Outbound result: a link (to bind) or none and `error`; `reset`: the peer reset
   /// or closed the connection in the middle of the preamble, which is what its gate does to a
   /// pending connection it evicts under a flood (worth another dial). Runs on the gate thread,
   /// on the resolver's for a name that does not resolve, or on the caller's when the dial fails
   /// at once.
   using dial_fn =
-      std::function<void(int fd, const std::string& node, const std::string& error, bool reset)>;
+      std::function<void(const peer_link_ptr& link, const std::string& error, bool reset)>;
 
   /// `node` is this daemon's name, `secrets` its cluster secrets (empty: none). With `log`, the
   /// gate reports refused preambles (at most one line a second) and, every 10 s at most, how many
@@ -76,9 +78,9 @@ class peer_gate {
   uint16_t port() const { return port_; }
   /// Start the gate thread (dials work without a listener too).
   void start();
-  /// Stop the thread, reset every socket still in the preamble, fail queued dials, drop the
-  /// callbacks (they hold actor handles, which must not outlive the actor system); later dials
-  /// fail at once. Idempotent.
+  /// Stop the thread, reset every socket still in the preamble, close every link, fail queued
+  /// dials, drop the callbacks (they hold actor handles, which must not outlive the actor
+  /// system); later dials fail at once. Idempotent.
   void stop();
   /// Connect to host:port (a numeric address or a name) and run the preamble; `done` gets the
   /// socket or the reason. Thread-safe, and never waits: a name is resolved on a thread of its

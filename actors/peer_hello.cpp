@@ -29,7 +29,7 @@ std::vector<described_space> described_spaces(const daemon_context& ctx) {
 }
 
 peer_hello describe_self(const daemon_context& ctx, const std::vector<peer_region>& regions,
-                         const peer_region& staging, const bytes& nonce, caf::actor self) {
+                         const peer_region& staging, const bytes& nonce) {
   peer_hello h;
   h.version = spoken_peer_version();
   h.node = ctx.config.node_name;
@@ -44,7 +44,6 @@ peer_hello describe_self(const daemon_context& ctx, const std::vector<peer_regio
   h.fabric_address = ctx.engine->local_address();
   h.regions = regions;
   h.staging = staging;
-  h.connection = std::move(self);
   h.nonce = nonce;
   return h;
 }

@@ -34,7 +34,7 @@ std::vector<described_space> described_spaces(const daemon_context& ctx);
 /// Our hello to a peer: our node, role, position and config, our fabric address, the memory
 /// regions we describe to it, and (with a cluster secret) our nonce.
 peer_hello describe_self(const daemon_context& ctx, const std::vector<peer_region>& regions,
-                         const peer_region& staging, const bytes& nonce, caf::actor self);
+                         const peer_region& staging, const bytes& nonce);
 
 /// Validate a peer's hello against our config; `we_decode` says which side we are on this link.
 /// The error names the first problem: protocol versions, roles, the peer's own config (it must

@@ -165,9 +165,9 @@ void apply(receiver_actor* self, receiver::effects fx) {
               const auto& state = st.ctx->config.pools.mamba;
               self->send(st.connections[l.named],
                          peer_outbound{state && paged(state->type)
-                                           ? caf::make_message(peer_prepare_paged{
+                                           ? peer_wire::message(peer_prepare_paged{
                                                  std::move(p), st.prep.state_pages})
-                                           : caf::make_message(std::move(p))});
+                                           : peer_wire::message(std::move(p))});
             }
           } else if constexpr (std::is_same_v<E, receiver::tell>) {
             if (x.ok)
@@ -175,9 +175,9 @@ void apply(receiver_actor* self, receiver::effects fx) {
                                       st.prep.room, st.peers(), st.machine.commit().landed(),
                                       st.machine.bytes());
             for (const auto& l : st.machine.links())
-              self->send(st.connections[l.named], peer_outbound{caf::make_message(peer_outcome{
-                                                      st.prep.room, l.token, false, x.ok, x.reason,
-                                                      static_cast<uint16_t>(x.code)})});
+              self->send(st.connections[l.named],
+                         peer_outbound{peer_outcome{st.prep.room, l.token, false, x.ok, x.reason,
+                                                    static_cast<uint16_t>(x.code)}});
           } else if constexpr (std::is_same_v<E, receiver::failed>) {
             if (st.ctx->digest.allow(logging::flood::room_error, st.ctx->log_room,
                                      spdlog::level::warn))

@@ -123,8 +123,8 @@ void on_peer_inbound(scheduler_actor* self, peer_inbound& in) {
   };
   auto on_prepare = [&](peer_prepare& p) {
     auto refuse = [&](std::string why, errc code = errc::ok) {
-      self->send(in.connection, peer_outbound{caf::make_message(peer_prepare_ack{
-                                    p.room, p.token, false, why, static_cast<uint16_t>(code)})});
+      self->send(in.connection, peer_outbound{peer_prepare_ack{p.room, p.token, false, why,
+                                                               static_cast<uint16_t>(code)}});
     };
     auto it = st.prefill.active.find(p.room);
     if (it == st.prefill.active.end()) {
@@ -162,9 +162,8 @@ void on_peer_inbound(scheduler_actor* self, peer_inbound& in) {
   });
 }
 
-caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::actor basp) {
+caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
   self->state.ctx = std::move(ctx);
-  self->state.basp = std::move(basp);
   const auto& pools = self->state.ctx->config.pools;
   self->state.claims.emplace(pools.kv ? pools.kv->pages : 0, pools.mamba ? pools.mamba->slots : 0,
                              pools.aux ? pools.aux->rows : 0);
@@ -341,14 +340,22 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
         else
           st.ctx->log_sched->error("pool {}: released with an error: {}", name, m.outcome.message);
       },
-      [=](peer_hello& h) {
-        if (auto why = undescribed_pool(*self->state.ctx)) {  // nothing to tell the peer yet
-          if (h.connection) self->send(h.connection, peer_refused{*why});
-          return;
+      [=](peer_link_first& f) {
+        auto& st = self->state;
+        auto* h = std::get_if<peer_hello>(&f.msg);
+        if (!h) {
+          st.ctx->log_peer->warn("peer port: {} ({}) sent {} before its hello; closed",
+                                 f.link->source(), f.link->peer_node(),
+                                 peer_wire::name(peer_wire::kind_of(f.msg)));
+          return f.link->close("a peer must say hello first");
         }
-        auto conn = spawn_inbound_connection(self, self->state.ctx, std::move(h),
+        if (auto why = undescribed_pool(*st.ctx)) {  // nothing to tell the peer yet
+          f.link->send(peer_refused{*why});
+          return f.link->close(*why);
+        }
+        auto conn = spawn_inbound_connection(self, st.ctx, f.link, std::move(*h),
                                              caf::actor_cast<caf::actor>(self));
-        self->state.connections.emplace(conn, nullptr);
+        st.connections.emplace(conn, nullptr);
       },
       [=](peer_resources& r) {
         auto& st = self->state;
@@ -421,8 +428,8 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx, caf::ac
 
 }  // namespace
 
-caf::actor spawn_scheduler(caf::actor_system& sys, context_ptr ctx, caf::actor basp) {
-  return sys.spawn(scheduler_behavior, std::move(ctx), std::move(basp));
+caf::actor spawn_scheduler(caf::actor_system& sys, context_ptr ctx) {
+  return sys.spawn(scheduler_behavior, std::move(ctx));
 }
 
 }  // namespace ferry

@@ -114,8 +114,8 @@ caf::actor connection_for(scheduler_actor* self, const std::string& address) {
   if (it != st.outbound.end()) return it->second;
   std::string known_down = undescribed_pool(*st.ctx).value_or(
       st.unresponsive.known_down(address, std::chrono::steady_clock::now()).value_or(""));
-  auto conn = spawn_outbound_connection(self, st.ctx, st.basp, address,
-                                        caf::actor_cast<caf::actor>(self), std::move(known_down));
+  auto conn = spawn_outbound_connection(self, st.ctx, address, caf::actor_cast<caf::actor>(self),
+                                        std::move(known_down));
   st.outbound.emplace(address, conn);
   st.connections.emplace(conn, nullptr);
   return conn;

@@ -46,7 +46,6 @@ using side_rooms = room_table<room_entry>;
 struct scheduler_state {
   static inline const char* name = "ferry.scheduler";
   context_ptr ctx;
-  caf::actor basp;  // CAF's BASP broker, for outbound Connections (actors/peer_gate.hpp)
   side_rooms prefill, decode;
   std::optional<dst_claims> claims;  // decode: which active room holds each destination index
   /// Decode: token (immediate value and epoch of one link of one room incarnation) -> room.

@@ -259,8 +259,7 @@ void post_link(sender_actor* self, size_t i, const sender::post_chunk& post) {
 void send_to_links(sender_actor* self, auto&& make) {
   auto& st = self->state;
   for (size_t i = 0; i < st.links.size(); ++i)
-    self->send(st.links[i].connection,
-               peer_outbound{caf::make_message(make(st.machine.links()[i]))});
+    self->send(st.links[i].connection, peer_outbound{make(st.machine.links()[i])});
 }
 
 /// Carry out the machine's effects, in order.
@@ -284,9 +283,9 @@ void apply(sender_actor* self, sender::effects fx, const answering& to) {
                                    proto::error{x.outcome.code, x.outcome.message});
           } else if constexpr (std::is_same_v<E, sender::ack>) {
             self->send(to.prepare_from,
-                       peer_outbound{caf::make_message(peer_prepare_ack{
+                       peer_outbound{peer_prepare_ack{
                            st.room, x.token, static_cast<bool>(x.outcome), x.outcome.message,
-                           static_cast<uint16_t>(x.outcome.code)})});
+                           static_cast<uint16_t>(x.outcome.code)}});
           } else if constexpr (std::is_same_v<E, sender::post_chunk>) {
             for (size_t i = 0; i < st.links.size(); ++i) post_link(self, i, x);
             st.ctx->log_room->debug("room={} peer={} chunk pages={} last={} layers={}+{} ends={}",

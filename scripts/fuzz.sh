@@ -10,14 +10,15 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${FERRY_FUZZ_DIR:-$root/build-fuzz}
 seconds=${FUZZ_SECONDS:-20}
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(fuzz_protocol fuzz_config fuzz_geometry fuzz_preamble fuzz_registration)
+[ ${#targets[@]} -gt 0 ] || targets=(fuzz_protocol fuzz_config fuzz_geometry fuzz_preamble fuzz_registration
+  fuzz_peer_wire)
 
 CXX=clang++ cmake -S "$root" -B "$build" -DFERRY_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build" -j2 --target fuzzers
 
 seeds="$build/seeds"
 mkdir -p "$seeds/fuzz_protocol" "$seeds/fuzz_config" "$seeds/fuzz_geometry" "$seeds/fuzz_preamble" \
-  "$seeds/fuzz_registration"
+  "$seeds/fuzz_registration" "$seeds/fuzz_peer_wire"
 cp "$root"/configs/*.yaml "$seeds/fuzz_config/"
 { cat "$root/configs/prefill.yaml"; printf '\n---8<---\n'; cat "$root/configs/decode.yaml"; } \
   >"$seeds/fuzz_geometry/pair.yaml"
@@ -28,8 +29,8 @@ printf '\x06\x09\x00\x00\x00\x01\x00\x00\x00\x01\x00\x00\x00\x02\x00\x01\x00\x00
 # Peer preamble: a HELLO without a secret (node "decode-0") followed by a PROOF, as a peer
 # sends them, and a BASP client handshake header claiming a 0xFFFFFFFF payload.
 {
-  printf 'FERRY-PP\x00\x01H\x00'; head -c 32 /dev/zero; printf 'decode-0'; head -c 124 /dev/zero
-  printf 'FERRY-PP\x00\x01P\x00'; head -c 36 /dev/zero
+  printf 'FERRY-PP\x00\x02H\x00'; head -c 32 /dev/zero; printf 'decode-0'; head -c 124 /dev/zero
+  printf 'FERRY-PP\x00\x02P\x00'; head -c 36 /dev/zero
 } >"$seeds/fuzz_preamble/hello-proof.bin"
 { printf '\x01\x00\x00\x00\xff\xff\xff\xff'; head -c 24 /dev/zero; } >"$seeds/fuzz_preamble/basp.bin"
 # One descriptor of 1 MiB; an aux pool (2) of two buffers at offsets 100 and 4000, 8 rows of 64
@@ -45,6 +46,20 @@ printf '\x06\x09\x00\x00\x00\x01\x00\x00\x00\x01\x00\x00\x00\x02\x00\x01\x00\x00
   done
   printf '\x00\x00\x00\x00\x01\x00\x00\x00'
 } >"$seeds/fuzz_registration/aux.bin"
+
+# Peer channel: a peer_prepare header (kind 4) and body (room 7, token 9, pages 1 and 2, slot
+# 3, row 4, no staging, no prefix), and a peer_outcome (kind 8) with reason "x".
+{
+  printf '\x30\x00\x00\x00\x04\x00\x00\x00'; head -c 8 /dev/zero
+  printf '\x07\x00\x00\x00\x00\x00\x00\x00\x09\x00\x00\x00\x00\x00\x00\x00'
+  printf '\x02\x00\x00\x00\x01\x00\x00\x00\x02\x00\x00\x00\x03\x00\x00\x00\x04\x00\x00\x00'
+  printf '\xff\xff\xff\xff\xff\xff\xff\xff\x00\x00\x00\x00'
+} >"$seeds/fuzz_peer_wire/prepare.bin"
+{
+  printf '\x19\x00\x00\x00\x08\x00\x00\x00'; head -c 8 /dev/zero
+  printf '\x07\x00\x00\x00\x00\x00\x00\x00\x09\x00\x00\x00\x00\x00\x00\x00\x01\x00'
+  printf '\x01\x00\x00\x00x\x05\x00'
+} >"$seeds/fuzz_peer_wire/outcome.bin"
 
 status=0
 for t in "${targets[@]}"; do

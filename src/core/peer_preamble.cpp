@@ -66,6 +66,12 @@ step fail(std::string why, bool garbage = false) {
 
 uint8_t flags_for(const cluster_secrets& secrets) { return secrets.empty() ? 0 : 1; }
 
+/// The secret a side proved with: its own proving one, or the peer's match among ours.
+std::string_view secret(const cluster_secrets& secrets, int index) {
+  if (secrets.empty() || index < 0) return {};
+  return secrets.accepted[static_cast<size_t>(index)];
+}
+
 }  // namespace
 
 const char* status_text(uint32_t s) {
@@ -86,6 +92,15 @@ const char* status_text(uint32_t s) {
       return "bad node name";
   }
   return "refused";
+}
+
+std::string version_mismatch(uint16_t theirs) {
+  std::string s = "peer speaks preamble version " + std::to_string(theirs) + ", this daemon " +
+                  std::to_string(version);
+  if (theirs == 1)
+    s += " (version 1 is an earlier Ferry release, whose daemons talk over CAF's BASP; it does not "
+         "interoperate with this one: upgrade both sides of a prefill/decode pair)";
+  return s;
 }
 
 bool valid_node_name(const std::string& node) {
@@ -126,7 +141,11 @@ step acceptor::on_hello() {
     done_ = true;
     return fail("peer sent a preamble frame other than HELLO first", true);
   }
-  if (get16(in_ + 8) != version) return refuse(status::version, 'C');
+  if (get16(in_ + 8) != version) {
+    auto r = refuse(status::version, 'C');
+    r.error = version_mismatch(get16(in_ + 8));
+    return r;
+  }
   // The name first, so a refusal below can be logged with it.
   if (!get_node(in_ + 44, peer_node_)) return refuse(status::name, 'C');
   const bool peer_secret = (in_[11] & 1) != 0;
@@ -157,8 +176,9 @@ step acceptor::on_proof() {
   }
   if (!secrets_.empty()) {
     bytes got(in_ + 16, in_ + 16 + mac_size);
-    if (matching_secret(secrets_, got, "ferry-pp-connect", nonce_, peer_nonce_, peer_node_) < 0)
-      return refuse(status::auth, 'V');
+    peer_secret_ =
+        matching_secret(secrets_, got, "ferry-pp-connect", nonce_, peer_nonce_, peer_node_);
+    if (peer_secret_ < 0) return refuse(status::auth, 'V');
   }
   done_ = true;
   auto f = frame(verdict_size, 'V', 0);
@@ -167,6 +187,11 @@ step acceptor::on_proof() {
   s.next = outcome::finished;
   s.out = std::move(f);
   return s;
+}
+
+peer_wire::link_keys acceptor::keys() const {
+  return peer_wire::derive_keys(secret(secrets_, 0), secret(secrets_, peer_secret_), peer_nonce_,
+                                nonce_, true);
 }
 
 // --- connecting side ---
@@ -199,11 +224,9 @@ step dialer::feed(const uint8_t* data, size_t n) {
 step dialer::on_challenge() {
   done_ = true;  // until proven otherwise
   if (in_[10] != 'C') return fail("peer answered the preamble with an unexpected frame", true);
+  if (get16(in_ + 8) != version) return fail(version_mismatch(get16(in_ + 8)));
   if (auto s = get32(in_ + 12); s != static_cast<uint32_t>(status::ok))
     return fail(std::string("peer refused the preamble: ") + status_text(s));
-  if (get16(in_ + 8) != version)
-    return fail("peer speaks preamble version " + std::to_string(get16(in_ + 8)) +
-                ", this daemon " + std::to_string(version));
   if (((in_[11] & 1) != 0) != !secrets_.empty())
     return fail("the peer accepted the preamble with a different cluster-secret setting");
   if (!get_node(in_ + 48, peer_node_)) return fail("peer sent a bad node name in the preamble");
@@ -212,7 +235,9 @@ step dialer::on_challenge() {
   if (!secrets_.empty()) {
     bytes got(in_ + 176, in_ + 176 + mac_size);
     // Mutual: our socket goes to our own CAF only if the other side proved the secret.
-    if (matching_secret(secrets_, got, "ferry-pp-accept", nonce_, peer_nonce_, peer_node_) < 0)
+    peer_secret_ =
+        matching_secret(secrets_, got, "ferry-pp-accept", nonce_, peer_nonce_, peer_node_);
+    if (peer_secret_ < 0)
       return fail("peer failed the cluster-secret challenge (different secrets?)");
     auto p = auth_proof(secrets_.proving(), "ferry-pp-connect", peer_nonce_, nonce_, node_);
     std::memcpy(f.data() + 16, p.data(), mac_size);
@@ -234,6 +259,11 @@ step dialer::on_verdict() {
   step s;
   s.next = outcome::finished;
   return s;
+}
+
+peer_wire::link_keys dialer::keys() const {
+  return peer_wire::derive_keys(secret(secrets_, peer_secret_), secret(secrets_, 0), nonce_,
+                                peer_nonce_, false);
 }
 
 }  // namespace ferry::preamble

@@ -1,14 +1,12 @@
 // A misbehaving decode peer against a real prefill ferryd: the test process speaks the peer
-// protocol itself (the peer preamble, then CAF's BASP; its own libfabric endpoint and registered
-// memory) and sends
-// what a buggy or hostile daemon might: indices outside the pools it declared, a staging offset
-// outside its staging region, a config that does not validate, a room message before the
-// handshake. The prefill must refuse each with a reason, post no write, and keep serving.
+// protocol itself (the peer preamble, then the peer channel's frames; its own libfabric endpoint
+// and registered memory) and sends what a buggy or hostile daemon might: indices outside the
+// pools it declared, a staging offset outside its staging region, a config that does not
+// validate. The prefill must refuse each with a reason, post no write, and keep serving.
+// tests/e2e/test_peer_channel.cpp breaks the channel itself.
 
-#include <caf/all.hpp>
-#include <caf/io/all.hpp>
+#include <fmt/format.h>
 
-#include "actors/messages.hpp"
 #include "core/config.hpp"
 #include "core/layout.hpp"
 #include "harness.hpp"
@@ -19,15 +17,6 @@ using namespace ferry;
 using namespace ferry::test;
 
 namespace {
-
-class peer_system_config : public caf::actor_system_config {
- public:
-  peer_system_config() {
-    load<caf::io::middleman>();
-    add_ferry_message_types(*this);
-    set("logger.verbosity", caf::atom("quiet"));
-  }
-};
 
 /// The fake decode: a fabric endpoint with its pools registered (so a wrongly accepted write
 /// would really land, and be seen), and the hello a real decode daemon would send.
@@ -77,34 +66,29 @@ struct fake_decode {
   }
 };
 
-/// Connect to the prefill's Scheduler (preamble, then BASP) and complete the handshake; returns
-/// the prefill's Connection actor (or the refusal reason in `refused`).
-caf::actor handshake(caf::actor_system& sys, caf::scoped_actor& self, const daemon_proc& prefill,
-                     peer_hello hello, std::string& refused) {
-  std::string error;
-  auto remote = reach_scheduler(sys, prefill.control(), hello.node, "", error);
-  if (!remote) FAIL("cannot reach the prefill: " << error);
-  hello.connection = caf::actor_cast<caf::actor>(self);
-  self->send(remote, hello);
-  caf::actor connection;
-  self->receive([&](peer_hello& h) { connection = h.connection; },
-                [&](peer_refused& r) { refused = r.reason; },
-                caf::after(std::chrono::seconds(20)) >> [&] { FAIL("no answer to the hello"); });
-  return connection;
+/// Dial the prefill and complete the handshake as a decode daemon would; the peer, or the
+/// refusal reason in `refused`.
+std::unique_ptr<test_peer> handshake(const daemon_proc& prefill, const peer_hello& hello,
+                                     std::string& refused) {
+  auto p = std::make_unique<test_peer>(prefill.control(), hello.node);
+  if (!p->ok()) FAIL("cannot reach the prefill: " << p->error());
+  REQUIRE(p->send(hello));
+  auto answer = p->receive(std::chrono::seconds(20));
+  if (!answer) FAIL("no answer to the hello: " << p->error());
+  if (auto* r = std::get_if<peer_refused>(&*answer)) {
+    refused = r->reason;
+    return nullptr;
+  }
+  REQUIRE(std::holds_alternative<peer_hello>(*answer));
+  return p;
 }
 
 /// Send a prepare and return the prefill's acknowledgement.
-peer_prepare_ack prepare_and_wait(caf::scoped_actor& self, const caf::actor& connection,
-                                  peer_prepare p) {
-  self->send(connection, p);
-  peer_prepare_ack ack;
-  bool got = false;
-  while (!got)
-    self->receive([&](peer_prepare_ack& a) { ack = a, got = true; },
-                  [&](peer_outcome&) {},  // the refused room's own failure, if any
-                  [&](heartbeat_atom) {},
-                  caf::after(std::chrono::seconds(20)) >> [&] { FAIL("no prepare ack"); });
-  return ack;
+peer_prepare_ack prepare_and_wait(test_peer& peer, peer_prepare p) {
+  REQUIRE(peer.send(p));
+  auto ack = peer.receive_a<peer_prepare_ack>(std::chrono::seconds(20));
+  if (!ack) FAIL("no prepare ack: " << peer.error());
+  return *ack;
 }
 
 }  // namespace
@@ -119,11 +103,8 @@ TEST_CASE("a decode peer naming indices outside its declared pools is refused, n
   prefill.await_ready();
   auto cp = prefill.connect();
 
-  peer_system_config cfg;
-  caf::actor_system sys{cfg};
-  caf::scoped_actor self{sys};
   std::string refused;
-  auto conn = handshake(sys, self, prefill, evil.hello, refused);
+  auto conn = handshake(prefill, evil.hello, refused);
   INFO(refused);
   REQUIRE(conn);
 
@@ -167,7 +148,7 @@ TEST_CASE("a decode peer naming indices outside its declared pools is refused, n
     p.dst_staging = 1 << 30;
     expect = "is outside the decode's staging region";
   }
-  auto ack = prepare_and_wait(self, conn, p);
+  auto ack = prepare_and_wait(*conn, p);
   CHECK_FALSE(ack.ok);
   CHECK(ack.token == 77);
   CHECK_THAT(ack.reason, Catch::Contains(expect));
@@ -186,9 +167,6 @@ TEST_CASE("a peer whose config does not validate is refused at handshake, and th
   prefill.await_ready();
   auto cp = prefill.connect();
 
-  peer_system_config cfg;
-  caf::actor_system sys{cfg};
-  caf::scoped_actor self{sys};
   auto hello = evil.hello;
   std::string expect;
   SECTION("page size zero") {
@@ -222,9 +200,121 @@ TEST_CASE("a peer whose config does not validate is refused at handshake, and th
     expect = "peer sent 1 memory regions, expected 3";
   }
   std::string refused;
-  auto conn = handshake(sys, self, prefill, hello, refused);
+  auto conn = handshake(prefill, hello, refused);
   CHECK_FALSE(conn);
   CHECK_THAT(refused, Catch::Contains(expect));
   CHECK(evil.untouched());
   CHECK(status_of(*cp)["role"] == "prefill");
+}
+
+namespace {
+
+/// A room between the real prefill and decode, every destination byte checked.
+void real_room(client::client& p, client::client& d, const std::string& control, uint64_t id) {
+  room_spec r;
+  r.room = id;
+  r.src_pages = range(0, 4);
+  r.dst_pages = range(4, 4);
+  r.chunks = {4};
+  r.src_slot = 1, r.dst_slot = 2;
+  r.src_row = 3, r.dst_row = 4;
+  run_and_verify(p, d, control, r);
+}
+
+/// Whether the prefill closed `peer`'s connection (bounded: 10 s).
+bool cut_off(test_peer& peer) { return peer.closed_within(std::chrono::seconds(10)); }
+
+}  // namespace
+
+TEST_CASE(
+    "a peer that passes the preamble and then breaks the channel is cut off, and rooms between "
+    "honest daemons stay byte-exact",
+    "[e2e][security][hostile][channel]") {
+  temp_dir dir;
+  shape s;
+  daemon_proc prefill(launch_only, dir, "prefill-0", "prefill", s);
+  daemon_proc decode(launch_only, dir, "decode-0", "decode", s);
+  const auto decode_yaml = make_config("evil-decode", "decode", 1, "/tmp/unused.sock", s);
+  fake_decode evil(decode_yaml, 1 << 20);  // while the daemons start
+  await_ready(prefill, decode);
+  auto cp = prefill.connect();
+  auto cd = decode.connect();
+  real_room(*cp, *cd, prefill.control(), 901);
+
+  std::string expect;
+  std::unique_ptr<test_peer> peer;
+  SECTION("garbage where the first frame belongs") {
+    peer = std::make_unique<test_peer>(prefill.control(), "evil-decode");
+    REQUIRE(peer->ok());
+    std::vector<uint8_t> junk(4096);
+    for (size_t i = 0; i < junk.size(); ++i) junk[i] = static_cast<uint8_t>(i * 131 + 7);
+    peer->send_raw(junk);
+    expect =
+        "peer port: 127.0.0.1 (evil-decode) ended before its hello: the peer sent a frame "
+        "that does not check: peer frame of unknown kind";
+  }
+  SECTION("a header claiming a 4 GiB body") {
+    peer = std::make_unique<test_peer>(prefill.control(), "evil-decode");
+    REQUIRE(peer->ok());
+    std::vector<uint8_t> h(peer_wire::header_bytes, 0);
+    h[0] = h[1] = h[2] = h[3] = 0xff;
+    h[4] = static_cast<uint8_t>(peer_wire::kind::hello);
+    peer->send_raw(h);
+    expect = "claims a body of 4294967295 bytes";
+  }
+  SECTION("a room message before the hello") {
+    peer = std::make_unique<test_peer>(prefill.control(), "evil-decode");
+    REQUIRE(peer->ok());
+    peer->send(peer_prepare{901, 1, {0}, 0, 0, no_staging, 0});
+    expect = "sent peer_prepare before its hello; closed";
+  }
+  SECTION("nothing at all after the preamble") {
+    peer = std::make_unique<test_peer>(prefill.control(), "evil-decode");
+    REQUIRE(peer->ok());
+    expect = "sent no hello within";
+  }
+  SECTION("after the handshake: a replayed frame") {
+    std::string refused;
+    peer = handshake(prefill, evil.hello, refused);
+    REQUIRE(peer);
+    auto f = peer->seal(peer_heartbeat{});
+    peer->send_raw(f);
+    peer->send_raw(f);
+    expect = "replayed or reordered";
+  }
+  SECTION("after the handshake: frames out of order") {
+    std::string refused;
+    peer = handshake(prefill, evil.hello, refused);
+    REQUIRE(peer);
+    auto first = peer->seal(peer_heartbeat{});
+    auto second = peer->seal(peer_heartbeat{});
+    peer->send_raw(second);
+    peer->send_raw(first);
+    expect = "replayed or reordered";
+  }
+  SECTION("after the handshake: a frame sealed with the wrong key") {
+    std::string refused;
+    peer = handshake(prefill, evil.hello, refused);
+    REQUIRE(peer);
+    peer_wire::frame_writer wrong(peer->keys().recv);  // the prefill's own direction: reflected
+    std::vector<uint8_t> f;
+    wrong.seal(peer_heartbeat{}, f);
+    wrong.seal(peer_heartbeat{}, f);  // sequence 1, which the prefill expects next
+    peer->send_raw(std::vector<uint8_t>(f.begin() + 32, f.end()));
+    expect = "failed its MAC check";
+  }
+  SECTION("after the handshake: a second hello") {
+    std::string refused;
+    peer = handshake(prefill, evil.hello, refused);
+    REQUIRE(peer);
+    peer->send(evil.hello);
+    expect = "peer sent a second hello";
+  }
+  INFO(prefill.log_text().substr(prefill.log_text().size() > 3000 ? prefill.log_text().size() - 3000
+                                                                  : 0));
+  CHECK(cut_off(*peer));
+  CHECK(log_shows(prefill, expect));
+  // Nothing landed in the hostile peer's memory; the prefill serves honest rooms as before.
+  CHECK(evil.untouched());
+  real_room(*cp, *cd, prefill.control(), 902);
 }

@@ -18,31 +18,37 @@ using namespace ferry::test;
 TEST_CASE("a peer named by a DNS name is resolved off the caller's thread, then dialed",
           "[e2e][peer_names]") {
   peer_gate server("server", "", {});
-  std::promise<std::string> admitted;
-  REQUIRE(server.listen("127.0.0.1", 0, [&](int fd, const std::string& node) {
-    ::close(fd);
-    admitted.set_value(node);
+  std::promise<std::string> admitted, said;
+  REQUIRE(server.listen("127.0.0.1", 0, [&](const peer_link_ptr& link) {
+    admitted.set_value(link->peer_node());
+    link->bind([&](peer_wire::message&& m) { said.set_value(std::get<peer_leaving>(m).reason); },
+               nullptr, true);
   }) == "");
   server.start();
   peer_gate client("client", "", {});
   client.start();
-  std::promise<std::pair<int, std::string>> dialed;
+  std::promise<std::pair<peer_link_ptr, std::string>> dialed;
   std::thread::id answered_on;
   client.dial("localhost", server.port(),
-              [&](int fd, const std::string&, const std::string& error, bool) {
+              [&](const peer_link_ptr& link, const std::string& error, bool) {
                 answered_on = std::this_thread::get_id();
-                dialed.set_value({fd, error});
+                dialed.set_value({link, error});
               });
   auto f = dialed.get_future();
   REQUIRE(f.wait_for(20s) == std::future_status::ready);
-  auto [fd, error] = f.get();
+  auto [link, error] = f.get();
   INFO(error);
-  REQUIRE(fd >= 0);
-  ::close(fd);
+  REQUIRE(link);
   CHECK(answered_on != std::this_thread::get_id());
   auto a = admitted.get_future();
   REQUIRE(a.wait_for(20s) == std::future_status::ready);
   CHECK(a.get() == "client");
+  // The link carries a message, checked and decoded on the server's gate thread.
+  link->bind([](peer_wire::message&&) {}, nullptr);
+  REQUIRE(link->send(peer_leaving{"hello over the channel"}));
+  auto s = said.get_future();
+  REQUIRE(s.wait_for(20s) == std::future_status::ready);
+  CHECK(s.get() == "hello over the channel");
   client.stop();
   server.stop();
 }

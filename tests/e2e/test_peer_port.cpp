@@ -117,7 +117,7 @@ std::vector<uint8_t> huge_basp_header(bool direct) {
 /// The first `n` bytes of a well-formed HELLO (no secret, node "slow-peer").
 std::vector<uint8_t> partial_hello(size_t n) {
   std::vector<uint8_t> h(176, 0);
-  std::memcpy(h.data(), "FERRY-PP\x00\x01H", 11);
+  std::memcpy(h.data(), "FERRY-PP\x00\x02H", 11);
   std::memcpy(h.data() + 44, "slow-peer", 9);
   h.resize(n);
   return h;
@@ -140,14 +140,6 @@ gate_counts counts_in(const std::string& log) {
   }
   return c;
 }
-
-class test_caf_config : public caf::actor_system_config {
- public:
-  test_caf_config() {
-    load<caf::io::middleman>();
-    set("logger.verbosity", caf::atom("quiet"));
-  }
-};
 
 /// A relay on 127.0.0.1 in front of a daemon's peer port. It resets the first `resets`
 /// connections once their first bytes arrived (what a flooded peer's gate does to a pending
@@ -306,30 +298,26 @@ TEST_CASE("unauthenticated input on the peer port does not impair the daemon",
 
   {
     // What reaches the port without the preamble, or with the wrong secret, is refused with
-    // a reason, and never reaches CAF.
-    test_caf_config cfg;
-    caf::actor_system sys{cfg};
-    auto plain = sys.middleman().remote_actor("127.0.0.1", port);
-    CHECK_FALSE(plain);
-    std::string error;
-    auto intruder = reach_scheduler(sys, p.control(), "intruder", "", error);
+    // a reason, and never reaches the channel.
+    test_peer intruder(p.control(), "intruder");
     if (secret.empty()) {
-      // Without a secret the preamble is a filter, not a lock: whoever speaks it reaches CAF
-      // (docs/reliability.md section 7; configure security.cluster_secret_file).
-      CHECK(intruder);
-      CHECK(error == "");
+      // Without a secret the preamble is a filter, not a lock: whoever speaks it reaches the
+      // channel (docs/reliability.md section 7; configure security.cluster_secret_file).
+      CHECK(intruder.ok());
+      CHECK(intruder.error() == "");
     } else {
-      CHECK_FALSE(intruder);
-      CHECK_THAT(error, Catch::Contains("peer refused the preamble: this daemon requires peers "
-                                        "to prove the cluster secret"));
+      CHECK_FALSE(intruder.ok());
+      CHECK_THAT(intruder.error(),
+                 Catch::Contains("peer refused the preamble: this daemon requires "
+                                 "peers to prove the cluster secret"));
     }
-    error.clear();
-    CHECK_FALSE(reach_scheduler(sys, p.control(), "intruder", "a wrong secret, 16+ bytes", error));
+    test_peer wrong(p.control(), "intruder", "a wrong secret, 16+ bytes");
+    CHECK_FALSE(wrong.ok());
     if (secret.empty())
-      CHECK_THAT(error, Catch::Contains("peer refused the preamble: the peer requires a cluster "
-                                        "secret but this daemon has none"));
+      CHECK_THAT(wrong.error(), Catch::Contains("peer refused the preamble: the peer requires a "
+                                                "cluster secret but this daemon has none"));
     else
-      CHECK(error == "peer failed the cluster-secret challenge (different secrets?)");
+      CHECK(wrong.error() == "peer failed the cluster-secret challenge (different secrets?)");
   }
 
   // Afterwards: a second room on the same connection, and a new decode daemon's first

@@ -73,7 +73,7 @@ def test_every_tool_prints_its_version_and_the_protocol_versions() -> None:
         assert r.returncode == OK, (tool, r.stdout, r.stderr)
         assert r.stdout.startswith(f"{tool} {version} (protocol versions {lo}-{hi}"), r.stdout
         assert r.stdout.endswith(")\n") and r.stdout.count("\n") == 1 and r.stderr == ""
-    messages = (REPO / "actors/messages.hpp").read_text()
+    messages = (REPO / "src/core/peer_messages.hpp").read_text()
     peer_hi = re.search(r"peer_protocol_version = (\d+);", messages).group(1)
     peer_lo = re.search(r"peer_protocol_min_version = (\d+);", messages).group(1)
     assert f", peer protocol versions {peer_lo}-{peer_hi})" in run("ferryd", "--version").stdout

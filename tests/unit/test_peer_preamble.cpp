@@ -14,6 +14,7 @@ struct result {
   bool admitted = false;   // the accepting side finished
   bool connected = false;  // the connecting side finished
   std::string accept_error, connect_error;
+  ferry::peer_wire::link_keys accept_keys, connect_keys;  // once both finished
 };
 
 /// Feed `frame` to `side` in slices of `slice` bytes (0: whole); the last step.
@@ -52,6 +53,10 @@ result run(const ferry::cluster_secrets& accept_secret,
   auto end = feed(d, verdict.out, slice);
   r.connected = end.next == outcome::finished;
   if (end.next == outcome::failed) r.connect_error = end.error;
+  if (r.admitted && r.connected) {
+    r.accept_keys = a.keys();
+    r.connect_keys = d.keys();
+  }
   CHECK(a.want() == 0);
   CHECK(d.want() == 0);
   return r;
@@ -121,6 +126,13 @@ TEST_CASE("the preamble accepts either of two secrets while a cluster rotates", 
     auto r = run(p.accept, p.connect, 0);
     CHECK(r.admitted == p.admitted);
     CHECK(r.connected == p.admitted);
+    // Both sides derive the channel's keys from the secrets each proved, mirrored.
+    if (p.admitted) {
+      CHECK(r.accept_keys.send == r.connect_keys.recv);
+      CHECK(r.accept_keys.recv == r.connect_keys.send);
+      CHECK(r.accept_keys.send != r.accept_keys.recv);
+      CHECK(r.accept_keys.send.size() == 32);
+    }
     // Refused by whichever side checks a proof it cannot match first, with the same words.
     if (!p.admitted) CHECK_THAT(r.connect_error, Catch::EndsWith("(different secrets?)"));
   }
@@ -148,7 +160,8 @@ TEST_CASE("the preamble rejects garbage at the first byte that differs from the 
   CHECK(t.garbage);
 }
 
-TEST_CASE("the preamble refuses a bad node name and a newer version with a status", "[preamble]") {
+TEST_CASE("the preamble refuses a bad node name and another version with a status, naming it",
+          "[preamble]") {
   dialer d("decode-0", "");
   auto hello = d.hello();
   auto name = hello;
@@ -160,11 +173,32 @@ TEST_CASE("the preamble refuses a bad node name and a newer version with a statu
   CHECK(feed(d, s.out, 0).error == "peer refused the preamble: bad node name");
 
   auto version = hello;
-  version[9] = 2;
+  version[9] = 3;
   acceptor b("prefill-0", "");
   auto v = feed(b, version, 0);
   CHECK(v.next == outcome::failed);
-  CHECK(v.error == "preamble version not supported by the peer");
+  CHECK(v.error == "peer speaks preamble version 3, this daemon 2");
+  dialer d2("decode-0", "");
+  d2.hello();
+  CHECK(feed(d2, v.out, 0).error ==
+        "peer refused the preamble: preamble version not supported by the peer");
+
+  // A daemon of the release before the peer channel (preamble 1, then CAF's BASP) is refused
+  // by name on either side.
+  auto old = hello;
+  old[9] = 1;
+  acceptor c("prefill-0", "");
+  auto o = feed(c, old, 0);
+  CHECK(o.next == outcome::failed);
+  CHECK_THAT(o.error, Catch::StartsWith("peer speaks preamble version 1, this daemon 2 (version 1 "
+                                        "is an earlier Ferry release, whose daemons talk over "
+                                        "CAF's BASP"));
+  auto old_refusal = o.out;  // what an old accepting daemon answers: its own version, 1
+  old_refusal[9] = 1;
+  dialer e("decode-0", "");
+  e.hello();
+  CHECK_THAT(feed(e, old_refusal, 0).error,
+             Catch::StartsWith("peer speaks preamble version 1, this daemon 2 (version 1"));
   CHECK_FALSE(valid_node_name(std::string(129, 'a')));
   CHECK(valid_node_name(std::string(128, 'a')));
 }

@@ -1,0 +1,125 @@
+#pragma once
+/// Ferry's peer channel on the wire: how the messages of core/peer_messages.hpp travel between
+/// two daemons once the peer preamble (core/peer_preamble.hpp) has authenticated the connection.
+/// The byte logic alone (actors/peer_link.hpp does the I/O), so it can be fuzzed and tested
+/// without sockets.
+///
+/// A frame, integers little-endian:
+///   header 16 B: u32 body length | u8 kind | u8 flags (0) | u16 reserved (0) | u64 sequence
+///   body        (the message; its length at most `max_body(kind)`)
+///   mac    16 B: HMAC-SHA256(direction key, header | body), first 16 bytes
+/// Each direction has its own key, derived from the preamble's nonces and the cluster secrets
+/// both sides proved (`link_keys`), and its own sequence, from 0, one per frame. A reader
+/// checks, in order and before decoding a byte of the body: the kind is known, flags and
+/// reserved are zero, the length is within the kind's bound (so a claimed 4 GiB is refused from
+/// the header alone), then, once the frame is whole, the MAC and the sequence. A frame that fails
+/// any check ends the link: a forged, replayed, reordered or truncated frame is never decoded.
+/// The body decoder reads every field bounds-checked, and a body must be consumed exactly.
+///
+/// Without a cluster secret the keys come from the nonces alone: the MAC then catches
+/// corruption and stray bytes, and authenticates nothing (as the preamble does not).
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "core/auth.hpp"
+#include "core/errors.hpp"
+#include "core/peer_messages.hpp"
+
+namespace ferry::peer_wire {
+
+inline constexpr size_t header_bytes = 16, mac_bytes = 16;
+
+/// One tag per message type; the numbers are the wire's and never change meaning.
+enum class kind : uint8_t {
+  hello = 1,
+  auth = 2,
+  refused = 3,
+  prepare = 4,
+  prepare_paged = 5,
+  prepare_ack = 6,
+  announce = 7,
+  outcome = 8,
+  drained = 9,
+  leaving = 10,
+  leaving_ack = 11,
+  rails = 12,
+  heartbeat = 13,
+};
+inline constexpr uint8_t max_kind = 13;
+
+/// Every message of the channel; the index of each alternative is its kind minus one.
+using message = std::variant<peer_hello, peer_auth, peer_refused, peer_prepare, peer_prepare_paged,
+                             peer_prepare_ack, peer_announce, peer_outcome, peer_drained,
+                             peer_leaving, peer_leaving_ack, peer_rails, peer_heartbeat>;
+
+inline kind kind_of(const message& m) { return static_cast<kind>(m.index() + 1); }
+const char* name(kind k);
+
+/// Bounds. A page list of a prepare may hold as many pages as a client's prepare can (its frame
+/// is at most 16 MiB), so a prepare body may be as large; everything else is small.
+inline constexpr uint32_t max_list_body = (16u << 20) + 4096;
+inline constexpr uint32_t max_small_body = 128u << 10;
+inline constexpr uint32_t max_text_bytes = 64u << 10;  ///< a reason, a node or instance name
+inline constexpr uint32_t max_yaml_bytes = 4u << 20;   ///< a hello's config
+inline constexpr uint32_t max_hello_body = 5u << 20;   ///< the config and everything else
+inline constexpr uint32_t max_blob_bytes = 4096;       ///< a fabric address, a nonce or a proof
+/// The most bytes a body of this kind may have.
+uint32_t max_body(kind k);
+
+/// The body of a message (no header, no MAC).
+std::vector<uint8_t> encode_body(const message& m);
+/// A body back to its message; the error names the message and the field that is wrong.
+result<message> decode_body(kind k, std::span<const uint8_t> body);
+
+/// The two keys of one side of a link: what it seals with, what it opens with.
+struct link_keys {
+  bytes send, recv;
+};
+/// Both sides derive the same pair, mirrored: from the accepting side's proving secret, the
+/// connecting side's, and the preamble's two nonces (`accept_secret` and `connect_secret` are
+/// empty without a cluster secret).
+link_keys derive_keys(std::string_view accept_secret, std::string_view connect_secret,
+                      const bytes& connect_nonce, const bytes& accept_nonce, bool we_accept);
+
+/// Seals messages into frames for one direction of a link.
+class frame_writer {
+ public:
+  explicit frame_writer(bytes key) : key_(std::move(key)) {}
+  /// Append the frame of `m` to `out`.
+  void seal(const message& m, std::vector<uint8_t>& out);
+  uint64_t next_sequence() const { return seq_; }
+
+ private:
+  bytes key_;
+  uint64_t seq_ = 0;
+};
+
+/// Cuts one direction's byte stream into checked frames and decodes them.
+class frame_reader {
+ public:
+  explicit frame_reader(bytes key) : key_(std::move(key)) {}
+  /// Bytes that arrived.
+  void feed(const uint8_t* data, size_t n);
+  enum class result_kind { more, message, failed };
+  /// The next whole frame: `message` with `out`; `more` when the bytes of a whole frame have not
+  /// arrived yet; `failed` with `error` (the stream is bad from here on: end the link).
+  result_kind next(message& out, std::string& error);
+  /// Bytes held that do not make a whole frame yet.
+  size_t buffered() const { return buf_.size() - pos_; }
+
+ private:
+  bytes key_;
+  bytes buf_;
+  size_t pos_ = 0;
+  uint64_t seq_ = 0;
+  bool failed_ = false;
+  std::string error_;
+};
+
+}  // namespace ferry::peer_wire
