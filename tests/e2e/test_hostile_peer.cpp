@@ -7,6 +7,9 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
+#include <thread>
+
 #include "core/config.hpp"
 #include "core/layout.hpp"
 #include "harness.hpp"
@@ -317,4 +320,93 @@ TEST_CASE(
   // Nothing landed in the hostile peer's memory; the prefill serves honest rooms as before.
   CHECK(evil.untouched());
   real_room(*cp, *cd, prefill.control(), 902);
+}
+
+namespace {
+
+/// A HELLO of preamble version 1 (Ferry 0.5 and earlier), no secret, node `node`.
+std::vector<uint8_t> hello_v1(const std::string& node) {
+  std::vector<uint8_t> h(preamble::hello_size, 0);
+  std::memcpy(h.data(), "FERRY-PP\x00\x01H", 11);
+  std::memcpy(h.data() + 44, node.data(), node.size());
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a daemon of the release before the peer channel is refused at the preamble on both sides, "
+    "naming the versions, and rooms that name it fail with that reason",
+    "[e2e][upgrade][channel]") {
+  temp_dir dir;
+  shape s;
+  daemon_proc prefill(launch_only, dir, "prefill-0", "prefill", s);
+  daemon_proc decode(launch_only, dir, "decode-0", "decode", s);
+  await_ready(prefill, decode);
+
+  // An old decode dials the new prefill: a CHALLENGE with the version status comes back, and the
+  // prefill logs why, with both versions.
+  {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(
+        std::stoi(prefill.control().substr(prefill.control().rfind(':') + 1))));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    timeval tv{20, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    const auto h = hello_v1("old-decode");
+    REQUIRE(::send(fd, h.data(), h.size(), MSG_NOSIGNAL) == ssize_t(h.size()));
+    std::vector<uint8_t> c(preamble::challenge_size);
+    size_t got = 0;
+    while (got < c.size()) {
+      const ssize_t n = ::recv(fd, c.data() + got, c.size() - got, 0);
+      if (n <= 0) break;
+      got += size_t(n);
+    }
+    ::close(fd);
+    REQUIRE(got == c.size());
+    CHECK(c[10] == 'C');
+    CHECK(c[15] == static_cast<uint8_t>(preamble::status::version));  // big-endian u32 at 12
+    CHECK(log_shows(prefill,
+                    "peer speaks preamble version 1, this daemon 2 (version 1 is an "
+                    "earlier Ferry release, whose daemons talk over CAF's BASP"));
+  }
+
+  // The new decode dials an old prefill, which answers as 0.5 did: its own version, 1, and the
+  // version status. The decode's room fails naming both versions.
+  held_port old(4);
+  std::thread old_prefill([&] {
+    const int c = ::accept4(old.fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) return;
+    timeval tv{20, 0};
+    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    std::vector<uint8_t> in(preamble::hello_size);
+    size_t got = 0;
+    while (got < in.size()) {
+      const ssize_t n = ::recv(c, in.data() + got, in.size() - got, 0);
+      if (n <= 0) break;
+      got += size_t(n);
+    }
+    std::vector<uint8_t> refusal(preamble::challenge_size, 0);
+    std::memcpy(refusal.data(),
+                "FERRY-PP\x00\x01"
+                "C",
+                11);  // "\x01C" would be one byte
+    refusal[15] = static_cast<uint8_t>(preamble::status::version);
+    [[maybe_unused]] auto n = ::send(c, refusal.data(), refusal.size(), MSG_NOSIGNAL);
+    ::close(c);
+  });
+  auto cd = decode.connect();
+  room_spec r;
+  r.room = 950;
+  r.dst_pages = range(0, 4);
+  prepare(*cd, "127.0.0.1:" + std::to_string(old.port), r);
+  auto e = wait_done(*cd, r.room);
+  old_prefill.join();
+  CHECK(e.status == room_status::failed);
+  CHECK_THAT(e.reason, Catch::Contains("peer speaks preamble version 1, this daemon 2 (version 1 "
+                                       "is an earlier Ferry release"));
+  CHECK(e.code == errc::peer_unreachable);
 }
