@@ -38,11 +38,37 @@ client_gateway::impl::~impl() {
   if (!path.empty()) unlink(path.c_str());
 }
 
+void client_gateway::impl::add_conn(int fd, std::atomic<size_t>& count) {
+  const uint64_t id = next_id++;
+  auto& c = conns[id];
+  c.fd = fd;
+  c.w->fd = fd;
+  {
+    std::lock_guard g(wires_mutex);
+    wires.emplace(id, c.w);
+  }
+  ++count;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = id;
+  epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev);
+  log->debug("client conn={} connected", id);
+}
+
 void client_gateway::impl::close_conn(uint64_t id, std::atomic<size_t>& count) {
   auto it = conns.find(id);
   if (it == conns.end()) return;
   for (auto& b : it->second.fd_batches)
     for (int fd : b.fds) close(fd);
+  {
+    std::lock_guard g(wires_mutex);
+    wires.erase(id);
+  }
+  {
+    // No answering thread writes to the descriptor from here on.
+    std::lock_guard g(it->second.w->m);
+    it->second.w->closed = true;
+  }
   epoll_ctl(epoll_fd, EPOLL_CTL_DEL, it->second.fd, nullptr);
   close(it->second.fd);
   conns.erase(it);
@@ -50,79 +76,75 @@ void client_gateway::impl::close_conn(uint64_t id, std::atomic<size_t>& count) {
   caf::anon_send(scheduler, client_gone{id});
 }
 
-void client_gateway::impl::update_interest(uint64_t id, connection& c) {
-  bool want = c.out_pos < c.out.size();
-  if (want == c.want_write) return;
-  c.want_write = want;
-  epoll_event ev{};
-  ev.events = want ? (EPOLLIN | EPOLLOUT) : EPOLLIN;
-  ev.data.u64 = id;
-  epoll_ctl(epoll_fd, EPOLL_CTL_MOD, c.fd, &ev);
-}
-
-/// Write as much as the socket takes; false when the connection must be closed.
-bool client_gateway::impl::flush(uint64_t id, connection& c) {
-  while (c.out_pos < c.out.size()) {
-    ssize_t n = ::send(c.fd, c.out.data() + c.out_pos, c.out.size() - c.out_pos, MSG_NOSIGNAL);
+bool client_gateway::impl::write_locked(uint64_t id, wire& w) {
+  bool ok = true;
+  while (w.out_pos < w.out.size()) {
+    ssize_t n = ::send(w.fd, w.out.data() + w.out_pos, w.out.size() - w.out_pos,
+                       MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
-      c.out_pos += static_cast<size_t>(n);
+      w.out_pos += static_cast<size_t>(n);
     } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       break;
     } else if (n < 0 && errno == EINTR) {
       continue;
     } else {
-      return false;
+      ok = false;
+      break;
     }
   }
-  if (c.out_pos == c.out.size()) {
-    c.out.clear();
-    c.out_pos = 0;
+  if (w.out_pos == w.out.size()) {
+    w.out.clear();
+    w.out_pos = 0;
   }
-  update_interest(id, c);
-  return true;
+  const bool want = ok && w.out_pos < w.out.size();
+  if (want != w.want_write && !w.closed) {
+    w.want_write = want;
+    epoll_event ev{};
+    ev.events = want ? (EPOLLIN | EPOLLOUT) : EPOLLIN;
+    ev.data.u64 = id;
+    epoll_ctl(epoll_fd, EPOLL_CTL_MOD, w.fd, &ev);
+  }
+  return ok;
 }
 
-/// Encode the replies and events actors queued since the last call and write them out; a
-/// connection whose unsent output passes max_output_bytes is closed.
-void client_gateway::impl::deliver_outbox(std::vector<outgoing>& batch,
-                                          std::atomic<size_t>& count) {
-  {
-    std::lock_guard<std::mutex> lock(outbox_mutex);
-    batch.swap(outbox);
+void client_gateway::impl::send_locked(uint64_t id, wire& w, const proto::message& m,
+                                       uint32_t seq) {
+  if (w.closed || w.dropped) return;
+  auto frame = encode_for(w.version, m, seq);
+  w.out.insert(w.out.end(), frame.begin(), frame.end());
+  if (w.out.size() - w.out_pos > max_output_bytes) {
+    log->warn("client conn={} is not reading its replies; disconnecting", id);
+    w.dropped = true;
+    ::shutdown(w.fd, SHUT_RDWR);  // the gateway thread sees the hang-up and closes it
+    return;
   }
-  for (const auto& o : batch) {
-    auto it = conns.find(o.conn);
-    if (it == conns.end()) continue;
-    auto frame = encode_for(it->second, o.msg, o.seq);
-    it->second.out.insert(it->second.out.end(), frame.begin(), frame.end());
-  }
-  for (const auto& o : batch) {
-    auto it = conns.find(o.conn);
-    if (it == conns.end() || it->second.out.empty()) continue;
-    if (it->second.out.size() - it->second.out_pos > max_output_bytes) {
-      log->warn("client conn={} is not reading its replies; disconnecting", o.conn);
-      close_conn(o.conn, count);
-      continue;
-    }
-    if (!flush(o.conn, it->second)) close_conn(o.conn, count);
-  }
-  batch.clear();
+  // Nothing waits before it: write it now, from this thread. Otherwise the gateway thread
+  // writes it behind the rest when the socket drains. A failure shows as the socket's hang-up.
+  if (!w.want_write && !write_locked(id, w)) ::shutdown(w.fd, SHUT_RDWR);
 }
 
-/// At a stop: what actors queued before it (the outcome of the last room of a drain, say)
+bool client_gateway::impl::flush(uint64_t id, connection& c) {
+  std::lock_guard g(c.w->m);
+  if (c.w->dropped) return false;
+  return write_locked(id, *c.w);
+}
+
+bool client_gateway::impl::has_output(const connection& c) {
+  std::lock_guard g(c.w->m);
+  return c.w->out_pos < c.w->out.size();
+}
+
+/// At a stop: what actors answered before it (the outcome of the last room of a drain, say)
 /// still reaches its client. Bounded: a client that does not read within `limit` loses the
 /// rest with its connection.
-void client_gateway::impl::deliver_before_close(std::atomic<size_t>& count,
+void client_gateway::impl::deliver_before_close(std::atomic<size_t>&,
                                                 std::chrono::milliseconds limit) {
-  std::vector<outgoing> batch;
-  deliver_outbox(batch, count);
   const auto until = std::chrono::steady_clock::now() + limit;
   std::vector<pollfd> waiting;
   for (;;) {
     waiting.clear();
     for (auto& [id, c] : conns)
-      if (c.out_pos < c.out.size() && flush(id, c) && c.out_pos < c.out.size())
-        waiting.push_back({c.fd, POLLOUT, 0});
+      if (has_output(c) && flush(id, c) && has_output(c)) waiting.push_back({c.fd, POLLOUT, 0});
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
                           until - std::chrono::steady_clock::now())
                           .count();
@@ -160,6 +182,8 @@ std::optional<proto::error> client_gateway::impl::session_error(connection& c,
   c.said_hello = true;
   c.version = version;
   c.reader.set_version(version);
+  std::lock_guard g(c.w->m);
+  c.w->version = version;
   return std::nullopt;
 }
 
@@ -229,19 +253,19 @@ ssize_t client_gateway::impl::receive(connection& c, std::vector<uint8_t>& buf) 
 
 void client_gateway::impl::queue_local(uint64_t id, connection& c, const proto::message& m,
                                        uint32_t seq) {
-  auto f = encode_for(c, m, seq);
-  c.out.insert(c.out.end(), f.begin(), f.end());
+  std::lock_guard g(c.w->m);
+  send_locked(id, *c.w, m, seq);
 }
 
 /// A frame in the connection's version (a hello_reply also says which one that is).
-std::vector<uint8_t> client_gateway::impl::encode_for(const connection& c, const proto::message& m,
+std::vector<uint8_t> client_gateway::impl::encode_for(uint16_t version, const proto::message& m,
                                                       uint32_t seq) {
   if (const auto* h = std::get_if<proto::hello_reply>(&m)) {
     auto r = *h;
-    r.version = c.version;
-    return proto::encode(r, seq, c.version);
+    r.version = version;
+    return proto::encode(r, seq, version);
   }
-  return proto::encode(m, seq, c.version);
+  return proto::encode(m, seq, version);
 }
 
 client_gateway::~client_gateway() { stop(); }
@@ -259,24 +283,22 @@ void client_gateway::stop() {
 }
 
 void client_gateway::reply(uint64_t conn, uint32_t seq, const proto::message& m) {
-  bool first = false;
+  std::shared_ptr<impl::wire> w;
   {
-    std::lock_guard<std::mutex> lock(impl_->outbox_mutex);
-    first = impl_->outbox.empty();
-    impl_->outbox.push_back(impl::outgoing{conn, seq, m});
+    std::lock_guard g(impl_->wires_mutex);
+    auto it = impl_->wires.find(conn);
+    if (it == impl_->wires.end()) return;  // gone
+    w = it->second;
   }
-  // Only the frame that makes the outbox non-empty wakes the thread: it takes the whole outbox
-  // at once (deliver_outbox, under the same mutex), so later frames ride on that wake-up.
-  if (!first) return;
-  uint64_t one = 1;
-  [[maybe_unused]] auto n = write(impl_->wake_fd, &one, sizeof(one));
+  // Written by this thread (an actor's worker): no wake-up of the gateway thread on the way.
+  std::lock_guard g(w->m);
+  impl_->send_locked(conn, *w, m, seq);
 }
 
 void client_gateway::run() {
   auto& im = *impl_;
   std::vector<epoll_event> events(64);
   std::vector<uint8_t> rbuf(256 * 1024);
-  std::vector<impl::outgoing> outbox;
   while (!im.stopping.load()) {
     // Wake up in time for the earliest incomplete-frame deadline, if any.
     int wait_ms = -1;
@@ -361,7 +383,7 @@ void client_gateway::run() {
         else if (!c.partial_since)
           c.partial_since = std::chrono::steady_clock::now();
       }
-      if ((events[i].events & EPOLLOUT) || !c.out.empty()) {
+      if ((events[i].events & EPOLLOUT) || im.has_output(c)) {
         if (!im.flush(key, c)) close_it = true;
       }
       if (close_it) {
@@ -370,7 +392,6 @@ void client_gateway::run() {
         im.close_conn(key, conn_count_);
       }
     }
-    im.deliver_outbox(outbox, conn_count_);
     // A frame started but not finished in time: a stalled or slow-loris client. Everyone else
     // was served meanwhile (the socket is non-blocking); this one is told and closed.
     const auto t = std::chrono::steady_clock::now();

@@ -3,8 +3,10 @@
 /// ever blocks on client I/O.
 ///
 /// Threading: the gateway thread reads and decodes frames and hands each request to the
-/// Scheduler with `anon_send`. Actors answer with `reply`/`push`, which are thread-safe: they
-/// queue the encoded frame and wake the gateway thread through an eventfd.
+/// Scheduler with `anon_send`. Actors answer with `reply`/`push`, which are thread-safe: the
+/// calling thread encodes the frame and writes it to the socket itself when nothing waits before
+/// it (no wake-up of the gateway thread); what the socket does not take at once is written by
+/// the gateway thread when it drains.
 ///
 /// Bad input: a frame whose body is malformed gets an error reply and the connection stays
 /// usable; a broken length field (too large or too short) gets an error reply and the

@@ -67,14 +67,7 @@ void client_gateway::impl::accept_clients(std::atomic<size_t>& count) {
       log->warn("client connection refused: {} already open (limits.max_clients)", conns.size());
       continue;
     }
-    uint64_t id = next_id++;
-    conns[id].fd = fd;
-    ++count;
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.u64 = id;
-    epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev);
-    log->debug("client conn={} connected", id);
+    add_conn(fd, count);
   }
 }
 

@@ -1,8 +1,9 @@
 #pragma once
 /// The client gateway's state (actors/client_gateway.hpp), shared by its two halves:
-/// client_gateway.cpp serves the connected clients (frames in and out, descriptors, the outbox
-/// of replies and events); client_gateway_accept.cpp owns the listen socket and admits new
-/// clients (credentials, the connection limit, running out of descriptors). Private to them.
+/// client_gateway.cpp serves the connected clients (frames in and out, descriptors, the
+/// connections' output, which answering threads write to directly); client_gateway_accept.cpp owns
+/// the listen socket and admits new clients (credentials, the connection limit, running out of
+/// descriptors). Private to them.
 
 #include <spdlog/spdlog.h>
 #include <sys/types.h>
@@ -11,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -44,12 +46,24 @@ struct client_gateway::impl {
   std::atomic<bool> stopping{false};
   std::shared_ptr<spdlog::logger> log;
 
-  struct connection {
+  /// A connection's output, shared with the threads that answer it: a reply or event is
+  /// encoded and written by the thread that makes it, at once when nothing waits before it; what
+  /// the socket does not take waits here for the gateway thread (EPOLLOUT). Guarded by `m`.
+  struct wire {
+    std::mutex m;
     int fd = -1;
-    proto::frame_reader reader;
+    uint16_t version = proto::protocol_version;  // the connection's, once its hello settled it
     std::vector<uint8_t> out;
     size_t out_pos = 0;
-    bool want_write = false;
+    bool want_write = false;  // EPOLLOUT is in the connection's interest
+    bool closed = false;      // the gateway closed the descriptor: write nothing
+    bool dropped = false;     // shut down for not reading: the gateway closes it
+  };
+
+  struct connection {
+    int fd = -1;
+    std::shared_ptr<wire> w = std::make_shared<wire>();
+    proto::frame_reader reader;
     bool said_hello = false;                     // hello must come first, and only once
     uint16_t version = proto::protocol_version;  // settled by the hello
     /// Bytes received so far, and descriptors received (SCM_RIGHTS) with the stream position
@@ -68,6 +82,9 @@ struct client_gateway::impl {
   };
   std::unordered_map<uint64_t, connection> conns;  // gateway thread only
   uint64_t next_id = gateway_keys::first_conn_id;
+  /// Every open connection's output, by id, for the answering threads.
+  std::mutex wires_mutex;
+  std::unordered_map<uint64_t, std::shared_ptr<wire>> wires;  // guarded by wires_mutex
 
   /// Held open so that, out of file descriptors, a pending connection can still be accepted
   /// and told why it is refused (then closed) instead of waiting in the backlog unanswered.
@@ -78,30 +95,24 @@ struct client_gateway::impl {
   std::chrono::steady_clock::time_point last_fd_warning{};
   uint64_t fd_refusals = 0;  // since the last warning
 
-  /// Replies and events from actor threads, encoded on the gateway thread in the version of
-  /// their connection.
-  struct outgoing {
-    uint64_t conn;
-    uint32_t seq;
-    proto::message msg;
-  };
-  std::mutex outbox_mutex;  // guards outbox
-  std::vector<outgoing> outbox;
-
   ~impl();
 
+  /// Start serving an accepted connection.
+  void add_conn(int fd, std::atomic<size_t>& count);
   void close_conn(uint64_t id, std::atomic<size_t>& count);
 
-  void update_interest(uint64_t id, connection& c);
+  /// Under w.m: write as much as the socket takes, and ask for EPOLLOUT while some is left
+  /// (`id` is the connection's epoll key). False when the connection failed.
+  bool write_locked(uint64_t id, wire& w);
+  /// Under w.m: append a frame and write it if nothing waits before it; a client that leaves
+  /// more than max_output_bytes unread is shut down (the gateway thread then closes it).
+  void send_locked(uint64_t id, wire& w, const proto::message& m, uint32_t seq);
 
   /// Write as much as the socket takes; false when the connection must be closed.
   bool flush(uint64_t id, connection& c);
+  bool has_output(const connection& c);
 
-  /// Encode the replies and events actors queued since the last call and write them out; a
-  /// connection whose unsent output passes max_output_bytes is closed.
-  void deliver_outbox(std::vector<outgoing>& batch, std::atomic<size_t>& count);
-
-  /// At a stop: what actors queued before it (the outcome of the last room of a drain, say)
+  /// At a stop: what actors answered before it (the outcome of the last room of a drain, say)
   /// still reaches its client. Bounded: a client that does not read within `limit` loses the
   /// rest with its connection.
   void deliver_before_close(std::atomic<size_t>& count, std::chrono::milliseconds limit);
@@ -145,8 +156,7 @@ struct client_gateway::impl {
   void queue_local(uint64_t id, connection& c, const proto::message& m, uint32_t seq);
 
   /// A frame in the connection's version (a hello_reply also says which one that is).
-  static std::vector<uint8_t> encode_for(const connection& c, const proto::message& m,
-                                         uint32_t seq);
+  static std::vector<uint8_t> encode_for(uint16_t version, const proto::message& m, uint32_t seq);
 };
 
 }  // namespace ferry
