@@ -11,10 +11,16 @@
 #   METRICS=1 scripts/bench.sh                both daemons serve listen.metrics (127.0.0.1:9464
 #                                             and :9465), each scraped once a second meanwhile
 #   BENCH_JSON=results.json scripts/bench.sh  also keep every run's JSON document, in one list
+#   CTXSW=1 scripts/bench.sh --latency        also print each daemon's context switches (all its
+#                                             threads, voluntary + involuntary) during each run
 #   MODEL=small TOKENS=16 CONCURRENCY=64 REQUESTS=4096 PAGES=1 scripts/bench.sh
 #                                             small rooms: the same 12 attention layers, 2 state
 #                                             layers of 44 KiB (conv [2048,3] bf16, temporal
 #                                             [4,32,64] fp32), 128 state slots and aux rows
+#   MODEL=small-state KV_TOKENS=8192 TOKENS=16 CONCURRENCY=64 REQUESTS=4096 PAGES=1 scripts/bench.sh
+#                                             small state writes: conv [256,3] bf16 (shard groups
+#                                             64, 64, 128), temporal [32,16,16] fp32: a 16-token
+#                                             room is 24 KV writes, 4 small state writes, the aux row
 #   MODEL=kv TOKENS=64 scripts/bench.sh       the same KV pool alone (no state, no aux): every
 #                                             write is one layer buffer's run, TOKENS KiB
 #   MODEL=small KV_TOKENS=98304 PAGES=1 scripts/bench.sh --open-loop 200
@@ -28,7 +34,7 @@
 #                                             layer-wise streaming: a layer every 2 ms, last
 #                                             send -> Success against a whole send
 # Environment: PROVIDERS, PAGES, TOKENS (4096), REQUESTS (16), CONCURRENCY (4), REPEAT (5),
-# MEMORY (daemon), METRICS (0), MODEL (qwen3-next, small or kv), KV_TOKENS (20480: the kv pool
+# MEMORY (daemon), METRICS (0), MODEL (qwen3-next, small, small-state or kv), KV_TOKENS (20480: the kv pool
 # in tokens, whatever the page size), SETS (more ferryd --set overrides for both daemons,
 # space-separated: SETS="runtime.workers=1 log.level=warn"), BENCH_RUNS, BENCH_JSON.
 # Extra arguments go to ferry-bench (every run). Assumes a built tree (scripts/build.sh).
@@ -61,6 +67,11 @@ start() {  # start NAME PROVIDER PAGE_TOKENS: the configs/ daemon with another p
            --set "pools.mamba.tensors[0].shard_groups=[512,512,1024]"
            --set "pools.mamba.tensors[1].shape=[4,32,64]" --set pools.mamba.slots=128
            --set pools.aux.rows=128)
+  elif [ "${MODEL:-qwen3-next}" = small-state ]; then
+    sets+=(--set "pools.mamba.layer_ids=[0,1]" --set "pools.mamba.tensors[0].shape=[256,3]"
+           --set "pools.mamba.tensors[0].shard_groups=[64,64,128]"
+           --set "pools.mamba.tensors[1].shape=[32,16,16]" --set pools.mamba.slots=128
+           --set pools.aux.rows=128)
   fi
   if [ "${METRICS:-0}" = 1 ]; then
     local port=9464
@@ -68,6 +79,12 @@ start() {  # start NAME PROVIDER PAGE_TOKENS: the configs/ daemon with another p
     sets+=(--set "listen.metrics=127.0.0.1:$port")
   fi
   ferry_start "$name" "$config" "${sets[@]}"
+}
+
+# ctxsw PID: the context switches of every thread of PID so far (voluntary + involuntary).
+ctxsw() {
+  cat /proc/"$1"/task/*/status 2>/dev/null |
+    awk '/^(voluntary|nonvoluntary)_ctxt_switches/ {n += $2} END {print n + 0}'
 }
 
 results=()
@@ -98,8 +115,12 @@ for _ in range(3600):
       out="$ferry_work/bench-$provider-$page-$i.json"
       read -r -a run_args <<<"${runs[$i]}"
       status=0
+      [ "${CTXSW:-0}" = 1 ] && before=("$(ctxsw "${ferry_pids[0]}")" "$(ctxsw "${ferry_pids[1]}")")
       "$build/src/ferry-bench" --prefill-socket /tmp/ferry-prefill.sock --decode-socket /tmp/ferry-decode.sock \
         "${common[@]}" --json "$out" "$@" "${run_args[@]}" || status=$?
+      if [ "${CTXSW:-0}" = 1 ]; then
+        echo "context switches during the run: prefill $(($(ctxsw "${ferry_pids[0]}") - before[0])), decode $(($(ctxsw "${ferry_pids[1]}") - before[1]))"
+      fi
       if [ ! -s "$out" ]; then
         echo "bench: ferry-bench ${runs[$i]} wrote no results (exit $status)" >&2
         exit 1
