@@ -214,12 +214,12 @@ void tick(connection_actor* self) {
 /// address was checked to be host:port by outbound_behavior.
 void dial(connection_actor* self) {
   auto& st = self->state;
-  // Runs on the gate thread (or here, when the dial fails at once): bind, wrap and post. The
-  // peer says nothing before our hello, so nothing arrives before `peer_dialed` does.
+  // Runs on the gate thread (or here, when the dial fails at once): only wrap and post. The
+  // link reads nothing until the actor binds it; if the actor is gone, the message and the link
+  // are dropped, and the peer closes a link that never says hello.
   auto me = caf::actor_cast<caf::actor>(self);
   st.ctx->peer_port->dial(st.host, st.port,
                           [me](const peer_link_ptr& link, const std::string& error, bool reset) {
-                            if (link) bind_link(me, link);
                             caf::anon_send(me, peer_dialed{link, error, reset});
                           });
 }
@@ -426,9 +426,12 @@ caf::behavior relay(connection_actor* self) {
       [=](rails_added& m) { on_rails_added(self, m); },
       [=](peer_leaving& m) {
         auto& st = self->state;
+        // Answered even before this side is ready (the peer may be ready first), so its drain
+        // does not wait a heartbeat for nothing.
+        if (std::min(st.hello.version, spoken_peer_version()) >= peer_leaving_ack_version)
+          send(st, peer_leaving_ack{});
         if (!st.machine.ready()) return;
         heard(st);
-        if (st.info->version >= peer_leaving_ack_version) send(st, peer_leaving_ack{});
         st.leaving = m.reason;
         // Before the log line: whoever reads the line and then asks for the peers finds it so.
         self->send(st.scheduler, leaving_atom::value, st.address);  // peers info: draining
@@ -498,6 +501,7 @@ caf::behavior relay(connection_actor* self) {
                                  : hs::dial_outcome::failed;
         if (d.link && st.machine.closed()) return d.link->close("the connection ended");
         st.link = std::move(d.link);
+        if (st.link) bind_link(caf::actor_cast<caf::actor>(self), st.link);
         apply(self, st.machine.dialed(o, d.error));
       },
       [=](deadline_msg& d) { apply(self, self->state.machine.deadline(d.ms)); },

@@ -164,6 +164,15 @@ struct peer_gate::impl {
     links.emplace(fd, link);
     ++stats->links_open;
     if (inbound) {
+      // Links that have not said hello count against limits.max_pending_peers too: over it,
+      // the one whose hello is due soonest (the oldest) is closed.
+      if (hello_due.size() >= lim.max_pending) {
+        auto oldest = std::min_element(hello_due.begin(), hello_due.end(),
+                                       [](auto& a, auto& b) { return a.second < b.second; });
+        ++stats->evicted;
+        links.at(oldest->first)->close("evicted: too many peers past the preamble without a hello");
+        hello_due.erase(oldest);
+      }
       hello_due[fd] = clock_type::now() + std::chrono::milliseconds(lim.preamble_ms);
       if (log) log->debug("peer port: {} passed the preamble as node {}", source, node);
       ++stats->admitted;
@@ -406,6 +415,11 @@ struct peer_gate::impl {
       drop(fd, "the peer preamble did not complete within " + std::to_string(lim.preamble_ms) +
                    " ms (limits.peer_preamble_ms)");
     }
+    // Links closed here whose peer did not close its end within peer_link::linger.
+    std::vector<int> lingering;
+    for (const auto& [fd, link] : links)
+      if (link->lingered(now)) lingering.push_back(fd);
+    for (const int fd : lingering) forget_link(fd);
     // A peer past the preamble has as long again to say hello; an idle authenticated socket
     // holds nothing longer than an idle unauthenticated one.
     for (auto it = hello_due.begin(); it != hello_due.end();) {

@@ -15,6 +15,7 @@
 /// descriptor once the link is over.
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -48,10 +49,16 @@ class peer_link {
   void bind(deliver_fn on_message, closed_fn on_closed, bool one_message = false);
   /// Send `m`; false once the link is over.
   bool send(const peer_wire::message& m);
-  /// End the link from this side: what is queued is written if the socket takes it at once,
-  /// then the connection is shut down. The owner's `on_closed` is not called. Idempotent.
+  /// End the link from this side: no more is sent or delivered, the owner's `on_closed` is not
+  /// called; what is queued is still written, then the stream's end, and the gate reads (and
+  /// drops) until the peer closes too or `linger` passes, so no reset discards the last frames
+  /// (a refusal, say). Idempotent.
   void close(const std::string& why);
   bool closed() const;
+  /// How long a link closed here waits for the peer's end before its socket is closed anyway.
+  inline static constexpr auto linger = std::chrono::seconds(2);
+  /// Closed here longer ago than `linger`, its socket still open (the gate then finishes it).
+  bool lingered(std::chrono::steady_clock::time_point now) const;
   /// Why the link ended (empty while open).
   std::string reason() const;
   const std::string& peer_node() const { return peer_node_; }
@@ -72,11 +79,16 @@ class peer_link {
   void finish();
 
  private:
-  void parse_locked();
-  void flush_locked();
+  struct graveyard;
+  void parse_locked(graveyard& dead);
+  void flush_locked(graveyard& dead);
   void update_events_locked();
-  /// The link ended by the peer or by a failure: tell the owner once.
-  void end_locked(const std::string& why);
+  /// Once closed here: the end of our stream, after what was queued.
+  void shut_write_locked();
+  /// Once closed here: read and drop what the peer still sends; true at its end (or a failure).
+  bool drain_locked();
+  /// The link ended by the peer or by a failure: the owner is told once, after the unlock.
+  void end_locked(const std::string& why, graveyard& dead);
 
   mutable std::mutex mutex_;
   int fd_;
@@ -89,6 +101,8 @@ class peer_link {
   closed_fn on_closed_;
   bool one_message_ = false, paused_ = true, closed_ = false, write_armed_ = false;
   bool closed_here_ = false;  ///< by close() or finish(): the owner is not told
+  bool shut_ = false;         ///< closed here, and the end of our stream sent
+  std::chrono::steady_clock::time_point closed_at_{};
   std::string reason_;
   std::vector<uint8_t> out_;
   size_t out_pos_ = 0;

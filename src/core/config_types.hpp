@@ -135,6 +135,12 @@ struct pools_config {
 /// The most endpoints `fabric.rails` may ask for.
 inline constexpr uint32_t max_fabric_rails = 16;
 
+/// fabric.express_bytes when a config does not set it: 1 MiB on tcp and shm, where it was
+/// measured (docs/performance.md §18), 0 (no express rail) on providers where it was not.
+inline uint64_t default_express_bytes(const std::string& provider) {
+  return provider == "tcp" || provider == "shm" ? (1u << 20) : 0;
+}
+
 struct fabric_config {
   std::string provider = "tcp";       ///< any libfabric provider name: tcp, shm, verbs, efa...
   std::string address = "127.0.0.1";  ///< interface address the endpoint binds to (if used)
@@ -146,7 +152,8 @@ struct fabric_config {
   /// those a peer shares (1..max_rails)
   uint32_t rails = 1;
   /// Batches of at most this many bytes go on an express endpoint of their own, so small rooms
-  /// never queue behind bulk; 0: no express endpoint
+  /// never queue behind bulk; 0: no express endpoint. Unset in a config file: the provider's
+  /// default (`default_express_bytes`).
   uint64_t express_bytes = 0;
   /// Registered bounce memory for head-sliced KV under a TP mismatch (pack at the source,
   /// unpack at the destination) and for small runs of fragmented page lists; 0 disables it

@@ -6,6 +6,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <type_traits>
@@ -33,6 +34,8 @@ class writer {
     out_.insert(out_.end(), b, b + n);
   }
   void str(const std::string& s) { blob(s.data(), s.size()); }
+  /// A reason: cut to what a reader takes, so a long one arrives shortened, not refused.
+  void text(const std::string& s) { blob(s.data(), std::min<size_t>(s.size(), max_text_bytes)); }
   void bytes_(const std::vector<uint8_t>& v) { blob(v.data(), v.size()); }
   void u32s(const std::vector<uint32_t>& v) {
     num(static_cast<uint32_t>(v.size()));
@@ -173,7 +176,7 @@ bool decode(reader& r, peer_hello& h) {
 void encode(writer& w, const peer_auth& a) { w.bytes_(a.proof); }
 bool decode(reader& r, peer_auth& a) { return r.bytes_(a.proof, "proof"); }
 
-void encode(writer& w, const peer_refused& m) { w.str(m.reason); }
+void encode(writer& w, const peer_refused& m) { w.text(m.reason); }
 bool decode(reader& r, peer_refused& m) { return r.str(m.reason, "reason"); }
 
 void encode(writer& w, const peer_prepare& p) {
@@ -203,7 +206,7 @@ void encode(writer& w, const peer_prepare_ack& a) {
   w.num(a.room);
   w.num(a.token);
   w.boolean(a.ok);
-  w.str(a.reason);
+  w.text(a.reason);
   w.num(a.code);
 }
 bool decode(reader& r, peer_prepare_ack& a) {
@@ -227,7 +230,7 @@ void encode(writer& w, const peer_outcome& o) {
   w.num(o.token);
   w.boolean(o.to_decode);
   w.boolean(o.ok);
-  w.str(o.reason);
+  w.text(o.reason);
   w.num(o.code);
 }
 bool decode(reader& r, peer_outcome& o) {
@@ -246,7 +249,7 @@ bool decode(reader& r, peer_drained& d) {
          r.num(d.failed, "failed");
 }
 
-void encode(writer& w, const peer_leaving& m) { w.str(m.reason); }
+void encode(writer& w, const peer_leaving& m) { w.text(m.reason); }
 bool decode(reader& r, peer_leaving& m) { return r.str(m.reason, "reason"); }
 
 void encode(writer&, const peer_leaving_ack&) {}
@@ -427,6 +430,9 @@ frame_reader::result_kind frame_reader::next(message& out, std::string& error) {
   if (h[5] != 0 || h[6] != 0 || h[7] != 0)
     return fail(fmt::format("peer frame {} has nonzero flags or reserved bytes",
                             name(static_cast<kind>(k))));
+  if (only_ && static_cast<kind>(k) != *only_)
+    return fail(fmt::format("peer frame {} where only {} may come", name(static_cast<kind>(k)),
+                            name(*only_)));
   if (length > max_body(static_cast<kind>(k)))
     return fail(fmt::format("peer frame {} claims a body of {} bytes, above its limit of {}",
                             name(static_cast<kind>(k)), length, max_body(static_cast<kind>(k))));

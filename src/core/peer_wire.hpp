@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -66,9 +67,9 @@ const char* name(kind k);
 inline constexpr uint32_t max_list_body = (16u << 20) + 4096;
 inline constexpr uint32_t max_small_body = 128u << 10;
 inline constexpr uint32_t max_text_bytes = 64u << 10;  ///< a reason, a node or instance name
-inline constexpr uint32_t max_yaml_bytes = 4u << 20;   ///< a hello's config
-inline constexpr uint32_t max_hello_body = 5u << 20;   ///< the config and everything else
-inline constexpr uint32_t max_blob_bytes = 4096;       ///< a fabric address, a nonce or a proof
+inline constexpr uint32_t max_yaml_bytes = 1u << 20;   ///< a hello's config
+inline constexpr uint32_t max_hello_body = max_yaml_bytes + (64u << 10);  ///< and the rest
+inline constexpr uint32_t max_blob_bytes = 4096;  ///< a fabric address, a nonce or a proof
 /// The most bytes a body of this kind may have.
 uint32_t max_body(kind k);
 
@@ -112,6 +113,9 @@ class frame_reader {
   result_kind next(message& out, std::string& error);
   /// Bytes held that do not make a whole frame yet.
   size_t buffered() const { return buf_.size() - pos_; }
+  /// Take only frames of kind `k` (checked from the header, before the body is awaited), or,
+  /// with none, every kind. A link that awaits its first message takes only a hello.
+  void only(std::optional<kind> k) { only_ = k; }
 
  private:
   bytes key_;
@@ -120,6 +124,7 @@ class frame_reader {
   uint64_t seq_ = 0;
   bool failed_ = false;
   std::string error_;
+  std::optional<kind> only_;
 };
 
 }  // namespace ferry::peer_wire

@@ -269,7 +269,10 @@ TEST_CASE(
     peer = std::make_unique<test_peer>(prefill.control(), "evil-decode");
     REQUIRE(peer->ok());
     peer->send(peer_prepare{901, 1, {0}, 0, 0, no_staging, 0});
-    expect = "sent peer_prepare before its hello; closed";
+    // Refused from its header: an inbound link's first frame may only be a hello.
+    expect =
+        "ended before its hello: the peer sent a frame that does not check: peer frame "
+        "peer_prepare where only peer_hello may come";
   }
   SECTION("nothing at all after the preamble") {
     peer = std::make_unique<test_peer>(prefill.control(), "evil-decode");
@@ -409,4 +412,30 @@ TEST_CASE(
   CHECK_THAT(e.reason, Catch::Contains("peer speaks preamble version 1, this daemon 2 (version 1 "
                                        "is an earlier Ferry release"));
   CHECK(e.code == errc::peer_unreachable);
+}
+
+TEST_CASE(
+    "peers that pass the preamble and never say hello are bounded like pending preambles, and "
+    "honest rooms go on",
+    "[e2e][security][hostile][channel]") {
+  temp_dir dir;
+  shape s;
+  daemon_proc prefill(launch_only, dir, "prefill-0", "prefill", s);
+  daemon_proc decode(launch_only, dir, "decode-0", "decode", s);
+  await_ready(prefill, decode);
+  auto cp = prefill.connect();
+  auto cd = decode.connect();
+  // 80 silent links, over limits.max_pending_peers (64): the oldest are closed at once, the
+  // rest when their hello is due (limits.peer_preamble_ms).
+  std::vector<std::unique_ptr<test_peer>> silent;
+  for (int i = 0; i < 80; ++i) {
+    silent.push_back(std::make_unique<test_peer>(prefill.control(), "silent-" + std::to_string(i)));
+    REQUIRE(silent.back()->ok());
+  }
+  real_room(*cp, *cd, prefill.control(), 921);
+  int closed = 0;
+  for (auto& p : silent) closed += p->closed_within(std::chrono::seconds(10));
+  CHECK(closed == 80);
+  CHECK(log_shows(prefill, "sent no hello within"));
+  real_room(*cp, *cd, prefill.control(), 922);
 }

@@ -21,7 +21,7 @@ TEST_CASE("a peer named by a DNS name is resolved off the caller's thread, then 
   std::promise<std::string> admitted, said;
   REQUIRE(server.listen("127.0.0.1", 0, [&](const peer_link_ptr& link) {
     admitted.set_value(link->peer_node());
-    link->bind([&](peer_wire::message&& m) { said.set_value(std::get<peer_leaving>(m).reason); },
+    link->bind([&](peer_wire::message&& m) { said.set_value(std::get<peer_hello>(m).role); },
                nullptr, true);
   }) == "");
   server.start();
@@ -45,7 +45,9 @@ TEST_CASE("a peer named by a DNS name is resolved off the caller's thread, then 
   CHECK(a.get() == "client");
   // The link carries a message, checked and decoded on the server's gate thread.
   link->bind([](peer_wire::message&&) {}, nullptr);
-  REQUIRE(link->send(peer_leaving{"hello over the channel"}));
+  peer_hello h;
+  h.role = "hello over the channel";
+  REQUIRE(link->send(h));
   auto s = said.get_future();
   REQUIRE(s.wait_for(20s) == std::future_status::ready);
   CHECK(s.get() == "hello over the channel");

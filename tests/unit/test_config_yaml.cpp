@@ -122,7 +122,7 @@ TEST_CASE("to_yaml round-trips through the parser", "[unit][config]") {
   SECTION("rails survive, and a peer's copy leaves them out") {
     ferry_config cfg = parse_ok(base_yaml);
     cfg.fabric.rails = 3;
-    cfg.fabric.express_bytes = 1 << 20;
+    cfg.fabric.express_bytes = 2 << 20;
     require_equal(cfg, parse_ok(to_yaml(cfg)));
     // A peer of protocol version 6 refuses unknown keys: what a hello carries has none of
     // these, and parses to the same config with the rail settings at their defaults.
@@ -132,10 +132,17 @@ TEST_CASE("to_yaml round-trips through the parser", "[unit][config]") {
     CHECK(peers.find("express_bytes") == std::string::npos);
     ferry_config seen = parse_ok(peers);
     CHECK(seen.fabric.rails == 1);
-    CHECK(seen.fabric.express_bytes == 0);
+    CHECK(seen.fabric.express_bytes == default_express_bytes("tcp"));  // unset: the provider's
     seen.fabric.rails = cfg.fabric.rails;
     seen.fabric.express_bytes = cfg.fabric.express_bytes;
     require_equal(cfg, seen);
+  }
+  SECTION("an unset express rail takes the provider's default, an explicit 0 turns it off") {
+    CHECK(parse_ok(base_yaml).fabric.express_bytes == (1u << 20));
+    CHECK(parse_ok(base_yaml + "fabric:\n  express_bytes: 0\n").fabric.express_bytes == 0);
+    CHECK(parse_ok(base_yaml + "fabric:\n  provider: verbs\n").fabric.express_bytes == 0);
+    CHECK(default_express_bytes("shm") == (1u << 20));
+    CHECK(default_express_bytes("verbs") == 0);
   }
   SECTION("parallel positions survive") {
     ferry_config cfg = parse_ok(base_yaml);

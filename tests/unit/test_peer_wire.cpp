@@ -269,3 +269,43 @@ TEST_CASE("without a secret both sides still derive mirrored keys, per link", "[
   // With a secret the keys differ from those without: the secret is in them.
   CHECK(keys_a.send != a.send);
 }
+
+TEST_CASE("a link awaiting its first message refuses any kind but a hello from the header",
+          "[peer_wire]") {
+  frame_writer w(keys_c.send);
+  std::vector<uint8_t> f;
+  peer_prepare p;
+  p.dst_pages.resize(1u << 20);  // 4 MiB that must never be awaited
+  w.seal(p, f);
+  frame_reader r(keys_a.recv);
+  r.only(kind::hello);
+  r.feed(f.data(), header_bytes);  // the header alone
+  message m;
+  std::string error;
+  CHECK(r.next(m, error) == frame_reader::result_kind::failed);
+  CHECK(error == "peer frame peer_prepare where only peer_hello may come");
+  // A hello passes, and once the restriction is lifted every kind does.
+  frame_writer w2(keys_c.send);
+  std::vector<uint8_t> g;
+  w2.seal(peer_hello{}, g);
+  w2.seal(peer_heartbeat{}, g);
+  frame_reader r2(keys_a.recv);
+  r2.only(kind::hello);
+  r2.feed(g.data(), g.size());
+  CHECK(r2.next(m, error) == frame_reader::result_kind::message);
+  r2.only(std::nullopt);
+  CHECK(r2.next(m, error) == frame_reader::result_kind::message);
+  CHECK(std::holds_alternative<peer_heartbeat>(m));
+}
+
+TEST_CASE("a reason longer than a reader takes arrives shortened, not refused", "[peer_wire]") {
+  frame_writer w(keys_c.send);
+  std::vector<uint8_t> f;
+  w.seal(peer_refused{std::string(100000, 'x')}, f);
+  frame_reader r(keys_a.recv);
+  std::string error;
+  auto got = read_all(r, f, error);
+  CHECK(error == "");
+  REQUIRE(got.size() == 1);
+  CHECK(std::get<peer_refused>(got[0]).reason == std::string(max_text_bytes, 'x'));
+}
