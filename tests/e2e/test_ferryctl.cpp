@@ -134,9 +134,11 @@ TEST_CASE("ferryctl --json prints one document for every command, before or afte
                            Catch::Contains("\ndecode_rooms_succeeded: 1\n") &&
                            Catch::Contains("\ncontrol: " + c.decode.control() + "\n"));
   CHECK(ferryctl(c.dir, D, {"rooms"}).out == "no active rooms\n");
+  // Two endpoints in use with the peer: the bulk rail and the express rail (on by default).
   CHECK_THAT(ferryctl(c.dir, D, {"peers"}).out,
              Catch::StartsWith("peer=" + peer + " node=prefill-0 instance=" +
-                               c.p->daemon().instance + " tp=0/1 pp=0/1 link: "));
+                               c.p->daemon().instance + " tp=0/1 pp=0/1 rails=2") &&
+                 Catch::Contains(" link: kv "));
   CHECK_THAT(ferryctl(c.dir, D, {"pools"}).out,
              Catch::StartsWith("pool kv: " + c.d->daemon().pools[0].shm_name + " (") &&
                  Catch::Contains("  4096 pages of 8192 bytes: 0 in use, 4096 free\n") &&
