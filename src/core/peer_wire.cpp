@@ -102,8 +102,12 @@ class reader {
   }
   bool u32s(std::vector<uint32_t>& v, const char* field) {
     uint32_t n = 0;
-    // A count the body cannot hold is refused before anything is allocated.
-    if (!count(n, field, (in_.size() - pos_) / 4)) return false;
+    if (!num(n, field)) return false;
+    // A count the rest of the body cannot hold is refused before anything is allocated (the
+    // rest after the count itself: fuzz_peer_wire found the bound taken before it, one entry
+    // too many, and the reads past the body that followed).
+    if (const size_t fits = (in_.size() - pos_) / 4; n > fits)
+      return fail(fmt::format("field '{}' has {} entries, above the limit of {}", field, n, fits));
     v.resize(n);
     const uint8_t* p = in_.data() + pos_;
     for (auto& x : v) {
@@ -126,7 +130,7 @@ class reader {
 
  private:
   bool need(size_t n, const char* field) {
-    if (in_.size() - pos_ >= n) return true;
+    if (pos_ <= in_.size() && in_.size() - pos_ >= n) return true;
     return fail(fmt::format("field '{}' needs {} bytes, {} left", field, n, in_.size() - pos_));
   }
   bool fail(std::string e) {

@@ -247,6 +247,15 @@ TEST_CASE("a body is decoded bounds-checked and must be consumed exactly", "[pee
   r = decode_body(kind::prepare, prep);
   CHECK_THAT(r.message, Catch::StartsWith("peer message peer_prepare: field 'dst_pages' has "
                                           "4294967295 entries, above the limit of"));
+  // One entry more than the rest of the body holds (the bound is what follows the count).
+  auto one_more = encode_body(peer_prepare{5, 6, {1, 2}, 3, 4, 7, 8});
+  one_more[16] = 8;  // 2 pages, then 4 + 4 + 8 + 4 bytes: 28 bytes, 7 entries would fit
+  r = decode_body(kind::prepare, one_more);
+  CHECK(r.message ==
+        "peer message peer_prepare: field 'dst_pages' has 8 entries, above the limit of 7");
+  one_more[16] = 7;  // fits: then the fields after it are missing
+  r = decode_body(kind::prepare, one_more);
+  CHECK(r.message == "peer message peer_prepare: field 'dst_state_slot' needs 4 bytes, 0 left");
   // Too many rails, too long a reason.
   auto rails = encode_body(peer_rails{});
   rails[0] = 65;
