@@ -439,3 +439,36 @@ TEST_CASE(
   CHECK(log_shows(prefill, "sent no hello within"));
   real_room(*cp, *cd, prefill.control(), 922);
 }
+
+TEST_CASE(
+    "while a cluster rotates its secret the channel's keys agree across the two secrets, and a "
+    "frame under any other key is cut off",
+    "[e2e][security][hostile][channel]") {
+  temp_dir dir;
+  const auto old_secret = write_secret(dir, "old", "the old secret of this cluster");
+  const auto new_secret = write_secret(dir, "new", "the new secret of this cluster");
+  // The prefill already proves the new secret, the decode still the old one; each accepts both.
+  shape ps, ds;
+  ps.secret_file = new_secret, ps.accepted_secret_file = old_secret;
+  ds.secret_file = old_secret, ds.accepted_secret_file = new_secret;
+  daemon_proc prefill(launch_only, dir, "prefill-0", "prefill", ps);
+  daemon_proc decode(launch_only, dir, "decode-0", "decode", ds);
+  await_ready(prefill, decode);
+  auto cp = prefill.connect();
+  auto cd = decode.connect();
+  real_room(*cp, *cd, prefill.control(), 931);  // every frame of it under the derived keys
+
+  // A peer that knows the secret but seals its first frame under another key (its own
+  // direction's reversed: a reflection) is refused by the MAC and cut off.
+  test_peer peer(prefill.control(), "evil-decode", "the new secret of this cluster");
+  REQUIRE(peer.ok());
+  peer_wire::frame_writer wrong(peer.keys().recv);
+  std::vector<uint8_t> f;
+  wrong.seal(peer_hello{}, f);
+  peer.send_raw(f);
+  CHECK(cut_off(peer));
+  CHECK(log_shows(prefill,
+                  "ended before its hello: the peer sent a frame that does not check: "
+                  "peer frame peer_hello failed its MAC check"));
+  real_room(*cp, *cd, prefill.control(), 932);
+}
