@@ -137,8 +137,7 @@ bool client_gateway::impl::has_output(const connection& c) {
 /// At a stop: what actors answered before it (the outcome of the last room of a drain, say)
 /// still reaches its client. Bounded: a client that does not read within `limit` loses the
 /// rest with its connection.
-void client_gateway::impl::deliver_before_close(std::atomic<size_t>&,
-                                                std::chrono::milliseconds limit) {
+void client_gateway::impl::deliver_before_close(std::chrono::milliseconds limit) {
   const auto until = std::chrono::steady_clock::now() + limit;
   std::vector<pollfd> waiting;
   for (;;) {
@@ -410,7 +409,7 @@ void client_gateway::run() {
       im.close_conn(id, conn_count_);
     }
   }
-  im.deliver_before_close(conn_count_, std::chrono::milliseconds(1000));
+  im.deliver_before_close(std::chrono::milliseconds(1000));
 }
 
 }  // namespace ferry

@@ -115,7 +115,7 @@ struct client_gateway::impl {
   /// At a stop: what actors answered before it (the outcome of the last room of a drain, say)
   /// still reaches its client. Bounded: a client that does not read within `limit` loses the
   /// rest with its connection.
-  void deliver_before_close(std::atomic<size_t>& count, std::chrono::milliseconds limit);
+  void deliver_before_close(std::chrono::milliseconds limit);
 
   /// The session rules of docs/protocol.md: hello first, once, in a version both sides speak
   /// (which the connection then keeps). Returns the refusal for a request that breaks them (the

@@ -252,7 +252,6 @@ const std::string& metrics_peer(const connection_state& st) {
 void become_ready(connection_actor* self) {
   auto& st = self->state;
   st.info = std::move(st.candidate);
-  st.ready_link = true;
   st.health = st.ctx->metrics->peer_ready(metrics_peer(st));
   heard(st);
   st.next_beat = st.last_heard;  // the first tick sends one
@@ -378,7 +377,7 @@ caf::behavior relay(connection_actor* self) {
       },
       [=](peer_outbound& o) {
         auto& st = self->state;
-        if (st.ready_link)
+        if (st.machine.ready())
           send(st, o.msg);
         else if (!st.machine.closed())
           st.queued.push_back(std::move(o.msg));

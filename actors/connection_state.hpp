@@ -72,7 +72,6 @@ struct connection_state {
   peer_hello hello;                      // the peer's (its nonce)
   std::shared_ptr<peer_info> candidate;  // its hello passed; becomes `info` when ready
   peer_info_ptr info;
-  bool ready_link = false;  // handshake done: room messages go out on `link`
   std::vector<peer_wire::message> queued;
   std::vector<caf::response_promise> waiting;    // info requests before the handshake finished
   bytes nonce;                                   // ours, when a cluster secret is configured

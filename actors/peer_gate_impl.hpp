@@ -424,7 +424,7 @@ struct peer_gate::impl {
     // holds nothing longer than an idle unauthenticated one.
     for (auto it = hello_due.begin(); it != hello_due.end();) {
       const auto& link = links.at(it->first);
-      if (link->stats().frames_in > 0 || link->closed()) {
+      if (link->frames_in() > 0 || link->closed()) {
         it = hello_due.erase(it);
       } else if (it->second <= now) {
         ++stats->timed_out;

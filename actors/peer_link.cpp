@@ -66,14 +66,9 @@ bool peer_link::send(const peer_wire::message& m) {
   std::lock_guard g(mutex_);
   if (closed_) return false;
   writer_.seal(m, out_);
-  ++stats_.frames_out;
   if (!write_armed_) {
     flush_locked(dead);
     if (closed_) return false;
-    if (write_armed_)
-      ++stats_.writes_deferred;
-    else
-      ++stats_.writes_direct;
   }
   if (out_.size() - out_pos_ > max_unsent_) {
     end_locked(fmt::format("the peer left {} bytes of this daemon's messages unread (more than "
@@ -111,11 +106,6 @@ bool peer_link::lingered(std::chrono::steady_clock::time_point now) const {
   return closed_here_ && fd_ >= 0 && now - closed_at_ > linger;
 }
 
-std::string peer_link::reason() const {
-  std::lock_guard g(mutex_);
-  return reason_;
-}
-
 bool peer_link::on_event(uint32_t events) {
   const bool hangup = events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR);
   {
@@ -148,7 +138,6 @@ bool peer_link::on_event(uint32_t events) {
     std::lock_guard g(mutex_);
     if (closed_) return closed_here_;
     if (n > 0) {
-      stats_.bytes_in += uint64_t(n);
       reader_.feed(buf, size_t(n));
       parse_locked(dead);
       if (size_t(n) < sizeof buf) break;
@@ -190,7 +179,7 @@ void peer_link::parse_locked(graveyard& dead) {
     if (r == peer_wire::frame_reader::result_kind::more) return;
     if (r == peer_wire::frame_reader::result_kind::failed)
       return end_locked("the peer sent a frame that does not check: " + error, dead);
-    ++stats_.frames_in;
+    ++frames_in_;
     if (on_message_) on_message_(std::move(m));
     if (one_message_) {
       paused_ = true;
@@ -205,7 +194,6 @@ void peer_link::flush_locked(graveyard& dead) {
         ::send(fd_, out_.data() + out_pos_, out_.size() - out_pos_, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
       out_pos_ += size_t(n);
-      stats_.bytes_out += uint64_t(n);
       continue;
     }
     if (n < 0 && errno == EINTR) continue;

@@ -59,20 +59,14 @@ class peer_link {
   inline static constexpr auto linger = std::chrono::seconds(2);
   /// Closed here longer ago than `linger`, its socket still open (the gate then finishes it).
   bool lingered(std::chrono::steady_clock::time_point now) const;
-  /// Why the link ended (empty while open).
-  std::string reason() const;
   const std::string& peer_node() const { return peer_node_; }
   /// The remote address, for logs.
   const std::string& source() const { return source_; }
 
-  struct counters {
-    std::atomic<uint64_t> frames_in{0}, frames_out{0}, bytes_in{0}, bytes_out{0}, writes_direct{0},
-        writes_deferred{0};
-  };
-  const counters& stats() const { return stats_; }
+  /// Messages delivered so far (a link that has said nothing has not said hello).
+  uint64_t frames_in() const { return frames_in_.load(); }
 
   // The gate's thread only.
-  int fd() const { return fd_; }
   /// An epoll event on the socket; false once the link is over (the gate then calls finish()).
   bool on_event(uint32_t events);
   /// Forget the socket: close it. The link stays valid for those who hold it (sends fail).
@@ -106,7 +100,7 @@ class peer_link {
   std::string reason_;
   std::vector<uint8_t> out_;
   size_t out_pos_ = 0;
-  counters stats_;
+  std::atomic<uint64_t> frames_in_{0};
 };
 
 using peer_link_ptr = std::shared_ptr<peer_link>;
