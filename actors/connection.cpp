@@ -68,11 +68,28 @@ void send(connection_state& st, const peer_wire::message& m) {
 }
 
 /// Make this actor the link's owner: each inbound message is posted to it as its own type, and
-/// the link's end as `link_closed`.
-void bind_link(const caf::actor& me, const peer_link_ptr& link) {
+/// the link's end as `link_closed`. Once the peer is ready (`routes`), room messages skip this
+/// actor: one with a route (actors/room_routes.hpp) goes from the link's thread straight to its
+/// room's actor, any other (a prepare, a message of a room that ended) to the Scheduler, in the
+/// order read. Bound again without `routes` when the peer is no longer ready (bind and
+/// delivery share the link's lock).
+void bind_link(const caf::actor& me, const peer_link_ptr& link, peer_info_ptr peer = nullptr,
+               const room_routes* routes = nullptr, caf::actor scheduler = {}) {
   link->bind(
-      [me](peer_wire::message&& m) {
-        std::visit([&](auto& x) { caf::anon_send(me, std::move(x)); }, m);
+      [me, peer = std::move(peer), routes, scheduler](peer_wire::message&& m) {
+        std::visit(
+            [&](auto& x) {
+              if constexpr (is_room_message<std::decay_t<decltype(x)>>) {
+                if (routes) {
+                  auto to = routes->of(x, me.id());
+                  caf::anon_send(to ? to : scheduler,
+                                 peer_inbound{peer, me, caf::make_message(std::move(x))});
+                  return;
+                }
+              }
+              caf::anon_send(me, std::move(x));
+            },
+            m);
       },
       [me](const std::string& why) { caf::anon_send(me, link_closed{why}); });
 }
@@ -188,6 +205,9 @@ void tick(connection_actor* self) {
   auto& st = self->state;
   if (!st.machine.ready()) return;
   const auto& t = st.ctx->config.timeouts;
+  // Room messages skip this actor: any frame read since the last tick is news.
+  if (const auto n = st.link ? st.link->frames_in() : 0; std::exchange(st.frames_seen, n) != n)
+    heard(st);
   const int64_t now = now_ms();
   const auto step = hs::heartbeat_tick(now, st.tick_due, st.last_heard, st.next_beat,
                                        t.heartbeat_ms, t.heartbeat_misses);
@@ -251,7 +271,10 @@ const std::string& metrics_peer(const connection_state& st) {
 
 void become_ready(connection_actor* self) {
   auto& st = self->state;
+  st.candidate->channel = st.link;
   st.info = std::move(st.candidate);
+  bind_link(caf::actor_cast<caf::actor>(self), st.link, st.info, &st.ctx->routes, st.scheduler);
+  st.routed = true;
   st.health = st.ctx->metrics->peer_ready(metrics_peer(st));
   heard(st);
   st.next_beat = st.last_heard;  // the first tick sends one
@@ -344,6 +367,11 @@ void apply(connection_actor* self, hs::effects fx) {
           }
         },
         e);
+  }
+  // A peer no longer ready speaks to no room: what it still sends comes here and is dropped.
+  if (st.routed && !st.machine.ready()) {
+    st.routed = false;
+    if (st.link && !st.link->closed()) bind_link(me, st.link);
   }
 }
 

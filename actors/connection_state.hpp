@@ -88,6 +88,8 @@ struct connection_state {
   bool fence_asked = false;               // a room asked for the fence (its writes failed)
   bool goodbye_pending = false;           // our peer_leaving awaits its peer_leaving_ack
   std::optional<peer_rails> early_rails;  // connecting: the peer's rails, sent before our ready
+  bool routed = false;                    // the link delivers room messages straight to their rooms
+  uint64_t frames_seen = 0;               // the link's frames_in() at the last heartbeat tick
 };
 
 using connection_actor = caf::stateful_actor<connection_state>;

@@ -18,6 +18,8 @@
 
 #include "actors/log_digest.hpp"
 #include "actors/metrics.hpp"
+#include "actors/room_routes.hpp"
+#include "actors/room_timeline.hpp"
 #include "actors/timer_service.hpp"
 #include "core/auth.hpp"
 #include "core/config.hpp"
@@ -192,6 +194,10 @@ struct daemon_context {
   /// Every room's deadlines (cancellable); stopped, like the peer gate, inside the actor
   /// system's scope.
   std::unique_ptr<timer_service> timers;
+  /// Where peer messages and landed writes of each room go without the Scheduler.
+  room_routes routes;
+  /// The last rooms' milestones on this daemon's clock (the `timelines` info document).
+  timeline_log timelines;
   std::shared_ptr<spdlog::logger> log_sched, log_room, log_peer;
   /// The info log's summary of rooms and its limit on floods of per-room lines.
   logging::digest digest;

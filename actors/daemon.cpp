@@ -471,8 +471,24 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
       rc = exit_code::could_not_start;
     } else {
       ctx->peer_port->start();
-      ctx->engine->start([scheduler](transport::immediate_counts c) {
-        caf::anon_send(scheduler, immediates_msg{std::move(c)});
+      // Each room's landed writes go from the progress thread straight to its actor; only
+      // those with no route (a room that ended: late writes, counted and logged) go to the
+      // Scheduler, which then returns the credit.
+      ctx->engine->start([scheduler, c = ctx.get()](transport::immediate_counts counts) {
+        transport::immediate_counts rest;
+        uint64_t routed = 0;
+        for (auto [token, n] : counts)
+          if (auto room = c->routes.decode(token)) {
+            caf::anon_send(room, landed_msg{token, n});
+            routed += n;
+          } else {
+            rest.emplace_back(token, n);
+          }
+        if (routed) c->metrics->writes_landed(routed);
+        if (rest.empty())
+          c->engine->return_immediate_credit();
+        else
+          caf::anon_send(scheduler, immediates_msg{std::move(rest)});
       });
       ctx->drain_on_request = !options.wait_for_stop;
       ctx->gateway->start(scheduler);

@@ -54,6 +54,9 @@ struct peer_info {
   std::vector<std::string> instance_ranks;  ///< its config's discovery.instance_ranks
   std::shared_ptr<const link_plan> link;    ///< prefill -> decode plan for this pair, validated at
                                             ///< handshake (whichever side we are)
+  /// The channel to the peer while this description holds: rooms write their messages on it
+  /// themselves (`to_peer`).
+  peer_link_ptr channel;
 
   /// Remote region of a space at the peer.
   const peer_region& region(space s) const {
@@ -203,6 +206,12 @@ inline std::string describe(const peer_down& d) {
 struct peer_outbound {
   peer_wire::message msg;
 };
+
+/// A room's message to its peer: written on the peer's channel from the room's own thread, no
+/// hop through the Connection; through the Connection only where the room knows no channel.
+/// Dropped once the channel is over, as the Connection drops it: its end is reported to the
+/// room as the peer's loss by then.
+void to_peer(const peer_info_ptr& peer, const caf::actor& connection, peer_wire::message m);
 
 /// Peer gate -> Scheduler: the first message on an inbound link (it must be a `peer_hello`);
 /// the link reads nothing more until a Connection binds it.

@@ -56,6 +56,7 @@ struct receiver_state {
   size_t unpacked = 0;
   std::unique_ptr<trace::file> trace;  // FERRY_TRACE_DIR (actors/room_trace.hpp)
   commit_clock commit;                 // where the commit phase starts (actors/metrics.hpp)
+  room_timeline timeline;              // its milestones (actors/room_timeline.hpp)
 
   std::string peers() const { return fmt::format("{}", fmt::join(prep.prefill_peers, ",")); }
 };
@@ -73,9 +74,12 @@ using trace::json;
 
 void report(receiver_actor* self, room_status s, const std::string& reason, errc code) {
   auto& st = self->state;
-  if (s == room_status::success)
+  if (s == room_status::success) {
     if (auto seconds = st.commit.seconds_to(std::chrono::steady_clock::now()))
       st.ctx->metrics->phase(true, latency_phase::commit, *seconds);
+    st.timeline.mark(decode_mark::success);
+  }
+  if (is_terminal(s)) st.ctx->timelines.add(true, st.prep.room, st.timeline);
   caf::anon_send(st.scheduler,
                  room_update{st.prep.room, true, s, reason,
                              s == room_status::success ? st.machine.bytes() : 0, code});
@@ -163,11 +167,10 @@ void apply(receiver_actor* self, receiver::effects fx) {
                              st.prep.state_slot,   st.prep.aux_row, l.staging.value_or(no_staging),
                              st.prep.prefix_tokens};
               const auto& state = st.ctx->config.pools.mamba;
-              self->send(st.connections[l.named],
-                         peer_outbound{state && paged(state->type)
-                                           ? peer_wire::message(peer_prepare_paged{
-                                                 std::move(p), st.prep.state_pages})
-                                           : peer_wire::message(std::move(p))});
+              to_peer(peer, st.connections[l.named],
+                      state && paged(state->type) ? peer_wire::message(peer_prepare_paged{
+                                                        std::move(p), st.prep.state_pages})
+                                                  : peer_wire::message(std::move(p)));
             }
           } else if constexpr (std::is_same_v<E, receiver::tell>) {
             if (x.ok)
@@ -175,9 +178,9 @@ void apply(receiver_actor* self, receiver::effects fx) {
                                       st.prep.room, st.peers(), st.machine.commit().landed(),
                                       st.machine.bytes());
             for (const auto& l : st.machine.links())
-              self->send(st.connections[l.named],
-                         peer_outbound{peer_outcome{st.prep.room, l.token, false, x.ok, x.reason,
-                                                    static_cast<uint16_t>(x.code)}});
+              to_peer(st.named[l.named], st.connections[l.named],
+                      peer_outcome{st.prep.room, l.token, false, x.ok, x.reason,
+                                   static_cast<uint16_t>(x.code)});
           } else if constexpr (std::is_same_v<E, receiver::failed>) {
             if (st.ctx->digest.allow(logging::flood::room_error, st.ctx->log_room,
                                      spdlog::level::warn))
@@ -231,12 +234,14 @@ void on_peer(receiver_actor* self, peer_inbound& in) {
                                               a.reason);
               });
           // Test hook: a Receiver dying while its prefill ranks may write (scheduler.cpp).
+          if (!before && st.machine.all_accepted()) st.timeline.mark(decode_mark::acknowledged);
           if (!before && st.machine.all_accepted() && core::failpoint("receiver_throw_on_accepted"))
             throw std::runtime_error("failpoint receiver_throw_on_accepted");
           apply(self, std::move(fx));
         },
         [&](peer_announce& a) {
           st.commit.announced(std::chrono::steady_clock::now());
+          st.timeline.mark(decode_mark::announced);
           apply(self, feed(
                           st,
                           [&] {
@@ -302,6 +307,9 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
                      {"first_token", token},
                      {"pages", st.prep.dst_pages.size()},
                      {"staging_capacity", st.ctx->staging ? st.ctx->staging->bytes : 0}});
+  // Before any prepare leaves: what its prefill ranks answer comes straight here.
+  st.ctx->routes.add_decode(token, static_cast<uint32_t>(st.connections.size()),
+                            caf::actor_cast<caf::actor>(self));
   apply(self, feed(
                   st,
                   [] {
@@ -378,6 +386,7 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
       [=](landed_msg& m) {
         auto& st = self->state;
         st.commit.write_done(std::chrono::steady_clock::now());  // the last one starts the commit
+        st.timeline.mark(decode_mark::landed);
         apply(self, feed(
                         st,
                         [&] {

@@ -259,6 +259,8 @@ std::string info_json(scheduler_state& st, proto::info_topic topic) {
       return peers_doc(st).dump();
     case proto::info_topic::pools:
       return pools_doc(st).dump();
+    case proto::info_topic::timelines:
+      return st.ctx->timelines.to_json().dump();
   }
   return "null";
 }

@@ -301,8 +301,14 @@ room_entry& open_room(scheduler_state& st, side_rooms& side, uint64_t room, caf:
 void finish_room(scheduler_state& st, side_rooms& side, uint64_t room, room_status s,
                  std::string reason, errc code, uint32_t prefix_tokens, uint64_t bytes,
                  bool without_decode) {
-  if (auto it = side.active.find(room); it != side.active.end())
-    st.room_actors.erase(it->second.actor.id());
+  if (auto it = side.active.find(room); it != side.active.end()) {
+    const auto& e = it->second;
+    st.room_actors.erase(e.actor.id());
+    if (&side == &st.decode)
+      st.ctx->routes.remove_decode(e.token, e.tokens, e.actor);
+    else
+      st.ctx->routes.remove_prefill(room, e.actor);
+  }
   side.finish(room, s, std::move(reason), code, prefix_tokens, bytes, without_decode);
 }
 

@@ -64,6 +64,7 @@ struct sender_state {
   std::vector<pack_job> slice;         // the jobs of one packed batch
   std::unique_ptr<trace::file> trace;  // FERRY_TRACE_DIR (actors/room_trace.hpp)
   commit_clock commit;                 // where the commit phase starts (actors/metrics.hpp)
+  room_timeline timeline;              // its milestones (actors/room_timeline.hpp)
 };
 
 using sender_actor = caf::stateful_actor<sender_state>;
@@ -73,6 +74,7 @@ using sender_actor = caf::stateful_actor<sender_state>;
 struct answering {
   const client_request* request = nullptr;
   caf::actor prepare_from;
+  peer_info_ptr prepare_peer;  ///< the peer whose prepare this answers
 };
 
 void apply(sender_actor* self, sender::effects fx, const answering& to = {});
@@ -85,9 +87,12 @@ sender::effects feed(sender_state& st, Describe&& describe, Call&& call) {
 
 void report(sender_actor* self, room_status s, const std::string& reason, errc code) {
   auto& st = self->state;
-  if (s == room_status::success)
+  if (s == room_status::success) {
     if (auto seconds = st.commit.seconds_to(std::chrono::steady_clock::now()))
       st.ctx->metrics->phase(false, latency_phase::commit, *seconds);
+    st.timeline.mark(prefill_mark::success);
+  }
+  if (is_terminal(s)) st.ctx->timelines.add(false, st.room, st.timeline);
   caf::anon_send(st.scheduler, room_update{st.room, false, s, reason,
                                            s == room_status::success ? st.machine.bytes() : 0, code,
                                            st.machine.prefix_tokens()});
@@ -259,7 +264,7 @@ void post_link(sender_actor* self, size_t i, const sender::post_chunk& post) {
 void send_to_links(sender_actor* self, auto&& make) {
   auto& st = self->state;
   for (size_t i = 0; i < st.links.size(); ++i)
-    self->send(st.links[i].connection, peer_outbound{make(st.machine.links()[i])});
+    to_peer(st.links[i].peer, st.links[i].connection, make(st.machine.links()[i]));
 }
 
 /// Carry out the machine's effects, in order.
@@ -282,11 +287,11 @@ void apply(sender_actor* self, sender::effects fx, const answering& to) {
             st.ctx->gateway->reply(to.request->conn, to.request->seq,
                                    proto::error{x.outcome.code, x.outcome.message});
           } else if constexpr (std::is_same_v<E, sender::ack>) {
-            self->send(to.prepare_from,
-                       peer_outbound{peer_prepare_ack{
-                           st.room, x.token, static_cast<bool>(x.outcome), x.outcome.message,
-                           static_cast<uint16_t>(x.outcome.code)}});
+            to_peer(to.prepare_peer, to.prepare_from,
+                    peer_prepare_ack{st.room, x.token, static_cast<bool>(x.outcome),
+                                     x.outcome.message, static_cast<uint16_t>(x.outcome.code)});
           } else if constexpr (std::is_same_v<E, sender::post_chunk>) {
+            if (x.chunk.last) st.timeline.mark(prefill_mark::sent);
             for (size_t i = 0; i < st.links.size(); ++i) post_link(self, i, x);
             st.ctx->log_room->debug("room={} peer={} chunk pages={} last={} layers={}+{} ends={}",
                                     st.room, st.machine.peer_name(), x.chunk.src_pages.size(),
@@ -304,6 +309,7 @@ void apply(sender_actor* self, sender::effects fx, const answering& to) {
             pumped(self);
           } else if constexpr (std::is_same_v<E, sender::announce>) {
             st.commit.announced(std::chrono::steady_clock::now());
+            st.timeline.mark(prefill_mark::announced);
             send_to_links(self, [&](const sender::link_record& r) {
               return peer_announce{st.room, r.token, r.writes, r.bytes};
             });
@@ -446,8 +452,11 @@ void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p,
           in.from->link->describe());
     st.links.push_back(
         decode_link{in.from, in.connection, std::move(p), std::move(state_pages), {}});
+    st.timeline.mark_once(prefill_mark::prepared);
+    // That link's outcome, which follows its prepare, may now come straight here.
+    st.ctx->routes.add_prefill(st.room, caf::actor_cast<caf::actor>(self), in.connection.id());
   }
-  apply(self, std::move(fx), answering{nullptr, in.connection});
+  apply(self, std::move(fx), answering{nullptr, in.connection, in.from});
 }
 
 void on_peer(sender_actor* self, peer_inbound& in) {
@@ -518,12 +527,13 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
                   {"row", c.aux_row},     {"layers", {c.first_layer, c.layer_count}}};
             },
             [&] { return st.machine.chunk(std::move(c)); });
-        apply(self, std::move(fx), answering{&req, {}});
+        apply(self, std::move(fx), answering{&req, {}, {}});
       },
       [=](peer_inbound& in) { on_peer(self, in); },
       [=](batch_done_msg& d) {
         auto& st = self->state;
         st.commit.write_done(std::chrono::steady_clock::now());  // the last one starts the commit
+        st.timeline.mark(prefill_mark::written);
         result<> r;
         if (!d.result.ok()) r = error{d.result.code, d.result.message};
         apply(self, feed(

@@ -26,8 +26,8 @@
 /// thread reports each arrived immediate (only after its payload is placed) through the
 /// `immediates` callback, aggregated as (imm, count) pairs, at most one undelivered batch at a
 /// time (credit = 1), whichever rail they arrived on: after consuming a batch the consumer calls
-/// `return_immediate_credit`; immediates arriving meanwhile are aggregated into the next batch,
-/// never dropped.
+/// `return_immediate_credit` (from within the callback too); immediates arriving meanwhile are
+/// aggregated into the next batch, never dropped.
 ///
 /// Lifetimes: a submitted batch is owned by the engine until its `batch_done` callback has run;
 /// the submitter may die meanwhile. Registered memory must outlive the engine. After

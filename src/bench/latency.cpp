@@ -57,6 +57,39 @@ std::optional<int> ferry_room(context& ctx, std::optional<room_phases>& out) {
   return std::nullopt;
 }
 
+/// Per-phase times on each daemon's own clock, from the `timelines` info document of every
+/// daemon of one side: for rooms [first, last), the p50 in ms of each milestone from the room's
+/// start there (the decode's prepare taken; the prefill room's opening). Null where the daemon
+/// does not keep timelines (before 0.6); `text` gets one readable line.
+nlohmann::json daemon_phases(std::vector<std::unique_ptr<client::client>>& clients,
+                             const char* side, uint64_t first, uint64_t last, std::string& text) {
+  std::vector<std::string> marks;
+  std::vector<std::vector<double>> ms;
+  for (auto& c : clients) {
+    auto doc = c->info(proto::info_topic::timelines);
+    if (!doc) return nullptr;
+    const auto j = nlohmann::json::parse(doc.value, nullptr, false);
+    if (j.is_discarded() || !j.contains(side)) return nullptr;
+    const auto& s = j.at(side);
+    marks = s.at("marks").get<std::vector<std::string>>();
+    ms.resize(marks.size());
+    for (const auto& row : s.at("rooms")) {
+      const auto room = row.at(0).get<uint64_t>();
+      if (room < first || room >= last) continue;
+      for (size_t i = 0; i < marks.size() && i + 1 < row.size(); ++i)
+        if (row.at(i + 1).is_number()) ms[i].push_back(row.at(i + 1).get<double>() / 1000.0);
+    }
+  }
+  nlohmann::json out = nlohmann::json::object();
+  text = fmt::format("{} clock, p50 from its start:", side);
+  for (size_t i = 1; i < marks.size(); ++i) {  // the first mark is the start itself
+    if (ms[i].empty()) continue;
+    out[marks[i]] = percentile(ms[i], 0.5);
+    text += fmt::format(" {} {:.3f} ms", marks[i], percentile(ms[i], 0.5));
+  }
+  return out;
+}
+
 nlohmann::json with_min(const std::vector<double>& v) {
   auto j = summary(v);
   j["min"] = v.empty() ? nlohmann::json(nullptr) : nlohmann::json(percentile(v, 0));
@@ -108,6 +141,7 @@ int run_latency(context& ctx) {
   for (double gap_ms : o.gaps_ms) {
     std::vector<double> ferry_ms, raw_ms, single_ms, open_ms, send_ms, commit_ms;
     const auto gap = std::chrono::duration<double, std::milli>(gap_ms);
+    const uint64_t first_room = ctx.next_room;
     for (uint32_t i = 0; i < o.requests; ++i) {
       if (gap_ms > 0) std::this_thread::sleep_for(gap);
       std::optional<room_phases> ph;
@@ -128,6 +162,11 @@ int run_latency(context& ctx) {
                          {{"prepare_and_subscribe", with_min(open_ms)},
                           {"send", with_min(send_ms)},
                           {"send_answered_to_success", with_min(commit_ms)}}}};
+    std::string decode_text, prefill_text;
+    g["daemon_phases_ms"] = {
+        {"decode", daemon_phases(ctx.decodes, "decode", first_room, ctx.next_room, decode_text)},
+        {"prefill",
+         daemon_phases(ctx.prefills, "prefill", first_room, ctx.next_room, prefill_text)}};
     raw_series(false, gap_ms, raw_ms, g);
     raw_series(true, gap_ms, single_ms, g);
     g["raw_ms"] = raw_ms.empty() ? nlohmann::json(nullptr) : with_min(raw_ms);
@@ -158,6 +197,8 @@ int run_latency(context& ctx) {
           "latency, gap {} ms, ferry p50 by phase: prepare+subscribe answered {:.3f} ms, send "
           "answered {:.3f} ms later, Success {:.3f} ms after that\n",
           gap_ms, percentile(open_ms, 0.5), percentile(send_ms, 0.5), percentile(commit_ms, 0.5));
+    for (const auto* t : {&decode_text, &prefill_text})
+      if (!t->empty()) ctx.report() << fmt::format("latency, gap {} ms, {}\n", gap_ms, *t);
     gaps.push_back(std::move(g));
   }
   if (!raw_error.empty()) ctx.report() << "raw latency reference failed: " << raw_error << "\n";

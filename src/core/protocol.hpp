@@ -116,7 +116,7 @@ struct subscribe {
   uint64_t room = 0;
 };
 /// What an `info` asks for; the reply is a JSON document (docs/protocol.md, "Info documents").
-enum class info_topic : uint8_t { status = 0, rooms = 1, peers = 2, pools = 3 };
+enum class info_topic : uint8_t { status = 0, rooms = 1, peers = 2, pools = 3, timelines = 4 };
 struct info {
   info_topic topic = info_topic::status;
 };

@@ -156,8 +156,8 @@ bool decode_body(reader& r, cancel& m) { return r.num(m.room, "room"); }
 bool decode_body(reader& r, subscribe& m) { return r.num(m.room, "room"); }
 bool decode_body(reader& r, info& m) {
   if (!r.num(m.topic, "topic")) return false;
-  if (m.topic > info_topic::pools) {
-    r.set_error(fmt::format("field 'topic' must be 0..3, got {}", static_cast<int>(m.topic)));
+  if (m.topic > info_topic::timelines) {
+    r.set_error(fmt::format("field 'topic' must be 0..4, got {}", static_cast<int>(m.topic)));
     return false;
   }
   return true;

@@ -243,8 +243,29 @@ def test_info_documents_follow_a_room(mamba_pair: tuple[Daemon, Daemon]) -> None
             [(room, "decode", pd.control)], listed
         assert listed[0]["status"] in ("Bootstrapping", "WaitingForInput"), listed
         p.send(room, src, last=True, state_slot=2, aux_row=2)
+        p.subscribe(room)  # known here once sent (a finished room's outcome is pushed too)
         ev = d.wait_terminal(room, timeout=T)
         assert (ev.status, ev.code) == (Status.Success, Errc.OK), ev
+        pev = p.wait_terminal(room, timeout=T)
+        assert (pev.status, pev.code) == (Status.Success, Errc.OK), pev
+
+        # Every milestone of the room, on each daemon's clock, in the order it must happen.
+        for c, side in ((d, "decode"), (p, "prefill")):
+            tl = c.info("timelines")
+            assert tl["unit"] == "us", tl
+            rows = [r for r in tl[side]["rooms"] if r[0] == room]
+            assert len(rows) == 1, tl
+            marks = dict(zip(tl[side]["marks"], rows[0][1:]))
+            assert all(isinstance(v, int) and v >= 0 for v in marks.values()), marks
+            if side == "decode":
+                assert marks["prepared"] == 0, marks
+                assert marks["acknowledged"] <= marks["announced"] <= marks["success"], marks
+                assert marks["landed"] <= marks["success"], marks
+            else:
+                assert marks["opened"] == 0, marks
+                assert marks["sent"] <= marks["announced"] <= marks["success"], marks
+                assert marks["prepared"] <= marks["announced"], marks
+                assert marks["written"] <= marks["success"], marks
 
         after = d.info("status")
         assert after["role"] == "decode" and after["listen"]["control"] == dd.control
@@ -386,7 +407,7 @@ def test_ferryd_words_decoding_errors_as_the_python_codec(
         (MessageType.SEND, struct.pack("<QIBII", 5, 0, 2, 0xFFFFFFFF, 0xFFFFFFFF)),
         (MessageType.PREPARE, struct.pack("<QI", 7, 300)),
         (MessageType.PREPARE, struct.pack("<QII", 7, 0, 3) + b"\0" * 8),
-        (MessageType.INFO, b"\x04"),
+        (MessageType.INFO, b"\x05"),
         (MessageType.SUBSCRIBE, b""),
         (99, b""),
     ]

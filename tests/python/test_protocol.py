@@ -225,7 +225,7 @@ def test_every_truncation_names_the_type_and_a_field(version: int) -> None:
      "malformed poll_many_reply frame: field 'rooms' claims 100 entries, too many for the frame"),
     (MessageType.EVENT, struct.pack("<QBHI", 7, 5, 0, 0), 4,
      "malformed event frame: field 'status' is not a status: 5"),
-    (MessageType.INFO, b"\x04", 4, "malformed info frame: field 'topic' must be 0..3, got 4"),
+    (MessageType.INFO, b"\x05", 4, "malformed info frame: field 'topic' must be 0..4, got 5"),
     (MessageType.HELLO, struct.pack("<HIBH", 4, 0, 1, 5), 4,
      "malformed hello frame: field 'min_version' is 5, above 'version' 4"),
     (MessageType.HELLO, struct.pack("<HIB", 4, 0, 1), 3,

@@ -37,7 +37,7 @@ from .protocol import (MAX_POLL_MANY, MAX_REGISTER_FDS, SUPPORTED_VERSIONS, Canc
 from .reconnect import NoticeCallback
 
 _TOPICS = {"status": InfoTopic.STATUS, "rooms": InfoTopic.ROOMS, "peers": InfoTopic.PEERS,
-           "pools": InfoTopic.POOLS}
+           "pools": InfoTopic.POOLS, "timelines": InfoTopic.TIMELINES}
 
 
 def _memory_buffer(b: Union[MemoryBuffer, Mapping[str, Any], Sequence[int]]) -> MemoryBuffer:
@@ -285,7 +285,8 @@ class Client(Connection):
     def info(self, topic: Union[str, int] = "status", *,
              timeout: Optional[float] = None) -> Any:
         """The daemon's document of ``topic`` (``"status"``, ``"rooms"``, ``"peers"``,
-        ``"pools"`` or their numbers 0..3), parsed: a dict for status and pools, a list for
+        ``"pools"``, ``"timelines"`` or their numbers 0..4), parsed: a dict for status, pools and
+        timelines, a list for
         rooms and peers (fields in docs/protocol.md, "info documents"). A reply that is not
         JSON raises :class:`ProtocolError`."""
         if isinstance(topic, str):

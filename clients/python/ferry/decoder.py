@@ -182,8 +182,8 @@ def _decode_hello_reply(r: _Reader) -> HelloReply:
 
 def _decode_info(r: _Reader) -> Info:
     topic = r.num(1, "topic")
-    if topic > InfoTopic.POOLS:
-        raise _Fail(f"field 'topic' must be 0..3, got {topic}", "topic")
+    if topic > InfoTopic.TIMELINES:
+        raise _Fail(f"field 'topic' must be 0..4, got {topic}", "topic")
     return Info(InfoTopic(topic))
 
 

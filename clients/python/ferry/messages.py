@@ -120,6 +120,7 @@ class InfoTopic(IntEnum):
     ROOMS = 1
     PEERS = 2
     POOLS = 3
+    TIMELINES = 4
 
 
 class BufferKind(IntEnum):

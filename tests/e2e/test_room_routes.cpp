@@ -1,0 +1,75 @@
+// The routes by which peer messages and landed writes reach a room's actor without the
+// Scheduler (actors/room_routes.hpp): what is routed, what is left to the Scheduler, and that
+// an ended incarnation never removes the route of the next one. In the process, with real
+// actors of a real actor system (the e2e executable is the one that links the actors).
+#include <caf/all.hpp>
+#include <catch2/catch.hpp>
+
+#include "actors/room_routes.hpp"
+
+using namespace ferry;
+
+namespace {
+
+caf::actor idle(caf::actor_system& sys) {
+  return sys.spawn([]() -> caf::behavior { return {[](int) {}}; });
+}
+
+}  // namespace
+
+TEST_CASE("a decode room's tokens route its prefill ranks' messages, until the room ends",
+          "[routes]") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  const auto room = idle(sys), other = idle(sys);
+  room_routes routes;
+  routes.add_decode(10, 2, room);
+  const caf::actor_id link = 77;  // any link: the room checks which one spoke
+  CHECK(routes.of(peer_prepare_ack{5, 10, true, {}, 0}, link) == room);
+  CHECK(routes.of(peer_announce{5, 11, 3, 300}, link) == room);
+  CHECK(routes.of(peer_drained{5, 11, 1, 0}, link) == room);
+  CHECK(routes.of(peer_outcome{5, 10, true, false, "cancelled", 0}, link) == room);
+  CHECK(routes.decode(11) == room);
+  // Not its tokens, and a prefill-side outcome of the same room id: the Scheduler's.
+  CHECK(!routes.of(peer_announce{5, 12, 3, 300}, link));
+  CHECK(!routes.of(peer_outcome{5, 10, false, true, {}, 0}, link));
+  // Removal names the actor: another one's removal leaves the routes.
+  routes.remove_decode(10, 2, other);
+  CHECK(routes.decode(10) == room);
+  routes.remove_decode(10, 2, room);
+  CHECK(!routes.decode(10));
+  CHECK(!routes.of(peer_announce{5, 11, 3, 300}, link));
+  CHECK(routes.size() == 0);
+  anon_send_exit(room, caf::exit_reason::user_shutdown);
+  anon_send_exit(other, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a prefill room routes a link's outcome only once it took that link's prepare",
+          "[routes]") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  const auto first = idle(sys), second = idle(sys);
+  room_routes routes;
+  const caf::actor_id a = 1, b = 2;
+  const peer_outcome committed{7, 40, false, true, {}, 0};
+  // No prepare taken yet: the outcome goes through the Scheduler, behind the prepare.
+  CHECK(!routes.of(committed, a));
+  routes.add_prefill(7, first, a);
+  CHECK(routes.of(committed, a) == first);
+  // Another link of the same room whose prepare is still on its way through the Scheduler.
+  CHECK(!routes.of(committed, b));
+  routes.add_prefill(7, first, b);
+  CHECK(routes.of(committed, b) == first);
+  // Prepares always go to the Scheduler, which opens and admits rooms.
+  CHECK(!routes.of(peer_prepare{}, a));
+  // A new incarnation under the same id replaces the route; the old one's removal keeps it.
+  routes.add_prefill(7, second, b);
+  CHECK(routes.of(committed, b) == second);
+  CHECK(!routes.of(committed, a));
+  routes.remove_prefill(7, first);
+  CHECK(routes.of(committed, b) == second);
+  routes.remove_prefill(7, second);
+  CHECK(!routes.of(committed, b));
+  anon_send_exit(first, caf::exit_reason::user_shutdown);
+  anon_send_exit(second, caf::exit_reason::user_shutdown);
+}
