@@ -29,6 +29,20 @@ namespace ferry {
 
 using namespace gateway_keys;
 
+namespace {
+
+/// A request answered on this thread, without the actors: a poll (or poll_many) of rooms in
+/// progress (actors/status_board.hpp says why only those).
+std::optional<proto::message> answer_here(const status_board& board, const proto::message& m) {
+  if (const auto* p = std::get_if<proto::poll>(&m))
+    if (auto r = board.poll(p->room)) return proto::message(std::move(*r));
+  if (const auto* p = std::get_if<proto::poll_many>(&m))
+    if (auto r = board.poll_many(p->rooms)) return proto::message(std::move(*r));
+  return std::nullopt;
+}
+
+}  // namespace
+
 client_gateway::impl::~impl() {
   for (auto& [id, c] : conns) close(c.fd);
   if (reserve_fd >= 0) close(reserve_fd);
@@ -269,8 +283,9 @@ std::vector<uint8_t> client_gateway::impl::encode_for(uint16_t version, const pr
 
 client_gateway::~client_gateway() { stop(); }
 
-void client_gateway::start(caf::actor scheduler) {
+void client_gateway::start(caf::actor scheduler, const status_board* board) {
   impl_->scheduler = std::move(scheduler);
+  impl_->board = board;
   thread_ = std::thread([this] { run(); });
 }
 
@@ -364,6 +379,10 @@ void client_gateway::run() {
                 close_it = true;
                 break;
               }
+              continue;
+            }
+            if (auto answer = im.board ? answer_here(*im.board, *d->msg) : std::nullopt) {
+              im.queue_local(key, c, *answer, d->seq);
               continue;
             }
             caf::anon_send(im.scheduler, client_request{key, d->seq, std::move(*d->msg), c.version,

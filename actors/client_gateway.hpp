@@ -30,6 +30,8 @@
 
 namespace ferry {
 
+class status_board;
+
 class client_gateway {
  public:
   static constexpr size_t max_output_bytes = 64u << 20;
@@ -43,8 +45,9 @@ class client_gateway {
                                                         client_access access = {});
   ~client_gateway();
 
-  /// Start serving; requests go to `scheduler`.
-  void start(caf::actor scheduler);
+  /// Start serving; requests go to `scheduler`, except polls of rooms in progress, answered
+  /// from `board` (actors/status_board.hpp) when one is given.
+  void start(caf::actor scheduler, const status_board* board = nullptr);
   /// Stop the thread and close every connection, once what actors queued before the call is
   /// written (for up to a second per stop: a client that does not read loses it); idempotent.
   void stop();

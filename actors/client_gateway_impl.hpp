@@ -37,6 +37,7 @@ struct client_gateway::impl {
   int wake_fd = -1;
   std::string path;
   caf::actor scheduler;
+  const status_board* board = nullptr;  // answers polls of rooms in progress, when set
   uint32_t max_clients = 1024;
   client_access access;  // who may connect beside ferryd's user and root
   uid_t self_uid = geteuid();

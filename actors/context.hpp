@@ -20,6 +20,7 @@
 #include "actors/metrics.hpp"
 #include "actors/room_routes.hpp"
 #include "actors/room_timeline.hpp"
+#include "actors/status_board.hpp"
 #include "actors/timer_service.hpp"
 #include "core/auth.hpp"
 #include "core/config.hpp"
@@ -198,6 +199,8 @@ struct daemon_context {
   room_routes routes;
   /// The last rooms' milestones on this daemon's clock (the `timelines` info document).
   timeline_log timelines;
+  /// Active rooms' statuses, from which the client gateway answers polls of rooms in progress.
+  status_board board;
   std::shared_ptr<spdlog::logger> log_sched, log_room, log_peer;
   /// The info log's summary of rooms and its limit on floods of per-room lines.
   logging::digest digest;

@@ -491,7 +491,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
           caf::anon_send(scheduler, immediates_msg{std::move(rest)});
       });
       ctx->drain_on_request = !options.wait_for_stop;
-      ctx->gateway->start(scheduler);
+      ctx->gateway->start(scheduler, &ctx->board);
       if (const auto fp = core::active_failpoints(); !fp.empty())
         log->warn("FERRY_FAILPOINTS={} is set: this daemon fails on purpose (a test hook)", fp);
       ctx->serving = true;

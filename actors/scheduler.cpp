@@ -281,6 +281,7 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
         room_moved(st, u.decode_side, it->second, u.status, u.code, u.bytes);
         it->second.status = u.status;
         if (u.prefix_tokens) it->second.prefix_tokens = u.prefix_tokens;
+        st.ctx->board.set(u.room, u.decode_side, u.status, it->second.prefix_tokens);
         notify_subscribers(self, it->second, u.room, u.status, u.reason, u.code);
         if (!is_terminal(u.status)) return;
         // One line per room per side; `code=` only when it failed (a JSON log's "code"). A

@@ -295,6 +295,8 @@ room_entry& open_room(scheduler_state& st, side_rooms& side, uint64_t room, caf:
   st.room_actors[actor.id()] = {&side == &st.decode, room};
   room_entry& e = (side.active[room] = room_entry{});
   e.actor = std::move(actor);
+  st.polled_unknown.forget(room);  // known now: a poll before it no longer matters
+  st.ctx->board.set(room, &side == &st.decode, e.status, 0);
   return e;
 }
 
@@ -304,6 +306,7 @@ void finish_room(scheduler_state& st, side_rooms& side, uint64_t room, room_stat
   if (auto it = side.active.find(room); it != side.active.end()) {
     const auto& e = it->second;
     st.room_actors.erase(e.actor.id());
+    st.ctx->board.erase(room, &side == &st.decode);
     if (&side == &st.decode)
       st.ctx->routes.remove_decode(e.token, e.tokens, e.actor);
     else

@@ -1,11 +1,13 @@
-// The routes by which peer messages and landed writes reach a room's actor without the
-// Scheduler (actors/room_routes.hpp): what is routed, what is left to the Scheduler, and that
-// an ended incarnation never removes the route of the next one. In the process, with real
-// actors of a real actor system (the e2e executable is the one that links the actors).
+// What reaches a room's actor, or answers a client, without the Scheduler: the routes of peer
+// messages and landed writes (actors/room_routes.hpp) -- what is routed, what is left to the
+// Scheduler, and that an ended incarnation never removes the route of the next one -- and the
+// status board the client gateway answers polls from (actors/status_board.hpp). In the
+// process, with real actors of a real actor system (the e2e executable links the actors).
 #include <caf/all.hpp>
 #include <catch2/catch.hpp>
 
 #include "actors/room_routes.hpp"
+#include "actors/status_board.hpp"
 
 using namespace ferry;
 
@@ -72,4 +74,36 @@ TEST_CASE("a prefill room routes a link's outcome only once it took that link's 
   CHECK(!routes.of(committed, b));
   anon_send_exit(first, caf::exit_reason::user_shutdown);
   anon_send_exit(second, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("polls of rooms in progress are answered from the status board, terminal ones are not",
+          "[routes]") {
+  status_board board;
+  board.set(9, true, room_status::bootstrapping, 0);
+  auto p = board.poll(9);
+  REQUIRE(p);
+  CHECK((p->room == 9 && p->status == room_status::bootstrapping && p->code == errc::ok));
+  board.set(9, true, room_status::transferring, 0);
+  CHECK(board.poll(9)->status == room_status::transferring);
+  // A daemon of both roles with the room on each side answers the decode's, as the Scheduler.
+  board.set(9, false, room_status::waiting_for_input, 12);
+  CHECK(board.poll(9)->status == room_status::transferring);
+  // A terminal status is never answered here: the Scheduler answers it with its reason.
+  board.set(9, true, room_status::success, 0);
+  p = board.poll(9);
+  REQUIRE(p);
+  CHECK((p->status == room_status::waiting_for_input && p->prefix_tokens == 12));
+  board.erase(9, false);
+  CHECK(!board.poll(9));
+  CHECK(board.size() == 0);
+  // poll_many: every room here, or the Scheduler answers all of them.
+  board.set(1, true, room_status::transferring, 0);
+  board.set(2, false, room_status::bootstrapping, 0);
+  auto many = board.poll_many({2, 1});
+  REQUIRE(many);
+  REQUIRE(many->rooms.size() == 2);
+  CHECK((many->rooms[0].room == 2 && many->rooms[1].status == room_status::transferring));
+  CHECK(!board.poll_many({1, 3}));
+  board.set(1, true, room_status::failed, 0);
+  CHECK(!board.poll(1));
 }
