@@ -316,9 +316,6 @@ void apply(connection_actor* self, hs::effects fx) {
             st.ctx->log_peer->info("peer={} dial {} of {}: {}; dialing again", st.address, x.dials,
                                    hs::max_dials, x.error);
             self->delayed_send(self, std::chrono::milliseconds(x.ms), redial_atom::value);
-          } else if constexpr (std::is_same_v<E, hs::join>) {
-            // The preamble already joined the channel: nothing more to set up.
-            apply(self, st.machine.joined(true, {}));
           } else if constexpr (std::is_same_v<E, hs::send_hello>) {
             send_hello(self);
           } else if constexpr (std::is_same_v<E, hs::send_proof>) {

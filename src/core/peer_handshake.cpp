@@ -16,8 +16,6 @@ const char* to_string(phase p) {
       return "registering";
     case phase::dialing:
       return "dialing";
-    case phase::joining:
-      return "joining";
     case phase::awaiting_hello:
       return "awaiting_hello";
     case phase::inserting:
@@ -96,9 +94,9 @@ effects machine::registered(result<> described, bool made) {
 
 effects machine::dialed(dial_outcome o, const std::string& error) {
   if (side_ != side::connecting || phase_ != phase::dialing || redial_pending_) return {};
-  if (o == dial_outcome::connected) {
-    phase_ = phase::joining;
-    return {join{}};
+  if (o == dial_outcome::connected) {  // the preamble ran: the channel is open
+    phase_ = phase::awaiting_hello;
+    return {send_hello{}};
   }
   if (o == dial_outcome::reset && dials_ < max_dials) {
     redial_pending_ = true;
@@ -113,18 +111,6 @@ effects machine::redial() {
   redial_pending_ = false;
   ++dials_;
   return {dial{}};
-}
-
-effects machine::joined(bool published, const std::string& error) {
-  if (phase_ != phase::joining) return {};
-  if (!error.empty())
-    return close_with(fmt::format("cannot connect to {}: {}", address_, error),
-                      errc::peer_unreachable);
-  if (!published)
-    return close_with(fmt::format("no ferryd is published at {}", address_),
-                      errc::peer_unreachable);
-  phase_ = phase::awaiting_hello;
-  return {send_hello{}};
 }
 
 effects machine::inserted(result<> outcome) {

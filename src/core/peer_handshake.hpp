@@ -8,12 +8,12 @@
 /// pure functions of actors/peer_hello.hpp and core/auth.hpp and hands the verdict here.
 ///
 /// Connecting side (this daemon dials a peer for one of its rooms):
-///   created -> registering -> dialing -> joining -> awaiting_hello -> inserting -> ready
+///   created -> registering -> dialing -> awaiting_hello -> inserting -> ready
 ///   - registering: our memory is described (registered for the peer when we receive writes);
 ///     its keys go into our hello.
-///   - dialing: the peer gate runs Ferry's preamble; a dial reset in the middle of it (a flood
-///     may evict it) is retried, `max_dials` in all, with doubling delays.
-///   - joining: CAF's BASP broker takes the socket and names the Scheduler the peer published.
+///   - dialing: the peer gate runs Ferry's preamble, which opens the peer channel; a dial reset
+///     in the middle of it (a flood may evict it) is retried, `max_dials` in all, with doubling
+///     delays.
 ///   - awaiting_hello: our hello is sent; the peer answers with its own (or a refusal).
 ///   - inserting: the peer's fabric address is added; then (with a cluster secret) our proof is
 ///     sent, and the connection is ready.
@@ -48,7 +48,6 @@ enum class phase : uint8_t {
   checking,  ///< accepting: the peer's hello is being checked
   registering,
   dialing,
-  joining,
   awaiting_hello,
   inserting,
   awaiting_auth,
@@ -79,7 +78,6 @@ struct redial_after {       ///< then `redial`
   int dials;  ///< made so far
   std::string error;
 };
-struct join {};        ///< hand the dialed socket to BASP; answered by `joined`
 struct send_hello {};  ///< connecting: to the peer's Scheduler; accepting: the answer
 struct send_proof {};  ///< connecting, with a cluster secret: our proof (peer_auth)
 struct send_refusal {
@@ -107,7 +105,7 @@ struct report_down {
 };
 struct quit {};
 
-using effect = std::variant<register_memory, insert_address, dial, redial_after, join, send_hello,
+using effect = std::variant<register_memory, insert_address, dial, redial_after, send_hello,
                             send_proof, send_refusal, report_resources, become_ready, closing_with,
                             release, fence, remove_address, report_down, quit>;
 using effects = std::vector<effect>;
@@ -127,9 +125,6 @@ class machine {
   effects registered(result<> described, bool made);
   effects dialed(dial_outcome o, const std::string& error);
   effects redial();
-  /// BASP's connect answered: `published` is whether a Scheduler is published at the address;
-  /// `error` is set when the connect itself failed.
-  effects joined(bool published, const std::string& error);
   effects inserted(result<> outcome);
   /// Accepting side: the peer's proof of the cluster secret, checked.
   effects authenticated(bool proof_ok);

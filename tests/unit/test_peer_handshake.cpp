@@ -26,9 +26,6 @@ enum class ev {
   dialed_reset,
   dialed_failed,
   redial,
-  joined_ok,
-  joined_unpublished,
-  joined_error,
   inserted_ok,
   inserted_bad,
   auth_ok,
@@ -48,9 +45,6 @@ constexpr ev all_events[] = {ev::start,
                              ev::dialed_reset,
                              ev::dialed_failed,
                              ev::redial,
-                             ev::joined_ok,
-                             ev::joined_unpublished,
-                             ev::joined_error,
                              ev::inserted_ok,
                              ev::inserted_bad,
                              ev::auth_ok,
@@ -71,9 +65,6 @@ const char* name(ev e) {
                                                {ev::dialed_reset, "dialed_reset"},
                                                {ev::dialed_failed, "dialed_failed"},
                                                {ev::redial, "redial"},
-                                               {ev::joined_ok, "joined_ok"},
-                                               {ev::joined_unpublished, "joined_unpublished"},
-                                               {ev::joined_error, "joined_error"},
                                                {ev::inserted_ok, "inserted_ok"},
                                                {ev::inserted_bad, "inserted_bad"},
                                                {ev::auth_ok, "auth_ok"},
@@ -108,12 +99,6 @@ effects run(machine& m, ev e) {
       return m.dialed(dial_outcome::failed, "refused");
     case ev::redial:
       return m.redial();
-    case ev::joined_ok:
-      return m.joined(true, "");
-    case ev::joined_unpublished:
-      return m.joined(false, "");
-    case ev::joined_error:
-      return m.joined(false, "timeout");
     case ev::inserted_ok:
       return m.inserted({});
     case ev::inserted_bad:
@@ -146,7 +131,6 @@ std::string names(const effects& fx) {
           if constexpr (std::is_same_v<E, insert_address>) return "insert_address";
           if constexpr (std::is_same_v<E, dial>) return "dial";
           if constexpr (std::is_same_v<E, redial_after>) return "redial_after";
-          if constexpr (std::is_same_v<E, join>) return "join";
           if constexpr (std::is_same_v<E, send_hello>) return "send_hello";
           if constexpr (std::is_same_v<E, send_proof>) return "send_proof";
           if constexpr (std::is_same_v<E, send_refusal>) return "send_refusal";
@@ -172,8 +156,7 @@ machine bring_to(side s, phase p) {
   };
   if (s == side::connecting) {
     const std::initializer_list<ev> to_ready = {
-        ev::start,     ev::registered_made, ev::dialed_connected,
-        ev::joined_ok, ev::hello_ok,        ev::inserted_ok};
+        ev::start, ev::registered_made, ev::dialed_connected, ev::hello_ok, ev::inserted_ok};
     switch (p) {
       case phase::created:
         break;
@@ -183,14 +166,11 @@ machine bring_to(side s, phase p) {
       case phase::dialing:
         go({ev::start, ev::registered_made});
         break;
-      case phase::joining:
+      case phase::awaiting_hello:
         go({ev::start, ev::registered_made, ev::dialed_connected});
         break;
-      case phase::awaiting_hello:
-        go({ev::start, ev::registered_made, ev::dialed_connected, ev::joined_ok});
-        break;
       case phase::inserting:
-        go({ev::start, ev::registered_made, ev::dialed_connected, ev::joined_ok, ev::hello_ok});
+        go({ev::start, ev::registered_made, ev::dialed_connected, ev::hello_ok});
         break;
       case phase::ready:
         go(to_ready);
@@ -244,9 +224,9 @@ machine bring_to(side s, phase p) {
   return m;
 }
 
-constexpr phase connecting_phases[] = {
-    phase::created,   phase::registering, phase::dialing, phase::joining, phase::awaiting_hello,
-    phase::inserting, phase::ready,       phase::closing, phase::fencing, phase::ended};
+constexpr phase connecting_phases[] = {phase::created,        phase::registering, phase::dialing,
+                                       phase::awaiting_hello, phase::inserting,   phase::ready,
+                                       phase::closing,        phase::fencing,     phase::ended};
 constexpr phase accepting_phases[] = {phase::checking,      phase::inserting, phase::registering,
                                       phase::awaiting_auth, phase::ready,     phase::closing,
                                       phase::fencing,       phase::ended};
@@ -282,19 +262,12 @@ const row table[] = {
   {S::connecting, P::registering, ev::lost,     P::closing, "closing_with", unreachable},
   {S::connecting, P::registering, ev::deadline, P::closing, "closing_with", unreachable},
 
-  {S::connecting, P::dialing, ev::dialed_connected, P::joining, "join", ok},
+  {S::connecting, P::dialing, ev::dialed_connected, P::awaiting_hello, "send_hello", ok},
   {S::connecting, P::dialing, ev::dialed_reset,     P::dialing, "redial_after", ok},
   {S::connecting, P::dialing, ev::dialed_failed,    P::fencing, "closing_with fence", unreachable},
   {S::connecting, P::dialing, ev::refused,  P::fencing, "closing_with fence", incompatible},
   {S::connecting, P::dialing, ev::lost,     P::fencing, "closing_with fence", unreachable},
   {S::connecting, P::dialing, ev::deadline, P::fencing, "closing_with fence", unreachable},
-
-  {S::connecting, P::joining, ev::joined_ok,          P::awaiting_hello, "send_hello", ok},
-  {S::connecting, P::joining, ev::joined_unpublished, P::fencing, "closing_with fence", unreachable},
-  {S::connecting, P::joining, ev::joined_error,       P::fencing, "closing_with fence", unreachable},
-  {S::connecting, P::joining, ev::refused,  P::fencing, "closing_with fence", incompatible},
-  {S::connecting, P::joining, ev::lost,     P::fencing, "closing_with fence", unreachable},
-  {S::connecting, P::joining, ev::deadline, P::fencing, "closing_with fence", unreachable},
 
   {S::connecting, P::awaiting_hello, ev::hello_ok,  P::inserting, "insert_address", ok},
   {S::connecting, P::awaiting_hello, ev::hello_bad, P::fencing, "send_refusal closing_with fence", incompatible},
@@ -359,78 +332,60 @@ const row table[] = {
 const std::map<std::pair<side, phase>, std::set<ev>> ignored{
   {{S::connecting, P::created}, {ev::hello_ok, ev::hello_bad, ev::registered_made, ev::registered_plain,
       ev::registered_bad, ev::dialed_connected, ev::dialed_reset, ev::dialed_failed, ev::redial,
-      ev::joined_ok, ev::joined_unpublished, ev::joined_error, ev::inserted_ok, ev::inserted_bad,
+      ev::inserted_ok, ev::inserted_bad,
       ev::auth_ok, ev::auth_bad, ev::fenced}},
   {{S::connecting, P::registering}, {ev::start, ev::hello_ok, ev::hello_bad, ev::dialed_connected,
-      ev::dialed_reset, ev::dialed_failed, ev::redial, ev::joined_ok, ev::joined_unpublished,
-      ev::joined_error, ev::inserted_ok, ev::inserted_bad, ev::auth_ok, ev::auth_bad, ev::fenced}},
+      ev::dialed_reset, ev::dialed_failed, ev::redial, ev::inserted_ok, ev::inserted_bad, ev::auth_ok, ev::auth_bad, ev::fenced}},
   {{S::connecting, P::dialing}, {ev::start, ev::hello_ok, ev::hello_bad, ev::registered_made,
-      ev::registered_plain, ev::registered_bad, ev::redial, ev::joined_ok, ev::joined_unpublished,
-      ev::joined_error, ev::inserted_ok, ev::inserted_bad, ev::auth_ok, ev::auth_bad, ev::fenced}},
-  {{S::connecting, P::joining}, {ev::start, ev::hello_ok, ev::hello_bad, ev::registered_made,
-      ev::registered_plain, ev::registered_bad, ev::dialed_connected, ev::dialed_reset,
-      ev::dialed_failed, ev::redial, ev::inserted_ok, ev::inserted_bad, ev::auth_ok, ev::auth_bad,
-      ev::fenced}},
+      ev::registered_plain, ev::registered_bad, ev::redial, ev::inserted_ok, ev::inserted_bad, ev::auth_ok, ev::auth_bad, ev::fenced}},
   {{S::connecting, P::awaiting_hello}, {ev::start, ev::registered_made, ev::registered_plain,
       ev::registered_bad, ev::dialed_connected, ev::dialed_reset, ev::dialed_failed, ev::redial,
-      ev::joined_ok, ev::joined_unpublished, ev::joined_error, ev::inserted_ok, ev::inserted_bad,
+      ev::inserted_ok, ev::inserted_bad,
       ev::auth_ok, ev::auth_bad, ev::fenced}},
   {{S::connecting, P::inserting}, {ev::start, ev::hello_ok, ev::hello_bad, ev::registered_made,
       ev::registered_plain, ev::registered_bad, ev::dialed_connected, ev::dialed_reset,
-      ev::dialed_failed, ev::redial, ev::joined_ok, ev::joined_unpublished, ev::joined_error,
-      ev::auth_ok, ev::auth_bad, ev::fenced}},
+      ev::dialed_failed, ev::redial, ev::auth_ok, ev::auth_bad, ev::fenced}},
   // Ready: the handshake deadline no longer applies.
   {{S::connecting, P::ready}, {ev::start, ev::hello_ok, ev::hello_bad, ev::registered_made,
       ev::registered_plain, ev::registered_bad, ev::dialed_connected, ev::dialed_reset,
-      ev::dialed_failed, ev::redial, ev::joined_ok, ev::joined_unpublished, ev::joined_error,
-      ev::inserted_ok, ev::inserted_bad, ev::auth_ok, ev::auth_bad, ev::deadline, ev::fenced}},
+      ev::dialed_failed, ev::redial, ev::inserted_ok, ev::inserted_bad, ev::auth_ok, ev::auth_bad, ev::deadline, ev::fenced}},
   // Closed: only the outstanding answer counts; no second reason.
   {{S::connecting, P::closing}, {ev::start, ev::hello_ok, ev::hello_bad, ev::dialed_connected,
-      ev::dialed_reset, ev::dialed_failed, ev::redial, ev::joined_ok, ev::joined_unpublished,
-      ev::joined_error, ev::inserted_ok, ev::inserted_bad, ev::auth_ok, ev::auth_bad, ev::refused,
+      ev::dialed_reset, ev::dialed_failed, ev::redial, ev::inserted_ok, ev::inserted_bad, ev::auth_ok, ev::auth_bad, ev::refused,
       ev::lost, ev::deadline, ev::fenced}},
   {{S::connecting, P::fencing}, {ev::start, ev::hello_ok, ev::hello_bad, ev::registered_made,
       ev::registered_plain, ev::registered_bad, ev::dialed_connected, ev::dialed_reset,
-      ev::dialed_failed, ev::redial, ev::joined_ok, ev::joined_unpublished, ev::joined_error,
-      ev::inserted_ok, ev::inserted_bad, ev::auth_ok, ev::auth_bad, ev::refused, ev::lost,
+      ev::dialed_failed, ev::redial, ev::inserted_ok, ev::inserted_bad, ev::auth_ok, ev::auth_bad, ev::refused, ev::lost,
       ev::deadline}},
   {{S::connecting, P::ended}, {ev::start, ev::hello_ok, ev::hello_bad, ev::registered_made,
       ev::registered_plain, ev::registered_bad, ev::dialed_connected, ev::dialed_reset,
-      ev::dialed_failed, ev::redial, ev::joined_ok, ev::joined_unpublished, ev::joined_error,
-      ev::inserted_ok, ev::inserted_bad, ev::auth_ok, ev::auth_bad, ev::refused, ev::lost,
+      ev::dialed_failed, ev::redial, ev::inserted_ok, ev::inserted_bad, ev::auth_ok, ev::auth_bad, ev::refused, ev::lost,
       ev::deadline, ev::fenced}},
   {{S::accepting, P::checking}, {ev::start, ev::registered_made, ev::registered_plain,
       ev::registered_bad, ev::dialed_connected, ev::dialed_reset, ev::dialed_failed, ev::redial,
-      ev::joined_ok, ev::joined_unpublished, ev::joined_error, ev::inserted_ok, ev::inserted_bad,
+      ev::inserted_ok, ev::inserted_bad,
       ev::auth_ok, ev::auth_bad, ev::fenced}},
   {{S::accepting, P::inserting}, {ev::start, ev::hello_ok, ev::hello_bad, ev::registered_made,
       ev::registered_plain, ev::registered_bad, ev::dialed_connected, ev::dialed_reset,
-      ev::dialed_failed, ev::redial, ev::joined_ok, ev::joined_unpublished, ev::joined_error,
-      ev::auth_ok, ev::auth_bad, ev::fenced}},
+      ev::dialed_failed, ev::redial, ev::auth_ok, ev::auth_bad, ev::fenced}},
   {{S::accepting, P::registering}, {ev::start, ev::hello_ok, ev::hello_bad, ev::dialed_connected,
-      ev::dialed_reset, ev::dialed_failed, ev::redial, ev::joined_ok, ev::joined_unpublished,
-      ev::joined_error, ev::inserted_ok, ev::inserted_bad, ev::auth_ok, ev::auth_bad, ev::fenced}},
+      ev::dialed_reset, ev::dialed_failed, ev::redial, ev::inserted_ok, ev::inserted_bad, ev::auth_ok, ev::auth_bad, ev::fenced}},
   {{S::accepting, P::awaiting_auth}, {ev::start, ev::hello_ok, ev::hello_bad, ev::registered_made,
       ev::registered_plain, ev::registered_bad, ev::dialed_connected, ev::dialed_reset,
-      ev::dialed_failed, ev::redial, ev::joined_ok, ev::joined_unpublished, ev::joined_error,
-      ev::inserted_ok, ev::inserted_bad, ev::fenced}},
+      ev::dialed_failed, ev::redial, ev::inserted_ok, ev::inserted_bad, ev::fenced}},
   {{S::accepting, P::ready}, {ev::start, ev::hello_ok, ev::hello_bad, ev::registered_made,
       ev::registered_plain, ev::registered_bad, ev::dialed_connected, ev::dialed_reset,
-      ev::dialed_failed, ev::redial, ev::joined_ok, ev::joined_unpublished, ev::joined_error,
-      ev::inserted_ok, ev::inserted_bad, ev::auth_ok, ev::auth_bad, ev::deadline, ev::fenced}},
+      ev::dialed_failed, ev::redial, ev::inserted_ok, ev::inserted_bad, ev::auth_ok, ev::auth_bad, ev::deadline, ev::fenced}},
   {{S::accepting, P::closing}, {ev::start, ev::hello_ok, ev::hello_bad, ev::registered_made,
       ev::registered_plain, ev::registered_bad, ev::dialed_connected, ev::dialed_reset,
-      ev::dialed_failed, ev::redial, ev::joined_ok, ev::joined_unpublished, ev::joined_error,
-      ev::auth_ok, ev::auth_bad, ev::refused, ev::lost, ev::deadline, ev::fenced}},
+      ev::dialed_failed, ev::redial, ev::auth_ok, ev::auth_bad, ev::refused, ev::lost, ev::deadline, ev::fenced}},
   {{S::accepting, P::fencing}, {ev::start, ev::hello_ok, ev::hello_bad, ev::registered_made,
       ev::registered_plain, ev::registered_bad, ev::dialed_connected, ev::dialed_reset,
-      ev::dialed_failed, ev::redial, ev::joined_ok, ev::joined_unpublished, ev::joined_error,
-      ev::inserted_ok, ev::inserted_bad, ev::auth_ok, ev::auth_bad, ev::refused, ev::lost,
+      ev::dialed_failed, ev::redial, ev::inserted_ok, ev::inserted_bad, ev::auth_ok, ev::auth_bad, ev::refused, ev::lost,
       ev::deadline}},
   {{S::accepting, P::ended}, {ev::start, ev::hello_ok, ev::hello_bad, ev::registered_made,
       ev::registered_plain, ev::registered_bad, ev::dialed_connected, ev::dialed_reset,
-      ev::dialed_failed, ev::redial, ev::joined_ok, ev::joined_unpublished, ev::joined_error,
-      ev::inserted_ok, ev::inserted_bad, ev::auth_ok, ev::auth_bad, ev::refused, ev::lost,
+      ev::dialed_failed, ev::redial, ev::inserted_ok, ev::inserted_bad, ev::auth_ok, ev::auth_bad, ev::refused, ev::lost,
       ev::deadline, ev::fenced}},
 };
 // clang-format on
@@ -494,9 +449,6 @@ TEST_CASE("peer handshake: reasons say what failed, the first one stays",
   CHECK(m.lost("later").empty());
   CHECK(m.reason() == "cannot connect to 10.0.0.2:7401: Connection refused");
 
-  auto j = bring_to(side::connecting, phase::joining);
-  j.joined(false, "");
-  CHECK(j.reason() == "no ferryd is published at 10.0.0.2:7401");
   auto h = bring_to(side::connecting, phase::awaiting_hello);
   fx = h.hello(error{errc::peer_incompatible, "incompatible layouts: kv.page_tokens"});
   REQUIRE(std::holds_alternative<send_refusal>(fx.front()));
@@ -548,7 +500,6 @@ TEST_CASE("peer handshake: without a cluster secret, no proof is sent or awaited
   c.start();
   c.registered({}, false);
   c.dialed(dial_outcome::connected, "");
-  c.joined(true, "");
   c.hello({});
   CHECK(names(c.inserted({})) == "become_ready");
   CHECK(c.ready());
@@ -577,7 +528,6 @@ TEST_CASE("peer handshake: the end reports what the rooms need to know", "[unit]
     m.start();
     m.registered({}, false);
     m.dialed(dial_outcome::connected, "");
-    m.joined(true, "");
     m.hello({});
     m.inserted({});
     auto fx = m.lost("peer went down");
