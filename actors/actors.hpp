@@ -36,8 +36,10 @@ caf::actor spawn_sender(caf::event_based_actor* parent, context_ptr ctx, uint64_
                         caf::actor scheduler);
 /// Decode-side room, created by a client prepare; `connections` has one Connection per named
 /// prefill peer, in the order of `prep.prefill_peers`.
+/// `known`: the description of each connection whose peer is ready and not draining (null
+/// where the Receiver must ask its Connection).
 caf::actor spawn_receiver(caf::event_based_actor* parent, context_ptr ctx, proto::prepare prep,
                           uint64_t token, std::vector<caf::actor> connections,
-                          caf::actor scheduler);
+                          std::vector<peer_info_ptr> known, caf::actor scheduler);
 
 }  // namespace ferry

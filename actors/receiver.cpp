@@ -283,9 +283,46 @@ void on_peer(receiver_actor* self, peer_inbound& in) {
   });
 }
 
+/// Named peer `i` looked up: its geometry and where its KV lands, or why it cannot be used.
+void on_lookup(receiver_actor* self, size_t i, peer_lookup& r) {
+  auto& st = self->state;
+  if (r.info) {
+    const auto& c = *st.ctx;
+    const auto land =
+        plan_landing(*r.info->link, st.prep.dst_pages, c.config.fabric.pack_threshold(),
+                     c.staging ? c.staging->bytes : 0);
+    if (land.scatter)
+      c.log_room->debug("room={} peer={} {}", st.prep.room, r.info->address, land.describe());
+    const auto need = land.bytes;
+    const auto schema = r.info->schema;
+    if (!st.named[i]) st.named[i] = std::move(r.info);
+    apply(self, feed(
+                    st,
+                    [&] {
+                      return json{{"e", "resolved"},
+                                  {"i", i},
+                                  {"schema", trace::schema_json(schema)},
+                                  {"unpack", need},
+                                  {"optional", land.scatter}};
+                    },
+                    [&] { return st.machine.resolved(i, schema, need, land.scatter); }));
+    return;
+  }
+  const auto code = r.code == errc::ok ? errc::peer_unreachable : r.code;
+  const auto why = fmt::format("could not use peer {}: {}", st.prep.prefill_peers[i], r.error);
+  apply(self,
+        feed(
+            st,
+            [&] {
+              return json{
+                  {"e", "unusable"}, {"i", i}, {"code", static_cast<int>(code)}, {"why", why}};
+            },
+            [&] { return st.machine.unusable(i, code, why); }));
+}
+
 caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::prepare prep,
                                 uint64_t token, std::vector<caf::actor> connections,
-                                caf::actor scheduler) {
+                                std::vector<peer_info_ptr> known, caf::actor scheduler) {
   auto& st = self->state;
   st.ctx = std::move(ctx);
   st.prep = std::move(prep);
@@ -316,71 +353,40 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
                     return json{{"e", "start"}};
                   },
                   [&] { return st.machine.start(); }));
-  // Learn every named peer's geometry (its handshake may still be running).
-  for (size_t i = 0; i < st.connections.size(); ++i)
+  // Learn every named peer's geometry: from the Scheduler where it knew the peer ready (no
+  // round trip), else from its Connection (its handshake may still be running).
+  for (size_t i = 0; i < st.connections.size(); ++i) {
+    if (i < known.size() && known[i]) {
+      peer_lookup r{std::move(known[i]), {}, errc::ok};
+      on_lookup(self, i, r);
+      continue;
+    }
     // No timeout of its own: the room's Bootstrapping deadline bounds the wait, and a CAF
     // request timeout costs two wake-ups of CAF's clock thread per room (set and cancel).
     // A Connection that dies answers with an error.
     self->request(st.connections[i], caf::infinite, info_atom::value)
-        .then(
-            [=](peer_lookup& r) {
-              auto& st = self->state;
-              if (r.info) {
-                const auto& c = *st.ctx;
-                const auto land =
-                    plan_landing(*r.info->link, st.prep.dst_pages, c.config.fabric.pack_threshold(),
-                                 c.staging ? c.staging->bytes : 0);
-                if (land.scatter)
-                  c.log_room->debug("room={} peer={} {}", st.prep.room, r.info->address,
-                                    land.describe());
-                const auto need = land.bytes;
-                const auto schema = r.info->schema;
-                if (!st.named[i]) st.named[i] = std::move(r.info);
+        .then([=](peer_lookup& r) { on_lookup(self, i, r); },
+              [=](caf::error& e) {
+                // A Connection that already ended cannot answer; its peer_down, which the
+                // Scheduler forwards to this room, carries the real reason.
+                if (e.category() == caf::atom("system") &&
+                    e.code() == static_cast<uint8_t>(caf::sec::request_receiver_down))
+                  return;
+                auto& st = self->state;
+                const auto why = fmt::format("could not use peer {}: {}", st.prep.prefill_peers[i],
+                                             self->system().render(e));
                 apply(self,
                       feed(
                           st,
                           [&] {
-                            return json{{"e", "resolved"},
+                            return json{{"e", "unusable"},
                                         {"i", i},
-                                        {"schema", trace::schema_json(schema)},
-                                        {"unpack", need},
-                                        {"optional", land.scatter}};
+                                        {"code", static_cast<int>(errc::peer_unreachable)},
+                                        {"why", why}};
                           },
-                          [&] { return st.machine.resolved(i, schema, need, land.scatter); }));
-                return;
-              }
-              const auto code = r.code == errc::ok ? errc::peer_unreachable : r.code;
-              const auto why =
-                  fmt::format("could not use peer {}: {}", st.prep.prefill_peers[i], r.error);
-              apply(self, feed(
-                              st,
-                              [&] {
-                                return json{{"e", "unusable"},
-                                            {"i", i},
-                                            {"code", static_cast<int>(code)},
-                                            {"why", why}};
-                              },
-                              [&] { return st.machine.unusable(i, code, why); }));
-            },
-            [=](caf::error& e) {
-              // A Connection that already ended cannot answer; its peer_down, which the
-              // Scheduler forwards to this room, carries the real reason.
-              if (e.category() == caf::atom("system") &&
-                  e.code() == static_cast<uint8_t>(caf::sec::request_receiver_down))
-                return;
-              auto& st = self->state;
-              const auto why = fmt::format("could not use peer {}: {}", st.prep.prefill_peers[i],
-                                           self->system().render(e));
-              apply(self, feed(
-                              st,
-                              [&] {
-                                return json{{"e", "unusable"},
-                                            {"i", i},
-                                            {"code", static_cast<int>(errc::peer_unreachable)},
-                                            {"why", why}};
-                              },
-                              [&] { return st.machine.unusable(i, errc::peer_unreachable, why); }));
-            });
+                          [&] { return st.machine.unusable(i, errc::peer_unreachable, why); }));
+              });
+  }
   return {
       [=](peer_inbound& in) { on_peer(self, in); },
       [=](landed_msg& m) {
@@ -447,9 +453,10 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
 
 caf::actor spawn_receiver(caf::event_based_actor* parent, context_ptr ctx, proto::prepare prep,
                           uint64_t token, std::vector<caf::actor> connections,
-                          caf::actor scheduler) {
+                          std::vector<peer_info_ptr> known, caf::actor scheduler) {
   return parent->spawn<caf::monitored>(receiver_behavior, std::move(ctx), std::move(prep), token,
-                                       std::move(connections), std::move(scheduler));
+                                       std::move(connections), std::move(known),
+                                       std::move(scheduler));
 }
 
 }  // namespace ferry

@@ -146,12 +146,18 @@ void on_prepare(scheduler_actor* self, client_request& r) {
   const auto tokens = static_cast<uint32_t>(p.prefill_peers.size());
   st.next_token += tokens;
   std::vector<caf::actor> conns;
-  for (const auto& addr : p.prefill_peers) conns.push_back(connection_for(self, addr));
+  std::vector<peer_info_ptr> known;  // peers ready and not draining: the room need not ask
+  for (const auto& addr : p.prefill_peers) {
+    conns.push_back(connection_for(self, addr));
+    auto c = st.connections.find(conns.back());
+    known.push_back(c != st.connections.end() && !st.draining_peers.count(conns.back()) ? c->second
+                                                                                        : nullptr);
+  }
   auto room = p.room;
   auto peer = fmt::format("{}", fmt::join(p.prefill_peers, ","));
   st.ctx->log_sched->debug("room={} peer={} prepare: {} pages", room, peer, p.dst_pages.size());
-  auto actor =
-      spawn_receiver(self, st.ctx, std::move(p), token, conns, caf::actor_cast<caf::actor>(self));
+  auto actor = spawn_receiver(self, st.ctx, std::move(p), token, conns, std::move(known),
+                              caf::actor_cast<caf::actor>(self));
   room_entry& e = open_room(st, st.decode, room, actor);
   e.connections = conns;
   e.peer = peer;
