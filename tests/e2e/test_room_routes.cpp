@@ -13,17 +13,26 @@ using namespace ferry;
 
 namespace {
 
-caf::actor idle(caf::actor_system& sys) {
-  return sys.spawn([]() -> caf::behavior { return {[](int) {}}; });
-}
+/// An actor system with two actors that stand for room actors (they do nothing).
+struct two_rooms {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  caf::actor one = idle(), two = idle();
+  ~two_rooms() {
+    anon_send_exit(one, caf::exit_reason::user_shutdown);
+    anon_send_exit(two, caf::exit_reason::user_shutdown);
+  }
+  caf::actor idle() {
+    return sys.spawn([]() -> caf::behavior { return {[](int) {}}; });
+  }
+};
 
 }  // namespace
 
 TEST_CASE("a decode room's tokens route its prefill ranks' messages, until the room ends",
           "[routes]") {
-  caf::actor_system_config cfg;
-  caf::actor_system sys{cfg};
-  const auto room = idle(sys), other = idle(sys);
+  two_rooms actors;
+  const auto &room = actors.one, &other = actors.two;
   room_routes routes;
   routes.add_decode(10, 2, room);
   const caf::actor_id link = 77;  // any link: the room checks which one spoke
@@ -42,15 +51,12 @@ TEST_CASE("a decode room's tokens route its prefill ranks' messages, until the r
   CHECK(!routes.decode(10));
   CHECK(!routes.of(peer_announce{5, 11, 3, 300}, link));
   CHECK(routes.size() == 0);
-  anon_send_exit(room, caf::exit_reason::user_shutdown);
-  anon_send_exit(other, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("a prefill room routes a link's outcome only once it took that link's prepare",
           "[routes]") {
-  caf::actor_system_config cfg;
-  caf::actor_system sys{cfg};
-  const auto first = idle(sys), second = idle(sys);
+  two_rooms actors;
+  const auto &first = actors.one, &second = actors.two;
   room_routes routes;
   const caf::actor_id a = 1, b = 2;
   const peer_outcome committed{7, 40, false, true, {}, 0};
@@ -72,8 +78,6 @@ TEST_CASE("a prefill room routes a link's outcome only once it took that link's 
   CHECK(routes.of(committed, b) == second);
   routes.remove_prefill(7, second);
   CHECK(!routes.of(committed, b));
-  anon_send_exit(first, caf::exit_reason::user_shutdown);
-  anon_send_exit(second, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("polls of rooms in progress are answered from the status board, terminal ones are not",

@@ -217,6 +217,9 @@ struct fence_rig {
 
   /// Bound of one attempt of write_until_landed (a lost write is retried after it).
   static constexpr std::chrono::milliseconds attempt_limit{500};
+  /// A fence not done by then, on shm with the writer stopped, is held up by the writer (it
+  /// stopped inside the provider's critical section); unloaded it takes milliseconds.
+  static constexpr std::chrono::seconds stall_limit{5};
 
   std::string provider;
   bool rails = false;  ///< two bulk rails and an express rail per engine
