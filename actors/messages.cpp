@@ -10,8 +10,8 @@ stop_notice::~stop_notice() {
   if (fd >= 0) close(fd);
 }
 void to_peer(const peer_info_ptr& peer, const caf::actor& connection, peer_wire::message m) {
-  if (peer && peer->channel)
-    peer->channel->send(m);
+  if (auto channel = peer ? peer->channel.lock() : nullptr)
+    channel->send(m);
   else if (connection)
     caf::anon_send(connection, peer_outbound{std::move(m)});
 }

@@ -55,8 +55,9 @@ struct peer_info {
   std::shared_ptr<const link_plan> link;    ///< prefill -> decode plan for this pair, validated at
                                             ///< handshake (whichever side we are)
   /// The channel to the peer while this description holds: rooms write their messages on it
-  /// themselves (`to_peer`).
-  peer_link_ptr channel;
+  /// themselves (`to_peer`). Weak: the link's deliver function holds this description, so a
+  /// strong reference back would keep both alive for good where a link is never closed.
+  std::weak_ptr<peer_link> channel;
 
   /// Remote region of a space at the peer.
   const peer_region& region(space s) const {
