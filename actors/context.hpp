@@ -187,6 +187,14 @@ struct daemon_context {
   std::unique_ptr<daemon_metrics> metrics;
   std::unique_ptr<staging_area> staging;  ///< null when fabric.staging_bytes is 0; declared
                                           ///< before the engine so it outlives its registration
+  /// Where peer messages and landed writes of each room go without the Scheduler. Declared,
+  /// like the two below, before the threads that read them (the engine's progress thread, the
+  /// peer links, the client gateway), so it outlives them however the daemon ends.
+  room_routes routes;
+  /// The last rooms' milestones on this daemon's clock (the `timelines` info document).
+  timeline_log timelines;
+  /// Active rooms' statuses, from which the client gateway answers polls of rooms in progress.
+  status_board board;
   std::unique_ptr<transport::engine> engine;
   std::shared_ptr<client_gateway> gateway;
   /// The peer port and outbound peer dials; stopped (its callbacks dropped) before the actor
@@ -195,12 +203,6 @@ struct daemon_context {
   /// Every room's deadlines (cancellable); stopped, like the peer gate, inside the actor
   /// system's scope.
   std::unique_ptr<timer_service> timers;
-  /// Where peer messages and landed writes of each room go without the Scheduler.
-  room_routes routes;
-  /// The last rooms' milestones on this daemon's clock (the `timelines` info document).
-  timeline_log timelines;
-  /// Active rooms' statuses, from which the client gateway answers polls of rooms in progress.
-  status_board board;
   std::shared_ptr<spdlog::logger> log_sched, log_room, log_peer;
   /// The info log's summary of rooms and its limit on floods of per-room lines.
   logging::digest digest;

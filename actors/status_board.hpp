@@ -27,19 +27,17 @@ class status_board {
   void set(uint64_t room, bool decode, room_status status, uint32_t prefix_tokens) {
     std::lock_guard g(mutex_);
     auto& e = rooms_[room];
-    (decode ? e.decode : e.prefill) = is_terminal(status) ? std::nullopt : std::optional(status);
-    if (decode)
-      e.prefix_tokens = prefix_tokens;
-    else
-      e.prefill_prefix_tokens = prefix_tokens;
-    if (!e.decode && !e.prefill) rooms_.erase(room);
+    auto& s = decode ? e.decode : e.prefill;
+    s.status = is_terminal(status) ? std::nullopt : std::optional(status);
+    s.prefix_tokens = prefix_tokens;
+    if (!e.decode.status && !e.prefill.status) rooms_.erase(room);
   }
   void erase(uint64_t room, bool decode) {
     std::lock_guard g(mutex_);
     auto it = rooms_.find(room);
     if (it == rooms_.end()) return;
-    (decode ? it->second.decode : it->second.prefill).reset();
-    if (!it->second.decode && !it->second.prefill) rooms_.erase(it);
+    (decode ? it->second.decode : it->second.prefill).status.reset();
+    if (!it->second.decode.status && !it->second.prefill.status) rooms_.erase(it);
   }
 
   /// The answer to a poll of `room` if it is active here (the decode side first, as the
@@ -66,16 +64,18 @@ class status_board {
   }
 
  private:
+  struct side {
+    std::optional<room_status> status;  ///< none: not active on this side
+    uint32_t prefix_tokens = 0;
+  };
   struct entry {
-    std::optional<room_status> decode, prefill;
-    uint32_t prefix_tokens = 0, prefill_prefix_tokens = 0;
+    side decode, prefill;
   };
   std::optional<proto::poll_reply> find(uint64_t room) const {
     auto it = rooms_.find(room);
     if (it == rooms_.end()) return std::nullopt;
-    const auto& e = it->second;
-    if (e.decode) return proto::poll_reply{room, *e.decode, {}, errc::ok, e.prefix_tokens};
-    return proto::poll_reply{room, *e.prefill, {}, errc::ok, e.prefill_prefix_tokens};
+    const auto& s = it->second.decode.status ? it->second.decode : it->second.prefill;
+    return proto::poll_reply{room, *s.status, {}, errc::ok, s.prefix_tokens};
   }
 
   mutable std::mutex mutex_;
