@@ -413,6 +413,8 @@ caf::behavior relay(connection_actor* self) {
       [=](peer_announce& m) { inbound(caf::make_message(std::move(m))); },
       [=](peer_outcome& m) { inbound(caf::make_message(std::move(m))); },
       [=](peer_drained& m) { inbound(caf::make_message(std::move(m))); },
+      [=](peer_staging_request& m) { inbound(caf::make_message(std::move(m))); },
+      [=](peer_staging_grant& m) { inbound(caf::make_message(std::move(m))); },
       [=](peer_heartbeat) {
         auto& st = self->state;
         if (st.machine.ready()) heard(st);

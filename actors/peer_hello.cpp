@@ -10,7 +10,9 @@
 namespace ferry {
 
 uint32_t spoken_peer_version() {
-  static const uint32_t v = core::failpoint("peer_protocol_6") ? 6 : peer_protocol_version;
+  static const uint32_t v = core::failpoint("peer_protocol_6")   ? 6
+                            : core::failpoint("peer_protocol_9") ? 9
+                                                                 : peer_protocol_version;
   return v;
 }
 

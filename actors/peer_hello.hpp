@@ -15,8 +15,9 @@
 namespace ferry {
 
 /// The highest peer protocol version this daemon speaks: `peer_protocol_version`, or 6 with the
-/// test failpoint `peer_protocol_6` (FERRY_FAILPOINTS), so the tests can run a daemon that
-/// behaves as one of the previous version towards its peers (no rails).
+/// test failpoint `peer_protocol_6` (FERRY_FAILPOINTS), or 9 with `peer_protocol_9`, so the
+/// tests can run a daemon that behaves as one of an earlier version towards its peers (6: no
+/// rails; 9: staging offsets in the prepare, no grants).
 uint32_t spoken_peer_version();
 
 /// "node/instance": how a peer is named before its control address is known.

@@ -3,9 +3,11 @@
 // machine's events and carries out its effects (prepares, outcomes, fences, staging, the
 // copies out of staging of KV that landed there).
 //
-// Life: Bootstrapping (waiting for the named prefill peers' handshakes, then staging reserved
-// when KV lands in it, then prepares sent to the ranks the geometry selects) -> WaitingForInput
-// (every selected prefill rank accepted) -> Transferring (first write landed) -> Success (every
+// Life: Bootstrapping (waiting for the named prefill peers' handshakes, then, with peers older
+// than version 10, staging reserved when KV lands in it, then prepares sent to the ranks the
+// geometry selects) -> WaitingForInput (every selected prefill rank accepted; when a rank asks
+// for its staging, the room's block is reserved, and a wait for it is the room's status note)
+// -> Transferring (first write landed) -> Success (every
 // selected rank announced, and the landed writes equal the sum of their totals; KV that landed in
 // staging copied into the pages) | Failed (prefill refused or failed, a peer lost, more writes than
 // announced, cancel, deadline). Each non-terminal status has its own deadline
@@ -56,6 +58,7 @@ struct receiver_state {
   size_t unpacked = 0;
   std::unique_ptr<trace::file> trace;  // FERRY_TRACE_DIR (actors/room_trace.hpp)
   commit_clock commit;                 // where the commit phase starts (actors/metrics.hpp)
+  bool noted = false;                  // the room's status note says it waits for staging
   room_timeline timeline;              // its milestones (actors/room_timeline.hpp)
 
   std::string peers() const { return fmt::format("{}", fmt::join(prep.prefill_peers, ",")); }
@@ -71,6 +74,15 @@ receiver::effects feed(receiver_state& st, Describe&& describe, Call&& call) {
   return trace::feed(st.trace.get(), std::forward<Describe>(describe), std::forward<Call>(call));
 }
 using trace::json;
+
+/// Tell the Scheduler why the room waits in its status (a poll's reason), or, with "", that it
+/// no longer does.
+void note(receiver_actor* self, std::string why) {
+  auto& st = self->state;
+  st.noted = !why.empty();
+  caf::anon_send(st.scheduler, room_update{st.prep.room, true, st.machine.lifecycle().status(),
+                                           std::move(why), 0, errc::ok});
+}
 
 void report(receiver_actor* self, room_status s, const std::string& reason, errc code) {
   auto& st = self->state;
@@ -131,8 +143,13 @@ void apply(receiver_actor* self, receiver::effects fx) {
             if (!at) {
               st.ctx->log_room->debug("room={} waiting for {} bytes of staging", st.prep.room,
                                       x.bytes);
+              if (!st.noted)
+                note(self, fmt::format("waiting for {} bytes of staging (fabric.staging_bytes "
+                                       "{}, {} in use by other rooms)",
+                                       x.bytes, st.ctx->staging->bytes, st.ctx->staging->in_use()));
               return;  // staging_atom once some is released
             }
+            if (st.noted) note(self, {});
             apply(self, feed(
                             st,
                             [&] {
@@ -163,15 +180,20 @@ void apply(receiver_actor* self, receiver::effects fx) {
                 st.ctx->log_room->debug("room={} peer={} prepare: {} pages; {}", st.prep.room,
                                         peer->address, st.prep.dst_pages.size(),
                                         peer->link->describe());
-              peer_prepare p{st.prep.room,         l.token,         st.prep.dst_pages,
-                             st.prep.state_slot,   st.prep.aux_row, l.staging.value_or(no_staging),
-                             st.prep.prefix_tokens};
+              const uint64_t staging =
+                  l.staging ? *l.staging : (l.on_request ? staging_on_request : no_staging);
+              peer_prepare p{st.prep.room,    l.token, st.prep.dst_pages,    st.prep.state_slot,
+                             st.prep.aux_row, staging, st.prep.prefix_tokens};
               const auto& state = st.ctx->config.pools.mamba;
               to_peer(peer, st.connections[l.named],
                       state && paged(state->type) ? peer_wire::message(peer_prepare_paged{
                                                         std::move(p), st.prep.state_pages})
                                                   : peer_wire::message(std::move(p)));
             }
+          } else if constexpr (std::is_same_v<E, receiver::grant>) {
+            const auto& l = st.machine.links()[x.link];
+            to_peer(st.named[l.named], st.connections[l.named],
+                    peer_staging_grant{st.prep.room, l.token, l.staging.value_or(no_staging)});
           } else if constexpr (std::is_same_v<E, receiver::tell>) {
             if (x.ok)
               st.ctx->log_room->debug("room={} peer={} committed: {} writes, {} bytes",
@@ -267,6 +289,14 @@ void on_peer(receiver_actor* self, peer_inbound& in) {
                                                       o.reason);
                           }));
         },
+        [&](peer_staging_request& q) {
+          apply(self, feed(
+                          st,
+                          [&] {
+                            return json{{"e", "staging_requested"}, {"i", i}, {"token", q.token}};
+                          },
+                          [&] { return st.machine.staging_requested(i, q.token); }));
+        },
         [&](peer_drained& d) {
           apply(self, feed(
                           st,
@@ -295,6 +325,7 @@ void on_lookup(receiver_actor* self, size_t i, peer_lookup& r) {
       c.log_room->debug("room={} peer={} {}", st.prep.room, r.info->address, land.describe());
     const auto need = land.bytes;
     const auto schema = r.info->schema;
+    const bool asks = r.info->version >= peer_late_staging_version;
     if (!st.named[i]) st.named[i] = std::move(r.info);
     apply(self, feed(
                     st,
@@ -303,9 +334,10 @@ void on_lookup(receiver_actor* self, size_t i, peer_lookup& r) {
                                   {"i", i},
                                   {"schema", trace::schema_json(schema)},
                                   {"unpack", need},
-                                  {"optional", land.scatter}};
+                                  {"optional", land.scatter},
+                                  {"asks", asks}};
                     },
-                    [&] { return st.machine.resolved(i, schema, need, land.scatter); }));
+                    [&] { return st.machine.resolved(i, schema, need, land.scatter, asks); }));
     return;
   }
   const auto code = r.code == errc::ok ? errc::peer_unreachable : r.code;

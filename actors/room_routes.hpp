@@ -10,7 +10,8 @@
 ///   of its prefill ranks learns one, and tokens are never reused;
 /// - a prefill room adds a decode's link when it has taken that link's prepare (which came
 ///   through the Scheduler, as every prepare does: it opens rooms and admits them), so that
-///   link's outcome, which follows its prepare on the wire, arrives after it either way.
+///   link's outcome and staging grant, which follow its prepare on the wire, arrive after it
+///   either way.
 /// The Scheduler, which creates rooms and keeps the registry, removes a room's routes when the
 /// room ends; what arrives for it later takes the slower path and is counted there as stray.
 ///
@@ -33,7 +34,8 @@ template <class M>
 constexpr bool is_room_message =
     std::is_same_v<M, peer_prepare> || std::is_same_v<M, peer_prepare_paged> ||
     std::is_same_v<M, peer_prepare_ack> || std::is_same_v<M, peer_announce> ||
-    std::is_same_v<M, peer_outcome> || std::is_same_v<M, peer_drained>;
+    std::is_same_v<M, peer_outcome> || std::is_same_v<M, peer_drained> ||
+    std::is_same_v<M, peer_staging_request> || std::is_same_v<M, peer_staging_grant>;
 
 class room_routes {
  public:
@@ -73,10 +75,13 @@ class room_routes {
   caf::actor of(const Message& m, caf::actor_id link) const {
     std::lock_guard g(mutex_);
     if constexpr (std::is_same_v<Message, peer_prepare_ack> ||
-                  std::is_same_v<Message, peer_announce> || std::is_same_v<Message, peer_drained>) {
+                  std::is_same_v<Message, peer_announce> || std::is_same_v<Message, peer_drained> ||
+                  std::is_same_v<Message, peer_staging_request>) {
       return find(m.token);
-    } else if constexpr (std::is_same_v<Message, peer_outcome>) {
-      if (m.to_decode) return find(m.token);
+    } else if constexpr (std::is_same_v<Message, peer_outcome> ||
+                         std::is_same_v<Message, peer_staging_grant>) {
+      if constexpr (std::is_same_v<Message, peer_outcome>)
+        if (m.to_decode) return find(m.token);
       auto it = prefill_.find(m.room);
       if (it == prefill_.end()) return {};
       for (auto l : it->second.links)

@@ -212,6 +212,7 @@ json effects_json(const receiver::effects& fx) {
           if constexpr (std::is_same_v<E, no_staging>)
             out.push_back({{"no_staging", x.need}, {"full", x.full}});
           if constexpr (std::is_same_v<E, send_prepares>) out.push_back("send_prepares");
+          if constexpr (std::is_same_v<E, grant>) out.push_back({{"grant", x.link}});
           if constexpr (std::is_same_v<E, tell>)
             out.push_back(
                 {{"tell",
@@ -288,7 +289,9 @@ receiver::effects replay(receiver::room& m, const json& ev) {
   const std::string e = ev.at("e");
   if (e == "start") return m.start();
   if (e == "resolved")
-    return m.resolved(ev.at("i"), schema_of(ev.at("schema")), ev.at("unpack"), ev.at("optional"));
+    return m.resolved(ev.at("i"), schema_of(ev.at("schema")), ev.at("unpack"), ev.at("optional"),
+                      ev.value("asks", false));
+  if (e == "staging_requested") return m.staging_requested(ev.at("i"), ev.at("token"));
   if (e == "unusable") return m.unusable(ev.at("i"), code_of(ev.at("code")), ev.at("why"));
   if (e == "staging_reserved") return m.staging_reserved(ev.at("at"));
   if (e == "staging_freed") return m.staging_freed();

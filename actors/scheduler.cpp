@@ -153,6 +153,8 @@ void on_peer_inbound(scheduler_actor* self, peer_inbound& in) {
       [&](peer_prepare_ack& a) { to_decode(a.token); },
       [&](peer_announce& a) { to_decode(a.token); },
       [&](peer_drained& d) { to_decode(d.token); },
+      [&](peer_staging_request& q) { to_decode(q.token); },
+      [&](peer_staging_grant& g) { forward(st.prefill, g.room); },
       [&](peer_outcome& o) {
         if (o.to_decode)
           to_decode(o.token);
@@ -278,6 +280,15 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
         auto& side = u.decode_side ? st.decode : st.prefill;
         auto it = side.active.find(u.room);
         if (it == side.active.end()) return;
+        if (u.status == it->second.status && !is_terminal(u.status)) {
+          // Why the room waits where it is (a poll's reason), or that it no longer does.
+          it->second.note = std::move(u.reason);
+          st.ctx->board.set(u.room, u.decode_side, u.status, it->second.prefix_tokens,
+                            it->second.note);
+          notify_subscribers(self, it->second, u.room, u.status, it->second.note, errc::ok);
+          return;
+        }
+        it->second.note.clear();
         room_moved(st, u.decode_side, it->second, u.status, u.code, u.bytes);
         it->second.status = u.status;
         if (u.prefix_tokens) it->second.prefix_tokens = u.prefix_tokens;

@@ -24,6 +24,7 @@ struct room_entry {
   std::vector<caf::actor> connections;  // the peers the room exchanges messages with
   room_status status = room_status::bootstrapping;
   uint32_t prefix_tokens = 0;  // prefill: the decode's prefix (room_update)
+  std::string note;            // why it waits in its status (a poll's reason), if it says
   std::string peer;
   uint64_t token = 0;   // decode: first token of the room's links (one per named peer)
   uint32_t tokens = 0;  // decode: how many

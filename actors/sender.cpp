@@ -33,6 +33,7 @@
 #include "actors/client_gateway.hpp"
 #include "actors/room_lifecycle_glue.hpp"
 #include "actors/room_trace.hpp"
+#include "actors/sender_checks.hpp"
 #include "core/pack.hpp"
 #include "core/plan.hpp"
 #include "core/sender_room.hpp"
@@ -47,6 +48,10 @@ struct decode_link {
   peer_prepare prep;
   std::vector<uint32_t> dst_state_pages{};  // a paged state pool's (peer_prepare_paged)
   std::deque<pack_job> jobs;  // KV waiting to be gathered through staging (core/pack.hpp)
+  // Sends held until the decode grants this link's staging (prep.dst_staging is
+  // staging_on_request until then); `asked`: the request went out.
+  std::vector<sender::post_chunk> held{};
+  bool asked = false;
 };
 
 struct sender_state {
@@ -98,9 +103,10 @@ void report(sender_actor* self, room_status s, const std::string& reason, errc c
                                            st.machine.prefix_tokens()});
 }
 
+/// Whether KV still waits: to be packed through staging, or for the decode's staging grant.
 bool pack_pending(const sender_state& st) {
   for (const auto& l : st.links)
-    if (!l.jobs.empty()) return true;
+    if (!l.jobs.empty() || !l.held.empty()) return true;
   return false;
 }
 
@@ -292,7 +298,18 @@ void apply(sender_actor* self, sender::effects fx, const answering& to) {
                                      x.outcome.message, static_cast<uint16_t>(x.outcome.code)});
           } else if constexpr (std::is_same_v<E, sender::post_chunk>) {
             if (x.chunk.last) st.timeline.mark(prefill_mark::sent);
-            for (size_t i = 0; i < st.links.size(); ++i) post_link(self, i, x);
+            for (size_t i = 0; i < st.links.size(); ++i) {
+              auto& l = st.links[i];
+              if (l.prep.dst_staging != staging_on_request) {
+                post_link(self, i, x);
+                continue;
+              }
+              // Its KV lands in the decode's staging, which the decode reserves now.
+              if (!l.asked)
+                to_peer(l.peer, l.connection, peer_staging_request{st.room, l.prep.token});
+              l.asked = true;
+              l.held.push_back(x);
+            }
             st.ctx->log_room->debug("room={} peer={} chunk pages={} last={} layers={}+{} ends={}",
                                     st.room, st.machine.peer_name(), x.chunk.src_pages.size(),
                                     x.chunk.last, x.chunk.first_layer, x.chunk.layer_count,
@@ -318,7 +335,10 @@ void apply(sender_actor* self, sender::effects fx, const answering& to) {
                                      spdlog::level::warn))
               st.ctx->log_room->warn("room={} peer={} failed: {}", st.room, st.machine.peer_name(),
                                      x.reason);
-            for (auto& l : st.links) l.jobs.clear();
+            for (auto& l : st.links) {
+              l.jobs.clear();
+              l.held.clear();
+            }
             send_to_links(self, [&](const sender::link_record& r) {
               return peer_outcome{st.room, r.token,  true,
                                   false,   x.reason, static_cast<uint16_t>(x.code)};
@@ -341,73 +361,6 @@ void apply(sender_actor* self, sender::effects fx, const answering& to) {
   }
 }
 
-/// A decode rank's named indices, checked against the layout it declared, before any write is
-/// planned: a buggy or hostile peer gets a refusal, not writes outside its pools.
-result<> check_named_indices(const sender_state& st, const peer_inbound& in, const peer_prepare& p,
-                             const std::vector<uint32_t>& state_pages) {
-  const auto& dl = in.from->layout;
-  if (!p.dst_pages.empty()) {
-    if (!dl[pool_kind::kv].present)
-      return error{errc::invalid_request,
-                   fmt::format("room {}: pages named but the decode has no kv pool", p.room)};
-    if (auto e = check_indices(p.dst_pages, dl[pool_kind::kv].buffers[0].items, "decode dst page",
-                               "pages");
-        !e)
-      return error{e.code, fmt::format("room {}: {}", p.room, e.message)};
-  }
-  if (p.dst_state_slot != no_index &&
-      (!dl[pool_kind::state].present || p.dst_state_slot >= dl[pool_kind::state].buffers[0].items))
-    return error{errc::invalid_request,
-                 fmt::format("room {}: decode dst state slot {} is outside its mamba pool", p.room,
-                             p.dst_state_slot)};
-  if (p.dst_aux_row != no_index &&
-      (!dl[pool_kind::aux].present || p.dst_aux_row >= dl[pool_kind::aux].buffers[0].items))
-    return error{errc::invalid_request,
-                 fmt::format("room {}: decode dst aux row {} is outside its aux pool", p.room,
-                             p.dst_aux_row)};
-  const auto& state = st.ctx->config.pools.mamba;
-  if (state && paged(state->type)) {
-    // The handshake made both sides' state pools of one type, so the decode's is paged too.
-    if (p.dst_state_slot != no_index)
-      return error{errc::invalid_request,
-                   fmt::format("room {}: the decode named state slot {} for a {} state pool, "
-                               "which is indexed by pages",
-                               p.room, p.dst_state_slot, to_string(state->type))};
-    if (!dl[pool_kind::state].present)  // (the handshake pairs state pools; checked anyway)
-      return error{errc::invalid_request,
-                   fmt::format("room {}: the decode has no state pool", p.room)};
-    if (auto e = check_indices(state_pages, dl[pool_kind::state].buffers[0].items,
-                               "decode dst state page", "pages");
-        !e)
-      return error{e.code, fmt::format("room {}: {}", p.room, e.message)};
-  } else if (!state_pages.empty()) {
-    return error{errc::invalid_request,
-                 fmt::format("room {}: the decode named {} state pages; this daemon's state pool "
-                             "takes one slot",
-                             p.room, state_pages.size())};
-  } else if (st.ctx->layout[pool_kind::state].present && p.dst_state_slot == no_index) {
-    return error{
-        errc::invalid_request,
-        fmt::format("mamba requires single state index: room {} got dst=none from the decode",
-                    p.room)};
-  }
-  if (st.ctx->layout[pool_kind::aux].present && p.dst_aux_row == no_index)
-    return error{errc::invalid_request,
-                 fmt::format("room {}: the decode named no aux row", p.room)};
-  if (p.dst_staging != no_staging) {
-    // Head-sliced KV to unpack, or whole pages and packed slices to scatter (core/pack.hpp).
-    const auto need = in.from->link->landing_bytes(p.dst_pages.size());
-    if (!need || !in.from->staging.present || p.dst_staging > in.from->staging.length ||
-        in.from->staging.length - p.dst_staging < need)
-      return error{
-          errc::invalid_request,
-          fmt::format("room {}: staging offset {} ({} bytes) is outside the decode's staging "
-                      "region of {} bytes",
-                      p.room, p.dst_staging, need, in.from->staging.length)};
-  }
-  return {};
-}
-
 void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p,
                 std::vector<uint32_t> state_pages = {}) {
   auto& st = self->state;
@@ -424,7 +377,7 @@ void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p,
   m.state_pages = static_cast<uint32_t>(state_pages.size());
   m.prefix_tokens = p.prefix_tokens;
   m.token = p.token;
-  m.indices = check_named_indices(st, in, p, state_pages);
+  m.indices = check_named_indices(*st.ctx, *in.from, p, state_pages);
   const size_t before = st.machine.links().size();
   auto fx = feed(
       st,
@@ -459,9 +412,46 @@ void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p,
   apply(self, std::move(fx), answering{nullptr, in.connection, in.from});
 }
 
+/// The decode granted link `in`'s staging: post the sends held for it, into that block (or
+/// directly, when it granted none). An offset outside its staging region fails the room.
+void on_grant(sender_actor* self, peer_inbound& in, const peer_staging_grant& g) {
+  auto& st = self->state;
+  if (st.machine.lifecycle().terminal() || st.machine.lifecycle().draining()) return;
+  for (size_t i = 0; i < st.links.size(); ++i) {
+    auto& l = st.links[i];
+    if (l.connection != in.connection || l.prep.token != g.token ||
+        l.prep.dst_staging != staging_on_request || !l.asked)
+      continue;
+    if (auto ok = check_staging_offset(*in.from, st.room, g.offset, l.prep.dst_pages.size()); !ok) {
+      const uint64_t link = in.connection.id();
+      apply(self,
+            feed(
+                st,
+                [&] {
+                  return trace::json{
+                      {"e", "outcome"},   {"link", link},        {"address", in.from->address},
+                      {"in_group", true}, {"token", g.token},    {"ok", false},
+                      {"code", ok.code},  {"reason", ok.message}};
+                },
+                [&] {
+                  return st.machine.outcome(link, in.from->address, true, g.token, false, ok.code,
+                                            ok.message);
+                }));
+      return;
+    }
+    l.prep.dst_staging = g.offset;
+    auto held = std::move(l.held);
+    l.held.clear();
+    for (const auto& x : held) post_link(self, i, x);
+    pumped(self);  // packs what waits for staging; the announcement follows when nothing does
+    return;
+  }
+}
+
 void on_peer(sender_actor* self, peer_inbound& in) {
   auto& st = self->state;
   in.msg.apply({
+      [&](peer_staging_grant& g) { on_grant(self, in, g); },
       [&](peer_prepare& p) { on_prepare(self, in, p); },
       [&](peer_prepare_paged& p) { on_prepare(self, in, p.prepare, std::move(p.dst_state_pages)); },
       [&](peer_outcome& o) {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -23,13 +24,16 @@ namespace ferry {
 
 class status_board {
  public:
-  /// Room `room` of a side is active with `status`; a terminal status removes it instead.
-  void set(uint64_t room, bool decode, room_status status, uint32_t prefix_tokens) {
+  /// Room `room` of a side is active with `status` (and `note`: why it waits there, if it
+  /// says); a terminal status removes it instead.
+  void set(uint64_t room, bool decode, room_status status, uint32_t prefix_tokens,
+           const std::string& note = {}) {
     std::lock_guard g(mutex_);
     auto& e = rooms_[room];
     auto& s = decode ? e.decode : e.prefill;
     s.status = is_terminal(status) ? std::nullopt : std::optional(status);
     s.prefix_tokens = prefix_tokens;
+    s.note = note;
     if (!e.decode.status && !e.prefill.status) rooms_.erase(room);
   }
   void erase(uint64_t room, bool decode) {
@@ -67,6 +71,7 @@ class status_board {
   struct side {
     std::optional<room_status> status;  ///< none: not active on this side
     uint32_t prefix_tokens = 0;
+    std::string note;
   };
   struct entry {
     side decode, prefill;
@@ -75,7 +80,7 @@ class status_board {
     auto it = rooms_.find(room);
     if (it == rooms_.end()) return std::nullopt;
     const auto& s = it->second.decode.status ? it->second.decode : it->second.prefill;
-    return proto::poll_reply{room, *s.status, {}, errc::ok, s.prefix_tokens};
+    return proto::poll_reply{room, *s.status, s.note, errc::ok, s.prefix_tokens};
   }
 
   mutable std::mutex mutex_;

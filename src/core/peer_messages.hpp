@@ -28,14 +28,20 @@ namespace ferry {
 /// go as `peer_prepare_paged`. A daemon with a paged state pool refuses peers below version 8.
 /// 9: the messages travel on Ferry's own peer channel (core/peer_wire.hpp, preamble version 2),
 /// no longer on CAF's BASP; `peer_leaving` is answered with `peer_leaving_ack`. Versions 5 to 8
-/// remain in the range so a daemon can be asked (the test failpoint `peer_protocol_6`) to
+/// remain in the range so a daemon can be asked (the test failpoints `peer_protocol_6` and `_9`) to
 /// behave as an older one towards its peers; no released daemon speaks them on the channel.
-inline constexpr uint32_t peer_protocol_version = 9;
+/// 10: a decode whose room's KV lands in its staging reserves that staging when the prefill's
+/// writes are about to start (`peer_staging_request`, `peer_staging_grant`), not at prepare; a
+/// version-9 peer gets the staging offset in the prepare, as before.
+inline constexpr uint32_t peer_protocol_version = 10;
 inline constexpr uint32_t peer_paged_state_version = 8;
 inline constexpr uint32_t peer_protocol_min_version = 5;
 
-/// "No staging" in peer_prepare::dst_staging.
+/// "No staging" in peer_prepare::dst_staging and peer_staging_grant::offset.
 inline constexpr uint64_t no_staging = ~uint64_t{0};
+/// In peer_prepare::dst_staging (version 10): the room's KV from this rank lands in the decode's
+/// staging, at an offset granted when the prefill asks for it (`peer_staging_request`).
+inline constexpr uint64_t staging_on_request = ~uint64_t{0} - 1;
 
 // ---------------------------------------------------------------------------------------------
 // Between daemons
@@ -92,7 +98,8 @@ struct peer_prepare {
   uint32_t dst_state_slot = no_index;
   uint32_t dst_aux_row = no_index;
   /// Offset in the decode's staging region reserved for this room's head-sliced KV from this
-  /// prefill rank (link kv_mode::unpack), or no_staging: write each token's slice directly.
+  /// prefill rank (link kv_mode::unpack), or no_staging: write each token's slice directly, or
+  /// (version 10) staging_on_request: ask for the offset before the first write.
   uint64_t dst_staging = no_staging;
   uint32_t prefix_tokens = 0;  ///< the decode engine's prepare.prefix_tokens (decode_prefix_len)
 };
@@ -158,6 +165,23 @@ inline constexpr uint32_t peer_leaving_version = 6;
 /// drain waits for it (or for timeouts.heartbeat_ms), so its goodbye is known to have arrived.
 struct peer_leaving_ack {};
 inline constexpr uint32_t peer_leaving_ack_version = 9;
+
+/// Prefill -> decode (version 10), for a link prepared with `staging_on_request`: the room's
+/// first send arrived, so its writes are about to start; the decode reserves the room's staging
+/// (queueing while it is full) and answers with `peer_staging_grant`. Sent once per link.
+struct peer_staging_request {
+  uint64_t room = 0;
+  uint64_t token = 0;
+};
+/// Decode -> prefill (version 10): where this link's KV lands in the decode's staging, or
+/// no_staging: write it directly (staging was full and the room's block was only worth having).
+/// No write of the link's KV is posted before it.
+struct peer_staging_grant {
+  uint64_t room = 0;
+  uint64_t token = 0;
+  uint64_t offset = no_staging;
+};
+inline constexpr uint32_t peer_late_staging_version = 10;
 
 /// One of a daemon's fabric endpoints, as `peer_rails` lists them (transport::rail_desc).
 struct peer_rail_desc {

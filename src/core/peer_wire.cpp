@@ -280,6 +280,23 @@ bool decode(reader& r, peer_rails& m) {
 void encode(writer&, const peer_heartbeat&) {}
 bool decode(reader&, peer_heartbeat&) { return true; }
 
+void encode(writer& w, const peer_staging_request& m) {
+  w.num(m.room);
+  w.num(m.token);
+}
+bool decode(reader& r, peer_staging_request& m) {
+  return r.num(m.room, "room") && r.num(m.token, "token");
+}
+
+void encode(writer& w, const peer_staging_grant& m) {
+  w.num(m.room);
+  w.num(m.token);
+  w.num(m.offset);
+}
+bool decode(reader& r, peer_staging_grant& m) {
+  return r.num(m.room, "room") && r.num(m.token, "token") && r.num(m.offset, "offset");
+}
+
 void put_header(uint8_t* h, uint32_t length, kind k, uint64_t seq) {
   for (int i = 0; i < 4; ++i) h[i] = uint8_t(length >> (8 * i));
   h[4] = static_cast<uint8_t>(k);
@@ -324,6 +341,10 @@ const char* name(kind k) {
       return "peer_leaving";
     case kind::leaving_ack:
       return "peer_leaving_ack";
+    case kind::staging_request:
+      return "peer_staging_request";
+    case kind::staging_grant:
+      return "peer_staging_grant";
     case kind::rails:
       return "peer_rails";
     case kind::heartbeat:

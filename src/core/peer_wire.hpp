@@ -51,13 +51,16 @@ enum class kind : uint8_t {
   leaving_ack = 11,
   rails = 12,
   heartbeat = 13,
+  staging_request = 14,
+  staging_grant = 15,
 };
-inline constexpr uint8_t max_kind = 13;
+inline constexpr uint8_t max_kind = 15;
 
 /// Every message of the channel; the index of each alternative is its kind minus one.
 using message = std::variant<peer_hello, peer_auth, peer_refused, peer_prepare, peer_prepare_paged,
                              peer_prepare_ack, peer_announce, peer_outcome, peer_drained,
-                             peer_leaving, peer_leaving_ack, peer_rails, peer_heartbeat>;
+                             peer_leaving, peer_leaving_ack, peer_rails, peer_heartbeat,
+                             peer_staging_request, peer_staging_grant>;
 
 inline kind kind_of(const message& m) { return static_cast<kind>(m.index() + 1); }
 const char* name(kind k);

@@ -42,7 +42,8 @@ void room::advance(room_status s, effects& out) {
 
 effects room::start() { return {life{life_.start()}}; }
 
-effects room::resolved(size_t i, const rank_schema& schema, uint64_t unpack_bytes, bool optional) {
+effects room::resolved(size_t i, const rank_schema& schema, uint64_t unpack_bytes, bool optional,
+                       bool asks) {
   effects out;
   if (i >= named_.size() || ended()) return out;
   auto& n = named_[i];
@@ -51,6 +52,7 @@ effects room::resolved(size_t i, const rank_schema& schema, uint64_t unpack_byte
   n.schema = schema;
   n.unpack_bytes = unpack_bytes;
   n.optional = optional && unpack_bytes;
+  n.asks = asks;
   if (++looked_up_ == named_.size()) select(out);
   return out;
 }
@@ -91,6 +93,7 @@ void room::select(effects& out) {
         first_unusable.empty() ? chosen.message : chosen.message + " (" + first_unusable + ")",
         false, out);
   uint64_t need = 0;
+  bool all_ask = true;
   for (size_t k : chosen.value) {
     const size_t i = usable[k];
     link_record l;
@@ -100,6 +103,7 @@ void room::select(effects& out) {
     l.unpack_bytes = named_[i].unpack_bytes;
     l.optional = named_[i].optional;
     need += l.unpack_bytes;
+    all_ask = all_ask && (!l.unpack_bytes || named_[i].asks);
     links_.push_back(std::move(l));
   }
   if (need && (capacity_ == 0 || need > capacity_)) {
@@ -107,6 +111,10 @@ void room::select(effects& out) {
     for (auto& l : links_) l.unpack_bytes = 0;
   } else {
     staging_need_ = need;
+    // Held from the first write's approach, not from the prepare: a room the engine has not
+    // computed yet holds no staging.
+    on_request_ = need && all_ask;
+    for (auto& l : links_) l.on_request = on_request_ && l.unpack_bytes;
   }
   reserve_and_prepare(out);
 }
@@ -114,7 +122,7 @@ void room::select(effects& out) {
 /// Reserve one staging block for every link whose KV lands in staging, then send the prepares.
 void room::reserve_and_prepare(effects& out) {
   if (!selected_ || prepared_ || reserving_ || ended()) return;
-  if (staging_need_ && !staging_) {
+  if (staging_need_ && !staging_ && !on_request_) {
     // A block only to scatter into is not worth a wait: it would be held from now until the
     // commit, however long the prefill takes to send, while direct writes work at once.
     bool wait = false;
@@ -125,6 +133,29 @@ void room::reserve_and_prepare(effects& out) {
   }
   prepared_ = true;
   out.push_back(send_prepares{});
+}
+
+effects room::staging_requested(size_t i, uint64_t token) {
+  effects out;
+  auto* l = link(i, token);
+  // Only a link whose prepare said so asks, and once: anything else is ignored.
+  if (!l || !l->on_request || l->requested || ended()) return out;
+  l->requested = true;
+  if (staging_ || !staging_need_) {
+    out.push_back(grant{static_cast<size_t>(l - links_.data())});
+  } else if (!reserving_) {
+    reserving_ = true;
+    bool wait = false;
+    for (const auto& x : links_) wait = wait || (x.unpack_bytes && !x.optional);
+    out.push_back(reserve_staging{staging_need_, wait});
+  }
+  return out;
+}
+
+/// Tell every link that asked where its KV lands (a block reserved, or none).
+void room::grant_requested(effects& out) {
+  for (size_t j = 0; j < links_.size(); ++j)
+    if (links_[j].requested) out.emplace_back(std::in_place_type<grant>, j);
 }
 
 effects room::staging_reserved(uint64_t at) {
@@ -141,14 +172,23 @@ effects room::staging_reserved(uint64_t at) {
     release(out);
     return out;
   }
-  reserve_and_prepare(out);
+  if (on_request_)
+    grant_requested(out);
+  else
+    reserve_and_prepare(out);
   return out;
 }
 
 effects room::staging_freed() {
   effects out;
+  if (!reserving_ || ended()) return out;
   reserving_ = false;  // the reservation that waited is answered by asking again
-  reserve_and_prepare(out);
+  if (!on_request_) {
+    reserve_and_prepare(out);
+  } else if (!staging_) {
+    reserving_ = true;
+    out.push_back(reserve_staging{staging_need_, true});
+  }
   return out;
 }
 
@@ -164,7 +204,14 @@ effects room::staging_declined() {
     for (auto& l : links_) l.unpack_bytes = 0;
     staging_need_ = 0;
   }
-  reserve_and_prepare(out);  // otherwise it must land in staging: ask again, and wait
+  if (!on_request_) {
+    reserve_and_prepare(out);  // otherwise it must land in staging: ask again, and wait
+  } else if (optional) {
+    grant_requested(out);  // no offset: they write directly
+  } else {
+    reserving_ = true;
+    out.push_back(reserve_staging{staging_need_, true});
+  }
   return out;
 }
 
@@ -320,12 +367,11 @@ effects room::expired(deadline_kind k, uint64_t generation) {
   if (!x) return out;  // no longer applies
   if (x->what == expiry::kind::timed_out) {
     fail(errc::timed_out,
-         fmt::format("timed out in {} after {} ms ({}: {} landed, {} announced{})",
-                     to_string(x->in), x->ms, x->waits, commit_.landed(),
-                     commit_.expected() ? std::to_string(*commit_.expected()) : "none",
-                     staging_need_ && !staging_
-                         ? fmt::format("; waiting for {} bytes of staging", staging_need_)
-                         : ""),
+         fmt::format(
+             "timed out in {} after {} ms ({}: {} landed, {} announced{})", to_string(x->in), x->ms,
+             x->waits, commit_.landed(),
+             commit_.expected() ? std::to_string(*commit_.expected()) : "none",
+             reserving_ ? fmt::format("; waiting for {} bytes of staging", staging_need_) : ""),
          true, out);
     return out;
   }

@@ -12,9 +12,13 @@
 /// - Once every named peer is resolved (handshake done or failed), the ranks the geometry needs
 ///   are selected among the usable ones (select_prefill_peers); an unusable peer matters only if
 ///   it is needed. KV that lands in staging (head-sliced KV to unpack, or a fragmented page
-///   list's whole pages to scatter) lands in one staging block for the room, reserved before
-///   the prepares go out. When staging is full, a room that must unpack waits in
-///   Bootstrapping; a room whose block is only worth having (every link scatters) does not
+///   list's whole pages to scatter) lands in one staging block for the room. When every link
+///   landing there can ask for it (peer version 10), the block is reserved when the first of
+///   them asks, its writes being about to start, and each asking link is granted its offset
+///   (the room waits for it in WaitingForInput, as its prefill ranks do, bounded by that
+///   status's deadline and the whole room's, timeouts.transfer_ms);
+///   otherwise it is reserved before the prepares go out. When staging is full, a room that
+///   must unpack waits; a room whose block is only worth having (every link scatters) does not
 ///   wait: its KV goes one write per run. A room larger than the whole area falls back to one
 ///   write per token, or per run.
 /// - WaitingForInput once every selected rank accepted; Transferring at the first write landed
@@ -55,6 +59,8 @@ struct link_record {
   uint64_t unpack_bytes = 0;        ///< staging its KV lands in (0: none)
   bool optional = false;            ///< a block to scatter: worth having, not worth a wait
   std::optional<uint64_t> staging;  ///< where in the room's block it lands
+  bool on_request = false;          ///< its prepare said: ask for the staging offset
+  bool requested = false;           ///< it asked (granted once the block is reserved)
   bool accepted = false;
   bool refused = false;  ///< refused the prepare: it never writes
   bool fenced = false;   ///< its connection ended and its registrations are closed
@@ -82,8 +88,13 @@ struct no_staging {
   uint64_t need;
   bool full = false;
 };
-/// Send every link its prepare (with its token and staging offset).
+/// Send every link its prepare (with its token and staging offset, or `staging_on_request`
+/// for a link with `on_request`).
 struct send_prepares {};
+/// Tell link `link` where its KV lands in staging (its `staging`, none: write directly).
+struct grant {
+  size_t link;
+};
 /// Tell every link how the room ended (peer_outcome).
 struct tell {
   bool ok;
@@ -109,7 +120,7 @@ struct life {
   lifecycle_effects effects;
 };
 
-using effect = std::variant<reserve_staging, no_staging, send_prepares, tell, failed, unpack,
+using effect = std::variant<reserve_staging, no_staging, send_prepares, grant, tell, failed, unpack,
                             release_staging, fence, life>;
 using effects = std::vector<effect>;
 
@@ -123,11 +134,14 @@ class room {
 
   effects start();
   /// Named peer `i` finished its handshake: its geometry, and the staging its KV would land in
-  /// (plan_landing); `optional`: a block to scatter, which the room does not wait for.
+  /// (plan_landing); `optional`: a block to scatter, which the room does not wait for;
+  /// `asks`: it asks for its staging offset when its writes are about to start (version 10).
   effects resolved(size_t i, const rank_schema& schema, uint64_t unpack_bytes,
-                   bool optional = false);
+                   bool optional = false, bool asks = false);
   /// Named peer `i` cannot be used (its handshake failed).
   effects unusable(size_t i, errc code, std::string why);
+  /// Named peer `i`'s writes are about to start: it asks where its KV lands in staging.
+  effects staging_requested(size_t i, uint64_t token);
   effects staging_reserved(uint64_t at);
   effects staging_freed();
   /// A reservation that was not to wait found staging full: the optional blocks are dropped.
@@ -151,6 +165,11 @@ class room {
   const room_lifecycle& lifecycle() const { return life_; }
   bool selected() const { return selected_; }
   bool prepared() const { return prepared_; }
+  /// The room's staging block is reserved when its links ask (not before the prepares).
+  bool staging_on_request() const { return on_request_; }
+  /// A reservation is out and waits for staging to free up.
+  bool waiting_for_staging() const { return reserving_; }
+  uint64_t staging_need() const { return staging_need_; }
   bool all_accepted() const;
   const std::vector<link_record>& links() const { return links_; }
   /// The link of named peer `i`, if it was selected.
@@ -165,12 +184,14 @@ class room {
     rank_schema schema;
     uint64_t unpack_bytes = 0;
     bool optional = false;
+    bool asks = false;
     std::string unusable;  ///< why it cannot be used ("" = fine or not known yet)
     errc code = errc::ok;
   };
   link_record* link(size_t i, uint64_t token);
   void select(effects& out);
   void reserve_and_prepare(effects& out);
+  void grant_requested(effects& out);
   void evaluate(commit_counter::state c, effects& out);
   void succeed(effects& out);
   void fail(errc code, std::string reason, bool tell_peers, effects& out);
@@ -190,6 +211,7 @@ class room {
   bool selected_ = false;
   std::vector<link_record> links_;
   uint64_t staging_need_ = 0;
+  bool on_request_ = false;          ///< the block is reserved when a link asks
   bool reserving_ = false;           ///< a reserve_staging is out
   std::optional<uint64_t> staging_;  ///< the room's block
   bool prepared_ = false;

@@ -69,11 +69,13 @@ result<> send_still_open(const bounded_map<uint64_t, finished_room>& finished, u
 /// ever feed (and waiting out its whole transfer_ms).
 result<> late_prepare(const bounded_map<uint64_t, finished_room>& finished, uint64_t room);
 
-/// A poll's answer from a side's active rooms (its status), or nothing.
+/// A poll's answer from a side's active rooms (its status, and its `note` as the reason: why
+/// it waits there, if it says), or nothing.
 template <class Entry>
 std::optional<proto::poll_reply> active_poll(const room_table<Entry>& side, uint64_t room) {
   if (auto it = side.active.find(room); it != side.active.end())
-    return proto::poll_reply{room, it->second.status, {}, errc::ok, it->second.prefix_tokens};
+    return proto::poll_reply{room, it->second.status, it->second.note, errc::ok,
+                             it->second.prefix_tokens};
   return std::nullopt;
 }
 

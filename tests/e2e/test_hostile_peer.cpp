@@ -160,6 +160,61 @@ TEST_CASE("a decode peer naming indices outside its declared pools is refused, n
   CHECK(status_of(*cp)["role"] == "prefill");
 }
 
+TEST_CASE(
+    "a decode peer granting a staging offset outside its staging region fails the room, nothing "
+    "written",
+    "[e2e][security][hostile]") {
+  temp_dir dir;
+  shape s;
+  daemon_proc prefill(launch_only, dir, "prefill-0", "prefill", s);
+  const auto decode_yaml = make_config("evil-decode", "decode", 1, "/tmp/unused.sock", s);
+  fake_decode evil(decode_yaml, 1 << 20);
+  prefill.await_ready();
+  auto cp = prefill.connect();
+  std::string refused;
+  auto conn = handshake(prefill, evil.hello, refused);
+  INFO(refused);
+  REQUIRE(conn);
+
+  room_spec r;
+  r.room = 811;
+  r.src_pages = range(0, 4);
+  REQUIRE(client::fill_kv(*cp, r.room, r.src_pages, 0).message == "");
+  REQUIRE(client::fill_state_and_aux(*cp, r.room, r.src_slot, r.src_row).message == "");
+  // A version-10 prepare whose pages land in the decode's staging at an offset granted later.
+  peer_prepare p;
+  p.room = r.room;
+  p.token = 78;
+  p.dst_pages = {0, 1, 2, 3};
+  p.dst_state_slot = 0;
+  p.dst_aux_row = 0;
+  p.dst_staging = staging_on_request;
+  auto ack = prepare_and_wait(*conn, p);
+  INFO(ack.reason);
+  REQUIRE(ack.ok);
+  // The send starts the writes: the prefill asks first, and posts nothing before the answer.
+  REQUIRE(cp->send({r.room, r.src_pages, true, 0, 0}));
+  auto asked = conn->receive_a<peer_staging_request>(std::chrono::seconds(20));
+  if (!asked) FAIL("no staging request: " << conn->error());
+  CHECK(asked->room == r.room);
+  CHECK(asked->token == 78);
+  CHECK(evil.untouched());
+  REQUIRE(conn->send(peer_staging_grant{r.room, 78, uint64_t{1} << 30}));
+  auto told = conn->receive_a<peer_outcome>(std::chrono::seconds(20));
+  if (!told) FAIL("no outcome: " << conn->error());
+  CHECK_FALSE(told->ok);
+  CHECK(told->to_decode);
+  CHECK_THAT(told->reason, Catch::Contains("room 811: staging offset 1073741824 (") &&
+                               Catch::Contains("is outside the decode's staging region of 1048576 "
+                                               "bytes"));
+  auto e = wait_done(*cp, r.room);
+  CHECK(e.status == room_status::failed);
+  CHECK(e.code == errc::invalid_request);
+  CHECK_THAT(e.reason, Catch::Contains("is outside the decode's staging region"));
+  CHECK(evil.untouched());
+  CHECK(status_of(*cp)["role"] == "prefill");
+}
+
 TEST_CASE("a peer whose config does not validate is refused at handshake, and the daemon serves on",
           "[e2e][security][hostile]") {
   temp_dir dir;

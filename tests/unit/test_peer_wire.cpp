@@ -45,7 +45,9 @@ std::vector<message> every_message() {
           peer_leaving{"stopping"},
           peer_leaving_ack{},
           peer_rails{{{{1, 2}, false}, {{3}, true}}},
-          peer_heartbeat{}};
+          peer_heartbeat{},
+          peer_staging_request{5, 6},
+          peer_staging_grant{5, 6, 8192}};
 }
 
 /// Feed `bytes` to `r` and take every message out.

@@ -46,6 +46,7 @@ struct harness {
             }
             if constexpr (std::is_same_v<E, no_staging>) add("no_staging");
             if constexpr (std::is_same_v<E, send_prepares>) add("send_prepares");
+            if constexpr (std::is_same_v<E, grant>) add("grant");
             if constexpr (std::is_same_v<E, tell>) add(x.ok ? "tell_ok" : "tell");
             if constexpr (std::is_same_v<E, failed>) add("failed");
             if constexpr (std::is_same_v<E, unpack>) add("unpack");
@@ -97,6 +98,7 @@ enum class ev {
   peer_down_unfenced,
   expire_state,
   expire_drain,
+  staging_requested,
 };
 constexpr ev all_events[] = {ev::resolved,         ev::unusable,           ev::staging_reserved,
                              ev::staging_freed,    ev::staging_declined,   ev::ack_ok,
@@ -104,7 +106,7 @@ constexpr ev all_events[] = {ev::resolved,         ev::unusable,           ev::s
                              ev::outcome_failed,   ev::outcome_ok,         ev::drained,
                              ev::landed,           ev::unpacked,           ev::cancel,
                              ev::peer_down_fenced, ev::peer_down_unfenced, ev::expire_state,
-                             ev::expire_drain};
+                             ev::expire_drain,     ev::staging_requested};
 const char* name(ev e) {
   static const char* names[] = {"resolved",         "unusable",           "staging_reserved",
                                 "staging_freed",    "staging_declined",   "ack_ok",
@@ -112,7 +114,7 @@ const char* name(ev e) {
                                 "outcome_failed",   "outcome_ok",         "drained",
                                 "landed",           "unpacked",           "cancel",
                                 "peer_down_fenced", "peer_down_unfenced", "expire_state",
-                                "expire_drain"};
+                                "expire_drain",     "staging_requested"};
   return names[static_cast<int>(e)];
 }
 constexpr room_phase all_phases[] = {room_phase::bootstrapping, room_phase::waiting_for_input,
@@ -188,6 +190,8 @@ std::string run(harness& h, ev e) {
       return h.expire(deadline_kind::state);
     case ev::expire_drain:
       return h.expire(deadline_kind::drain);
+    case ev::staging_requested:  // its prepare did not say so: ignored
+      return h.apply(h.m.staging_requested(0, 100));
   }
   return "?";
 }
@@ -226,6 +230,7 @@ const row table[] = {
   {P::bootstrapping, ev::peer_down_unfenced, P::draining, drains},
   {P::bootstrapping, ev::expire_state,       P::draining, drains},
   {P::bootstrapping, ev::expire_drain,       P::bootstrapping, ""},
+  {P::bootstrapping, ev::staging_requested,  P::bootstrapping, ""},
   // WaitingForInput: both accepted.
   {P::waiting_for_input, ev::resolved,           P::waiting_for_input, ""},
   {P::waiting_for_input, ev::unusable,           P::waiting_for_input, ""},
@@ -246,6 +251,7 @@ const row table[] = {
   {P::waiting_for_input, ev::peer_down_unfenced, P::draining, drains},
   {P::waiting_for_input, ev::expire_state,       P::draining, drains},
   {P::waiting_for_input, ev::expire_drain,       P::waiting_for_input, ""},
+  {P::waiting_for_input, ev::staging_requested,  P::waiting_for_input, ""},
   // Transferring: one write of rank 0 landed, nothing announced.
   {P::transferring, ev::resolved,           P::transferring, ""},
   {P::transferring, ev::unusable,           P::transferring, ""},
@@ -266,6 +272,7 @@ const row table[] = {
   {P::transferring, ev::peer_down_unfenced, P::draining, drains},
   {P::transferring, ev::expire_state,       P::draining, drains},
   {P::transferring, ev::expire_drain,       P::transferring, ""},
+  {P::transferring, ev::staging_requested,  P::transferring, ""},
   // Draining: neither rank drained, refused or was fenced; one of the two settling is not enough.
   {P::draining, ev::resolved,           P::draining, ""},
   {P::draining, ev::unusable,           P::draining, ""},
@@ -286,6 +293,7 @@ const row table[] = {
   {P::draining, ev::peer_down_unfenced, P::draining, ""},
   {P::draining, ev::expire_state,       P::draining, ""},  // cancelled by the failure
   {P::draining, ev::expire_drain,       P::draining, "fence fence"},  // the fences complete it
+  {P::draining, ev::staging_requested,  P::draining, ""},
   // Terminal.
   {P::success, ev::resolved,           P::success, ""},
   {P::success, ev::unusable,           P::success, ""},
@@ -306,6 +314,7 @@ const row table[] = {
   {P::success, ev::peer_down_unfenced, P::success, ""},
   {P::success, ev::expire_state,       P::success, ""},
   {P::success, ev::expire_drain,       P::success, ""},
+  {P::success, ev::staging_requested,  P::success, ""},
   {P::failed, ev::resolved,           P::failed, ""},
   {P::failed, ev::unusable,           P::failed, ""},
   {P::failed, ev::staging_reserved,   P::failed, "release_staging"},
@@ -325,6 +334,7 @@ const row table[] = {
   {P::failed, ev::peer_down_unfenced, P::failed, ""},
   {P::failed, ev::expire_state,       P::failed, ""},
   {P::failed, ev::expire_drain,       P::failed, ""},
+  {P::failed, ev::staging_requested,  P::failed, ""},
 };
 // clang-format on
 
@@ -446,6 +456,84 @@ TEST_CASE(
     h.resolve_both(30);
     CHECK(h.apply(h.m.cancel("cancelled")) == "failed life report:Failed");
     CHECK(h.apply(h.m.staging_freed()) == "");
+  }
+}
+
+TEST_CASE(
+    "receiver room: with peers that ask, staging is reserved when the first rank's writes are "
+    "about to start, and each rank that asked is granted its offset",
+    "[unit][receiver_room]") {
+  auto ask_both = [](harness& h, uint64_t bytes, bool optional = false) {
+    h.apply(h.m.start());
+    h.apply(h.m.resolved(0, schema(2, 0), bytes, optional, true));
+    return h.apply(h.m.resolved(1, schema(2, 1), bytes, optional, true));
+  };
+  SECTION("granted at once, then unpacked before Success") {
+    harness h(100);
+    CHECK(ask_both(h, 30) == "send_prepares");  // nothing reserved yet
+    CHECK(h.m.staging_on_request());
+    REQUIRE(h.m.links().size() == 2);
+    CHECK(h.m.links()[0].on_request);
+    CHECK_FALSE(h.m.links()[0].staging);
+    h.apply(h.m.prepare_ack(0, 100, true, errc::ok, ""));
+    CHECK(h.apply(h.m.prepare_ack(1, 101, true, errc::ok, "")) == "report:WaitingForInput");
+    CHECK(h.apply(h.m.staging_requested(0, 100)) == "reserve_staging");
+    CHECK(h.last_wait);
+    CHECK(h.apply(h.m.staging_reserved(1000)) == "grant");  // rank 0 only: rank 1 has not asked
+    CHECK(h.m.links()[0].staging == 1000u);
+    CHECK(h.m.links()[1].staging == 1030u);
+    CHECK(h.apply(h.m.staging_requested(1, 101)) == "grant");
+    CHECK(h.apply(h.m.staging_requested(1, 101)) == "");  // once
+    CHECK(h.apply(h.m.staging_requested(1, 999)) == "");  // not this incarnation
+    h.apply(h.m.announce(0, 100, 1, 10));
+    h.apply(h.m.announce(1, 101, 1, 10));
+    h.apply(h.m.landed(100, 1));
+    CHECK(h.apply(h.m.landed(101, 1)) == "unpack");
+    CHECK(h.apply(h.m.unpacked()) == "release_staging tell_ok report:Success");
+  }
+  SECTION("staging full: the room waits in WaitingForInput, bounded by its deadline") {
+    harness h(100);
+    ask_both(h, 30);
+    h.apply(h.m.prepare_ack(0, 100, true, errc::ok, ""));
+    h.apply(h.m.prepare_ack(1, 101, true, errc::ok, ""));
+    h.apply(h.m.staging_requested(0, 100));
+    CHECK(h.m.waiting_for_staging());
+    CHECK(h.apply(h.m.staging_requested(1, 101)) == "");  // the one reservation covers it
+    CHECK(h.apply(h.m.staging_freed()) == "reserve_staging");
+    CHECK(h.expire(deadline_kind::state) == "failed tell life");
+    CHECK_THAT(h.m.lifecycle().fail_reason(),
+               Catch::StartsWith("timed out in WaitingForInput after 200 ms") &&
+                   Catch::EndsWith("; waiting for 60 bytes of staging)"));
+    CHECK(h.apply(h.m.staging_reserved(0)) == "release_staging");  // too late: given back
+  }
+  SECTION("a block only to scatter into, staging full: every rank that asks writes directly") {
+    harness h(100);
+    ask_both(h, 30, true);
+    CHECK(h.apply(h.m.staging_requested(0, 100)) == "reserve_staging");
+    CHECK_FALSE(h.last_wait);
+    CHECK(h.apply(h.m.staging_declined()) == "no_staging grant");
+    CHECK_FALSE(h.m.links()[0].staging);
+    CHECK(h.apply(h.m.staging_requested(1, 101)) == "grant");  // none for it either
+    h.apply(h.m.announce(0, 100, 0, 0));
+    CHECK(h.apply(h.m.announce(1, 101, 0, 0)) == "tell_ok report:Success");  // nothing to unpack
+  }
+  SECTION("a peer that cannot ask (version 9): reserved before the prepares, as before") {
+    harness h(100);
+    h.apply(h.m.start());
+    h.apply(h.m.resolved(0, schema(2, 0), 30, false, true));
+    CHECK(h.apply(h.m.resolved(1, schema(2, 1), 30, false, false)) == "reserve_staging");
+    CHECK_FALSE(h.m.staging_on_request());
+    CHECK(h.apply(h.m.staging_reserved(0)) == "send_prepares");
+    CHECK(h.apply(h.m.staging_requested(0, 100)) == "");  // its prepare carried the offset
+  }
+  SECTION("a room that fails while it waits gives the late block back") {
+    harness h(100);
+    ask_both(h, 30);
+    h.apply(h.m.staging_requested(0, 100));
+    CHECK(h.apply(h.m.cancel("cancelled")) == "failed tell life");
+    CHECK(h.apply(h.m.staging_freed()) == "");
+    CHECK(h.apply(h.m.staging_requested(1, 101)) == "");
+    CHECK(h.apply(h.m.staging_reserved(64)) == "release_staging");
   }
 }
 

@@ -2,6 +2,7 @@
 // history, admission, poll answers, a send after its room ended, unresponsive peers.
 
 #include <catch2/catch.hpp>
+#include <string>
 
 #include "core/room_registry.hpp"
 
@@ -13,6 +14,7 @@ namespace {
 struct entry {
   room_status status = room_status::bootstrapping;
   uint32_t prefix_tokens = 0;
+  std::string note;
 };
 
 }  // namespace
@@ -20,9 +22,13 @@ struct entry {
 TEST_CASE("room registry: a room ends once, counted, its outcome kept for poll",
           "[unit][room_registry]") {
   room_table<entry> side;
-  side.active[7] = entry{room_status::transferring, 16};
+  side.active[7] = entry{room_status::transferring, 16, {}};
   CHECK(active_poll(side, 7)->status == room_status::transferring);
   CHECK(active_poll(side, 7)->prefix_tokens == 16);
+  CHECK(active_poll(side, 7)->reason == "");
+  // Why a room waits in its status is its poll's reason.
+  side.active[7].note = "waiting for 4096 bytes of staging";
+  CHECK(active_poll(side, 7)->reason == "waiting for 4096 bytes of staging");
   CHECK_FALSE(finished_poll(side, 7));
   side.finish(7, room_status::success, "", errc::ok, 16, 4096);
   CHECK_FALSE(active_poll(side, 7));
