@@ -61,6 +61,7 @@ json status_doc(scheduler_state& st) {
           {"pp", position(c.pp.rank, c.pp.size)},
           {"listen", {{"control", c.control_listen}, {"client", c.client_listen}}},
           {"clients", st.ctx->gateway->connections()},
+          {"polls_answered_at_once", st.ctx->board.answered()},
           {"peers", st.connections.size()},
           {"prefill", side_counts(st.prefill)},
           {"decode", side_counts(st.decode)},

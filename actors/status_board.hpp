@@ -48,7 +48,9 @@ class status_board {
   /// Scheduler answers), or nothing: ask the Scheduler.
   std::optional<proto::poll_reply> poll(uint64_t room) const {
     std::lock_guard g(mutex_);
-    return find(room);
+    auto p = find(room);
+    if (p) ++answered_;
+    return p;
   }
   /// The answer to a poll_many if every room is active here, or nothing.
   std::optional<proto::poll_many_reply> poll_many(const std::vector<uint64_t>& rooms) const {
@@ -60,7 +62,13 @@ class status_board {
       if (!p) return std::nullopt;
       out.rooms.push_back(std::move(*p));
     }
+    ++answered_;
     return out;
+  }
+  /// Polls and poll_manys answered from here (not by the Scheduler) since start.
+  uint64_t answered() const {
+    std::lock_guard g(mutex_);
+    return answered_;
   }
   size_t size() const {
     std::lock_guard g(mutex_);
@@ -85,6 +93,7 @@ class status_board {
 
   mutable std::mutex mutex_;
   std::unordered_map<uint64_t, entry> rooms_;
+  mutable uint64_t answered_ = 0;
 };
 
 }  // namespace ferry

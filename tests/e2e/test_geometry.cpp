@@ -356,8 +356,11 @@ TEST_CASE(
                                  Catch::Contains(" bytes of staging (fabric.staging_bytes "
                                                  "1048576, ") &&
                                  Catch::EndsWith(" in use by other rooms)"));
+  // Answered on the gateway's thread, from the status board, note and all.
+  const auto at_once = status_of(d)["polls_answered_at_once"].get<uint64_t>();
   auto polled = d.poll(b.room);
   REQUIRE(polled);
+  CHECK(status_of(d)["polls_answered_at_once"] == at_once + 1);
   CHECK(polled.value.status == room_status::waiting_for_input);
   CHECK(polled.value.reason == waiting.reason);
 

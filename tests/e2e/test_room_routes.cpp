@@ -110,4 +110,10 @@ TEST_CASE("polls of rooms in progress are answered from the status board, termin
   CHECK(!board.poll_many({1, 3}));
   board.set(1, true, room_status::failed, 0);
   CHECK(!board.poll(1));
+  CHECK(board.answered() == 5);  // the polls and poll_many answered here, no others
+  // Why a room waits is its reason, until its side's next set.
+  board.set(4, true, room_status::waiting_for_input, 0, "waiting for 64 bytes of staging");
+  CHECK(board.poll(4)->reason == "waiting for 64 bytes of staging");
+  board.set(4, true, room_status::transferring, 0);
+  CHECK(board.poll(4)->reason == "");
 }
