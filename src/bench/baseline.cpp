@@ -27,8 +27,10 @@ baseline_result run_baseline(const std::string& provider, const std::vector<plan
   for (const auto& w : request) per_request += w.length;
   const uint64_t region = per_request * concurrency;
   std::vector<raw_write> writes;
-  writes.reserve(request.size() * concurrency * waves);
-  for (uint32_t w = 0; w < waves; ++w)
+  writes.reserve(request.size() * concurrency * (waves + 1));
+  // One untimed wave first (raw_options::warmup_writes): Ferry's pools are touched by earlier
+  // rooms, and so must the reference's buffers be.
+  for (uint32_t w = 0; w < waves + 1; ++w)
     for (uint32_t c = 0; c < concurrency; ++c) {
       uint64_t off = c * per_request;
       for (const auto& x : request) {
@@ -47,6 +49,9 @@ baseline_result run_baseline(const std::string& provider, const std::vector<plan
   if (paced) {
     opts.room_writes = static_cast<uint32_t>(request.size());
     opts.rooms_in_flight = concurrency;
+    writes.resize(request.size() * concurrency * waves);  // paced: timed from the start
+  } else {
+    opts.warmup_writes = request.size() * concurrency;
   }
   pid_t pid = fork();
   if (pid < 0) {

@@ -150,11 +150,13 @@ raw_initiator_result raw_initiator(const raw_options& options, int fd, const voi
     return out;
   };
   window = std::max<uint32_t>(window, 1);
-  for (const raw_write& w : writes) {
+  const size_t warmup = options.room_writes ? 0 : std::min(options.warmup_writes, writes.size());
+  for (size_t i = 0; i < writes.size(); ++i) {
+    const raw_write& w = writes[i];
     if (w.length == 0 || w.src_offset > length || w.length > length - w.src_offset) {
       return fail("write outside the source buffer");
     }
-    out.bytes += w.length;
+    if (i >= warmup) out.bytes += w.length;
   }
 
   raw_endpoint ep;
@@ -218,12 +220,17 @@ raw_initiator_result raw_initiator(const raw_options& options, int fd, const voi
     return true;
   };
   auto last_progress = clock_type::now();
-  const auto start = clock_type::now();
+  auto start = clock_type::now();
+  bool warm = warmup == 0;
   const char* src = static_cast<const char*>(source);
   while (completed < writes.size()) {
     bool progressed = false;
+    if (!warm && completed >= warmup) {
+      warm = true;
+      start = clock_type::now();  // the timed writes start now
+    }
     if (next == allowed && !take_grants()) return out;
-    while (!free_contexts.empty() && next < allowed) {
+    while (!free_contexts.empty() && next < (warm ? allowed : warmup)) {
       const raw_write& w = writes[next];
       void* buf = const_cast<char*>(src + w.src_offset);
       const uint64_t dst = hello.remote_base + w.dst_offset;

@@ -63,6 +63,11 @@ struct raw_options {
   /// 0: not paced (every write may go at once, the window permitting).
   uint32_t room_writes = 0;
   uint32_t rooms_in_flight = 1;
+  /// Not paced: the first `warmup_writes` writes go first and complete before the clock starts,
+  /// and their bytes are not counted: the timed writes then find both buffers already touched
+  /// by the fabric, as an engine's pools are (first touches of fresh memory cost up to 40 x a
+  /// later access on some VMs, docs/performance.md §24).
+  size_t warmup_writes = 0;
 };
 
 /// What the target saw.
