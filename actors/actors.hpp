@@ -34,6 +34,13 @@ caf::actor spawn_inbound_connection(caf::event_based_actor* parent, context_ptr 
 /// for the prepares of every decode rank it feeds (max(1, Pd/Ps)).
 caf::actor spawn_sender(caf::event_based_actor* parent, context_ptr ctx, uint64_t room,
                         caf::actor scheduler);
+/// A client's prepare or send refused by its own fields alone, against this daemon's role,
+/// config and layout (which never change while it runs): the error, logged as the Scheduler
+/// logs its refusals, or nothing. The client gateway answers these on its thread
+/// (actors/scheduler_rooms.cpp holds the Scheduler's checks, in the same order).
+std::optional<proto::error> refuse_at_once(daemon_context& ctx, const proto::message& m,
+                                           uint64_t conn);
+
 /// Decode-side room, created by a client prepare; `connections` has one Connection per named
 /// prefill peer, in the order of `prep.prefill_peers`.
 /// `known`: the description of each connection whose peer is ready and not draining (null

@@ -283,9 +283,10 @@ std::vector<uint8_t> client_gateway::impl::encode_for(uint16_t version, const pr
 
 client_gateway::~client_gateway() { stop(); }
 
-void client_gateway::start(caf::actor scheduler, const status_board* board) {
+void client_gateway::start(caf::actor scheduler, const status_board* board, request_check check) {
   impl_->scheduler = std::move(scheduler);
   impl_->board = board;
+  impl_->check = std::move(check);
   thread_ = std::thread([this] { run(); });
 }
 
@@ -383,6 +384,10 @@ void client_gateway::run() {
             }
             if (auto answer = im.board ? answer_here(*im.board, *d->msg) : std::nullopt) {
               im.queue_local(key, c, *answer, d->seq);
+              continue;
+            }
+            if (auto refusal = im.check ? im.check(*d->msg, key) : std::nullopt) {
+              im.queue_local(key, c, std::move(*refusal), d->seq);
               continue;
             }
             caf::anon_send(im.scheduler, client_request{key, d->seq, std::move(*d->msg), c.version,

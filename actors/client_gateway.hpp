@@ -19,6 +19,7 @@
 #include <atomic>
 #include <caf/all.hpp>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,9 +46,13 @@ class client_gateway {
                                                         client_access access = {});
   ~client_gateway();
 
+  /// What a request's own fields say against the daemon's fixed config and layout: the error
+  /// to answer at once, or nothing (the Scheduler decides). Called on the gateway's thread.
+  using request_check = std::function<std::optional<proto::error>(const proto::message&, uint64_t)>;
+
   /// Start serving; requests go to `scheduler`, except polls of rooms in progress, answered
-  /// from `board` (actors/status_board.hpp) when one is given.
-  void start(caf::actor scheduler, const status_board* board = nullptr);
+  /// from `board` (actors/status_board.hpp) when one is given, and requests `check` refuses.
+  void start(caf::actor scheduler, const status_board* board = nullptr, request_check check = {});
   /// Stop the thread and close every connection, once what actors queued before the call is
   /// written (for up to a second per stop: a client that does not read loses it); idempotent.
   void stop();

@@ -38,6 +38,7 @@ struct client_gateway::impl {
   std::string path;
   caf::actor scheduler;
   const status_board* board = nullptr;  // answers polls of rooms in progress, when set
+  client_gateway::request_check check;  // refuses requests whose own fields are wrong, when set
   uint32_t max_clients = 1024;
   client_access access;  // who may connect beside ferryd's user and root
   uid_t self_uid = geteuid();

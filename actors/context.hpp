@@ -195,6 +195,9 @@ struct daemon_context {
   timeline_log timelines;
   /// Active rooms' statuses, from which the client gateway answers polls of rooms in progress.
   status_board board;
+  /// Client requests the gateway refused by their own fields, without the Scheduler
+  /// (refuse_at_once), since start.
+  std::atomic<uint64_t> refused_at_once{0};
   std::unique_ptr<transport::engine> engine;
   std::shared_ptr<client_gateway> gateway;
   /// The peer port and outbound peer dials; stopped (its callbacks dropped) before the actor

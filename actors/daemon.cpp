@@ -491,7 +491,12 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
           caf::anon_send(scheduler, immediates_msg{std::move(rest)});
       });
       ctx->drain_on_request = !options.wait_for_stop;
-      ctx->gateway->start(scheduler, &ctx->board);
+      // Refusals by a request's own fields are answered on the gateway's thread (the context
+      // outlives the gateway it holds).
+      ctx->gateway->start(scheduler, &ctx->board,
+                          [c = ctx.get()](const proto::message& m, uint64_t conn) {
+                            return refuse_at_once(*c, m, conn);
+                          });
       if (const auto fp = core::active_failpoints(); !fp.empty())
         log->warn("FERRY_FAILPOINTS={} is set: this daemon fails on purpose (a test hook)", fp);
       ctx->serving = true;

@@ -62,6 +62,7 @@ json status_doc(scheduler_state& st) {
           {"listen", {{"control", c.control_listen}, {"client", c.client_listen}}},
           {"clients", st.ctx->gateway->connections()},
           {"polls_answered_at_once", st.ctx->board.answered()},
+          {"requests_refused_at_once", st.ctx->refused_at_once.load(std::memory_order_relaxed)},
           {"peers", st.connections.size()},
           {"prefill", side_counts(st.prefill)},
           {"decode", side_counts(st.decode)},

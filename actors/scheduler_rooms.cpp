@@ -25,8 +25,13 @@ void reply_error(scheduler_actor* self, const client_request& r, error e) {
   reply_error(self, r, e.code, std::move(e.message));
 }
 
-void reply_error(scheduler_actor* self, const client_request& r, errc code, std::string text) {
-  // Request-related lines carry room= and peer= (the prefill peer a prepare names, else "-").
+namespace {
+
+/// One line per refused request (limited): room= and peer= (the prefill peer a prepare names,
+/// else "-").
+void log_refusal(daemon_context& ctx, const proto::message& msg, uint64_t conn,
+                 const std::string& text) {
+  if (!ctx.digest.allow(logging::flood::refused, ctx.log_sched, spdlog::level::info)) return;
   std::string room = "-", peer = "-";
   std::visit(
       [&](const auto& m) {
@@ -34,11 +39,20 @@ void reply_error(scheduler_actor* self, const client_request& r, errc code, std:
         if constexpr (requires { m.prefill_peers; })
           peer = fmt::format("{}", fmt::join(m.prefill_peers, ","));
       },
-      r.msg);
-  auto& ctx = *self->state.ctx;
-  if (ctx.digest.allow(logging::flood::refused, ctx.log_sched, spdlog::level::info))
-    ctx.log_sched->info("room={} peer={} client conn={} {} rejected: {}", room, peer, r.conn,
-                        proto::to_string(proto::type_of(r.msg)), text);
+      msg);
+  ctx.log_sched->info("room={} peer={} client conn={} {} rejected: {}", room, peer, conn,
+                      proto::to_string(proto::type_of(msg)), text);
+}
+
+std::string wrong_role(uint64_t room, const char* op, bool decode_op, const daemon_context& ctx) {
+  return fmt::format("room {}: {} is a {} operation; this daemon's role is {}", room, op,
+                     decode_op ? "decode" : "prefill", to_string(ctx.config.role));
+}
+
+}  // namespace
+
+void reply_error(scheduler_actor* self, const client_request& r, errc code, std::string text) {
+  log_refusal(*self->state.ctx, r.msg, r.conn, text);
   self->state.ctx->gateway->reply(r.conn, r.seq, proto::error{code, std::move(text)});
 }
 
@@ -125,10 +139,7 @@ void on_prepare(scheduler_actor* self, client_request& r) {
   auto& st = self->state;
   auto& p = std::get<proto::prepare>(r.msg);
   if (!st.ctx->serves_decode())
-    return reply_error(
-        self, r, errc::wrong_role,
-        fmt::format("room {}: prepare is a decode operation; this daemon's role is prefill",
-                    p.room));
+    return reply_error(self, r, errc::wrong_role, wrong_role(p.room, "prepare", true, *st.ctx));
   if (st.decode.active.count(p.room))
     return reply_error(
         self, r, errc::duplicate_room,
@@ -177,9 +188,7 @@ void on_send(scheduler_actor* self, client_request& r) {
   const auto& s = std::get<proto::send>(r.msg);
   const auto& ctx = *st.ctx;
   if (!ctx.serves_prefill())
-    return reply_error(
-        self, r, errc::wrong_role,
-        fmt::format("room {}: send is a prefill operation; this daemon's role is decode", s.room));
+    return reply_error(self, r, errc::wrong_role, wrong_role(s.room, "send", false, ctx));
   if (auto usable = ctx.pools_usable(); !usable)  // before any look at the pools' memory
     return reply_error(self, r, errc::invalid_request,
                        fmt::format("room {}: {}", s.room, usable.message));
@@ -328,3 +337,24 @@ room_entry* find_active(scheduler_state& st, uint64_t room) {
 }
 
 }  // namespace ferry::sched
+
+namespace ferry {
+
+std::optional<proto::error> refuse_at_once(daemon_context& ctx, const proto::message& m,
+                                           uint64_t conn) {
+  result<> e;
+  if (const auto* p = std::get_if<proto::prepare>(&m))
+    e = !ctx.serves_decode()
+            ? result<>(error{errc::wrong_role, sched::wrong_role(p->room, "prepare", true, ctx)})
+            : check_prepare(ctx.config, ctx.layout, *p);
+  else if (const auto* s = std::get_if<proto::send>(&m))
+    e = !ctx.serves_prefill()
+            ? result<>(error{errc::wrong_role, sched::wrong_role(s->room, "send", false, ctx)})
+            : check_send(ctx.config, ctx.layout, *s);
+  if (e) return std::nullopt;
+  ctx.refused_at_once.fetch_add(1, std::memory_order_relaxed);
+  sched::log_refusal(ctx, m, conn, e.message);
+  return proto::error{e.code, e.message};
+}
+
+}  // namespace ferry

@@ -126,9 +126,14 @@ TEST_CASE("bad client requests get errors naming the problem, and the daemon kee
           "kv page 4096 (position 1) is outside the pool of 4096 pages");
     CHECK(c.p->item(pool_kind::state, 0, 8) == nullptr);
   }
-  SECTION("wrong role") {
+  SECTION("wrong role, and fields outside the pools: refused on the gateway's thread") {
+    const auto before = status_of(*c.p)["requests_refused_at_once"].get<uint64_t>();
     CHECK(error_of(c.p->prepare({5, {peer}, {1}, 0, 0})) ==
           "room 5: prepare is a decode operation; this daemon's role is prefill");
+    CHECK(error_of(c.d->send({5, {1}, true, 0, 0})) ==
+          "room 5: send is a prefill operation; this daemon's role is decode");
+    CHECK(status_of(*c.p)["requests_refused_at_once"] == before + 1);
+    CHECK(status_of(*c.d)["requests_refused_at_once"].get<uint64_t>() >= 1);
   }
   SECTION("malformed frame keeps the connection usable") {
     auto frame = proto::encode(proto::poll{1}, 5);
