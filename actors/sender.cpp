@@ -412,6 +412,29 @@ void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p,
   apply(self, std::move(fx), answering{nullptr, in.connection, in.from});
 }
 
+/// A decode rank's outcome of the room (or a bad grant of its, taken as its failure).
+void on_outcome(sender_actor* self, const peer_inbound& in, bool in_group, uint64_t token, bool ok,
+                errc code, const std::string& reason) {
+  auto& st = self->state;
+  const uint64_t link = in.connection.id();
+  apply(self, feed(
+                  st,
+                  [&] {
+                    return trace::json{{"e", "outcome"},
+                                       {"link", link},
+                                       {"address", in.from->address},
+                                       {"in_group", in_group},
+                                       {"token", token},
+                                       {"ok", ok},
+                                       {"code", static_cast<int>(code)},
+                                       {"reason", reason}};
+                  },
+                  [&] {
+                    return st.machine.outcome(link, in.from->address, in_group, token, ok, code,
+                                              reason);
+                  }));
+}
+
 /// The decode granted link `in`'s staging: post the sends held for it, into that block (or
 /// directly, when it granted none). An offset outside its staging region fails the room.
 void on_grant(sender_actor* self, peer_inbound& in, const peer_staging_grant& g) {
@@ -422,23 +445,8 @@ void on_grant(sender_actor* self, peer_inbound& in, const peer_staging_grant& g)
     if (l.connection != in.connection || l.prep.token != g.token ||
         l.prep.dst_staging != staging_on_request || !l.asked)
       continue;
-    if (auto ok = check_staging_offset(*in.from, st.room, g.offset, l.prep.dst_pages.size()); !ok) {
-      const uint64_t link = in.connection.id();
-      apply(self,
-            feed(
-                st,
-                [&] {
-                  return trace::json{
-                      {"e", "outcome"},   {"link", link},        {"address", in.from->address},
-                      {"in_group", true}, {"token", g.token},    {"ok", false},
-                      {"code", ok.code},  {"reason", ok.message}};
-                },
-                [&] {
-                  return st.machine.outcome(link, in.from->address, true, g.token, false, ok.code,
-                                            ok.message);
-                }));
-      return;
-    }
+    if (auto ok = check_staging_offset(*in.from, st.room, g.offset, l.prep.dst_pages.size()); !ok)
+      return on_outcome(self, in, true, g.token, false, ok.code, ok.message);
     l.prep.dst_staging = g.offset;
     auto held = std::move(l.held);
     l.held.clear();
@@ -455,21 +463,8 @@ void on_peer(sender_actor* self, peer_inbound& in) {
       [&](peer_prepare& p) { on_prepare(self, in, p); },
       [&](peer_prepare_paged& p) { on_prepare(self, in, p.prepare, std::move(p.dst_state_pages)); },
       [&](peer_outcome& o) {
-        const uint64_t link = in.connection.id();
-        const bool in_group = in.from->link->in_group;
-        apply(self,
-              feed(
-                  st,
-                  [&] {
-                    return trace::json{
-                        {"e", "outcome"},       {"link", link},      {"address", in.from->address},
-                        {"in_group", in_group}, {"token", o.token},  {"ok", o.ok},
-                        {"code", o.code},       {"reason", o.reason}};
-                  },
-                  [&] {
-                    return st.machine.outcome(link, in.from->address, in_group, o.token, o.ok,
-                                              static_cast<errc>(o.code), o.reason);
-                  }));
+        on_outcome(self, in, in.from->link->in_group, o.token, o.ok, static_cast<errc>(o.code),
+                   o.reason);
         for (const auto& r : st.machine.links())
           if (r.link == in.connection.id() && r.committed && o.ok)
             st.ctx->log_room->debug("room={} peer={} committed: {} writes, {} bytes", st.room,

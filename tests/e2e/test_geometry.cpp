@@ -52,20 +52,43 @@ struct cluster {
   /// `peers` (default: every prefill rank); every prefill rank sends each room in its chunks;
   /// all rooms are in flight together. Then every rank on both sides must report Success and
   /// every decode byte must match.
-  void run_many(const std::vector<room_spec>& rooms, std::vector<std::string> peers = {}) {
+  /// Every prefill rank fills its shard of the room; every decode rank clears and prepares it,
+  /// naming `peers` (default: every prefill rank).
+  void stage(const room_spec& r, std::vector<std::string> peers = {}) {
     if (peers.empty()) peers = prefill_controls();
-    for (const auto& r : rooms) {
-      for (auto& c : p) {
-        REQUIRE(client::fill_kv(*c, r.room, r.src_pages, 0).message == "");
-        REQUIRE(client::fill_state_and_aux(*c, r.room, r.src_slot, r.src_row).message == "");
-      }
-      for (auto& c : d) {
-        REQUIRE(client::clear_room(*c, r.dst_pages, r.dst_slot, r.dst_row).message == "");
-        auto ok = c->prepare({r.room, peers, r.dst_pages, r.dst_slot, r.dst_row});
-        INFO(ok.message);
-        REQUIRE(ok);
-      }
+    for (auto& c : p) {
+      REQUIRE(client::fill_kv(*c, r.room, r.src_pages, 0).message == "");
+      REQUIRE(client::fill_state_and_aux(*c, r.room, r.src_slot, r.src_row).message == "");
     }
+    for (auto& c : d) {
+      REQUIRE(client::clear_room(*c, r.dst_pages, r.dst_slot, r.dst_row).message == "");
+      auto ok = c->prepare({r.room, peers, r.dst_pages, r.dst_slot, r.dst_row});
+      INFO(ok.message);
+      REQUIRE(ok);
+    }
+  }
+
+  /// The room succeeded on every rank of both sides, and every decode byte matches.
+  void expect_success(const room_spec& r) {
+    INFO("room " << r.room);
+    for (size_t i = 0; i < d.size(); ++i) {
+      auto e = wait_done(*d[i], r.room);
+      INFO("decode rank " << i << ": " << e.reason);
+      REQUIRE(e.status == room_status::success);
+    }
+    for (size_t i = 0; i < p.size(); ++i) {
+      auto e = wait_done(*p[i], r.room);
+      INFO("prefill rank " << i << ": " << e.reason);
+      REQUIRE(e.status == room_status::success);
+    }
+    for (size_t i = 0; i < d.size(); ++i) {
+      INFO("decode rank " << i);
+      CHECK(client::verify_room(*d[i], r.room, r.dst_pages, r.dst_slot, r.dst_row).message == "");
+    }
+  }
+
+  void run_many(const std::vector<room_spec>& rooms, std::vector<std::string> peers = {}) {
+    for (const auto& r : rooms) stage(r, peers);
     for (const auto& r : rooms) {
       auto chunks = r.chunks.empty()
                         ? std::vector<uint32_t>{static_cast<uint32_t>(r.src_pages.size())}
@@ -88,23 +111,7 @@ struct cluster {
         }
       }
     }
-    for (const auto& r : rooms) {
-      INFO("room " << r.room);
-      for (size_t i = 0; i < d.size(); ++i) {
-        auto e = wait_done(*d[i], r.room);
-        INFO("decode rank " << i << ": " << e.reason);
-        REQUIRE(e.status == room_status::success);
-      }
-      for (size_t i = 0; i < p.size(); ++i) {
-        auto e = wait_done(*p[i], r.room);
-        INFO("prefill rank " << i << ": " << e.reason);
-        REQUIRE(e.status == room_status::success);
-      }
-      for (size_t i = 0; i < d.size(); ++i) {
-        INFO("decode rank " << i);
-        CHECK(client::verify_room(*d[i], r.room, r.dst_pages, r.dst_slot, r.dst_row).message == "");
-      }
-    }
+    for (const auto& r : rooms) expect_success(r);
   }
   void run(const room_spec& r, std::vector<std::string> peers = {}) { run_many({r}, peers); }
 
@@ -314,14 +321,8 @@ TEST_CASE(
   };
   const auto a = room(81, 1, 2000), b = room(82, 2, 2300);
   auto& d = *c.d[0];
-  for (const auto* r : {&a, &b}) {
-    for (auto& p : c.p) {
-      REQUIRE(client::fill_kv(*p, r->room, r->src_pages, 0).message == "");
-      REQUIRE(client::fill_state_and_aux(*p, r->room, r->src_slot, r->src_row).message == "");
-    }
-    REQUIRE(client::clear_room(d, r->dst_pages, r->dst_slot, r->dst_row).message == "");
-    REQUIRE(d.prepare({r->room, c.prefill_controls(), r->dst_pages, r->dst_slot, r->dst_row}));
-  }
+  c.stage(a);
+  c.stage(b);
   // Both rooms are accepted and wait for their engine, holding no staging (at prepare, the
   // second would have waited in Bootstrapping for the first one's block).
   wait_status(d, a.room, room_status::waiting_for_input);
@@ -366,14 +367,8 @@ TEST_CASE(
 
   // Room 81's rest: it commits and frees its block, which room 82 then gets.
   for (auto& p : c.p) REQUIRE(p->send({a.room, rest, true, a.src_slot, a.src_row, 0, 0}));
-  for (const auto* r : {&a, &b}) {
-    INFO("room " << r->room);
-    auto e = wait_done(d, r->room);
-    INFO(e.reason);
-    REQUIRE(e.status == room_status::success);
-    for (auto& p : c.p) REQUIRE(wait_done(*p, r->room).status == room_status::success);
-    CHECK(client::verify_room(d, r->room, r->dst_pages, r->dst_slot, r->dst_row).message == "");
-  }
+  c.expect_success(a);
+  c.expect_success(b);
   const auto staging = status_of(d)["staging"];
   CHECK(staging["in_use"] == 0);
   CHECK(staging["waits"] > 0);
@@ -393,20 +388,11 @@ TEST_CASE(
   r.src_pages = range(0, 64);
   r.dst_pages = range(100, 64);
   auto& d = *c.d[0];
-  for (auto& p : c.p) {
-    REQUIRE(client::fill_kv(*p, r.room, r.src_pages, 0).message == "");
-    REQUIRE(client::fill_state_and_aux(*p, r.room, r.src_slot, r.src_row).message == "");
-  }
-  REQUIRE(client::clear_room(d, r.dst_pages, r.dst_slot, r.dst_row).message == "");
-  REQUIRE(d.prepare({r.room, c.prefill_controls(), r.dst_pages, r.dst_slot, r.dst_row}));
+  c.stage(r);
   wait_status(d, r.room, room_status::waiting_for_input);
   CHECK(status_of(d)["staging"]["in_use"].get<uint64_t>() > 0);  // held since the prepare
   for (auto& p : c.p) REQUIRE(p->send({r.room, r.src_pages, true, r.src_slot, r.src_row, 0, 0}));
-  auto e = wait_done(d, r.room);
-  INFO(e.reason);
-  REQUIRE(e.status == room_status::success);
-  for (auto& p : c.p) REQUIRE(wait_done(*p, r.room).status == room_status::success);
-  CHECK(client::verify_room(d, r.room, r.dst_pages, r.dst_slot, r.dst_row).message == "");
+  c.expect_success(r);
   CHECK(status_of(d)["staging"]["in_use"] == 0);
   CHECK(cluster::copied(c.d, "unpacked_bytes") > 0);  // it did land in staging
 }
