@@ -94,30 +94,47 @@ peer_prepare_ack prepare_and_wait(test_peer& peer, peer_prepare p) {
   return *ack;
 }
 
+/// A real prefill ferryd, its client, and the fake decode that completed the handshake with it.
+struct hostile_pair {
+  temp_dir dir;
+  shape s;
+  daemon_proc prefill{launch_only, dir, "prefill-0", "prefill", s};
+  fake_decode evil{make_config("evil-decode", "decode", 1, "/tmp/unused.sock", s),
+                   1 << 20};  // while the daemon starts
+  std::unique_ptr<client::client> cp;
+  std::unique_ptr<test_peer> conn;
+
+  hostile_pair() {
+    prefill.await_ready();
+    cp = prefill.connect();
+    std::string refused;
+    conn = handshake(prefill, evil.hello, refused);
+    INFO(refused);
+    REQUIRE(conn);
+  }
+  /// Room `id` on source pages 0..3, filled at the prefill.
+  room_spec filled_room(uint64_t id) {
+    room_spec r;
+    r.room = id;
+    r.src_pages = range(0, 4);
+    REQUIRE(client::fill_kv(*cp, r.room, r.src_pages, 0).message == "");
+    REQUIRE(client::fill_state_and_aux(*cp, r.room, r.src_slot, r.src_row).message == "");
+    return r;
+  }
+};
+
 }  // namespace
 
 TEST_CASE("a decode peer naming indices outside its declared pools is refused, nothing written",
           "[e2e][security][hostile]") {
-  temp_dir dir;
-  shape s;
-  daemon_proc prefill(launch_only, dir, "prefill-0", "prefill", s);
-  const auto decode_yaml = make_config("evil-decode", "decode", 1, "/tmp/unused.sock", s);
-  fake_decode evil(decode_yaml, 1 << 20);  // while the daemon starts
-  prefill.await_ready();
-  auto cp = prefill.connect();
-
-  std::string refused;
-  auto conn = handshake(prefill, evil.hello, refused);
-  INFO(refused);
-  REQUIRE(conn);
-
+  hostile_pair h;
+  const auto& s = h.s;
+  auto& cp = h.cp;
+  auto& conn = h.conn;
+  auto& evil = h.evil;
   // The prefill client already sent the whole room: a wrongly accepted prepare would be
   // written at once.
-  room_spec r;
-  r.room = 801;
-  r.src_pages = range(0, 4);
-  REQUIRE(client::fill_kv(*cp, r.room, r.src_pages, 0).message == "");
-  REQUIRE(client::fill_state_and_aux(*cp, r.room, r.src_slot, r.src_row).message == "");
+  const auto r = h.filled_room(801);
   REQUIRE(cp->send({r.room, r.src_pages, true, 0, 0}));
 
   peer_prepare p;
@@ -164,23 +181,10 @@ TEST_CASE(
     "a decode peer granting a staging offset outside its staging region fails the room, nothing "
     "written",
     "[e2e][security][hostile]") {
-  temp_dir dir;
-  shape s;
-  daemon_proc prefill(launch_only, dir, "prefill-0", "prefill", s);
-  const auto decode_yaml = make_config("evil-decode", "decode", 1, "/tmp/unused.sock", s);
-  fake_decode evil(decode_yaml, 1 << 20);
-  prefill.await_ready();
-  auto cp = prefill.connect();
-  std::string refused;
-  auto conn = handshake(prefill, evil.hello, refused);
-  INFO(refused);
-  REQUIRE(conn);
-
-  room_spec r;
-  r.room = 811;
-  r.src_pages = range(0, 4);
-  REQUIRE(client::fill_kv(*cp, r.room, r.src_pages, 0).message == "");
-  REQUIRE(client::fill_state_and_aux(*cp, r.room, r.src_slot, r.src_row).message == "");
+  hostile_pair h;
+  auto& cp = h.cp;
+  auto& conn = h.conn;
+  const auto r = h.filled_room(811);
   // A version-10 prepare whose pages land in the decode's staging at an offset granted later.
   peer_prepare p;
   p.room = r.room;
@@ -198,7 +202,7 @@ TEST_CASE(
   if (!asked) FAIL("no staging request: " << conn->error());
   CHECK(asked->room == r.room);
   CHECK(asked->token == 78);
-  CHECK(evil.untouched());
+  CHECK(h.evil.untouched());
   REQUIRE(conn->send(peer_staging_grant{r.room, 78, uint64_t{1} << 30}));
   auto told = conn->receive_a<peer_outcome>(std::chrono::seconds(20));
   if (!told) FAIL("no outcome: " << conn->error());
@@ -211,7 +215,7 @@ TEST_CASE(
   CHECK(e.status == room_status::failed);
   CHECK(e.code == errc::invalid_request);
   CHECK_THAT(e.reason, Catch::Contains("is outside the decode's staging region"));
-  CHECK(evil.untouched());
+  CHECK(h.evil.untouched());
   CHECK(status_of(*cp)["role"] == "prefill");
 }
 
