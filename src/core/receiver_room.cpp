@@ -155,7 +155,7 @@ effects room::staging_requested(size_t i, uint64_t token) {
 /// Tell every link that asked where its KV lands (a block reserved, or none).
 void room::grant_requested(effects& out) {
   for (size_t j = 0; j < links_.size(); ++j)
-    if (links_[j].requested) out.emplace_back(std::in_place_type<grant>, j);
+    if (links_[j].requested) out.emplace_back(std::in_place_type<grant>, grant{j});
 }
 
 effects room::staging_reserved(uint64_t at) {
