@@ -242,6 +242,16 @@ effects room::announce(size_t i, uint64_t token, uint64_t writes, uint64_t bytes
     fail(errc::internal, "prefill " + l->address + " announced twice", true, out);
     return out;
   }
+  // Its KV lands in staging at an offset it must have asked for: a rank that announces without
+  // asking did not write it there, and unpacking the block would put other bytes in the pages.
+  if (l->on_request && !l->requested) {
+    fail(errc::internal,
+         "prefill " + l->address +
+             " announced its writes without asking where its KV lands in "
+             "staging",
+         true, out);
+    return out;
+  }
   l->announced = writes;
   bytes_ += bytes;
   advance(room_status::transferring, out);

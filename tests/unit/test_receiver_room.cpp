@@ -526,6 +526,17 @@ TEST_CASE(
     CHECK(h.apply(h.m.staging_reserved(0)) == "send_prepares");
     CHECK(h.apply(h.m.staging_requested(0, 100)) == "");  // its prepare carried the offset
   }
+  SECTION("a rank that announces without asking fails the room: its block holds no KV of it") {
+    harness h(100);
+    ask_both(h, 30);
+    h.apply(h.m.prepare_ack(0, 100, true, errc::ok, ""));
+    h.apply(h.m.prepare_ack(1, 101, true, errc::ok, ""));
+    h.apply(h.m.staging_requested(0, 100));
+    h.apply(h.m.staging_reserved(0));
+    CHECK(h.apply(h.m.announce(1, 101, 1, 10)) == "failed tell life");
+    CHECK(h.m.lifecycle().fail_reason() ==
+          "prefill p1:7401 announced its writes without asking where its KV lands in staging");
+  }
   SECTION("a room that fails while it waits gives the late block back") {
     harness h(100);
     ask_both(h, 30);
