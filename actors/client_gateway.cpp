@@ -390,8 +390,9 @@ void client_gateway::run() {
               im.queue_local(key, c, std::move(*refusal), d->seq);
               continue;
             }
-            caf::anon_send(im.scheduler, client_request{key, d->seq, std::move(*d->msg), c.version,
-                                                        std::move(fds)});
+            caf::anon_send(im.scheduler,
+                           client_request{key, d->seq, std::move(*d->msg), c.version,
+                                          std::move(fds), static_cast<bool>(im.check)});
             continue;
           }
           im.log->warn("client conn={} sent a bad frame: {}", key, d->error);

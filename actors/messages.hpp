@@ -109,6 +109,9 @@ struct client_request {
   /// register_memory: the descriptors that came with it, owned by whoever handles the request
   /// (closed once mapped, or when refused).
   std::vector<int> fds;
+  /// The client gateway already checked its own fields (refuse_at_once passed it), so the
+  /// Scheduler need not check them again.
+  bool fields_checked = false;
 };
 
 /// A client connection closed.

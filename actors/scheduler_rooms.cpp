@@ -146,7 +146,7 @@ void on_prepare(scheduler_actor* self, client_request& r) {
         fmt::format("duplicate room {}: it is already active on this decode daemon", p.room));
   if (auto e = admission(st, st.decode, "decode"); !e)
     return reply_error(self, r, e.code, fmt::format("room {}: {}", p.room, e.message));
-  if (auto e = check_prepare(st.ctx->config, st.ctx->layout, p); !e)
+  if (auto e = r.fields_checked ? result<>{} : check_prepare(st.ctx->config, st.ctx->layout, p); !e)
     return reply_error(self, r, std::move(e).error());
   if (auto e = st.claims->claim(p.room, p.dst_pages, p.state_slot, p.aux_row, p.state_pages); !e)
     return reply_error(self, r, std::move(e).error());
@@ -192,7 +192,7 @@ void on_send(scheduler_actor* self, client_request& r) {
   if (auto usable = ctx.pools_usable(); !usable)  // before any look at the pools' memory
     return reply_error(self, r, errc::invalid_request,
                        fmt::format("room {}: {}", s.room, usable.message));
-  if (auto e = check_send(ctx.config, ctx.layout, s); !e)
+  if (auto e = r.fields_checked ? result<>{} : check_send(ctx.config, ctx.layout, s); !e)
     return reply_error(self, r, std::move(e).error());
   if (s.last && ctx.layout[pool_kind::aux].present &&
       ctx.config.pools.aux->room_id_buffer != aux_pool_config::no_room_id) {
