@@ -21,16 +21,18 @@ void* map_buffer(uint64_t bytes) {
 }  // namespace
 
 baseline_result run_baseline(const std::string& provider, const std::vector<planned_write>& request,
-                             uint32_t concurrency, uint32_t waves, uint32_t window, bool paced) {
+                             uint32_t concurrency, uint32_t waves, uint32_t window, bool paced,
+                             uint32_t warmup_waves) {
   baseline_result out;
   uint64_t per_request = 0;
   for (const auto& w : request) per_request += w.length;
   const uint64_t region = per_request * concurrency;
   std::vector<raw_write> writes;
-  writes.reserve(request.size() * concurrency * (waves + 1));
-  // One untimed wave first (raw_options::warmup_writes): Ferry's pools are touched by earlier
+  if (paced) warmup_waves = 0;  // paced: timed from the start
+  writes.reserve(request.size() * concurrency * (waves + warmup_waves));
+  // Untimed waves first (raw_options::warmup_writes): Ferry's pools are touched by earlier
   // rooms, and so must the reference's buffers be.
-  for (uint32_t w = 0; w < waves + 1; ++w)
+  for (uint32_t w = 0; w < waves + warmup_waves; ++w)
     for (uint32_t c = 0; c < concurrency; ++c) {
       uint64_t off = c * per_request;
       for (const auto& x : request) {
@@ -49,9 +51,8 @@ baseline_result run_baseline(const std::string& provider, const std::vector<plan
   if (paced) {
     opts.room_writes = static_cast<uint32_t>(request.size());
     opts.rooms_in_flight = concurrency;
-    writes.resize(request.size() * concurrency * waves);  // paced: timed from the start
   } else {
-    opts.warmup_writes = request.size() * concurrency;
+    opts.warmup_writes = request.size() * concurrency * warmup_waves;
   }
   pid_t pid = fork();
   if (pid < 0) {

@@ -23,8 +23,9 @@ struct baseline_result {
 /// compactly, so the memory touched is what the Ferry run touches.
 /// `paced`: each request waits for its own grant from the target, `concurrency` requests in
 /// flight (raw_options::room_writes): the raw bound with one control round trip per room.
+/// Unpaced, `warmup_waves` more waves go first, untimed (ferry-bench --warmup-waves).
 baseline_result run_baseline(const std::string& provider, const std::vector<planned_write>& request,
                              uint32_t concurrency, uint32_t waves, uint32_t window,
-                             bool paced = false);
+                             bool paced = false, uint32_t warmup_waves = 1);
 
 }  // namespace ferry::bench

@@ -62,6 +62,7 @@ struct options {
   uint64_t piece_bytes = 1 << 20;
   uint32_t window = 64;
   uint32_t repeat = 1;
+  uint32_t warmup_waves = 1;  ///< untimed waves before the first timed run (throughput)
   uint64_t room_base = 0;
   uint32_t poll_many = 0;  ///< after the runs: time poll_many of this many rooms (0: skip)
   std::string json;        ///< write the results as JSON here ("-": stdout, the prose to stderr)

@@ -86,6 +86,11 @@ CLI::Option* add_options(CLI::App& app, options& o, bool& no_baseline) {
                  "repeat the run (each followed by a baseline run); medians are reported")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--warmup-waves", o.warmup_waves,
+                 "untimed waves of the same rooms before the first timed run, so both Ferry and "
+                 "the raw baseline are timed over memory touched before, as an engine's is")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100));
   app.add_option("--background-rooms", o.background_rooms,
                  "fairness: time --requests rooms one at a time, idle and then while this many "
                  "rooms of --background-tokens flow to the same decode (0: off)");

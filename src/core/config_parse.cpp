@@ -403,11 +403,17 @@ ferry_config parse_root(const YAML::Node& root) {
   fabric.optional_field("provider", cfg.fabric.provider);
   fabric.optional_field("address", cfg.fabric.address);
   fabric.optional_field("max_inflight_writes", cfg.fabric.max_inflight_writes);
-  fabric.optional_field("max_inflight_bytes", cfg.fabric.max_inflight_bytes);
+  if (fabric.find("max_inflight_bytes"))
+    fabric.optional_field("max_inflight_bytes", cfg.fabric.max_inflight_bytes);
+  else
+    cfg.fabric.max_inflight_bytes = default_max_inflight_bytes(cfg.fabric.provider);
   fabric.optional_field("write_piece_bytes", cfg.fabric.write_piece_bytes);
   fabric.optional_field("staging_bytes", cfg.fabric.staging_bytes);
   fabric.optional_field("pack_threshold_bytes", cfg.fabric.pack_threshold_bytes);
-  fabric.optional_field("rails", cfg.fabric.rails);
+  if (fabric.find("rails"))
+    fabric.optional_field("rails", cfg.fabric.rails);
+  else
+    cfg.fabric.rails = default_rails(cfg.fabric.provider);
   // Unset: on for the providers it was measured on (docs/performance.md §18: small rooms beside
   // bulk 1.00 x idle on shm and 1.07 x on tcp with it, 40 x and 102 x without; bulk unchanged).
   if (fabric.find("express_bytes"))

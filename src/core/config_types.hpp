@@ -141,15 +141,29 @@ inline uint64_t default_express_bytes(const std::string& provider) {
   return provider == "tcp" || provider == "shm" ? (1u << 20) : 0;
 }
 
+/// fabric.max_inflight_bytes when a config does not set it: 16 MiB per rail on tcp and shm,
+/// where it was measured (docs/performance.md §26: a 16-token room beside four bulk rooms
+/// waits behind at most that much, and bulk keeps its rate), none on other providers.
+inline uint64_t default_max_inflight_bytes(const std::string& provider) {
+  return provider == "tcp" || provider == "shm" ? (16u << 20) : 0;
+}
+
+/// fabric.rails when a config does not set it: 2 on shm, whose target copies every write on
+/// its progress thread (one rail moves what one core copies: 0.7 x the raw fabric's warm
+/// rate, two rails 0.9-1.0 x, docs/performance.md §26); 1 elsewhere (tcp gains nothing, §18).
+inline uint32_t default_rails(const std::string& provider) { return provider == "shm" ? 2 : 1; }
+
 struct fabric_config {
   std::string provider = "tcp";       ///< any libfabric provider name: tcp, shm, verbs, efa...
   std::string address = "127.0.0.1";  ///< interface address the endpoint binds to (if used)
   uint32_t max_inflight_writes = 64;  ///< credit bound on posted, uncompleted writes
-  /// Bound on one peer's posted, uncompleted payload bytes (0: the write count alone)
+  /// Bound on one peer's posted, uncompleted payload bytes per rail (0: the write count alone).
+  /// Unset in a config file: the provider's default (`default_max_inflight_bytes`).
   uint64_t max_inflight_bytes = 0;
   uint64_t write_piece_bytes = 1 << 20;  ///< large state tensors are split into pieces this size
   /// Endpoints for bulk writes, each with its own progress thread; a batch is striped across
-  /// those a peer shares (1..max_rails)
+  /// those a peer shares (1..max_rails). Unset in a config file: the provider's default
+  /// (`default_rails`).
   uint32_t rails = 1;
   /// Batches of at most this many bytes go on an express endpoint of their own, so small rooms
   /// never queue behind bulk; 0: no express endpoint. Unset in a config file: the provider's

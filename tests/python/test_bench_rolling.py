@@ -134,9 +134,11 @@ def test_pipeline_reports_the_failures_the_daemons_count(short_tmp: str) -> None
             assert r.returncode == 0, r.stdout + r.stderr
             doc = json.loads(r.stdout)
             assert doc["ferry"]["committed"] == 2 and doc["ferry"]["failed"] == 0, doc
+            # ...and the untimed warm-up wave's rooms, which the daemons count too
+            assert doc["warmup_rooms"] == 2, doc
             pre, dec = settled(p, "prefill"), settled(d, "decode")
-            assert (pre["succeeded"], pre["failed"]) == (2 * run, 0), (run, pre)
-            assert (dec["succeeded"], dec["failed"]) == (2 * run, 0), (run, dec)
+            assert (pre["succeeded"], pre["failed"]) == (4 * run, 0), (run, pre)
+            assert (dec["succeeded"], dec["failed"]) == (4 * run, 0), (run, dec)
     finally:
         assert [p.stop(), d.stop()] == [0, 0]
 
