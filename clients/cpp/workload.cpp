@@ -136,14 +136,17 @@ void for_each_state_unit(const client& c, const geometry& g, uint64_t key, size_
       t.shard_groups.empty() ? std::vector<uint64_t>{local * g.tp} : t.shard_groups;
   for (uint64_t o = 0; o < t.outer_count(); ++o) {
     uint64_t x = 0, group_start = 0;
-    for (uint64_t G : groups) {
-      const uint64_t n = G / g.tp;
+    for (size_t i = 0; i < groups.size(); ++i) {
+      // A replicated group's channels have the same global index, so the same bytes, on every
+      // rank that holds them (shard_units).
+      const auto [first, n] = shard_share(
+          groups[i], t.shard_groups.empty() ? groups[i] : t.group_units(i), g.tp, g.rank);
       for (uint64_t j = 0; j < n; ++j, ++x)
         if (!f(item.subspan((o * local + x) * unit, unit),
-               unit_seed(key, state_pool, tag, o, group_start + g.rank * n + j), o,
-               group_start + g.rank * n + j))
+               unit_seed(key, state_pool, tag, o, group_start + first + j), o,
+               group_start + first + j))
           return;
-      group_start += G;
+      group_start += groups[i];
     }
   }
 }

@@ -196,6 +196,10 @@ std::string to_yaml(const ferry_config& cfg, yaml_for reader) {
           out << YAML::Key << "shard_groups" << YAML::Value;
           emit_dims(out, t.shard_groups);
         }
+        if (!t.shard_units.empty()) {
+          out << YAML::Key << "shard_units" << YAML::Value;
+          emit_dims(out, t.shard_units);
+        }
         out << YAML::EndMap;
       }
       out << YAML::EndSeq;

@@ -286,13 +286,15 @@ kv_pool_config parse_kv(const YAML::Node& n) {
 }
 
 state_tensor_config parse_tensor(const YAML::Node& n, const std::string& path) {
-  const section s(n, path, {"name", "shape", "dtype_bytes", "slice_axis", "shard_groups"});
+  const section s(n, path,
+                  {"name", "shape", "dtype_bytes", "slice_axis", "shard_groups", "shard_units"});
   state_tensor_config t;
   s.required_field("name", t.name);
   s.required_field("shape", t.shape);
   s.required_field("dtype_bytes", t.dtype_bytes);
   s.optional_field("slice_axis", t.slice_axis);
   s.optional_field("shard_groups", t.shard_groups);
+  s.optional_field("shard_units", t.shard_units);
   return t;
 }
 

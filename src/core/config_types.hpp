@@ -27,6 +27,11 @@ struct state_tensor_config {
   std::optional<uint32_t> slice_axis;
   std::vector<uint64_t> shard_groups;  ///< full (unsharded) sub-block sizes along the sliced axis,
                                        ///< e.g. GDN conv [2048, 2048, 4096]; empty = one block
+  /// Per shard group, how many units it has: a unit is never split across ranks. At TP P a
+  /// group of U units is sliced when P divides U (rank r holds units [r*U/P, (r+1)*U/P)) and
+  /// replicated when U divides P (rank r holds unit r / (P/U), as P/U ranks do): Mamba2's B and
+  /// C groups with n_groups below TP. Empty: every group's units are its elements (sliced only).
+  std::vector<uint64_t> shard_units{};
 
   /// Bytes of one slot of this tensor for one layer.
   uint64_t slot_bytes() const;
@@ -36,7 +41,24 @@ struct state_tensor_config {
   uint64_t outer_count() const;
   /// Bytes of one unit of the sliced axis: product of the dims after it times dtype_bytes.
   uint64_t unit_bytes() const;
+  /// Units of shard group `i` (its size when shard_units is empty).
+  uint64_t group_units(size_t i) const {
+    return i < shard_units.size() ? shard_units[i]
+                                  : (i < shard_groups.size() ? shard_groups[i] : 0);
+  }
 };
+
+/// The part of one shard group of `size` elements and `units` units that TP rank `rank` of `tp`
+/// holds, as {first element, count}: a slice of whole units when tp divides units, else the one
+/// unit rank / (tp / units) (replicated on tp / units ranks). {0, 0} when neither divides.
+inline std::pair<uint64_t, uint64_t> shard_share(uint64_t size, uint64_t units, uint32_t tp,
+                                                 uint32_t rank) {
+  if (units == 0 || tp == 0 || size % units != 0) return {0, 0};
+  const uint64_t unit = size / units;
+  if (units % tp == 0) return {rank * (units / tp) * unit, units / tp * unit};
+  if (tp % units == 0) return {rank / (tp / units) * unit, unit};
+  return {0, 0};
+}
 
 /// Where a pool's description comes from and where its buffers lie.
 ///

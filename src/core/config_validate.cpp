@@ -134,27 +134,52 @@ void validate_tensor(const state_tensor_config& t, const std::string& path, uint
   if (t.shard_groups.size() > 64)
     fail(path + ".shard_groups",
          "expected at most 64 groups, got " + std::to_string(t.shard_groups.size()));
+  if (!t.shard_units.empty() && t.shard_units.size() != t.shard_groups.size())
+    fail(path + ".shard_units", "expected one entry per shard group (" +
+                                    std::to_string(t.shard_groups.size()) + "), got " +
+                                    std::to_string(t.shard_units.size()));
   if (!t.shard_groups.empty()) {
-    uint64_t sum = 0;
+    uint64_t sum = 0, held = 0;
     for (size_t j = 0; j < t.shard_groups.size(); ++j) {
-      check_positive(t.shard_groups[j], path + ".shard_groups[" + std::to_string(j) + "]");
+      const std::string at = "[" + std::to_string(j) + "]";
+      check_positive(t.shard_groups[j], path + ".shard_groups" + at);
       sum = sat_add(sum, t.shard_groups[j]);
-    }
-    for (size_t j = 0; j < t.shard_groups.size(); ++j)
-      if (t.shard_groups[j] % tp_size != 0)
-        fail(path + ".shard_groups[" + std::to_string(j) + "]",
+      const uint64_t units = t.group_units(j);
+      if (j < t.shard_units.size()) {
+        check_positive(units, path + ".shard_units" + at);
+        if (t.shard_groups[j] % units != 0)
+          fail(path + ".shard_units" + at, "expected a divisor of shard_groups" + at + " = " +
+                                               std::to_string(t.shard_groups[j]) +
+                                               " (units are equal), got " + std::to_string(units));
+      }
+      if (j >= t.shard_units.size() && units % tp_size != 0)
+        fail(path + ".shard_groups" + at,
              "expected a multiple of tp.size " + std::to_string(tp_size) +
                  " (each rank holds an equal share of every group), got " +
-                 std::to_string(t.shard_groups[j]));
-    // Groups are unsharded sizes while shape is per rank, so they must cover the sliced axis of
-    // all ranks together.
+                 std::to_string(t.shard_groups[j]) +
+                 " (a group held whole by several ranks is described with shard_units)");
+      if (j < t.shard_units.size() && units % tp_size != 0 && tp_size % units != 0)
+        fail(path + ".shard_units" + at,
+             "expected a multiple or a divisor of tp.size " + std::to_string(tp_size) +
+                 " (each rank holds an equal share of the group's units, or one whole unit "
+                 "that tp.size / units ranks hold alike), got " +
+                 std::to_string(units));
+      held = sat_add(held, shard_share(t.shard_groups[j], units, tp_size, 0).second);
+    }
+    // Groups are unsharded sizes while shape is per rank: what a rank holds of each group,
+    // summed, is its sliced axis.
     const uint64_t sliced = t.shape[*t.slice_axis];
-    const uint64_t expected = sat_mul(sliced, tp_size);
-    if (sum != expected) {
+    if (held != sliced) {
+      const bool replicated = !t.shard_units.empty();
       fail(path + ".shard_groups",
-           "expected entries summing to shape[" + std::to_string(*t.slice_axis) +
-               "] x tp.size = " + std::to_string(sliced) + " x " + std::to_string(tp_size) + " = " +
-               bytes_text(expected) + ", got a sum of " + bytes_text(sum));
+           replicated ? "expected the groups' shares at tp.size " + std::to_string(tp_size) +
+                            " to sum to shape[" + std::to_string(*t.slice_axis) +
+                            "] = " + std::to_string(sliced) + ", got " + std::to_string(held) +
+                            " (groups summing to " + std::to_string(sum) + ")"
+                      : "expected entries summing to shape[" + std::to_string(*t.slice_axis) +
+                            "] x tp.size = " + std::to_string(sliced) + " x " +
+                            std::to_string(tp_size) + " = " + bytes_text(sat_mul(sliced, tp_size)) +
+                            ", got a sum of " + bytes_text(sum));
     }
   }
 }

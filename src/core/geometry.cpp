@@ -41,6 +41,9 @@ void push_segment(std::vector<segment>& out, segment s) {
 }
 
 std::string dims_text(const std::vector<uint64_t>& v) { return fmt::format("{}", v); }
+std::string units_text(const state_tensor_config& t) {
+  return t.shard_units.empty() ? "" : fmt::format(" shard_units {}", t.shard_units);
+}
 
 /// Where a side's model head count comes from: its config's total_heads, or kv_heads x TP.
 std::string heads_source(const kv_pool_config& kv, uint32_t tp) {
@@ -181,15 +184,16 @@ result<> plan_state(const rank_schema& s, const rank_schema& d, const node_layou
       return error{errc::peer_incompatible,
                    fmt::format("{} dtype_bytes differs: prefill has {}, decode has {}", key,
                                x.dtype_bytes, y.dtype_bytes)};
-    if (x.slice_axis != y.slice_axis || x.shard_groups != y.shard_groups)
+    if (x.slice_axis != y.slice_axis || x.shard_groups != y.shard_groups ||
+        x.shard_units != y.shard_units)
       return error{errc::peer_incompatible,
-                   fmt::format("{} slicing differs: prefill has slice_axis {} shard_groups {}, "
+                   fmt::format("{} slicing differs: prefill has slice_axis {} shard_groups {}{}, "
                                "decode has slice_axis "
-                               "{} shard_groups {}",
+                               "{} shard_groups {}{}",
                                key, x.slice_axis ? std::to_string(*x.slice_axis) : "none",
-                               dims_text(x.shard_groups),
+                               dims_text(x.shard_groups), units_text(x),
                                y.slice_axis ? std::to_string(*y.slice_axis) : "none",
-                               dims_text(y.shard_groups))};
+                               dims_text(y.shard_groups), units_text(y))};
     if (x.shape.size() != y.shape.size())
       return error{errc::peer_incompatible,
                    fmt::format("{} shape differs: prefill has {}, decode has {}", key,
@@ -216,37 +220,74 @@ result<> plan_state(const rank_schema& s, const rank_schema& d, const node_layou
             errc::peer_incompatible,
             fmt::format("{} shape differs outside slice axis {}: prefill has {}, decode has {}",
                         key, axis, dims_text(x.shape), dims_text(y.shape))};
-    const uint64_t full = x.shape[axis] * s.tp_size;
-    if (y.shape[axis] * d.tp_size != full)
+    // Every group is {size, units}; without shard_groups the axis is one group of single
+    // elements. What rank r of P holds of each group is shard_share (config_types.hpp).
+    std::vector<uint64_t> groups = x.shard_groups, units;
+    if (groups.empty()) groups = {x.shape[axis] * s.tp_size};
+    for (size_t i = 0; i < groups.size(); ++i)
+      units.push_back(x.shard_groups.empty() ? groups[i] : x.group_units(i));
+    if (x.shard_units.empty() && y.shape[axis] * d.tp_size != x.shape[axis] * s.tp_size)
       return error{
           errc::peer_incompatible,
           fmt::format("{} full size differs: prefill {} x TP {} = {}, decode {} x TP {} = {}", key,
-                      x.shape[axis], s.tp_size, full, y.shape[axis], d.tp_size,
+                      x.shape[axis], s.tp_size, x.shape[axis] * s.tp_size, y.shape[axis], d.tp_size,
                       y.shape[axis] * d.tp_size)};
-    const std::vector<uint64_t> groups =
-        x.shard_groups.empty() ? std::vector<uint64_t>{full} : x.shard_groups;
-    for (auto g : groups)
-      if (g % s.tp_size != 0 || g % d.tp_size != 0)
-        return error{
-            errc::peer_incompatible,
-            fmt::format(
-                "{} does not divide evenly: shard group of {} over prefill TP {} and decode TP {}",
-                key, g, s.tp_size, d.tp_size)};
+    uint64_t held_s = 0, held_d = 0;
+    for (size_t i = 0; i < groups.size(); ++i) {
+      const uint64_t g = groups[i], u = units[i];
+      const bool replicable = !x.shard_units.empty();
+      for (uint32_t tp : {s.tp_size, d.tp_size})
+        if (u == 0 || g % u != 0 || (u % tp != 0 && (!replicable || tp % u != 0)))
+          return error{
+              errc::peer_incompatible,
+              replicable
+                  ? fmt::format("{} shard group {} ({} elements in {} units) cannot be held by "
+                                "TP {}: {} is neither a multiple nor a divisor of {} (prefill TP "
+                                "{}, decode TP {})",
+                                key, i, g, u, tp, u, tp, s.tp_size, d.tp_size)
+                  : fmt::format("{} does not divide evenly: shard group of {} over prefill TP {} "
+                                "and decode TP {}",
+                                key, g, s.tp_size, d.tp_size)};
+      held_s += shard_share(g, u, s.tp_size, 0).second;
+      held_d += shard_share(g, u, d.tp_size, 0).second;
+    }
+    if (x.shape[axis] != held_s || y.shape[axis] != held_d)
+      return error{
+          errc::peer_incompatible,
+          x.shard_units.empty()
+              ? fmt::format("{} full size differs: prefill {} x TP {} = {}, decode {} x TP {} = {}",
+                            key, x.shape[axis], s.tp_size, x.shape[axis] * s.tp_size, y.shape[axis],
+                            d.tp_size, y.shape[axis] * d.tp_size)
+              : fmt::format("{} sliced axis {} does not match its shard groups {} in units {}: "
+                            "prefill TP {} holds {} (expected {}), decode TP {} holds {} "
+                            "(expected {})",
+                            key, axis, dims_text(groups), dims_text(units), s.tp_size,
+                            x.shape[axis], held_s, d.tp_size, y.shape[axis], held_d)};
     std::vector<segment> segs;
     if (plan.in_group) {
+      // Of the prefill ranks this decode rank hears, the lowest that holds a piece sends it:
+      // a replicated group has several holders, and each destination byte is written once.
+      const auto senders = prefill_ranks_for(s.tp_size, d.tp_size, d.tp_rank);
       const uint64_t unit = x.unit_bytes();
       const uint64_t ds = x.shape[axis], dd = y.shape[axis];
       for (uint64_t o = 0; o < x.outer_count(); ++o) {
         uint64_t off_s = 0, off_d = 0;
-        for (auto g : groups) {
-          const uint64_t gs = g / s.tp_size, gd = g / d.tp_size;
-          const unit_range rs{s.tp_rank * gs, gs}, rd{d.tp_rank * gd, gd};
+        for (size_t i = 0; i < groups.size(); ++i) {
+          const auto [fs, ns] = shard_share(groups[i], units[i], s.tp_size, s.tp_rank);
+          const auto [fd, nd] = shard_share(groups[i], units[i], d.tp_size, d.tp_rank);
+          const unit_range rs{fs, ns}, rd{fd, nd};
           const auto m = intersect(rs, rd);
-          if (m.count)
+          bool ours = m.count != 0;
+          for (uint32_t p : senders) {
+            if (!ours || p >= s.tp_rank) break;
+            const auto [fp, np] = shard_share(groups[i], units[i], s.tp_size, p);
+            if (intersect({fp, np}, m).count != 0) ours = false;  // a lower rank sends it
+          }
+          if (ours)
             push_segment(segs, {(o * ds + off_s + m.first - rs.first) * unit,
                                 (o * dd + off_d + m.first - rd.first) * unit, m.count * unit});
-          off_s += gs;
-          off_d += gd;
+          off_s += ns;
+          off_d += nd;
         }
       }
     }

@@ -10,12 +10,14 @@
 /// - A sliced state tensor axis of full length D, split into shard groups G_0..G_k (sum = D;
 ///   one group [D] when none are given): rank r holds [r*G_i/P, (r+1)*G_i/P) of every group,
 ///   groups concatenated in order. Dims before the sliced axis are "outer" rows, repeated.
+///   A group with shard_units U holds whole units: sliced by units when P divides U, else (U
+///   divides P) rank r holds unit r / (P/U), replicated like a KV head (Mamba2 B and C).
 /// - Layers are paired by global layer id; a PP stage holds the layer ids in its pools.
 ///
 /// A decode rank d of Pd receives from prefill TP ranks [d*(Ps/Pd), (d+1)*(Ps/Pd)) when Ps > Pd
 /// (gather) or from rank d / (Pd/Ps) when Ps <= Pd (scatter), of every PP stage when the decode
 /// has PP 1, else of its own stage. Each byte it needs is sent exactly once: a head held by
-/// several prefill ranks is sent by the lowest of them.
+/// several prefill ranks (a KV head, or a replicated state group) is sent by the lowest of them.
 
 #include <cstdint>
 #include <optional>

@@ -124,9 +124,11 @@ uint64_t compatibility_hash(const pools_config& c) {
   if (c.mamba) {
     s += fmt::format("mamba:{};", c.mamba->layer_ids);
     if (c.mamba->type != state_type::mamba) s += fmt::format("type:{};", to_string(c.mamba->type));
-    for (const auto& t : c.mamba->tensors)
+    for (const auto& t : c.mamba->tensors) {
       s += fmt::format("t:{}:{}:{}:{}:{};", t.name, t.shape, t.dtype_bytes,
                        t.slice_axis ? int64_t{*t.slice_axis} : -1, t.shard_groups);
+      if (!t.shard_units.empty()) s += fmt::format("u:{};", t.shard_units);
+    }
   }
   if (c.aux) {
     s += fmt::format("aux:{};", c.aux->row_bytes);

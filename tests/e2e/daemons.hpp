@@ -122,6 +122,10 @@ struct shape {
   /// last dims of the temporal state: smaller than the model's for tests with thousands of slots.
   uint32_t conv_dim = 8192;
   uint32_t temporal_dim = 128;
+  /// Mamba2-style conv instead: 0 keeps the q|k|v groups above; n > 0 makes conv [x | B | C] =
+  /// [conv_dim | 16n | 16n] in units [temporal_heads, n, n], so with n below the TP size every
+  /// rank holds B and C whole (shard_units).
+  uint32_t conv_n_groups = 0;
   uint32_t aux_rows = 64;
   uint32_t handshake_ms = 10000;
   uint32_t bootstrapping_ms = 20000;
@@ -159,6 +163,24 @@ struct shape {
   std::string metrics_listen;               ///< listen.metrics (empty: not served)
   std::string log_yaml;  ///< the log section as a flow map, e.g. "{format: json}" (empty: info)
 };
+
+/// This rank's conv channels: a TP share of conv_dim, plus B and C (shape::conv_n_groups), each
+/// a share of its groups or one whole group.
+inline uint32_t conv_rank_dim(const shape& s) {
+  if (s.conv_n_groups == 0) return s.conv_dim / s.tp_size;
+  const uint32_t group = 16 * (s.conv_n_groups >= s.tp_size ? s.conv_n_groups / s.tp_size : 1);
+  return s.conv_dim / s.tp_size + 2 * group;
+}
+
+inline std::string conv_groups_yaml(const shape& s) {
+  if (s.conv_n_groups == 0)
+    return "        shard_groups: [" + std::to_string(s.conv_dim / 4) + ", " +
+           std::to_string(s.conv_dim / 4) + ", " + std::to_string(s.conv_dim / 2) + "]\n";
+  const std::string bc = std::to_string(16 * s.conv_n_groups), n = std::to_string(s.conv_n_groups);
+  return "        shard_groups: [" + std::to_string(s.conv_dim) + ", " + bc + ", " + bc +
+         "]\n        shard_units: [" + std::to_string(s.temporal_heads) + ", " + n + ", " + n +
+         "]\n";
+}
 
 inline std::string make_config(const std::string& name, const std::string& role, uint16_t control,
                                const std::string& socket, const shape& s) {
@@ -230,12 +252,10 @@ inline std::string make_config(const std::string& name, const std::string& role,
     << (s.state_type.empty() ? "" : "    type: " + s.state_type + "\n") << "    slots: " << s.slots
     << (s.client_memory ? "\n    memory: client" : "") << "\n    layer_ids: [" << m_ids.str()
     << "]\n    tensors:\n"
-    << "      - name: conv\n        shape: [" << s.conv_dim / s.tp_size
+    << "      - name: conv\n        shape: [" << conv_rank_dim(s)
     << ", 3]\n        dtype_bytes: 2\n        slice_axis: 0\n"
-    << "        shard_groups: [" << s.conv_dim / 4 << ", " << s.conv_dim / 4 << ", "
-    << s.conv_dim / 2 << "]\n"
-    << "      - name: temporal\n        shape: [" << s.temporal_heads / s.tp_size << ", "
-    << s.temporal_dim << ", " << s.temporal_dim << "]"
+    << conv_groups_yaml(s) << "      - name: temporal\n        shape: ["
+    << s.temporal_heads / s.tp_size << ", " << s.temporal_dim << ", " << s.temporal_dim << "]"
     << "\n        dtype_bytes: 4\n        slice_axis: 0\n"
     << "  aux:\n    rows: " << s.aux_rows << "\n    row_bytes: 5632\n"
     << (s.client_memory ? "    memory: client\n" : "");

@@ -46,7 +46,46 @@ TEST_CASE("validation errors name the key and the value seen", "[unit][config]")
     yaml = replace(yaml, "[2048, 2048, 4096]", "[2047, 2049, 4096]");
     REQUIRE(validate_error(yaml) ==
             "pools.mamba.tensors[0].shard_groups[0]: expected a multiple of tp.size 2 (each rank "
-            "holds an equal share of every group), got 2047");
+            "holds an equal share of every group), got 2047 (a group held whole by several ranks "
+            "is described with shard_units)");
+  }
+  SECTION("shard units: a group replicated on every rank (Mamba2, n_groups 1 at TP 2)") {
+    // conv [x | B | C] = [8192 | 128 | 128] in units [64 heads, 1 group, 1 group]: at TP 2 a
+    // rank holds 4096 + 128 + 128.
+    std::string yaml = replace(base_yaml, "size: 1", "size: 2");
+    yaml = replace(yaml, "[8192, 3]", "[4352, 3]");
+    yaml = replace(yaml, "[32, 128, 128]", "[16, 128, 128]");
+    yaml = replace(yaml, "shard_groups: [2048, 2048, 4096]",
+                   "shard_groups: [8192, 128, 128]\n        shard_units: [64, 1, 1]");
+    const ferry_config cfg = parse_ok(yaml);
+    REQUIRE(validate_config(cfg));
+    REQUIRE(cfg.pools.mamba->tensors[0].shard_units == std::vector<uint64_t>{64, 1, 1});
+    SECTION("a shape that is not the groups' shares") {
+      REQUIRE(validate_error(replace(yaml, "[4352, 3]", "[4160, 3]")) ==
+              "pools.mamba.tensors[0].shard_groups: expected the groups' shares at tp.size 2 to "
+              "sum to shape[0] = 4160, got 4352 (groups summing to 8448)");
+    }
+    SECTION("one entry per group") {
+      REQUIRE(validate_error(replace(yaml, "[64, 1, 1]", "[64, 1]")) ==
+              "pools.mamba.tensors[0].shard_units: expected one entry per shard group (3), got 2");
+    }
+    SECTION("units divide their group") {
+      REQUIRE(validate_error(replace(yaml, "[64, 1, 1]", "[64, 3, 1]")) ==
+              "pools.mamba.tensors[0].shard_units[1]: expected a divisor of shard_groups[1] = 128 "
+              "(units are equal), got 3");
+    }
+    SECTION("units and tp.size: one divides the other") {
+      std::string three = replace(yaml, "[8192, 128, 128]", "[8192, 96, 96]");
+      three = replace(three, "[64, 1, 1]", "[64, 3, 3]");
+      REQUIRE(validate_error(three) ==
+              "pools.mamba.tensors[0].shard_units[1]: expected a multiple or a divisor of tp.size "
+              "2 (each rank holds an equal share of the group's units, or one whole unit that "
+              "tp.size / units ranks hold alike), got 3");
+    }
+    SECTION("a unit count of 0") {
+      REQUIRE(validate_error(replace(yaml, "[64, 1, 1]", "[64, 0, 1]")) ==
+              "pools.mamba.tensors[0].shard_units[1]: expected a positive integer, got 0");
+    }
   }
   SECTION("shard group entry") {
     REQUIRE(validate_error(replace(base_yaml, "[2048, 2048, 4096]", "[2048, 0, 4096]")) ==

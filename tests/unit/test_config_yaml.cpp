@@ -18,6 +18,7 @@ void require_equal(const state_tensor_config& a, const state_tensor_config& b) {
   REQUIRE(a.dtype_bytes == b.dtype_bytes);
   REQUIRE(a.slice_axis == b.slice_axis);
   REQUIRE(a.shard_groups == b.shard_groups);
+  REQUIRE(a.shard_units == b.shard_units);
 }
 
 void require_equal(const ferry_config& a, const ferry_config& b) {
@@ -108,6 +109,16 @@ TEST_CASE("to_yaml round-trips through the parser", "[unit][config]") {
     cfg.metrics_listen = "127.0.0.1:9464";
     const std::string text = to_yaml(cfg);
     REQUIRE(text.find("metrics: 127.0.0.1:9464") != std::string::npos);
+    require_equal(cfg, parse_ok(text));
+  }
+  SECTION("shard units survive") {
+    ferry_config cfg = parse_ok(base_yaml);
+    auto& conv = cfg.pools.mamba->tensors[0];
+    conv.shard_groups = {8192, 128, 128};
+    conv.shard_units = {64, 1, 1};
+    const std::string text = to_yaml(cfg);
+    INFO(text);
+    REQUIRE(text.find("shard_units: [64, 1, 1]") != std::string::npos);
     require_equal(cfg, parse_ok(text));
   }
   SECTION("awkward strings survive") {

@@ -80,6 +80,7 @@ struct tensor_model {
   uint32_t dtype_bytes = 2;
   std::optional<uint32_t> slice_axis;
   std::vector<uint64_t> shard_groups;
+  std::vector<uint64_t> shard_units{};  ///< empty: every group sliced element by element
 };
 
 struct model {
@@ -120,9 +121,36 @@ size_t index_of(const std::vector<uint32_t>& ids, uint32_t id) {
   return static_cast<size_t>(it - ids.begin());
 }
 
+/// Elements of group i (of `size` elements in `units` units) held by TP rank r of P, the rule
+/// written out: P divides the units: a block of units/P units; else (units divides P) the one
+/// unit r / (P/units), which P/units ranks hold alike.
+std::pair<uint64_t, uint64_t> ref_group_share(uint64_t size, uint64_t units, uint32_t P,
+                                              uint32_t r) {
+  const uint64_t len = size / units;
+  if (units >= P) {
+    invariant(units % P == 0, "units of a sliced group do not divide by P");
+    return {r * (units / P) * len, (units / P) * len};
+  }
+  invariant(P % units == 0, "units of a replicated group do not divide P");
+  const uint64_t holders = P / units;
+  return {(r / holders) * len, len};
+}
+
+uint64_t ref_units(const tensor_model& t, size_t i) {
+  return t.shard_units.empty() ? t.shard_groups[i] : t.shard_units[i];
+}
+
 std::vector<uint64_t> rank_shape(const tensor_model& t, uint32_t tp) {
   auto s = t.full_shape;
-  if (t.slice_axis) s[*t.slice_axis] /= tp;
+  if (!t.slice_axis) return s;
+  if (t.shard_units.empty()) {
+    s[*t.slice_axis] /= tp;
+    return s;
+  }
+  uint64_t held = 0;
+  for (size_t i = 0; i < t.shard_groups.size(); ++i)
+    held += ref_group_share(t.shard_groups[i], ref_units(t, i), tp, 0).second;
+  s[*t.slice_axis] = held;
   return s;
 }
 
@@ -166,6 +194,7 @@ rank_schema make_schema(const model& m, uint32_t tp, uint32_t rank, uint32_t pp,
       x.dtype_bytes = t.dtype_bytes;
       x.slice_axis = t.slice_axis;
       x.shard_groups = t.shard_groups;
+      x.shard_units = t.shard_units;
       c.tensors.push_back(x);
     }
     s.pools.mamba = c;
@@ -236,8 +265,9 @@ full_data make_full(const model& m, uint32_t tokens, uint32_t ps, rng_t& rng) {
   return f;
 }
 
-/// The slot of TP rank r of P: each shard group split evenly, groups concatenated, outer rows
-/// repeated. Without a slice axis, rank r's own independent slot.
+/// The slot of TP rank r of P: each shard group split evenly (or, with shard units fewer than
+/// P, the one unit the rank holds whole), groups concatenated, outer rows repeated. Without a
+/// slice axis, rank r's own independent slot.
 bytes ref_slot(const tensor_model& t, const bytes& full, uint32_t P, uint32_t r) {
   if (!t.slice_axis) {
     const uint64_t n = product(t.full_shape, 0, t.full_shape.size()) * t.dtype_bytes;
@@ -253,9 +283,12 @@ bytes ref_slot(const tensor_model& t, const bytes& full, uint32_t P, uint32_t r)
   bytes out;
   for (uint64_t o = 0; o < outer; ++o) {
     uint64_t off = 0;
-    for (auto G : groups) {
-      const uint64_t n = G / P;
-      for (uint64_t u = r * n; u < (r + 1) * n; ++u) {
+    for (size_t i = 0; i < groups.size(); ++i) {
+      const uint64_t G = groups[i];
+      const auto [first, n] = t.shard_units.empty()
+                                  ? std::pair<uint64_t, uint64_t>{r * (G / P), G / P}
+                                  : ref_group_share(G, ref_units(t, i), P, r);
+      for (uint64_t u = first; u < first + n; ++u) {
         const uint64_t at = (o * D + off + u) * unit;
         out.insert(out.end(), full.begin() + at, full.begin() + at + unit);
       }
@@ -981,6 +1014,29 @@ TEST_CASE("geometry property: Nemotron-H-style state without shard groups",
                      m, ps, pd, {}, {}, sized_for(16, seed_of({4, ps, pd})));
 }
 
+TEST_CASE("geometry property: Mamba2 with n_groups below TP holds B and C whole on every rank",
+          "[unit][geometry][geometry-property]") {
+  // Granite-4.0-H / Falcon-H1-style (scaled down): conv [x | B | C] with x = 8 heads x 8 and B,
+  // C = n_groups x d_state 8. SGLang's and vLLM's MambaMixer2 give every rank the whole B and C
+  // group when n_groups < TP (n_groups 1), and a share of groups otherwise (n_groups 2 at TP 1
+  // and 2). Temporal ssm [8 heads, 2, 3] fp32 sliced by head. Every TP pair of {1, 2, 4, 8}.
+  for (uint64_t n_groups : {1u, 2u}) {
+    model m;
+    m.kv = kv_model{8, 4, 2, 1, false, {1}};
+    m.mamba_layers = {0, 2};
+    const uint64_t bc = n_groups * 8;
+    m.tensors = {{"conv", {64 + 2 * bc, 3}, 2, 0u, {64, bc, bc}, {8, n_groups, n_groups}},
+                 {"ssm", {8, 2, 3}, 4, 0u, {}}};
+    m.aux_row_bytes = 24;
+    for (uint32_t ps : tp_sizes)
+      for (uint32_t pd : tp_sizes)
+        check_geometry(fmt::format("Mamba2 n_groups={} conv [{},3] groups [64,{},{}] units "
+                                   "[8,{},{}], ssm [8,2,3], Ps={} Pd={}",
+                                   n_groups, 64 + 2 * bc, bc, bc, n_groups, n_groups, ps, pd),
+                       m, ps, pd, {}, {}, sized_for(1, seed_of({11, n_groups, ps, pd})));
+  }
+}
+
 TEST_CASE("geometry property: Kimi-style conv with outer rows, MLA KV",
           "[unit][geometry][geometry-property]") {
   for (uint32_t T : {1u, 64u}) {
@@ -1165,6 +1221,33 @@ TEST_CASE("geometry property: make_link_plan refuses what does not divide or mat
     INFO(e);
     REQUIRE_FALSE(e.empty());
     CHECK_THAT(e, Contains("conv") && Contains("12") && Contains("8"));
+  }
+  SECTION("shard units that neither divide nor are divided by the decode TP size") {
+    model m;
+    m.mamba_layers = {0};
+    m.tensors = {{"conv", {72, 3}, 2, 0u, {48, 12, 12}, {6, 3, 3}}};  // n_groups 3
+    auto s = make_schema(m, 1, 0, 1, 0, nullptr, sz);
+    auto d = s;  // a decode at TP 2 cannot hold 3 groups: 3 % 2 and 2 % 3 are not 0
+    d.tp_size = 2;
+    d.pools.mamba->tensors[0].shape = {36, 3};
+    const auto e = link_error(s, d);
+    INFO(e);
+    REQUIRE_FALSE(e.empty());
+    CHECK_THAT(e, Contains("mamba.tensors[0] (conv) shard group 1 (12 elements in 3 units) "
+                           "cannot be held by TP 2: 3 is neither a multiple nor a divisor of 2"));
+  }
+  SECTION("the two sides disagree on a group's units") {
+    model m;
+    m.mamba_layers = {0};
+    m.tensors = {{"conv", {80, 3}, 2, 0u, {64, 8, 8}, {8, 1, 1}}};
+    auto s = make_schema(m, 2, 0, 1, 0, nullptr, sz);
+    m.tensors[0].shard_units = {8, 2, 2};
+    auto d = make_schema(m, 2, 0, 1, 0, nullptr, sz);
+    const auto e = link_error(s, d);
+    INFO(e);
+    REQUIRE_FALSE(e.empty());
+    CHECK_THAT(e, Contains("slicing differs") && Contains("shard_units [8, 1, 1]") &&
+                      Contains("shard_units [8, 2, 2]"));
   }
   SECTION("a sliced dim that does not split over the decode TP size") {
     model m;
@@ -1356,4 +1439,29 @@ TEST_CASE("geometry property: a room planned one layer at a time moves the bytes
   auto o = sized_for(16, seed_of({22}));
   o.layer_wise = true;
   check_geometry("layer-wise MLA Ps=2 Pd=4", mla, 2, 4, {}, {}, o);
+}
+
+TEST_CASE("geometry: docs/geometry.md's worked example (c), Mamba2 with n_groups 1",
+          "[unit][geometry]") {
+  // conv [x | B | C] = [8192 | 128 | 128] x 3 bf16, units [128 heads, 1, 1]: the segments the
+  // document lists, byte for byte.
+  model m;
+  m.mamba_layers = {0};
+  m.tensors = {{"conv", {8448, 3}, 2, 0u, {8192, 128, 128}, {128, 1, 1}}};
+  const pool_sizes sz;
+  auto segments = [&](uint32_t ps, uint32_t p, uint32_t pd, uint32_t d) {
+    auto plan = make_link_plan(make_schema(m, ps, p, 1, 0, nullptr, sz),
+                               make_schema(m, pd, d, 1, 0, nullptr, sz));
+    REQUIRE(plan);
+    REQUIRE(plan.value.state_segments.size() == 1);
+    return plan.value.state_segments[0];
+  };
+  using segs = std::vector<segment>;
+  CHECK(segments(1, 0, 2, 0) == segs{{0, 0, 24576}, {49152, 24576, 1536}});
+  CHECK(segments(1, 0, 2, 1) == segs{{24576, 0, 26112}});
+  CHECK(segments(2, 1, 4, 2) == segs{{0, 0, 12288}, {24576, 12288, 1536}});
+  CHECK(segments(2, 1, 4, 3) == segs{{12288, 0, 13824}});
+  // Gather: prefill ranks 0 and 1 both hold B and C; the lowest sends them.
+  CHECK(segments(4, 0, 2, 0) == segs{{0, 0, 12288}, {12288, 24576, 1536}});
+  CHECK(segments(4, 1, 2, 0) == segs{{0, 12288, 12288}});
 }
