@@ -243,6 +243,18 @@ std::optional<error> too_new(const proto::message& m, uint16_t version) {
   return std::nullopt;
 }
 
+/// Shard units (v9) would be dropped by an older encoding, and the daemon would slice groups
+/// every rank holds whole: refuse them here.
+std::optional<error> too_new(const proto::register_memory& m, uint16_t version) {
+  if (auto e = too_new(proto::msg_type::register_memory, version)) return e;
+  for (const auto& b : m.buffers)
+    if (!b.units.empty() && version < 9)
+      return error{
+          errc::unsupported_version,
+          fmt::format("shard units need protocol version 9; this connection speaks {}", version)};
+  return std::nullopt;
+}
+
 }  // namespace
 
 result<proto::message> client::request(const proto::message& m) {
@@ -481,7 +493,7 @@ uint8_t* client::pool(pool_kind k) const {
 
 result<none> client::register_memory(proto::register_memory req, const std::vector<int>& fds) {
   if (auto e = enter(); !e) return e;
-  if (auto e = too_new(proto::msg_type::register_memory, version_)) return *e;
+  if (auto e = too_new(req, version_)) return *e;
   req.fd_count = static_cast<uint32_t>(fds.size());
   if (!policy_) return send_register(req, fds);
   // Duplicates of the caller's descriptors, kept to register the same memory again after a

@@ -57,6 +57,20 @@ std::string to_yaml(const ferry_config& cfg, yaml_for reader) {
     out << YAML::EndMap;
   }
 
+  if (cfg.model) {  // the peers compare it (geometry.cpp): a peer copy carries it too
+    out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "architecture" << YAML::Value << cfg.model->architecture;
+    if (!cfg.model->state_covers.empty())
+      out << YAML::Key << "state_covers" << YAML::Value << cfg.model->state_covers;
+    if (!cfg.model->fields.empty()) {
+      out << YAML::Key << "fields" << YAML::Value << YAML::BeginMap;
+      for (const auto& [key, value] : cfg.model->fields)
+        out << YAML::Key << key << YAML::Value << value;
+      out << YAML::EndMap;
+    }
+    out << YAML::EndMap;
+  }
+
   out << YAML::Key << "listen" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "control" << YAML::Value << cfg.control_listen;
   out << YAML::Key << "client" << YAML::Value << cfg.client_listen;
@@ -191,6 +205,7 @@ std::string to_yaml(const ferry_config& cfg, yaml_for reader) {
         out << YAML::Key << "shape" << YAML::Value;
         emit_dims(out, t.shape);
         out << YAML::Key << "dtype_bytes" << YAML::Value << t.dtype_bytes;
+        if (!t.dtype.empty()) out << YAML::Key << "dtype" << YAML::Value << t.dtype;
         if (t.slice_axis) out << YAML::Key << "slice_axis" << YAML::Value << *t.slice_axis;
         if (!t.shard_groups.empty()) {
           out << YAML::Key << "shard_groups" << YAML::Value;

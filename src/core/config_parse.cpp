@@ -286,8 +286,9 @@ kv_pool_config parse_kv(const YAML::Node& n) {
 }
 
 state_tensor_config parse_tensor(const YAML::Node& n, const std::string& path) {
-  const section s(n, path,
-                  {"name", "shape", "dtype_bytes", "slice_axis", "shard_groups", "shard_units"});
+  const section s(
+      n, path,
+      {"name", "shape", "dtype_bytes", "dtype", "slice_axis", "shard_groups", "shard_units"});
   state_tensor_config t;
   s.required_field("name", t.name);
   s.required_field("shape", t.shape);
@@ -295,7 +296,28 @@ state_tensor_config parse_tensor(const YAML::Node& n, const std::string& path) {
   s.optional_field("slice_axis", t.slice_axis);
   s.optional_field("shard_groups", t.shard_groups);
   s.optional_field("shard_units", t.shard_units);
+  s.optional_field("dtype", t.dtype);
   return t;
+}
+
+model_contract parse_model(const YAML::Node& n) {
+  const section s(n, "model", {"architecture", "state_covers", "fields"});
+  model_contract m;
+  s.required_field("architecture", m.architecture);
+  s.optional_field("state_covers", m.state_covers);
+  if (auto fields = s.find("fields")) {
+    if (!fields->IsMap()) fail("model.fields", "expected a map, got " + describe(*fields));
+    for (const auto& entry : *fields) {
+      const std::string key = entry.first.IsScalar() ? entry.first.Scalar() : describe(entry.first);
+      if (!entry.second.IsScalar())
+        fail("model.fields." + key, "expected a number or a word, got " + describe(entry.second));
+      for (const auto& seen : m.fields)
+        if (seen.first == key) fail("model.fields." + key, "duplicate key");
+      m.fields.emplace_back(key, entry.second.Scalar());
+    }
+    std::sort(m.fields.begin(), m.fields.end());
+  }
+  return m;
 }
 
 mamba_pool_config parse_mamba(const YAML::Node& n) {
@@ -381,7 +403,8 @@ ferry_config parse_root(const YAML::Node& root) {
   ferry_config cfg;
   const section top(root, "",
                     {"node", "role", "listen", "fabric", "timeouts", "limits", "security", "tp",
-                     "pp", "dp", "runtime", "log", "pools", "discovery"});
+                     "pp", "dp", "runtime", "log", "pools", "discovery", "model"});
+  if (auto model = top.find("model")) cfg.model = parse_model(*model);
 
   const section node(top.get_or_null("node"), "node", {"name", "instance"});
   node.required_field("name", cfg.node_name);

@@ -32,6 +32,9 @@ struct state_tensor_config {
   /// replicated when U divides P (rank r holds unit r / (P/U), as P/U ranks do): Mamba2's B and
   /// C groups with n_groups below TP. Empty: every group's units are its elements (sliced only).
   std::vector<uint64_t> shard_units{};
+  /// The element type's name (bf16, fp16, fp32, fp8_e4m3, ...; empty: dtype_bytes alone says
+  /// it): two types of one width, bf16 and fp16, are told apart at handshake.
+  std::string dtype{};
 
   /// Bytes of one slot of this tensor for one layer.
   uint64_t slot_bytes() const;
@@ -294,6 +297,20 @@ struct security_config {
   std::vector<std::string> client_groups;
 };
 
+/// What the transferred state means, beyond its bytes: the model it belongs to and how much of
+/// the prompt it covers. Declared in the config's `model` section and checked equal on both
+/// sides of a pair at handshake, so a decode never resumes from a state that means something
+/// else (docs/configuration.md, "model").
+struct model_contract {
+  std::string architecture;  ///< config.json's architectures[0], e.g. Qwen3NextForCausalLM
+  /// "n": the Mamba state covers all N prompt tokens; "n_minus_1": all but the last (the decode
+  /// runs the last one); empty: not declared
+  std::string state_covers;
+  /// Layout-relevant config.json fields (heads, groups, kernel sizes, dtypes...), as text
+  std::vector<std::pair<std::string, std::string>> fields{};
+  bool operator==(const model_contract&) const = default;
+};
+
 struct ferry_config {
   std::string node_name;
   std::string instance = "auto";  ///< "auto": a random id chosen at each start
@@ -316,6 +333,7 @@ struct ferry_config {
   /// (its TP, PP and DP ranks, this one included or not): what a peer's `discover` of any one
   /// of them answers (docs/protocol.md).
   std::vector<std::string> instance_ranks;
+  std::optional<model_contract> model{};  ///< the `model` section (absent: nothing declared)
 };
 
 /// The client limit for `max_clients` 0 (auto), given the daemon's descriptor limit.

@@ -6,6 +6,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/access.hpp"
@@ -86,6 +87,26 @@ void check_dtype(uint32_t v, const std::string& path) {
   }
 }
 
+/// A tensor's dtype name and its width in bytes: what `tensors[].dtype` may say.
+constexpr std::pair<std::string_view, uint32_t> dtype_names[] = {
+    {"bf16", 2}, {"fp16", 2},  {"fp32", 4},  {"fp64", 8},  {"fp8_e4m3", 1}, {"fp8_e5m2", 1},
+    {"int8", 1}, {"uint8", 1}, {"int16", 2}, {"int32", 4}, {"int64", 8}};
+
+void check_dtype_name(const std::string& name, uint32_t bytes, const std::string& path) {
+  if (name.empty()) return;
+  std::string known;
+  for (const auto& [n, width] : dtype_names) {
+    if (name == n) {
+      if (width != bytes)
+        fail(path, "expected a type " + std::to_string(bytes) + " bytes wide (dtype_bytes), got " +
+                       name + " (" + std::to_string(width) + " bytes)");
+      return;
+    }
+    known += (known.empty() ? "" : ", ") + std::string(n);
+  }
+  fail(path, "expected one of " + known + ", got " + quote(name));
+}
+
 void check_layer_ids(const std::vector<uint32_t>& ids, const std::string& path) {
   if (ids.empty()) fail(path, "expected a non-empty list, got []");
   std::set<uint32_t> seen;
@@ -110,6 +131,7 @@ void validate_tensor(const state_tensor_config& t, const std::string& path, uint
     check_positive(t.shape[j], path + ".shape[" + std::to_string(j) + "]");
   }
   check_dtype(t.dtype_bytes, path + ".dtype_bytes");
+  check_dtype_name(t.dtype, t.dtype_bytes, path + ".dtype");
   if (t.slice_axis && *t.slice_axis >= t.shape.size()) {
     const size_t dims = t.shape.size();
     fail(path + ".slice_axis", "expected an axis index below " + std::to_string(dims) +
@@ -484,6 +506,19 @@ void validate_all(const ferry_config& cfg) {
     fail("log.format", "expected text or json, got " + cfg.log.format);
   check_range(cfg.log.summary_ms, 100, 86400000, "log.summary_ms");
   check_range(cfg.log.burst, 0, 1000000, "log.burst");
+
+  if (cfg.model) {
+    if (cfg.model->architecture.empty())
+      fail("model.architecture",
+           "expected the model's architecture (config.json's "
+           "architectures[0], e.g. Qwen3NextForCausalLM), got \"\"");
+    const auto& covers = cfg.model->state_covers;
+    if (!covers.empty() && covers != "n" && covers != "n_minus_1")
+      fail("model.state_covers",
+           "expected n (the state covers all N prompt tokens) or n_minus_1 (all but the last), "
+           "got " +
+               quote(covers));
+  }
 
   validate_pools(cfg);
 }

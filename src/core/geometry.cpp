@@ -180,6 +180,10 @@ result<> plan_state(const rank_schema& s, const rank_schema& d, const node_layou
       return error{errc::peer_incompatible,
                    fmt::format("mamba.tensors[{}].name differs: prefill has {}, decode has {}", t,
                                x.name, y.name)};
+    if (x.dtype != y.dtype && !x.dtype.empty() && !y.dtype.empty())
+      return error{
+          errc::peer_incompatible,
+          fmt::format("{} dtype differs: prefill has {}, decode has {}", key, x.dtype, y.dtype)};
     if (x.dtype_bytes != y.dtype_bytes)
       return error{errc::peer_incompatible,
                    fmt::format("{} dtype_bytes differs: prefill has {}, decode has {}", key,
@@ -315,7 +319,45 @@ result<> plan_state(const rank_schema& s, const rank_schema& d, const node_layou
 }  // namespace
 
 rank_schema schema_of(const ferry_config& cfg) {
-  return {cfg.pools, cfg.tp.size, cfg.tp.rank, cfg.pp.size, cfg.pp.rank, cfg.dp.size, cfg.dp.rank};
+  return {cfg.pools,   cfg.tp.size, cfg.tp.rank, cfg.pp.size,
+          cfg.pp.rank, cfg.dp.size, cfg.dp.rank, cfg.model};
+}
+
+std::optional<std::string> contract_difference(const std::optional<model_contract>& prefill,
+                                               const std::optional<model_contract>& decode) {
+  if (!prefill && !decode) return std::nullopt;
+  if (!prefill || !decode)
+    return fmt::format(
+        "model differs: the {} declares {} (model section), the {} declares none: "
+        "declare the same model on both sides, or on neither",
+        prefill ? "prefill" : "decode", prefill ? prefill->architecture : decode->architecture,
+        prefill ? "decode" : "prefill");
+  const auto& a = *prefill;
+  const auto& b = *decode;
+  auto text = [](const std::string& v) { return v.empty() ? std::string("undeclared") : v; };
+  if (a.architecture != b.architecture)
+    return fmt::format("model.architecture differs: prefill has {}, decode has {}", a.architecture,
+                       b.architecture);
+  if (a.state_covers != b.state_covers)
+    return fmt::format(
+        "model.state_covers differs: prefill has {}, decode has {} (a state that "
+        "covers N prompt tokens cannot stand in for one that covers N - 1)",
+        text(a.state_covers), text(b.state_covers));
+  // Both lists are sorted by key (config_parse.cpp): walk them together.
+  size_t i = 0, j = 0;
+  while (i < a.fields.size() || j < b.fields.size()) {
+    if (j == b.fields.size() || (i < a.fields.size() && a.fields[i].first < b.fields[j].first))
+      return fmt::format("model.fields.{} differs: prefill has {}, decode has none",
+                         a.fields[i].first, a.fields[i].second);
+    if (i == a.fields.size() || b.fields[j].first < a.fields[i].first)
+      return fmt::format("model.fields.{} differs: prefill has none, decode has {}",
+                         b.fields[j].first, b.fields[j].second);
+    if (a.fields[i].second != b.fields[j].second)
+      return fmt::format("model.fields.{} differs: prefill has {}, decode has {}",
+                         a.fields[i].first, a.fields[i].second, b.fields[j].second);
+    ++i, ++j;
+  }
+  return std::nullopt;
 }
 
 unit_range kv_heads_of(uint32_t total, uint32_t tp, uint32_t rank) {
@@ -376,6 +418,8 @@ result<link_plan> make_link_plan(const rank_schema& s, const rank_schema& d) {
     return error{errc::peer_incompatible,
                  fmt::format("TP sizes do not divide: prefill TP {} and decode TP {}", s.tp_size,
                              d.tp_size)};
+  if (auto diff = contract_difference(s.model, d.model))
+    return error{errc::peer_incompatible, *diff};
   link_plan plan;
   const auto group = prefill_ranks_for(s.tp_size, d.tp_size, d.tp_rank);
   plan.in_group = std::find(group.begin(), group.end(), s.tp_rank) != group.end() &&

@@ -40,8 +40,15 @@ struct rank_schema {
   uint32_t pp_rank = 0;
   uint32_t dp_size = 1;  ///< attention DP: a room's source ranks are of one group
   uint32_t dp_rank = 0;
+  std::optional<model_contract> model{};  ///< what the state means (config `model`), checked equal
 };
 rank_schema schema_of(const ferry_config& cfg);
+
+/// The first difference between two sides' model contracts (config `model`: architecture,
+/// what the state covers, the layout-relevant fields), named; nullopt when they agree. A side
+/// that declares none differs from one that does.
+std::optional<std::string> contract_difference(const std::optional<model_contract>& prefill,
+                                               const std::optional<model_contract>& decode);
 
 /// A range [first, first + count) of heads or dims.
 struct unit_range {

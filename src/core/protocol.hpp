@@ -26,7 +26,7 @@
 
 namespace ferry::proto {
 
-inline constexpr uint16_t protocol_version = 8;         ///< the highest version spoken
+inline constexpr uint16_t protocol_version = 9;         ///< the highest version spoken
 inline constexpr uint16_t min_protocol_version = 3;     ///< the lowest version spoken
 inline constexpr uint32_t max_poll_many = 16384;        ///< rooms in one poll_many
 inline constexpr uint32_t max_register_fds = 64;        ///< descriptors with one register_memory
@@ -147,6 +147,9 @@ struct memory_buffer {
   uint32_t total_dim = 0;  ///< KV: heads of the whole model (0: slice_dim x TP)
   uint64_t outer = 0;      ///< state: product of the dims before the sliced axis (0 taken as 1)
   std::vector<uint64_t> groups{};  ///< state: full (unsharded) group sizes along the sliced axis
+  /// v9, state: units of each group (empty: every group's units are its elements), for groups
+  /// held whole by several ranks (Mamba2 B and C with n_groups below TP; config shard_units)
+  std::vector<uint64_t> units{};
   bool operator==(const memory_buffer&) const = default;
 };
 /// v4: a client lends its own memory for a `memory: client` pool; `fd_count` descriptors ride

@@ -213,6 +213,19 @@ bool decode_body(reader& r, register_memory& m) {
     b.groups.resize(groups);
     for (auto& g : b.groups)
       if (!r.num(g, "buffer.group")) return false;
+    if (r.version < 9) continue;
+    uint16_t units = 0;
+    if (!r.num(units, "buffer.units")) return false;
+    if (units != 0 && units != groups) {
+      r.set_error(
+          fmt::format("field 'buffer.units' has {} entries for {} shard groups (0 or one "
+                      "per group)",
+                      units, groups));
+      return false;
+    }
+    b.units.resize(units);
+    for (auto& u : b.units)
+      if (!r.num(u, "buffer.unit")) return false;
   }
   if (r.version >= 7 &&
       !(r.num(m.page_tokens, "page_tokens") && r.num(m.room_id_buffer, "room_id_buffer")))

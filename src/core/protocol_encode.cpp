@@ -90,6 +90,10 @@ void encode_body(writer& w, const register_memory& m) {
       w.num(b.outer);
       w.num(static_cast<uint16_t>(b.groups.size()));
       for (auto g : b.groups) w.num(g);
+      if (w.version >= 9) {
+        w.num(static_cast<uint16_t>(b.units.size()));
+        for (auto u : b.units) w.num(u);
+      }
     }
   }
   if (w.version >= 7) {

@@ -129,17 +129,19 @@ result<mamba_pool_config> describe_state(const proto::register_memory& req) {
     auto dim = [](const proto::memory_buffer& b) { return b.slice_dim; };
     auto outer = [](const proto::memory_buffer& b) { return std::max<uint64_t>(1, b.outer); };
     auto groups = [](const proto::memory_buffer& b) { return fmt::format("{}", b.groups); };
+    auto units = [](const proto::memory_buffer& b) { return fmt::format("{}", b.units); };
     for (auto e : {uneven(bs, from, from + layers, "slot size", item),
                    uneven(bs, from, from + layers, "sliced axis", dim),
                    uneven(bs, from, from + layers, "outer dims", outer),
-                   uneven(bs, from, from + layers, "shard groups", groups)})
+                   uneven(bs, from, from + layers, "shard groups", groups),
+                   uneven(bs, from, from + layers, "shard units", units)})
       if (e) return refuse(k, *e);
     const auto& b = bs[from];
     state_tensor_config t;
     t.name = fmt::format("tensor{}", from / layers);
     t.dtype_bytes = 1;  // shapes in bytes: the registration says bytes, not a dtype
     if (b.slice_dim == 0) {
-      if (!b.groups.empty())
+      if (!b.groups.empty() || !b.units.empty())
         return refuse(k, fmt::format("buffer {} ({}) has shard groups but no sliced axis "
                                      "(slice_dim 0)",
                                      from, what(b)));
@@ -163,6 +165,7 @@ result<mamba_pool_config> describe_state(const proto::register_memory& req) {
         t.slice_axis = 0;
       }
       t.shard_groups = b.groups;
+      t.shard_units = b.units;
     }
     m.tensors.push_back(std::move(t));
   }

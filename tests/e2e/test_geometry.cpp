@@ -251,6 +251,52 @@ TEST_CASE(
     }
 }
 
+TEST_CASE("the state contract: a decode never resumes from a state that means something else",
+          "[e2e][geometry]") {
+  // Both sides declare the model; the decode's engine counts N - 1 prompt tokens into its state
+  // where the prefill's counts N. The handshake refuses the pair, naming the field; the same
+  // declaration on both sides moves the room byte-exact.
+  auto s = small();
+  s.model_yaml =
+      "model:\n  architecture: Qwen3NextForCausalLM\n  state_covers: n\n"
+      "  fields: {linear_num_value_heads: 32, linear_conv_kernel_dim: 4}\n";
+  auto other = s;
+  other.model_yaml =
+      "model:\n  architecture: Qwen3NextForCausalLM\n  state_covers: n_minus_1\n"
+      "  fields: {linear_num_value_heads: 32, linear_conv_kernel_dim: 4}\n";
+  room_spec r;
+  r.room = 61;
+  r.src_pages = range(10, 16);
+  r.dst_pages = range(100, 16);
+  r.src_slot = 1, r.dst_slot = 2;
+  r.src_row = 3, r.dst_row = 4;
+  SECTION("different contracts are refused at the handshake, named") {
+    cluster c({s}, {other});
+    c.stage(r);
+    const auto failed = wait_done(*c.d[0], r.room);
+    REQUIRE(failed.status == room_status::failed);
+    CHECK(failed.code == errc::peer_incompatible);
+    CHECK_THAT(failed.reason,
+               Catch::Contains("model.state_covers differs: prefill has n, decode has n_minus_1"));
+  }
+  SECTION("a contract declared on one side only is refused too") {
+    auto none = s;
+    none.model_yaml.clear();
+    cluster c({s}, {none});
+    c.stage(r);
+    const auto failed = wait_done(*c.d[0], r.room);
+    REQUIRE(failed.status == room_status::failed);
+    CHECK(failed.code == errc::peer_incompatible);
+    CHECK_THAT(failed.reason, Catch::Contains("model differs: the prefill declares "
+                                              "Qwen3NextForCausalLM (model section), the decode "
+                                              "declares none"));
+  }
+  SECTION("the same contract on both sides moves the room byte-exact") {
+    cluster c({s}, {s});
+    c.run(r);
+  }
+}
+
 TEST_CASE("PP 2 -> 1: layers paired by global id from both prefill stages, byte-exact",
           "[e2e][geometry]") {
   cluster c = pp2_to_1();

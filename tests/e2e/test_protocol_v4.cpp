@@ -8,16 +8,26 @@ using namespace ferry;
 using namespace ferry::test;
 
 TEST_CASE(
-    "protocol: a client speaking 3..8 gets 8, a 3..5 client gets 5, a 3..4 client gets 4, a v3 "
+    "protocol: a client speaking 3..9 gets 9, a 3..5 client gets 5, a 3..4 client gets 4, a v3 "
     "client gets 3, a range above ours is refused and closed",
     "[e2e][protocol]") {
   temp_dir dir;
   shape s;
   daemon_proc decode(dir, "decode-0", "decode", s);
-  auto c8 = decode.connect();
+  auto c9 = decode.connect();
+  CHECK(c9->version() == 9);
+  CHECK(c9->daemon().min_version == 3);
+  CHECK(c9->daemon().max_version == 9);
+  // Shard units (v9) on a v8 connection are refused by the client before anything is sent: an
+  // older daemon would slice the groups every rank holds whole.
+  auto c8 = decode.connect(8);
   CHECK(c8->version() == 8);
-  CHECK(c8->daemon().min_version == 3);
-  CHECK(c8->daemon().max_version == 8);
+  proto::register_memory units;
+  units.pool = pool_kind::state;
+  units.buffers = {{0, 0, 64, 1, 0, 0, buffer_kind::state, 8, 0, 1, {8, 4, 4}, {8, 1, 1}}};
+  auto refused = c8->register_memory(units, {});
+  CHECK(refused.code == errc::unsupported_version);
+  CHECK(refused.message == "shard units need protocol version 9; this connection speaks 8");
   auto c5 = decode.connect(5);
   CHECK(c5->version() == 5);
   // A layer range on a v5 connection is refused by the client before it is sent: the daemon
@@ -36,21 +46,21 @@ TEST_CASE(
   CHECK(dropped.message == "state pages need protocol version 8; this connection speaks 5");
   auto c4 = decode.connect(4);
   CHECK(c4->version() == 4);
-  CHECK(c4->daemon().max_version == 8);
+  CHECK(c4->daemon().max_version == 9);
   // A v5 request on a v4 connection is refused by the client before it is sent.
   CHECK(c4->drain().code == errc::unsupported_version);
   auto c3 = decode.connect(3);
   CHECK(c3->version() == 3);
 
   raw_conn raw(decode.socket());
-  raw.send_frame(proto::hello{10, "future", true, 9}, 1);
+  raw.send_frame(proto::hello{11, "future", true, 10}, 1);
   auto d = raw.next();
   REQUIRE(d.msg);
   auto* e = std::get_if<proto::error>(&*d.msg);
   REQUIRE(e);
   CHECK(d.seq == 1);
   CHECK(e->code == errc::unsupported_version);
-  CHECK(e->message == "client speaks protocol versions 9..10, ferryd speaks 3..8");
+  CHECK(e->message == "client speaks protocol versions 10..11, ferryd speaks 3..9");
   CHECK(raw.closed_by_peer());
   // The daemon serves on.
   CHECK(c4->poll_many({}).value.empty());

@@ -43,11 +43,25 @@ class Model:
     tokens: int = 64  # KV token slots (SGLang's size)
     mamba_layers: list[int] = field(default_factory=lambda: [0, 1])
     conv_groups: list[int] = field(default_factory=lambda: [256, 256, 512])
+    # Each conv group's units (Ferry's state_conv_shard_units), or None: every group sliced.
+    # Mamba2 with n_groups 1 is [heads, 1, 1]: B and C are held whole by every rank.
+    conv_units: Optional[list[int]] = None
     conv_k: int = 3
     ssm_heads: int = 4
     ssm: tuple[int, int] = (16, 16)
     slots: int = 4  # SGLang's size; the tensors hold size + 1
     rows: int = 8
+
+
+def conv_share(m: Model, g: int, tp_size: int, tp_rank: int) -> tuple[int, int]:
+    """(first channel, channels) of conv group ``g`` that TP rank ``tp_rank`` holds: an equal
+    share of the group's units, or (fewer units than ranks) the one unit it holds whole."""
+    size = m.conv_groups[g]
+    units = m.conv_units[g] if m.conv_units is not None else size
+    unit = size // units
+    if units >= tp_size:
+        return tp_rank * (units // tp_size) * unit, units // tp_size * unit
+    return tp_rank // (tp_size // units) * unit, unit
 
 
 class SGLangRank:
@@ -62,7 +76,7 @@ class SGLangRank:
         self.token_bytes = heads * m.head_dim * 2  # bf16
         self.kv_item = self.token_bytes * m.page
         self.kv_pages = (m.tokens + m.page) // m.page
-        conv_dim = sum(m.conv_groups) // tp_size
+        conv_dim = sum(conv_share(m, g, tp_size, 0)[1] for g in range(len(m.conv_groups)))
         self.conv_dim, self.ssm_heads = conv_dim, m.ssm_heads // tp_size
         self.conv_item = conv_dim * (m.conv_k - 1) * 2
         self.ssm_item = self.ssm_heads * m.ssm[0] * m.ssm[1] * 4  # fp32
@@ -161,6 +175,8 @@ class SGLangRank:
         a.state_layer_ids, a.state_dim_per_tensor = [lids], [dims]
         a.state_slice_outer_counts = [[1] * len(ptrs)]
         a.state_conv_shard_groups = [groups]
+        if m.conv_units is not None:
+            a.state_conv_shard_units = [[list(m.conv_units) if g else None for g in groups]]
         a.aux_data_ptrs = [self.meta_base + self.meta_places[f"meta{i}"]
                            for i in range(len(METADATA_ROWS))]
         a.aux_data_lens = [r * m.rows for r in METADATA_ROWS]

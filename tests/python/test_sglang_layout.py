@@ -19,7 +19,7 @@ from ferry.sglang import FerryBootstrap, FerryKVManager, FerryKVReceiver, FerryK
 
 from engine_ranks import BOOT, T, stop_all, wait_all
 from sglang_engine_memory import (BOOTSTRAP_ROOM, METADATA_ROWS, REGISTERED_POOLS, Model,
-                                  SGLangRank)
+                                  SGLangRank, conv_share)
 
 ROOM = 0x5D3A_0000_0000_0000
 
@@ -243,6 +243,67 @@ def test_tp2_to_tp1_reslices_registered_pools_byte_exact(tmp_path) -> None:
         for _, mgr in src:
             mgr.close()
     finally:
+        for mem in made:
+            mem.close()
+        stop_all(daemons)
+
+
+def test_tp1_to_tp2_mamba2_with_n_groups_1_gives_each_decode_rank_the_whole_b_and_c(
+        tmp_path) -> None:
+    """A Mamba2-shaped conv [x | B | C] = [256 | 64 | 64] whose units are [4 heads, 1, 1]
+    (n_groups 1, Ferry's ``state_conv_shard_units``), registered through the adapter: one prefill
+    rank at TP 1 to two decode ranks at TP 2. Each decode rank must get its half of x and the
+    whole B and C, gathered here from the rules, byte for byte."""
+    extra = "tp: {{size: 2, rank: {}}}\n"
+    p = start_daemon(str(tmp_path), "prefill-m2", "prefill", REGISTERED_POOLS)
+    d0 = start_daemon(str(tmp_path), "decode-m0", "decode", REGISTERED_POOLS, extra.format(0))
+    d1 = start_daemon(str(tmp_path), "decode-m1", "decode", REGISTERED_POOLS, extra.format(1))
+    daemons, made, mgrs = [p, d0, d1], [], []
+    try:
+        boot = FerryBootstrap({BOOT: [p.control]})
+        m = Model(conv_groups=[256, 64, 64], conv_units=[4, 1, 1])
+        src = SGLangRank(m, name="p")
+        src.fill(30)
+        made.append(src)
+        smgr = FerryKVManager(src.kv_args(), "prefill", socket_path=p.sock, bootstrap=boot,
+                              timeout=IO_TIMEOUT * 3)
+        mgrs.append(smgr)
+        dst = []
+        for rank, daemon in enumerate((d0, d1)):
+            mem = SGLangRank(m, tp_size=2, tp_rank=rank, name=f"d{rank}")
+            mem.fill(40 + rank)
+            made.append(mem)
+            assert mem.conv_dim == 128 + 64 + 64
+            mgr = FerryKVManager(mem.kv_args(), "decode", socket_path=daemon.sock,
+                                 bootstrap=boot, timeout=IO_TIMEOUT * 3)
+            mgrs.append(mgr)
+            dst.append((mem, mgr))
+        room, slot_s, slot_d, row_s, row_d = ROOM + 21, 1, 2, 3, 4
+        src.meta_view[src.meta_at(BOOTSTRAP_ROOM, row_s):][:8] = room.to_bytes(8, "little")
+        receivers = [FerryKVReceiver(mgr, BOOT, room) for _, mgr in dst]
+        sender = FerryKVSender(smgr, BOOT, room, [0], 0)
+        for r in receivers:
+            r.init(0)
+            r.send_metadata([10, 11], aux_index=row_d, state_indices=[[slot_d]])
+        assert wait_all([sender], KVPoll.WaitingForInput) == [KVPoll.WaitingForInput]
+        sender.init(2, row_s)
+        sender.send([5, 6], [[slot_s]])
+        assert wait_all([sender] + receivers) == [KVPoll.Success] * 3, \
+            [x.failure for x in [sender] + receivers]
+        row = (m.conv_k - 1) * 2  # one conv channel of one slot, bf16
+        for rank, (mem, _) in enumerate(dst):
+            for li in range(len(m.mamba_layers)):
+                want = bytearray()
+                for g in range(len(m.conv_groups)):
+                    first, count = conv_share(m, g, 2, rank)
+                    at = src.state_at("conv", li, slot_s) + (sum(m.conv_groups[:g]) + first) * row
+                    want += src.view[at:at + count * row]
+                at = mem.state_at("conv", li, slot_d)
+                assert mem.view[at:at + mem.conv_item] == want, (rank, li)
+                assert len(want) == (128 + 64 + 64) * row
+    finally:
+        for mgr in reversed(mgrs):
+            mgr.close()
         for mem in made:
             mem.close()
         stop_all(daemons)

@@ -43,8 +43,8 @@ inline std::vector<golden_frame> golden_frames() {
   hr.pools[2].layout.buffers = {{0, 32, 2, 0, 0, buffer_kind::aux}};
 
   std::vector<golden_frame> out;
-  for (uint16_t v :
-       {uint16_t{3}, uint16_t{4}, uint16_t{5}, uint16_t{6}, uint16_t{7}, uint16_t{8}}) {
+  for (uint16_t v : {uint16_t{3}, uint16_t{4}, uint16_t{5}, uint16_t{6}, uint16_t{7}, uint16_t{8},
+                     uint16_t{9}}) {
     hello h{v, "engine-7", true, v};
     if (v >= 4) h.min_version = 3;
     auto r = hr;
@@ -127,6 +127,15 @@ inline std::vector<golden_frame> golden_frames() {
                        {0, 139264, 4096, 32, 0, 1, buffer_kind::state}};
         swa.state = state_type::swa;
         out.push_back({v, "register_memory_swa", 11, swa});
+      }
+      if (v >= 9) {
+        // Mamba2 with n_groups 1 at TP 2: conv [x | B | C] with B and C held whole (units).
+        register_memory replicated;
+        replicated.pool = pool_kind::state;
+        replicated.fd_count = 1;
+        replicated.buffers = {
+            {0, 0, 26112, 4, 0, 0, buffer_kind::state, 4352, 0, 1, {8192, 128, 128}, {128, 1, 1}}};
+        out.push_back({v, "register_memory_replicated", 11, replicated});
       }
       out.push_back({v, "discover", 12, discover{"10.0.0.2:7401"}});
       discover_reply found;

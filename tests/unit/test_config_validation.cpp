@@ -87,6 +87,34 @@ TEST_CASE("validation errors name the key and the value seen", "[unit][config]")
               "pools.mamba.tensors[0].shard_units[1]: expected a positive integer, got 0");
     }
   }
+  SECTION("the model contract and dtype names") {
+    const std::string model =
+        "model:\n  architecture: Qwen3NextForCausalLM\n  state_covers: n\n"
+        "  fields: {linear_num_value_heads: 32, linear_conv_kernel_dim: 4}\n";
+    const ferry_config cfg = parse_ok(base_yaml + model);
+    REQUIRE(validate_config(cfg));
+    REQUIRE(cfg.model);
+    CHECK(cfg.model->architecture == "Qwen3NextForCausalLM");
+    CHECK(cfg.model->state_covers == "n");
+    // sorted by key, values as written
+    CHECK(cfg.model->fields ==
+          std::vector<std::pair<std::string, std::string>>{{"linear_conv_kernel_dim", "4"},
+                                                           {"linear_num_value_heads", "32"}});
+    CHECK(validate_error(base_yaml + replace(model, "state_covers: n", "state_covers: all")) ==
+          "model.state_covers: expected n (the state covers all N prompt tokens) or n_minus_1 (all "
+          "but the last), got \"all\"");
+    CHECK(validate_error(replace(base_yaml, "        dtype_bytes: 4\n        slice_axis: 0\n",
+                                 "        dtype_bytes: 4\n        dtype: bf16\n        "
+                                 "slice_axis: 0\n")) ==
+          "pools.mamba.tensors[1].dtype: expected a type 4 bytes wide (dtype_bytes), got bf16 (2 "
+          "bytes)");
+    CHECK_THAT(validate_error(replace(base_yaml, "        dtype_bytes: 4\n        slice_axis: 0\n",
+                                      "        dtype_bytes: 4\n        dtype: float\n        "
+                                      "slice_axis: 0\n")),
+               Catch::Matchers::StartsWith("pools.mamba.tensors[1].dtype: expected one of bf16, "
+                                           "fp16, fp32") &&
+                   Catch::Matchers::EndsWith("got \"float\""));
+  }
   SECTION("shard group entry") {
     REQUIRE(validate_error(replace(base_yaml, "[2048, 2048, 4096]", "[2048, 0, 4096]")) ==
             "pools.mamba.tensors[0].shard_groups[1]: expected a positive integer, got 0");

@@ -111,6 +111,16 @@ TEST_CASE("to_yaml round-trips through the parser", "[unit][config]") {
     REQUIRE(text.find("metrics: 127.0.0.1:9464") != std::string::npos);
     require_equal(cfg, parse_ok(text));
   }
+  SECTION("the model contract and dtype names survive") {
+    ferry_config cfg = parse_ok(base_yaml);
+    cfg.model = model_contract{"KimiLinearForCausalLM", "n_minus_1", {{"num_heads", "32"}}};
+    cfg.pools.mamba->tensors[0].dtype = "bf16";
+    const std::string text = to_yaml(cfg, yaml_for::peers);  // what a peer compares
+    INFO(text);
+    const ferry_config again = parse_ok(text);
+    REQUIRE(again.model == cfg.model);
+    REQUIRE(again.pools.mamba->tensors[0].dtype == "bf16");
+  }
   SECTION("shard units survive") {
     ferry_config cfg = parse_ok(base_yaml);
     auto& conv = cfg.pools.mamba->tensors[0];

@@ -1236,6 +1236,43 @@ TEST_CASE("geometry property: make_link_plan refuses what does not divide or mat
     CHECK_THAT(e, Contains("mamba.tensors[0] (conv) shard group 1 (12 elements in 3 units) "
                            "cannot be held by TP 2: 3 is neither a multiple nor a divisor of 2"));
   }
+  SECTION("the model contract: what the state means must agree") {
+    model m;
+    m.mamba_layers = {0};
+    m.tensors = {{"conv", {64, 3}, 2, 0u, {16, 16, 32}}};
+    auto s = make_schema(m, 1, 0, 1, 0, nullptr, sz);
+    auto d = s;
+    s.model = model_contract{"Qwen3NextForCausalLM", "n", {{"a", "1"}, {"b", "2"}}};
+    d.model = s.model;
+    CHECK(link_error(s, d).empty());
+    d.model->state_covers = "n_minus_1";
+    CHECK(link_error(s, d) ==
+          "model.state_covers differs: prefill has n, decode has n_minus_1 (a state that covers N "
+          "prompt tokens cannot stand in for one that covers N - 1)");
+    d.model = s.model;
+    d.model->architecture = "KimiLinearForCausalLM";
+    CHECK(link_error(s, d) ==
+          "model.architecture differs: prefill has Qwen3NextForCausalLM, "
+          "decode has KimiLinearForCausalLM");
+    d.model = s.model;
+    d.model->fields = {{"a", "1"}, {"b", "3"}};
+    CHECK(link_error(s, d) == "model.fields.b differs: prefill has 2, decode has 3");
+    d.model->fields = {{"a", "1"}};
+    CHECK(link_error(s, d) == "model.fields.b differs: prefill has 2, decode has none");
+    d.model->fields = {{"a", "1"}, {"b", "2"}, {"c", "0"}};
+    CHECK(link_error(s, d) == "model.fields.c differs: prefill has none, decode has 0");
+    d.model.reset();
+    CHECK(link_error(s, d) ==
+          "model differs: the prefill declares Qwen3NextForCausalLM (model section), the decode "
+          "declares none: declare the same model on both sides, or on neither");
+    // dtype names: two types of one width are told apart
+    d = s;
+    s.pools.mamba->tensors[0].dtype = "bf16";
+    d.pools.mamba->tensors[0].dtype = "fp16";
+    CHECK(link_error(s, d) ==
+          "mamba.tensors[0] (conv) dtype differs: prefill has bf16, decode "
+          "has fp16");
+  }
   SECTION("the two sides disagree on a group's units") {
     model m;
     m.mamba_layers = {0};

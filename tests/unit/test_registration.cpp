@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include "core/config.hpp"
+#include "core/protocol.hpp"
 #include "core/registration.hpp"
 
 using namespace ferry;
@@ -224,4 +225,82 @@ TEST_CASE("a config's text is printable UTF-8, so it reads back the same when pr
       "/tmp/d\xc3\xa9"
       "code.sock}\npools:\n  kv: {memory: client}\n");
   CHECK(cfg);  // UTF-8 is text
+}
+
+TEST_CASE("a registered state buffer's shard units (v9) describe groups held whole",
+          "[registration]") {
+  // Mamba2 n_groups 1 at TP 2: conv [x | B | C] = 4096 + 128 + 128 channels of 6 bytes.
+  proto::register_memory req;
+  req.pool = pool_kind::state;
+  req.fd_count = 1;
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    auto b = buf(layer * 4352 * 6 * 4, 4352 * 6, 4, layer, buffer_kind::state, 0, 4352, 0,
+                 {8192, 128, 128});
+    b.units = {128, 1, 1};
+    req.buffers.push_back(b);
+  }
+  auto d = describe_registration(req, {4352 * 6 * 8});
+  INFO(d.message);
+  REQUIRE(d);
+  const auto& conv = d.value.section.mamba->tensors.at(0);
+  CHECK(conv.shard_groups == std::vector<uint64_t>{8192, 128, 128});
+  CHECK(conv.shard_units == std::vector<uint64_t>{128, 1, 1});
+  ferry_config cfg;
+  cfg.node_name = "n";
+  cfg.client_listen = "/tmp/ferry-n.sock";
+  cfg.tp.size = 2;
+  cfg.pools = d.value.section;
+  auto valid = validate_config(cfg);
+  INFO(valid.message);
+  CHECK(valid);
+  SECTION("at TP 4 the same shares do not add up, and the daemon says so") {
+    cfg.tp.size = 4;
+    auto bad = validate_config(cfg);
+    REQUIRE_FALSE(bad);
+    CHECK_THAT(bad.message, Catch::Matchers::Contains("expected the groups' shares at tp.size 4"));
+  }
+  SECTION("layers that disagree on the units are refused, naming them") {
+    req.buffers[1].units = {128, 2, 2};
+    auto bad = describe_registration(req, {4352 * 6 * 8});
+    REQUIRE_FALSE(bad);
+    CHECK_THAT(bad.message, Catch::Matchers::Contains("shard units"));
+  }
+  SECTION("units without a sliced axis are refused") {
+    for (auto& b : req.buffers) b.slice_dim = 0, b.groups.clear();
+    auto bad = describe_registration(req, {4352 * 6 * 8});
+    REQUIRE_FALSE(bad);
+    CHECK_THAT(bad.message, Catch::Matchers::Contains("has shard groups but no sliced axis"));
+  }
+}
+
+namespace {
+
+proto::decoded decode_frame(const std::vector<uint8_t>& frame, uint16_t version) {
+  return proto::decode(static_cast<uint16_t>(proto::msg_type::register_memory), 3,
+                       std::span<const uint8_t>(frame.data() + proto::header_bytes,
+                                                frame.size() - proto::header_bytes),
+                       version);
+}
+
+}  // namespace
+
+TEST_CASE("protocol v9: a register_memory buffer's units are one per group or none", "[protocol]") {
+  proto::register_memory req;
+  req.pool = pool_kind::state;
+  req.buffers = {buf(0, 64, 1, 0, buffer_kind::state, 0, 8, 0, {8, 4, 4})};
+  req.buffers[0].units = {8, 1, 1};
+  auto back = decode_frame(proto::encode(req, 3, 9), 9);
+  INFO(back.error);
+  REQUIRE(back.msg);
+  CHECK(std::get<proto::register_memory>(*back.msg).buffers == req.buffers);
+  // At version 8 the units are not on the wire (the clients refuse to send them there).
+  auto v8 = decode_frame(proto::encode(req, 3, 8), 8);
+  REQUIRE(v8.msg);
+  CHECK(std::get<proto::register_memory>(*v8.msg).buffers[0].units.empty());
+  // Two units for three groups: refused, naming the field.
+  req.buffers[0].units = {8, 1};
+  auto refused = decode_frame(proto::encode(req, 3, 9), 9);
+  REQUIRE_FALSE(refused.msg);
+  CHECK_THAT(refused.error,
+             Catch::Matchers::Contains("field 'buffer.units' has 2 entries for 3 shard groups"));
 }

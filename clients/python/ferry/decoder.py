@@ -229,8 +229,15 @@ def _decode_register_memory(r: _Reader) -> RegisterMemory:
             raise _Fail(f"field 'buffer.groups' has {ngroups} entries, above the limit of "
                         f"{MAX_SHARD_GROUPS}", "buffer.groups")
         groups = tuple(r.num(8, "buffer.group") for _ in range(ngroups))
+        units: tuple[int, ...] = ()
+        if r.version >= 9:
+            nunits = r.num(2, "buffer.units")
+            if nunits not in (0, ngroups):
+                raise _Fail(f"field 'buffer.units' has {nunits} entries for {ngroups} shard groups "
+                            "(0 or one per group)", "buffer.units")
+            units = tuple(r.num(8, "buffer.unit") for _ in range(nunits))
         buffers.append(MemoryBuffer(fd_index, fd_offset, item_bytes, items, layer_id, tensor,
-                                    BufferKind(kind), slice_dim, total_dim, outer, groups))
+                                    BufferKind(kind), slice_dim, total_dim, outer, groups, units))
     page_tokens, room_id_buffer = 0, None
     if r.version >= 7:
         page_tokens = r.num(4, "page_tokens")

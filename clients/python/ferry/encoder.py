@@ -244,6 +244,18 @@ def _encode_register_memory(w: _Writer, m: RegisterMemory) -> None:
             w.num(len(groups), 2, "buffer.groups")
             for g in groups:
                 w.num(g, 8, "buffer.group")
+            units = list(b.units)
+            if units and len(units) != len(groups):
+                raise w.fail("buffer.units", f"has {len(units)} entries for {len(groups)} shard "
+                                             "groups (0 or one per group)")
+            if w.version >= 9:
+                w.num(len(units), 2, "buffer.units")
+                for u in units:
+                    w.num(u, 8, "buffer.unit")
+            elif units:
+                # An older daemon would slice the groups every rank holds whole.
+                raise EncodeError(f"shard units need protocol version 9; this connection speaks "
+                                  f"{w.version}", message_type=w.name, field="buffer.units")
     if w.version >= 7:
         w.num(m.page_tokens, 4, "page_tokens")
         w.num(NO_INDEX if m.room_id_buffer is None else m.room_id_buffer, 4, "room_id_buffer")

@@ -1,5 +1,5 @@
 """The client protocol's vocabulary (docs/protocol.md): versions and limits, frame types, enums,
-and one dataclass per message of versions 3 to 8.
+and one dataclass per message of versions 3 to 9.
 
 Pure data: :mod:`ferry.encoder` turns these messages into frames, :mod:`ferry.decoder` reads
 them back and :mod:`ferry.frames` cuts a byte stream into frames; :mod:`ferry.protocol` gathers
@@ -18,11 +18,11 @@ from typing import NamedTuple, Optional, Union
 
 from .errors import Errc
 
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 """The highest protocol version this codec speaks."""
 MIN_PROTOCOL_VERSION = 3
 """The lowest protocol version this codec speaks."""
-SUPPORTED_VERSIONS = (3, 4, 5, 6, 7, 8)
+SUPPORTED_VERSIONS = tuple(range(MIN_PROTOCOL_VERSION, PROTOCOL_VERSION + 1))
 
 NO_INDEX = 0xFFFFFFFF
 """``no_index``: the wire value of an absent state slot or aux row (``None`` in Python)."""
@@ -319,7 +319,11 @@ class MemoryBuffer(NamedTuple):
     state tensor's sliced axis (``state_dim_per_tensor``), ``total_dim`` the model's KV heads
     (``total_kv_head_num``; 0: ``slice_dim`` x TP), ``outer`` the product of a state slot's dims
     before its sliced axis (``state_slice_outer_counts``; 0 taken as 1), ``groups`` the full
-    group sizes along it (``state_conv_shard_groups``)."""
+    group sizes along it (``state_conv_shard_groups``).
+
+    (v9) ``units``: how many units each group has, for groups that ranks hold whole when there
+    are fewer units than TP ranks (Mamba2's B and C with ``n_groups`` below TP; the config's
+    ``shard_units``); empty: every group's units are its elements."""
 
     fd_index: int
     fd_offset: int
@@ -332,6 +336,7 @@ class MemoryBuffer(NamedTuple):
     total_dim: int = 0
     outer: int = 0
     groups: tuple[int, ...] = ()
+    units: tuple[int, ...] = ()
 
 
 MAX_SHARD_GROUPS = 64

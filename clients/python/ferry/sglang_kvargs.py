@@ -62,8 +62,10 @@ class FerryKVArgs:
     The slicing facts keep SGLang's names too: ``kv_head_num`` (KV heads at this rank),
     ``total_kv_head_num``, and per state entry ``state_dim_per_tensor`` (the TP-sliced axis'
     length), ``state_slice_outer_counts`` (dims before it) and ``state_conv_shard_groups`` (full
-    group sizes, or None). A pool ferryd's config leaves to the registration (``memory:
-    client`` and nothing else) is described by them (:meth:`entries`).
+    group sizes, or None), plus Ferry's ``state_conv_shard_units`` (each group's units, or None:
+    the groups ranks hold whole when there are fewer units than TP ranks, as Mamba2's B and C
+    with ``n_groups`` below TP; docs/geometry.md). A pool ferryd's config leaves to the
+    registration (``memory: client`` and nothing else) is described by them (:meth:`entries`).
 
     A draft model's K and V buffers (EAGLE, MTP) follow the target's in ``kv_data_ptrs``, as
     SGLang appends them: ``draft_kv_buffers`` says how many there are (K and V together), or,
@@ -94,6 +96,7 @@ class FerryKVArgs:
     state_dim_per_tensor: List[Any] = field(default_factory=list)
     state_slice_outer_counts: List[Any] = field(default_factory=list)
     state_conv_shard_groups: List[Any] = field(default_factory=list)
+    state_conv_shard_units: List[Any] = field(default_factory=list)
     draft_kv_buffers: Optional[int] = None
     bootstrap_room_ptr: Optional[int] = None
     pp_rank: int = 0
@@ -277,19 +280,23 @@ class FerryKVArgs:
             dims: list[Any] = []
             outers: list[Any] = []
             groups: list[Any] = []
+            units: list[Any] = []
         else:
             dims = facts(self.state_dim_per_tensor)
             outers = facts(self.state_slice_outer_counts)
             groups = facts(self.state_conv_shard_groups, nested=True)
+            units = facts(self.state_conv_shard_units, nested=True)
         layers = len(set(layer_ids)) if layer_ids else 0
         out = []
         for i, (p, item, n) in enumerate(zip(ptrs, item_lens, lens)):
             g = groups[i] if i < len(groups) else None
+            u = units[i] if i < len(units) else None
             out.append(Entry(int(p), int(item), n, None if layer_ids is None else layer_ids[i],
                              i // layers if layers else 0, BufferKind.STATE,
                              int(dims[i]) if i < len(dims) and dims[i] else 0, 0,
                              int(outers[i]) if i < len(outers) and outers[i] else 0,
-                             tuple(int(x) for x in g) if g else ()))
+                             tuple(int(x) for x in g) if g else (),
+                             tuple(int(x) for x in u) if u else ()))
         return out
 
 
@@ -308,6 +315,7 @@ class Entry:
     total_dim: int = 0
     outer: int = 0
     groups: tuple = ()
+    units: tuple = ()
 
 
 __all__ = ["MAMBA", "PAGED", "MOVED", "NOT_MOVED", "DSA_NEEDS_MLA", "FerryKVArgs", "Entry"]

@@ -289,7 +289,7 @@ class FerryKVManager:
             tensor, bkind = (want.tensor, want.kind) if want is not None else (e.tensor, e.kind)
             table.append(MemoryBuffer(fds.index(region.fd), region.fd_offset(e.ptr), e.item_len,
                                       items, int(layer), tensor, bkind, e.slice_dim,
-                                      e.total_dim, e.outer, tuple(e.groups)))
+                                      e.total_dim, e.outer, tuple(e.groups), tuple(e.units)))
         return table, fds
 
     def _args_of(self, kind: str) -> FerryKVArgs:
