@@ -17,6 +17,16 @@ proto::memory_buffer buf(uint64_t offset, uint64_t item, uint64_t items, uint32_
   return {0, offset, item, items, layer, tensor, kind, dim, total, 1, std::move(groups)};
 }
 
+/// A daemon at TP `tp` whose pools are `pools` (what ferryd validates a registration with).
+ferry_config daemon_with(const pools_config& pools, uint32_t tp) {
+  ferry_config cfg;
+  cfg.node_name = "n";
+  cfg.client_listen = "/tmp/ferry-n.sock";
+  cfg.tp.size = tp;
+  cfg.pools = pools;
+  return cfg;
+}
+
 proto::register_memory kv_table() {
   proto::register_memory r;
   r.pool = pool_kind::kv;
@@ -88,11 +98,7 @@ TEST_CASE("registered state tensors and MetadataBuffers", "[registration]") {
   CHECK(m.tensors[0].slice_axis == 0u);
   CHECK(m.tensors[0].shard_groups == std::vector<uint64_t>{128, 128, 256});
   CHECK(m.tensors[1].shape == std::vector<uint64_t>{2, 1024});
-  ferry_config cfg;
-  cfg.node_name = "n";
-  cfg.client_listen = "/tmp/ferry-n.sock";
-  cfg.tp.size = 2;
-  cfg.pools = d.value.section;
+  ferry_config cfg = daemon_with(d.value.section, 2);
   auto valid = validate_config(cfg);
   INFO(valid.message);
   CHECK(valid);
@@ -245,11 +251,7 @@ TEST_CASE("a registered state buffer's shard units (v9) describe groups held who
   const auto& conv = d.value.section.mamba->tensors.at(0);
   CHECK(conv.shard_groups == std::vector<uint64_t>{8192, 128, 128});
   CHECK(conv.shard_units == std::vector<uint64_t>{128, 1, 1});
-  ferry_config cfg;
-  cfg.node_name = "n";
-  cfg.client_listen = "/tmp/ferry-n.sock";
-  cfg.tp.size = 2;
-  cfg.pools = d.value.section;
+  ferry_config cfg = daemon_with(d.value.section, 2);
   auto valid = validate_config(cfg);
   INFO(valid.message);
   CHECK(valid);
