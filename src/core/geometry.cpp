@@ -230,16 +230,19 @@ result<> plan_state(const rank_schema& s, const rank_schema& d, const node_layou
     if (groups.empty()) groups = {x.shape[axis] * s.tp_size};
     for (size_t i = 0; i < groups.size(); ++i)
       units.push_back(x.shard_groups.empty() ? groups[i] : x.group_units(i));
-    if (x.shard_units.empty() && y.shape[axis] * d.tp_size != x.shape[axis] * s.tp_size)
+    const bool replicable = !x.shard_units.empty();
+    const auto full_size_differs = [&] {
       return error{
           errc::peer_incompatible,
           fmt::format("{} full size differs: prefill {} x TP {} = {}, decode {} x TP {} = {}", key,
                       x.shape[axis], s.tp_size, x.shape[axis] * s.tp_size, y.shape[axis], d.tp_size,
                       y.shape[axis] * d.tp_size)};
+    };
+    if (!replicable && y.shape[axis] * d.tp_size != x.shape[axis] * s.tp_size)
+      return full_size_differs();
     uint64_t held_s = 0, held_d = 0;
     for (size_t i = 0; i < groups.size(); ++i) {
       const uint64_t g = groups[i], u = units[i];
-      const bool replicable = !x.shard_units.empty();
       for (uint32_t tp : {s.tp_size, d.tp_size})
         if (u == 0 || g % u != 0 || (u % tp != 0 && (!replicable || tp % u != 0)))
           return error{
@@ -255,18 +258,16 @@ result<> plan_state(const rank_schema& s, const rank_schema& d, const node_layou
       held_s += shard_share(g, u, s.tp_size, 0).second;
       held_d += shard_share(g, u, d.tp_size, 0).second;
     }
-    if (x.shape[axis] != held_s || y.shape[axis] != held_d)
-      return error{
-          errc::peer_incompatible,
-          x.shard_units.empty()
-              ? fmt::format("{} full size differs: prefill {} x TP {} = {}, decode {} x TP {} = {}",
-                            key, x.shape[axis], s.tp_size, x.shape[axis] * s.tp_size, y.shape[axis],
-                            d.tp_size, y.shape[axis] * d.tp_size)
-              : fmt::format("{} sliced axis {} does not match its shard groups {} in units {}: "
-                            "prefill TP {} holds {} (expected {}), decode TP {} holds {} "
-                            "(expected {})",
-                            key, axis, dims_text(groups), dims_text(units), s.tp_size,
-                            x.shape[axis], held_s, d.tp_size, y.shape[axis], held_d)};
+    // (Groups that do not add up to the shapes would plan segments outside a slot.)
+    if (x.shape[axis] != held_s || y.shape[axis] != held_d) {
+      if (!replicable) return full_size_differs();
+      return error{errc::peer_incompatible,
+                   fmt::format("{} sliced axis {} does not match its shard groups {} in units {}: "
+                               "prefill TP {} holds {} (expected {}), decode TP {} holds {} "
+                               "(expected {})",
+                               key, axis, dims_text(groups), dims_text(units), s.tp_size,
+                               x.shape[axis], held_s, d.tp_size, y.shape[axis], held_d)};
+    }
     std::vector<segment> segs;
     if (plan.in_group) {
       // Of the prefill ranks this decode rank hears, the lowest that holds a piece sends it:
