@@ -154,6 +154,10 @@ struct room_update {
   uint64_t bytes = 0;          ///< bytes moved (set with Success)
   errc code = errc::ok;        ///< with Failed: why, in the one error vocabulary
   uint32_t prefix_tokens = 0;  ///< prefill: the decode's prefix, once every decode rank prepared
+  /// Prefill: the decode prepares the room's actor has taken (each one answered). The Scheduler
+  /// forwards them in order, so those it forwarded beyond this count, which reached an actor that
+  /// had already ended, are answered by the Scheduler (core/room_registry.hpp).
+  uint32_t prepares = 0;
 };
 
 /// Connection -> Scheduler: the handshake finished (ok) or failed.

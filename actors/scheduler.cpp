@@ -145,6 +145,7 @@ void on_peer_inbound(scheduler_actor* self, peer_inbound& in) {
       e.connections.push_back(in.connection);
       e.peer += (e.peer.empty() ? "" : ",") + in.from->address;
     }
+    e.prepares.emplace_back(in.connection, p.token);
     self->send(e.actor, std::move(in));
   };
   in.msg.apply({
@@ -317,6 +318,17 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
             st.ended_tokens.put(t, fmt::format("room={} peer={} ({})", u.room, it->second.peer,
                                                to_string(u.status)));
           }
+        // A prepare forwarded after the room's actor ended found no one to answer it: refuse
+        // it here, or its decode rank would wait for a drain report that never comes.
+        const auto& forwarded = it->second.prepares;
+        for (size_t i = u.prepares; i < forwarded.size(); ++i) {
+          const auto no = ended_before_prepare(u.room, u.status, u.reason, u.code);
+          st.ctx->log_sched->debug("room={} refusing a prepare its actor did not take: {}", u.room,
+                                   no.message);
+          self->send(forwarded[i].first,
+                     peer_outbound{peer_prepare_ack{u.room, forwarded[i].second, false, no.message,
+                                                    static_cast<uint16_t>(no.code)}});
+        }
         self->demonitor(it->second.actor);
         finish_room(st, side, u.room, u.status, u.reason, u.code, it->second.prefix_tokens, u.bytes,
                     !u.decode_side && it->second.connections.empty());

@@ -22,6 +22,9 @@ namespace ferry::sched {
 struct room_entry {
   caf::actor actor;
   std::vector<caf::actor> connections;  // the peers the room exchanges messages with
+  /// Prefill: every decode prepare forwarded to the room's actor, in order (its connection and
+  /// token), to answer those the actor did not take before it ended (room_update::prepares).
+  std::vector<std::pair<caf::actor, uint64_t>> prepares;
   room_status status = room_status::bootstrapping;
   uint32_t prefix_tokens = 0;  // prefill: the decode's prefix (room_update)
   std::string note;            // why it waits in its status (a poll's reason), if it says

@@ -34,6 +34,7 @@
 #include "actors/room_lifecycle_glue.hpp"
 #include "actors/room_trace.hpp"
 #include "actors/sender_checks.hpp"
+#include "core/failpoint.hpp"
 #include "core/pack.hpp"
 #include "core/plan.hpp"
 #include "core/sender_room.hpp"
@@ -70,6 +71,7 @@ struct sender_state {
   std::unique_ptr<trace::file> trace;  // FERRY_TRACE_DIR (actors/room_trace.hpp)
   commit_clock commit;                 // where the commit phase starts (actors/metrics.hpp)
   room_timeline timeline;              // its milestones (actors/room_timeline.hpp)
+  uint32_t prepares = 0;               // decode prepares taken (room_update::prepares)
 };
 
 using sender_actor = caf::stateful_actor<sender_state>;
@@ -100,7 +102,7 @@ void report(sender_actor* self, room_status s, const std::string& reason, errc c
   if (is_terminal(s)) st.ctx->timelines.add(false, st.room, st.timeline);
   caf::anon_send(st.scheduler, room_update{st.room, false, s, reason,
                                            s == room_status::success ? st.machine.bytes() : 0, code,
-                                           st.machine.prefix_tokens()});
+                                           st.machine.prefix_tokens(), st.prepares});
 }
 
 /// Whether KV still waits: to be packed through staging, or for the decode's staging grant.
@@ -364,6 +366,7 @@ void apply(sender_actor* self, sender::effects fx, const answering& to) {
 void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p,
                 std::vector<uint32_t> state_pages = {}) {
   auto& st = self->state;
+  ++st.prepares;  // answered below, whatever the machine makes of it
   const auto& schema = in.from->schema;
   sender::prepare_in m;
   m.link = in.connection.id();
@@ -456,11 +459,27 @@ void on_grant(sender_actor* self, peer_inbound& in, const peer_staging_grant& g)
   }
 }
 
+void cancel(sender_actor* self, const std::string& why) {
+  auto& st = self->state;
+  apply(self, feed(
+                  st,
+                  [&] {
+                    return trace::json{{"e", "cancel"}, {"why", why}};
+                  },
+                  [&] { return st.machine.cancel(why); }));
+}
+
 void on_peer(sender_actor* self, peer_inbound& in) {
   auto& st = self->state;
   in.msg.apply({
       [&](peer_staging_grant& g) { on_grant(self, in, g); },
-      [&](peer_prepare& p) { on_prepare(self, in, p); },
+      [&](peer_prepare& p) {
+        // Test failpoint: the room ends before it takes this prepare, as when the prepare still
+        // waits in the actor's mailbox as it ends. The Scheduler must answer it.
+        if (core::failpoint("sender_ends_before_prepare"))
+          return cancel(self, "ended by the failpoint sender_ends_before_prepare");
+        on_prepare(self, in, p);
+      },
       [&](peer_prepare_paged& p) { on_prepare(self, in, p.prepare, std::move(p.dst_state_pages)); },
       [&](peer_outcome& o) {
         on_outcome(self, in, in.from->link->in_group, o.token, o.ok, static_cast<errc>(o.code),
@@ -540,15 +559,7 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
         self->state.pump_scheduled = false;
         pumped(self);
       },
-      [=](cancel_atom, const std::string& why) {
-        auto& st = self->state;
-        apply(self, feed(
-                        st,
-                        [&] {
-                          return trace::json{{"e", "cancel"}, {"why", why}};
-                        },
-                        [&] { return st.machine.cancel(why); }));
-      },
+      [=](cancel_atom, const std::string& why) { cancel(self, why); },
       [=](peer_down& d) {
         auto& st = self->state;
         const auto why = describe(d);

@@ -219,7 +219,9 @@ effects room::prepare_ack(size_t i, uint64_t token, bool ok, errc code, const st
   effects out;
   auto* l = link(i, token);
   if (!l || life_.terminal()) return out;
-  if (!ok) l->refused = true;
+  // A refusal settles only a link that never accepted: one that did may still have writes of the
+  // room in flight, which only its drain report or a fence accounts for.
+  if (!ok && !l->accepted) l->refused = true;
   if (life_.draining()) {
     finish_drain(out);
     return out;

@@ -31,6 +31,17 @@ result<> late_prepare(const bounded_map<uint64_t, finished_room>& finished, uint
                            f->reason)};
 }
 
+error ended_before_prepare(uint64_t room, room_status s, const std::string& reason, errc code) {
+  if (s == room_status::success)
+    return error{errc::room_finished,
+                 fmt::format("room {} succeeded on the prefill before it took this decode's prepare "
+                             "(every decode rank it feeds had prepared it)",
+                             room)};
+  return error{code == errc::ok ? errc::internal : code,
+               fmt::format("room {} failed on the prefill before it took this decode's prepare: {}",
+                           room, reason)};
+}
+
 result<> cancelled_rooms::prepare_allowed(uint64_t room, clock::time_point now) {
   const auto* until = until_.find(room);
   if (!until) return {};

@@ -69,6 +69,11 @@ result<> send_still_open(const bounded_map<uint64_t, finished_room>& finished, u
 /// ever feed (and waiting out its whole transfer_ms).
 result<> late_prepare(const bounded_map<uint64_t, finished_room>& finished, uint64_t room);
 
+/// Prefill: the refusal of a decode rank's prepare that room `room`'s actor never took, because
+/// the room ended (`s`, `reason`, `code`) while the prepare was on its way to it. Without this
+/// answer that decode rank would wait for a drain report no one sends, and fence the link.
+error ended_before_prepare(uint64_t room, room_status s, const std::string& reason, errc code);
+
 /// A poll's answer from a side's active rooms (its status, and its `note` as the reason: why
 /// it waits there, if it says), or nothing.
 template <class Entry>

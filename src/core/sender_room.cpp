@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "core/room_registry.hpp"
+
 namespace ferry::sender {
 
 room::room(uint64_t id, lifecycle_limits limits, uint32_t tp_rank, uint32_t tp_size,
@@ -85,7 +87,13 @@ result<> room::state_pages_match(const proto::send& c) const {
 
 effects room::prepare(prepare_in in) {
   effects out;
-  if (life_.terminal()) return out;
+  // Every prepare is answered: its decode rank waits for this answer, or for a drain report.
+  if (life_.terminal()) {
+    out.push_back(ack{in.link, in.token,
+                      ended_before_prepare(id_, life_.status(), life_.fail_reason(),
+                                           life_.fail_code())});
+    return out;
+  }
   if (life_.draining()) {
     out.push_back(ack{in.link, in.token,
                       error{life_.fail_code(), fmt::format("room {} failed on the prefill: {}", id_,

@@ -112,6 +112,50 @@ TEST_CASE("a room cancelled while waiting for input fails on both sides and hold
   check_no_room_held(*c.p);
 }
 
+TEST_CASE(
+    "a prepare that reaches a prefill room after its actor ended is refused, and the decode fails "
+    "at once",
+    "[e2e][failure]") {
+  // Two decode ranks race a room's end: one cancels it, the other's prepare still waits in the
+  // prefill room's mailbox as its actor ends. The failpoint ends the room just before its actor
+  // takes the prepare. The prefill's Scheduler answers that prepare: the decode fails at once
+  // with the prefill's reason, instead of waiting for a drain report no one sends and fencing
+  // its link after drain_ms (failing every other room on it); both sides hold nothing, and the
+  // next room succeeds byte-exact.
+  shape s;
+  s.drain_ms = 60000;  // without the answer the decode would wait this long
+  shape ps = s;
+  ps.env = {{"FERRY_FAILPOINTS", "sender_ends_before_prepare=1"}};
+  pair c(ps, s);
+  room_spec r;
+  r.room = 721;
+  r.src_pages = range(0, 8);
+  r.dst_pages = range(100, 8);
+  stage(c, r);
+  prepare(c, r);
+  auto de = wait_done(*c.d, r.room);
+  INFO(de.reason);
+  CHECK(de.status == room_status::failed);
+  CHECK(de.code == errc::cancelled);
+  CHECK_THAT(de.reason,
+             Catch::StartsWith("prefill ") &&
+                 Catch::EndsWith(" refused the prepare: room 721 failed on the prefill before it "
+                                 "took this decode's prepare: ended by the failpoint "
+                                 "sender_ends_before_prepare"));
+  auto pe = wait_done(*c.p, r.room);
+  CHECK(pe.status == room_status::failed);
+  CHECK(pe.code == errc::cancelled);
+  CHECK(pe.reason == "ended by the failpoint sender_ends_before_prepare");
+  check_no_room_held(*c.d);
+  check_no_room_held(*c.p);
+  room_spec next;
+  next.room = 722;
+  next.src_pages = range(0, 8);
+  next.dst_pages = range(100, 8);
+  run_and_verify(c, next);
+  CHECK(status_of(*c.d)["stray_writes"] == 0);
+}
+
 TEST_CASE("each non-terminal state has its own deadline, and the other side is told",
           "[e2e][failure]") {
   SECTION("decode WaitingForInput: the prefill never sends") {

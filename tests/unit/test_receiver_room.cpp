@@ -628,3 +628,25 @@ TEST_CASE("receiver room: reasons say what failed", "[unit][receiver_room]") {
   CHECK(o.m.lifecycle().fail_reason() == "prefill p1:7401 reported: boom");
   CHECK(o.m.lifecycle().fail_code() == errc::internal);
 }
+
+TEST_CASE(
+    "receiver room: a failing room's drain counts a rank whose prepare was refused, never one "
+    "that had accepted it",
+    "[unit][receiver_room]") {
+  // Rank 0 accepted; the room is cancelled; rank 1's prepare is then refused (its prefill room
+  // ended before it took the prepare). Rank 1 never writes: settled. Rank 0 may still have
+  // writes in flight: a refusal that names it again settles nothing; its drain report does.
+  harness h;
+  h.apply(h.m.start());
+  REQUIRE(h.resolve_both() == "send_prepares");
+  h.apply(h.m.prepare_ack(0, 100, true, errc::ok, ""));
+  CHECK(h.apply(h.m.cancel("cancelled by client")) == "failed tell life");
+  CHECK(h.apply(h.m.prepare_ack(1, 101, false, errc::cancelled,
+                                "room 7 failed on the prefill before it took this decode's "
+                                "prepare: cancelled by client")) == "");
+  CHECK(h.m.lifecycle().phase() == room_phase::draining);
+  CHECK(h.apply(h.m.prepare_ack(0, 100, false, errc::cancelled, "late")) == "");
+  CHECK(h.m.lifecycle().phase() == room_phase::draining);
+  CHECK(h.apply(h.m.drained(0, 100, 0)) == "report:Failed");
+  CHECK(h.last_reason == "cancelled by client");
+}

@@ -389,12 +389,12 @@ const row table[] = {
   {P::draining, ev::peer_down,            P::draining, ""},
   {P::draining, ev::expire_state,         P::draining, ""},  // cancelled by the failure
   {P::draining, ev::expire_drain,         P::failed, "report:Failed"},  // no drained count
-  // Terminal: the actor has ended; a chunk that still reaches the machine is refused.
-  {P::success, ev::prepare_new,          P::success, ""},
-  {P::success, ev::prepare_mismatch,     P::success, ""},
-  {P::success, ev::prepare_bad_indices,  P::success, ""},
-  {P::success, ev::prepare_out_of_group, P::success, ""},
-  {P::success, ev::prepare_again,        P::success, ""},
+  // Terminal: the actor has ended; a prepare or chunk that still reaches the machine is refused.
+  {P::success, ev::prepare_new,          P::success, "ack_err"},
+  {P::success, ev::prepare_mismatch,     P::success, "ack_err"},
+  {P::success, ev::prepare_bad_indices,  P::success, "ack_err"},
+  {P::success, ev::prepare_out_of_group, P::success, "ack_err"},
+  {P::success, ev::prepare_again,        P::success, "ack_err"},
   {P::success, ev::chunk,                P::success, "reply_err"},
   {P::success, ev::chunk_last,           P::success, "reply_err"},
   {P::success, ev::chunk_overrun,        P::success, "reply_err"},
@@ -415,11 +415,11 @@ const row table[] = {
   {P::success, ev::peer_down,            P::success, ""},
   {P::success, ev::expire_state,         P::success, ""},
   {P::success, ev::expire_drain,         P::success, ""},
-  {P::failed, ev::prepare_new,          P::failed, ""},
-  {P::failed, ev::prepare_mismatch,     P::failed, ""},
-  {P::failed, ev::prepare_bad_indices,  P::failed, ""},
-  {P::failed, ev::prepare_out_of_group, P::failed, ""},
-  {P::failed, ev::prepare_again,        P::failed, ""},
+  {P::failed, ev::prepare_new,          P::failed, "ack_err"},
+  {P::failed, ev::prepare_mismatch,     P::failed, "ack_err"},
+  {P::failed, ev::prepare_bad_indices,  P::failed, "ack_err"},
+  {P::failed, ev::prepare_out_of_group, P::failed, "ack_err"},
+  {P::failed, ev::prepare_again,        P::failed, "ack_err"},
   {P::failed, ev::chunk,                P::failed, "reply_err"},
   {P::failed, ev::chunk_last,           P::failed, "reply_err"},
   {P::failed, ev::chunk_overrun,        P::failed, "reply_err"},
@@ -573,6 +573,20 @@ TEST_CASE("sender room: refusals and failures say what was wrong", "[unit][sende
   CHECK(t.m.lifecycle().fail_code() == errc::fabric_write_failed);
   fx = t.m.chunk(harness::chunk({400}));
   CHECK(std::get<reply>(fx[0]).outcome.message == "room 7 has already ended (Failed)");
+  // A prepare that reaches an ended room is answered: its decode rank waits for nothing else.
+  fx = t.m.prepare(t.rank(9));
+  CHECK(std::get<ack>(fx[0]).outcome.code == errc::fabric_write_failed);
+  CHECK(std::get<ack>(fx[0]).outcome.message ==
+        "room 7 failed on the prefill before it took this decode's prepare: write to decode "
+        "decode1:7401 failed: EIO");
+
+  harness ok;
+  bring_to(ok, room_phase::success);
+  fx = ok.m.prepare(ok.rank(9));
+  CHECK(std::get<ack>(fx[0]).outcome.code == errc::room_finished);
+  CHECK(std::get<ack>(fx[0]).outcome.message ==
+        "room 7 succeeded on the prefill before it took this decode's prepare (every decode rank "
+        "it feeds had prepared it)");
 
   harness d;
   bring_to(d, room_phase::draining);
