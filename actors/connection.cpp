@@ -415,6 +415,8 @@ caf::behavior relay(connection_actor* self) {
       [=](peer_drained& m) { inbound(caf::make_message(std::move(m))); },
       [=](peer_staging_request& m) { inbound(caf::make_message(std::move(m))); },
       [=](peer_staging_grant& m) { inbound(caf::make_message(std::move(m))); },
+      [=](peer_prepare_checked& m) { inbound(caf::make_message(std::move(m))); },
+      [=](peer_announce_checked& m) { inbound(caf::make_message(std::move(m))); },
       [=](peer_heartbeat) {
         auto& st = self->state;
         if (st.machine.ready()) heard(st);

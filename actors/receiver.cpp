@@ -36,6 +36,7 @@
 #include "core/pack.hpp"
 #include "core/plan.hpp"
 #include "core/receiver_room.hpp"
+#include "core/room_digest.hpp"
 
 namespace ferry {
 namespace {
@@ -59,7 +60,9 @@ struct receiver_state {
   std::unique_ptr<trace::file> trace;  // FERRY_TRACE_DIR (actors/room_trace.hpp)
   commit_clock commit;                 // where the commit phase starts (actors/metrics.hpp)
   bool noted = false;                  // the room's status note says it waits for staging
-  room_timeline timeline;              // its milestones (actors/room_timeline.hpp)
+  /// integrity.checksums: each named peer's digests of what it sent (peer_announce_checked)
+  std::vector<std::optional<std::vector<uint64_t>>> digests;
+  room_timeline timeline;  // its milestones (actors/room_timeline.hpp)
 
   std::string peers() const { return fmt::format("{}", fmt::join(prep.prefill_peers, ",")); }
 };
@@ -119,6 +122,26 @@ void unpack_step(receiver_actor* self) {
                       return json{{"e", "unpacked"}};
                     },
                     [&] { return st.machine.unpacked(); }));
+}
+
+/// What landed against each rank's digests (integrity.checksums): the first difference, or "".
+std::string check_digests(const receiver_state& st) {
+  const auto& c = *st.ctx;
+  const room_items mine{st.prep.dst_pages, st.prep.state_slot, st.prep.state_pages,
+                        st.prep.aux_row};
+  const std::array<const uint8_t*, 3> bases{c.base(space::kv), c.base(space::state),
+                                            c.base(space::aux)};
+  for (const auto& l : st.machine.links()) {
+    const auto& peer = *st.named[l.named];
+    const auto& sent = st.digests[l.named];
+    if (!sent)
+      return fmt::format("prefill {} announced its writes without the digests of what it sent",
+                         peer.address);
+    const auto got =
+        digest_room(*peer.link, peer.layout, c.layout, mine, mine, bases, digest_side::destination);
+    if (auto why = digest_difference(got, *sent, c.layout, peer.address); !why.empty()) return why;
+  }
+  return {};
 }
 
 /// Carry out the machine's effects, in order.
@@ -185,10 +208,16 @@ void apply(receiver_actor* self, receiver::effects fx) {
               peer_prepare p{st.prep.room,    l.token, st.prep.dst_pages,    st.prep.state_slot,
                              st.prep.aux_row, staging, st.prep.prefix_tokens};
               const auto& state = st.ctx->config.pools.mamba;
-              to_peer(peer, st.connections[l.named],
-                      state && paged(state->type) ? peer_wire::message(peer_prepare_paged{
-                                                        std::move(p), st.prep.state_pages})
-                                                  : peer_wire::message(std::move(p)));
+              const bool paged_state = state && paged(state->type);
+              if (st.ctx->config.integrity.checksums)  // the prefill sends its digests
+                to_peer(peer, st.connections[l.named],
+                        peer_prepare_checked{std::move(p), paged_state ? st.prep.state_pages
+                                                                       : std::vector<uint32_t>{}});
+              else
+                to_peer(peer, st.connections[l.named],
+                        paged_state ? peer_wire::message(
+                                          peer_prepare_paged{std::move(p), st.prep.state_pages})
+                                    : peer_wire::message(std::move(p)));
             }
           } else if constexpr (std::is_same_v<E, receiver::grant>) {
             const auto& l = st.machine.links()[x.link];
@@ -214,6 +243,17 @@ void apply(receiver_actor* self, receiver::effects fx) {
                 plan_unpack(*st.named[l.named]->link, st.ctx->layout, st.prep.dst_pages, *l.staging,
                             st.unpack);
             unpack_step(self);
+          } else if constexpr (std::is_same_v<E, receiver::verify>) {
+            const auto why = check_digests(st);
+            const auto code = why.empty() ? errc::ok : errc::checksum_mismatch;
+            apply(self, feed(
+                            st,
+                            [&] {
+                              return json{{"e", "verified"},
+                                          {"code", static_cast<int>(code)},
+                                          {"reason", why}};
+                            },
+                            [&] { return st.machine.verified(code, why); }));
           } else if constexpr (std::is_same_v<E, receiver::release_staging>) {
             st.ctx->staging->release(x.at);
           } else if constexpr (std::is_same_v<E, receiver::fence>) {
@@ -236,6 +276,23 @@ void for_named(receiver_actor* self, const caf::actor& c, F&& f) {
   const auto& conns = self->state.connections;
   for (size_t i = 0; i < conns.size(); ++i)
     if (conns[i] == c) f(i);
+}
+
+/// Named peer `i` announced its writes.
+void on_announce(receiver_actor* self, size_t i, const peer_announce& a) {
+  auto& st = self->state;
+  st.commit.announced(std::chrono::steady_clock::now());
+  st.timeline.mark(decode_mark::announced);
+  apply(self, feed(
+                  st,
+                  [&] {
+                    return json{{"e", "announce"},
+                                {"i", i},
+                                {"token", a.token},
+                                {"writes", a.total_writes},
+                                {"bytes", a.total_bytes}};
+                  },
+                  [&] { return st.machine.announce(i, a.token, a.total_writes, a.total_bytes); }));
 }
 
 void on_peer(receiver_actor* self, peer_inbound& in) {
@@ -261,21 +318,13 @@ void on_peer(receiver_actor* self, peer_inbound& in) {
             throw std::runtime_error("failpoint receiver_throw_on_accepted");
           apply(self, std::move(fx));
         },
-        [&](peer_announce& a) {
-          st.commit.announced(std::chrono::steady_clock::now());
-          st.timeline.mark(decode_mark::announced);
-          apply(self, feed(
-                          st,
-                          [&] {
-                            return json{{"e", "announce"},
-                                        {"i", i},
-                                        {"token", a.token},
-                                        {"writes", a.total_writes},
-                                        {"bytes", a.total_bytes}};
-                          },
-                          [&] {
-                            return st.machine.announce(i, a.token, a.total_writes, a.total_bytes);
-                          }));
+        [&](peer_announce& a) { on_announce(self, i, a); },
+        [&](peer_announce_checked& a) {
+          // Kept for the verify at commit (a room that does not check asked for none).
+          if (st.ctx->config.integrity.checksums &&
+              a.announce.token == st.machine.link_of(i)->token)
+            st.digests[i] = std::move(a.digests);
+          on_announce(self, i, a.announce);
         },
         [&](peer_outcome& o) {
           apply(self, feed(
@@ -313,6 +362,20 @@ void on_peer(receiver_actor* self, peer_inbound& in) {
   });
 }
 
+/// Named peer `i` cannot be used (`why`, after "could not use peer ADDRESS: ").
+void unusable(receiver_actor* self, size_t i, errc code, const std::string& problem) {
+  auto& st = self->state;
+  const auto why = fmt::format("could not use peer {}: {}", st.prep.prefill_peers[i], problem);
+  apply(self,
+        feed(
+            st,
+            [&] {
+              return json{
+                  {"e", "unusable"}, {"i", i}, {"code", static_cast<int>(code)}, {"why", why}};
+            },
+            [&] { return st.machine.unusable(i, code, why); }));
+}
+
 /// Named peer `i` looked up: its geometry and where its KV lands, or why it cannot be used.
 void on_lookup(receiver_actor* self, size_t i, peer_lookup& r) {
   auto& st = self->state;
@@ -326,6 +389,11 @@ void on_lookup(receiver_actor* self, size_t i, peer_lookup& r) {
     const auto need = land.bytes;
     const auto schema = r.info->schema;
     const bool asks = r.info->version >= peer_late_staging_version;
+    if (c.config.integrity.checksums && r.info->version < peer_checksums_version) {
+      return unusable(self, i, errc::peer_incompatible,
+                      fmt::format("integrity.checksums needs peer protocol {}; it speaks {}",
+                                  peer_checksums_version, r.info->version));
+    }
     if (!st.named[i]) st.named[i] = std::move(r.info);
     apply(self, feed(
                     st,
@@ -340,16 +408,7 @@ void on_lookup(receiver_actor* self, size_t i, peer_lookup& r) {
                     [&] { return st.machine.resolved(i, schema, need, land.scatter, asks); }));
     return;
   }
-  const auto code = r.code == errc::ok ? errc::peer_unreachable : r.code;
-  const auto why = fmt::format("could not use peer {}: {}", st.prep.prefill_peers[i], r.error);
-  apply(self,
-        feed(
-            st,
-            [&] {
-              return json{
-                  {"e", "unusable"}, {"i", i}, {"code", static_cast<int>(code)}, {"why", why}};
-            },
-            [&] { return st.machine.unusable(i, code, why); }));
+  unusable(self, i, r.code == errc::ok ? errc::peer_unreachable : r.code, r.error);
 }
 
 caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::prepare prep,
@@ -361,11 +420,13 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
   st.connections = std::move(connections);
   st.scheduler = std::move(scheduler);
   st.named.resize(st.connections.size());
+  st.digests.resize(st.connections.size());
   const auto& t = st.ctx->config.timeouts;
+  const bool checks = st.ctx->config.integrity.checksums;
   st.machine =
       receiver::room(st.prep.room, limits_of(t), schema_of(st.ctx->config), st.prep.prefill_peers,
                      token, static_cast<uint32_t>(st.prep.dst_pages.size()),
-                     st.ctx->staging ? st.ctx->staging->bytes : 0);
+                     st.ctx->staging ? st.ctx->staging->bytes : 0, checks);
   st.trace = trace::file::open("receiver");
   if (st.trace)
     st.trace->write({{"e", "new"},
@@ -375,7 +436,8 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
                      {"named", st.prep.prefill_peers},
                      {"first_token", token},
                      {"pages", st.prep.dst_pages.size()},
-                     {"staging_capacity", st.ctx->staging ? st.ctx->staging->bytes : 0}});
+                     {"staging_capacity", st.ctx->staging ? st.ctx->staging->bytes : 0},
+                     {"checks", checks}});
   // Before any prepare leaves: what its prefill ranks answer comes straight here.
   st.ctx->routes.add_decode(token, static_cast<uint32_t>(st.connections.size()),
                             caf::actor_cast<caf::actor>(self));
@@ -404,19 +466,7 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
                 if (e.category() == caf::atom("system") &&
                     e.code() == static_cast<uint8_t>(caf::sec::request_receiver_down))
                   return;
-                auto& st = self->state;
-                const auto why = fmt::format("could not use peer {}: {}", st.prep.prefill_peers[i],
-                                             self->system().render(e));
-                apply(self,
-                      feed(
-                          st,
-                          [&] {
-                            return json{{"e", "unusable"},
-                                        {"i", i},
-                                        {"code", static_cast<int>(errc::peer_unreachable)},
-                                        {"why", why}};
-                          },
-                          [&] { return st.machine.unusable(i, errc::peer_unreachable, why); }));
+                unusable(self, i, errc::peer_unreachable, self->system().render(e));
               });
   }
   return {

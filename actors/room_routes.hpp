@@ -35,7 +35,8 @@ constexpr bool is_room_message =
     std::is_same_v<M, peer_prepare> || std::is_same_v<M, peer_prepare_paged> ||
     std::is_same_v<M, peer_prepare_ack> || std::is_same_v<M, peer_announce> ||
     std::is_same_v<M, peer_outcome> || std::is_same_v<M, peer_drained> ||
-    std::is_same_v<M, peer_staging_request> || std::is_same_v<M, peer_staging_grant>;
+    std::is_same_v<M, peer_staging_request> || std::is_same_v<M, peer_staging_grant> ||
+    std::is_same_v<M, peer_prepare_checked> || std::is_same_v<M, peer_announce_checked>;
 
 class room_routes {
  public:
@@ -78,6 +79,8 @@ class room_routes {
                   std::is_same_v<Message, peer_announce> || std::is_same_v<Message, peer_drained> ||
                   std::is_same_v<Message, peer_staging_request>) {
       return find(m.token);
+    } else if constexpr (std::is_same_v<Message, peer_announce_checked>) {
+      return find(m.announce.token);
     } else if constexpr (std::is_same_v<Message, peer_outcome> ||
                          std::is_same_v<Message, peer_staging_grant>) {
       if constexpr (std::is_same_v<Message, peer_outcome>)

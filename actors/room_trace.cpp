@@ -219,6 +219,7 @@ json effects_json(const receiver::effects& fx) {
                   {{"ok", x.ok}, {"reason", x.reason}, {"code", static_cast<int>(x.code)}}}});
           if constexpr (std::is_same_v<E, failed>) out.push_back({{"failed", x.reason}});
           if constexpr (std::is_same_v<E, unpack>) out.push_back("unpack");
+          if constexpr (std::is_same_v<E, verify>) out.push_back("verify");
           if constexpr (std::is_same_v<E, release_staging>)
             out.push_back({{"release_staging", x.at}});
           if constexpr (std::is_same_v<E, fence>)
@@ -237,7 +238,7 @@ sender::room sender_of(const json& c) {
 receiver::room receiver_of(const json& c) {
   return receiver::room(c.at("id"), limits_of(c.at("limits")), schema_of(c.at("mine")),
                         c.at("named").get<std::vector<std::string>>(), c.at("first_token"),
-                        c.at("pages"), c.at("staging_capacity"));
+                        c.at("pages"), c.at("staging_capacity"), c.value("checks", false));
 }
 
 namespace {
@@ -308,6 +309,7 @@ receiver::effects replay(receiver::room& m, const json& ev) {
     return m.drained(ev.at("i"), ev.at("token"), ev.at("completed"), ev.value("failed", 0));
   if (e == "landed") return m.landed(ev.at("token"), ev.at("count"));
   if (e == "unpacked") return m.unpacked();
+  if (e == "verified") return m.verified(code_of(ev.at("code")), ev.at("reason"));
   if (e == "cancel") return m.cancel(ev.at("why"));
   if (e == "peer_down")
     return m.peer_down(ev.at("i"), ev.at("fenced"), code_of(ev.at("code")), ev.at("why"));

@@ -151,7 +151,9 @@ void on_peer_inbound(scheduler_actor* self, peer_inbound& in) {
   in.msg.apply({
       [&](peer_prepare& p) { on_prepare(p); },
       [&](peer_prepare_paged& p) { on_prepare(p.prepare); },
+      [&](peer_prepare_checked& p) { on_prepare(p.prepare); },
       [&](peer_prepare_ack& a) { to_decode(a.token); },
+      [&](peer_announce_checked& a) { to_decode(a.announce.token); },
       [&](peer_announce& a) { to_decode(a.token); },
       [&](peer_drained& d) { to_decode(d.token); },
       [&](peer_staging_request& q) { to_decode(q.token); },

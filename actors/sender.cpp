@@ -1,7 +1,7 @@
 // Sender: one per room on the prefill side. The room's rules are the pure state machine of
-// core/sender_room.hpp; this actor turns messages into its events and carries out its effects,
-// and keeps the data plane: planning each chunk for each decode rank, packing through staging,
-// posting write batches.
+// core/sender_room.hpp; this actor turns messages into its events and carries out its effects.
+// Its data plane (planning each chunk for each decode rank, packing through staging, posting
+// write batches) is actors/sender_post.cpp.
 //
 // Life: Bootstrapping (client chunks arrived before the decode prepares; queued) ->
 // WaitingForInput (every decode rank this prefill rank feeds has prepared: max(1, Pd/Ps) of
@@ -21,7 +21,8 @@
 // write each (core/pack.hpp). A chunk may come as layer ranges (core/layer_ranges.hpp), each
 // planned for its layers alone. The last chunk adds the one state slot pair (each range its
 // layers' segments), the send that completes it the aux row, and then each rank's announcement
-// of its total write count follows.
+// of its total write count follows, with the digests of what it sent to a rank that checks
+// (integrity.checksums, core/room_digest.hpp).
 
 #include <fmt/format.h>
 
@@ -29,67 +30,58 @@
 #include <deque>
 #include <optional>
 
-#include "actors/actors.hpp"
-#include "actors/client_gateway.hpp"
-#include "actors/room_lifecycle_glue.hpp"
-#include "actors/room_trace.hpp"
 #include "actors/sender_checks.hpp"
+#include "actors/sender_state.hpp"
 #include "core/failpoint.hpp"
 #include "core/pack.hpp"
 #include "core/plan.hpp"
+#include "core/room_digest.hpp"
 #include "core/sender_room.hpp"
 
 namespace ferry {
+namespace sending {
 namespace {
 
-/// The data plane of one decode rank (machine link i is links[i]).
-struct decode_link {
-  peer_info_ptr peer;
-  caf::actor connection;
-  peer_prepare prep;
-  std::vector<uint32_t> dst_state_pages{};  // a paged state pool's (peer_prepare_paged)
-  std::deque<pack_job> jobs;  // KV waiting to be gathered through staging (core/pack.hpp)
-  // Sends held until the decode grants this link's staging (prep.dst_staging is
-  // staging_on_request until then); `asked`: the request went out.
-  std::vector<sender::post_chunk> held{};
-  bool asked = false;
-};
+bool wants_digests(const sender_state& st) {
+  for (const auto& l : st.links)
+    if (l.digests) return true;
+  return false;
+}
 
-struct sender_state {
-  static inline const char* name = "ferry.sender";
-  context_ptr ctx;
-  caf::actor scheduler;
-  uint64_t room = 0;
-  sender::room machine;  // the room's rules (core/sender_room.hpp)
-  deadline_tokens timers{};
-  std::vector<decode_link> links;
-  uint64_t next_batch = 1;
-  bool pump_scheduled = false;  // a pump_atom to self is on its way
-  std::vector<planned_write> writes;
-  std::vector<planned_copy> copies;
-  std::vector<pack_job> slice;         // the jobs of one packed batch
-  std::unique_ptr<trace::file> trace;  // FERRY_TRACE_DIR (actors/room_trace.hpp)
-  commit_clock commit;                 // where the commit phase starts (actors/metrics.hpp)
-  room_timeline timeline;              // its milestones (actors/room_timeline.hpp)
-  uint32_t prepares = 0;               // decode prepares taken (room_update::prepares)
-};
+/// Keep what chunk `x` sends, by position, for the digests.
+void remember_items(sender_state& st, const sender::post_chunk& x) {
+  const auto& c = x.chunk;
+  const size_t end = size_t{x.first} + c.src_pages.size();
+  if (st.src_pages.size() < end) st.src_pages.resize(end, no_index);
+  std::copy(c.src_pages.begin(), c.src_pages.end(), st.src_pages.begin() + x.first);
+  if (c.state_slot != no_index) st.src_slot = c.state_slot;
+  if (!c.state_pages.empty()) st.src_state_pages = c.state_pages;
+  if (c.aux_row != no_index) st.src_row = c.aux_row;
+}
 
-using sender_actor = caf::stateful_actor<sender_state>;
-
-/// What the effects of one event answer: the client request being handled, the connection a
-/// prepare came from.
-struct answering {
-  const client_request* request = nullptr;
-  caf::actor prepare_from;
-  peer_info_ptr prepare_peer;  ///< the peer whose prepare this answers
-};
-
-void apply(sender_actor* self, sender::effects fx, const answering& to = {});
-
-/// Feed the machine one event, traced with FERRY_TRACE_DIR (actors/room_trace.hpp).
-template <class Describe, class Call>
-sender::effects feed(sender_state& st, Describe&& describe, Call&& call) {
-  return trace::feed(st.trace.get(), std::forward<Describe>(describe), std::forward<Call>(call));
+/// Each rank's announcement of its total; a rank that asked for them gets the digests of what
+/// this rank sent it with it (core/room_digest.hpp).
+void announce(sender_state& st) {
+  const auto& c = *st.ctx;
+  const std::array<const uint8_t*, 3> bases{c.base(space::kv), c.base(space::state),
+                                            c.base(space::aux)};
+  const room_items src{st.src_pages, st.src_slot, st.src_state_pages, st.src_row};
+  for (size_t i = 0; i < st.links.size(); ++i) {
+    const auto& l = st.links[i];
+    const auto& r = st.machine.links()[i];
+    peer_announce a{st.room, r.token, r.writes, r.bytes};
+    if (!l.digests) {
+      to_peer(l.peer, l.connection, a);
+      continue;
+    }
+    const room_items dst{l.prep.dst_pages, l.prep.dst_state_slot, l.dst_state_pages,
+                         l.prep.dst_aux_row};
+    peer_announce_checked checked{a, {}};
+    for (const auto& x :
+         digest_room(*l.peer->link, c.layout, l.peer->layout, src, dst, bases, digest_side::source))
+      checked.digests.push_back(x.value);
+    to_peer(l.peer, l.connection, std::move(checked));
+  }
 }
 
 void report(sender_actor* self, room_status s, const std::string& reason, errc code) {
@@ -105,175 +97,13 @@ void report(sender_actor* self, room_status s, const std::string& reason, errc c
                                            st.machine.prefix_tokens(), st.prepares});
 }
 
-/// Whether KV still waits: to be packed through staging, or for the decode's staging grant.
-bool pack_pending(const sender_state& st) {
-  for (const auto& l : st.links)
-    if (!l.jobs.empty() || !l.held.empty()) return true;
-  return false;
-}
-
-/// Copy planned local copies, then post `w` (split into pieces) to link `i` as one batch whose
-/// completion releases `staging` (if any).
-void submit(sender_actor* self, size_t i, std::optional<uint64_t> staging) {
-  auto& st = self->state;
-  const auto& ctx = *st.ctx;
-  auto& l = st.links[i];
-  auto& w = st.writes;
-  uint64_t copied = 0;
-  for (const auto& c : st.copies) {
-    ctx.copy(c);
-    copied += c.length;
-  }
-  if (copied) ctx.staging->packed(copied);
-  split_pieces(w, ctx.config.fabric.write_piece_bytes);
-  if (w.empty()) {
-    if (staging) ctx.staging->release(*staging);
-    return;
-  }
-  transport::write_batch batch;
-  batch.peer = l.peer->fabric_peer;
-  // One immediate for the batch where the fabric orders writes (tcp): half the posts of a
-  // write + marker per write, and one landed count for the decode instead of one per write.
-  batch.mode = transport::notify::batch_end;
-  batch.ops.reserve(w.size());
-  uint64_t bytes = 0;
-  for (const auto& p : w) {
-    const auto& region = l.peer->region(p.dst);
-    batch.ops.push_back({ctx.region(p.src), p.src_offset, p.length,
-                         region.remote_base + p.dst_offset, region.key, l.prep.token});
-    bytes += p.length;
-  }
-  const uint64_t id = st.next_batch++;
-  caf::actor me = caf::actor_cast<caf::actor>(self);
-  // Packed staging is released by the completion itself: once every write of the batch has
-  // completed locally nothing reads it any more, whether or not this room still exists.
-  staging_area* area = staging ? ctx.staging.get() : nullptr;
-  daemon_metrics* metrics = ctx.metrics.get();  // outlives the engine, which runs `done`
-  const uint64_t ops = w.size();
-  batch.done = [me, id, area, at = staging.value_or(0), metrics, bytes,
-                ops](transport::batch_result r) {
-    if (area) area->release(at);
-    // In writes (the result counts notifications): every write not failed has completed.
-    const uint64_t failed = std::min<uint64_t>(r.failed, ops);
-    metrics->writes_completed(ops - failed, failed, bytes);
-    caf::anon_send(me, batch_done_msg{id, std::move(r)});
-  };
-  metrics->writes_posted(w.size(), bytes);
-  // The machine counts notifications, what the decode counts: the announced total.
-  const uint64_t writes = ctx.engine->submit(std::move(batch));
-  apply(
-      self,
-      feed(
-          st,
-          [&] {
-            return trace::json{
-                {"e", "posted"}, {"link", i}, {"batch", id}, {"writes", writes}, {"bytes", bytes}};
-          },
-          [&] { return st.machine.posted(i, id, writes, bytes); }));
-}
-
-/// Bytes of staging one packed batch may use: small enough that many rooms pack at once.
-uint64_t pack_slice_bytes(const daemon_context& ctx) {
-  return std::min<uint64_t>(4u << 20, ctx.staging->bytes / 8);
-}
-
-/// Pack and post queued KV while staging lasts, a slice at a time: each slice is one batch,
-/// whose completion releases it. When staging is full, the room resumes on its next batch
-/// completion or staging release (staging_atom), whichever comes first. After a quantum of
-/// copying it yields (pump_atom to itself), so no worker copies for long.
-void pump(sender_actor* self) {
-  auto& st = self->state;
-  const auto& ctx = *st.ctx;
-  if (!ctx.staging) return;  // nothing is planned for staging there is not
-  const uint64_t budget = pack_slice_bytes(ctx);
-  uint64_t copied = 0;
-  for (size_t i = 0; i < st.links.size(); ++i) {
-    auto& l = st.links[i];
-    while (!l.jobs.empty() && !st.machine.lifecycle().terminal()) {
-      uint64_t bytes = 0;
-      size_t n = 0;
-      while (n < l.jobs.size() && (n == 0 || bytes + l.jobs[n].bytes() <= budget))
-        bytes += l.jobs[n++].bytes();
-      auto at = staging_or_wait(self, st.ctx, bytes);
-      if (!at) return;  // resumed by batch_done or staging_atom
-      st.slice.assign(l.jobs.begin(), l.jobs.begin() + static_cast<ptrdiff_t>(n));
-      l.jobs.erase(l.jobs.begin(), l.jobs.begin() + static_cast<ptrdiff_t>(n));
-      st.copies.clear();
-      st.writes.clear();
-      expand_pack_jobs(st.slice, *at, st.copies, st.writes);
-      copied += bytes;
-      submit(self, i, at);
-      if (copied >= copy_quantum_bytes && !l.jobs.empty()) {
-        if (!st.pump_scheduled) self->send(self, pump_atom::value);
-        st.pump_scheduled = true;
-        return;
-      }
-    }
-  }
-}
-
-/// Pump, then tell the machine whether anything still waits for staging.
-void pumped(sender_actor* self) {
-  auto& st = self->state;
-  pump(self);
-  const bool pending = pack_pending(st);
-  apply(self, feed(
-                  st,
-                  [&] {
-                    return trace::json{{"e", "pumped"}, {"pending", pending}};
-                  },
-                  [&] { return st.machine.pumped(pending); }));
-}
-
-/// Plan one send for link `i`, the layers of its range (core/pack.hpp): runs that go straight
-/// out are posted now; runs gathered through staging (always so for head-sliced KV) queue for
-/// the pump. The last chunk's sends add the state segments of their layers, and the send that
-/// ends the room the aux row.
-void post_link(sender_actor* self, size_t i, const sender::post_chunk& post) {
-  auto& st = self->state;
-  const auto& ctx = *st.ctx;
-  auto& l = st.links[i];
-  const auto& link = *l.peer->link;
-  const auto& chunk = post.chunk;
-  const uint32_t first = post.first;
-  const auto layers = layer_range::of(chunk);
-  st.writes.clear();
-  st.copies.clear();
-  if (!chunk.src_pages.empty()) {
-    auto dst_pages =
-        std::span<const uint32_t>(l.prep.dst_pages).subspan(first, chunk.src_pages.size());
-    kv_options o;
-    if (l.prep.dst_staging != no_staging) o.dst_staging = l.prep.dst_staging;
-    o.room_pages = static_cast<uint32_t>(l.prep.dst_pages.size());
-    o.slice_bytes = ctx.staging ? pack_slice_bytes(ctx) : 0;
-    o.threshold = ctx.config.fabric.pack_threshold();
-    o.layers = layers;
-    auto plan = plan_kv(link, ctx.layout, l.peer->layout,
-                        coalesce_runs(chunk.src_pages, dst_pages, first), o);
-    if (ctx.log_room->should_log(spdlog::level::debug))  // the plan says how and why
-      ctx.log_room->debug("room={} peer={} chunk at {}: {}", st.room, l.peer->address, first,
-                          plan.decision.describe());
-    st.writes = std::move(plan.writes);
-    l.jobs.insert(l.jobs.end(), plan.jobs.begin(), plan.jobs.end());
-  }
-  if (chunk.last && ctx.layout[pool_kind::state].present) {
-    if (paged(ctx.config.pools.mamba->type))
-      plan_state_pages(link, ctx.layout, l.peer->layout, chunk.state_pages, l.dst_state_pages,
-                       st.writes, layers);
-    else
-      plan_state_link(link, ctx.layout, l.peer->layout, chunk.state_slot, l.prep.dst_state_slot,
-                      st.writes, layers);
-  }
-  if (post.ends_room && ctx.layout[pool_kind::aux].present)
-    plan_aux_link(link, ctx.layout, l.peer->layout, chunk.aux_row, l.prep.dst_aux_row, st.writes);
-  submit(self, i, std::nullopt);
-}
-
 void send_to_links(sender_actor* self, auto&& make) {
   auto& st = self->state;
   for (size_t i = 0; i < st.links.size(); ++i)
     to_peer(st.links[i].peer, st.links[i].connection, make(st.machine.links()[i]));
 }
+
+}  // namespace
 
 /// Carry out the machine's effects, in order.
 void apply(sender_actor* self, sender::effects fx, const answering& to) {
@@ -300,6 +130,7 @@ void apply(sender_actor* self, sender::effects fx, const answering& to) {
                                      x.outcome.message, static_cast<uint16_t>(x.outcome.code)});
           } else if constexpr (std::is_same_v<E, sender::post_chunk>) {
             if (x.chunk.last) st.timeline.mark(prefill_mark::sent);
+            if (wants_digests(st)) remember_items(st, x);
             for (size_t i = 0; i < st.links.size(); ++i) {
               auto& l = st.links[i];
               if (l.prep.dst_staging != staging_on_request) {
@@ -329,9 +160,7 @@ void apply(sender_actor* self, sender::effects fx, const answering& to) {
           } else if constexpr (std::is_same_v<E, sender::announce>) {
             st.commit.announced(std::chrono::steady_clock::now());
             st.timeline.mark(prefill_mark::announced);
-            send_to_links(self, [&](const sender::link_record& r) {
-              return peer_announce{st.room, r.token, r.writes, r.bytes};
-            });
+            announce(st);
           } else if constexpr (std::is_same_v<E, sender::tell_failed>) {
             if (st.ctx->digest.allow(logging::flood::room_error, st.ctx->log_room,
                                      spdlog::level::warn))
@@ -363,8 +192,10 @@ void apply(sender_actor* self, sender::effects fx, const answering& to) {
   }
 }
 
+namespace {
+
 void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p,
-                std::vector<uint32_t> state_pages = {}) {
+                std::vector<uint32_t> state_pages = {}, bool digests = false) {
   auto& st = self->state;
   ++st.prepares;  // answered below, whatever the machine makes of it
   const auto& schema = in.from->schema;
@@ -406,8 +237,8 @@ void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p,
           "room={} peer={} prepared: {} dst pages, state slot {}, aux row {}; {}", st.room,
           in.from->address, p.dst_pages.size(), p.dst_state_slot, p.dst_aux_row,
           in.from->link->describe());
-    st.links.push_back(
-        decode_link{in.from, in.connection, std::move(p), std::move(state_pages), {}});
+    st.links.push_back(decode_link{
+        in.from, in.connection, std::move(p), std::move(state_pages), {}, {}, false, digests});
     st.timeline.mark_once(prefill_mark::prepared);
     // That link's outcome, which follows its prepare, may now come straight here.
     st.ctx->routes.add_prefill(st.room, caf::actor_cast<caf::actor>(self), in.connection.id());
@@ -481,6 +312,9 @@ void on_peer(sender_actor* self, peer_inbound& in) {
         on_prepare(self, in, p);
       },
       [&](peer_prepare_paged& p) { on_prepare(self, in, p.prepare, std::move(p.dst_state_pages)); },
+      [&](peer_prepare_checked& p) {
+        on_prepare(self, in, p.prepare, std::move(p.dst_state_pages), true);
+      },
       [&](peer_outcome& o) {
         on_outcome(self, in, in.from->link->in_group, o.token, o.ok, static_cast<errc>(o.code),
                    o.reason);
@@ -586,10 +420,12 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
 }
 
 }  // namespace
+}  // namespace sending
 
 caf::actor spawn_sender(caf::event_based_actor* parent, context_ptr ctx, uint64_t room,
                         caf::actor scheduler) {
-  return parent->spawn<caf::monitored>(sender_behavior, std::move(ctx), room, std::move(scheduler));
+  return parent->spawn<caf::monitored>(sending::sender_behavior, std::move(ctx), room,
+                                       std::move(scheduler));
 }
 
 }  // namespace ferry

@@ -237,6 +237,17 @@ uint32_t fault_engine::submit(write_batch batch) {
       stats_.failed_writes += f->write && batch.mode != notify::batch_end ? 1 : n;
       changed();
     }
+    if (auto c = take(fault::kind::corrupt_writes, [&](const fault& x) {
+          return (!x.peer || *x.peer == batch.peer) && (x.write ? *x.write < n : n > 0);
+        })) {
+      for (size_t i = 0; i < n; ++i) {
+        if (c->write && *c->write != i) continue;
+        auto& op = batch.ops[i];
+        op.local_offset = op.local_offset > 0 ? op.local_offset - 1 : 1;
+        ++stats_.corrupted_writes;
+      }
+      changed();
+    }
   }
   uint32_t injected = 0;
   error why;

@@ -46,6 +46,10 @@ struct fault {
     drop_immediates,  ///< arrived immediates are discarded: the consumer sees fewer than landed
     hold_fences,      ///< fence_peer is held, not forwarded, until `release_fences`
     hold_removals,    ///< remove_peer is held, not forwarded, until `release_removals`
+    corrupt_writes,   ///< a batch's writes (all, or the one at index `write`) read their
+                      ///< source one byte off (from local_offset - 1; + 1 at offset 0): they
+                      ///< land wrong bytes and complete as if all were well, which only an
+                      ///< end-to-end checksum catches
   };
   /// `times` without a limit.
   static constexpr uint32_t always = UINT32_MAX;
@@ -60,11 +64,11 @@ struct fault {
   /// fail_*: the error's code; ok: what the real engine gives such a failure (fabric_error for a
   /// call, fabric_write_failed for a write).
   errc code = errc::ok;
-  /// fail_writes: only batches to this peer; hold_fences / hold_removals: only calls naming
-  /// it. Empty: every peer.
+  /// fail_writes, corrupt_writes: only batches to this peer; hold_fences / hold_removals: only
+  /// calls naming it. Empty: every peer.
   std::optional<peer_handle> peer;
-  /// fail_writes: only the write at this index of a batch (a batch with fewer writes is not
-  /// taken); empty: every write of the batch.
+  /// fail_writes, corrupt_writes: only the write at this index of a batch (a batch with fewer
+  /// writes is not taken); empty: every write of the batch.
   std::optional<uint32_t> write;
   /// hold_immediates / drop_immediates: only immediates of this value; empty: every value.
   std::optional<uint64_t> imm;
@@ -112,6 +116,7 @@ struct fault_stats {
   uint64_t failed_calls = 0;          ///< register / insert calls a fault failed
   uint64_t failed_batches = 0;        ///< batches a fail_writes fault took
   uint64_t failed_writes = 0;         ///< writes it failed (never posted)
+  uint64_t corrupted_writes = 0;      ///< writes a corrupt_writes fault posted one byte off
   uint64_t writes_completed = 0;      ///< writes the wrapped engine reported completed
   uint64_t immediates_arrived = 0;    ///< immediates (one per write) the wrapped engine reported
   uint64_t immediates_delivered = 0;  ///< of them, passed to the consumer

@@ -349,6 +349,10 @@ int main(int argc, char** argv) {
   bench::scale::add_options(app, scale_opts);
   bench::rolling::options rolling_opts;
   bench::rolling::add_options(app, rolling_opts);
+  bool digest_rate = false;
+  app.add_flag("--digest-rate", digest_rate,
+               "no daemons: one core's XXH3-64 rate (integrity.checksums' hash) over 256 MiB, "
+               "--repeat passes");
   app.footer(
       "Exit codes: 0 all committed, 1 some failed, 2 usage, 3 ferryd unreachable or lost, "
       "4 timed out (docs/cli.md)");
@@ -358,6 +362,7 @@ int main(int argc, char** argv) {
   o.baseline = !no_baseline;
   ctx.provider = o.provider;
   ctx.text = o.json == "-" ? &std::cerr : &std::cout;
+  if (digest_rate) return bench::digest_rate(o.repeat, o.json);
   const int modes = (o.latency ? 1 : 0) + (o.open_loop_rate > 0 ? 1 : 0) +
                     (o.background_rooms > 0 ? 1 : 0) + (o.pipeline ? 1 : 0) +
                     (o.layer_wise_ms > 0 ? 1 : 0);

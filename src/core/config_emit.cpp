@@ -154,6 +154,12 @@ std::string to_yaml(const ferry_config& cfg, yaml_for reader) {
   out << YAML::Key << "workers" << YAML::Value << cfg.runtime.workers;
   out << YAML::EndMap;
 
+  if (reader == yaml_for::self) {  // the decode's own choice: a peer learns it per prepare
+    out << YAML::Key << "integrity" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "checksums" << YAML::Value << cfg.integrity.checksums;
+    out << YAML::EndMap;
+  }
+
   out << YAML::Key << "log" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "level" << YAML::Value << cfg.log.level;
   out << YAML::Key << "format" << YAML::Value << cfg.log.format;

@@ -403,7 +403,7 @@ ferry_config parse_root(const YAML::Node& root) {
   ferry_config cfg;
   const section top(root, "",
                     {"node", "role", "listen", "fabric", "timeouts", "limits", "security", "tp",
-                     "pp", "dp", "runtime", "log", "pools", "discovery", "model"});
+                     "pp", "dp", "runtime", "integrity", "log", "pools", "discovery", "model"});
   if (auto model = top.find("model")) cfg.model = parse_model(*model);
 
   const section node(top.get_or_null("node"), "node", {"name", "instance"});
@@ -493,6 +493,9 @@ ferry_config parse_root(const YAML::Node& root) {
 
   const section runtime(top.get_or_null("runtime"), "runtime", {"workers"});
   runtime.optional_field("workers", cfg.runtime.workers);
+
+  const section integrity(top.get_or_null("integrity"), "integrity", {"checksums"});
+  integrity.optional_field("checksums", cfg.integrity.checksums);
 
   const section log(top.get_or_null("log"), "log",
                     {"level", "format", "levels", "summary_ms", "burst"});

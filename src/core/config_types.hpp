@@ -264,6 +264,15 @@ struct runtime_config {
   uint32_t workers = 0;
 };
 
+/// What a decode checks of the bytes that land (docs/reliability.md, "Checksums").
+struct integrity_config {
+  /// Every room this decode receives carries the prefill's digests of what it sent, and reports
+  /// Success only once what landed digests the same (XXH3-64 per buffer pair,
+  /// core/room_digest.hpp); a difference fails the room with checksum_mismatch. Needs peer protocol
+  /// 11 on the prefill.
+  bool checksums = false;
+};
+
 /// ferryd's named loggers (docs/operations.md, "Logs"): what `log.levels` may name.
 inline constexpr std::string_view logger_names[] = {"ferryd", "scheduler", "room",
                                                     "peer",   "client",    "transport"};
@@ -327,6 +336,7 @@ struct ferry_config {
   pp_config pp;
   dp_config dp;
   runtime_config runtime;
+  integrity_config integrity{};
   pools_config pools;
   log_config log;
   /// Control addresses ("host:port") of every rank of the engine instance this daemon serves

@@ -14,6 +14,8 @@ const char* to_string(errc e) {
       return "fabric_write_failed";
     case errc::fabric_error:
       return "fabric_error";
+    case errc::checksum_mismatch:
+      return "checksum_mismatch";
     case errc::peer_unreachable:
       return "peer_unreachable";
     case errc::peer_incompatible:

@@ -19,6 +19,7 @@ enum class errc : uint16_t {
   fabric_unavailable = 200,   ///< provider missing or endpoint could not be opened
   fabric_write_failed = 201,  ///< a posted write completed with an error
   fabric_error = 202,         ///< a fabric call failed (registration, address insertion, ...)
+  checksum_mismatch = 203,    ///< the bytes that landed differ from what the prefill sent
   // peer / protocol (300s)
   peer_unreachable = 300,     ///< connect or handshake with a peer daemon failed
   peer_incompatible = 301,    ///< layouts, geometry, versions or cluster secrets do not fit
@@ -50,6 +51,7 @@ inline constexpr errc all_errc[] = {errc::ok,
                                     errc::fabric_unavailable,
                                     errc::fabric_write_failed,
                                     errc::fabric_error,
+                                    errc::checksum_mismatch,
                                     errc::peer_unreachable,
                                     errc::peer_incompatible,
                                     errc::peer_lost,

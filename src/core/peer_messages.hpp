@@ -33,8 +33,13 @@ namespace ferry {
 /// 10: a decode whose room's KV lands in its staging reserves that staging when the prefill's
 /// writes are about to start (`peer_staging_request`, `peer_staging_grant`), not at prepare; a
 /// version-9 peer gets the staging offset in the prepare, as before.
-inline constexpr uint32_t peer_protocol_version = 10;
+/// 11: a decode that checks what lands (integrity.checksums) prepares with
+/// `peer_prepare_checked`, and the prefill announces that link's writes with the digests of what
+/// it sent (`peer_announce_checked`). A decode that checks refuses to use a prefill below
+/// version 11.
+inline constexpr uint32_t peer_protocol_version = 11;
 inline constexpr uint32_t peer_paged_state_version = 8;
+inline constexpr uint32_t peer_checksums_version = 11;
 inline constexpr uint32_t peer_protocol_min_version = 5;
 
 /// "No staging" in peer_prepare::dst_staging and peer_staging_grant::offset.
@@ -111,6 +116,14 @@ struct peer_prepare_paged {
   std::vector<uint32_t> dst_state_pages;
 };
 
+/// Decode -> prefill (version 11): a prepare whose room checks what lands (integrity.checksums):
+/// the prefill announces with the digests of what it sent (`peer_announce_checked`). A paged state
+/// pool's pages come in `dst_state_pages` (empty otherwise).
+struct peer_prepare_checked {
+  peer_prepare prepare;
+  std::vector<uint32_t> dst_state_pages;
+};
+
 // Every room message after the prepare carries the prepare's `token`: the epoch of that room
 // incarnation. A room id may be reused once its room is terminal; a late message (or write) of
 // an earlier incarnation carries an older token and is ignored.
@@ -131,6 +144,16 @@ struct peer_announce {
   uint64_t total_writes = 0;
   uint64_t total_bytes = 0;
 };
+
+/// Prefill -> decode (version 11): the announcement of a link prepared with
+/// `peer_prepare_checked`, with the XXH3-64 digests of what this rank sent the link, one per
+/// buffer pair in the order of core/room_digest.hpp.
+struct peer_announce_checked {
+  peer_announce announce;
+  std::vector<uint64_t> digests;
+};
+/// The most digests one peer_announce_checked carries (a link's buffer pairs: KV, state, aux).
+inline constexpr uint32_t max_room_digests = 16384;
 
 /// Decode -> prefill: the room committed (every write landed) or failed with a reason.
 /// Prefill -> decode with ok=false: the prefill side failed or cancelled the room.

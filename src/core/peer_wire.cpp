@@ -47,6 +47,10 @@ class writer {
       p += 4;
     }
   }
+  void u64s(const std::vector<uint64_t>& v) {
+    num(static_cast<uint32_t>(v.size()));
+    for (uint64_t x : v) num(x);
+  }
   void region(const peer_region& r) {
     boolean(r.present);
     num(r.remote_base);
@@ -115,6 +119,13 @@ class reader {
       p += 4;
     }
     pos_ += 4 * size_t{n};
+    return true;
+  }
+  bool u64s(std::vector<uint64_t>& v, const char* field, uint32_t limit) {
+    uint32_t n = 0;
+    if (!count(n, field, limit) || !need(8 * size_t{n}, field)) return false;
+    v.resize(n);
+    for (auto& x : v) num(x, field);
     return true;
   }
   bool region(peer_region& r, const char* field) {
@@ -206,6 +217,14 @@ bool decode(reader& r, peer_prepare_paged& p) {
   return decode(r, p.prepare) && r.u32s(p.dst_state_pages, "dst_state_pages");
 }
 
+void encode(writer& w, const peer_prepare_checked& p) {
+  encode(w, p.prepare);
+  w.u32s(p.dst_state_pages);
+}
+bool decode(reader& r, peer_prepare_checked& p) {
+  return decode(r, p.prepare) && r.u32s(p.dst_state_pages, "dst_state_pages");
+}
+
 void encode(writer& w, const peer_prepare_ack& a) {
   w.num(a.room);
   w.num(a.token);
@@ -227,6 +246,14 @@ void encode(writer& w, const peer_announce& a) {
 bool decode(reader& r, peer_announce& a) {
   return r.num(a.room, "room") && r.num(a.token, "token") &&
          r.num(a.total_writes, "total_writes") && r.num(a.total_bytes, "total_bytes");
+}
+
+void encode(writer& w, const peer_announce_checked& a) {
+  encode(w, a.announce);
+  w.u64s(a.digests);
+}
+bool decode(reader& r, peer_announce_checked& a) {
+  return decode(r, a.announce) && r.u64s(a.digests, "digests", max_room_digests);
 }
 
 void encode(writer& w, const peer_outcome& o) {
@@ -349,6 +376,10 @@ const char* name(kind k) {
       return "peer_rails";
     case kind::heartbeat:
       return "peer_heartbeat";
+    case kind::prepare_checked:
+      return "peer_prepare_checked";
+    case kind::announce_checked:
+      return "peer_announce_checked";
   }
   return "unknown";
 }
@@ -359,6 +390,7 @@ uint32_t max_body(kind k) {
       return max_hello_body;
     case kind::prepare:
     case kind::prepare_paged:
+    case kind::prepare_checked:
       return max_list_body;
     case kind::heartbeat:
     case kind::leaving_ack:

@@ -53,14 +53,17 @@ enum class kind : uint8_t {
   heartbeat = 13,
   staging_request = 14,
   staging_grant = 15,
+  prepare_checked = 16,
+  announce_checked = 17,
 };
-inline constexpr uint8_t max_kind = 15;
+inline constexpr uint8_t max_kind = 17;
 
 /// Every message of the channel; the index of each alternative is its kind minus one.
-using message = std::variant<peer_hello, peer_auth, peer_refused, peer_prepare, peer_prepare_paged,
-                             peer_prepare_ack, peer_announce, peer_outcome, peer_drained,
-                             peer_leaving, peer_leaving_ack, peer_rails, peer_heartbeat,
-                             peer_staging_request, peer_staging_grant>;
+using message =
+    std::variant<peer_hello, peer_auth, peer_refused, peer_prepare, peer_prepare_paged,
+                 peer_prepare_ack, peer_announce, peer_outcome, peer_drained, peer_leaving,
+                 peer_leaving_ack, peer_rails, peer_heartbeat, peer_staging_request,
+                 peer_staging_grant, peer_prepare_checked, peer_announce_checked>;
 
 inline kind kind_of(const message& m) { return static_cast<kind>(m.index() + 1); }
 const char* name(kind k);

@@ -5,13 +5,14 @@
 namespace ferry::receiver {
 
 room::room(uint64_t id, lifecycle_limits limits, rank_schema mine, std::vector<std::string> named,
-           uint64_t first_token, uint32_t pages, uint64_t staging_capacity)
+           uint64_t first_token, uint32_t pages, uint64_t staging_capacity, bool checks)
     : id_(id),
       life_(limits, waits),
       mine_(mine),
       first_token_(first_token),
       pages_(pages),
-      capacity_(staging_capacity) {
+      capacity_(staging_capacity),
+      checks_(checks) {
   named_.resize(named.size());
   for (size_t i = 0; i < named.size(); ++i) named_[i].address = std::move(named[i]);
 }
@@ -319,21 +320,39 @@ void room::evaluate(commit_counter::state c, effects& out) {
                               commit_.landed(), *commit_.expected()),
                   true, out);
     case commit_counter::state::complete:
-      if (unpacking_) return;
+      if (unpacking_ || verifying_) return;
       for (const auto& l : links_)
         if (l.staging) {
           unpacking_ = true;
           out.push_back(unpack{});
           return;
         }
-      return succeed(out);
+      return landed_all(out);
   }
 }
 
 effects room::unpacked() {
   effects out;
-  if (!unpacking_ || ended()) return out;
-  succeed(out);
+  if (!unpacking_ || ended() || verifying_) return out;
+  landed_all(out);
+  return out;
+}
+
+void room::landed_all(effects& out) {
+  if (!checks_) return succeed(out);
+  verifying_ = true;
+  out.push_back(verify{});
+}
+
+effects room::verified(errc code, const std::string& reason) {
+  effects out;
+  if (!verifying_ || ended()) return out;
+  verifying_ = false;
+  if (code == errc::ok) {
+    succeed(out);
+    return out;
+  }
+  fail(code, reason, true, out);
   return out;
 }
 

@@ -107,6 +107,9 @@ struct failed {
 };
 /// Copy the KV that landed in staging into the pages (links with `staging`); then `unpacked`.
 struct unpack {};
+/// Digest what landed and compare it with each rank's digests (integrity.checksums); then
+/// `verified`.
+struct verify {};
 /// The room's staging block may be reused.
 struct release_staging {
   uint64_t at;
@@ -121,15 +124,16 @@ struct life {
 };
 
 using effect = std::variant<reserve_staging, no_staging, send_prepares, grant, tell, failed, unpack,
-                            release_staging, fence, life>;
+                            verify, release_staging, fence, life>;
 using effects = std::vector<effect>;
 
 class room {
  public:
   /// `named`: the prefill peers the client named (their addresses); named peer i's link uses
-  /// token `first_token + i`. `staging_capacity`: fabric.staging_bytes (0: none).
+  /// token `first_token + i`. `staging_capacity`: fabric.staging_bytes (0: none). `checks`:
+  /// what lands is verified against the ranks' digests before Success (integrity.checksums).
   room(uint64_t id, lifecycle_limits limits, rank_schema mine, std::vector<std::string> named,
-       uint64_t first_token, uint32_t pages, uint64_t staging_capacity);
+       uint64_t first_token, uint32_t pages, uint64_t staging_capacity, bool checks = false);
   room() = default;
 
   effects start();
@@ -156,6 +160,9 @@ class room {
   /// `count` writes carrying `token` landed.
   effects landed(uint64_t token, uint64_t count);
   effects unpacked();
+  /// The `verify` is done: `code` ok when every digest matched, else checksum_mismatch (or why
+  /// it could not check) and the first difference.
+  effects verified(errc code, const std::string& reason);
   effects cancel(const std::string& why);
   /// Named peer `i`'s connection ended (`fenced`: its registrations are closed).
   effects peer_down(size_t i, bool fenced, errc code, const std::string& why);
@@ -194,6 +201,8 @@ class room {
   void grant_requested(effects& out);
   void evaluate(commit_counter::state c, effects& out);
   void succeed(effects& out);
+  /// Every write landed and any unpack is done: verify first when the room checks.
+  void landed_all(effects& out);
   void fail(errc code, std::string reason, bool tell_peers, effects& out);
   void finish_drain(effects& out);
   void release(effects& out);
@@ -216,6 +225,8 @@ class room {
   std::optional<uint64_t> staging_;  ///< the room's block
   bool prepared_ = false;
   bool unpacking_ = false;
+  bool checks_ = false;     ///< integrity.checksums: verify before Success
+  bool verifying_ = false;  ///< a verify is out
   commit_counter commit_;
   uint64_t bytes_ = 0;
   std::string drain_note_;  ///< what the drain deadline found (and fenced)

@@ -33,10 +33,11 @@ result<> late_prepare(const bounded_map<uint64_t, finished_room>& finished, uint
 
 error ended_before_prepare(uint64_t room, room_status s, const std::string& reason, errc code) {
   if (s == room_status::success)
-    return error{errc::room_finished,
-                 fmt::format("room {} succeeded on the prefill before it took this decode's prepare "
-                             "(every decode rank it feeds had prepared it)",
-                             room)};
+    return error{
+        errc::room_finished,
+        fmt::format("room {} succeeded on the prefill before it took this decode's prepare "
+                    "(every decode rank it feeds had prepared it)",
+                    room)};
   return error{code == errc::ok ? errc::internal : code,
                fmt::format("room {} failed on the prefill before it took this decode's prepare: {}",
                            room, reason)};

@@ -89,9 +89,9 @@ effects room::prepare(prepare_in in) {
   effects out;
   // Every prepare is answered: its decode rank waits for this answer, or for a drain report.
   if (life_.terminal()) {
-    out.push_back(ack{in.link, in.token,
-                      ended_before_prepare(id_, life_.status(), life_.fail_reason(),
-                                           life_.fail_code())});
+    out.push_back(
+        ack{in.link, in.token,
+            ended_before_prepare(id_, life_.status(), life_.fail_reason(), life_.fail_code())});
     return out;
   }
   if (life_.draining()) {

@@ -127,6 +127,7 @@ struct shape {
   /// rank holds B and C whole (shard_units).
   uint32_t conv_n_groups = 0;
   std::string model_yaml;  ///< a top-level `model:` section, verbatim (empty: none)
+  bool checksums = false;  ///< integrity.checksums
   uint32_t aux_rows = 64;
   uint32_t handshake_ms = 10000;
   uint32_t bootstrapping_ms = 20000;
@@ -259,7 +260,8 @@ inline std::string make_config(const std::string& name, const std::string& role,
     << s.temporal_heads / s.tp_size << ", " << s.temporal_dim << ", " << s.temporal_dim << "]"
     << "\n        dtype_bytes: 4\n        slice_axis: 0\n"
     << "  aux:\n    rows: " << s.aux_rows << "\n    row_bytes: 5632\n"
-    << (s.client_memory ? "    memory: client\n" : "") << s.model_yaml;
+    << (s.client_memory ? "    memory: client\n" : "") << s.model_yaml
+    << (s.checksums ? "integrity:\n  checksums: true\n" : "");
   return y.str();
 }
 

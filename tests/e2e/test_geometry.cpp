@@ -193,6 +193,25 @@ TEST_CASE("TP 4 -> 2: each decode rank gathers from two prefill ranks, byte-exac
   }
 }
 
+TEST_CASE(
+    "checksums verify what landed under TP mismatch: packed at the prefill, unpacked at the "
+    "decode, layer-wise",
+    "[e2e][geometry][checksums]") {
+  // Decodes with integrity.checksums: each prefill rank sends the digests of what it sent each
+  // decode rank, and each decode rank reports Success only once what landed (after unpacking)
+  // digests the same. expect_success also checks every byte.
+  auto checked = small();
+  checked.checksums = true;
+  const auto [ps, pd] = GENERATE(std::pair{1u, 2u}, std::pair{2u, 1u}, std::pair{4u, 2u});
+  CAPTURE(ps, pd);
+  cluster c(ranks(small(), ps), ranks(checked, pd));
+  c.run(fragmented_room(81, 120));
+  SECTION("layer by layer") {
+    c.layer_wise = true;
+    c.run(fragmented_room(82, 60));
+  }
+}
+
 TEST_CASE("TP 2 -> 1 with fragmented pages: slices gathered at each prefill rank, unpacked",
           "[e2e][geometry]") {
   cluster c(ranks(small(), 2), ranks(small(), 1));
@@ -473,6 +492,28 @@ TEST_CASE(
   c.expect_success(r);
   CHECK(status_of(d)["staging"]["in_use"] == 0);
   CHECK(cluster::copied(c.d, "unpacked_bytes") > 0);  // it did land in staging
+}
+
+TEST_CASE("a decode that checks refuses a prefill of an older peer protocol, naming the versions",
+          "[e2e][geometry][checksums]") {
+  // A prefill built before checksums could not send digests: the room fails before anything
+  // is prepared, instead of waiting for digests that never come.
+  auto old = ranks(small(), 1);
+  old[0].env.push_back({"FERRY_FAILPOINTS", "peer_protocol_9"});
+  auto checked = small();
+  checked.checksums = true;
+  cluster c(old, ranks(checked, 1));
+  room_spec r;
+  r.room = 95;
+  r.src_pages = range(0, 8);
+  r.dst_pages = range(100, 8);
+  c.stage(r);
+  auto e = wait_done(*c.d[0], r.room);
+  CHECK(e.status == room_status::failed);
+  CHECK(e.code == errc::peer_incompatible);
+  CHECK_THAT(e.reason, Catch::EndsWith("could not use peer " + c.prefill[0]->control() +
+                                       ": integrity.checksums needs peer protocol 11; it "
+                                       "speaks 9"));
 }
 
 TEST_CASE("a named peer the geometry does not need may be unreachable", "[e2e][geometry]") {

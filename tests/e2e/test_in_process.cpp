@@ -344,3 +344,62 @@ TEST_CASE(
   CHECK(prefill.stop() == 0);
   CHECK(decode.stop() == 0);
 }
+
+TEST_CASE(
+    "in process: with checksums, a byte changed in flight fails the room with checksum_mismatch "
+    "naming the buffer, and without them it goes unseen",
+    "[e2e][in_process][checksums]") {
+  require_provider("tcp");
+  temp_dir dir;
+  shape s = small_shape();
+  shape ds = s;
+  ds.checksums = true;
+  inproc_daemon prefill(dir, "prefill-0", "prefill", s);
+  inproc_daemon decode(dir, "decode-0", "decode", ds);
+  auto p = prefill.connect();
+  auto d = decode.connect();
+  // Nothing armed: the digests match, and the room is byte-exact.
+  run_and_verify(*p, *d, prefill.control(), small_room(1));
+
+  // Every write of the next batch reads its source one byte off: it lands wrong bytes and
+  // completes as if all were well.
+  prefill.faults().arm(transport::fault::of(transport::fault::kind::corrupt_writes));
+  auto r = small_room(2);
+  stage(*p, *d, r);
+  prepare(*d, prefill.control(), r);
+  send_rest(*p, r, 0);
+  const auto de = wait_done(*d, r.room);
+  INFO(de.reason);
+  CHECK(de.status == room_status::failed);
+  CHECK(de.code == errc::checksum_mismatch);
+  CHECK_THAT(de.reason,
+             Catch::Matches(R"((kv buffer \d+ \((K|V), layer \d+\)|state buffer \d+ \(tensor \d+, )"
+                            R"(layer \d+\)|aux buffer \d+): destination bytes \[\d+, \d+\) of the )"
+                            R"((kv|state|aux) pool differ from what prefill )" +
+                            prefill.control() +
+                            R"( sent \(digest 0x[0-9a-f]{16} landed, 0x[0-9a-f]{16} sent\))"));
+  const auto pe = wait_done(*p, r.room);
+  CHECK(pe.status == room_status::failed);
+  CHECK(pe.code == errc::checksum_mismatch);
+  CHECK(prefill.faults().stats().corrupted_writes > 0);
+  check_nothing_held(*p);
+  check_nothing_held(*d);
+  // The next room, nothing armed, is verified and byte-exact.
+  run_and_verify(*p, *d, prefill.control(), small_room(3));
+  CHECK(prefill.stop() == 0);
+  CHECK(decode.stop() == 0);
+
+  // The same fault against a decode that does not check: Success, with wrong bytes.
+  temp_dir dir2;
+  inproc_daemon prefill2(dir2, "prefill-1", "prefill", s);
+  inproc_daemon decode2(dir2, "decode-1", "decode", s);
+  auto p2 = prefill2.connect();
+  auto d2 = decode2.connect();
+  prefill2.faults().arm(transport::fault::of(transport::fault::kind::corrupt_writes));
+  auto q = small_room(4);
+  stage(*p2, *d2, q);
+  prepare(*d2, prefill2.control(), q);
+  send_rest(*p2, q, 0);
+  CHECK(wait_done(*d2, q.room).status == room_status::success);
+  CHECK_FALSE(client::verify_room(*d2, q.room, q.dst_pages, q.dst_slot, q.dst_row));
+}

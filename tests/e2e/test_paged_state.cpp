@@ -94,16 +94,19 @@ swa_room window_room(uint64_t id) {
 TEST_CASE("paged state: a swa room moves its KV and its window's own pages byte for byte",
           "[e2e][paged_state]") {
   require_provider("tcp");
-  for (uint32_t tp : {1u, 2u}) {
-    INFO("TP " << tp << " -> " << tp);
+  // The last run checks what lands (integrity.checksums): its digests cover the window's pages.
+  for (auto [tp, checks] : {std::pair{1u, false}, std::pair{2u, false}, std::pair{2u, true}}) {
+    INFO("TP " << tp << " -> " << tp << (checks ? ", checksums" : ""));
     temp_dir dir;
     std::vector<std::unique_ptr<daemon_proc>> pre, dec;
     std::vector<std::unique_ptr<client::client>> p, d;
     for (uint32_t r = 0; r < tp; ++r) {
+      auto checked = swa(tp, r);
+      checked.checksums = checks;
       pre.push_back(
           std::make_unique<daemon_proc>(dir, fmt::format("prefill-{}", r), "prefill", swa(tp, r)));
       dec.push_back(
-          std::make_unique<daemon_proc>(dir, fmt::format("decode-{}", r), "decode", swa(tp, r)));
+          std::make_unique<daemon_proc>(dir, fmt::format("decode-{}", r), "decode", checked));
       p.push_back(pre.back()->connect());
       d.push_back(dec.back()->connect());
     }

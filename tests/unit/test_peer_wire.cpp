@@ -47,7 +47,9 @@ std::vector<message> every_message() {
           peer_rails{{{{1, 2}, false}, {{3}, true}}},
           peer_heartbeat{},
           peer_staging_request{5, 6},
-          peer_staging_grant{5, 6, 8192}};
+          peer_staging_grant{5, 6, 8192},
+          peer_prepare_checked{p, {4, 2}},
+          peer_announce_checked{{5, 6, 29, 1 << 20}, {0x0123456789abcdefull, 7, 0}}};
 }
 
 /// Feed `bytes` to `r` and take every message out.
@@ -258,6 +260,16 @@ TEST_CASE("a body is decoded bounds-checked and must be consumed exactly", "[pee
   one_more[16] = 7;  // fits: then the fields after it are missing
   r = decode_body(kind::prepare, one_more);
   CHECK(r.message == "peer message peer_prepare: field 'dst_state_slot' needs 4 bytes, 0 left");
+  // Too many digests for the bound, or more than the body holds.
+  auto digests = encode_body(peer_announce_checked{{1, 2, 3, 4}, {5}});
+  digests[32] = 0x01, digests[33] = 0x40;  // 16385
+  r = decode_body(kind::announce_checked, digests);
+  CHECK(r.message ==
+        "peer message peer_announce_checked: field 'digests' has 16385 entries, above the limit "
+        "of 16384");
+  digests[32] = 2, digests[33] = 0;
+  r = decode_body(kind::announce_checked, digests);
+  CHECK(r.message == "peer message peer_announce_checked: field 'digests' needs 16 bytes, 8 left");
   // Too many rails, too long a reason.
   auto rails = encode_body(peer_rails{});
   rails[0] = 65;

@@ -30,8 +30,8 @@ struct harness {
   std::string last_reason;  ///< of the last report
   bool last_wait = true;    ///< of the last reserve_staging
 
-  explicit harness(uint64_t staging = 0)
-      : m(7, limits, schema(1, 0), {"p0:7401", "p1:7401"}, 100, 2, staging) {}
+  explicit harness(uint64_t staging = 0, bool checks = false)
+      : m(7, limits, schema(1, 0), {"p0:7401", "p1:7401"}, 100, 2, staging, checks) {}
 
   std::string apply(const effects& fx) {
     std::string s;
@@ -50,6 +50,7 @@ struct harness {
             if constexpr (std::is_same_v<E, tell>) add(x.ok ? "tell_ok" : "tell");
             if constexpr (std::is_same_v<E, failed>) add("failed");
             if constexpr (std::is_same_v<E, unpack>) add("unpack");
+            if constexpr (std::is_same_v<E, verify>) add("verify");
             if constexpr (std::is_same_v<E, release_staging>) add("release_staging");
             if constexpr (std::is_same_v<E, fence>) add("fence");
             if constexpr (std::is_same_v<E, life>) {
@@ -99,6 +100,7 @@ enum class ev {
   expire_state,
   expire_drain,
   staging_requested,
+  verified,
 };
 constexpr ev all_events[] = {ev::resolved,         ev::unusable,           ev::staging_reserved,
                              ev::staging_freed,    ev::staging_declined,   ev::ack_ok,
@@ -106,7 +108,7 @@ constexpr ev all_events[] = {ev::resolved,         ev::unusable,           ev::s
                              ev::outcome_failed,   ev::outcome_ok,         ev::drained,
                              ev::landed,           ev::unpacked,           ev::cancel,
                              ev::peer_down_fenced, ev::peer_down_unfenced, ev::expire_state,
-                             ev::expire_drain,     ev::staging_requested};
+                             ev::expire_drain,     ev::staging_requested,  ev::verified};
 const char* name(ev e) {
   static const char* names[] = {"resolved",         "unusable",           "staging_reserved",
                                 "staging_freed",    "staging_declined",   "ack_ok",
@@ -114,7 +116,7 @@ const char* name(ev e) {
                                 "outcome_failed",   "outcome_ok",         "drained",
                                 "landed",           "unpacked",           "cancel",
                                 "peer_down_fenced", "peer_down_unfenced", "expire_state",
-                                "expire_drain",     "staging_requested"};
+                                "expire_drain",     "staging_requested",  "verified"};
   return names[static_cast<int>(e)];
 }
 constexpr room_phase all_phases[] = {room_phase::bootstrapping, room_phase::waiting_for_input,
@@ -192,6 +194,8 @@ std::string run(harness& h, ev e) {
       return h.expire(deadline_kind::drain);
     case ev::staging_requested:  // its prepare did not say so: ignored
       return h.apply(h.m.staging_requested(0, 100));
+    case ev::verified:  // a room that does not check never asked: ignored
+      return h.apply(h.m.verified(errc::checksum_mismatch, "kv buffer 0 (K, layer 3): ..."));
   }
   return "?";
 }
@@ -231,6 +235,7 @@ const row table[] = {
   {P::bootstrapping, ev::expire_state,       P::draining, drains},
   {P::bootstrapping, ev::expire_drain,       P::bootstrapping, ""},
   {P::bootstrapping, ev::staging_requested,  P::bootstrapping, ""},
+  {P::bootstrapping, ev::verified,           P::bootstrapping, ""},
   // WaitingForInput: both accepted.
   {P::waiting_for_input, ev::resolved,           P::waiting_for_input, ""},
   {P::waiting_for_input, ev::unusable,           P::waiting_for_input, ""},
@@ -252,6 +257,7 @@ const row table[] = {
   {P::waiting_for_input, ev::expire_state,       P::draining, drains},
   {P::waiting_for_input, ev::expire_drain,       P::waiting_for_input, ""},
   {P::waiting_for_input, ev::staging_requested,  P::waiting_for_input, ""},
+  {P::waiting_for_input, ev::verified,           P::waiting_for_input, ""},
   // Transferring: one write of rank 0 landed, nothing announced.
   {P::transferring, ev::resolved,           P::transferring, ""},
   {P::transferring, ev::unusable,           P::transferring, ""},
@@ -273,6 +279,7 @@ const row table[] = {
   {P::transferring, ev::expire_state,       P::draining, drains},
   {P::transferring, ev::expire_drain,       P::transferring, ""},
   {P::transferring, ev::staging_requested,  P::transferring, ""},
+  {P::transferring, ev::verified,           P::transferring, ""},
   // Draining: neither rank drained, refused or was fenced; one of the two settling is not enough.
   {P::draining, ev::resolved,           P::draining, ""},
   {P::draining, ev::unusable,           P::draining, ""},
@@ -294,6 +301,7 @@ const row table[] = {
   {P::draining, ev::expire_state,       P::draining, ""},  // cancelled by the failure
   {P::draining, ev::expire_drain,       P::draining, "fence fence"},  // the fences complete it
   {P::draining, ev::staging_requested,  P::draining, ""},
+  {P::draining, ev::verified,           P::draining, ""},
   // Terminal.
   {P::success, ev::resolved,           P::success, ""},
   {P::success, ev::unusable,           P::success, ""},
@@ -315,6 +323,7 @@ const row table[] = {
   {P::success, ev::expire_state,       P::success, ""},
   {P::success, ev::expire_drain,       P::success, ""},
   {P::success, ev::staging_requested,  P::success, ""},
+  {P::success, ev::verified,           P::success, ""},
   {P::failed, ev::resolved,           P::failed, ""},
   {P::failed, ev::unusable,           P::failed, ""},
   {P::failed, ev::staging_reserved,   P::failed, "release_staging"},
@@ -335,6 +344,7 @@ const row table[] = {
   {P::failed, ev::expire_state,       P::failed, ""},
   {P::failed, ev::expire_drain,       P::failed, ""},
   {P::failed, ev::staging_requested,  P::failed, ""},
+  {P::failed, ev::verified,           P::failed, ""},
 };
 // clang-format on
 
@@ -649,4 +659,53 @@ TEST_CASE(
   CHECK(h.m.lifecycle().phase() == room_phase::draining);
   CHECK(h.apply(h.m.drained(0, 100, 0)) == "report:Failed");
   CHECK(h.last_reason == "cancelled by client");
+}
+
+TEST_CASE(
+    "receiver room: a room that checks verifies what landed, after any unpack, before Success",
+    "[unit][receiver_room]") {
+  auto to_landed = [](harness& h, uint64_t unpack_bytes = 0) {
+    h.apply(h.m.start());
+    h.resolve_both(unpack_bytes);
+    if (unpack_bytes) h.apply(h.m.staging_reserved(0));
+    h.apply(h.m.prepare_ack(0, 100, true, errc::ok, ""));
+    h.apply(h.m.prepare_ack(1, 101, true, errc::ok, ""));
+    h.apply(h.m.announce(0, 100, 1, 10));
+    h.apply(h.m.announce(1, 101, 1, 10));
+    h.apply(h.m.landed(100, 1));
+    return h.apply(h.m.landed(101, 1));
+  };
+  SECTION("the digests match: Success") {
+    harness h(0, true);
+    CHECK(to_landed(h) == "verify");
+    CHECK(h.m.phase() == room_phase::transferring);
+    CHECK(h.apply(h.m.verified(errc::ok, "")) == "tell_ok report:Success");
+  }
+  SECTION("a digest differs: Failed with checksum_mismatch, the ranks told") {
+    harness h(0, true);
+    CHECK(to_landed(h) == "verify");
+    CHECK(h.apply(h.m.verified(errc::checksum_mismatch, "kv buffer 2 (V, layer 3): ...")) ==
+          "failed tell life");
+    CHECK(h.m.lifecycle().fail_code() == errc::checksum_mismatch);
+    CHECK(h.m.lifecycle().fail_reason() == "kv buffer 2 (V, layer 3): ...");
+    // Every write it counted landed; the ranks' drain reports end it.
+    h.apply(h.m.drained(0, 100, 1));
+    CHECK(h.apply(h.m.drained(1, 101, 1)) == "report:Failed");
+  }
+  SECTION("KV landed in staging: unpacked first, then verified") {
+    harness h(100, true);
+    CHECK(to_landed(h, 30) == "unpack");
+    CHECK(h.apply(h.m.unpacked()) == "verify");
+    CHECK(h.apply(h.m.verified(errc::ok, "")) == "release_staging tell_ok report:Success");
+  }
+  SECTION("a late verify of a cancelled room does nothing") {
+    harness h(0, true);
+    CHECK(to_landed(h) == "verify");
+    CHECK(h.apply(h.m.cancel("cancelled by client")) == "failed tell life");
+    CHECK(h.apply(h.m.verified(errc::ok, "")) == "");
+  }
+  SECTION("a room that does not check succeeds at once") {
+    harness h;
+    CHECK(to_landed(h) == "tell_ok report:Success");
+  }
 }
