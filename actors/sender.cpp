@@ -306,8 +306,9 @@ void on_peer(sender_actor* self, peer_inbound& in) {
       [&](peer_staging_grant& g) { on_grant(self, in, g); },
       [&](peer_prepare& p) {
         // Test failpoint: the room ends before it takes this prepare, as when the prepare still
-        // waits in the actor's mailbox as it ends. The Scheduler must answer it.
-        if (core::failpoint("sender_ends_before_prepare"))
+        // waits in the actor's mailbox as it ends. The Scheduler must answer it. Only where
+        // nothing is in flight, so the room ends (and the actor with it) at once.
+        if (st.machine.in_flight() == 0 && core::failpoint("sender_ends_before_prepare"))
           return cancel(self, "ended by the failpoint sender_ends_before_prepare");
         on_prepare(self, in, p);
       },

@@ -392,6 +392,8 @@ uint32_t max_body(kind k) {
     case kind::prepare_paged:
     case kind::prepare_checked:
       return max_list_body;
+    case kind::announce_checked:  // the announcement, then up to max_room_digests
+      return 32 + 4 + 8 * max_room_digests;
     case kind::heartbeat:
     case kind::leaving_ack:
       return 0;

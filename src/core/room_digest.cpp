@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <new>
 
 namespace ferry {
 namespace {
@@ -17,7 +18,9 @@ struct state_deleter {
 class digester {
  public:
   digester(const std::array<const uint8_t*, 3>& bases, digest_side side)
-      : bases_(bases), side_(side), state_(XXH3_createState()) {}
+      : bases_(bases), side_(side), state_(XXH3_createState()) {
+    if (!state_) throw std::bad_alloc();
+  }
 
   void begin(space where, uint32_t buffer) {
     XXH3_64bits_reset(state_.get());

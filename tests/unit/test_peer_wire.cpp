@@ -140,6 +140,18 @@ TEST_CASE("a page list of megabytes fits one frame, and a list beyond the bound 
                      " bytes, above its limit of " + std::to_string(max_list_body));
 }
 
+TEST_CASE("an announcement with as many digests as a link may have fits one frame", "[peer_wire]") {
+  peer_announce_checked a{{1, 2, 3, 4}, std::vector<uint64_t>(max_room_digests)};
+  for (uint32_t i = 0; i < max_room_digests; ++i) a.digests[i] = 0x9e3779b97f4a7c15ull * i;
+  frame_writer w(keys_c.send);
+  frame_reader r(keys_a.recv);
+  std::string error;
+  auto got = read_all(r, seal_all(w, {a}), error);
+  CHECK(error == "");
+  REQUIRE(got.size() == 1);
+  CHECK(std::get<peer_announce_checked>(got[0]).digests == a.digests);
+}
+
 TEST_CASE("a 4 GiB length, an unknown kind and nonzero flags are refused from the header",
           "[peer_wire]") {
   auto refuse = [](std::vector<uint8_t> header) {
