@@ -94,7 +94,9 @@ struct daemon_metrics::impl {
   prometheus::Family<Counter>& writes =
       prometheus::BuildCounter()
           .Name("ferry_writes_total")
-          .Help("One-sided writes: posted and completed (prefill), failed, landed (decode)")
+          .Help(
+              "One-sided writes: posted and completed (prefill), failed, skipped (never "
+              "posted: their room failed), landed (decode)")
           .Register(registry);
   prometheus::Family<Counter>& write_bytes = prometheus::BuildCounter()
                                                  .Name("ferry_write_bytes_total")
@@ -130,6 +132,7 @@ struct daemon_metrics::impl {
   Counter& posted = writes.Add({{"event", "posted"}});
   Counter& completed = writes.Add({{"event", "completed"}});
   Counter& failed = writes.Add({{"event", "failed"}});
+  Counter& skipped = writes.Add({{"event", "skipped"}});
   Counter& landed = writes.Add({{"event", "landed"}});
   Counter& bytes_posted = write_bytes.Add({{"event", "posted"}});
   Counter& bytes_completed = write_bytes.Add({{"event", "completed"}});
@@ -242,11 +245,13 @@ void daemon_metrics::writes_posted(uint64_t writes, uint64_t bytes) {
   impl_->bytes_in_flight.Increment(static_cast<double>(bytes));
 }
 
-void daemon_metrics::writes_completed(uint64_t completed, uint64_t failed, uint64_t bytes) {
+void daemon_metrics::writes_completed(uint64_t completed, uint64_t failed, uint64_t skipped,
+                                      uint64_t bytes) {
   impl_->completed.Increment(static_cast<double>(completed));
   if (failed) impl_->failed.Increment(static_cast<double>(failed));
-  if (!failed) impl_->bytes_completed.Increment(static_cast<double>(bytes));
-  impl_->writes_in_flight.Decrement(static_cast<double>(completed + failed));
+  if (skipped) impl_->skipped.Increment(static_cast<double>(skipped));
+  if (!failed && !skipped) impl_->bytes_completed.Increment(static_cast<double>(bytes));
+  impl_->writes_in_flight.Decrement(static_cast<double>(completed + failed + skipped));
   impl_->bytes_in_flight.Decrement(static_cast<double>(bytes));
 }
 

@@ -108,7 +108,7 @@ class daemon_metrics {
   /// A batch of writes posted to the fabric (prefill), and its completion: `bytes` is the
   /// batch's, counted as completed only when no write failed.
   void writes_posted(uint64_t writes, uint64_t bytes);
-  void writes_completed(uint64_t completed, uint64_t failed, uint64_t bytes);
+  void writes_completed(uint64_t completed, uint64_t failed, uint64_t skipped, uint64_t bytes);
   /// Decode: writes the fabric reported landed, for rooms this daemon knows.
   void writes_landed(uint64_t count);
   /// Peer connections, by the peer's node name: one became ready (its health, for its

@@ -170,6 +170,9 @@ void apply(sender_actor* self, sender::effects fx, const answering& to) {
               l.jobs.clear();
               l.held.clear();
             }
+            // Nothing more of the room is worth sending: the drain waits only for the writes
+            // already posted, and each decode rank for exactly those (peer_drained).
+            if (x.in_flight) st.ctx->engine->cancel_writes(st.cancel);
             send_to_links(self, [&](const sender::link_record& r) {
               return peer_outcome{st.room, r.token,  true,
                                   false,   x.reason, static_cast<uint16_t>(x.code)};

@@ -37,6 +37,7 @@ void submit(sender_actor* self, size_t i, std::optional<uint64_t> staging) {
   // One immediate for the batch where the fabric orders writes (tcp): half the posts of a
   // write + marker per write, and one landed count for the decode instead of one per write.
   batch.mode = transport::notify::batch_end;
+  batch.cancel = st.cancel;  // the room's failure stops what is not posted yet
   batch.ops.reserve(w.size());
   uint64_t bytes = 0;
   for (const auto& p : w) {
@@ -55,9 +56,11 @@ void submit(sender_actor* self, size_t i, std::optional<uint64_t> staging) {
   batch.done = [me, id, area, at = staging.value_or(0), metrics, bytes,
                 ops](transport::batch_result r) {
     if (area) area->release(at);
-    // In writes (the result counts notifications): every write not failed has completed.
+    // In writes (the result counts notifications): every write neither failed nor skipped (its
+    // room failed first) has completed.
     const uint64_t failed = std::min<uint64_t>(r.failed, ops);
-    metrics->writes_completed(ops - failed, failed, bytes);
+    const uint64_t skipped = std::min<uint64_t>(r.skipped, ops - failed);
+    metrics->writes_completed(ops - failed - skipped, failed, skipped, bytes);
     caf::anon_send(me, batch_done_msg{id, std::move(r)});
   };
   metrics->writes_posted(w.size(), bytes);

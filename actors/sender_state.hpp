@@ -40,6 +40,8 @@ struct sender_state {
   deadline_tokens timers{};
   std::vector<decode_link> links;
   uint64_t next_batch = 1;
+  /// Carried by every batch of the room: its failure cancels what is not posted yet.
+  std::shared_ptr<transport::write_cancel> cancel = std::make_shared<transport::write_cancel>();
   bool pump_scheduled = false;  // a pump_atom to self is on its way
   std::vector<planned_write> writes;
   std::vector<planned_copy> copies;

@@ -46,6 +46,7 @@
 /// carries); `add_peer_rails` adds the peer's other endpoints on ours. A batch uses only rails on
 /// which its peer is known. Removal and the fence act on every rail of the peer.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -117,6 +118,9 @@ struct batch_result {
   /// Writes that completed with an error or were never posted: more than 0 whenever a write
   /// of the batch may not have landed.
   uint32_t failed = 0;
+  /// Writes never posted because the batch was cancelled (`engine::cancel_writes`): they never
+  /// land, and the notifications they would have carried never arrive. Not a failure.
+  uint32_t skipped = 0;
   /// The first error, as in result<T>: ok, or fabric_write_failed unless the code says more
   /// (peer_lost, ...), with the libfabric call, fi_strerror text and context.
   errc code = errc::ok;
@@ -133,13 +137,21 @@ enum class notify : uint8_t {
   batch_end,
 };
 
+/// Shared by the batches of one sender (a room): once passed to `engine::cancel_writes`, what
+/// of those batches is not posted yet never is.
+struct write_cancel {
+  std::atomic<bool> cancelled{false};
+};
+
 /// A group of writes to one peer; `done` runs once on the progress thread when every write has
-/// completed (or failed). Writes of one batch may be posted and complete in any order.
+/// completed (or failed, or was skipped by a cancel). Writes of one batch may be posted and
+/// complete in any order.
 struct write_batch {
   peer_handle peer = 0;
   std::vector<write_op> ops;
   std::function<void(batch_result)> done;
   notify mode = notify::every_write;
+  std::shared_ptr<write_cancel> cancel;  ///< optional: lets `cancel_writes` stop the batch
 };
 
 /// Aggregated arrived immediates: (imm value, number of writes carrying it).
@@ -272,6 +284,13 @@ class engine {
   /// Queue a batch for posting. Never blocks on the fabric. Returns `notifications(batch)`,
   /// whatever becomes of the batch later.
   virtual uint32_t submit(write_batch batch) = 0;
+  /// Stop posting the batches that carry `cancel` (their room failed): from now on none of their
+  /// ops not yet posted is, including batches submitted later with it. What was posted still
+  /// completes and is counted; where one notification stands for a whole batch (tcp,
+  /// notify::batch_end) and part of it was posted, that notification is still sent, after the
+  /// posted part, so the target's count covers every byte that may land. The rest comes back
+  /// as `batch_result::skipped`. Asynchronous; never blocks on the fabric.
+  virtual void cancel_writes(std::shared_ptr<write_cancel> cancel) = 0;
   /// The consumer finished with the last `immediates` batch; the next may be delivered.
   virtual void return_immediate_credit() = 0;
   /// A hint: peers are about to write here (a decode room sent its prepares), so for `window`

@@ -45,6 +45,15 @@ uint32_t fabric_engine::submit(write_batch batch) {
   return notes;
 }
 
+void fabric_engine::cancel_writes(std::shared_ptr<write_cancel> cancel) {
+  if (!cancel) return;
+  // The flag covers batches still in the submission queue and later ones (`admit`); the task
+  // takes those already waiting in the posting queue out of it now, so their `done` need not
+  // wait for their turn.
+  cancel->cancelled.store(true);
+  run_queued([this, cancel] { do_cancel_writes(cancel.get()); });
+}
+
 void fabric_engine::return_immediate_credit() {
   credit_returned_.store(true);
   wake();

@@ -25,6 +25,7 @@
 
 #include <rdma/fabric.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -56,25 +57,28 @@ inline const error stopped_error{errc::fabric_unavailable, "engine stopped"};
 
 /// Per-batch bookkeeping, owned by the engine from `submit` until `done` has run.
 struct batch_state {
-  explicit batch_state(write_batch b) : batch(std::move(b)) {
+  explicit batch_state(write_batch b) : batch(std::move(b)), end(batch.ops.size()) {
     for (const auto& op : batch.ops) unposted_bytes += op.length;
   }
   write_batch batch;
   size_t next = 0;              ///< index of the next op to post
+  size_t end;                   ///< one past the last op to post (fewer once cancelled)
   uint64_t unposted_bytes = 0;  ///< bytes of the ops from `next` on: its place in its peer's queue
   bool marker_pending = false;  ///< split commit: op `next`'s data is posted, its marker not yet
   /// Split commit: whether op `i`'s data write is followed by a marker (every op, or with
-  /// notify::batch_end only the last).
-  bool marked(size_t i) const {
-    return batch.mode == notify::every_write || i + 1 == batch.ops.size();
-  }
+  /// notify::batch_end only the last one posted).
+  bool marked(size_t i) const { return batch.mode == notify::every_write || i + 1 == end; }
   uint32_t outstanding = 0;  ///< posts (data or marker) not yet completed
   bool in_pending = false;   ///< still referenced by pending_ (must not finish yet)
   batch_result result;
   std::list<std::unique_ptr<batch_state>>::iterator self;  ///< position in live_
 
   /// Whether every op has been posted or given up on.
-  bool all_posted() const { return next >= batch.ops.size(); }
+  bool all_posted() const { return next >= end; }
+  /// Whether its room cancelled it (engine::cancel_writes) and it still has ops to drop.
+  bool cancel_due() const {
+    return batch.cancel && !all_posted() && batch.cancel->cancelled.load(std::memory_order_relaxed);
+  }
   /// Record a failure; the first one names the batch's error.
   void fail(uint32_t count, const error& why) {
     result.failed += count;
@@ -89,13 +93,29 @@ struct batch_state {
   /// Give up on the ops not yet posted.
   void abort_unposted(const error& why) {
     if (all_posted()) return;
-    fail(static_cast<uint32_t>(batch.ops.size() - next), why);
-    next = batch.ops.size();
+    fail(static_cast<uint32_t>(end - next), why);
+    next = end;
     unposted_bytes = 0;
     marker_pending = false;
   }
+  /// Cancelled: post nothing more of it than the notification that covers what was posted. In
+  /// a split commit (tcp) a data write whose marker is pending keeps it; with notify::batch_end
+  /// a batch part of which was posted still sends its one marker, now after op `next` - 1, so
+  /// the target's count still orders after every byte of it that may land.
+  void truncate(bool split_commit) {
+    if (all_posted()) return;
+    size_t keep = next + (marker_pending ? 1 : 0);
+    if (split_commit && batch.mode == notify::batch_end && !marker_pending && next > 0) {
+      --next;  // op next - 1's data is posted; its marker carries the batch's notification
+      marker_pending = true;
+      keep = next + 1;
+    }
+    result.skipped += static_cast<uint32_t>(end - keep);
+    end = keep;
+    unposted_bytes = 0;  // (a pending marker carries no bytes)
+  }
   /// Op `next` is posted (with its marker, in a split commit).
-  void advance() { unposted_bytes -= batch.ops[next++].length; }
+  void advance() { unposted_bytes -= std::min(unposted_bytes, batch.ops[next++].length); }
 };
 
 /// A batch's place in its peer's posting queue: its bytes not yet posted.
@@ -204,6 +224,7 @@ class fabric_engine final : public engine {
     return static_cast<uint32_t>(b.ops.size());
   }
   uint32_t submit(write_batch batch) override;
+  void cancel_writes(std::shared_ptr<write_cancel> cancel) override;
   void return_immediate_credit() override;
   void expect_writes(std::chrono::milliseconds window) override;
 
@@ -255,6 +276,8 @@ class fabric_engine final : public engine {
   void run();
   bool take_queue();
   void admit(std::unique_ptr<batch_state> b);
+  /// Drop from the posting queue what the batches carrying `cancel` have not posted yet.
+  void do_cancel_writes(const write_cancel* cancel);
   bool post_writes();
   /// Post one operation of op `b->next`: its write, or (split commit) its data or marker.
   /// False: the provider is full (-FI_EAGAIN), retry later; true: posted or given up on.

@@ -111,6 +111,8 @@ void fabric_engine::admit(std::unique_ptr<batch_state> b) {
   } else if (peers_.count(peer) == 0) {
     raw->abort_unposted(
         {errc::invalid_request, "unknown peer " + std::to_string(peer) + " (not inserted)"});
+  } else if (raw->cancel_due()) {
+    raw->truncate(split_commit_);  // its room failed before it reached us: nothing is posted
   }
   if (raw->all_posted()) {
     maybe_finish(raw);  // empty or rejected: done right away
@@ -120,12 +122,30 @@ void fabric_engine::admit(std::unique_ptr<batch_state> b) {
   }
 }
 
+void fabric_engine::do_cancel_writes(const write_cancel* cancel) {
+  std::vector<batch_state*> finished;
+  pending_.for_each([&](batch_state* b) {
+    if (b->batch.cancel.get() == cancel) b->truncate(split_commit_);
+  });
+  pending_.erase_if([&](batch_state* b) {
+    if (b->batch.cancel.get() != cancel || !b->all_posted()) return false;
+    finished.push_back(b);
+    return true;
+  });
+  pending_.refresh();  // a batch left with only its marker to post goes first
+  for (auto* b : finished) {
+    b->in_pending = false;
+    maybe_finish(b);
+  }
+}
+
 bool fabric_engine::post_writes() {
   bool posted_any = false;
   if (renew_pending_) return false;  // held until the endpoint is renewed
   size_t peers_at_bound = 0;         // consecutive peers passed over for their bytes in flight
   while (inflight_ < write_contexts_.size() && !pending_.empty()) {
     batch_state* b = pending_.front();
+    if (b->cancel_due()) b->truncate(split_commit_);  // cancelled since the sweep was queued
     if (b->all_posted()) {
       pending_.pop_front();
       b->in_pending = false;

@@ -172,6 +172,9 @@ class fault_engine final : public engine {
     return inner_->notifications(batch);
   }
   uint32_t submit(write_batch batch) override;
+  void cancel_writes(std::shared_ptr<write_cancel> cancel) override {
+    inner_->cancel_writes(std::move(cancel));
+  }
   void return_immediate_credit() override;
   void expect_writes(std::chrono::milliseconds window) override { inner_->expect_writes(window); }
 

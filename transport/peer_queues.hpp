@@ -84,6 +84,17 @@ class peer_queues {
     for (auto& [peer, q] : queues_)
       for (auto& [seq, e] : q.by_age) f(e.item);
   }
+  /// Read every item's size again (after a change outside a turn, such as a cancel).
+  void refresh() {
+    for (auto& [peer, q] : queues_)
+      for (auto& [seq, e] : q.by_age) {
+        const uint64_t key = remaining_(e.item);
+        if (key == e.key) continue;
+        q.by_size.erase({e.key, seq});
+        q.by_size.emplace(key, seq);
+        e.key = key;
+      }
+  }
   /// Drop the items matching `pred`; peers left without items leave the turn order.
   template <class Pred>
   void erase_if(Pred&& pred) {

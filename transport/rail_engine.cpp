@@ -34,6 +34,7 @@ struct batch_join {
     std::unique_lock<std::mutex> lock(m);
     result.completed += r.completed;
     result.failed += r.failed;
+    result.skipped += r.skipped;
     if (!r.ok() && result.ok()) {
       result.code = r.code;
       result.message = std::move(r.message);
@@ -486,6 +487,7 @@ write_batch rail_engine::part_batch(const write_batch& b, const part& p) const {
   write_batch out;
   out.peer = p.peer;
   out.mode = b.mode;
+  out.cancel = b.cancel;
   out.ops.reserve(p.ops.size());
   for (size_t i : p.ops) {
     write_op op = b.ops[i];
@@ -531,6 +533,10 @@ uint32_t rail_engine::submit(write_batch b) {
     n += rails_[parts[i].rail]->submit(std::move(batches[i]));
   }
   return n;
+}
+
+void rail_engine::cancel_writes(std::shared_ptr<write_cancel> cancel) {
+  for (auto& rail : rails_) rail->cancel_writes(cancel);
 }
 
 }  // namespace ferry::transport::detail

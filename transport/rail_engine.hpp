@@ -71,6 +71,7 @@ class rail_engine final : public engine {
 
   uint32_t notifications(const write_batch& batch) const override;
   uint32_t submit(write_batch batch) override;
+  void cancel_writes(std::shared_ptr<write_cancel> cancel) override;
   void return_immediate_credit() override;
   /// Every rail: a peer's writes may come on any of them.
   void expect_writes(std::chrono::milliseconds window) override {

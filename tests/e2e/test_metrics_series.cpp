@@ -49,10 +49,18 @@ TEST_CASE("each metrics series counts one unit: writes and bytes are series of t
   CHECK(series(text, "ferry_rail_posted_total", {{"rail", "0"}}) == 40);
   CHECK(series(text, "ferry_rail_posted_bytes_total", {{"rail", "0"}}) == 163840);
   CHECK(series(text, "ferry_rail_posted_bytes_total", {{"rail", "express"}}) == 448);
-  m.writes_completed(3, 0, 3000);
+  m.writes_completed(3, 0, 0, 3000);
   text = m.exposition(two_rails());
   CHECK(series(text, "ferry_writes_in_flight") == 0);
   CHECK(series(text, "ferry_writes_in_flight_bytes") == 0);
+  // A failed room's batch: 2 writes completed, 3 never posted (cancelled); none stays in flight.
+  m.writes_posted(5, 5000);
+  m.writes_completed(2, 0, 3, 5000);
+  text = m.exposition(two_rails());
+  CHECK(series(text, "ferry_writes_in_flight") == 0);
+  CHECK(series(text, "ferry_writes_in_flight_bytes") == 0);
+  CHECK(series(text, "ferry_writes_total", {{"event", "skipped"}}) == 3);
+  CHECK(series(text, "ferry_writes_total", {{"event", "completed"}}) == 5);
   served_series served;
   served.add(text);
   for (const auto& [family, labels] : served.families) {

@@ -13,6 +13,7 @@
 #include <random>
 
 #include "harness.hpp"
+#include "http.hpp"
 
 using namespace ferry;
 using namespace ferry::test;
@@ -130,7 +131,9 @@ void stop_stress(const std::string& provider) {
       // prefill stopped inside one holds up the decode's progress thread until it resumes
       // (docs/reliability.md section 4). Wait well past the heartbeat bound, then resume it;
       // the fence guarantee below (no byte after Failed) must hold either way.
-      REQUIRE(c.d->subscribe(r.room));
+      auto sub = c.d->subscribe(r.room);
+      INFO(sub.message);
+      REQUIRE(sub);
       auto e = c.d->wait_terminal(r.room, 10s);
       if (!e) {
         ++wedged;
@@ -255,6 +258,64 @@ TEST_CASE("a cancelled room whose prefill does not drain is fenced at the drain 
   next.src_pages = range(0, 64);
   next.dst_pages = range(100, 64);
   run_and_verify(c, next);
+}
+
+TEST_CASE(
+    "a room cancelled on the prefill mid-transfer posts nothing more, and drains without a fence",
+    "[e2e][failure]") {
+  // The decode is frozen mid-transfer, so that much of the room is still unposted when the
+  // prefill's client cancels it. The drain waits only for the writes already posted, which
+  // complete once the decode resumes; each decode rank waits for exactly those to land, and the
+  // link stays up for the next room. Before the cancel stopped the posting, the rest of the room
+  // (queued behind every other room to that decode) went out first, and a loaded prefill could
+  // miss timeouts.drain_ms: the decode then fenced the link, failing its other rooms with it.
+  const uint16_t metrics_port = free_port();
+  shape s;
+  s.pages = 8192;
+  s.max_inflight_bytes = 256 << 10;
+  shape ps = s;
+  ps.metrics_listen = fmt::format("127.0.0.1:{}", metrics_port);
+  pair c(ps, s);
+  room_spec r;
+  r.room = 81;
+  r.src_pages = range(0, 4096);  // 32 MiB of KV: more than loopback's socket buffers hold
+  r.dst_pages = range(4096, 4096);
+  r.src_slot = 1, r.dst_slot = 2;
+  r.src_row = 1, r.dst_row = 2;
+  stage(c, r);
+  prepare(c, r);
+  send_chunks(c, r);
+  const uint8_t* watch = c.d->item(pool_kind::kv, 0, r.dst_pages[0]);
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (std::all_of(watch, watch + 64, [](uint8_t x) { return x == 0; }) &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+  c.decode.signal(SIGSTOP);
+  auto cancelled = c.p->cancel(r.room);
+  c.decode.signal(SIGCONT);
+  REQUIRE(cancelled);  // the decode was frozen before the room could commit
+  auto pe = wait_done(*c.p, r.room);
+  auto de = wait_done(*c.d, r.room);
+  INFO("prefill: " << pe.reason << "\ndecode: " << de.reason);
+  CHECK(pe.status == room_status::failed);
+  CHECK(pe.reason == "cancelled by client");
+  REQUIRE(de.status == room_status::failed);
+  CHECK(de.code == errc::cancelled);
+  CHECK(de.reason == "prefill " + c.prefill.control() + " reported: cancelled by client");
+  // What was never posted is counted as such; nothing is left in flight.
+  auto m = http_get(metrics_port, "/metrics");
+  REQUIRE(m.status == 200);
+  INFO(m.body);
+  CHECK(series(m.body, "ferry_writes_total", {{"event", "skipped"}}).value_or(0) > 0);
+  CHECK(series(m.body, "ferry_writes_total", {{"event", "failed"}}).value_or(0) == 0);
+  CHECK(series(m.body, "ferry_writes_in_flight").value_or(-1) == 0);
+  // The link was not fenced: the next room goes over it, byte-exact.
+  room_spec next;
+  next.room = 82;
+  next.src_pages = range(0, 64);
+  next.dst_pages = range(100, 64);
+  run_and_verify(c, next);
+  CHECK(c.decode.log_text().find("fenced") == std::string::npos);
 }
 
 TEST_CASE("a decode room whose actor dies is failed only after its prefill links are fenced",

@@ -118,13 +118,15 @@ struct rig {
   /// Submit `ops` to `to` (default: the target) as one batch.
   std::shared_ptr<batch_probe> submit(std::vector<transport::write_op> ops,
                                       std::optional<transport::peer_handle> to = {},
-                                      transport::notify mode = transport::notify::every_write) {
+                                      transport::notify mode = transport::notify::every_write,
+                                      std::shared_ptr<transport::write_cancel> cancel = {}) {
     auto t = std::make_shared<batch_probe>();
     transport::write_batch b;
     b.peer = to.value_or(peer);
     b.ops = std::move(ops);
     b.done = batch_probe::recorder(t);
     b.mode = mode;
+    b.cancel = std::move(cancel);
     last_notifications = initiator->submit(std::move(b));
     return t;
   }

@@ -155,6 +155,102 @@ void batch_end_notifies_once_after_every_write(const std::string& provider, flav
 FERRY_CONTRACT_CASE("a batch_end batch is counted once where writes are ordered, after every byte",
                     batch_end_notifies_once_after_every_write)
 
+/// `n` writes of `len` bytes, each to its own place of `dst`, all with immediate `imm`.
+std::vector<write_op> spread_ops(const rig& r, const region_desc& dst, size_t n, uint64_t len,
+                                 uint64_t imm) {
+  std::vector<write_op> ops;
+  for (size_t i = 0; i < n; ++i)
+    ops.push_back(r.op(dst, i * len, (i * len) % (r.src.size() - len), len, imm));
+  return ops;
+}
+
+/// How many of `ops` landed whole; every other one must not have landed at all (still zero).
+size_t landed_whole(const rig& r, const std::vector<uint8_t>& dst, const region_desc& dd,
+                    const std::vector<write_op>& ops) {
+  size_t whole = 0;
+  for (const auto& o : ops) {
+    const uint64_t at = o.remote_addr - dd.remote_base;
+    if (r.same(dst, at, o.local_offset, o.length)) {
+      ++whole;
+      continue;
+    }
+    INFO("write at " << at << " landed in part");
+    CHECK(std::all_of(dst.begin() + static_cast<ptrdiff_t>(at),
+                      dst.begin() + static_cast<ptrdiff_t>(at + o.length),
+                      [](uint8_t x) { return x == 0; }));
+  }
+  return whole;
+}
+
+void cancelled_before_submit_posts_nothing(const std::string& provider, flavour f) {
+  rig r(provider, f);
+  auto [d, dst] = r.add_region(1 << 20);
+  const region_desc dd = r.target->describe(d);
+  auto cancel = std::make_shared<write_cancel>();
+  r.initiator->cancel_writes(cancel);
+  for (auto mode : {notify::every_write, notify::batch_end}) {
+    const uint64_t imm = mode == notify::every_write ? 3100 : 3101;
+    auto t = r.submit(spread_ops(r, dd, 16, 4096, imm), {}, mode, cancel);
+    REQUIRE(t->wait());
+    const batch_result res = t->get();
+    INFO(res.message);
+    CHECK(res.ok());
+    CHECK(res.completed == 0);
+    CHECK(res.failed == 0);
+    CHECK(res.skipped == 16);
+    CHECK(t->count() == 1);
+  }
+  // A batch without the cancel goes on; once it has landed, nothing of the others has.
+  r.write_until_landed(dd, *dst, 512 << 10, 0, 4096, 3102);
+  CHECK(r.imms.counts()[3100] == 0);
+  CHECK(r.imms.counts()[3101] == 0);
+  CHECK(std::all_of(dst->begin(), dst->begin() + (16 * 4096), [](uint8_t x) { return x == 0; }));
+}
+FERRY_CONTRACT_CASE("a batch whose cancel came first posts nothing and completes as skipped",
+                    cancelled_before_submit_posts_nothing)
+
+void cancelled_mid_batch_stops_posting(const std::string& provider, flavour f) {
+  // One write in flight at a time, so that the batch is still posting when the cancel comes.
+  rig r(provider, f, 1);
+  const size_t n = 16384;
+  const uint64_t len = 1024;
+  for (auto mode : {notify::every_write, notify::batch_end}) {
+    INFO((mode == notify::every_write ? "every_write" : "batch_end"));
+    auto [d, dst] = r.add_region(n * len);
+    const region_desc dd = r.target->describe(d);
+    const uint64_t imm = mode == notify::every_write ? 3200 : 3201;
+    auto cancel = std::make_shared<write_cancel>();
+    const auto ops = spread_ops(r, dd, n, len, imm);
+    auto t = r.submit(ops, {}, mode, cancel);
+    // Cancel once the first write has landed.
+    const auto deadline = std::chrono::steady_clock::now() + wait_limit;
+    while (!r.same(*dst, 0, ops[0].local_offset, len) &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::yield();
+    REQUIRE(r.same(*dst, 0, ops[0].local_offset, len));
+    r.initiator->cancel_writes(cancel);
+    REQUIRE(t->wait());
+    const batch_result res = t->get();
+    INFO(res.message);
+    CHECK(res.ok());
+    CHECK(res.failed == 0);
+    CHECK(res.skipped > 0);
+    CHECK(res.skipped < n);
+    CHECK(t->count() == 1);
+    // Each completed notification arrives, and then every posted write has landed whole and no
+    // skipped one in any part (where one notification stands for a batch, it still comes, after
+    // the part that was posted).
+    REQUIRE(r.imms.wait_count(imm, res.completed));
+    if (mode == notify::every_write) CHECK(res.completed + res.skipped == n);
+    CHECK(landed_whole(r, *dst, dd, ops) == n - res.skipped);
+    // Nothing more arrives: a later batch over the same path lands, and the count stands.
+    r.write_until_landed(dd, *dst, 0, 0, 64, 3202 + static_cast<uint64_t>(mode));
+    CHECK(r.imms.counts()[imm] == res.completed);
+  }
+}
+FERRY_CONTRACT_CASE("a batch cancelled mid-way posts no more, and its target counts what it did",
+                    cancelled_mid_batch_stops_posting)
+
 void expect_writes_is_only_a_hint(const std::string& provider, flavour f) {
   rig r(provider, f);
   auto [d, dst] = r.add_region(1 << 20);

@@ -147,3 +147,17 @@ TEST_CASE("fabric: erase_if and take_all leave consistent turns", "[unit][fabric
   CHECK(all == std::vector<item*>{&a11});
   CHECK(q.empty());
 }
+
+TEST_CASE("fabric: an item whose size shrank outside its turn goes first once the queues refresh",
+          "[unit][fabric]") {
+  queues q;
+  item big{"big", 50}, mid{"mid", 20};
+  q.push(1, &big);
+  q.push(1, &mid);
+  big.second = 1;  // cancelled: only its marker is left
+  q.refresh();
+  std::vector<std::string> writes;
+  drain(q, &writes);
+  REQUIRE(!writes.empty());
+  CHECK(writes.front() == "big");
+}
