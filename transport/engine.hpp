@@ -259,8 +259,9 @@ class engine {
   /// Remove one user of a peer, on every rail: its queued batches fail with "peer removed", and
   /// its connection is cut (tcp: a write it had begun to send is not finished later). When other
   /// users remain, the address is inserted again under the same handle and their next writes
-  /// reconnect. shm, if this engine wrote to the peer (it may have fenced us, and then never
-  /// answers those writes, which blocks every later write of the endpoint): new writes are held,
+  /// reconnect. shm, on a rail that writes (the peer may have fenced us, and then never answers
+  /// those writes, which blocks every later write of the endpoint, nor a later introduction of
+  /// it to the peer): new writes are held,
   /// those in flight get a second to complete, then the endpoint is renewed (same domain, AV and
   /// registrations) and writes that never completed fail with "fabric endpoint renewed ...".
   /// Asynchronous (never blocks the caller on the fabric).

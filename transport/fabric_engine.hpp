@@ -293,7 +293,7 @@ class fabric_engine final : public engine {
   /// While draining: run the calls queued since (they are never run on a caller's thread).
   void run_late_tasks();
   void run_items(std::deque<work_item>& items);
-  /// shm: hold new writes once a peer that was written to is cut, so the endpoint can be
+  /// shm: hold new writes once a peer is cut, so the endpoint can be
   /// renewed (`renew_endpoint`) as soon as the writes in flight have completed.
   void request_renewal(peer_handle peer);
   /// shm: replace the endpoint and CQ (same domain, AV and registrations), failing the writes
@@ -319,11 +319,19 @@ class fabric_engine final : public engine {
   /// shm: the target of a write with a closed key (a peer that fenced us) drops the command and
   /// never answers it. A rejected write above 4 KiB then never completes, and as the initiator
   /// consumes answers in order, neither does any later large write of this endpoint, to any
-  /// peer; each rejected smaller one leaks an inject buffer (the 1025th crashes). Only closing
-  /// the endpoint ends that. So when a peer this engine wrote to is cut (its connection ended:
-  /// it may have fenced us), new writes are held, the writes in flight get `renew_wait` to
-  /// complete, and the endpoint is replaced; writes still posted then fail.
+  /// peer; each rejected smaller one leaks an inject buffer (the 1025th crashes). And a peer
+  /// that removed our address (its fence) has dropped the id it gave this endpoint, which this
+  /// endpoint does not learn: once the peer's address is inserted again, its posts to it are
+  /// refused forever (-FI_EAGAIN) or crash the peer (libfabric 1.17 reads the unmapped region of
+  /// that id) -- also when this endpoint had only been introduced to it (renewed, inserted, cut
+  /// before its first write went out; seen with tests/e2e/test_stop_stress.cpp). Only a new
+  /// endpoint ends that. So whenever a peer is cut (its connection ended: it may have fenced
+  /// us) on an endpoint that writes (`writer_`), new writes are held, the writes in flight get
+  /// `renew_wait` to complete, and the endpoint is replaced; writes still posted then fail. An
+  /// endpoint that never wrote (a decode's: a pure target) keeps its address, which its other
+  /// peers write to.
   bool renew_on_cut_ = false;
+  bool writer_ = false;  ///< this endpoint has tried a write (shm: see renew_on_cut_)
   bool renew_pending_ = false;
   clock_type::time_point renew_deadline_{};
   std::string renew_reason_;
@@ -374,7 +382,6 @@ class fabric_engine final : public engine {
   struct peer_entry {
     uint32_t refs = 0;             ///< insert_peer calls not yet matched by a removal
     std::vector<uint8_t> address;  ///< for re-inserting after a cut that others still use
-    uint64_t writes_posted = 0;    ///< since insertion or the last endpoint renewal (shm)
   };
   std::unordered_map<fi_addr_t, peer_entry> peers_;
   /// shm: peers removed while the endpoint had writes to them posted; they leave the AV once
@@ -394,6 +401,10 @@ class fabric_engine final : public engine {
   std::atomic<uint64_t> stat_writes_in_flight_{0}, stat_bytes_in_flight_{0};
   std::atomic<uint64_t> stat_writes_posted_{0}, stat_bytes_posted_{0};
   ssize_t last_cq_error_ = 0;
+  /// Since when every post has been refused with -FI_EAGAIN (none: the last one went out), and
+  /// whether that streak was logged.
+  std::optional<clock_type::time_point> refused_since_;
+  bool refused_logged_ = false;
   bool credit_ = true;
   immediate_counts imm_batch_;
   std::unordered_map<uint64_t, size_t> imm_index_;  ///< imm -> position in imm_batch_

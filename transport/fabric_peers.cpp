@@ -1,6 +1,6 @@
 // Peers: their address-vector entries (shared by connections to one address), removal, which
 // cuts the peer's connection, the fence, and on shm, which has no connection to cut, the renewal
-// of the endpoint after a peer this engine wrote to was cut.
+// of the endpoint after a peer was cut.
 #include <rdma/fi_domain.h>
 
 #include "transport/fabric_engine.hpp"
@@ -134,7 +134,7 @@ void fabric_engine::do_remove_peer(peer_handle peer) {
     log_->warn("remove_peer: peer={} is not inserted", peer);
     return;
   }
-  if (renew_on_cut_ && it->second.writes_posted > 0) request_renewal(peer);
+  if (renew_on_cut_ && writer_) request_renewal(peer);
   if (renew_pending_) {
     // shm has no connection to cut. Unmapping the peer while this endpoint still has writes to
     // it posted crashes the provider's progress (it locks the unmapped peer region), so the
@@ -168,14 +168,13 @@ void fabric_engine::do_remove_peer(peer_handle peer) {
 }
 
 void fabric_engine::request_renewal(peer_handle peer) {
-  for (auto& [addr, e] : peers_) e.writes_posted = 0;  // the new endpoint has sent nothing yet
   if (renew_pending_) return;
   renew_pending_ = true;
   renew_deadline_ = clock_type::now() + renew_wait;
   renew_reason_ = "peer " + std::to_string(peer) + " was cut";
   log_->info(
-      "shm: peer={} was cut after rail {} wrote to it; holding new writes until the "
-      "endpoint is renewed ({} in flight)",
+      "shm: peer={} was cut on rail {}; holding new writes until the endpoint is renewed ({} "
+      "in flight)",
       peer, label_, inflight_);
 }
 

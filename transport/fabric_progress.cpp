@@ -40,6 +40,9 @@ constexpr auto warm_window = std::chrono::seconds(1);
 constexpr auto sleep_cap_cold = std::chrono::milliseconds(4);
 /// How long `stop` waits for posted writes to complete before failing them.
 constexpr auto stop_drain_limit = std::chrono::seconds(2);
+/// A streak of refused posts (-FI_EAGAIN) this long is logged: healthy queues drain in
+/// microseconds to milliseconds.
+constexpr auto refused_warn_after = std::chrono::seconds(2);
 /// shm (libfabric 1.17): writes up to this size are copied through inject buffers.
 constexpr uint64_t shm_inject_size = 4096;
 
@@ -237,7 +240,25 @@ bool fabric_engine::post_one(batch_state* b, const write_op& op, region& r, bool
     rc = fi_writedata(ep_.get(), local, 0, r.desc, op.imm, b->batch.peer, op.remote_addr,
                       op.remote_key, &ctx->provider_scratch);
   }
-  if (rc == -FI_EAGAIN) return false;  // provider queue full: progress the CQ, retry next round
+  writer_ = true;          // taken or refused: shm introduced this endpoint to the peer
+  if (rc == -FI_EAGAIN) {  // provider queue full: progress the CQ, retry next round
+    const auto now = clock_type::now();
+    if (!refused_since_) refused_since_ = now;
+    if (!refused_logged_ && now - *refused_since_ > refused_warn_after) {
+      refused_logged_ = true;
+      log_->warn(
+          "rail {}: the provider has refused every write for {} ms ({} to peer {}, {} in "
+          "flight): the peer may not be taking writes",
+          label_,
+          std::chrono::duration_cast<std::chrono::milliseconds>(now - *refused_since_).count(),
+          call, b->batch.peer, inflight_);
+    }
+    return false;
+  }
+  if (refused_logged_)
+    log_->info("rail {}: the provider takes writes again (peer {})", label_, b->batch.peer);
+  refused_since_.reset();
+  refused_logged_ = false;
   if (rc != 0) {
     const error why{errc_of_fi(rc, errc::fabric_write_failed),
                     fi_error_text(call, rc) + " (peer " + std::to_string(b->batch.peer) +
@@ -254,8 +275,6 @@ bool fabric_engine::post_one(batch_state* b, const write_op& op, region& r, bool
   stat_bytes_posted_.fetch_add(ctx->bytes, std::memory_order_relaxed);
   stat_writes_in_flight_.fetch_add(1, std::memory_order_relaxed);
   stat_bytes_in_flight_.fetch_add(ctx->bytes, std::memory_order_relaxed);
-  if (renew_on_cut_)
-    if (auto p = peers_.find(b->batch.peer); p != peers_.end()) ++p->second.writes_posted;
   ++r.posted;
   ++inflight_;
   ++b->outstanding;

@@ -202,6 +202,39 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "fabric fence shm: a cut renews an endpoint that writes, even towards a peer it never wrote "
+    "to, and never a pure target's",
+    "[fabric][fence][shm]") {
+  // shm's first post to a peer introduces the endpoint to it, and a peer that removed our
+  // address has dropped the id it gave us: a writer reusing its endpoint after such a cut saw
+  // its posts refused forever or crashed the peer (docs/reliability.md section 4). A target,
+  // which other peers write to by its address, must keep it.
+  fence_rig rig("shm");
+  auto [b_id, b_mem] = rig.add_region(1 << 20, region_access::remote_write);
+  const region_desc b = rig.target->describe(b_id);
+  CHECK(rig.write_until_landed(1, b, *b_mem, 0, 0, 4096, 910) == 1);
+  const auto writer_before = rig.init1->local_address();
+  const auto target_before = rig.target->local_address();
+
+  // The writer cuts a peer it never wrote to: its endpoint is renewed all the same.
+  const auto other = must(rig.init1->insert_peer(rig.init2->local_address()));
+  rig.init1->remove_peer(other);
+  CHECK(rig.write_until_landed(1, b, *b_mem, 8192, 0, 4096, 911) == 1);  // held, then went out
+  CHECK(rig.init1->local_address() != writer_before);
+
+  // The target cuts a writer: its own endpoint stays, and the other writer's writes land.
+  const auto back = must(rig.target->insert_peer(writer_before));
+  rig.target->remove_peer(back);
+  {
+    auto taken = std::make_shared<probe<ferry::result<std::vector<region_id>>>>();
+    rig.target->register_regions({}, probe<ferry::result<std::vector<region_id>>>::recorder(taken));
+    REQUIRE(taken->wait());  // queued behind the removal: it has run
+  }
+  CHECK(rig.target->local_address() == target_before);
+  CHECK(rig.write_until_landed(2, b, *b_mem, 16384, 0, 4096, 912) == 1);
+}
+
+TEST_CASE(
     "fabric fence shm: cutting the peer renews a wedged initiator's endpoint and its writes go "
     "on",
     "[fabric][fence][shm]") {
@@ -309,7 +342,15 @@ TEST_CASE("fabric fence tcp: writes sent behind a rejected one are lost although
   };
   for (uint32_t n = 0; n < 1100;) {
     std::vector<std::shared_ptr<tracked>> round;
+    const uint64_t posted = i.value->rail_activity()[0].writes_posted;
     for (uint32_t k = 0; k < per_cut && n < 1100; ++k, ++n) round.push_back(submit(desc));
+    // Cut once the round's writes have begun to go out (each is rejected at the target and
+    // never answered), as a peer's connection ends while writes to it stream.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (i.value->rail_activity()[0].writes_posted == posted &&
+           std::chrono::steady_clock::now() < until)
+      std::this_thread::yield();
+    if (i.value->rail_activity()[0].writes_posted == posted) ::_exit(11);
     i.value->remove_peer(peer.value);
     for (auto& w : round)
       if (!w->wait() || w->get().ok()) ::_exit(6);  // a rejected write must fail, not hang
@@ -363,7 +404,8 @@ TEST_CASE("fabric fence shm: rejected small writes fail at the cut and never exh
   const auto [status, last] = run_rejected_small_writes_child(100);
   INFO("exit status " << status
                       << ": 6 = a rejected write did not fail at the cut, "
-                         "8/9 = the valid write after them did not land");
+                         "8/9 = the valid write after them did not land, 11 = none was "
+                         "posted");
   CHECK(WIFEXITED(status));
   if (WIFEXITED(status)) CHECK(WEXITSTATUS(status) == 0);
   CHECK(last == 1100);

@@ -171,7 +171,8 @@ def test_a_connection_ferryd_closes_holds_its_rooms_until_ferryd_has_drained_the
     in life a frame timeout). It cancels the connection's rooms and drains them within
     timeouts.drain_ms, so a peer's write can still land in their memory: poll() must not say
     Failed before ferryd reports the room terminal. The other side's ferryd is stopped
-    (SIGSTOP), so the drain lasts until ferryd fences the peer. After the reconnect to the same
+    (SIGSTOP), so a decode's drain lasts until ferryd fences the peer (a prefill's waits only
+    for its own writes in flight). After the reconnect to the same
     daemon the adapter asks it again; the room ends Failed with the reason."""
     tmp = tempfile.mkdtemp(prefix="ferry-closed-")
     pd, dd = start_pair(tmp, "prefill-cl", "decode-cl", CLIENT_POOLS)
@@ -201,7 +202,11 @@ def test_a_connection_ferryd_closes_holds_its_rooms_until_ferryd_has_drained_the
         finally:
             other.proc.send_signal(signal.SIGCONT)
         assert seen[-1] == KVPoll.Failed and set(seen[:-1]) <= {before}, seen
-        assert held_while_live > 0  # the drain was seen from outside: the hold was exercised
+        if side == "decode":
+            # Its drain waits for the stopped prefill's report: the hold was seen from outside.
+            # A prefill room with no write in flight (its one chunk completed before the stop)
+            # has nothing to drain and ends at once, so there only the rule above is checked.
+            assert held_while_live > 0
         err = raised(obj)
         assert err.code in (Errc.CANCELLED, Errc.PEER_LOST)
         assert "connection" in err.failure_reason, err.failure_reason
