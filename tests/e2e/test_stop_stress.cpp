@@ -43,6 +43,26 @@ uint64_t not_sentinel(client::client& d, const room_spec& r) {
   return n;
 }
 
+/// A room of `pages` contiguous pages (sources first, destinations after them), state slot 1 to
+/// 2, aux row 1 to 2: large enough that a stop or a cancel comes mid-transfer.
+room_spec large_room(uint64_t id, uint32_t pages) {
+  room_spec r;
+  r.room = id;
+  r.src_pages = range(0, pages);
+  r.dst_pages = range(pages, pages);
+  r.src_slot = 1, r.dst_slot = 2;
+  r.src_row = 1, r.dst_row = 2;
+  return r;
+}
+
+/// Wait (at most 30 s) until the first bytes at `p` are no longer zero: a write has landed there.
+void wait_landed(const uint8_t* p) {
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (std::all_of(p, p + 64, [](uint8_t x) { return x == 0; }) &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+}
+
 /// The last 6000 characters of a daemon's log.
 std::string tail_of(const std::string& log) {
   return log.size() > 6000 ? log.substr(log.size() - 6000) : log;
@@ -99,12 +119,7 @@ void stop_stress(const std::string& provider) {
     INFO("round " << i);
     // 2048 contiguous pages: each KV buffer goes as 2 MiB in 256 KiB pieces, 16 MiB of KV,
     // plus the 1.7 MiB state slot.
-    room_spec r;
-    r.room = 5000 + static_cast<uint64_t>(i);
-    r.src_pages = range(0, 2048);
-    r.dst_pages = range(2048, 2048);
-    r.src_slot = 1, r.dst_slot = 2;
-    r.src_row = 1, r.dst_row = 2;
+    room_spec r = large_room(5000 + static_cast<uint64_t>(i), 2048);
     stage(c, r);
     // The prefill may still be in the decode's unresponsive window from the previous stop:
     // such a prepare fails at once, naming how long; wait that long and prepare again.
@@ -124,11 +139,7 @@ void stop_stress(const std::string& provider) {
     // In the first half of the buffers, so that most stops come mid-transfer.
     const size_t b = rng() % (bufs.size() / 2);
     const uint32_t page = r.dst_pages[rng() % r.dst_pages.size()];
-    const uint8_t* watch = c.d->item(pool_kind::kv, b, page);
-    const auto deadline = std::chrono::steady_clock::now() + 30s;
-    while (std::all_of(watch, watch + 64, [](uint8_t x) { return x == 0; }) &&
-           std::chrono::steady_clock::now() < deadline)
-      std::this_thread::yield();
+    wait_landed(c.d->item(pool_kind::kv, b, page));
     c.prefill.signal(SIGSTOP);
     bool resumed = false;
     if (provider == "shm") {
@@ -227,20 +238,11 @@ TEST_CASE("a cancelled room whose prefill does not drain is fenced at the drain 
   s.heartbeat_misses = 10;
   s.drain_ms = 300;
   pair c(s);
-  room_spec r;
-  r.room = 77;
-  r.src_pages = range(0, 2048);
-  r.dst_pages = range(2048, 2048);
-  r.src_slot = 1, r.dst_slot = 2;
-  r.src_row = 1, r.dst_row = 2;
+  room_spec r = large_room(77, 2048);
   stage(c, r);
   prepare(c, r);
   send_chunks(c, r);
-  const uint8_t* watch = c.d->item(pool_kind::kv, 0, r.dst_pages[100]);
-  const auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (std::all_of(watch, watch + 64, [](uint8_t x) { return x == 0; }) &&
-         std::chrono::steady_clock::now() < deadline)
-    std::this_thread::yield();
+  wait_landed(c.d->item(pool_kind::kv, 0, r.dst_pages[100]));
   c.prefill.signal(SIGSTOP);
   auto cancelled = c.d->cancel(r.room);
   auto de = wait_done(*c.d, r.room);
@@ -281,20 +283,11 @@ TEST_CASE(
   shape ps = s;
   ps.metrics_listen = fmt::format("127.0.0.1:{}", metrics_port);
   pair c(ps, s);
-  room_spec r;
-  r.room = 81;
-  r.src_pages = range(0, 4096);  // 32 MiB of KV: more than loopback's socket buffers hold
-  r.dst_pages = range(4096, 4096);
-  r.src_slot = 1, r.dst_slot = 2;
-  r.src_row = 1, r.dst_row = 2;
+  room_spec r = large_room(81, 4096);  // 32 MiB of KV: more than loopback's socket buffers hold
   stage(c, r);
   prepare(c, r);
   send_chunks(c, r);
-  const uint8_t* watch = c.d->item(pool_kind::kv, 0, r.dst_pages[0]);
-  const auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (std::all_of(watch, watch + 64, [](uint8_t x) { return x == 0; }) &&
-         std::chrono::steady_clock::now() < deadline)
-    std::this_thread::yield();
+  wait_landed(c.d->item(pool_kind::kv, 0, r.dst_pages[0]));
   c.decode.signal(SIGSTOP);
   auto cancelled = c.p->cancel(r.room);
   c.decode.signal(SIGCONT);
