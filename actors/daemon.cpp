@@ -344,6 +344,8 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
   engine_cfg.max_inflight_bytes = cfg.fabric.max_inflight_bytes;
   engine_cfg.rails = cfg.fabric.rails;
   engine_cfg.express_bytes = cfg.fabric.express_bytes;
+  // Prefills write into a decode by the addresses it announced: only a prefill may renew them.
+  engine_cfg.keep_address = cfg.role != node_role::prefill;
   auto opened =
       options.make_engine ? options.make_engine(engine_cfg) : transport::engine::open(engine_cfg);
   if (!opened) {

@@ -77,6 +77,11 @@ struct engine_config {
   /// Batches of at most this many payload bytes go on an endpoint of their own (the express
   /// rail), so they never queue behind bulk writes; 0: no express rail.
   uint64_t express_bytes = 0;
+  /// Peers write into this engine (ferryd: role decode or both), so its endpoints keep the
+  /// addresses those peers hold: on shm a cut renews a rail only if it wrote to the cut peer.
+  /// false (a prefill, and the default): every cut renews a rail that has ever written
+  /// (transport/fabric_engine.hpp, `renew_on_cut_`).
+  bool keep_address = false;
   /// Test hook: runs on the progress thread when a stop begins its drain (never in ferryd).
   std::function<void()> on_drain_start;
 };

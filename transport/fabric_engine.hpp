@@ -329,7 +329,8 @@ class fabric_engine final : public engine {
   /// us) on an endpoint that writes (`writer_`), new writes are held, the writes in flight get
   /// `renew_wait` to complete, and the endpoint is replaced; writes still posted then fail. An
   /// endpoint that never wrote (a decode's: a pure target) keeps its address, which its other
-  /// peers write to.
+  /// peers write to; so does one whose peers write to it (`engine_config::keep_address`, a node
+  /// of role both), which renews only when it had posted writes to the cut peer.
   bool renew_on_cut_ = false;
   bool writer_ = false;  ///< this endpoint has tried a write (shm: see renew_on_cut_)
   bool renew_pending_ = false;
@@ -382,6 +383,7 @@ class fabric_engine final : public engine {
   struct peer_entry {
     uint32_t refs = 0;             ///< insert_peer calls not yet matched by a removal
     std::vector<uint8_t> address;  ///< for re-inserting after a cut that others still use
+    uint64_t writes_posted = 0;    ///< since insertion or the last endpoint renewal (shm)
   };
   std::unordered_map<fi_addr_t, peer_entry> peers_;
   /// shm: peers removed while the endpoint had writes to them posted; they leave the AV once

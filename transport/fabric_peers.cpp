@@ -117,24 +117,29 @@ void fabric_engine::do_fence_peer(std::optional<peer_handle> peer,
 
 void fabric_engine::do_remove_peer(peer_handle peer) {
   const error why{errc::peer_lost, "peer removed (peer " + std::to_string(peer) + ")"};
-  std::vector<batch_state*> touched;
   pending_.for_each([&](batch_state* b) {
-    if (b->batch.peer == peer) {
-      b->abort_unposted(why);
-      touched.push_back(b);
-    }
+    if (b->batch.peer == peer) b->abort_unposted(why);
   });
-  pending_.erase_if([](batch_state* b) { return b->all_posted(); });
-  for (batch_state* b : touched) b->in_pending = false;
+  // Every batch that leaves the queue is no longer referenced by it, whichever its peer: one of
+  // another peer that had posted its last write waits there for its turn to be popped, and
+  // would otherwise never finish.
+  std::vector<batch_state*> left;
+  pending_.erase_if([&](batch_state* b) {
+    if (!b->all_posted()) return false;
+    left.push_back(b);
+    return true;
+  });
+  for (batch_state* b : left) b->in_pending = false;
   // Posted writes to the peer complete (or fail) through the CQ as the provider decides.
-  for (batch_state* b : touched) maybe_finish(b);
+  for (batch_state* b : left) maybe_finish(b);
 
   auto it = peers_.find(peer);
   if (it == peers_.end()) {
     log_->warn("remove_peer: peer={} is not inserted", peer);
     return;
   }
-  if (renew_on_cut_ && writer_) request_renewal(peer);
+  const bool renew = cfg_.keep_address ? it->second.writes_posted > 0 : writer_;
+  if (renew_on_cut_ && renew) request_renewal(peer);
   if (renew_pending_) {
     // shm has no connection to cut. Unmapping the peer while this endpoint still has writes to
     // it posted crashes the provider's progress (it locks the unmapped peer region), so the
@@ -168,6 +173,7 @@ void fabric_engine::do_remove_peer(peer_handle peer) {
 }
 
 void fabric_engine::request_renewal(peer_handle peer) {
+  for (auto& [addr, e] : peers_) e.writes_posted = 0;  // the new endpoint has sent nothing yet
   if (renew_pending_) return;
   renew_pending_ = true;
   renew_deadline_ = clock_type::now() + renew_wait;

@@ -275,6 +275,8 @@ bool fabric_engine::post_one(batch_state* b, const write_op& op, region& r, bool
   stat_bytes_posted_.fetch_add(ctx->bytes, std::memory_order_relaxed);
   stat_writes_in_flight_.fetch_add(1, std::memory_order_relaxed);
   stat_bytes_in_flight_.fetch_add(ctx->bytes, std::memory_order_relaxed);
+  if (renew_on_cut_)
+    if (auto p = peers_.find(b->batch.peer); p != peers_.end()) ++p->second.writes_posted;
   ++r.posted;
   ++inflight_;
   ++b->outstanding;
