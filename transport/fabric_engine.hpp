@@ -299,6 +299,9 @@ class fabric_engine final : public engine {
   /// shm: replace the endpoint and CQ (same domain, AV and registrations), failing the writes
   /// that never completed. See `renew_on_cut_`.
   void renew_endpoint();
+  /// shm: closes the retired endpoints whose introductions can no longer be read by a peer
+  /// that outlives them (see `retired_`). `answered`: the address a post was just taken for.
+  void prune_retired(const std::vector<uint8_t>* answered);
 
   engine_config cfg_;
   std::string label_ = "0";  ///< this rail, in logs and rail_activity
@@ -332,6 +335,26 @@ class fabric_engine final : public engine {
   /// peers write to; so does one whose peers write to it (`engine_config::keep_address`, a node
   /// of role both), which renews only when it had posted writes to the cut peer.
   bool renew_on_cut_ = false;
+  /// shm: a new endpoint's first post to a peer is refused (-FI_EAGAIN) and queues a request in
+  /// the peer's region naming this endpoint; the peer maps the endpoint's region by that name
+  /// when its progress reads the request, and the endpoint's posts are taken from then on. In
+  /// libfabric 1.17 a peer that reads the request once the endpoint is closed (its region
+  /// unlinked) dereferences a null region and crashes: a peer that was hung when we wrote to it
+  /// first, cut, then resumed; or, in one process, a target slower than the cut. So an endpoint
+  /// is closed only once each peer it introduced itself to took a post from it (or the peer is
+  /// gone): these are the peers it has not heard from yet (peer -> address), and an endpoint
+  /// renewed with any left is retired, not closed.
+  std::unordered_map<fi_addr_t, std::vector<uint8_t>> unanswered_;
+  /// A replaced endpoint kept open, never read, until no peer can still read its introduction:
+  /// each peer it waits on took a post from a later endpoint of ours (a peer reads its requests
+  /// in order, so it has read the older one too; one that replaced its own region never will),
+  /// or its process is gone.
+  struct retired_endpoint {
+    cq_ptr cq;  ///< declared first: the endpoint closes before its CQ
+    ep_ptr ep;
+    std::vector<std::vector<uint8_t>> waiting_on;  ///< the peers' addresses
+    clock_type::time_point since;
+  };
   bool writer_ = false;  ///< this endpoint has tried a write (shm: see renew_on_cut_)
   bool renew_pending_ = false;
   clock_type::time_point renew_deadline_{};
@@ -353,6 +376,8 @@ class fabric_engine final : public engine {
   std::vector<op_context> receive_contexts_;
   cq_ptr cq_;
   ep_ptr ep_;
+  std::vector<retired_endpoint> retired_;  ///< after ep_: closed before it, the AV and domain
+  clock_type::time_point next_retired_check_{};
 
   // Waiting.
   wait_kind wait_kind_ = wait_kind::sleep;

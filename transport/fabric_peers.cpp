@@ -2,6 +2,12 @@
 // cuts the peer's connection, the fence, and on shm, which has no connection to cut, the renewal
 // of the endpoint after a peer was cut.
 #include <rdma/fi_domain.h>
+#include <signal.h>
+
+#include <cerrno>
+#include <charconv>
+#include <optional>
+#include <string_view>
 
 #include "transport/fabric_engine.hpp"
 
@@ -11,6 +17,23 @@ namespace {
 /// shm endpoint renewal: how long the writes in flight get to complete before it (healthy ones
 /// complete in microseconds to milliseconds; a write a fenced peer dropped never does).
 constexpr auto renew_wait = std::chrono::seconds(1);
+
+/// Replaced endpoints kept open at most (see fabric_engine::retired_): each holds its shm
+/// region, a 16 MiB /dev/shm region.
+constexpr size_t max_retired_endpoints = 16;
+
+/// The process id in a shm address ("fi_shm://<pid>:<uid>:<index>" or without the prefix),
+/// if it has one.
+std::optional<pid_t> shm_address_pid(const std::vector<uint8_t>& address) {
+  std::string_view text(reinterpret_cast<const char*>(address.data()), address.size());
+  text = text.substr(0, text.find('\0'));
+  if (text.starts_with("fi_shm://")) text.remove_prefix(9);
+  pid_t pid = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), pid);
+  if (ec != std::errc{} || pid <= 0 || end == text.data() + text.size() || *end != ':')
+    return std::nullopt;
+  return pid;
+}
 
 }  // namespace
 
@@ -186,10 +209,29 @@ void fabric_engine::request_renewal(peer_handle peer) {
 
 void fabric_engine::renew_endpoint() {
   renew_pending_ = false;
-  // Closing the endpoint ends what its peers never answered; completions it had already
-  // queued are read first, so only writes that truly never completed fail.
-  ep_.reset();
-  for (int i = 0; i < 64 && read_completions() > 0; ++i) {
+  if (unanswered_.empty()) {
+    // Closing the endpoint ends what its peers never answered; completions it had already
+    // queued are read first, so only writes that truly never completed fail.
+    ep_.reset();
+    for (int i = 0; i < 64 && read_completions() > 0; ++i) {
+    }
+  } else {
+    // A peer may still read this endpoint's introduction (unanswered_): keep the endpoint and
+    // its CQ open, never read again, so its name still maps. What it completed is read first.
+    for (int i = 0; i < 64 && read_completions() > 0; ++i) {
+    }
+    retired_endpoint old{std::move(cq_), std::move(ep_), {}, clock_type::now()};
+    std::string peers;
+    for (auto& [peer, address] : unanswered_) {
+      peers += (peers.empty() ? "" : ", ") + std::to_string(peer);
+      old.waiting_on.push_back(std::move(address));
+    }
+    unanswered_.clear();
+    log_->info(
+        "shm: rail {} keeps its replaced endpoint open until peer(s) {} read its introduction",
+        label_, peers);
+    retired_.push_back(std::move(old));
+    prune_retired(nullptr);
   }
   const error why{errc::fabric_write_failed,
                   "fabric endpoint renewed (" + renew_reason_ +
@@ -220,6 +262,29 @@ void fabric_engine::renew_endpoint() {
   }
   log_->info("shm endpoint of rail {} renewed after {}: {} write(s) that never completed failed",
              label_, renew_reason_, failed);
+}
+
+void fabric_engine::prune_retired(const std::vector<uint8_t>* answered) {
+  for (auto& r : retired_)
+    std::erase_if(r.waiting_on, [answered](const std::vector<uint8_t>& address) {
+      if (answered != nullptr && address == *answered) return true;
+      const auto pid = shm_address_pid(address);
+      return pid && ::kill(*pid, 0) != 0 && errno == ESRCH;
+    });
+  const auto before = retired_.size();
+  std::erase_if(retired_, [](const retired_endpoint& r) { return r.waiting_on.empty(); });
+  if (retired_.size() != before)
+    log_->info("shm: rail {} closed {} replaced endpoint(s) no peer can still read", label_,
+               before - retired_.size());
+  // Bounded: only peers cut while our first post to them was unanswered leave one here, and a
+  // hung one is not inserted again before it answers. Past the bound, the oldest is closed.
+  while (retired_.size() > max_retired_endpoints) {
+    log_->warn(
+        "shm: rail {} closes a replaced endpoint that {} peer(s) may not have read yet (more "
+        "than {} kept): such a peer crashes if it reads it later (libfabric 1.17)",
+        label_, retired_.front().waiting_on.size(), max_retired_endpoints);
+    retired_.erase(retired_.begin());
+  }
 }
 
 }  // namespace ferry::transport::detail

@@ -71,6 +71,10 @@ void fabric_engine::run() {
       renew_endpoint();
       active = true;
     }
+    if (!retired_.empty() && now >= next_retired_check_) {
+      prune_retired(nullptr);
+      next_retired_check_ = now + std::chrono::seconds(1);
+    }
     if (active) {
       last_activity = now;
       sleep_step = sleep_first;
@@ -242,6 +246,9 @@ bool fabric_engine::post_one(batch_state* b, const write_op& op, region& r, bool
   }
   writer_ = true;          // taken or refused: shm introduced this endpoint to the peer
   if (rc == -FI_EAGAIN) {  // provider queue full: progress the CQ, retry next round
+    if (renew_on_cut_ && !unanswered_.contains(b->batch.peer))
+      if (auto p = peers_.find(b->batch.peer); p != peers_.end())
+        unanswered_.emplace(b->batch.peer, p->second.address);  // maybe its introduction
     const auto now = clock_type::now();
     if (!refused_since_) refused_since_ = now;
     if (!refused_logged_ && now - *refused_since_ > refused_warn_after) {
@@ -275,8 +282,13 @@ bool fabric_engine::post_one(batch_state* b, const write_op& op, region& r, bool
   stat_bytes_posted_.fetch_add(ctx->bytes, std::memory_order_relaxed);
   stat_writes_in_flight_.fetch_add(1, std::memory_order_relaxed);
   stat_bytes_in_flight_.fetch_add(ctx->bytes, std::memory_order_relaxed);
-  if (renew_on_cut_)
-    if (auto p = peers_.find(b->batch.peer); p != peers_.end()) ++p->second.writes_posted;
+  if (renew_on_cut_) {
+    if (auto p = peers_.find(b->batch.peer); p != peers_.end()) {
+      ++p->second.writes_posted;
+      if (!unanswered_.empty()) unanswered_.erase(b->batch.peer);
+      if (!retired_.empty()) prune_retired(&p->second.address);
+    }
+  }
   ++r.posted;
   ++inflight_;
   ++b->outstanding;

@@ -410,3 +410,86 @@ TEST_CASE("fabric fence shm: rejected small writes fail at the cut and never exh
   if (WIFEXITED(status)) CHECK(WEXITSTATUS(status) == 0);
   CHECK(last == 1100);
 }
+
+namespace {
+
+/// The /dev/shm file of a shm endpoint address ("fi_shm://<pid>:<uid>:<index>").
+std::filesystem::path shm_file_of(const std::vector<uint8_t>& address) {
+  std::string name(address.begin(), std::find(address.begin(), address.end(), uint8_t{0}));
+  if (name.rfind("fi_shm://", 0) == 0) name.erase(0, 9);
+  return std::filesystem::path("/dev/shm") / name;
+}
+
+/// Returns once `e`'s progress thread has run a full round after every call made before this
+/// one: two calls through its queue (the first may be taken in the same round as the earlier
+/// ones, before that round's posts; the second is queued only after the first ran).
+void settle(ferry::transport::engine& e) {
+  for (int i = 0; i < 2; ++i) {
+    auto ran = std::make_shared<probe<ferry::result<std::vector<region_id>>>>();
+    e.register_regions({}, probe<ferry::result<std::vector<region_id>>>::recorder(ran));
+    REQUIRE(ran->wait());
+  }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "fabric fence shm: an endpoint renewed before a peer read its introduction stays open until "
+    "the peer has, and the peer goes on",
+    "[fabric][fence][shm]") {
+  // shm's first post to a peer is refused while it queues a request naming the endpoint in the
+  // peer's region. A peer that reads that request after the endpoint was closed crashed
+  // (libfabric 1.17: SIGSEGV in smr_progress_connreq, seen in CI when a cut came before a slow
+  // target's progress). Here the target engine is not started, so it reads nothing until the
+  // writer has been cut and renewed: like a peer hung at our first write and resumed later.
+  require_provider("shm");
+  auto target = open_engine("shm");
+  auto writer = open_engine("shm");
+  std::vector<uint8_t> src(1 << 16), dst(1 << 16, 0);
+  fill_pattern(src, 31);
+  const auto src_id = must(writer->register_region(src.data(), src.size(), region_access::local));
+  const auto dst_id =
+      must(target->register_region(dst.data(), dst.size(), region_access::remote_write));
+  const region_desc d = target->describe(dst_id);
+  imm_collector imms;
+  imms.attach(target.get());
+  writer->start(nullptr);
+  auto write = [&](ferry::transport::peer_handle peer, uint64_t off, uint64_t imm) {
+    auto t = std::make_shared<tracked>();
+    write_batch b;
+    b.peer = peer;
+    b.ops.push_back(write_op{src_id, off, 4096, d.remote_base + off, d.key, imm});
+    b.done = tracked::recorder(t);
+    writer->submit(std::move(b));
+    return t;
+  };
+
+  auto peer = must(writer->insert_peer(target->local_address()));
+  auto first = write(peer, 0, 920);
+  settle(*writer);  // its post was tried: refused, the introduction queued at the target
+  CHECK_FALSE(first->is_done());
+  const auto introduced = writer->local_address();
+
+  writer->remove_peer(peer);  // the cut: the endpoint is renewed
+  settle(*writer);
+  REQUIRE(first->wait());
+  CHECK_FALSE(first->get().ok());
+  CHECK_THAT(first->get().message, Catch::Contains("peer removed"));
+  REQUIRE(writer->local_address() != introduced);
+  // Renewed, but the old endpoint is still open: its name still maps.
+  CHECK(std::filesystem::exists(shm_file_of(introduced)));
+
+  target->start(imms.callback());  // reads the introduction of the replaced endpoint
+  peer = must(writer->insert_peer(target->local_address()));
+  auto second = write(peer, 4096, 921);
+  REQUIRE(second->wait());
+  INFO(second->get().message);
+  CHECK(second->get().ok());
+  REQUIRE(imms.wait_count(921, 1));
+  CHECK(std::equal(dst.begin() + 4096, dst.begin() + 8192, src.begin() + 4096));
+  CHECK(all_zero(std::vector<uint8_t>(dst.begin(), dst.begin() + 4096)));
+  CHECK(imms.counts()[920] == 0);
+  // The target took a post from the new endpoint, so it has read the older introduction too:
+  // the replaced endpoint is closed.
+  CHECK_FALSE(std::filesystem::exists(shm_file_of(introduced)));
+}
