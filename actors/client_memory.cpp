@@ -106,6 +106,13 @@ result<registration_plan> check_described(const daemon_context& ctx,
                                to_string(k), pool_name(other))};
   auto described = describe_registration(req, sizes);
   if (!described) return std::move(described).error();
+  // The engine's registration is the source of truth; a model catalogue checks it.
+  if (k != pool_kind::aux)
+    if (auto diff = catalogue_difference(ctx.config, described.value.section,
+                                         k == pool_kind::kv ? "kv" : "mamba"))
+      return error{errc::invalid_request,
+                   fmt::format("pool {}: the registration does not match the model: {}",
+                               to_string(k), *diff)};
   ferry_config whole = ctx.config;
   if (k == pool_kind::kv) whole.pools.kv = described.value.section.kv;
   if (k == pool_kind::state) whole.pools.mamba = described.value.section.mamba;

@@ -7,6 +7,7 @@
 /// problem as an error (`errc::config_invalid`) whose message names the full key path and the
 /// value seen, e.g. `pools.kv.page_tokens: expected a positive integer, got 0`.
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -38,6 +39,11 @@ result<> validate_config(const ferry_config& cfg);
 /// False while a pool the engine's registration describes (`memory: client` and nothing else,
 /// pool_placement::registered) has not been described yet.
 bool described_yet(const pools_config& pools);
+/// The first layout field in which pool `which` ("kv" or "mamba") of `pools` differs from what
+/// cfg.catalogue generated, as "kv_heads: 4, the catalogue's 1"; none when equal, or when the
+/// config has no catalogue or the catalogue no such pool.
+std::optional<std::string> catalogue_difference(const ferry_config& cfg, const pools_config& pools,
+                                                std::string_view which);
 /// Parse then validate.
 result<ferry_config> load_config_file(const std::string& path);
 /// Fill values derived from others. Call after a successful validation. (It derives nothing

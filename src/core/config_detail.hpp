@@ -44,6 +44,14 @@ result<ferry_config> parse_text(const std::string& text, const std::string& sour
 /// creating the maps on its path; throws naming the key when its path cannot be followed.
 void apply_overrides(YAML::Node& root, const std::vector<config_override>& overrides);
 
+/// config_catalogue.cpp: looks up cfg.catalogue's model (tp and pp read), keeps the layouts it
+/// generates there, fills model.architecture and model.fields, and writes into `root`'s pools
+/// the layout fields their text leaves out; throws naming what is wrong.
+void apply_catalogue(ferry_config& cfg, YAML::Node& root);
+/// config_catalogue.cpp: throws at the first layout field the pools' text gives otherwise than
+/// the catalogue.
+void check_catalogue(const ferry_config& cfg);
+
 /// config_validate.cpp: host:port, host being a name, an IPv4 address or a bracketed IPv6 address.
 bool is_host_port(std::string_view s);
 

@@ -300,10 +300,29 @@ state_tensor_config parse_tensor(const YAML::Node& n, const std::string& path) {
   return t;
 }
 
-model_contract parse_model(const YAML::Node& n) {
-  const section s(n, "model", {"architecture", "state_covers", "fields"});
+std::string expand_environment(const std::string& value, const std::string& path);
+
+model_contract parse_model(const YAML::Node& n, std::optional<catalogue_config>& catalogue) {
+  const section s(n, "model",
+                  {"architecture", "state_covers", "fields", "config_json", "engine", "kv_dtype",
+                   "conv_dtype", "state_dtype"});
   model_contract m;
-  s.required_field("architecture", m.architecture);
+  if (s.find("config_json")) {
+    catalogue.emplace();
+    s.required_field("config_json", catalogue->config_json);
+    catalogue->config_json = expand_environment(catalogue->config_json, "model.config_json");
+    s.optional_field("engine", catalogue->engine);
+    s.optional_field("kv_dtype", catalogue->kv_dtype);
+    s.optional_field("conv_dtype", catalogue->conv_dtype);
+    s.optional_field("state_dtype", catalogue->state_dtype);
+    s.optional_field("architecture", m.architecture);  // from config.json when not given
+  } else {
+    for (const char* key : {"engine", "kv_dtype", "conv_dtype", "state_dtype"})
+      if (s.find(key))
+        fail(std::string("model.") + key,
+             "expected model.config_json beside it (it says how to read the model's config)");
+    s.required_field("architecture", m.architecture);
+  }
   s.optional_field("state_covers", m.state_covers);
   if (auto fields = s.find("fields")) {
     if (!fields->IsMap()) fail("model.fields", "expected a map, got " + describe(*fields));
@@ -404,7 +423,7 @@ ferry_config parse_root(const YAML::Node& root) {
   const section top(root, "",
                     {"node", "role", "listen", "fabric", "timeouts", "limits", "security", "tp",
                      "pp", "dp", "runtime", "integrity", "log", "pools", "discovery", "model"});
-  if (auto model = top.find("model")) cfg.model = parse_model(*model);
+  if (auto model = top.find("model")) cfg.model = parse_model(*model, cfg.catalogue);
 
   const section node(top.get_or_null("node"), "node", {"name", "instance"});
   node.required_field("name", cfg.node_name);
@@ -510,10 +529,16 @@ ferry_config parse_root(const YAML::Node& root) {
     if (level) cfg.log.levels.emplace_back(name, *level);
   }
 
+  // The catalogue fills the pools' layout fields the text leaves out, before they are read.
+  if (cfg.catalogue) {
+    YAML::Node tree = root;  // a handle: the pools below see what the catalogue wrote
+    detail::apply_catalogue(cfg, tree);
+  }
   const section pools(top.get_or_null("pools"), "pools", {"kv", "mamba", "aux"});
   if (auto kv = pools.find("kv")) cfg.pools.kv = parse_kv(*kv);
   if (auto mamba = pools.find("mamba")) cfg.pools.mamba = parse_mamba(*mamba);
   if (auto aux = pools.find("aux")) cfg.pools.aux = parse_aux(*aux);
+  if (cfg.catalogue) detail::check_catalogue(cfg);
   return cfg;
 }
 

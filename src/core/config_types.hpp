@@ -320,6 +320,18 @@ struct model_contract {
   bool operator==(const model_contract&) const = default;
 };
 
+/// The model catalogue's inputs (the `model` section's config_json, engine and dtypes) and the
+/// pools' layout fields it generated, which the config and an engine's registrations are
+/// checked against (core/model_catalogue.hpp). Peers are not sent it: they read the result.
+struct catalogue_config {
+  std::string config_json;  ///< path of the model's config.json
+  std::string engine = "sglang";
+  std::string kv_dtype, conv_dtype, state_dtype;  ///< overrides (empty: the defaults)
+  std::string family;                             ///< what the lookup found
+  std::optional<kv_pool_config> kv;               ///< generated layouts (their sizes 0)
+  std::optional<mamba_pool_config> mamba;
+};
+
 struct ferry_config {
   std::string node_name;
   std::string instance = "auto";  ///< "auto": a random id chosen at each start
@@ -343,7 +355,8 @@ struct ferry_config {
   /// (its TP, PP and DP ranks, this one included or not): what a peer's `discover` of any one
   /// of them answers (docs/protocol.md).
   std::vector<std::string> instance_ranks;
-  std::optional<model_contract> model{};  ///< the `model` section (absent: nothing declared)
+  std::optional<model_contract> model{};        ///< the `model` section (absent: nothing declared)
+  std::optional<catalogue_config> catalogue{};  ///< model.config_json given
 };
 
 /// The client limit for `max_clients` 0 (auto), given the daemon's descriptor limit.

@@ -13,6 +13,7 @@
 #include "core/config.hpp"
 #include "core/config_detail.hpp"
 #include "core/layout.hpp"
+#include "core/model_catalogue.hpp"
 
 namespace ferry {
 
@@ -300,7 +301,9 @@ void validate_pools(const ferry_config& cfg) {
     if (paged(mamba.type) && !pools.kv)
       fail("pools.mamba.type", std::string("expected a kv pool beside a paged state pool (") +
                                    to_string(mamba.type) + " is indexed by pages, like KV)");
-    if (kv_known && mamba.type == state_type::mamba) {
+    // Falcon-H1 runs attention and a Mamba2 mixer side by side in every layer.
+    const bool shared = cfg.model && catalogue_shared_layers(cfg.model->architecture);
+    if (kv_known && mamba.type == state_type::mamba && !shared) {
       const std::set<uint32_t> kv_ids(pools.kv->layer_ids.begin(), pools.kv->layer_ids.end());
       for (uint32_t id : mamba.layer_ids) {
         if (kv_ids.count(id) != 0) {

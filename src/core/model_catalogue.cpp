@@ -1,0 +1,544 @@
+// The model catalogue: per (architecture, engine), the rules that turn a config.json and a
+// TP/PP rank into the pools' layout fields. Each rule says where its shapes come from; the
+// engines' conventions are those of SGLang's python/sglang/srt/configs/mamba_utils.py and of
+// vLLM's MambaStateShapeCalculator as read in December 2026 (docs/configuration.md).
+#include "core/model_catalogue.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+namespace ferry {
+namespace {
+
+using json = nlohmann::json;
+
+struct catalogue_failure {
+  std::string what;
+};
+
+[[noreturn]] void fail(std::string what) { throw catalogue_failure{std::move(what)}; }
+
+struct dtype_info {
+  std::string name;  ///< as tensors[].dtype spells it
+  uint32_t bytes = 0;
+};
+
+/// "bfloat16", "bf16", "float32", ... as a tensor dtype; `what` names the setting.
+dtype_info dtype_of(const std::string& text, const std::string& what) {
+  static const std::pair<const char*, dtype_info> names[] = {{"bfloat16", {"bf16", 2}},
+                                                             {"bf16", {"bf16", 2}},
+                                                             {"float16", {"fp16", 2}},
+                                                             {"half", {"fp16", 2}},
+                                                             {"fp16", {"fp16", 2}},
+                                                             {"float32", {"fp32", 4}},
+                                                             {"float", {"fp32", 4}},
+                                                             {"fp32", {"fp32", 4}},
+                                                             {"float8_e4m3fn", {"fp8_e4m3", 1}},
+                                                             {"fp8_e4m3", {"fp8_e4m3", 1}},
+                                                             {"float8_e5m2", {"fp8_e5m2", 1}},
+                                                             {"fp8_e5m2", {"fp8_e5m2", 1}}};
+  for (const auto& [n, info] : names)
+    if (text == n) return info;
+  fail(
+      fmt::format("{}: expected bfloat16, float16, float32, float8_e4m3fn or float8_e5m2, got "
+                  "\"{}\"",
+                  what, text));
+}
+
+/// config.json, read field by field: a missing or mistyped field is named, and every field
+/// read is recorded (the state contract's model.fields).
+class model_json {
+ public:
+  using field_list = std::vector<std::pair<std::string, std::string>>;
+
+  model_json(const json& j, std::string source, std::string architecture)
+      : j_(j),
+        source_(std::move(source)),
+        architecture_(std::move(architecture)),
+        fields_(std::make_shared<field_list>()) {}
+
+  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
+
+  /// A positive integer (`or_zero`: or 0).
+  uint64_t count(const char* key, bool or_zero = false) {
+    if (!has(key))
+      fail(fmt::format("{} has no {} (the {} layout needs it)", source_, key, architecture_));
+    const json& v = j_[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < (or_zero ? 0 : 1))
+      fail(fmt::format("{}: {} must be a {} integer, got {}", source_, key,
+                       or_zero ? "non-negative" : "positive", v.dump()));
+    record(key, v.dump());
+    return v.get<uint64_t>();
+  }
+  std::string text(const char* key) {
+    if (!has(key) || !j_[key].is_string())
+      fail(fmt::format("{} has no text {} (the {} layout needs it)", source_, key, architecture_));
+    record(key, j_[key].get<std::string>());
+    return j_[key].get<std::string>();
+  }
+  const json& list(const char* key) const {
+    if (!has(key) || !j_[key].is_array())
+      fail(fmt::format("{} has no list {} (the {} layout needs it)", source_, key, architecture_));
+    return j_[key];
+  }
+  /// A nested object (Kimi-Linear's linear_attn_config), read the same way; its fields are
+  /// recorded as "object.field".
+  model_json object(const char* key) const {
+    if (!has(key) || !j_[key].is_object())
+      fail(
+          fmt::format("{} has no object {} (the {} layout needs it)", source_, key, architecture_));
+    model_json inner(j_[key], fmt::format("{} ({})", source_, key), architecture_);
+    inner.fields_ = fields_;
+    inner.prefix_ = prefix_ + key + ".";
+    return inner;
+  }
+  const std::string& source() const { return source_; }
+  field_list fields() const { return *fields_; }
+
+ private:
+  void record(const char* key, std::string value) {
+    fields_->emplace_back(prefix_ + key, std::move(value));
+  }
+
+  const json& j_;
+  std::string source_, architecture_, prefix_;
+  std::shared_ptr<field_list> fields_;  ///< shared with the nested objects read
+};
+
+/// What every rule is given.
+struct rule_input {
+  model_json& cfg;
+  const catalogue_request& req;
+  dtype_info model_dtype;  ///< config.json's torch_dtype (or model.kv_dtype)
+  catalogue_layout& out;
+};
+
+/// Layers [first, end) of PP stage `rank` of `size` over `layers`: SGLang's and vLLM's
+/// get_pp_indices (an even split; the remainder goes one layer each to the stages before the
+/// last).
+std::pair<uint32_t, uint32_t> pp_layers(uint32_t layers, uint32_t size, uint32_t rank) {
+  std::vector<uint32_t> parts(size, layers / size);
+  for (uint32_t i = 2; i < layers % size + 2; ++i) ++parts[size - i];
+  uint32_t first = 0;
+  for (uint32_t i = 0; i < rank; ++i) first += parts[i];
+  return {first, first + parts[rank]};
+}
+
+/// Of `ids` (global layer ids), those of this PP stage.
+std::vector<uint32_t> stage_ids(const std::vector<uint32_t>& ids, uint32_t layers,
+                                const catalogue_request& req) {
+  const auto [first, end] = pp_layers(layers, req.pp_size, req.pp_rank);
+  std::vector<uint32_t> out;
+  for (uint32_t id : ids)
+    if (id >= first && id < end) out.push_back(id);
+  return out;
+}
+
+/// `total` heads of a kind over TP: sliced evenly, or (`may_replicate`: KV heads) one per rank
+/// when TP is a multiple of them.
+uint64_t per_rank(uint64_t total, uint32_t tp, const std::string& what, bool may_replicate) {
+  if (total % tp == 0) return total / tp;
+  if (may_replicate && tp % total == 0) return 1;
+  fail(fmt::format("{} {} cannot be split over TP {}: {}", what, total, tp,
+                   may_replicate ? "neither divides the other" : "TP must divide them"));
+}
+
+/// A GQA KV pool (heads replicated when TP exceeds them).
+kv_pool_config gqa_kv(rule_input& in, std::vector<uint32_t> ids, uint64_t kv_heads,
+                      uint64_t head_dim) {
+  kv_pool_config kv;
+  kv.layer_ids = std::move(ids);
+  kv.kv_heads =
+      static_cast<uint32_t>(per_rank(kv_heads, in.req.tp_size, "num_key_value_heads", true));
+  kv.total_heads = static_cast<uint32_t>(kv_heads);
+  kv.head_dim = static_cast<uint32_t>(head_dim);
+  kv.dtype_bytes = in.model_dtype.bytes;
+  return kv;
+}
+
+/// An MLA KV pool: one latent vector per token, the same on every TP rank.
+kv_pool_config mla_kv(rule_input& in, std::vector<uint32_t> ids) {
+  kv_pool_config kv;
+  kv.layer_ids = std::move(ids);
+  kv.kv_heads = 1;
+  kv.head_dim =
+      static_cast<uint32_t>(in.cfg.count("kv_lora_rank") + in.cfg.count("qk_rope_head_dim"));
+  kv.dtype_bytes = in.model_dtype.bytes;
+  kv.mla = true;
+  return kv;
+}
+
+state_tensor_config tensor(std::string name, std::vector<uint64_t> shape, const dtype_info& t,
+                           uint32_t slice_axis, std::vector<uint64_t> groups = {},
+                           std::vector<uint64_t> units = {}) {
+  state_tensor_config s;
+  s.name = std::move(name);
+  s.shape = std::move(shape);
+  s.dtype_bytes = t.bytes;
+  s.dtype = t.name;
+  s.slice_axis = slice_axis;
+  s.shard_groups = std::move(groups);
+  s.shard_units = std::move(units);
+  return s;
+}
+
+bool vllm(const rule_input& in) { return in.req.engine == "vllm"; }
+
+/// The conv state's dtype: SGLang keeps bf16 (SGLANG_MAMBA_CONV_DTYPE), vLLM the model's.
+dtype_info conv_dtype(const rule_input& in) {
+  if (!in.req.conv_dtype.empty()) return dtype_of(in.req.conv_dtype, "model.conv_dtype");
+  return vllm(in) ? in.model_dtype : dtype_info{"bf16", 2};
+}
+
+/// The temporal (SSM) state's dtype: fp32 on SGLang unless config.json's mamba_ssm_dtype says
+/// otherwise; on vLLM the model's (`fp32_on_vllm`: KDA and lightning attention keep fp32).
+dtype_info state_dtype(rule_input& in, bool fp32_on_vllm = false) {
+  if (!in.req.state_dtype.empty()) return dtype_of(in.req.state_dtype, "model.state_dtype");
+  if (!vllm(in) && in.cfg.has("mamba_ssm_dtype"))
+    return dtype_of(in.cfg.text("mamba_ssm_dtype"), in.cfg.source() + ": mamba_ssm_dtype");
+  if (vllm(in) && !fp32_on_vllm) return in.model_dtype;
+  return {"fp32", 4};
+}
+
+/// A Mamba2 layer's state: conv over [x | B | C] (intermediate, then n_groups x state twice)
+/// and temporal [heads, head_dim, state]. With n_groups below TP the engines give every rank
+/// whole B and C groups (TP / n_groups ranks hold each): shard_units keep a group unsplit.
+mamba_pool_config mamba2_state(rule_input& in, std::vector<uint32_t> ids, uint64_t heads,
+                               uint64_t head_dim, uint64_t groups, uint64_t state, uint64_t kernel,
+                               uint64_t intermediate) {
+  const uint32_t tp = in.req.tp_size;
+  per_rank(heads, tp, "Mamba2 heads", false);
+  if (intermediate % heads != 0)
+    fail(fmt::format("{}: the Mamba2 intermediate size {} is not a multiple of its {} heads",
+                     in.cfg.source(), intermediate, heads));
+  const uint64_t rank_groups = per_rank(groups, tp, "Mamba2 n_groups", true);
+  const uint64_t conv_dim = intermediate / tp + 2 * rank_groups * state;
+  mamba_pool_config m;
+  m.layer_ids = std::move(ids);
+  const auto conv_t = conv_dtype(in);
+  std::vector<uint64_t> shard{intermediate, groups * state, groups * state};
+  std::vector<uint64_t> units{heads, groups, groups};
+  if (vllm(in))
+    m.tensors.push_back(tensor("conv", {kernel - 1, conv_dim}, conv_t, 1, shard, units));
+  else
+    m.tensors.push_back(tensor("conv", {conv_dim, kernel - 1}, conv_t, 0, shard, units));
+  m.tensors.push_back(tensor("temporal", {heads / tp, head_dim, state}, state_dtype(in), 0));
+  return m;
+}
+
+// ---- the families ------------------------------------------------------------------------
+
+/// Qwen3-Next: full attention every full_attention_interval-th layer (or as layer_types says),
+/// Gated DeltaNet elsewhere. SGLang: conv [2 key_dim + value_dim, K-1] with q, k and v sliced
+/// each on its own; temporal [v_heads, k_dim, v_dim] in fp32.
+void qwen3_next(rule_input& in) {
+  auto& c = in.cfg;
+  const auto layers = static_cast<uint32_t>(c.count("num_hidden_layers"));
+  const uint64_t interval = c.count("full_attention_interval");
+  std::vector<uint32_t> attn, linear;
+  for (uint32_t i = 0; i < layers; ++i) ((i + 1) % interval == 0 ? attn : linear).push_back(i);
+  in.out.kv = gqa_kv(in, stage_ids(attn, layers, in.req), c.count("num_key_value_heads"),
+                     c.count("head_dim"));
+  const uint64_t nk = c.count("linear_num_key_heads"), nv = c.count("linear_num_value_heads");
+  const uint64_t dk = c.count("linear_key_head_dim"), dv = c.count("linear_value_head_dim");
+  const uint64_t kernel = c.count("linear_conv_kernel_dim");
+  const uint32_t tp = in.req.tp_size;
+  per_rank(nk, tp, "linear_num_key_heads", false);
+  per_rank(nv, tp, "linear_num_value_heads", false);
+  const uint64_t key_dim = nk * dk, value_dim = nv * dv;
+  mamba_pool_config m;
+  m.layer_ids = stage_ids(linear, layers, in.req);
+  m.tensors.push_back(tensor("conv", {(2 * key_dim + value_dim) / tp, kernel - 1}, conv_dtype(in),
+                             0, {key_dim, key_dim, value_dim}));
+  m.tensors.push_back(tensor("temporal", {nv / tp, dk, dv}, state_dtype(in), 0));
+  in.out.mamba = std::move(m);
+}
+
+/// Kimi-Linear: KDA layers and MLA layers, both numbered from 1 in linear_attn_config. SGLang
+/// fuses the q, k and v short convs into one [K-1, q + k + v] conv (sliced on its second axis,
+/// each block on its own); temporal [heads, head_dim, head_dim] in fp32.
+void kimi_linear(rule_input& in) {
+  auto& c = in.cfg;
+  const auto layers = static_cast<uint32_t>(c.count("num_hidden_layers"));
+  std::vector<uint32_t> attn, kda;
+  uint64_t heads = 0, head_dim = 0, kernel = 0;
+  {
+    auto lin = c.object("linear_attn_config");
+    auto ids = [&](const char* key, std::vector<uint32_t>& into) {
+      for (const auto& v : lin.list(key)) {
+        if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > layers)
+          fail(fmt::format("{}: {} must list layers 1..{} (numbered from 1), got {}", lin.source(),
+                           key, layers, v.dump()));
+        into.push_back(v.get<uint32_t>() - 1);
+      }
+    };
+    ids("full_attn_layers", attn);
+    ids("kda_layers", kda);
+    heads = lin.count("num_heads");
+    head_dim = lin.count("head_dim");
+    kernel = lin.count("short_conv_kernel_size");
+  }
+  in.out.kv = mla_kv(in, stage_ids(attn, layers, in.req));
+  const uint32_t tp = in.req.tp_size;
+  per_rank(heads, tp, "KDA num_heads", false);
+  const uint64_t proj = heads * head_dim;
+  mamba_pool_config m;
+  m.layer_ids = stage_ids(kda, layers, in.req);
+  m.tensors.push_back(
+      tensor("conv", {kernel - 1, 3 * proj / tp}, conv_dtype(in), 1, {proj, proj, proj}));
+  m.tensors.push_back(
+      tensor("temporal", {heads / tp, head_dim, head_dim}, state_dtype(in, true), 0));
+  in.out.mamba = std::move(m);
+}
+
+/// The attention head size where a config may give it under several names.
+uint64_t attention_head_dim(model_json& c) {
+  if (c.has("head_dim")) return c.count("head_dim");
+  if (c.has("attention_head_dim")) return c.count("attention_head_dim");
+  const uint64_t hidden = c.count("hidden_size"), heads = c.count("num_attention_heads");
+  if (hidden % heads != 0)
+    fail(fmt::format("{}: hidden_size {} is not a multiple of num_attention_heads {}", c.source(),
+                     hidden, heads));
+  return hidden / heads;
+}
+
+/// Nemotron-H: hybrid_override_pattern has a character per layer, M for Mamba2, * for
+/// attention (- is an MLP, with neither).
+void nemotron_h(rule_input& in) {
+  auto& c = in.cfg;
+  const std::string pattern = c.text("hybrid_override_pattern");
+  const auto layers = static_cast<uint32_t>(pattern.size());
+  std::vector<uint32_t> attn, mamba;
+  for (uint32_t i = 0; i < layers; ++i) {
+    if (pattern[i] == '*')
+      attn.push_back(i);
+    else if (pattern[i] == 'M')
+      mamba.push_back(i);
+    else if (pattern[i] != '-' && pattern[i] != 'E')
+      fail(fmt::format("{}: hybrid_override_pattern has '{}' at layer {} (expected M, *, - or E)",
+                       c.source(), pattern[i], i));
+  }
+  in.out.kv = gqa_kv(in, stage_ids(attn, layers, in.req), c.count("num_key_value_heads"),
+                     attention_head_dim(c));
+  const uint64_t heads = c.count("mamba_num_heads"), head_dim = c.count("mamba_head_dim");
+  in.out.mamba =
+      mamba2_state(in, stage_ids(mamba, layers, in.req), heads, head_dim, c.count("n_groups"),
+                   c.count("ssm_state_size"), c.count("conv_kernel"), heads * head_dim);
+}
+
+/// Falcon-H1: every layer runs attention and a Mamba2 mixer side by side.
+void falcon_h1(rule_input& in) {
+  auto& c = in.cfg;
+  const auto layers = static_cast<uint32_t>(c.count("num_hidden_layers"));
+  std::vector<uint32_t> all(layers);
+  for (uint32_t i = 0; i < layers; ++i) all[i] = i;
+  in.out.kv = gqa_kv(in, stage_ids(all, layers, in.req), c.count("num_key_value_heads"),
+                     attention_head_dim(c));
+  const uint64_t heads = c.count("mamba_n_heads"), head_dim = c.count("mamba_d_head");
+  const uint64_t intermediate = c.has("mamba_d_ssm")
+                                    ? c.count("mamba_d_ssm")
+                                    : c.count("mamba_expand") * c.count("hidden_size");
+  in.out.mamba =
+      mamba2_state(in, stage_ids(all, layers, in.req), heads, head_dim, c.count("mamba_n_groups"),
+                   c.count("mamba_d_state"), c.count("mamba_d_conv"), intermediate);
+  in.out.shared_layers = true;
+}
+
+/// Granite-4.0-H: layer_types names each layer "mamba" or "attention".
+void granite_hybrid(rule_input& in) {
+  auto& c = in.cfg;
+  const auto& types = c.list("layer_types");
+  const auto layers = static_cast<uint32_t>(types.size());
+  std::vector<uint32_t> attn, mamba;
+  for (uint32_t i = 0; i < layers; ++i) {
+    const std::string t = types[i].is_string() ? types[i].get<std::string>() : types[i].dump();
+    if (t == "attention")
+      attn.push_back(i);
+    else if (t == "mamba")
+      mamba.push_back(i);
+    else
+      fail(fmt::format("{}: layer_types[{}] is \"{}\" (expected mamba or attention)", c.source(), i,
+                       t));
+  }
+  in.out.kv = gqa_kv(in, stage_ids(attn, layers, in.req), c.count("num_key_value_heads"),
+                     attention_head_dim(c));
+  const uint64_t heads = c.count("mamba_n_heads");
+  const uint64_t head_dim = c.has("mamba_d_head")
+                                ? c.count("mamba_d_head")
+                                : c.count("mamba_expand") * c.count("hidden_size") / heads;
+  in.out.mamba =
+      mamba2_state(in, stage_ids(mamba, layers, in.req), heads, head_dim, c.count("mamba_n_groups"),
+                   c.count("mamba_d_state"), c.count("mamba_d_conv"), heads * head_dim);
+}
+
+/// Jamba: attention where layer % attn_layer_period == attn_layer_offset, Mamba1 elsewhere.
+/// Mamba1's state: conv [intermediate, K-1] and temporal [intermediate, state], both sliced on
+/// the channels.
+void jamba(rule_input& in) {
+  auto& c = in.cfg;
+  const auto layers = static_cast<uint32_t>(c.count("num_hidden_layers"));
+  const uint64_t period = c.count("attn_layer_period");
+  const uint64_t offset = c.has("attn_layer_offset") ? c.count("attn_layer_offset", true) : 0;
+  std::vector<uint32_t> attn, mamba;
+  for (uint32_t i = 0; i < layers; ++i) (i % period == offset ? attn : mamba).push_back(i);
+  in.out.kv = gqa_kv(in, stage_ids(attn, layers, in.req), c.count("num_key_value_heads"),
+                     attention_head_dim(c));
+  const uint64_t intermediate = c.count("mamba_expand") * c.count("hidden_size");
+  const uint32_t tp = in.req.tp_size;
+  per_rank(intermediate, tp, "Mamba1 intermediate size", false);
+  mamba_pool_config m;
+  m.layer_ids = stage_ids(mamba, layers, in.req);
+  m.tensors.push_back(
+      tensor("conv", {intermediate / tp, c.count("mamba_d_conv") - 1}, conv_dtype(in), 0));
+  m.tensors.push_back(
+      tensor("temporal", {intermediate / tp, c.count("mamba_d_state")}, state_dtype(in), 0));
+  in.out.mamba = std::move(m);
+}
+
+/// MiniMax-Text-01: attn_type_list has 1 for softmax attention, 0 for lightning attention,
+/// whose state is one [heads, head_dim, head_dim] fp32 matrix per layer (vLLM's convention).
+void minimax_text_01(rule_input& in) {
+  auto& c = in.cfg;
+  const auto& types = c.list("attn_type_list");
+  const auto layers = static_cast<uint32_t>(types.size());
+  std::vector<uint32_t> attn, linear;
+  for (uint32_t i = 0; i < layers; ++i) {
+    if (!types[i].is_number_integer() || (types[i] != 0 && types[i] != 1))
+      fail(fmt::format("{}: attn_type_list[{}] is {} (expected 0 or 1)", c.source(), i,
+                       types[i].dump()));
+    (types[i] == 1 ? attn : linear).push_back(i);
+  }
+  const uint64_t head_dim = attention_head_dim(c);
+  in.out.kv = gqa_kv(in, stage_ids(attn, layers, in.req), c.count("num_key_value_heads"), head_dim);
+  const uint64_t heads = c.count("num_attention_heads");
+  per_rank(heads, in.req.tp_size, "num_attention_heads", false);
+  mamba_pool_config m;
+  m.layer_ids = stage_ids(linear, layers, in.req);
+  m.tensors.push_back(
+      tensor("temporal", {heads / in.req.tp_size, head_dim, head_dim}, state_dtype(in, true), 0));
+  in.out.mamba = std::move(m);
+}
+
+/// DeepSeek-V2/V3 (MLA): every layer's KV is one kv_lora_rank + qk_rope_head_dim latent.
+void deepseek_mla(rule_input& in) {
+  const auto layers = static_cast<uint32_t>(in.cfg.count("num_hidden_layers"));
+  std::vector<uint32_t> all(layers);
+  for (uint32_t i = 0; i < layers; ++i) all[i] = i;
+  in.out.kv = mla_kv(in, stage_ids(all, layers, in.req));
+}
+
+struct family {
+  catalogue_entry entry;
+  void (*rule)(rule_input&);
+};
+
+const std::vector<family>& families() {
+  static const std::vector<family> all = {
+      {{"Qwen3NextForCausalLM", "sglang", "Gated DeltaNet + attention (Qwen3-Next)"}, qwen3_next},
+      {{"KimiLinearForCausalLM", "sglang", "KDA + MLA (Kimi-Linear)"}, kimi_linear},
+      {{"NemotronHForCausalLM", "sglang, vllm", "Mamba2 + attention (Nemotron-H)"}, nemotron_h},
+      {{"FalconH1ForCausalLM", "sglang, vllm",
+        "Mamba2 beside attention in every layer (Falcon-H1)"},
+       falcon_h1},
+      {{"GraniteMoeHybridForCausalLM", "sglang, vllm", "Mamba2 + attention (Granite-4.0-H)"},
+       granite_hybrid},
+      {{"JambaForCausalLM", "sglang", "Mamba1 + attention (Jamba)"}, jamba},
+      {{"MiniMaxText01ForCausalLM", "vllm", "lightning attention + attention (MiniMax-Text-01)"},
+       minimax_text_01},
+      {{"DeepseekV3ForCausalLM", "sglang, vllm", "MLA (DeepSeek-V3)"}, deepseek_mla},
+      {{"DeepseekV2ForCausalLM", "sglang, vllm", "MLA (DeepSeek-V2)"}, deepseek_mla},
+  };
+  return all;
+}
+
+std::string known_architectures() {
+  std::string out;
+  for (const auto& f : families())
+    out += (out.empty() ? "" : ", ") + std::string(f.entry.architecture);
+  return out;
+}
+
+}  // namespace
+
+const std::vector<catalogue_entry>& catalogue_entries() {
+  static const std::vector<catalogue_entry> entries = [] {
+    std::vector<catalogue_entry> out;
+    for (const auto& f : families()) out.push_back(f.entry);
+    return out;
+  }();
+  return entries;
+}
+
+bool catalogue_shared_layers(const std::string& architecture) {
+  return architecture == "FalconH1ForCausalLM";
+}
+
+result<catalogue_layout> catalogue_lookup(const catalogue_request& req) {
+  try {
+    json j;
+    try {
+      j = json::parse(req.config_text);
+    } catch (const json::parse_error& e) {
+      fail(fmt::format("{} is not valid JSON: {}", req.source, e.what()));
+    }
+    if (!j.is_object()) fail(fmt::format("{} is not a JSON object", req.source));
+    // A multimodal wrapper keeps the language model's fields in text_config.
+    const json& root = j.contains("text_config") && j["text_config"].is_object() &&
+                               !j.contains("num_hidden_layers")
+                           ? j["text_config"]
+                           : j;
+    if (!j.contains("architectures") || !j["architectures"].is_array() ||
+        j["architectures"].empty() || !j["architectures"][0].is_string())
+      fail(fmt::format("{} has no architectures list (e.g. [\"Qwen3NextForCausalLM\"])",
+                       req.source));
+    const std::string arch = j["architectures"][0].get<std::string>();
+    const family* found = nullptr;
+    for (const auto& f : families())
+      if (arch == f.entry.architecture) found = &f;
+    if (found == nullptr)
+      fail(
+          fmt::format("architecture {} is not in the catalogue (it knows {}); describe its pools "
+                      "by hand in pools.kv and pools.mamba, without model.config_json",
+                      arch, known_architectures()));
+    if (req.engine != "sglang" && req.engine != "vllm")
+      fail(fmt::format("model.engine: expected sglang or vllm, got \"{}\"", req.engine));
+    if (std::string(found->entry.engines).find(req.engine) == std::string::npos)
+      fail(fmt::format("the catalogue has no {} layout for {} (it has: {}){}", req.engine, arch,
+                       found->entry.engines,
+                       arch == "MiniMaxText01ForCausalLM"
+                           ? ": SGLang has no transfer path for lightning attention state"
+                           : ""));
+
+    catalogue_layout out;
+    out.architecture = arch;
+    out.family = found->entry.family;
+    model_json cfg(root, req.source, arch);
+    dtype_info model_dtype;
+    if (!req.kv_dtype.empty())
+      model_dtype = dtype_of(req.kv_dtype, "model.kv_dtype");
+    else if (cfg.has("torch_dtype"))
+      model_dtype = dtype_of(cfg.text("torch_dtype"), req.source + ": torch_dtype");
+    else if (cfg.has("dtype"))
+      model_dtype = dtype_of(cfg.text("dtype"), req.source + ": dtype");
+    else
+      fail(fmt::format("{} has no torch_dtype: set model.kv_dtype", req.source));
+    rule_input in{cfg, req, model_dtype, out};
+    found->rule(in);
+    out.fields = cfg.fields();
+    out.fields.emplace_back("engine", req.engine);
+    if (out.mamba)
+      for (const auto& t : out.mamba->tensors) out.fields.emplace_back(t.name + "_dtype", t.dtype);
+    std::sort(out.fields.begin(), out.fields.end());
+    out.fields.erase(std::unique(out.fields.begin(), out.fields.end()), out.fields.end());
+    if (out.kv && out.kv->layer_ids.empty()) out.kv.reset();
+    if (out.mamba && out.mamba->layer_ids.empty()) out.mamba.reset();
+    return out;
+  } catch (const catalogue_failure& f) {
+    return error{errc::config_invalid, f.what};
+  }
+}
+
+}  // namespace ferry
