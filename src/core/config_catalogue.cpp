@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include <array>
 #include <fstream>
 #include <sstream>
 
@@ -39,9 +40,10 @@ std::optional<difference> kv_difference(const kv_pool_config& want, const kv_poo
     return differ("layer_ids", ids_text(got.layer_ids), ids_text(want.layer_ids));
   if (got.mla != want.mla) return differ("mla", got.mla, want.mla);
   if (got.kv_heads != want.kv_heads) return differ("kv_heads", got.kv_heads, want.kv_heads);
-  if (got.head_dim != want.head_dim) return differ("head_dim", got.head_dim, want.head_dim);
-  if (got.dtype_bytes != want.dtype_bytes)
-    return differ("dtype_bytes", got.dtype_bytes, want.dtype_bytes);
+  // A registration knows a head's bytes, not its dtype (SGLang's KVArgs give item sizes).
+  if (got.head_dim * got.dtype_bytes != want.head_dim * want.dtype_bytes)
+    return differ("head_dim x dtype_bytes", fmt::format("{} x {}", got.head_dim, got.dtype_bytes),
+                  fmt::format("{} x {}", want.head_dim, want.dtype_bytes));
   if (!want.mla && got.total_heads != 0 && got.total_heads != want.total_heads)
     return differ("total_heads", got.total_heads, want.total_heads);
   return std::nullopt;
@@ -63,13 +65,22 @@ std::optional<difference> mamba_difference(const mamba_pool_config& want,
     auto axis = [](const std::optional<uint32_t>& a) {
       return a ? std::to_string(*a) : std::string("none");
     };
-    if (g.name != w.name) return differ(at + ".name", g.name, w.name);
-    if (g.shape != w.shape)
-      return differ(at + ".shape", dims_text(g.shape) + " (" + w.name + ")", dims_text(w.shape));
-    if (g.dtype_bytes != w.dtype_bytes)
-      return differ(at + ".dtype_bytes", g.dtype_bytes, w.dtype_bytes);
+    // Names are labels (a registration numbers its tensors): the layout is what must agree.
+    // The same bytes in the same places: a registration describes what follows the sliced
+    // axis in bytes (its KVArgs give item sizes), a config in elements of dtype_bytes.
+    auto facts = [](const state_tensor_config& t) {
+      return std::array<uint64_t, 4>{t.slot_bytes(), t.outer_count(), t.sliced_dim(),
+                                     t.unit_bytes()};
+    };
+    const bool same_bytes =
+        g.slice_axis.has_value() == w.slice_axis.has_value() &&
+        (g.slice_axis ? facts(g) == facts(w) : g.slot_bytes() == w.slot_bytes());
+    if (!same_bytes || (g.dtype_bytes == w.dtype_bytes && g.shape != w.shape))
+      return differ(at + ".shape (" + w.name + ")",
+                    fmt::format("{} of {} byte(s)", dims_text(g.shape), g.dtype_bytes),
+                    fmt::format("{} of {} byte(s)", dims_text(w.shape), w.dtype_bytes));
     if (!g.dtype.empty() && g.dtype != w.dtype) return differ(at + ".dtype", g.dtype, w.dtype);
-    if (g.slice_axis != w.slice_axis)
+    if (g.dtype_bytes == w.dtype_bytes && g.slice_axis != w.slice_axis)
       return differ(at + ".slice_axis", axis(g.slice_axis), axis(w.slice_axis));
     if (g.shard_groups != w.shard_groups)
       return differ(at + ".shard_groups", dims_text(g.shard_groups), dims_text(w.shard_groups));

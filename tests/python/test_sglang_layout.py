@@ -390,3 +390,40 @@ def test_the_cpp_clients_engine_memory_refuses_a_pool_its_registration_describes
                 "v7)") in r.stderr + r.stdout, r.stderr + r.stdout
     finally:
         stop_all([p, d])
+
+
+# A small Nemotron-H: Mamba2 layers 0 and 1 (4 heads of 64, n_groups 1, state 64, kernel 4),
+# attention layers 3 and 7 (2 KV heads of 64): the layout of Model(conv_groups=[256, 64, 64],
+# conv_units=[4, 1, 1], conv_k=4, ssm=(64, 64)) without a draft layer.
+SMALL_NEMOTRON_H = """{"architectures": ["NemotronHForCausalLM"], "torch_dtype": "bfloat16",
+ "hybrid_override_pattern": "MM-*---*", "num_attention_heads": 2, "num_key_value_heads": 2,
+ "head_dim": 64, "mamba_num_heads": 4, "mamba_head_dim": 64, "n_groups": 1,
+ "ssm_state_size": 64, "conv_kernel": 4}"""
+
+
+def test_a_registration_unlike_the_model_catalogues_layout_is_refused_by_name(tmp_path) -> None:
+    """With model.config_json, the engine's registration stays the source of truth, and the
+    catalogue checks it: the model's own tensors register; tensors of another shape are refused,
+    naming the field and both values."""
+    config_json = tmp_path / "config.json"
+    config_json.write_text(SMALL_NEMOTRON_H)
+    model = f"model:\n  config_json: {config_json}\n  state_covers: n\n"
+    p = start_daemon(str(tmp_path), "prefill-cat", "prefill", REGISTERED_POOLS, model)
+    try:
+        boot = FerryBootstrap({BOOT: [p.control]})
+        shaped = dict(conv_groups=[256, 64, 64], conv_units=[4, 1, 1], conv_k=4, ssm=(64, 64),
+                      draft_layer=None)
+        wrong = SGLangRank(Model(kv_heads=4, **shaped), name="wrong")
+        try:
+            with pytest.raises(FerryError) as e:
+                FerryKVManager(wrong.kv_args(), "prefill", socket_path=p.sock, bootstrap=boot,
+                               timeout=IO_TIMEOUT * 3, register_timeout=T)
+            assert e.value.code == Errc.INVALID_REQUEST
+            assert e.value.message == (
+                "pool kv: the registration does not match the model: kv_heads 4, but "
+                "model.config_json's NemotronHForCausalLM (sglang) at TP 1 rank 0 gives 2")
+        finally:
+            wrong.close()
+        Rank(p, "prefill", boot, Model(**shaped), seed=7).close()  # the model's own: registered
+    finally:
+        stop_all([p])
