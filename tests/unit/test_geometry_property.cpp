@@ -31,6 +31,7 @@
 #include "core/config.hpp"
 #include "core/geometry.hpp"
 #include "core/layout.hpp"
+#include "core/model_catalogue.hpp"
 #include "core/pack.hpp"
 #include "core/plan.hpp"
 
@@ -1501,4 +1502,140 @@ TEST_CASE("geometry: docs/geometry.md's worked example (c), Mamba2 with n_groups
   // Gather: prefill ranks 0 and 1 both hold B and C; the lowest sends them.
   CHECK(segments(4, 0, 2, 0) == segs{{0, 0, 12288}, {12288, 24576, 1536}});
   CHECK(segments(4, 1, 2, 0) == segs{{0, 12288, 12288}});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Every family of the model catalogue (core/model_catalogue.hpp), scaled down: the catalogue's
+// layout at TP 1 is the unsharded model; at every TP size it allows, its per-rank layout must be
+// the reference's sharding of that model; and every pair of allowed sizes (and its PP 2 stages
+// into PP 1) must move byte-exact. A size it refuses names the numbers.
+
+namespace {
+
+struct family_case {
+  const char* name;
+  const char* engine;
+  std::string json;
+};
+
+std::vector<family_case> catalogue_families() {
+  return {
+      {"Qwen3-Next", "sglang",
+       R"({"architectures": ["Qwen3NextForCausalLM"], "torch_dtype": "bfloat16",
+           "num_hidden_layers": 4, "full_attention_interval": 4, "num_key_value_heads": 2,
+           "head_dim": 4, "linear_num_key_heads": 8, "linear_num_value_heads": 8,
+           "linear_key_head_dim": 2, "linear_value_head_dim": 2, "linear_conv_kernel_dim": 4})"},
+      {"Kimi-Linear", "sglang",
+       R"({"architectures": ["KimiLinearForCausalLM"], "torch_dtype": "bfloat16",
+           "num_hidden_layers": 4, "kv_lora_rank": 4, "qk_rope_head_dim": 2,
+           "linear_attn_config": {"full_attn_layers": [4], "kda_layers": [1, 2, 3],
+             "num_heads": 4, "head_dim": 2, "short_conv_kernel_size": 4}})"},
+      {"Nemotron-H", "sglang",
+       R"({"architectures": ["NemotronHForCausalLM"], "torch_dtype": "bfloat16",
+           "hybrid_override_pattern": "M*M-", "num_key_value_heads": 4, "head_dim": 4,
+           "mamba_num_heads": 8, "mamba_head_dim": 2, "n_groups": 2, "ssm_state_size": 2,
+           "conv_kernel": 4})"},
+      {"Falcon-H1", "sglang",
+       R"({"architectures": ["FalconH1ForCausalLM"], "torch_dtype": "bfloat16",
+           "num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 4, "mamba_d_ssm": 16,
+           "mamba_n_heads": 8, "mamba_d_head": 2, "mamba_n_groups": 1, "mamba_d_state": 2,
+           "mamba_d_conv": 4})"},
+      {"Granite-4.0-H (vLLM)", "vllm",
+       R"({"architectures": ["GraniteMoeHybridForCausalLM"], "torch_dtype": "bfloat16",
+           "layer_types": ["mamba", "attention", "mamba"], "num_attention_heads": 2,
+           "hidden_size": 8, "num_key_value_heads": 2, "mamba_n_heads": 8, "mamba_d_head": 2,
+           "mamba_n_groups": 1, "mamba_d_state": 2, "mamba_d_conv": 4})"},
+      {"Jamba", "sglang",
+       R"({"architectures": ["JambaForCausalLM"], "torch_dtype": "bfloat16",
+           "num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_offset": 1,
+           "hidden_size": 8, "mamba_expand": 2, "mamba_d_state": 2, "mamba_d_conv": 4,
+           "num_attention_heads": 2, "num_key_value_heads": 2})"},
+      {"MiniMax-Text-01 (vLLM)", "vllm",
+       R"({"architectures": ["MiniMaxText01ForCausalLM"], "torch_dtype": "bfloat16",
+           "attn_type_list": [0, 1, 0], "num_attention_heads": 8, "head_dim": 2,
+           "num_key_value_heads": 2})"},
+      {"DeepSeek-V3 (MLA)", "sglang",
+       R"({"architectures": ["DeepseekV3ForCausalLM"], "torch_dtype": "bfloat16",
+           "num_hidden_layers": 2, "kv_lora_rank": 4, "qk_rope_head_dim": 2})"},
+  };
+}
+
+result<catalogue_layout> catalogue_at(const family_case& f, uint32_t tp, uint32_t pp = 1,
+                                      uint32_t pp_rank = 0) {
+  catalogue_request req;
+  req.config_text = f.json;
+  req.source = f.name;
+  req.engine = f.engine;
+  req.tp_size = tp;
+  req.pp_size = pp;
+  req.pp_rank = pp_rank;
+  return catalogue_lookup(req);
+}
+
+/// The catalogue's TP 1 layout as the reference's unsharded model.
+model model_of(const catalogue_layout& l) {
+  model m;
+  if (l.kv)
+    m.kv = kv_model{l.kv->mla ? 1 : l.kv->total_heads,
+                    l.kv->head_dim,
+                    l.kv->dtype_bytes,
+                    1,
+                    l.kv->mla,
+                    l.kv->layer_ids};
+  if (l.mamba) {
+    m.mamba_layers = l.mamba->layer_ids;
+    for (const auto& t : l.mamba->tensors)
+      m.tensors.push_back(
+          {t.name, t.shape, t.dtype_bytes, t.slice_axis, t.shard_groups, t.shard_units});
+  }
+  m.aux_row_bytes = 16;
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("geometry property: every catalogued family over every TP pair it allows, and PP 2",
+          "[unit][geometry][geometry-property][catalogue]") {
+  uint64_t n = 0;
+  for (const auto& f : catalogue_families()) {
+    INFO(f.name);
+    auto full = catalogue_at(f, 1);
+    INFO(full.message);
+    REQUIRE(full);
+    const model m = model_of(full.value);
+    std::vector<uint32_t> allowed;
+    for (uint32_t tp : tp_sizes) {
+      auto at = catalogue_at(f, tp);
+      if (!at) {
+        CHECK_THAT(at.message, Contains(fmt::format("cannot be split over TP {}", tp)));
+        continue;
+      }
+      allowed.push_back(tp);
+      // The catalogue's shares are the reference's (rank 0 shows the shapes of every rank).
+      if (m.kv)
+        CHECK(at.value.kv->kv_heads == (m.kv->mla ? 1u : std::max<uint32_t>(1, m.kv->heads / tp)));
+      for (size_t i = 0; i < m.tensors.size(); ++i)
+        CHECK(at.value.mamba->tensors[i].shape == rank_shape(m.tensors[i], tp));
+    }
+    CHECK(allowed.size() >= 3);
+    for (uint32_t ps : allowed)
+      for (uint32_t pd : allowed)
+        check_geometry(fmt::format("{} Ps={} Pd={}", f.name, ps, pd), m, ps, pd, {}, {},
+                       sized_for(1, seed_of({40, ++n, ps, pd})), false);
+    // PP 2 -> 1, its stages split as the catalogue splits them.
+    stages pst;
+    for (uint32_t s = 0; s < 2; ++s) {
+      auto st = catalogue_at(f, 1, 2, s);
+      REQUIRE(st);
+      std::vector<uint32_t> layers;
+      if (st.value.kv) layers = st.value.kv->layer_ids;
+      if (st.value.mamba)
+        for (uint32_t id : st.value.mamba->layer_ids)
+          if (std::find(layers.begin(), layers.end(), id) == layers.end()) layers.push_back(id);
+      pst.push_back(layers);
+    }
+    for (uint32_t pd : allowed)
+      check_geometry(fmt::format("{} PP 2 -> 1, Ps=1 Pd={}", f.name, pd), m, 1, pd, pst, {},
+                     sized_for(1, seed_of({41, ++n, pd})), false);
+  }
 }
