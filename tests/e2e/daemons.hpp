@@ -127,6 +127,9 @@ struct shape {
   /// rank holds B and C whole (shard_units).
   uint32_t conv_n_groups = 0;
   std::string model_yaml;  ///< a top-level `model:` section, verbatim (empty: none)
+  /// The `pools:` section, verbatim, instead of the one written from the fields above (a model
+  /// catalogue's config gives only the sizes).
+  std::string pools_yaml;
   bool checksums = false;  ///< integrity.checksums
   uint32_t aux_rows = 64;
   uint32_t handshake_ms = 10000;
@@ -247,20 +250,26 @@ inline std::string make_config(const std::string& name, const std::string& role,
         for (const auto& a : s.instance_ranks) d += (d.empty() ? "" : ", ") + ("\"" + a + "\"");
         return d.empty() ? d : "discovery:\n  instance_ranks: [" + d + "]\n";
       }()
-    << "pools:\n  kv:\n    layer_ids: [" << kv_ids.str() << "]\n    page_tokens: " << s.page_tokens
-    << "\n    kv_heads: " << kv_heads
-    << "\n    total_heads: 2\n    head_dim: 256\n    dtype_bytes: 2\n    pages: " << s.pages
-    << (s.client_memory ? "\n    memory: client" : "") << "\n  mamba:\n"
-    << (s.state_type.empty() ? "" : "    type: " + s.state_type + "\n") << "    slots: " << s.slots
-    << (s.client_memory ? "\n    memory: client" : "") << "\n    layer_ids: [" << m_ids.str()
-    << "]\n    tensors:\n"
-    << "      - name: conv\n        shape: [" << conv_rank_dim(s)
-    << ", 3]\n        dtype_bytes: 2\n        slice_axis: 0\n"
-    << conv_groups_yaml(s) << "      - name: temporal\n        shape: ["
-    << s.temporal_heads / s.tp_size << ", " << s.temporal_dim << ", " << s.temporal_dim << "]"
-    << "\n        dtype_bytes: 4\n        slice_axis: 0\n"
-    << "  aux:\n    rows: " << s.aux_rows << "\n    row_bytes: 5632\n"
-    << (s.client_memory ? "    memory: client\n" : "") << s.model_yaml
+    << (s.pools_yaml.empty() ? [&] {
+         std::ostringstream p;
+         p<< "pools:\n  kv:\n    layer_ids: [" << kv_ids.str() << "]\n    page_tokens: " << s.page_tokens
+         << "\n    kv_heads: " << kv_heads
+         << "\n    total_heads: 2\n    head_dim: 256\n    dtype_bytes: 2\n    pages: " << s.pages
+         << (s.client_memory ? "\n    memory: client" : "") << "\n  mamba:\n"
+         << (s.state_type.empty() ? "" : "    type: " + s.state_type + "\n") << "    slots: " << s.slots
+         << (s.client_memory ? "\n    memory: client" : "") << "\n    layer_ids: [" << m_ids.str()
+         << "]\n    tensors:\n"
+         << "      - name: conv\n        shape: [" << conv_rank_dim(s)
+         << ", 3]\n        dtype_bytes: 2\n        slice_axis: 0\n"
+         << conv_groups_yaml(s) << "      - name: temporal\n        shape: ["
+         << s.temporal_heads / s.tp_size << ", " << s.temporal_dim << ", " << s.temporal_dim << "]"
+         << "\n        dtype_bytes: 4\n        slice_axis: 0\n"
+         << "  aux:\n    rows: " << s.aux_rows << "\n    row_bytes: 5632\n"
+         << (s.client_memory ? "    memory: client\n" : "");
+         return p.str();
+       }()
+                             : s.pools_yaml)
+    << s.model_yaml
     << (s.checksums ? "integrity:\n  checksums: true\n" : "");
   return y.str();
 }

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <fstream>
 #include <thread>
 
 #include "harness.hpp"
@@ -256,6 +257,41 @@ TEST_CASE(
   s.conv_n_groups = 1;
   s.staging_bytes = 4ull << 20;
   uint64_t id = 900;
+  for (uint32_t ps : {1u, 2u, 4u})
+    for (uint32_t pd : {1u, 2u, 4u}) {
+      INFO("prefill TP " << ps << " -> decode TP " << pd);
+      cluster c(ranks(s, ps), ranks(s, pd));
+      room_spec r;
+      r.room = ++id;
+      r.src_pages = range(10, 24);
+      r.dst_pages = range(200, 24);
+      r.src_slot = 1, r.dst_slot = 3;
+      r.src_row = 4, r.dst_row = 5;
+      c.run(r);
+    }
+}
+
+TEST_CASE(
+    "Kimi-Linear from the model catalogue: KDA's [K-1, q|k|v] conv and MLA KV, byte-exact, over "
+    "every TP pair up to 4",
+    "[e2e][geometry][catalogue]") {
+  // The daemons' pools come from a config.json (model.config_json): layers 1-3 KDA, layer 4 MLA
+  // (numbered from 1), 4 KDA heads of 8, so the fused conv is [3, 96 / TP] sliced on its second
+  // axis with q, k and v each sliced on its own, the temporal state [4 / TP, 8, 8] fp32, and the
+  // MLA KV one 24-element latent on every rank.
+  temp_dir model_dir;
+  const auto json = model_dir.path / "config.json";
+  std::ofstream(json) << R"({"architectures": ["KimiLinearForCausalLM"], "torch_dtype": "bfloat16",
+    "num_hidden_layers": 4, "kv_lora_rank": 16, "qk_rope_head_dim": 8,
+    "linear_attn_config": {"full_attn_layers": [4], "kda_layers": [1, 2, 3], "num_heads": 4,
+      "head_dim": 8, "short_conv_kernel_size": 4}})";
+  shape s;
+  s.model_yaml = "model:\n  config_json: " + json.string() + "\n  state_covers: n\n";
+  s.pools_yaml =
+      "pools:\n  kv: {page_tokens: 1, pages: 512}\n  mamba: {slots: 4}\n"
+      "  aux: {rows: 64, row_bytes: 5632}\n";
+  s.staging_bytes = 4ull << 20;
+  uint64_t id = 950;
   for (uint32_t ps : {1u, 2u, 4u})
     for (uint32_t pd : {1u, 2u, 4u}) {
       INFO("prefill TP " << ps << " -> decode TP " << pd);
