@@ -7,8 +7,11 @@
 #   GEOMETRIES="1:1 1:4" PROVIDER=shm scripts/bench-geometry.sh --verify
 #   GEOMETRIES="pp2:1" scripts/bench-geometry.sh    prefill in 2 PP stages (layers 0-23, 24-47)
 #                                                   into one decode holding all 48 layers
+#   MODEL_JSON=/path/config.json MODEL_ENGINE=vllm scripts/bench-geometry.sh
+#                                                   another model, its pools from the catalogue
 # Environment: GEOMETRIES, PROVIDER (tcp), TOKENS (4096), REQUESTS (16), CONCURRENCY (4),
-# REPEAT (3), STAGING (fabric.staging_bytes, default from configs/). Extra arguments go to
+# REPEAT (3), STAGING (fabric.staging_bytes, default from configs/), MODEL_JSON, MODEL_ENGINE,
+# PAGES (20480) and SLOTS (8) for a catalogued model. Extra arguments go to
 # ferry-bench. Assumes a built tree (scripts/build.sh).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -18,10 +21,34 @@ provider=${PROVIDER:-tcp}
 source "$root/scripts/pair-lib.sh"
 
 # start_rank ROLE TP RANK PORT: the configs/ daemon rewritten for one rank of a TP group (Qwen3-Next
-# has 2 KV heads, 8192 conv channels and 32 temporal heads; each rank holds its share).
+# has 2 KV heads, 8192 conv channels and 32 temporal heads; each rank holds its share). With
+# MODEL_JSON, its pools come from that config.json through the model catalogue instead
+# (MODEL_ENGINE: sglang or vllm) and only their sizes are written.
 start_rank() {
   local role=$1 tp=$2 rank=$3 port=$4 heads=$(( $2 <= 2 ? 2 / $2 : 1 ))
   local cfg="$ferry_work/$role-$rank.yaml"
+  if [ -n "${MODEL_JSON:-}" ]; then
+    sed -e "s/provider: tcp/provider: $provider/" \
+        -e "s/name: $role-0/name: $role-$rank/" \
+        -e "s|control: 127.0.0.1:[0-9]*|control: 127.0.0.1:$port|" \
+        -e "s|client: /tmp/ferry-$role.sock|client: $ferry_work/$role-$rank.sock|" \
+        -e "s/^  size: 1$/  size: $tp/" -e "s/^  rank: 0$/  rank: $rank/" \
+        -e '/^pools:/,$d' "$root/configs/$role.yaml" >"$cfg"
+    cat >>"$cfg" <<YAML
+model:
+  config_json: $MODEL_JSON
+  engine: ${MODEL_ENGINE:-sglang}
+pools:
+  kv: {page_tokens: 1, pages: ${PAGES:-20480}}
+  mamba: {slots: ${SLOTS:-8}}
+  aux: {rows: 64, row_bytes: 5632}
+YAML
+    if "$build/src/ferryd" --check-config "$cfg" 2>&1 | grep -q "has no recurrent state"; then
+      sed -i '/^  mamba: {slots/d' "$cfg"  # an MLA model: KV only
+    fi
+    ferry_start "$role-$rank" "$cfg"
+    return
+  fi
   sed -e "s/provider: tcp/provider: $provider/" \
       -e "s/name: $role-0/name: $role-$rank/" \
       -e "s|control: 127.0.0.1:[0-9]*|control: 127.0.0.1:$port|" \
@@ -71,7 +98,7 @@ for g in $geometries; do
     continue
   fi
   ptp=${g%%:*} dtp=${g##*:}
-  echo "=== Qwen3-Next prefill TP$ptp -> decode TP$dtp over $provider ==="
+  echo "=== ${MODEL_JSON:-Qwen3-Next} prefill TP$ptp -> decode TP$dtp over $provider ==="
   psock=() dsock=()
   for ((r = 0; r < ptp; r++)); do start_rank prefill "$ptp" $r $((7451 + r)); psock+=("$ferry_work/prefill-$r.sock"); done
   for ((r = 0; r < dtp; r++)); do start_rank decode "$dtp" $r $((7471 + r)); dsock+=("$ferry_work/decode-$r.sock"); done
