@@ -43,7 +43,9 @@ pools:
   mamba: {slots: ${SLOTS:-8}}
   aux: {rows: 64, row_bytes: 5632}
 YAML
-    if "$build/src/ferryd" --check-config "$cfg" 2>&1 | grep -q "has no recurrent state"; then
+    local check
+    check=$("$build/src/ferryd" --check-config "$cfg" 2>&1 || true)
+    if [[ $check == *"has no recurrent state"* ]]; then
       sed -i '/^  mamba: {slots/d' "$cfg"  # an MLA model: KV only
     fi
     ferry_start "$role-$rank" "$cfg"

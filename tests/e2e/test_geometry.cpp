@@ -239,6 +239,28 @@ TEST_CASE("TP 1 -> 4 with 2 KV heads: decode ranks 0,1 get head 0 and 2,3 head 1
   }
 }
 
+namespace {
+
+/// A room of 24 pages, a slot and a row between every pair of TP 1, 2 and 4 of shape `s` (a
+/// new cluster each), byte-exact; rooms numbered from `first_room` + 1.
+void every_tp_pair_up_to_4(const shape& s, uint64_t first_room) {
+  uint64_t id = first_room;
+  for (uint32_t ps : {1u, 2u, 4u})
+    for (uint32_t pd : {1u, 2u, 4u}) {
+      INFO("prefill TP " << ps << " -> decode TP " << pd);
+      cluster c(ranks(s, ps), ranks(s, pd));
+      room_spec r;
+      r.room = ++id;
+      r.src_pages = range(10, 24);
+      r.dst_pages = range(200, 24);
+      r.src_slot = 1, r.dst_slot = 3;
+      r.src_row = 4, r.dst_row = 5;
+      c.run(r);
+    }
+}
+
+}  // namespace
+
 TEST_CASE(
     "Mamba2 with n_groups 1: B and C held whole on every rank reach every decode rank once, "
     "byte-exact, over every TP pair up to 4",
@@ -256,19 +278,7 @@ TEST_CASE(
   s.temporal_dim = 16;
   s.conv_n_groups = 1;
   s.staging_bytes = 4ull << 20;
-  uint64_t id = 900;
-  for (uint32_t ps : {1u, 2u, 4u})
-    for (uint32_t pd : {1u, 2u, 4u}) {
-      INFO("prefill TP " << ps << " -> decode TP " << pd);
-      cluster c(ranks(s, ps), ranks(s, pd));
-      room_spec r;
-      r.room = ++id;
-      r.src_pages = range(10, 24);
-      r.dst_pages = range(200, 24);
-      r.src_slot = 1, r.dst_slot = 3;
-      r.src_row = 4, r.dst_row = 5;
-      c.run(r);
-    }
+  every_tp_pair_up_to_4(s, 900);
 }
 
 TEST_CASE(
@@ -291,19 +301,7 @@ TEST_CASE(
       "pools:\n  kv: {page_tokens: 1, pages: 512}\n  mamba: {slots: 4}\n"
       "  aux: {rows: 64, row_bytes: 5632}\n";
   s.staging_bytes = 4ull << 20;
-  uint64_t id = 950;
-  for (uint32_t ps : {1u, 2u, 4u})
-    for (uint32_t pd : {1u, 2u, 4u}) {
-      INFO("prefill TP " << ps << " -> decode TP " << pd);
-      cluster c(ranks(s, ps), ranks(s, pd));
-      room_spec r;
-      r.room = ++id;
-      r.src_pages = range(10, 24);
-      r.dst_pages = range(200, 24);
-      r.src_slot = 1, r.dst_slot = 3;
-      r.src_row = 4, r.dst_row = 5;
-      c.run(r);
-    }
+  every_tp_pair_up_to_4(s, 950);
 }
 
 TEST_CASE("the state contract: a decode never resumes from a state that means something else",
