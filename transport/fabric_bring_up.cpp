@@ -227,28 +227,30 @@ result<> fabric_engine::open_cq() {
 
 result<> fabric_engine::open_endpoint() {
   // tcp binds its listener to port 0 with SO_REUSEADDR, as it does its connections: the kernel
-  // may then pick the local port of one of them, and listen() fails with EADDRINUSE (seen under
-  // a loaded ctest -j2). Each attempt gets a new port from the kernel.
-  constexpr int enable_attempts = 8;
+  // may then hand it the local port of one of them, and fi_endpoint or fi_enable fails with
+  // EADDRINUSE (seen under a loaded ctest -j2). Each attempt gets a new port from the kernel.
+  constexpr int attempts = 8;
   int rc = 0;
   for (int attempt = 1;; ++attempt) {
+    const char* call = "fi_endpoint";
     fid_ep* ep = nullptr;
     rc = fi_endpoint(domain_.get(), info_.get(), &ep, nullptr);
-    if (rc != 0) return fi_error("fi_endpoint", rc, errc::fabric_unavailable);
-    ep_.reset(ep);
-    if ((rc = fi_ep_bind(ep_.get(), &av_->fid, 0)) != 0)
-      return fi_error("fi_ep_bind(av)", rc, errc::fabric_unavailable);
-    // FI_RECV too: arriving remote CQ data is reported on the receive side.
-    if ((rc = fi_ep_bind(ep_.get(), &cq_->fid, FI_TRANSMIT | FI_RECV)) != 0) {
-      return fi_error("fi_ep_bind(cq)", rc, errc::fabric_unavailable);
+    if (rc == 0) {
+      ep_.reset(ep);
+      if ((rc = fi_ep_bind(ep_.get(), &av_->fid, 0)) != 0)
+        return fi_error("fi_ep_bind(av)", rc, errc::fabric_unavailable);
+      // FI_RECV too: arriving remote CQ data is reported on the receive side.
+      if ((rc = fi_ep_bind(ep_.get(), &cq_->fid, FI_TRANSMIT | FI_RECV)) != 0)
+        return fi_error("fi_ep_bind(cq)", rc, errc::fabric_unavailable);
+      call = "fi_enable";
+      rc = fi_enable(ep_.get());
+      if (rc == 0) break;
+      ep_.reset();
     }
-    rc = fi_enable(ep_.get());
-    if (rc == 0) break;
-    if (rc != -FI_EADDRINUSE || attempt == enable_attempts)
-      return fi_error("fi_enable", rc, errc::fabric_unavailable);
-    log_->info("rail {}: fi_enable: the port the kernel gave is in use; another (attempt {} of {})",
-               label_, attempt + 1, enable_attempts);
-    ep_.reset();
+    if (rc != -FI_EADDRINUSE || attempt == attempts)
+      return fi_error(call, rc, errc::fabric_unavailable);
+    log_->info("rail {}: {}: the port the kernel gave is in use; another (attempt {} of {})",
+               label_, call, attempt + 1, attempts);
   }
 
   size_t len = 0;

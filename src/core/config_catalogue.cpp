@@ -3,9 +3,12 @@
 // a field it gives otherwise is an error naming both values (docs/configuration.md, Model
 // catalogue).
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <yaml-cpp/yaml.h>
 
 #include <array>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -108,7 +111,20 @@ std::string provenance(const ferry_config& cfg) {
                      cfg.tp.rank);
 }
 
+/// config.json files are kilobytes; a larger or special file (a FIFO, /dev/zero) is a mistake
+/// that would otherwise hang or exhaust the daemon at start.
+constexpr uint64_t max_config_json_bytes = 16u << 20;
+
 std::string read_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    fail("model.config_json",
+         fmt::format("cannot read {}: {}", detail::quote(path), std::strerror(errno)));
+  if (!S_ISREG(st.st_mode))
+    fail("model.config_json", fmt::format("{} is not a regular file", detail::quote(path)));
+  if (static_cast<uint64_t>(st.st_size) > max_config_json_bytes)
+    fail("model.config_json", fmt::format("{} has {} bytes, more than a config.json's {}",
+                                          detail::quote(path), st.st_size, max_config_json_bytes));
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("model.config_json", fmt::format("cannot read {}", detail::quote(path)));
   std::ostringstream text;
@@ -166,7 +182,9 @@ void apply_catalogue(ferry_config& cfg, YAML::Node& root) {
   if (model.architecture != layout.architecture)
     fail("model.architecture", fmt::format("{} written here, but {} says {}", model.architecture,
                                            cat.config_json, layout.architecture));
-  for (const auto& [key, value] : layout.fields) {
+  for (const auto& field : layout.fields) {
+    const std::string& key = field.first;
+    const std::string& value = field.second;
     auto it = std::find_if(model.fields.begin(), model.fields.end(),
                            [&](const auto& f) { return f.first == key; });
     if (it == model.fields.end())

@@ -4,6 +4,7 @@
 // unix client socket on the shared filesystem. Without the right to make namespaces every test
 // reports skipped (exit code 77, tests/skip.hpp), naming why.
 
+#include <fmt/format.h>
 #include <sys/mman.h>
 
 #include <cctype>
@@ -548,4 +549,54 @@ TEST_CASE(
     CHECK(client::verify_room(*d0, a2.room, a2.dst_pages, a2.dst_slot, a2.dst_row).message == "");
   }
   for (auto* n : {&p, &d0, &d1}) expect_idle(**n, "host " + std::to_string(n->host));
+}
+
+TEST_CASE(
+    "cluster: a tcp endpoint handed a port in use is opened again, and past 8 attempts ferryd "
+    "exits naming the call",
+    "[cluster][fabric]") {
+  // tcp binds its listener to port 0 with SO_REUSEADDR, like its connections: the kernel may hand
+  // it a port a connection holds (seen once in CI: `rail express: fi_enable: Address already in
+  // use`). Here the host's ephemeral range is 2 ports and connections with SO_REUSEADDR hold
+  // both, so every attempt meets one: each is logged, and the last names the call and the error.
+  auto net = netns::require_cluster(1);
+  auto set = net->exec(0, {"sysctl", "-w", "net.ipv4.ip_local_port_range=40000 40001"});
+  INFO(set.describe());
+  REQUIRE(set.ok());
+  // The holder: two connections from ports 40000 and 40001 to a listener on 50000, kept open
+  // until it is killed. It prints its pid once they are up.
+  const std::string holder =
+      "import os, signal, socket\n"
+      "srv = socket.socket(); srv.bind(('127.0.0.1', 50000)); srv.listen(4)\n"
+      "held = []\n"
+      "for port in (40000, 40001):\n"
+      "    c = socket.socket(); c.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+      "    c.bind(('127.0.0.1', port)); c.connect(('127.0.0.1', 50000))\n"
+      "    held += [c, srv.accept()[0]]\n"
+      "print(os.getpid(), flush=True)\n"
+      "signal.pause()\n";
+  const std::string cmd = "ip netns exec " + net->at(0).netns + " python3 -c \"" + holder + "\"";
+  FILE* h = popen(cmd.c_str(), "r");
+  REQUIRE(h != nullptr);
+  char line[64] = {};
+  const bool up = fgets(line, sizeof line, h) != nullptr;
+  const pid_t holder_pid = static_cast<pid_t>(std::strtol(line, nullptr, 10));
+  temp_dir dir;
+  shape s;
+  s.pages = 16;
+  const auto cfg = dir.path / "ferryd.yaml";
+  std::ofstream(cfg) << make_config("port-0", "prefill", 50001, (dir.path / "ferryd.sock").string(),
+                                    s);
+  auto r = net->exec(0, {bin("ferryd"), "--config", cfg.string()}, 30s);
+  if (holder_pid > 0) kill(holder_pid, SIGKILL);
+  pclose(h);
+  REQUIRE(up);
+  INFO(r.describe());
+  CHECK(r.code == 5);  // could not start
+  for (int attempt = 2; attempt <= 8; ++attempt)
+    CHECK_THAT(r.err,
+               Catch::Contains(fmt::format(
+                   ": the port the kernel gave is in use; another (attempt {} of 8)", attempt)));
+  CHECK_THAT(r.err, Catch::Contains("rail 0: fi_endpoint: Address already in use (-98)") ||
+                        Catch::Contains("rail 0: fi_enable: Address already in use (-98)"));
 }

@@ -284,7 +284,9 @@ TEST_CASE(
         "model.config_json: num_key_value_heads 2 cannot be split over TP 3: neither divides the "
         "other");
   CHECK(parse_error(catalogue_yaml("/nonexistent/config.json")) ==
-        "model.config_json: cannot read \"/nonexistent/config.json\"");
+        "model.config_json: cannot read \"/nonexistent/config.json\": No such file or directory");
+  CHECK(parse_error(catalogue_yaml("/dev/zero")) ==
+        "model.config_json: \"/dev/zero\" is not a regular file");
   const auto deepseek = write_json("deepseek", deepseek_v3);
   CHECK(parse_error(catalogue_yaml(deepseek)) ==
         "pools.mamba: DeepseekV3ForCausalLM has no recurrent state (a state pool of type mamba)");
