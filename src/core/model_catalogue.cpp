@@ -114,6 +114,9 @@ struct rule_input {
   const catalogue_request& req;
   dtype_info model_dtype;  ///< config.json's torch_dtype (or model.kv_dtype)
   catalogue_layout& out;
+  /// SGLang passes config.json's mamba_ssm_dtype to the state of this family (Qwen3-Next,
+  /// Nemotron-H, Jamba), or builds it without (Falcon-H1, Granite, Kimi-Linear: fp32).
+  bool reads_ssm_dtype = true;
 };
 
 /// Layers [first, end) of PP stage `rank` of `size` over `layers`: SGLang's and vLLM's
@@ -194,12 +197,12 @@ dtype_info conv_dtype(const rule_input& in) {
 }
 
 /// The temporal (SSM) state's dtype: fp32 on SGLang unless config.json's mamba_ssm_dtype says
-/// otherwise; on vLLM the model's (`fp32_on_vllm`: KDA and lightning attention keep fp32).
-dtype_info state_dtype(rule_input& in, bool fp32_on_vllm = false) {
+/// otherwise (for the families whose config SGLang passes it); on vLLM the model's.
+dtype_info state_dtype(rule_input& in) {
   if (!in.req.state_dtype.empty()) return dtype_of(in.req.state_dtype, "model.state_dtype");
-  if (!vllm(in) && in.cfg.has("mamba_ssm_dtype"))
+  if (vllm(in)) return in.model_dtype;
+  if (in.reads_ssm_dtype && in.cfg.has("mamba_ssm_dtype"))
     return dtype_of(in.cfg.text("mamba_ssm_dtype"), in.cfg.source() + ": mamba_ssm_dtype");
-  if (vllm(in) && !fp32_on_vllm) return in.model_dtype;
   return {"fp32", 4};
 }
 
@@ -233,7 +236,7 @@ mamba_pool_config mamba2_state(rule_input& in, std::vector<uint32_t> ids, uint64
 
 /// Qwen3-Next: full attention every full_attention_interval-th layer (or as layer_types says),
 /// Gated DeltaNet elsewhere. SGLang: conv [2 key_dim + value_dim, K-1] with q, k and v sliced
-/// each on its own; temporal [v_heads, k_dim, v_dim] in fp32.
+/// each on its own; temporal [v_heads, v_dim, k_dim] in fp32.
 void qwen3_next(rule_input& in) {
   auto& c = in.cfg;
   const auto layers = static_cast<uint32_t>(c.count("num_hidden_layers"));
@@ -253,7 +256,9 @@ void qwen3_next(rule_input& in) {
   m.layer_ids = stage_ids(linear, layers, in.req);
   m.tensors.push_back(tensor("conv", {(2 * key_dim + value_dim) / tp, kernel - 1}, conv_dtype(in),
                              0, {key_dim, key_dim, value_dim}));
-  m.tensors.push_back(tensor("temporal", {nv / tp, dk, dv}, state_dtype(in), 0));
+  // SGLang and vLLM build it as Mamba2's [heads, head_dim, state] with the value heads, the
+  // value dim as head_dim and the key dim as state: [v_heads, v_dim, k_dim].
+  m.tensors.push_back(tensor("temporal", {nv / tp, dv, dk}, state_dtype(in), 0));
   in.out.mamba = std::move(m);
 }
 
@@ -275,8 +280,11 @@ void kimi_linear(rule_input& in) {
         into.push_back(v.get<uint32_t>() - 1);
       }
     };
-    ids("full_attn_layers", attn);
     ids("kda_layers", kda);
+    // As SGLang: every layer that is not KDA is an MLA attention layer (full_attn_layers, which
+    // lists them too, is not read).
+    for (uint32_t i = 0; i < layers; ++i)
+      if (std::find(kda.begin(), kda.end(), i) == kda.end()) attn.push_back(i);
     heads = lin.count("num_heads");
     head_dim = lin.count("head_dim");
     kernel = lin.count("short_conv_kernel_size");
@@ -289,8 +297,8 @@ void kimi_linear(rule_input& in) {
   m.layer_ids = stage_ids(kda, layers, in.req);
   m.tensors.push_back(
       tensor("conv", {kernel - 1, 3 * proj / tp}, conv_dtype(in), 1, {proj, proj, proj}));
-  m.tensors.push_back(
-      tensor("temporal", {heads / tp, head_dim, head_dim}, state_dtype(in, true), 0));
+  in.reads_ssm_dtype = false;
+  m.tensors.push_back(tensor("temporal", {heads / tp, head_dim, head_dim}, state_dtype(in), 0));
   in.out.mamba = std::move(m);
 }
 
@@ -305,21 +313,35 @@ uint64_t attention_head_dim(model_json& c) {
   return hidden / heads;
 }
 
-/// Nemotron-H: hybrid_override_pattern has a character per layer, M for Mamba2, * for
-/// attention (- is an MLP, with neither).
+/// Nemotron-H: layers_block_type names each layer "mamba", "attention", "mlp" or "moe" (what
+/// SGLang reads first); older configs give hybrid_override_pattern, a character per layer: M for
+/// Mamba2, * for attention, - for an MLP, E for an MoE.
 void nemotron_h(rule_input& in) {
   auto& c = in.cfg;
-  const std::string pattern = c.text("hybrid_override_pattern");
-  const auto layers = static_cast<uint32_t>(pattern.size());
+  std::vector<std::string> kinds;
+  if (c.has("layers_block_type")) {
+    for (const auto& v : c.list("layers_block_type"))
+      kinds.push_back(v.is_string() ? v.get<std::string>() : v.dump());
+  } else {
+    for (char ch : c.text("hybrid_override_pattern"))
+      kinds.push_back(ch == 'M'   ? "mamba"
+                      : ch == '*' ? "attention"
+                      : ch == '-' ? "mlp"
+                      : ch == 'E' ? "moe"
+                                  : std::string(1, ch));
+  }
+  const auto layers = static_cast<uint32_t>(kinds.size());
   std::vector<uint32_t> attn, mamba;
   for (uint32_t i = 0; i < layers; ++i) {
-    if (pattern[i] == '*')
+    if (kinds[i] == "attention")
       attn.push_back(i);
-    else if (pattern[i] == 'M')
+    else if (kinds[i] == "mamba")
       mamba.push_back(i);
-    else if (pattern[i] != '-' && pattern[i] != 'E')
-      fail(fmt::format("{}: hybrid_override_pattern has '{}' at layer {} (expected M, *, - or E)",
-                       c.source(), pattern[i], i));
+    else if (kinds[i] != "mlp" && kinds[i] != "moe")
+      fail(
+          fmt::format("{}: layer {} is \"{}\" (expected mamba, attention, mlp or moe; in "
+                      "hybrid_override_pattern M, *, - or E)",
+                      c.source(), i, kinds[i]));
   }
   in.out.kv = gqa_kv(in, stage_ids(attn, layers, in.req), c.count("num_key_value_heads"),
                      attention_head_dim(c));
@@ -341,6 +363,7 @@ void falcon_h1(rule_input& in) {
   const uint64_t intermediate = c.has("mamba_d_ssm")
                                     ? c.count("mamba_d_ssm")
                                     : c.count("mamba_expand") * c.count("hidden_size");
+  in.reads_ssm_dtype = false;
   in.out.mamba =
       mamba2_state(in, stage_ids(all, layers, in.req), heads, head_dim, c.count("mamba_n_groups"),
                    c.count("mamba_d_state"), c.count("mamba_d_conv"), intermediate);
@@ -369,12 +392,14 @@ void granite_hybrid(rule_input& in) {
   const uint64_t head_dim = c.has("mamba_d_head")
                                 ? c.count("mamba_d_head")
                                 : c.count("mamba_expand") * c.count("hidden_size") / heads;
+  in.reads_ssm_dtype = false;
   in.out.mamba =
       mamba2_state(in, stage_ids(mamba, layers, in.req), heads, head_dim, c.count("mamba_n_groups"),
                    c.count("mamba_d_state"), c.count("mamba_d_conv"), heads * head_dim);
 }
 
-/// Jamba: attention where layer % attn_layer_period == attn_layer_offset, Mamba1 elsewhere.
+/// Jamba: attention where (layer - attn_layer_offset) % attn_layer_period == 0, Mamba1
+/// elsewhere.
 /// Mamba1's state: conv [intermediate, K-1] and temporal [intermediate, state], both sliced on
 /// the channels.
 void jamba(rule_input& in) {
@@ -383,7 +408,7 @@ void jamba(rule_input& in) {
   const uint64_t period = c.count("attn_layer_period");
   const uint64_t offset = c.has("attn_layer_offset") ? c.count("attn_layer_offset", true) : 0;
   std::vector<uint32_t> attn, mamba;
-  for (uint32_t i = 0; i < layers; ++i) (i % period == offset ? attn : mamba).push_back(i);
+  for (uint32_t i = 0; i < layers; ++i) (i % period == offset % period ? attn : mamba).push_back(i);
   in.out.kv = gqa_kv(in, stage_ids(attn, layers, in.req), c.count("num_key_value_heads"),
                      attention_head_dim(c));
   const uint64_t intermediate = c.count("mamba_expand") * c.count("hidden_size");
@@ -418,7 +443,7 @@ void minimax_text_01(rule_input& in) {
   mamba_pool_config m;
   m.layer_ids = stage_ids(linear, layers, in.req);
   m.tensors.push_back(
-      tensor("temporal", {heads / in.req.tp_size, head_dim, head_dim}, state_dtype(in, true), 0));
+      tensor("temporal", {heads / in.req.tp_size, head_dim, head_dim}, state_dtype(in), 0));
   in.out.mamba = std::move(m);
 }
 

@@ -91,10 +91,20 @@ TEST_CASE("catalogue: Qwen3-Next at TP 1, 2 and 4 gives SGLang's GDN layout", "[
   };
   CHECK(per_request(l1) == 36 * (8192 * 3 * 2 + 32 * 128 * 128 * 4));
   CHECK(per_request(l4) * 4 == per_request(l1));
-  // mamba_ssm_dtype in config.json (SGLang reads it) changes the temporal state's dtype.
+  // mamba_ssm_dtype in config.json (SGLang passes it for Qwen3-Next) changes the temporal
+  // state's dtype; for Falcon-H1 SGLang builds the state without it: fp32 still.
   auto bf16 = qwen3_next_80b;
   bf16.insert(bf16.rfind('}'), R"(, "mamba_ssm_dtype": "bfloat16")");
   CHECK(tensor(lookup(bf16), 1).dtype == "bf16");
+  auto falcon = falcon_h1_05b;
+  falcon.insert(falcon.rfind('}'), R"(, "mamba_ssm_dtype": "bfloat16")");
+  CHECK(tensor(lookup(falcon), 1).dtype == "fp32");
+  // The temporal state is [value heads, value dim, key dim] (Mamba2's [heads, head_dim, state]).
+  auto narrow_v = qwen3_next_80b;
+  narrow_v.replace(narrow_v.find("\"linear_value_head_dim\": 128"), 28,
+                   "\"linear_value_head_dim\": 64");
+  CHECK(tensor(lookup(narrow_v), 1).shape == dims{32, 64, 128});
+  CHECK(tensor(lookup(narrow_v), 0).shard_groups == dims{2048, 2048, 2048});
 }
 
 TEST_CASE(
@@ -130,6 +140,14 @@ TEST_CASE("catalogue: Mamba2 families slice x by heads and hold B and C whole be
     CHECK(tensor(l, 1).slot_bytes() == 4u << 20);  // 4 MiB per slot per layer at TP 1
     CHECK(tensor(lookup(nemotron_h_8b, 4), 0).shape == dims{2560, 3});
     CHECK(tensor(lookup(nemotron_h_8b, 16), 0).shape == dims{512 + 256, 3});  // a group per rank
+    // A newer config names each layer in layers_block_type, which SGLang reads first.
+    auto named = nemotron_h_8b;
+    const auto at = named.find("\"hybrid_override_pattern\"");
+    named.replace(at, named.find(',', at) - at,
+                  R"("layers_block_type": ["mamba", "mlp", "attention", "moe"])");
+    const auto n = lookup(named);
+    CHECK(n.kv->layer_ids == ids{2});
+    CHECK(n.mamba->layer_ids == ids{0});
   }
   SECTION("Granite-4.0-H: n_groups 1, so every rank holds the one B and C group") {
     const auto l2 = lookup(granite_4_h_small, 2);
@@ -180,7 +198,7 @@ TEST_CASE("catalogue: Jamba's Mamba1, MiniMax-Text-01's lightning state and Deep
   CHECK(m.kv->kv_heads == 1);
   REQUIRE(m.mamba->tensors.size() == 1);
   CHECK(tensor(m, 0).shape == dims{8, 128, 128});
-  CHECK(tensor(m, 0).dtype == "fp32");
+  CHECK(tensor(m, 0).dtype == "bf16");  // vLLM: the model's dtype
   CHECK(lookup_error(minimax_text_01()) ==
         "the catalogue has no sglang layout for MiniMaxText01ForCausalLM (it has: vllm): SGLang "
         "has no transfer path for lightning attention state");
