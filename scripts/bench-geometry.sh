@@ -27,13 +27,17 @@ source "$root/scripts/pair-lib.sh"
 start_rank() {
   local role=$1 tp=$2 rank=$3 port=$4 heads=$(( $2 <= 2 ? 2 / $2 : 1 ))
   local cfg="$ferry_work/$role-$rank.yaml"
+  local shapes=(-e "s/^    kv_heads: 2/    total_heads: 2\n    kv_heads: $heads/"
+                -e "s/shape: \[8192, 3\]/shape: [$((8192 / tp)), 3]/"
+                -e "s/shape: \[32, 128, 128\]/shape: [$((32 / tp)), 128, 128]/")
+  [ -z "${MODEL_JSON:-}" ] || shapes=(-e '/^pools:/,$d')  # the catalogue writes them
+  sed -e "s/provider: tcp/provider: $provider/" \
+      -e "s/name: $role-0/name: $role-$rank/" \
+      -e "s|control: 127.0.0.1:[0-9]*|control: 127.0.0.1:$port|" \
+      -e "s|client: /tmp/ferry-$role.sock|client: $ferry_work/$role-$rank.sock|" \
+      -e "s/^  size: 1$/  size: $tp/" -e "s/^  rank: 0$/  rank: $rank/" \
+      "${shapes[@]}" "$root/configs/$role.yaml" >"$cfg"
   if [ -n "${MODEL_JSON:-}" ]; then
-    sed -e "s/provider: tcp/provider: $provider/" \
-        -e "s/name: $role-0/name: $role-$rank/" \
-        -e "s|control: 127.0.0.1:[0-9]*|control: 127.0.0.1:$port|" \
-        -e "s|client: /tmp/ferry-$role.sock|client: $ferry_work/$role-$rank.sock|" \
-        -e "s/^  size: 1$/  size: $tp/" -e "s/^  rank: 0$/  rank: $rank/" \
-        -e '/^pools:/,$d' "$root/configs/$role.yaml" >"$cfg"
     cat >>"$cfg" <<YAML
 model:
   config_json: $MODEL_JSON
@@ -48,18 +52,7 @@ YAML
     if [[ $check == *"has no recurrent state"* ]]; then
       sed -i '/^  mamba: {slots/d' "$cfg"  # an MLA model: KV only
     fi
-    ferry_start "$role-$rank" "$cfg"
-    return
   fi
-  sed -e "s/provider: tcp/provider: $provider/" \
-      -e "s/name: $role-0/name: $role-$rank/" \
-      -e "s|control: 127.0.0.1:[0-9]*|control: 127.0.0.1:$port|" \
-      -e "s|client: /tmp/ferry-$role.sock|client: $ferry_work/$role-$rank.sock|" \
-      -e "s/^  size: 1$/  size: $tp/" -e "s/^  rank: 0$/  rank: $rank/" \
-      -e "s/^    kv_heads: 2/    total_heads: 2\n    kv_heads: $heads/" \
-      -e "s/shape: \[8192, 3\]/shape: [$((8192 / tp)), 3]/" \
-      -e "s/shape: \[32, 128, 128\]/shape: [$((32 / tp)), 128, 128]/" \
-      "$root/configs/$role.yaml" >"$cfg"
   if [ -n "${STAGING:-}" ]; then
     sed -i "s/^  write_piece_bytes: \(.*\)$/  write_piece_bytes: \1\n  staging_bytes: $STAGING/" "$cfg"
   fi

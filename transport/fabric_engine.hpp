@@ -300,7 +300,8 @@ class fabric_engine final : public engine {
   /// that never completed. See `renew_on_cut_`.
   void renew_endpoint();
   /// shm: closes the retired endpoints whose introductions can no longer be read by a peer
-  /// that outlives them (see `retired_`). `answered`: the address a post was just taken for.
+  /// that outlives them (see `retired_`): with `answered` (the address a post was just taken
+  /// for), those waiting on that peer; without (once a second), those whose peers are gone.
   void prune_retired(const std::vector<uint8_t>* answered);
 
   engine_config cfg_;
@@ -353,7 +354,6 @@ class fabric_engine final : public engine {
     cq_ptr cq;  ///< declared first: the endpoint closes before its CQ
     ep_ptr ep;
     std::vector<std::vector<uint8_t>> waiting_on;  ///< the peers' addresses
-    clock_type::time_point since;
   };
   bool writer_ = false;  ///< this endpoint has tried a write (shm: see renew_on_cut_)
   bool renew_pending_ = false;

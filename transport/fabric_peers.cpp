@@ -209,18 +209,15 @@ void fabric_engine::request_renewal(peer_handle peer) {
 
 void fabric_engine::renew_endpoint() {
   renew_pending_ = false;
-  if (unanswered_.empty()) {
-    // Closing the endpoint ends what its peers never answered; completions it had already
-    // queued are read first, so only writes that truly never completed fail.
-    ep_.reset();
-    for (int i = 0; i < 64 && read_completions() > 0; ++i) {
-    }
-  } else {
-    // A peer may still read this endpoint's introduction (unanswered_): keep the endpoint and
-    // its CQ open, never read again, so its name still maps. What it completed is read first.
-    for (int i = 0; i < 64 && read_completions() > 0; ++i) {
-    }
-    retired_endpoint old{std::move(cq_), std::move(ep_), {}, clock_type::now()};
+  // Closing the endpoint ends what its peers never answered; completions it had already queued
+  // are read next, so only writes that truly never completed fail. While a peer may still read
+  // its introduction (unanswered_), it is retired instead: open until read (`retired_`).
+  if (unanswered_.empty()) ep_.reset();
+  for (int i = 0; i < 64 && read_completions() > 0; ++i) {
+  }
+  if (!unanswered_.empty()) {
+    // Kept open with its CQ, never read again, so its name still maps.
+    retired_endpoint old{std::move(cq_), std::move(ep_), {}};
     std::string peers;
     for (auto& [peer, address] : unanswered_) {
       peers += (peers.empty() ? "" : ", ") + std::to_string(peer);
@@ -265,9 +262,10 @@ void fabric_engine::renew_endpoint() {
 }
 
 void fabric_engine::prune_retired(const std::vector<uint8_t>* answered) {
+  // A write's answer costs a comparison; the liveness probes (a syscall each) run on the tick.
   for (auto& r : retired_)
     std::erase_if(r.waiting_on, [answered](const std::vector<uint8_t>& address) {
-      if (answered != nullptr && address == *answered) return true;
+      if (answered != nullptr) return address == *answered;
       const auto pid = shm_address_pid(address);
       return pid && ::kill(*pid, 0) != 0 && errno == ESRCH;
     });

@@ -367,7 +367,6 @@ void falcon_h1(rule_input& in) {
   in.out.mamba =
       mamba2_state(in, stage_ids(all, layers, in.req), heads, head_dim, c.count("mamba_n_groups"),
                    c.count("mamba_d_state"), c.count("mamba_d_conv"), intermediate);
-  in.out.shared_layers = true;
 }
 
 /// Granite-4.0-H: layer_types names each layer "mamba" or "attention".
@@ -455,8 +454,14 @@ void deepseek_mla(rule_input& in) {
   in.out.kv = mla_kv(in, stage_ids(all, layers, in.req));
 }
 
+/// One catalogue entry: the architecture, the engines it has a convention for ("sglang,
+/// vllm"), what it is, and the rule that builds its layout.
 struct family {
-  catalogue_entry entry;
+  struct {
+    const char* architecture;
+    const char* engines;
+    const char* family;
+  } entry;
   void (*rule)(rule_input&);
 };
 
@@ -487,15 +492,6 @@ std::string known_architectures() {
 }
 
 }  // namespace
-
-const std::vector<catalogue_entry>& catalogue_entries() {
-  static const std::vector<catalogue_entry> entries = [] {
-    std::vector<catalogue_entry> out;
-    for (const auto& f : families()) out.push_back(f.entry);
-    return out;
-  }();
-  return entries;
-}
 
 bool catalogue_shared_layers(const std::string& architecture) {
   return architecture == "FalconH1ForCausalLM";

@@ -33,8 +33,6 @@ struct catalogue_layout {
   std::optional<mamba_pool_config> mamba;
   /// The config.json values the layout was built from (the state contract's `model.fields`).
   std::vector<std::pair<std::string, std::string>> fields;
-  /// Attention and recurrent state in the same layers (Falcon-H1's parallel hybrid blocks).
-  bool shared_layers = false;
 };
 
 /// The layout of `req`'s model at its rank; an unknown architecture, an engine the entry has
@@ -42,16 +40,8 @@ struct catalogue_layout {
 /// that names it.
 result<catalogue_layout> catalogue_lookup(const catalogue_request& req);
 
-/// Every (architecture, engines, family) the catalogue knows, for --help and messages.
-struct catalogue_entry {
-  const char* architecture;
-  const char* engines;  ///< "sglang, vllm"
-  const char* family;
-};
-const std::vector<catalogue_entry>& catalogue_entries();
-
-/// Whether `architecture` runs attention and Mamba in the same layers (so a config's state
-/// layer ids may repeat its KV layer ids).
+/// Whether `architecture` runs attention and Mamba in the same layers (Falcon-H1's parallel
+/// hybrid blocks), so a config's state layer ids may repeat its KV layer ids.
 bool catalogue_shared_layers(const std::string& architecture);
 
 }  // namespace ferry

@@ -40,6 +40,17 @@ using namespace ferry::test;
 
 namespace {
 
+/// Returns once `e`'s progress thread has run a full round after every call made before this
+/// one: two calls through its queue (the first may be taken in the same round as the earlier
+/// ones, before that round's posts; the second is queued only after the first ran).
+void settle(ferry::transport::engine& e) {
+  for (int i = 0; i < 2; ++i) {
+    auto ran = std::make_shared<probe<ferry::result<std::vector<region_id>>>>();
+    e.register_regions({}, probe<ferry::result<std::vector<region_id>>>::recorder(ran));
+    REQUIRE(ran->wait());
+  }
+}
+
 /// A write the target must reject (closed key, or a region without FI_REMOTE_WRITE): sent by
 /// initiator 1 after a landed one; afterwards both initiators must get valid writes through.
 /// Checks the target side (memory, immediates) and the observed initiator outcome.
@@ -225,11 +236,7 @@ TEST_CASE(
   // The target cuts a writer: its own endpoint stays, and the other writer's writes land.
   const auto back = must(rig.target->insert_peer(writer_before));
   rig.target->remove_peer(back);
-  {
-    auto taken = std::make_shared<probe<ferry::result<std::vector<region_id>>>>();
-    rig.target->register_regions({}, probe<ferry::result<std::vector<region_id>>>::recorder(taken));
-    REQUIRE(taken->wait());  // queued behind the removal: it has run
-  }
+  settle(*rig.target);  // the removal has run
   CHECK(rig.target->local_address() == target_before);
   CHECK(rig.write_until_landed(2, b, *b_mem, 16384, 0, 4096, 912) == 1);
 }
@@ -418,17 +425,6 @@ std::filesystem::path shm_file_of(const std::vector<uint8_t>& address) {
   std::string name(address.begin(), std::find(address.begin(), address.end(), uint8_t{0}));
   if (name.rfind("fi_shm://", 0) == 0) name.erase(0, 9);
   return std::filesystem::path("/dev/shm") / name;
-}
-
-/// Returns once `e`'s progress thread has run a full round after every call made before this
-/// one: two calls through its queue (the first may be taken in the same round as the earlier
-/// ones, before that round's posts; the second is queued only after the first ran).
-void settle(ferry::transport::engine& e) {
-  for (int i = 0; i < 2; ++i) {
-    auto ran = std::make_shared<probe<ferry::result<std::vector<region_id>>>>();
-    e.register_regions({}, probe<ferry::result<std::vector<region_id>>>::recorder(ran));
-    REQUIRE(ran->wait());
-  }
 }
 
 }  // namespace

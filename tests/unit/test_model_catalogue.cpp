@@ -160,7 +160,7 @@ TEST_CASE("catalogue: Mamba2 families slice x by heads and hold B and C whole be
   }
   SECTION("Falcon-H1: attention and Mamba2 in every layer") {
     const auto l = lookup(falcon_h1_05b, 2);
-    CHECK(l.shared_layers);
+    CHECK(catalogue_shared_layers(l.architecture));
     CHECK(l.kv->layer_ids.size() == 36);
     CHECK(l.mamba->layer_ids == l.kv->layer_ids);
     CHECK(tensor(l, 0).shape == dims{768 + 256, 3});
