@@ -123,6 +123,13 @@ struct daemon_metrics::impl {
           .Name("ferry_peer_auth_total")
           .Help("Peer handshakes authenticated, by the cluster secret file the peer proved")
           .Register(registry);
+  prometheus::Family<Counter>& verified_rooms =
+      prometheus::BuildCounter()
+          .Name("ferry_verified_rooms_total")
+          .Help(
+              "Rooms checked end to end (integrity.checksums, or a prepare's checksum) whose "
+              "landed bytes digest as the prefill's did (decode)")
+          .Register(registry);
   prometheus::Family<Gauge>& info = prometheus::BuildGauge()
                                         .Name("ferry_info")
                                         .Help("This daemon: node, instance_id, role, provider")
@@ -134,6 +141,7 @@ struct daemon_metrics::impl {
   Counter& failed = writes.Add({{"event", "failed"}});
   Counter& skipped = writes.Add({{"event", "skipped"}});
   Counter& landed = writes.Add({{"event", "landed"}});
+  Counter& verified = verified_rooms.Add({});
   Counter& bytes_posted = write_bytes.Add({{"event", "posted"}});
   Counter& bytes_completed = write_bytes.Add({{"event", "completed"}});
   Gauge& writes_in_flight = in_flight.Add({});
@@ -258,6 +266,8 @@ void daemon_metrics::writes_completed(uint64_t completed, uint64_t failed, uint6
 void daemon_metrics::writes_landed(uint64_t count) {
   impl_->landed.Increment(static_cast<double>(count));
 }
+
+void daemon_metrics::room_verified() { impl_->verified.Increment(); }
 
 std::shared_ptr<peer_health> daemon_metrics::peer_ready(const std::string& peer) {
   auto h = std::make_shared<peer_health>();

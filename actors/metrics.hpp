@@ -111,6 +111,8 @@ class daemon_metrics {
   void writes_completed(uint64_t completed, uint64_t failed, uint64_t skipped, uint64_t bytes);
   /// Decode: writes the fabric reported landed, for rooms this daemon knows.
   void writes_landed(uint64_t count);
+  /// Decode: a room checked end to end whose landed bytes digest as the prefill's did.
+  void room_verified();
   /// Peer connections, by the peer's node name: one became ready (its health, for its
   /// Connection to keep updating; its heartbeat age leaves the scrape when the last copy is
   /// dropped, its event counters `departed_peer_retention_ms` after that and its last event),

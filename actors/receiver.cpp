@@ -60,7 +60,9 @@ struct receiver_state {
   std::unique_ptr<trace::file> trace;  // FERRY_TRACE_DIR (actors/room_trace.hpp)
   commit_clock commit;                 // where the commit phase starts (actors/metrics.hpp)
   bool noted = false;                  // the room's status note says it waits for staging
-  /// integrity.checksums: each named peer's digests of what it sent (peer_announce_checked)
+  /// The room is checked end to end: the daemon's integrity.checksums or its prepare's checksum.
+  bool checks = false;
+  /// A checked room: each named peer's digests of what it sent (peer_announce_checked)
   std::vector<std::optional<std::vector<uint64_t>>> digests;
   room_timeline timeline;  // its milestones (actors/room_timeline.hpp)
 
@@ -209,7 +211,7 @@ void apply(receiver_actor* self, receiver::effects fx) {
                              st.prep.aux_row, staging, st.prep.prefix_tokens};
               const auto& state = st.ctx->config.pools.mamba;
               const bool paged_state = state && paged(state->type);
-              if (st.ctx->config.integrity.checksums)  // the prefill sends its digests
+              if (st.checks)  // the prefill sends its digests
                 to_peer(peer, st.connections[l.named],
                         peer_prepare_checked{std::move(p), paged_state ? st.prep.state_pages
                                                                        : std::vector<uint32_t>{}});
@@ -246,6 +248,7 @@ void apply(receiver_actor* self, receiver::effects fx) {
           } else if constexpr (std::is_same_v<E, receiver::verify>) {
             const auto why = check_digests(st);
             const auto code = why.empty() ? errc::ok : errc::checksum_mismatch;
+            if (code == errc::ok) st.ctx->metrics->room_verified();
             apply(self, feed(
                             st,
                             [&] {
@@ -321,8 +324,7 @@ void on_peer(receiver_actor* self, peer_inbound& in) {
         [&](peer_announce& a) { on_announce(self, i, a); },
         [&](peer_announce_checked& a) {
           // Kept for the verify at commit (a room that does not check asked for none).
-          if (st.ctx->config.integrity.checksums &&
-              a.announce.token == st.machine.link_of(i)->token)
+          if (st.checks && a.announce.token == st.machine.link_of(i)->token)
             st.digests[i] = std::move(a.digests);
           on_announce(self, i, a.announce);
         },
@@ -389,9 +391,9 @@ void on_lookup(receiver_actor* self, size_t i, peer_lookup& r) {
     const auto need = land.bytes;
     const auto schema = r.info->schema;
     const bool asks = r.info->version >= peer_late_staging_version;
-    if (c.config.integrity.checksums && r.info->version < peer_checksums_version) {
+    if (st.checks && r.info->version < peer_checksums_version) {
       return unusable(self, i, errc::peer_incompatible,
-                      fmt::format("integrity.checksums needs peer protocol {}; it speaks {}",
+                      fmt::format("a checked room needs peer protocol {}; it speaks {}",
                                   peer_checksums_version, r.info->version));
     }
     if (!st.named[i]) st.named[i] = std::move(r.info);
@@ -422,7 +424,8 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
   st.named.resize(st.connections.size());
   st.digests.resize(st.connections.size());
   const auto& t = st.ctx->config.timeouts;
-  const bool checks = st.ctx->config.integrity.checksums;
+  st.checks = st.ctx->config.integrity.checksums || st.prep.checksum;
+  const bool checks = st.checks;
   st.machine =
       receiver::room(st.prep.room, limits_of(t), schema_of(st.ctx->config), st.prep.prefill_peers,
                      token, static_cast<uint32_t>(st.prep.dst_pages.size()),

@@ -240,6 +240,11 @@ std::optional<error> too_new(const proto::message& m, uint16_t version) {
     return error{
         errc::unsupported_version,
         fmt::format("state pages need protocol version 8; this connection speaks {}", version)};
+  // An older daemon would not check the room, and its Success would claim what was not proven.
+  if (p && p->checksum && version < 10)
+    return error{errc::unsupported_version,
+                 fmt::format("a checked room needs protocol version 10; this connection speaks {}",
+                             version)};
   return std::nullopt;
 }
 

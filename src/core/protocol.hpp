@@ -5,7 +5,7 @@
 /// All integers little-endian. Strings: u32 byte count + bytes. Lists: u32 count + elements.
 /// A reply echoes the request's seq; pushed events carry seq 0.
 ///
-/// Versions 3 to 6 (docs/protocol.md, "Versions"): the hello says the client's range, the
+/// Versions 3 to 10 (docs/protocol.md, "Versions"): the hello says the client's range, the
 /// daemon answers in the highest common version, and the encoding of a few messages depends on
 /// it (`encode`/`decode` take the connection's version).
 ///
@@ -26,7 +26,7 @@
 
 namespace ferry::proto {
 
-inline constexpr uint16_t protocol_version = 9;         ///< the highest version spoken
+inline constexpr uint16_t protocol_version = 10;        ///< the highest version spoken
 inline constexpr uint16_t min_protocol_version = 3;     ///< the lowest version spoken
 inline constexpr uint32_t max_poll_many = 16384;        ///< rooms in one poll_many
 inline constexpr uint32_t max_register_fds = 64;        ///< descriptors with one register_memory
@@ -89,6 +89,10 @@ struct prepare {
   /// v8: the destination pages of a paged state pool (swa, dsa, minimax_index_k: its own page
   /// list, e.g. the sliding window's pages); empty for a Mamba pool, which takes `state_slot`.
   std::vector<uint32_t> state_pages{};
+  /// v10: check this room end to end (docs/reliability.md, "Checksums"): it reports Success
+  /// only once the landed bytes digest as the prefill's did, as every room of a daemon with
+  /// `integrity.checksums` does.
+  bool checksum = false;
 };
 /// Prefill side: one chunk of the room, or (v6) the layers [first_layer, first_layer +
 /// layer_count) of one chunk; the last chunk's sends carry the state slot and aux row.

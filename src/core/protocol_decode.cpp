@@ -141,7 +141,8 @@ bool decode_body(reader& r, prepare& m) {
          r.num_list(m.dst_pages, "dst_pages") && r.num(m.state_slot, "state_slot") &&
          r.num(m.aux_row, "aux_row") &&
          (r.version < 4 || r.num(m.prefix_tokens, "prefix_tokens")) &&
-         (r.version < 8 || r.num_list(m.state_pages, "state_pages"));
+         (r.version < 8 || r.num_list(m.state_pages, "state_pages")) &&
+         (r.version < 10 || r.boolean(m.checksum, "checksum"));
 }
 bool decode_body(reader& r, send& m) {
   return r.num(m.room, "room") && r.num_list(m.src_pages, "src_pages") &&

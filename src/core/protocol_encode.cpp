@@ -54,6 +54,7 @@ void encode_body(writer& w, const prepare& m) {
   w.num(m.aux_row);
   if (w.version >= 4) w.num(m.prefix_tokens);
   if (w.version >= 8) w.u32_list(m.state_pages);
+  if (w.version >= 10) w.num(static_cast<uint8_t>(m.checksum));
 }
 void encode_body(writer& w, const send& m) {
   w.num(m.room);

@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> peer_args, prefill_peers;
   uint32_t slot = no_index, row = no_index, first_position = 0, prefix_tokens = 0;
   uint32_t first_layer = 0, layer_count = 0;
-  bool last = false;
+  bool last = false, checksum = false;
   int timeout_ms = 30000;
 
   auto* status = app.add_subcommand("status", "daemon status and counters");
@@ -186,6 +186,9 @@ int main(int argc, char** argv) {
   prepare->add_option("--prefix-tokens", prefix_tokens,
                       "tokens of the prompt the decode already holds (a multiple of the page "
                       "size); the prefill's poll answers it");
+  prepare->add_flag("--checksum", checksum,
+                    "check the room end to end: Success only once what landed digests as the "
+                    "prefill's did (protocol v10)");
   send->add_flag("--last", last, "this is the last chunk (carries state slot and aux row)");
   send->add_option("--first-layer", first_layer,
                    "layer-wise send: the first global layer id of the range (protocol v6)");
@@ -359,7 +362,7 @@ int main(int argc, char** argv) {
   }
   if (*prepare)
     return out.report(
-        c.prepare({room, prefill_peers, pages, slot, row, prefix_tokens, state_pages}),
+        c.prepare({room, prefill_peers, pages, slot, row, prefix_tokens, state_pages, checksum}),
         fmt::format("prepare room {}", room), room);
   if (*send)
     return out.report(c.send({room, pages, last, slot, row, first_layer, layer_count, state_pages}),

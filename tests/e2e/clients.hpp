@@ -54,7 +54,15 @@ struct room_spec {
   std::vector<uint32_t> chunks;  // empty: one chunk with all pages
   uint32_t src_slot = 0, dst_slot = 0;
   uint32_t src_row = 0, dst_row = 0;
+  bool checksum = false;  ///< the decode asks for this room to be checked (v10)
 };
+
+/// The decode's prepare of a room from `prefill`.
+inline proto::prepare prepare_of(const room_spec& r, const std::string& prefill) {
+  proto::prepare p{r.room, {prefill}, r.dst_pages, r.dst_slot, r.dst_row};
+  p.checksum = r.checksum;
+  return p;
+}
 
 inline std::vector<uint32_t> range(uint32_t first, uint32_t count) {
   std::vector<uint32_t> v(count);
@@ -70,7 +78,7 @@ inline void stage(pair& c, const room_spec& r) {
 }
 
 inline void prepare(pair& c, const room_spec& r) {
-  auto ok = c.d->prepare({r.room, {c.prefill.control()}, r.dst_pages, r.dst_slot, r.dst_row});
+  auto ok = c.d->prepare(prepare_of(r, c.prefill.control()));
   INFO(ok.message);
   REQUIRE(ok);
 }
@@ -98,7 +106,7 @@ inline void stage(client::client& p, client::client& d, const room_spec& r) {
 }
 
 inline void prepare(client::client& d, const std::string& prefill, const room_spec& r) {
-  auto ok = d.prepare({r.room, {prefill}, r.dst_pages, r.dst_slot, r.dst_row});
+  auto ok = d.prepare(prepare_of(r, prefill));
   INFO(ok.message);
   REQUIRE(ok);
 }

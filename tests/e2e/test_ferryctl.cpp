@@ -150,8 +150,10 @@ TEST_CASE("ferryctl --json prints one document for every command, before or afte
   CHECK(missing.err == "ferryctl: poll failed [unknown_room]: unknown room 999999\n");
 }
 
-TEST_CASE("ferryctl send --first-layer --layer-count sends a room one layer range at a time",
-          "[e2e][ferryctl][layer_wise]") {
+TEST_CASE(
+    "ferryctl send --first-layer --layer-count sends a room one layer range at a time, and "
+    "prepare --checksum asks for its check (the room still lands byte-exact)",
+    "[e2e][ferryctl][layer_wise][checksums]") {
   pair c;
   const auto P = c.prefill.socket(), D = c.decode.socket();
   auto run = [&](const std::string& sock, std::vector<std::string> args, int code = 0) {
@@ -162,7 +164,7 @@ TEST_CASE("ferryctl send --first-layer --layer-count sends a room one layer rang
   };
   run(P, {"fill", "-r", "43", "-p", "0-15", "--state-slot", "1", "--aux-row", "1", "--json"});
   run(D, {"--json", "prepare", "-r", "43", "--peer", c.prefill.control(), "-p", "200-215",
-          "--state-slot", "3", "--aux-row", "3"});
+          "--state-slot", "3", "--aux-row", "3", "--checksum"});
   const std::vector<std::string> last = {"send",         "-r", "43",        "-p", "0-15",  "--last",
                                          "--state-slot", "1",  "--aux-row", "1",  "--json"};
   auto layers = [&](const char* first, const char* count) {

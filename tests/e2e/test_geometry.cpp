@@ -63,7 +63,9 @@ struct cluster {
     }
     for (auto& c : d) {
       REQUIRE(client::clear_room(*c, r.dst_pages, r.dst_slot, r.dst_row).message == "");
-      auto ok = c->prepare({r.room, peers, r.dst_pages, r.dst_slot, r.dst_row});
+      auto prep = prepare_of(r, "");
+      prep.prefill_peers = peers;
+      auto ok = c->prepare(prep);
       INFO(ok.message);
       REQUIRE(ok);
     }
@@ -534,20 +536,20 @@ TEST_CASE("a decode that checks refuses a prefill of an older peer protocol, nam
   // is prepared, instead of waiting for digests that never come.
   auto old = ranks(small(), 1);
   old[0].env.push_back({"FERRY_FAILPOINTS", "peer_protocol_9"});
-  auto checked = small();
-  checked.checksums = true;
-  cluster c(old, ranks(checked, 1));
+  auto decode = small();
   room_spec r;
   r.room = 95;
   r.src_pages = range(0, 8);
   r.dst_pages = range(100, 8);
+  SECTION("the daemon checks every room (integrity.checksums)") { decode.checksums = true; }
+  SECTION("the room asks for its check (prepare's checksum, protocol 10)") { r.checksum = true; }
+  cluster c(old, ranks(decode, 1));
   c.stage(r);
   auto e = wait_done(*c.d[0], r.room);
   CHECK(e.status == room_status::failed);
   CHECK(e.code == errc::peer_incompatible);
   CHECK_THAT(e.reason, Catch::EndsWith("could not use peer " + c.prefill[0]->control() +
-                                       ": integrity.checksums needs peer protocol 11; it "
-                                       "speaks 9"));
+                                       ": a checked room needs peer protocol 11; it speaks 9"));
 }
 
 TEST_CASE("a named peer the geometry does not need may be unreachable", "[e2e][geometry]") {

@@ -402,4 +402,27 @@ TEST_CASE(
   send_rest(*p2, q, 0);
   CHECK(wait_done(*d2, q.room).status == room_status::success);
   CHECK_FALSE(client::verify_room(*d2, q.room, q.dst_pages, q.dst_slot, q.dst_row));
+
+  // On that decode, a room whose prepare asks for a check (v10) is checked all the same.
+  prefill2.faults().arm(transport::fault::of(transport::fault::kind::corrupt_writes));
+  auto c = small_room(5);
+  c.checksum = true;
+  stage(*p2, *d2, c);
+  prepare(*d2, prefill2.control(), c);
+  send_rest(*p2, c, 0);
+  const auto ce = wait_done(*d2, c.room);
+  INFO(ce.reason);
+  CHECK(ce.status == room_status::failed);
+  CHECK(ce.code == errc::checksum_mismatch);
+  CHECK_THAT(ce.reason, Catch::Contains("differ from what prefill " + prefill2.control()));
+  CHECK(wait_done(*p2, c.room).code == errc::checksum_mismatch);
+  check_nothing_held(*p2);
+  check_nothing_held(*d2);
+  // Nothing armed: a checked room is verified and byte-exact, an unchecked one beside it too.
+  auto v = small_room(6);
+  v.checksum = true;
+  run_and_verify(*p2, *d2, prefill2.control(), v);
+  run_and_verify(*p2, *d2, prefill2.control(), small_room(7));
+  CHECK(prefill2.stop() == 0);
+  CHECK(decode2.stop() == 0);
 }

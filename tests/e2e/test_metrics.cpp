@@ -205,6 +205,7 @@ TEST_CASE("metrics follow a room: active while prepared, counted with its bytes 
   CHECK(value(dec, "ferry_writes_total", {{"event", "landed"}}) ==
         (provider == "tcp" ? 2 : posted));
   CHECK(value(dec, "ferry_stray_writes_total") == 0);
+  CHECK(value(dec, "ferry_verified_rooms_total") == 0);  // the room did not ask for a check
   CHECK(value(dec, "ferry_pool_items", {{"pool", "kv"}, {"state", "in_use"}}) == 0);
   served_series served;  // for the shipped queries, below
   served.add(pre);
@@ -226,6 +227,14 @@ TEST_CASE("metrics follow a room: active while prepared, counted with its bytes 
     CHECK(value(after, "ferry_rooms_total", {{"side", "decode"}, {"outcome", "success"}}) == 1);
     CHECK(value(after, "ferry_rooms_active", {{"side", "decode"}}) == 0);
     served.add(after);
+    // A room whose prepare asks for a check (protocol 10) is counted verified.
+    q.room = 79;
+    q.src_pages = range(0, 8);
+    q.checksum = true;
+    run_and_verify(c, q);
+    auto checked = scrape(m.decode_port);
+    CHECK(value(checked, "ferry_verified_rooms_total") == 1);
+    CHECK(value(checked, "ferry_rooms_total", {{"side", "decode"}, {"outcome", "success"}}) == 2);
   }
   // A scrape of the decode once its peer series reach `count` events of kind `event` and the
   // connection is gone from the scrape, or after 10 s (bounded: the connection's end is seen on

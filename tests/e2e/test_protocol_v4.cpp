@@ -8,16 +8,25 @@ using namespace ferry;
 using namespace ferry::test;
 
 TEST_CASE(
-    "protocol: a client speaking 3..9 gets 9, a 3..5 client gets 5, a 3..4 client gets 4, a v3 "
+    "protocol: a client speaking 3..10 gets 10, a 3..5 client gets 5, a 3..4 client gets 4, a v3 "
     "client gets 3, a range above ours is refused and closed",
     "[e2e][protocol]") {
   temp_dir dir;
   shape s;
   daemon_proc decode(dir, "decode-0", "decode", s);
-  auto c9 = decode.connect();
+  auto c10 = decode.connect();
+  CHECK(c10->version() == 10);
+  CHECK(c10->daemon().min_version == 3);
+  CHECK(c10->daemon().max_version == 10);
+  // A checked room (v10) on a v9 connection is refused by the client: an older daemon would
+  // not check it, and its Success would claim what was not proven.
+  auto c9 = decode.connect(9);
   CHECK(c9->version() == 9);
-  CHECK(c9->daemon().min_version == 3);
-  CHECK(c9->daemon().max_version == 9);
+  proto::prepare checked{9, {"127.0.0.1:1"}, {1}, 0, 0};
+  checked.checksum = true;
+  auto unchecked = c9->prepare(checked);
+  CHECK(unchecked.code == errc::unsupported_version);
+  CHECK(unchecked.message == "a checked room needs protocol version 10; this connection speaks 9");
   // Shard units (v9) on a v8 connection are refused by the client before anything is sent: an
   // older daemon would slice the groups every rank holds whole.
   auto c8 = decode.connect(8);
@@ -46,21 +55,21 @@ TEST_CASE(
   CHECK(dropped.message == "state pages need protocol version 8; this connection speaks 5");
   auto c4 = decode.connect(4);
   CHECK(c4->version() == 4);
-  CHECK(c4->daemon().max_version == 9);
+  CHECK(c4->daemon().max_version == 10);
   // A v5 request on a v4 connection is refused by the client before it is sent.
   CHECK(c4->drain().code == errc::unsupported_version);
   auto c3 = decode.connect(3);
   CHECK(c3->version() == 3);
 
   raw_conn raw(decode.socket());
-  raw.send_frame(proto::hello{11, "future", true, 10}, 1);
+  raw.send_frame(proto::hello{12, "future", true, 11}, 1);
   auto d = raw.next();
   REQUIRE(d.msg);
   auto* e = std::get_if<proto::error>(&*d.msg);
   REQUIRE(e);
   CHECK(d.seq == 1);
   CHECK(e->code == errc::unsupported_version);
-  CHECK(e->message == "client speaks protocol versions 10..11, ferryd speaks 3..9");
+  CHECK(e->message == "client speaks protocol versions 11..12, ferryd speaks 3..10");
   CHECK(raw.closed_by_peer());
   // The daemon serves on.
   CHECK(c4->poll_many({}).value.empty());

@@ -234,11 +234,11 @@ class Engine:
 
 
 class Setup:
-    def __init__(self, tmp: str) -> None:
+    def __init__(self, tmp: str, version: int = 4) -> None:
         self.world = World()
         self.bootstrap = FerryBootstrap({BOOT: PREFILL_RANKS})
-        self.pd = ModelDaemon(tmp, "prefill", self.world)
-        self.dd = ModelDaemon(tmp, "decode", self.world)
+        self.pd = ModelDaemon(tmp, "prefill", self.world, version=version)
+        self.dd = ModelDaemon(tmp, "decode", self.world, version=version)
         self.prefill = Engine(self.pd, "prefill", self.bootstrap)
         self.decode = Engine(self.dd, "decode", self.bootstrap, per_buffer=True)
 

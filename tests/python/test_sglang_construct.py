@@ -86,10 +86,10 @@ def test_settings_derive_from_the_kvargs_server_args_and_environment() -> None:
     env = {"FERRY_SOCKET": "/s/{mode}-tp{tp_rank}-pp{pp_rank}-dp{dp_rank}-e{engine_rank}.sock",
            "FERRY_TIMEOUT": "2.5", "FERRY_REGISTER_TIMEOUT": "7", "FERRY_DRAIN_TIMEOUT": "3",
            "FERRY_RECONNECT": "off", "FERRY_BOOTSTRAP_HTTP_TIMEOUT": "1",
-           "FERRY_CONTROL_ADDR": "10.0.0.7:7401"}
+           "FERRY_CONTROL_ADDR": "10.0.0.7:7401", "FERRY_CHECKSUMS": "yes"}
     s = FerrySettings.derive(args, "decode", server_args(8998, host="0.0.0.0"), env)
     assert s == FerrySettings("/s/decode-tp3-pp1-dp2-e3.sock", "127.0.0.1:8998", "10.0.0.7:7401",
-                              2.5, 7.0, 3.0, False, 1.0)
+                              2.5, 7.0, 3.0, False, 1.0, True)
     # several nodes: the bootstrap server is on dist_init_addr's host, as SGLang registers
     s = FerrySettings.derive(args, "prefill", server_args(8998, dist_init_addr="10.1.2.3:5000"),
                              {})
@@ -106,6 +106,7 @@ def test_settings_derive_from_the_kvargs_server_args_and_environment() -> None:
                      ({"FERRY_DRAIN_TIMEOUT": "0"}, "FERRY_DRAIN_TIMEOUT='0': expected a "
                                                     "positive number of seconds"),
                      ({"FERRY_RECONNECT": "maybe"}, "FERRY_RECONNECT='maybe': expected 1 or 0"),
+                     ({"FERRY_CHECKSUMS": "2"}, "FERRY_CHECKSUMS='2': expected 1 or 0"),
                      ({"FERRY_BOOTSTRAP_ADDR": "nohost"}, "FERRY_BOOTSTRAP_ADDR='nohost': "
                                                           "expected host:port")):
         with pytest.raises(ValueError) as info:

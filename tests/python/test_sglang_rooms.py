@@ -84,6 +84,36 @@ def test_decode_prefix_len_travels_with_the_prepare_and_comes_back_in_the_prefil
     r.clear()
 
 
+def test_with_ferry_checksums_every_prepare_asks_for_its_room_to_be_checked(
+        short_tmp: str) -> None:
+    env = Setup(short_tmp, version=10)
+    try:
+        w = env.world
+        env.decode.mgr.settings.checksums = True  # FERRY_CHECKSUMS=1
+        r = env.receiver(6)
+        s = env.sender(6)
+        r.send_metadata([40, 41], aux_index=0, state_indices=[[1]], decode_prefix_len=0)
+        assert w.requests("decode", Prepare) == [Prepare(6, PREFILL_RANKS, [40, 41], 1, 0, 0, [],
+                                                         True)]
+        s.init(2, 4)
+        s.send([102, 103], [[3]])
+        assert s.poll() == KVPoll.Success and r.poll() == KVPoll.Success
+    finally:
+        env.close()
+
+
+def test_with_ferry_checksums_a_ferryd_below_protocol_10_fails_the_request_by_name(
+        env: Setup) -> None:
+    env.decode.mgr.settings.checksums = True
+    r = env.receiver(7)
+    r.send_metadata([40], aux_index=0, state_indices=[[1]])
+    assert r.poll() == KVPoll.Failed
+    e = failure(r)
+    assert (e.code, e.failure_reason) == (Errc.UNSUPPORTED_VERSION, "a checked room needs "
+                                          "protocol version 10; this connection speaks 4")
+    assert env.world.requests("decode", Prepare) == []  # never sent unchecked
+
+
 def test_a_prefix_that_is_not_whole_pages_fails_that_request(env: Setup) -> None:
     bad, good = env.receiver(6), env.receiver(7)
     bad.send_metadata([1], aux_index=0, state_indices=[[0]], decode_prefix_len=5)

@@ -43,8 +43,7 @@ inline std::vector<golden_frame> golden_frames() {
   hr.pools[2].layout.buffers = {{0, 32, 2, 0, 0, buffer_kind::aux}};
 
   std::vector<golden_frame> out;
-  for (uint16_t v : {uint16_t{3}, uint16_t{4}, uint16_t{5}, uint16_t{6}, uint16_t{7}, uint16_t{8},
-                     uint16_t{9}}) {
+  for (uint16_t v = min_protocol_version; v <= protocol_version; ++v) {
     hello h{v, "engine-7", true, v};
     if (v >= 4) h.min_version = 3;
     auto r = hr;
@@ -74,6 +73,11 @@ inline std::vector<golden_frame> golden_frames() {
                      prepare{77, {"127.0.0.1:7401"}, {5, 6}, no_index, 3, 0, {30, 31, 2}}});
       out.push_back(
           {v, "send_state_pages", 4, send{77, {1, 2}, true, no_index, 1, 0, 0, {5, 6, 20}}});
+    }
+    if (v >= 10) {  // a room the decode asks to be checked end to end
+      prepare checked{77, {"127.0.0.1:7401"}, {5, 6}, 2, 3, 16};
+      checked.checksum = true;
+      out.push_back({v, "prepare_checked", 2, checked});
     }
     out.push_back({v, "poll", 5, poll{77}});
     out.push_back({v, "cancel", 6, cancel{78}});

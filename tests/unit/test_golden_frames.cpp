@@ -94,15 +94,16 @@ TEST_CASE("golden frames: every frame decodes and re-encodes to the same bytes",
 TEST_CASE("protocol: version negotiation picks the highest common version", "[protocol]") {
   CHECK(proto::negotiate(3, 3) == 3);
   CHECK(proto::negotiate(3, 4) == 4);
-  CHECK(proto::negotiate(3, 10) == 9);
+  CHECK(proto::negotiate(3, 11) == 10);
   CHECK(proto::negotiate(4, 4) == 4);
   CHECK(proto::negotiate(4, 5) == 5);
   CHECK(proto::negotiate(5, 6) == 6);
   CHECK(proto::negotiate(6, 7) == 7);
   CHECK(proto::negotiate(7, 8) == 8);
   CHECK(proto::negotiate(8, 9) == 9);
-  CHECK(proto::negotiate(9, 10) == 9);
-  CHECK(proto::negotiate(10, 11) == 0);
+  CHECK(proto::negotiate(9, 10) == 10);
+  CHECK(proto::negotiate(10, 11) == 10);
+  CHECK(proto::negotiate(11, 12) == 0);
   CHECK(proto::negotiate(1, 2) == 0);
 }
 

@@ -7,7 +7,7 @@
         if c.wait_terminal(7, timeout=30).status == Status.Success: ...
 
 - :mod:`ferry.client`: :class:`Client`, thread-safe, several requests in flight, events to
-  callbacks and a queue, protocol versions 3 to 9 (``poll_many``, error codes on statuses);
+  callbacks and a queue, protocol versions 3 to 10 (``poll_many``, error codes on statuses);
 - :mod:`ferry.connection`: the connection under :class:`Client` (hello, seq matching, the
   reader and dispatcher threads, reconnecting);
 - :mod:`ferry.reconnect`: :class:`Reconnect`, the policy of a client that reconnects by itself

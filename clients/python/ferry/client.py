@@ -11,7 +11,7 @@
 Any number of threads may issue requests at once: each request gets its own seq and waits for
 its own reply, whatever order ferryd answers in. Pushed events go to the callbacks registered
 with :meth:`Client.on_event`, to the queue of :meth:`Client.events` and to
-:meth:`Client.wait_terminal`. The client offers protocol versions 3..9 by default and speaks
+:meth:`Client.wait_terminal`. The client offers protocol versions 3..10 by default and speaks
 what ferryd's ``hello_reply`` says (``client.version``), falling back to version 3 with an old
 daemon.
 
@@ -69,7 +69,7 @@ class Client(Connection):
     def prepare(self, room: int, prefill_peers: Union[str, Sequence[str]],
                 dst_pages: Sequence[int], state_slot: Optional[int] = None,
                 aux_row: Optional[int] = None, *, prefix_tokens: int = 0,
-                state_pages: Optional[Sequence[int]] = None,
+                state_pages: Optional[Sequence[int]] = None, checksum: bool = False,
                 timeout: Optional[float] = None) -> None:
         """Decode side: where ``room``'s bytes land. ``prefill_peers`` is a prefill ferryd's
         control address ``"host:port"`` or a list of them (every rank of the prefill instance
@@ -77,16 +77,23 @@ class Client(Connection):
         one aux row. ``prefix_tokens`` (v4): tokens of the prompt this decode already holds
         (a multiple of the page size); the prefill's ``poll`` answers it. ``state_pages`` (v8):
         the destination pages of a page-indexed state pool (swa, dsa, minimax_index_k), each
-        once, with no ``state_slot``."""
+        once, with no ``state_slot``. ``checksum`` (v10): check this room end to end, as every
+        room of a decode with ``integrity.checksums`` is: it reports Success only once the
+        landed bytes digest as the prefill's did, else Failed with ``CHECKSUM_MISMATCH``."""
         peers = [prefill_peers] if isinstance(prefill_peers, str) else list(prefill_peers)
         if prefix_tokens and self.version < 4:
             raise FerryError(Errc.UNSUPPORTED_VERSION,
                              f"prefix_tokens needs protocol version 4; this connection speaks "
                              f"{self.version}")
         pages = self._state_pages(state_pages)
+        if checksum and self.version < 10:
+            # an older daemon would not check it, and its Success would claim it had
+            raise FerryError(Errc.UNSUPPORTED_VERSION,
+                             f"a checked room needs protocol version 10; this connection speaks "
+                             f"{self.version}")
         self._forget_lost(room)
         self.request(Prepare(room, peers, list(dst_pages), state_slot, aux_row, prefix_tokens,
-                             pages), timeout)
+                             pages, bool(checksum)), timeout)
 
     def send(self, room: int, src_pages: Sequence[int], last: bool = False,
              state_slot: Optional[int] = None, aux_row: Optional[int] = None, *,

@@ -9,7 +9,7 @@ dispatcher thread, which hands them to the callbacks and the queue the client re
 (:meth:`~ferry.Client.on_event`, :meth:`~ferry.Client.events`) and keeps terminal ones for
 :meth:`~ferry.Client.wait_terminal`; a slow callback delays other events, never replies.
 
-The connection offers protocol versions 3..9 by default and speaks what ferryd's
+The connection offers protocol versions 3..10 by default and speaks what ferryd's
 ``hello_reply`` says (``version``). A daemon that only speaks version 3 refuses the v4 hello;
 the connection then says hello again in version 3 on a new socket, so new clients work with old
 daemons.

@@ -276,7 +276,8 @@ def _decode_body(mtype: MessageType, r: _Reader) -> Message:
         return Prepare(r.num(8, "room"), r.str_list("prefill_peers"), r.int_list(4, "dst_pages"),
                        r.index("state_slot"), r.index("aux_row"),
                        r.num(4, "prefix_tokens") if r.version >= 4 else 0,
-                       r.int_list(4, "state_pages") if r.version >= 8 else [])
+                       r.int_list(4, "state_pages") if r.version >= 8 else [],
+                       r.boolean("checksum") if r.version >= 10 else False)
     if mtype == MessageType.SEND:
         return Send(r.num(8, "room"), r.int_list(4, "src_pages"), r.boolean("last"),
                     r.index("state_slot"), r.index("aux_row"),

@@ -128,6 +128,12 @@ def _encode_body(w: _Writer, m: Message) -> None:
         if w.version >= 4:
             w.num(m.prefix_tokens, 4, "prefix_tokens")
         _state_pages(w, m.state_pages)
+        if w.version >= 10:
+            w.boolean(m.checksum, "checksum")
+        elif m.checksum:
+            # An older daemon would not check the room, and its Success would claim it was.
+            raise EncodeError(f"a checked room needs protocol version 10; this connection "
+                              f"speaks {w.version}", message_type=w.name, field="checksum")
     elif isinstance(m, Send):
         w.num(m.room, 8, "room")
         w.int_list(m.src_pages, 4, "src_pages")

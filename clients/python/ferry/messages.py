@@ -1,5 +1,5 @@
 """The client protocol's vocabulary (docs/protocol.md): versions and limits, frame types, enums,
-and one dataclass per message of versions 3 to 9.
+and one dataclass per message of versions 3 to 10.
 
 Pure data: :mod:`ferry.encoder` turns these messages into frames, :mod:`ferry.decoder` reads
 them back and :mod:`ferry.frames` cuts a byte stream into frames; :mod:`ferry.protocol` gathers
@@ -18,7 +18,7 @@ from typing import NamedTuple, Optional, Union
 
 from .errors import Errc
 
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 """The highest protocol version this codec speaks."""
 MIN_PROTOCOL_VERSION = 3
 """The lowest protocol version this codec speaks."""
@@ -257,6 +257,9 @@ class Prepare:
     """v8: the destination pages of a page-indexed state pool (swa, dsa, minimax_index_k),
     each once; empty for a mamba pool (which takes ``state_slot``). Not on the wire before
     v8."""
+    checksum: bool = False
+    """v10: check this room end to end (its Success only once the landed bytes digest as the
+    prefill's did, as on a decode with ``integrity.checksums``). Refused before v10."""
 
 
 @dataclass

@@ -3,7 +3,7 @@
     frame = encode(Poll(room=7), seq=3, version=4)          # bytes, 12-byte header included
     msg = decode(MessageType.POLL_REPLY, 3, body, version=4) # -> PollReply(...)
 
-Every message of versions 3 to 9 is a dataclass, importable from here. ``encode`` and
+Every message of versions 3 to 10 is a dataclass, importable from here. ``encode`` and
 ``decode`` take the connection's protocol version, since a few bodies differ between versions
 (``poll_reply`` and ``event`` carry a ``code`` in v4; ``poll_many``, ``poll_many_reply``,
 ``register_memory``, ``discover`` and ``discover_reply`` exist from v4 on, ``drain`` and

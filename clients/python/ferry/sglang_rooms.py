@@ -385,7 +385,8 @@ class FerryKVReceiver(_FerryRoom):
         try:
             self.kv_mgr.client.prepare(self.bootstrap_room, self.prefill_peers, pages,
                                        state_slot=slot, aux_row=row, prefix_tokens=prefix,
-                                       state_pages=state_pages)
+                                       state_pages=state_pages,
+                                       checksum=self.kv_mgr.settings.checksums)
         except FerryError as e:  # refused: no room was created by it
             self._fail(e.code, e.message)
             return

@@ -110,6 +110,10 @@ class FerrySettings:
     """Whether the client reconnects when ferryd goes away (``FERRY_RECONNECT``)."""
     http_timeout: float = 5.0
     """Each request to a bootstrap server (``FERRY_BOOTSTRAP_HTTP_TIMEOUT``; SGLang's 5 s)."""
+    checksums: bool = False
+    """A decode rank asks for every room it prepares to be checked end to end
+    (``FERRY_CHECKSUMS``; protocol v10's ``prepare.checksum``), as a ferryd with
+    ``integrity.checksums`` checks all its rooms."""
 
     @classmethod
     def derive(cls, args: Any, mode: str, server_args: Any = None,
@@ -137,7 +141,8 @@ class FerrySettings:
                    register_timeout=_float(env, "FERRY_REGISTER_TIMEOUT", cls.register_timeout),
                    drain_timeout=_float(env, "FERRY_DRAIN_TIMEOUT", cls.drain_timeout),
                    reconnect=_bool(env, "FERRY_RECONNECT", cls.reconnect),
-                   http_timeout=_float(env, "FERRY_BOOTSTRAP_HTTP_TIMEOUT", cls.http_timeout))
+                   http_timeout=_float(env, "FERRY_BOOTSTRAP_HTTP_TIMEOUT", cls.http_timeout),
+                   checksums=_bool(env, "FERRY_CHECKSUMS", cls.checksums))
 
 
 def config_section(config_yaml: str, section: str) -> dict[str, int]:
