@@ -163,6 +163,7 @@ void apply_catalogue(ferry_config& cfg, YAML::Node& root) {
   req.config_text = read_file(cat.config_json);
   req.source = cat.config_json;
   req.engine = cat.engine;
+  req.conv_layout = cat.conv_layout;
   req.tp_size = std::max<uint32_t>(cfg.tp.size, 1);
   req.tp_rank = cfg.tp.rank;
   req.pp_size = std::max<uint32_t>(cfg.pp.size, 1);
@@ -174,6 +175,7 @@ void apply_catalogue(ferry_config& cfg, YAML::Node& root) {
   if (!found) fail("model.config_json", found.message);
   auto& layout = found.value;
   cat.family = layout.family;
+  cat.convention = layout.convention;
   cat.kv = layout.kv;
   cat.mamba = layout.mamba;
 

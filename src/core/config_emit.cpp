@@ -62,7 +62,7 @@ std::string to_yaml(const ferry_config& cfg, yaml_for reader) {
     out << YAML::Key << "architecture" << YAML::Value << cfg.model->architecture;
     if (cfg.catalogue)  // the result is what counts: peers get the layout, not the file
       out << YAML::Comment("from model.config_json " + cfg.catalogue->config_json + " (engine " +
-                           cfg.catalogue->engine + ": " + cfg.catalogue->family +
+                           cfg.catalogue->convention + ": " + cfg.catalogue->family +
                            "); the pools' layout fields below are the catalogue's");
     if (!cfg.model->state_covers.empty())
       out << YAML::Key << "state_covers" << YAML::Value << cfg.model->state_covers;

@@ -304,20 +304,21 @@ std::string expand_environment(const std::string& value, const std::string& path
 
 model_contract parse_model(const YAML::Node& n, std::optional<catalogue_config>& catalogue) {
   const section s(n, "model",
-                  {"architecture", "state_covers", "fields", "config_json", "engine", "kv_dtype",
-                   "conv_dtype", "state_dtype"});
+                  {"architecture", "state_covers", "fields", "config_json", "engine", "conv_layout",
+                   "kv_dtype", "conv_dtype", "state_dtype"});
   model_contract m;
   if (s.find("config_json")) {
     catalogue.emplace();
     s.required_field("config_json", catalogue->config_json);
     catalogue->config_json = expand_environment(catalogue->config_json, "model.config_json");
     s.optional_field("engine", catalogue->engine);
+    s.optional_field("conv_layout", catalogue->conv_layout);
     s.optional_field("kv_dtype", catalogue->kv_dtype);
     s.optional_field("conv_dtype", catalogue->conv_dtype);
     s.optional_field("state_dtype", catalogue->state_dtype);
     s.optional_field("architecture", m.architecture);  // from config.json when not given
   } else {
-    for (const char* key : {"engine", "kv_dtype", "conv_dtype", "state_dtype"})
+    for (const char* key : {"engine", "conv_layout", "kv_dtype", "conv_dtype", "state_dtype"})
       if (s.find(key))
         fail(std::string("model.") + key,
              "expected model.config_json beside it (it says how to read the model's config)");

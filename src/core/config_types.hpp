@@ -324,10 +324,12 @@ struct model_contract {
 /// pools' layout fields it generated, which the config and an engine's registrations are
 /// checked against (core/model_catalogue.hpp). Peers are not sent it: they read the result.
 struct catalogue_config {
-  std::string config_json;  ///< path of the model's config.json
-  std::string engine = "sglang";
+  std::string config_json;                        ///< path of the model's config.json
+  std::string engine = "sglang";                  ///< "sglang" or "vllm", optionally "@REVISION"
+  std::string conv_layout;                        ///< vLLM's SD or DS (empty: SD)
   std::string kv_dtype, conv_dtype, state_dtype;  ///< overrides (empty: the defaults)
   std::string family;                             ///< what the lookup found
+  std::string convention;                         ///< the convention used, "sglang@2026-12"
   std::optional<kv_pool_config> kv;               ///< generated layouts (their sizes 0)
   std::optional<mamba_pool_config> mamba;
 };

@@ -114,6 +114,7 @@ struct rule_input {
   const catalogue_request& req;
   dtype_info model_dtype;  ///< config.json's torch_dtype (or model.kv_dtype)
   catalogue_layout& out;
+  std::string engine;  ///< the convention's engine, "sglang" or "vllm" (without its revision)
   /// SGLang passes config.json's mamba_ssm_dtype to the state of this family (Qwen3-Next,
   /// Nemotron-H, Jamba), or builds it without (Falcon-H1, Granite, Kimi-Linear: fp32).
   bool reads_ssm_dtype = true;
@@ -188,7 +189,7 @@ state_tensor_config tensor(std::string name, std::vector<uint64_t> shape, const 
   return s;
 }
 
-bool vllm(const rule_input& in) { return in.req.engine == "vllm"; }
+bool vllm(const rule_input& in) { return in.engine == "vllm"; }
 
 /// The conv state's dtype: SGLang keeps bf16 (SGLANG_MAMBA_CONV_DTYPE), vLLM the model's.
 dtype_info conv_dtype(const rule_input& in) {
@@ -224,7 +225,7 @@ mamba_pool_config mamba2_state(rule_input& in, std::vector<uint32_t> ids, uint64
   const auto conv_t = conv_dtype(in);
   std::vector<uint64_t> shard{intermediate, groups * state, groups * state};
   std::vector<uint64_t> units{heads, groups, groups};
-  if (vllm(in))
+  if (vllm(in) && in.req.conv_layout != "DS")  // vLLM's default SD: [K-1, channels]
     m.tensors.push_back(tensor("conv", {kernel - 1, conv_dim}, conv_t, 1, shard, units));
   else
     m.tensors.push_back(tensor("conv", {conv_dim, kernel - 1}, conv_t, 0, shard, units));
@@ -454,6 +455,53 @@ void deepseek_mla(rule_input& in) {
   in.out.kv = mla_kv(in, stage_ids(all, layers, in.req));
 }
 
+/// An engine convention: the engine, a revision of the catalogue's rules for it (when they were
+/// read from its source), and where they were read. A later revision is added beside the
+/// earlier ones when an engine changes its layout, so a config that pins one keeps its layout.
+struct convention {
+  const char* engine;
+  const char* revision;
+  const char* source;
+};
+
+const std::vector<convention>& conventions() {
+  static const std::vector<convention> all = {
+      {"sglang", "2026-12",
+       "SGLang python/sglang/srt/configs/mamba_utils.py and the models' state shapes"},
+      {"vllm", "2026-12",
+       "vLLM vllm/model_executor/layers/mamba/mamba_utils.py (MambaStateShapeCalculator, "
+       "MambaStateDtypeCalculator, get_conv_state_layout)"},
+  };
+  return all;
+}
+
+/// The convention `spec` ("sglang", "vllm@2026-12") names: the newest revision of its engine
+/// when it names none.
+const convention& convention_of(const std::string& spec) {
+  const auto at = spec.find('@');
+  const std::string name = spec.substr(0, at);
+  const std::string revision = at == std::string::npos ? "" : spec.substr(at + 1);
+  const convention* found = nullptr;
+  std::string revisions;
+  for (const auto& c : conventions()) {
+    if (name != c.engine) continue;
+    revisions += (revisions.empty() ? "" : ", ") + std::string(c.revision);
+    if (revision.empty() || revision == c.revision) found = &c;
+  }
+  if (revisions.empty())
+    fail(
+        fmt::format("model.engine: expected sglang or vllm (optionally with the revision of its "
+                    "convention, e.g. sglang@2026-12), got \"{}\"",
+                    spec));
+  if (found == nullptr)
+    fail(
+        fmt::format("model.engine: {} is not a catalogued convention: the catalogue has {} as "
+                    "of {}. An engine whose layout differs from those: describe its pools by "
+                    "hand, or let its registration describe them",
+                    spec, name, revisions));
+  return *found;
+}
+
 /// One catalogue entry: the architecture, the engines it has a convention for ("sglang,
 /// vllm"), what it is, and the rule that builds its layout.
 struct family {
@@ -493,6 +541,22 @@ std::string known_architectures() {
 
 }  // namespace
 
+std::string catalogue_listing() {
+  std::string out = "Architectures (config.json's architectures[0]), their engines and family:\n";
+  for (const auto& f : families())
+    out +=
+        fmt::format("  {:<28} {:<13} {}\n", f.entry.architecture, f.entry.engines, f.entry.family);
+  out +=
+      "Engine conventions (model.engine: NAME, or NAME@REVISION to pin one; bare: the "
+      "newest):\n";
+  for (const auto& c : conventions())
+    out += fmt::format("  {}@{}  read from {}\n", c.engine, c.revision, c.source);
+  out +=
+      "vLLM's conv state layout: model.conv_layout SD ([K-1, channels], its default) or DS "
+      "([channels, K-1]), as its VLLM_SSM_CONV_STATE_LAYOUT\n";
+  return out;
+}
+
 bool catalogue_shared_layers(const std::string& architecture) {
   return architecture == "FalconH1ForCausalLM";
 }
@@ -524,10 +588,20 @@ result<catalogue_layout> catalogue_lookup(const catalogue_request& req) {
           fmt::format("architecture {} is not in the catalogue (it knows {}); describe its pools "
                       "by hand in pools.kv and pools.mamba, without model.config_json",
                       arch, known_architectures()));
-    if (req.engine != "sglang" && req.engine != "vllm")
-      fail(fmt::format("model.engine: expected sglang or vllm, got \"{}\"", req.engine));
-    if (std::string(found->entry.engines).find(req.engine) == std::string::npos)
-      fail(fmt::format("the catalogue has no {} layout for {} (it has: {}){}", req.engine, arch,
+    const convention& conv = convention_of(req.engine);
+    const std::string engine = conv.engine;
+    if (!req.conv_layout.empty() && engine != "vllm")
+      fail(
+          fmt::format("model.conv_layout: only vLLM chooses its conv state layout "
+                      "(VLLM_SSM_CONV_STATE_LAYOUT); {}'s is fixed per family",
+                      engine));
+    if (!req.conv_layout.empty() && req.conv_layout != "SD" && req.conv_layout != "DS")
+      fail(
+          fmt::format("model.conv_layout: expected SD ([K-1, channels], vLLM's default) or DS "
+                      "([channels, K-1]), as VLLM_SSM_CONV_STATE_LAYOUT says, got \"{}\"",
+                      req.conv_layout));
+    if (std::string(found->entry.engines).find(engine) == std::string::npos)
+      fail(fmt::format("the catalogue has no {} layout for {} (it has: {}){}", engine, arch,
                        found->entry.engines,
                        arch == "MiniMaxText01ForCausalLM"
                            ? ": SGLang has no transfer path for lightning attention state"
@@ -536,6 +610,7 @@ result<catalogue_layout> catalogue_lookup(const catalogue_request& req) {
     catalogue_layout out;
     out.architecture = arch;
     out.family = found->entry.family;
+    out.convention = fmt::format("{}@{}", conv.engine, conv.revision);
     model_json cfg(root, req.source, arch);
     dtype_info model_dtype;
     if (!req.kv_dtype.empty())
@@ -546,12 +621,16 @@ result<catalogue_layout> catalogue_lookup(const catalogue_request& req) {
       model_dtype = dtype_of(cfg.text("dtype"), req.source + ": dtype");
     else
       fail(fmt::format("{} has no torch_dtype: set model.kv_dtype", req.source));
-    rule_input in{cfg, req, model_dtype, out};
+    rule_input in{cfg, req, model_dtype, out, engine};
     found->rule(in);
     out.fields = cfg.fields();
-    out.fields.emplace_back("engine", req.engine);
+    out.fields.emplace_back("engine", out.convention);
     if (out.mamba)
-      for (const auto& t : out.mamba->tensors) out.fields.emplace_back(t.name + "_dtype", t.dtype);
+      for (const auto& t : out.mamba->tensors) {
+        out.fields.emplace_back(t.name + "_dtype", t.dtype);
+        if (t.name == "conv" && engine == "vllm")
+          out.fields.emplace_back("conv_layout", req.conv_layout.empty() ? "SD" : req.conv_layout);
+      }
     std::sort(out.fields.begin(), out.fields.end());
     out.fields.erase(std::unique(out.fields.begin(), out.fields.end()), out.fields.end());
     if (out.kv && out.kv->layer_ids.empty()) out.kv.reset();

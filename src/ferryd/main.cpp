@@ -12,6 +12,7 @@
 #include "cli/common.hpp"
 #include "core/auth.hpp"
 #include "core/config.hpp"
+#include "core/model_catalogue.hpp"
 
 namespace {
 
@@ -44,6 +45,11 @@ int main(int argc, char** argv) {
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--log-level", log_level, "override log.level: trace, debug, info, warn, error");
+  bool catalogue = false;
+  app.add_flag(
+      "--catalogue", catalogue,
+      "list the model catalogue's architectures and engine conventions (model.config_json, "
+      "model.engine), and exit");
   int ready_fd = -1;
   app.add_option("--ready-fd", ready_fd, "write 'ready' to this file descriptor once serving");
   app.footer(
@@ -53,6 +59,10 @@ int main(int argc, char** argv) {
       "Exit codes: 0 stopped cleanly, 2 bad options or config, 5 could not start, 6 stopped "
       "before the drain finished (docs/cli.md)");
   if (auto rc = ferry::cli::parse(app, argc, argv)) return *rc;
+  if (catalogue) {
+    std::cout << ferry::catalogue_listing();
+    return ferry::exit_code::ok;
+  }
 
   if (config_path.empty() && check_path.empty()) {
     std::cerr << "ferryd: --config FILE is required (or --check-config FILE); see --help\n";

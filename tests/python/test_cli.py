@@ -117,6 +117,22 @@ def test_ferryctl_usage_errors_under_json_are_documents_and_exit_2(tmp_path) -> 
 # ferryd: --set, and its exit codes
 
 
+def test_ferryd_catalogue_lists_the_documented_architectures_and_conventions() -> None:
+    r = run("ferryd", "--catalogue")
+    assert r.returncode == 0, r.stderr
+    doc = (REPO / "docs" / "configuration.md").read_text()
+    table = doc[doc.index("| architecture | engines |"):]
+    documented = re.findall(r"^\| `(\w+ForCausalLM)`(?:, `(\w+ForCausalLM)`)? \| ([a-z, ]+) \|",
+                            table, re.M)
+    assert len(documented) >= 7
+    for first, second, engines in documented:
+        for arch in filter(None, (first, second)):
+            line = next(l for l in r.stdout.splitlines() if l.split()[:1] == [arch])
+            assert engines.strip() in line, (arch, line)
+    assert "  sglang@2026-12  read from SGLang" in r.stdout
+    assert "  vllm@2026-12  read from vLLM" in r.stdout
+
+
 def test_ferryd_set_changes_the_effective_config(work: str) -> None:
     path = config_file(work, "set-a")
     plain = run("ferryd", "--check-config", path)

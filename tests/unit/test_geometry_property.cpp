@@ -1516,6 +1516,7 @@ struct family_case {
   const char* name;
   const char* engine;
   std::string json;
+  const char* conv_layout = "";  ///< vLLM's VLLM_SSM_CONV_STATE_LAYOUT
 };
 
 std::vector<family_case> catalogue_families() {
@@ -1540,6 +1541,12 @@ std::vector<family_case> catalogue_families() {
            "num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 4, "mamba_d_ssm": 16,
            "mamba_n_heads": 8, "mamba_d_head": 2, "mamba_n_groups": 1, "mamba_d_state": 2,
            "mamba_d_conv": 4})"},
+      {"Nemotron-H (vLLM, conv layout DS)", "vllm",
+       R"({"architectures": ["NemotronHForCausalLM"], "torch_dtype": "bfloat16",
+           "hybrid_override_pattern": "M*M-", "num_key_value_heads": 4, "head_dim": 4,
+           "mamba_num_heads": 8, "mamba_head_dim": 2, "n_groups": 1, "ssm_state_size": 2,
+           "conv_kernel": 4})",
+       "DS"},
       {"Granite-4.0-H (vLLM)", "vllm",
        R"({"architectures": ["GraniteMoeHybridForCausalLM"], "torch_dtype": "bfloat16",
            "layer_types": ["mamba", "attention", "mamba"], "num_attention_heads": 2,
@@ -1566,6 +1573,7 @@ result<catalogue_layout> catalogue_at(const family_case& f, uint32_t tp, uint32_
   req.config_text = f.json;
   req.source = f.name;
   req.engine = f.engine;
+  req.conv_layout = f.conv_layout;
   req.tp_size = tp;
   req.pp_size = pp;
   req.pp_rank = pp_rank;

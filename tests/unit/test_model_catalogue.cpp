@@ -16,11 +16,12 @@ using namespace ferry::test;
 namespace {
 
 catalogue_layout lookup(const std::string& text, uint32_t tp = 1, std::string engine = "sglang",
-                        uint32_t pp = 1, uint32_t pp_rank = 0) {
+                        uint32_t pp = 1, uint32_t pp_rank = 0, std::string conv_layout = "") {
   catalogue_request req;
   req.config_text = text;
   req.source = "config.json";
   req.engine = std::move(engine);
+  req.conv_layout = std::move(conv_layout);
   req.tp_size = tp;
   req.pp_size = pp;
   req.pp_rank = pp_rank;
@@ -30,11 +31,13 @@ catalogue_layout lookup(const std::string& text, uint32_t tp = 1, std::string en
   return r.value;
 }
 
-std::string lookup_error(const std::string& text, uint32_t tp = 1, std::string engine = "sglang") {
+std::string lookup_error(const std::string& text, uint32_t tp = 1, std::string engine = "sglang",
+                         std::string conv_layout = "") {
   catalogue_request req;
   req.config_text = text;
   req.source = "config.json";
   req.engine = std::move(engine);
+  req.conv_layout = std::move(conv_layout);
   req.tp_size = tp;
   auto r = catalogue_lookup(req);
   REQUIRE_FALSE(r);
@@ -238,7 +241,64 @@ TEST_CASE("catalogue: an unknown architecture, a missing field and bad JSON are 
   CHECK(lookup_error(R"({"model_type": "qwen3_next"})") ==
         "config.json has no architectures list (e.g. [\"Qwen3NextForCausalLM\"])");
   CHECK(lookup_error(qwen3_next_80b, 1, "trt") ==
-        "model.engine: expected sglang or vllm, got \"trt\"");
+        "model.engine: expected sglang or vllm (optionally with the revision of its convention, "
+        "e.g. sglang@2026-12), got \"trt\"");
+}
+
+TEST_CASE(
+    "catalogue: engine conventions carry their revision, and vLLM's conv layout is its "
+    "VLLM_SSM_CONV_STATE_LAYOUT",
+    "[unit][catalogue]") {
+  auto field = [](const catalogue_layout& l, const std::string& key) {
+    for (const auto& [k, v] : l.fields)
+      if (k == key) return v;
+    return std::string("(absent)");
+  };
+  SECTION("a bare engine is its newest revision; a pinned one is the same layout") {
+    const auto bare = lookup(nemotron_h_8b, 2);
+    const auto pinned = lookup(nemotron_h_8b, 2, "sglang@2026-12");
+    CHECK(bare.convention == "sglang@2026-12");
+    CHECK(field(bare, "engine") == "sglang@2026-12");  // the state contract names it
+    CHECK(tensor(pinned, 0).shape == tensor(bare, 0).shape);
+    CHECK(tensor(pinned, 1).shape == tensor(bare, 1).shape);
+    CHECK(field(bare, "conv_layout") == "(absent)");  // SGLang has one layout per family
+    CHECK(lookup(nemotron_h_8b, 2, "vllm@2026-12").convention == "vllm@2026-12");
+  }
+  SECTION("a revision the catalogue does not have is refused, naming those it has") {
+    CHECK(lookup_error(nemotron_h_8b, 1, "sglang@2025-06") ==
+          "model.engine: sglang@2025-06 is not a catalogued convention: the catalogue has sglang "
+          "as of 2026-12. An engine whose layout differs from those: describe its pools by hand, "
+          "or let its registration describe them");
+  }
+  SECTION("vLLM: SD by default, DS turns the conv state to [channels, K-1]") {
+    const auto sd = lookup(nemotron_h_8b, 2, "vllm");
+    const auto ds = lookup(nemotron_h_8b, 2, "vllm", 1, 0, "DS");
+    CHECK(tensor(sd, 0).shape == dims{3, 5120});
+    CHECK(tensor(sd, 0).slice_axis == 1u);
+    CHECK(tensor(ds, 0).shape == dims{5120, 3});
+    CHECK(tensor(ds, 0).slice_axis == 0u);
+    CHECK(tensor(ds, 0).shard_groups == tensor(sd, 0).shard_groups);
+    CHECK(tensor(ds, 0).shard_units == tensor(sd, 0).shard_units);
+    CHECK(tensor(ds, 1).shape == tensor(sd, 1).shape);  // the temporal state is the same
+    CHECK(tensor(ds, 1).dtype == tensor(sd, 1).dtype);
+    CHECK(field(sd, "conv_layout") == "SD");
+    CHECK(field(ds, "conv_layout") == "DS");  // peers that differ are refused at handshake
+    CHECK(tensor(lookup(nemotron_h_8b, 2, "vllm", 1, 0, "SD"), 0).shape == tensor(sd, 0).shape);
+  }
+  SECTION("a conv layout for SGLang, or one vLLM does not have, is refused") {
+    CHECK(lookup_error(nemotron_h_8b, 1, "sglang", "DS") ==
+          "model.conv_layout: only vLLM chooses its conv state layout "
+          "(VLLM_SSM_CONV_STATE_LAYOUT); sglang's is fixed per family");
+    CHECK(lookup_error(nemotron_h_8b, 1, "vllm", "ds") ==
+          "model.conv_layout: expected SD ([K-1, channels], vLLM's default) or DS ([channels, "
+          "K-1]), as VLLM_SSM_CONV_STATE_LAYOUT says, got \"ds\"");
+  }
+  SECTION("ferryd --catalogue lists every architecture and every convention") {
+    const auto text = catalogue_listing();
+    CHECK_THAT(text, Catch::Contains("NemotronHForCausalLM") &&
+                         Catch::Contains("sglang@2026-12  read from SGLang") &&
+                         Catch::Contains("vllm@2026-12  read from vLLM"));
+  }
 }
 
 TEST_CASE(
@@ -262,18 +322,31 @@ TEST_CASE(
     return std::string("(absent)");
   };
   CHECK(field("linear_num_value_heads") == "32");
-  CHECK(field("engine") == "sglang");
+  CHECK(field("engine") == "sglang@2026-12");
   CHECK(field("temporal_dtype") == "fp32");
   // The effective config carries the layout, not the file: parsed again it is the same config.
   const auto text = to_yaml(cfg);
   CHECK_THAT(text, Catch::Contains("# from model.config_json " + path +
-                                   " (engine sglang: Gated "
+                                   " (engine sglang@2026-12: Gated "
                                    "DeltaNet + attention (Qwen3-Next))"));
   CHECK(text.find("config_json:") == std::string::npos);
   const auto again = parse_ok(text);
   CHECK(again.pools.mamba->tensors[0].shape == cfg.pools.mamba->tensors[0].shape);
   CHECK(again.pools.kv->layer_ids == cfg.pools.kv->layer_ids);
   CHECK(again.model->fields == cfg.model->fields);
+
+  // A vLLM rank with VLLM_SSM_CONV_STATE_LAYOUT=DS says so, and pins the convention's revision.
+  const auto nemotron = write_json("nemotron-h", nemotron_h_8b);
+  const auto ds = parse_ok(catalogue_yaml(nemotron, 2,
+                                          "  engine: vllm@2026-12\n  conv_layout: DS\n"
+                                          "  state_dtype: fp32\n"));
+  CHECK(ds.pools.mamba->tensors[0].shape == dims{5120, 3});
+  CHECK(to_yaml(ds).find("(engine vllm@2026-12: Mamba2 + attention (Nemotron-H))") !=
+        std::string::npos);
+  CHECK(parse_error(catalogue_yaml(nemotron, 2, "  engine: vllm@2099-01\n")) ==
+        "model.config_json: model.engine: vllm@2099-01 is not a catalogued convention: the "
+        "catalogue has vllm as of 2026-12. An engine whose layout differs from those: describe "
+        "its pools by hand, or let its registration describe them");
 }
 
 TEST_CASE(
