@@ -21,6 +21,7 @@ reader and dispatcher threads, closing) is :class:`ferry.connection.Connection`,
 
 from __future__ import annotations
 
+import functools
 import json
 import mmap
 import queue
@@ -46,7 +47,7 @@ def _memory_buffer(b: Union[MemoryBuffer, Mapping[str, Any], Sequence[int]]) -> 
         return b
     if isinstance(b, Mapping):
         return MemoryBuffer(**b)
-    return MemoryBuffer(*b)
+    return MemoryBuffer(*(int(x) for x in b))  # type: ignore[arg-type]  # checked by the codec
 
 
 class Client(Connection):
@@ -229,8 +230,8 @@ class Client(Connection):
             encode(msg, 0, self.version)  # raises the codec's EncodeError naming fd_count
         reg = self._registration(msg, fds)
         try:
-            self._wait(self._start(msg, fds, on_ok=None if reg is None else
-                                   lambda: self._keep_registration(reg)), timeout)
+            keep = None if reg is None else functools.partial(self._keep_registration, reg)
+            self._wait(self._start(msg, fds, on_ok=keep), timeout)
         finally:
             if reg is not None and not reg.kept:  # refused, timed out, or the link was lost
                 reg.close()

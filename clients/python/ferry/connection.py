@@ -616,10 +616,10 @@ class Connection:
             p.fail(e)
             return
         if isinstance(msg, Error):
-            err = FerryError(msg.code, msg.message)
-            if _own_drain(err):  # noted before the end of the stream that follows it
-                self._note_draining(link, err)
-            p.fail(err)
+            refused = FerryError(msg.code, msg.message)
+            if _own_drain(refused):  # noted before the end of the stream that follows it
+                self._note_draining(link, refused)
+            p.fail(refused)
         elif not isinstance(msg, p.expect):
             p.fail(ProtocolError(Errc.MALFORMED_FRAME,
                                  f"protocol error: ferryd answered {p.request} (seq {f.seq}) "
@@ -720,9 +720,9 @@ class Connection:
                       ", ".join(notice.registered) or "none",
                       f"; daemon pools mapped anew (views taken before no longer share memory "
                       f"with ferryd): {', '.join(notice.remapped)}" if notice.remapped else "")
-            for kind, e in notice.not_registered.items():
+            for kind, why in notice.not_registered.items():
                 _log.error("ferry: after reconnecting to ferryd at %s, pool %s could not be "
-                           "registered again: %s", self.socket_path, kind, e)
+                           "registered again: %s", self.socket_path, kind, why)
             self._events_in.put(notice)
             return
 

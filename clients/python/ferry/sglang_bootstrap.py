@@ -6,6 +6,7 @@ finds them from one seed address per instance.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Any, Callable, Mapping, MutableMapping, Optional, Sequence, Union
@@ -76,8 +77,7 @@ class FerryBootstrap:
         with self._lock:
             shape = self._shapes.get(bootstrap_addr)
         if shape is not None:
-            return FerryPrefillInfo(**{**shape.__dict__,
-                                       "follow_bootstrap_room": self.follow_bootstrap_room})
+            return dataclasses.replace(shape, follow_bootstrap_room=self.follow_bootstrap_room)
         return FerryPrefillInfo(dp_size=self.dp_size,
                                 follow_bootstrap_room=self.follow_bootstrap_room)
 

@@ -239,7 +239,7 @@ class FerryKVArgs:
     def _kv_entries(self, ptrs: list[int], lens: list[int], item_lens: list[int],
                     layer_ids: Optional[list[int]], mla: bool) -> list[Entry]:
         n = len(ptrs)
-        ids = list(layer_ids) if layer_ids is not None else [None] * n
+        ids: list[Optional[int]] = list(layer_ids) if layer_ids is not None else [None] * n
         if mla:
             return [Entry(int(p), int(i), m, lid, 0, BufferKind.KV, 1, 0)
                     for p, i, m, lid in zip(ptrs, item_lens, lens, ids)]
@@ -247,7 +247,7 @@ class FerryKVArgs:
         th, dh = target // 2, (n - target) // 2
         if layer_ids is not None and dh:
             state_ids = self._pool_lists("state")[3] or []
-            taken = set(ids[:th]) | {int(x) for x in state_ids}
+            taken = {int(x) for x in ids[:th] if x is not None} | {int(x) for x in state_ids}
             draft = ids[target:target + dh]
             if taken & set(draft):  # a draft of its own layer set, the same on both sides
                 top = max(taken) + 1

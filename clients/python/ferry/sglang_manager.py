@@ -238,8 +238,8 @@ class FerryKVManager:
                              f"see the hello_reply's layout)")
         try:
             entries = args.entries(kind, mla=self.is_mla_backend)
-        except ValueError as e:
-            raise FerryError(Errc.INVALID_REQUEST, str(e)) from None
+        except ValueError as bad:
+            raise FerryError(Errc.INVALID_REQUEST, str(bad)) from None
         if not layout and self.client.version < 7:
             raise FerryError(Errc.UNSUPPORTED_VERSION,
                              f"pool {kind} of ferryd at {self.client.socket_path} is described "

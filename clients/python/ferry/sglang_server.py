@@ -212,9 +212,9 @@ class FerryKVBootstrapServer:
                "system_dp_rank": (_int(d, "system_dp_rank", where, 0), system_dp_size,
                                   "system_dp_size"),
                "pp_rank": (_int(d, "pp_rank", where), pp_size, "pp_size")}
-        for key, (rank, size, size_key) in pos.items():
+        for name, (rank, size, size_key) in pos.items():
             if rank >= size:
-                raise BadRequest(400, f"{where}: {key} {rank} is not below {size_key} {size}")
+                raise BadRequest(400, f"{where}: {name} {rank} is not below {size_key} {size}")
         ip = d.get("rank_ip")
         if not isinstance(ip, str) or not ip.strip():
             raise BadRequest(400, f"{where}: rank_ip must be the rank's host (its ferryd's "
