@@ -34,7 +34,7 @@ def subscribed(c: FakeConn, room: int) -> None:
 
 # --- version negotiation --------------------------------------------------------------------
 
-def test_hello_offers_3_to_9_and_speaks_4_with_a_v4_daemon(fake: FakeDaemon) -> None:
+def test_hello_offers_3_to_10_and_speaks_4_with_a_v4_daemon(fake: FakeDaemon) -> None:
     seen: list[Hello] = []
 
     def serve(c: FakeConn) -> None:
@@ -48,7 +48,7 @@ def test_hello_offers_3_to_9_and_speaks_4_with_a_v4_daemon(fake: FakeDaemon) -> 
         assert client.version == 4 and client.daemon_versions == (3, 4)
         assert not client.fell_back_to_v3
         r = client.poll(5)
-        assert seen == [Hello(9, "test", True, 3)]  # kept by the server before it read the poll
+        assert seen == [Hello(10, "test", True, 3)]  # kept by the server before it read the poll
         assert r == PollReply(5, Status.Failed, Errc.TIMED_OUT, "timed out")
         assert r.code is Errc.TIMED_OUT
     fake.join()
@@ -107,7 +107,7 @@ def test_a_v3_daemon_is_spoken_to_in_v3(fake: FakeDaemon, refusal: str) -> None:
     fake.serve(serve, connections=2)
     with connect(fake) as client:
         assert client.version == 3 and client.fell_back_to_v3
-    assert hellos == [(9, 2 + 4 + 4 + 1 + 2), (3, 2 + 4 + 4 + 1)]  # u16, "test", u8 (, u16)
+    assert hellos == [(10, 2 + 4 + 4 + 1 + 2), (3, 2 + 4 + 4 + 1)]  # u16, "test", u8 (, u16)
     fake.join()
 
 
