@@ -5,6 +5,6 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root/clients/python"
-/usr/bin/python3 -m mypy --python-version 3.11 --warn-unused-ignores --warn-redundant-casts \
+/usr/bin/python3 -m mypy --python-version 3.10 --warn-unused-ignores --warn-redundant-casts \
   --no-error-summary -p ferry
 echo "check-types: clients/python/ferry is clean"

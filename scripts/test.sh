@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install what is missing, then test in two stages, two jobs at a time (the reference machine
 # has two cores):
-#   the gate, which fails fast: formatting, the Python type check, the build with warnings as
-#     errors, and the unit and fabric tiers (pure code and libfabric on loopback);
+#   the gate, which fails fast: formatting, the Python type check, the unit and fabric test
+#     binaries (with the core and transport they link) built with warnings as errors, and their
+#     tiers (pure code and libfabric on loopback);
 #   the rest: end-to-end with sanitized daemons, cluster (network namespaces), Python and
 #     install tiers, then a bounded smoke run of each libFuzzer target (scripts/fuzz.sh).
 # Each stage prints how long the run has taken so far.

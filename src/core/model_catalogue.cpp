@@ -366,19 +366,23 @@ void deepseek_mla(rule_input& in) {
 /// An engine convention: the engine, a revision of the catalogue's rules for it (when they were
 /// read from its source), and where they were read. A later revision is added beside the
 /// earlier ones when an engine changes its layout, so a config that pins one keeps its layout.
+/// The state contract names an engine's first revision by the engine alone ("sglang", as
+/// daemons before revisions did, so they still pair) and a later one with it.
 struct convention {
   const char* engine;
   const char* revision;
   const char* source;
+  bool first = false;  ///< the engine's first catalogued revision
 };
 
 const std::vector<convention>& conventions() {
   static const std::vector<convention> all = {
       {"sglang", "2026-12",
-       "SGLang python/sglang/srt/configs/mamba_utils.py and the models' state shapes"},
+       "SGLang python/sglang/srt/configs/mamba_utils.py and the models' state shapes", true},
       {"vllm", "2026-12",
        "vLLM vllm/model_executor/layers/mamba/mamba_utils.py (MambaStateShapeCalculator, "
-       "MambaStateDtypeCalculator, get_conv_state_layout)"},
+       "MambaStateDtypeCalculator, get_conv_state_layout)",
+       true},
   };
   return all;
 }
@@ -389,12 +393,13 @@ const convention& convention_of(const std::string& spec) {
   const auto at = spec.find('@');
   const std::string name = spec.substr(0, at);
   const std::string revision = at == std::string::npos ? "" : spec.substr(at + 1);
+  const bool pinned = at != std::string::npos;
   const convention* found = nullptr;
   std::string revisions;
   for (const auto& c : conventions()) {
     if (name != c.engine) continue;
     revisions += (revisions.empty() ? "" : ", ") + std::string(c.revision);
-    if (revision.empty() || revision == c.revision) found = &c;
+    if (!pinned || revision == c.revision) found = &c;
   }
   if (revisions.empty())
     fail(
@@ -532,12 +537,13 @@ result<catalogue_layout> catalogue_lookup(const catalogue_request& req) {
     rule_input in{cfg, req, model_dtype, out, engine};
     found->rule(in);
     out.fields = cfg.fields();
-    out.fields.emplace_back("engine", out.convention);
+    out.fields.emplace_back("engine", conv.first ? engine : out.convention);
     if (out.mamba)
       for (const auto& t : out.mamba->tensors) {
         out.fields.emplace_back(t.name + "_dtype", t.dtype);
-        if (t.name == "conv" && engine == "vllm")
-          out.fields.emplace_back("conv_layout", req.conv_layout.empty() ? "SD" : req.conv_layout);
+        // vLLM's default SD is what daemons before conv_layout had: only DS is named.
+        if (t.name == "conv" && req.conv_layout == "DS")
+          out.fields.emplace_back("conv_layout", "DS");
       }
     std::sort(out.fields.begin(), out.fields.end());
     out.fields.erase(std::unique(out.fields.begin(), out.fields.end()), out.fields.end());

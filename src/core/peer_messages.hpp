@@ -33,7 +33,8 @@ namespace ferry {
 /// 10: a decode whose room's KV lands in its staging reserves that staging when the prefill's
 /// writes are about to start (`peer_staging_request`, `peer_staging_grant`), not at prepare; a
 /// version-9 peer gets the staging offset in the prepare, as before.
-/// 11: a decode that checks what lands (integrity.checksums) prepares with
+/// 11: a decode that checks what lands (integrity.checksums, or the room's prepare asks for it,
+/// client protocol 10) prepares with
 /// `peer_prepare_checked`, and the prefill announces that link's writes with the digests of what
 /// it sent (`peer_announce_checked`). A decode that checks refuses to use a prefill below
 /// version 11.
@@ -116,7 +117,8 @@ struct peer_prepare_paged {
   std::vector<uint32_t> dst_state_pages;
 };
 
-/// Decode -> prefill (version 11): a prepare whose room checks what lands (integrity.checksums):
+/// Decode -> prefill (version 11): a prepare whose room checks what lands (integrity.checksums or
+/// the client's prepare.checksum):
 /// the prefill announces with the digests of what it sent (`peer_announce_checked`). A paged state
 /// pool's pages come in `dst_state_pages` (empty otherwise).
 struct peer_prepare_checked {

@@ -107,7 +107,7 @@ struct failed {
 };
 /// Copy the KV that landed in staging into the pages (links with `staging`); then `unpacked`.
 struct unpack {};
-/// Digest what landed and compare it with each rank's digests (integrity.checksums); then
+/// Digest what landed and compare it with each rank's digests (a checked room); then
 /// `verified`.
 struct verify {};
 /// The room's staging block may be reused.
@@ -131,7 +131,8 @@ class room {
  public:
   /// `named`: the prefill peers the client named (their addresses); named peer i's link uses
   /// token `first_token + i`. `staging_capacity`: fabric.staging_bytes (0: none). `checks`:
-  /// what lands is verified against the ranks' digests before Success (integrity.checksums).
+  /// what lands is verified against the ranks' digests before Success (integrity.checksums, or
+  /// the client's prepare.checksum).
   room(uint64_t id, lifecycle_limits limits, rank_schema mine, std::vector<std::string> named,
        uint64_t first_token, uint32_t pages, uint64_t staging_capacity, bool checks = false);
   room() = default;
@@ -225,7 +226,7 @@ class room {
   std::optional<uint64_t> staging_;  ///< the room's block
   bool prepared_ = false;
   bool unpacking_ = false;
-  bool checks_ = false;     ///< integrity.checksums: verify before Success
+  bool checks_ = false;     ///< a checked room: verify before Success
   bool verifying_ = false;  ///< a verify is out
   commit_counter commit_;
   uint64_t bytes_ = 0;

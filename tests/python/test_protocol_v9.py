@@ -4,13 +4,17 @@ and that many u64, only from v9 on, and are refused before v9 rather than droppe
 
 from __future__ import annotations
 
+import os
 import struct
 
 import pytest
 
+from conftest import FakeConn, FakeDaemon
+from ferry import Client
 from ferry.errors import EncodeError, ProtocolError
+from ferry.memory import create_memfd
 from ferry.protocol import (PROTOCOL_VERSION, SUPPORTED_VERSIONS, BufferKind, MemoryBuffer,
-                            MemoryKind, RegisterMemory, decode_frame, encode)
+                            MemoryKind, Ok, RegisterMemory, decode_frame, encode)
 
 
 def conv(units: tuple[int, ...]) -> MemoryBuffer:
@@ -56,3 +60,31 @@ def test_a_units_count_other_than_the_groups_is_refused_both_ways() -> None:
     with pytest.raises(ProtocolError) as refused:
         decode_frame(bad, 9)
     assert "field 'buffer.units' has 2 entries for 3 shard groups" in str(refused.value)
+
+
+def test_the_client_takes_a_buffer_given_as_a_tuple_of_every_field(fake: FakeDaemon) -> None:
+    """register_memory's table may list plain tuples, the groups and units included; a field
+    of the wrong type is the codec's to refuse, not coerced."""
+    got: list = []
+
+    def serve(c: FakeConn) -> None:
+        c.hello(speaks=(3, 9))
+        c.version = 9
+        seq, msg = c.recv()
+        got.append(msg)
+        c.close_fds()
+        c.send(Ok(), seq)
+        c.wait_closed()
+    fake.serve(serve)
+    entry = (0, 0, 4352 * 6, 4, 0, 0, BufferKind.STATE, 4352, 8704, 1, (8192, 128, 128),
+             (128, 1, 1))
+    fd = create_memfd("ferry-v9", 4352 * 6 * 4)
+    try:
+        with Client(fake.path, name="v9") as c:
+            c.register_memory("state", [entry], [fd])
+            with pytest.raises(EncodeError):
+                c.register_memory("state", [(0, 0, 64.5, 4, 0, 0, BufferKind.STATE)], [fd])
+    finally:
+        os.close(fd)
+    fake.join()
+    assert got[0].buffers == [MemoryBuffer(*entry)]

@@ -1,8 +1,8 @@
-// core/event_queue.hpp: the client's kept events, in order and by room.
+// ferry/event_queue.hpp (the C++ client's): the client's kept events, in order and by room.
 
 #include <catch2/catch.hpp>
 
-#include "core/event_queue.hpp"
+#include "ferry/event_queue.hpp"
 
 using namespace ferry;
 using proto::event;
@@ -17,7 +17,7 @@ event ev(uint64_t room, room_status s, std::string reason = {}) {
 }  // namespace
 
 TEST_CASE("kept events come out in arrival order", "[unit]") {
-  proto::event_queue q;
+  client::event_queue q;
   CHECK(q.empty());
   CHECK_FALSE(q.pop_front());
   q.push(ev(1, room_status::waiting_for_input));
@@ -34,7 +34,7 @@ TEST_CASE("kept events come out in arrival order", "[unit]") {
 }
 
 TEST_CASE("a room's terminal event is taken out of the middle, once", "[unit]") {
-  proto::event_queue q;
+  client::event_queue q;
   q.push(ev(1, room_status::transferring));
   q.push(ev(2, room_status::failed, "first"));
   q.push(ev(3, room_status::success));
@@ -53,14 +53,14 @@ TEST_CASE("a room's terminal event is taken out of the middle, once", "[unit]") 
 }
 
 TEST_CASE("a terminal event handed out in order is no longer kept for its room", "[unit]") {
-  proto::event_queue q;
+  client::event_queue q;
   q.push(ev(5, room_status::success));
   CHECK(q.pop_front()->room == 5);
   CHECK_FALSE(q.take_terminal(5));
 }
 
 TEST_CASE("dropping a room's events drops its terminal places too", "[unit]") {
-  proto::event_queue q;
+  client::event_queue q;
   q.push(ev(7, room_status::failed, "lost"));
   q.push(ev(8, room_status::success));
   q.push(ev(7, room_status::bootstrapping));
@@ -75,7 +75,7 @@ TEST_CASE("dropping a room's events drops its terminal places too", "[unit]") {
 
 TEST_CASE("thousands of rooms waited for in any order", "[unit]") {
   constexpr uint64_t rooms = 10000;
-  proto::event_queue q;
+  client::event_queue q;
   for (uint64_t r = 0; r < rooms; ++r) {
     q.push(ev(r, room_status::bootstrapping));
     q.push(ev(r, room_status::waiting_for_input));

@@ -258,13 +258,19 @@ TEST_CASE(
     const auto bare = lookup(nemotron_h_8b, 2);
     const auto pinned = lookup(nemotron_h_8b, 2, "sglang@2026-12");
     CHECK(bare.convention == "sglang@2026-12");
-    CHECK(field(bare, "engine") == "sglang@2026-12");  // the state contract names it
+    // The state contract names the first revision by the engine alone, as daemons before
+    // revisions did, so the two still pair.
+    CHECK(field(bare, "engine") == "sglang");
     CHECK(tensor(pinned, 0).shape == tensor(bare, 0).shape);
     CHECK(tensor(pinned, 1).shape == tensor(bare, 1).shape);
     CHECK(field(bare, "conv_layout") == "(absent)");  // SGLang has one layout per family
     CHECK(lookup(nemotron_h_8b, 2, "vllm@2026-12").convention == "vllm@2026-12");
   }
   SECTION("a revision the catalogue does not have is refused, naming those it has") {
+    CHECK(lookup_error(nemotron_h_8b, 1, "sglang@") ==
+          "model.engine: sglang@ is not a catalogued convention: the catalogue has sglang as of "
+          "2026-12. An engine whose layout differs from those: describe its pools by hand, or let "
+          "its registration describe them");
     CHECK(lookup_error(nemotron_h_8b, 1, "sglang@2025-06") ==
           "model.engine: sglang@2025-06 is not a catalogued convention: the catalogue has sglang "
           "as of 2026-12. An engine whose layout differs from those: describe its pools by hand, "
@@ -281,8 +287,8 @@ TEST_CASE(
     CHECK(tensor(ds, 0).shard_units == tensor(sd, 0).shard_units);
     CHECK(tensor(ds, 1).shape == tensor(sd, 1).shape);  // the temporal state is the same
     CHECK(tensor(ds, 1).dtype == tensor(sd, 1).dtype);
-    CHECK(field(sd, "conv_layout") == "SD");
-    CHECK(field(ds, "conv_layout") == "DS");  // peers that differ are refused at handshake
+    CHECK(field(sd, "conv_layout") == "(absent)");  // vLLM's default, as before conv_layout
+    CHECK(field(ds, "conv_layout") == "DS");        // peers that differ are refused at handshake
     CHECK(tensor(lookup(nemotron_h_8b, 2, "vllm", 1, 0, "SD"), 0).shape == tensor(sd, 0).shape);
   }
   SECTION("a conv layout for SGLang, or one vLLM does not have, is refused") {
@@ -322,7 +328,7 @@ TEST_CASE(
     return std::string("(absent)");
   };
   CHECK(field("linear_num_value_heads") == "32");
-  CHECK(field("engine") == "sglang@2026-12");
+  CHECK(field("engine") == "sglang");
   CHECK(field("temporal_dtype") == "fp32");
   // The effective config carries the layout, not the file: parsed again it is the same config.
   const auto text = to_yaml(cfg);

@@ -124,6 +124,17 @@ TEST_CASE("malformed and oversized frames get errors naming the problem", "[unit
     bytes[12 + 8 + 4] = 7;  // the 'last' byte
     auto d = decode(3, 3, std::span<const uint8_t>(bytes).subspan(12));
     CHECK(d.error == "malformed send frame: field 'last' must be 0 or 1, got 7");
+    // v10's checksum byte, the prepare's last
+    prepare checked{5, {"x"}, {1}, 0, 0};
+    checked.checksum = true;
+    auto p = encode(checked, 3, 10);
+    p.back() = 2;
+    CHECK(decode(2, 3, std::span<const uint8_t>(p).subspan(12), 10).error ==
+          "malformed prepare frame: field 'checksum' must be 0 or 1, got 2");
+    p.pop_back();
+    CHECK_THAT(decode(2, 3, std::span<const uint8_t>(p).subspan(12), 10).error,
+               Catch::StartsWith("malformed prepare frame: truncated at field 'checksum'"));
+    CHECK(decode(2, 3, std::span<const uint8_t>(p).subspan(12), 9).error.empty());  // v9's frame
   }
   SECTION("garbage never crashes the decoder") {
     uint64_t x = 1;

@@ -33,9 +33,9 @@
 #include <unordered_set>
 #include <vector>
 
-#include "core/event_queue.hpp"
 #include "core/protocol.hpp"
 #include "core/shm_region.hpp"
+#include "ferry/event_queue.hpp"
 
 namespace ferry::client {
 
@@ -294,7 +294,7 @@ class client {
   uint16_t version_ = proto::protocol_version;
   std::chrono::milliseconds timeout_{std::chrono::seconds(30)};
   proto::frame_reader reader_;
-  proto::event_queue events_;  ///< read and not handed out yet (core/event_queue.hpp)
+  event_queue events_;  ///< read and not handed out yet (ferry/event_queue.hpp)
   proto::hello_reply hello_;
   shm_region pools_[pool_kind_count];
   uint8_t* attached_[pool_kind_count] = {};

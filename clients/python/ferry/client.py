@@ -47,7 +47,8 @@ def _memory_buffer(b: Union[MemoryBuffer, Mapping[str, Any], Sequence[int]]) -> 
         return b
     if isinstance(b, Mapping):
         return MemoryBuffer(**b)
-    return MemoryBuffer(*(int(x) for x in b))  # type: ignore[arg-type]  # checked by the codec
+    fields: tuple[Any, ...] = tuple(b)  # the codec checks each field
+    return MemoryBuffer(*fields)
 
 
 class Client(Connection):

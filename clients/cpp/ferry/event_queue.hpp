@@ -15,10 +15,12 @@
 #include <unordered_map>
 #include <utility>
 
-#include "protocol.hpp"
-#include "status.hpp"
+#include "core/protocol.hpp"
+#include "core/status.hpp"
 
-namespace ferry::proto {
+namespace ferry::client {
+
+using proto::event;
 
 class event_queue {
  public:
@@ -83,4 +85,4 @@ class event_queue {
   std::unordered_map<uint64_t, std::deque<place>> terminal_;
 };
 
-}  // namespace ferry::proto
+}  // namespace ferry::client
