@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
@@ -26,8 +26,8 @@ REPO = Path(__file__).resolve().parents[2]
 CLIENT_DIR = REPO / "clients" / "python"
 sys.path.insert(0, str(CLIENT_DIR))
 
-from ferry.protocol import (FrameReader, Hello, HelloReply, Message, check_flags,  # noqa: E402
-                            decode, encode, Error)
+from ferry.protocol import (FrameReader, Hello, HelloReply, Message, Ok,  # noqa: E402
+                            check_flags, decode, encode, Error)
 
 BIN_DIR = Path(os.environ.get("FERRY_BIN_DIR", str(REPO / "build" / "src")))
 IO_TIMEOUT = 10.0  # every wait in these tests is bounded by this
@@ -177,6 +177,22 @@ class FakeDaemon:
 
     def close(self) -> None:
         self.srv.close()
+
+    def serve_ok(self, version: int, got: list[Any], requests: int = 8) -> None:
+        """Serve one connection in protocol ``version``: keep each of its next ``requests``
+        requests in ``got`` and answer it ok."""
+        def serve(c: FakeConn) -> None:
+            c.hello(speaks=(3, version))
+            c.version = version
+            for _ in range(requests):
+                try:
+                    seq, msg = c.recv()
+                except EOFError:
+                    return
+                got.append(msg)
+                c.close_fds()
+                c.send(Ok(), seq)
+        self.serve(serve)
 
 
 @pytest.fixture

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import FakeConn, FakeDaemon
+from conftest import FakeDaemon
 from ferry import Client, Errc, FerryError
 from ferry.errors import EncodeError, ProtocolError
-from ferry.protocol import (PROTOCOL_VERSION, SUPPORTED_VERSIONS, Ok, Prepare, decode,
+from ferry.protocol import (PROTOCOL_VERSION, SUPPORTED_VERSIONS, Prepare, decode,
                             decode_frame, encode)
 
 
@@ -46,23 +46,9 @@ def test_a_checked_room_is_refused_before_v10_not_sent_unchecked() -> None:
     assert info.value.field == "checksum"
 
 
-def serve_v(fake: FakeDaemon, version: int, got: list) -> None:
-    def serve(c: FakeConn) -> None:
-        c.hello(speaks=(3, version))
-        c.version = version
-        for _ in range(4):
-            try:
-                seq, msg = c.recv()
-            except EOFError:
-                return
-            got.append(msg)
-            c.send(Ok(), seq)
-    fake.serve(serve)
-
-
 def test_the_client_asks_for_a_checked_room_in_v10(fake: FakeDaemon) -> None:
     got: list = []
-    serve_v(fake, 10, got)
+    fake.serve_ok(10, got)
     with Client(fake.path, name="v10") as c:
         assert c.version == 10
         c.prepare(3, "h:1", [1, 2], 0, 0, checksum=True)
@@ -73,7 +59,7 @@ def test_the_client_asks_for_a_checked_room_in_v10(fake: FakeDaemon) -> None:
 
 def test_the_client_refuses_a_checked_room_on_an_older_connection(fake: FakeDaemon) -> None:
     got: list = []
-    serve_v(fake, 9, got)
+    fake.serve_ok(9, got)
     with Client(fake.path, name="v9") as c:
         assert c.version == 9
         with pytest.raises(FerryError) as info:

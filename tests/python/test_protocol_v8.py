@@ -10,12 +10,12 @@ import struct
 
 import pytest
 
-from conftest import FakeConn, FakeDaemon
+from conftest import FakeDaemon
 from ferry import Client, Errc, FerryError
 from ferry.errors import EncodeError, ProtocolError
 from ferry.memory import create_memfd
 from ferry.protocol import (PROTOCOL_VERSION, SUPPORTED_VERSIONS, BufferKind, HelloReply,
-                            MemoryBuffer, MemoryKind, Ok, Prepare, RegisterMemory, Send,
+                            MemoryBuffer, MemoryKind, Prepare, RegisterMemory, Send,
                             StateType, decode, decode_frame, encode, state_type_number)
 
 
@@ -134,24 +134,9 @@ def test_truncated_state_pages_name_the_field() -> None:
 
 # --- the client ------------------------------------------------------------------------------
 
-def serve_v(fake: FakeDaemon, version: int, got: list) -> None:
-    def serve(c: FakeConn) -> None:
-        c.hello(speaks=(3, version))
-        c.version = version
-        for _ in range(8):
-            try:
-                seq, msg = c.recv()
-            except EOFError:
-                return
-            got.append(msg)
-            c.close_fds()
-            c.send(Ok(), seq)
-    fake.serve(serve)
-
-
 def test_the_client_sends_state_pages_and_the_state_type_in_v8(fake: FakeDaemon) -> None:
     got: list = []
-    serve_v(fake, 8, got)
+    fake.serve_ok(8, got)
     fd = create_memfd("ferry-v8", 4096)
     try:
         with Client(fake.path, name="v8") as c:
@@ -170,7 +155,7 @@ def test_the_client_sends_state_pages_and_the_state_type_in_v8(fake: FakeDaemon)
 
 def test_the_client_refuses_v8_fields_on_an_older_connection(fake: FakeDaemon) -> None:
     got: list = []
-    serve_v(fake, 7, got)
+    fake.serve_ok(7, got)
     with Client(fake.path, name="v7") as c:
         assert c.version == 7
         for call in (lambda: c.prepare(3, "h:1", [1], state_pages=[2]),
