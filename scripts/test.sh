@@ -10,7 +10,7 @@
 #
 # Environment: SANITIZE=0 tests the plain build in build/ instead of AddressSanitizer +
 # UndefinedBehaviorSanitizer in build-asan/ (faster to build); GATE_ONLY=1 stops after the gate;
-# FUZZ_SECONDS per fuzz target (15; 0 skips fuzzing); CTEST_JOBS (2). Extra arguments go to
+# FUZZ_SECONDS per fuzz target (10; 0 skips fuzzing); CTEST_JOBS (2). Extra arguments go to
 # every ctest run.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -44,7 +44,7 @@ elapsed "the gate passed (format, types, warnings, unit and fabric tiers)"
 "$root/scripts/build.sh" "${flags[@]}"
 run_ctest -LE '^(unit|fabric)$' "$@"
 elapsed "every ctest tier passed"
-if [ "${FUZZ_SECONDS:-15}" != 0 ]; then
-  FUZZ_SECONDS=${FUZZ_SECONDS:-15} "$root/scripts/fuzz.sh"
+if [ "${FUZZ_SECONDS:-10}" != 0 ]; then
+  FUZZ_SECONDS=${FUZZ_SECONDS:-10} "$root/scripts/fuzz.sh"
 fi
 elapsed "all passed"
