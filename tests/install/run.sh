@@ -88,7 +88,7 @@ fi
 [ "$mode" = package ] || fail "unknown mode '$mode' (package, unit or docs)"
 cxx=$3 flags=${4:-}
 for f in bin/ferryd bin/ferryctl bin/ferry-bench include/ferry/client.hpp \
-         include/ferry/engine_memory.hpp include/ferry/core/protocol.hpp \
+         include/ferry/engine_memory.hpp include/ferry/event_queue.hpp include/ferry/core/protocol.hpp \
          lib/python3/dist-packages/ferry/__init__.py lib/python3/dist-packages/ferry_client.py \
          lib/systemd/system/ferryd@.service share/ferry/configs/prefill.yaml \
          share/ferry/configs/decode.yaml share/ferry/configs/examples/two-hosts/decode.yaml \
