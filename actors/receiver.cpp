@@ -425,11 +425,10 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
   st.digests.resize(st.connections.size());
   const auto& t = st.ctx->config.timeouts;
   st.checks = st.ctx->config.integrity.checksums || st.prep.checksum;
-  const bool checks = st.checks;
   st.machine =
       receiver::room(st.prep.room, limits_of(t), schema_of(st.ctx->config), st.prep.prefill_peers,
                      token, static_cast<uint32_t>(st.prep.dst_pages.size()),
-                     st.ctx->staging ? st.ctx->staging->bytes : 0, checks);
+                     st.ctx->staging ? st.ctx->staging->bytes : 0, st.checks);
   st.trace = trace::file::open("receiver");
   if (st.trace)
     st.trace->write({{"e", "new"},
@@ -440,7 +439,7 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
                      {"first_token", token},
                      {"pages", st.prep.dst_pages.size()},
                      {"staging_capacity", st.ctx->staging ? st.ctx->staging->bytes : 0},
-                     {"checks", checks}});
+                     {"checks", st.checks}});
   // Before any prepare leaves: what its prefill ranks answer comes straight here.
   st.ctx->routes.add_decode(token, static_cast<uint32_t>(st.connections.size()),
                             caf::actor_cast<caf::actor>(self));
