@@ -55,8 +55,9 @@ struct receiver_state {
   proto::prepare prep;
   receiver::room machine;  // the room's rules (core/receiver_room.hpp)
   deadline_tokens timers{};
-  std::vector<planned_copy> unpack;  // on commit: staging -> pages, done in quanta
-  size_t unpacked = 0;
+  std::vector<strided_copy> unpack;    // on commit: staging -> pages, done in quanta
+  size_t unpacked = 0;                 // copies of unpack done whole
+  uint64_t unpacked_rows = 0;          // rows of unpack[unpacked] done
   std::unique_ptr<trace::file> trace;  // FERRY_TRACE_DIR (actors/room_trace.hpp)
   commit_clock commit;                 // where the commit phase starts (actors/metrics.hpp)
   bool noted = false;                  // the room's status note says it waits for staging
@@ -109,10 +110,16 @@ void unpack_step(receiver_actor* self) {
   auto& st = self->state;
   if (st.machine.lifecycle().terminal() || st.machine.lifecycle().draining()) return;
   uint64_t copied = 0;
-  for (; st.unpacked < st.unpack.size() && copied < copy_quantum_bytes; ++st.unpacked) {
+  while (st.unpacked < st.unpack.size() && copied < copy_quantum_bytes) {
     const auto& c = st.unpack[st.unpacked];
-    st.ctx->copy(c);
-    copied += c.length;
+    const uint64_t room = (copy_quantum_bytes - copied) / std::max<uint64_t>(c.length, 1);
+    const uint64_t n = std::min(c.count - st.unpacked_rows, std::max<uint64_t>(room, 1));
+    st.ctx->copy(c, st.unpacked_rows, n);
+    copied += n * c.length;
+    if ((st.unpacked_rows += n) == c.count) {
+      ++st.unpacked;
+      st.unpacked_rows = 0;
+    }
   }
   st.ctx->staging->unpacked(copied);
   if (st.unpacked < st.unpack.size())

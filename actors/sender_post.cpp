@@ -23,8 +23,8 @@ void submit(sender_actor* self, size_t i, std::optional<uint64_t> staging) {
   auto& w = st.writes;
   uint64_t copied = 0;
   for (const auto& c : st.copies) {
-    ctx.copy(c);
-    copied += c.length;
+    ctx.copy(c, 0, c.count);
+    copied += c.bytes();
   }
   if (copied) ctx.staging->packed(copied);
   split_pieces(w, ctx.config.fabric.write_piece_bytes);

@@ -44,7 +44,7 @@ struct sender_state {
   std::shared_ptr<transport::write_cancel> cancel = std::make_shared<transport::write_cancel>();
   bool pump_scheduled = false;  // a pump_atom to self is on its way
   std::vector<planned_write> writes;
-  std::vector<planned_copy> copies;
+  std::vector<strided_copy> copies;
   std::vector<pack_job> slice;         // the jobs of one packed batch
   std::unique_ptr<trace::file> trace;  // FERRY_TRACE_DIR (actors/room_trace.hpp)
   commit_clock commit;                 // where the commit phase starts (actors/metrics.hpp)

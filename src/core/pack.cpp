@@ -141,14 +141,21 @@ kv_plan plan_kv(const link_plan& link, const node_layout& src, const node_layout
 
 void expand_pack_jobs(std::span<const pack_job> jobs, uint64_t at,
                       std::vector<planned_copy>& copies, std::vector<planned_write>& writes) {
+  std::vector<strided_copy> strided;
+  expand_pack_jobs(jobs, at, strided, writes);
+  for (const auto& c : strided)
+    for (uint64_t i = 0; i < c.count; ++i) copies.push_back(c.at(i));
+}
+
+void expand_pack_jobs(std::span<const pack_job> jobs, uint64_t at,
+                      std::vector<strided_copy>& copies, std::vector<planned_write>& writes) {
   for (const auto& j : jobs) {
     const uint64_t n = j.bytes();
     if (j.src_stride == j.piece_bytes || j.pieces == 1)
-      copies.push_back({space::kv, space::staging, j.src_offset, at, n});
+      copies.push_back({space::kv, space::staging, j.src_offset, at, n, 1, n, n});
     else
-      for (uint64_t p = 0; p < j.pieces; ++p)
-        copies.push_back({space::kv, space::staging, j.src_offset + p * j.src_stride,
-                          at + p * j.piece_bytes, j.piece_bytes});
+      copies.push_back({space::kv, space::staging, j.src_offset, at, j.piece_bytes, j.pieces,
+                        j.src_stride, j.piece_bytes});
     if (!writes.empty()) {
       auto& w = writes.back();
       if (w.src == space::staging && w.dst == j.dst && w.src_offset + w.length == at &&
@@ -194,11 +201,17 @@ landing_plan plan_landing(const link_plan& link, std::span<const uint32_t> dst_p
 }
 
 void plan_unpack(const link_plan& link, const node_layout& dst, std::span<const uint32_t> dst_pages,
-                 uint64_t staging, std::vector<planned_copy>& out) {
+                 uint64_t staging, std::vector<strided_copy>& out) {
   if (link.kv == kv_mode::none) return;
   const auto& dp = dst[pool_kind::kv];
   const uint64_t pt = link.page_tokens, len = link.row.length, unit = pt * len;
   uint64_t at = staging;
+  auto add = [&](const strided_copy& c) {
+    if (!out.empty() && out.back().extends(c))
+      ++out.back().count;
+    else
+      out.push_back(c);
+  };
   for (const auto& pair : link.kv_buffers) {
     const uint64_t base = dp.buffers[pair.dst].offset;
     if (link.kv != kv_mode::unpack) {
@@ -206,19 +219,30 @@ void plan_unpack(const link_plan& link, const node_layout& dst, std::span<const 
       for (size_t a = 0; a < dst_pages.size();) {
         size_t b = a + 1;
         while (b < dst_pages.size() && dst_pages[b] == dst_pages[b - 1] + 1) ++b;
+        const uint64_t n = (b - a) * unit;
         out.push_back({space::staging, space::kv, at,
-                       base + uint64_t{dst_pages[a]} * link.dst_page_bytes, (b - a) * unit});
-        at += (b - a) * unit;
+                       base + uint64_t{dst_pages[a]} * link.dst_page_bytes, n, 1, n, n});
+        at += n;
         a = b;
       }
       continue;
     }
+    // Row slices: packed one after the other in staging, a row apart in the pages.
     for (uint32_t page : dst_pages) {
       const uint64_t d0 = base + uint64_t{page} * link.dst_page_bytes + link.row.dst;
       for (uint64_t t = 0; t < pt; ++t, at += len)
-        out.push_back({space::staging, space::kv, at, d0 + t * link.dst_row_bytes, len});
+        add({space::staging, space::kv, at, d0 + t * link.dst_row_bytes, len, 1, len,
+             link.dst_row_bytes});
     }
   }
+}
+
+void plan_unpack(const link_plan& link, const node_layout& dst, std::span<const uint32_t> dst_pages,
+                 uint64_t staging, std::vector<planned_copy>& out) {
+  std::vector<strided_copy> strided;
+  plan_unpack(link, dst, dst_pages, staging, strided);
+  for (const auto& c : strided)
+    for (uint64_t i = 0; i < c.count; ++i) out.push_back(c.at(i));
 }
 
 }  // namespace ferry

@@ -100,6 +100,10 @@ kv_plan plan_kv(const link_plan& link, const node_layout& src, const node_layout
 /// The copies into staging at `at` and the writes of `jobs`, packed one after the other in
 /// order; a write whose destination and staging both follow the previous write's is merged
 /// into it, so the runs of one destination range leave as one write.
+/// The copies go one per job, strided over its pieces.
+void expand_pack_jobs(std::span<const pack_job> jobs, uint64_t at,
+                      std::vector<strided_copy>& copies, std::vector<planned_write>& writes);
+/// The same with the copies one by one (what the strided ones expand to).
 void expand_pack_jobs(std::span<const pack_job> jobs, uint64_t at,
                       std::vector<planned_copy>& copies, std::vector<planned_write>& writes);
 
@@ -121,8 +125,12 @@ landing_plan plan_landing(const link_plan& link, std::span<const uint32_t> dst_p
                           uint64_t threshold, uint64_t capacity);
 
 /// Decode side, once every write of the link has landed: the copies from its landing block at
-/// `staging` into the pages `dst_pages` (one per token slice for kv_mode::unpack, one per run
-/// of consecutive pages and buffer otherwise).
+/// `staging` into the pages `dst_pages`: for kv_mode::unpack one row slice per token, as one
+/// strided copy per KV buffer and run of pages whose rows follow at one stride; otherwise one
+/// copy per run of consecutive pages and buffer.
+void plan_unpack(const link_plan& link, const node_layout& dst, std::span<const uint32_t> dst_pages,
+                 uint64_t staging, std::vector<strided_copy>& out);
+/// The same copies one by one (what the strided ones expand to).
 void plan_unpack(const link_plan& link, const node_layout& dst, std::span<const uint32_t> dst_pages,
                  uint64_t staging, std::vector<planned_copy>& out);
 

@@ -71,6 +71,33 @@ struct planned_copy {
   bool operator==(const planned_copy&) const = default;
 };
 
+/// `count` local copies of `length` bytes at regular strides: the i-th from
+/// from_offset + i x from_stride to to_offset + i x to_stride. A decode unpacks a run of
+/// head-sliced rows (one per token) as one of these, not as one planned_copy per row: 72 MiB of
+/// 128-byte rows would otherwise be a 19 MB list built and freed per room.
+struct strided_copy {
+  space from = space::staging;
+  space to = space::kv;
+  uint64_t from_offset = 0;
+  uint64_t to_offset = 0;
+  uint64_t length = 0;
+  uint64_t count = 1;
+  uint64_t from_stride = 0;
+  uint64_t to_stride = 0;
+  uint64_t bytes() const { return length * count; }
+  /// Copy i as a planned_copy.
+  planned_copy at(uint64_t i) const {
+    return {from, to, from_offset + i * from_stride, to_offset + i * to_stride, length};
+  }
+  /// Whether `c`, one copy, is this one's next: then count grows by one instead of a new entry.
+  bool extends(const strided_copy& c) const {
+    return c.count == 1 && c.from == from && c.to == to && c.length == length &&
+           c.from_offset == from_offset + count * from_stride &&
+           c.to_offset == to_offset + count * to_stride;
+  }
+  bool operator==(const strided_copy&) const = default;
+};
+
 /// Staging a chunk may use: `src` is where packed bytes go at the prefill (kv_mode::pack);
 /// `dst` is this link's staging range in the room at the decode (kv_mode::unpack; each link of
 /// a gathering room has its own), laid out [kv buffer pair][page position][token][row slice]

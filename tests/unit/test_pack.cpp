@@ -242,6 +242,15 @@ TEST_CASE("head-sliced KV is always gathered, and without staging it goes token 
   expand_pack_jobs(plan.jobs, 0, copies, writes);
   CHECK(copies.size() == 2 * 4 * 16);  // one per token
   CHECK(writes.size() == 4);           // both runs of a buffer in one write
+  // What the Sender copies: one strided copy per job, over its tokens.
+  std::vector<strided_copy> strided;
+  writes.clear();
+  expand_pack_jobs(plan.jobs, 0, strided, writes);
+  REQUIRE(strided.size() == 2 * 4);
+  CHECK(strided[0] == strided_copy{space::kv, space::staging,
+                                   pl[pool_kind::kv].buffers[0].offset + 4 * 16 * KiB + 512, 0, 512,
+                                   16, KiB, 512});
+  CHECK(writes.size() == 4);
   SECTION("no staging at the prefill") {
     auto per_token = plan_kv(link, pl, dl, coalesce_runs(src, dst), gather(0, 0));
     CHECK(per_token.decision.per_token);
@@ -295,6 +304,35 @@ TEST_CASE("the decode scatters its landing block one run of consecutive pages at
         planned_copy{space::staging, space::kv, 512 + 3 * KiB, bufs[0].offset + 20 * KiB, KiB});
   CHECK(out[4] == planned_copy{space::staging, space::kv, 512 + 5 * KiB + 3 * KiB,
                                bufs[1].offset + 20 * KiB, KiB});
+}
+
+TEST_CASE("the decode unpacks head-sliced rows as one strided copy per buffer and run of pages",
+          "[unit][pack]") {
+  // Rank 1 of a TP 2 prefill holds head 1 of 2: its 512-byte slices land packed in staging and
+  // go a 1024-byte row apart in the decode's pages.
+  const auto p = kv_only(512, 4, 1, 2), d = kv_only(512, 4, 2, 2);
+  const auto link = make_link_plan({p, 2, 1}, {d, 1, 0}).value;
+  REQUIRE(link.kv == kv_mode::unpack);
+  const auto lay = make_layout(d);
+  const auto& bufs = lay[pool_kind::kv].buffers;
+  const std::vector<uint32_t> dst{5, 6, 7, 20, 9};
+  std::vector<strided_copy> out;
+  plan_unpack(link, lay, dst, 512, out);
+  REQUIRE(out.size() == 3 * 4);  // pages 5-7, 20 and 9 for each of 4 buffers
+  CHECK(out[0] == strided_copy{space::staging, space::kv, 512, bufs[0].offset + 5 * 4 * KiB + 512,
+                               512, 12, 512, KiB});
+  CHECK(out[1] == strided_copy{space::staging, space::kv, 512 + 12 * 512,
+                               bufs[0].offset + 20 * 4 * KiB + 512, 512, 4, 512, KiB});
+  // The same copies one by one, in the same order.
+  std::vector<planned_copy> rows;
+  plan_unpack(link, lay, dst, 512, rows);
+  REQUIRE(rows.size() == 5 * 4 * 4);
+  std::vector<planned_copy> expanded;
+  for (const auto& c : out)
+    for (uint64_t i = 0; i < c.count; ++i) expanded.push_back(c.at(i));
+  CHECK(expanded == rows);
+  CHECK(rows[12] == planned_copy{space::staging, space::kv, 512 + 12 * 512,
+                                 bufs[0].offset + 20 * 4 * KiB + 512, 512});
 }
 
 TEST_CASE("gathered and scattered bytes land where the direct plan puts them", "[unit][pack]") {
