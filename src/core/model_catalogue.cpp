@@ -20,12 +20,17 @@ using namespace catalogue_detail;
 struct rule_input {
   model_json& cfg;
   const catalogue_request& req;
-  dtype_info model_dtype;  ///< config.json's torch_dtype (or model.kv_dtype)
+  dtype_info model_dtype;  ///< the KV's dtype: model.kv_dtype, else config.json's torch_dtype
   catalogue_layout& out;
-  std::string engine;  ///< the convention's engine, "sglang" or "vllm" (without its revision)
+  std::string engine;        ///< the convention's engine, "sglang" or "vllm" (without its revision)
+  dtype_info weights_dtype;  ///< config.json's torch_dtype (else model.kv_dtype): vLLM's state
   /// SGLang passes config.json's mamba_ssm_dtype to the state of this family (Qwen3-Next,
   /// Nemotron-H, Jamba), or builds it without (Falcon-H1, Granite, Kimi-Linear: fp32).
   bool reads_ssm_dtype = true;
+  /// vLLM sets this family's temporal dtype from config.json's mamba_ssm_cache_dtype, float32
+  /// when absent (Nemotron-H: NemotronHForCausalLMConfig, since vLLM PR #39032); otherwise its
+  /// temporal state takes the conv state's dtype.
+  bool vllm_reads_ssm_cache_dtype = false;
 };
 
 /// Layers [first, end) of PP stage `rank` of `size` over `layers`: SGLang's and vLLM's
@@ -99,17 +104,24 @@ state_tensor_config tensor(std::string name, std::vector<uint64_t> shape, const 
 
 bool vllm(const rule_input& in) { return in.engine == "vllm"; }
 
-/// The conv state's dtype: SGLang keeps bf16 (SGLANG_MAMBA_CONV_DTYPE), vLLM the model's.
+/// The conv state's dtype: SGLang keeps bf16 (SGLANG_MAMBA_CONV_DTYPE), vLLM the model's
+/// weights' (its --dtype, not --kv-cache-dtype: an fp8 KV cache leaves the state alone).
 dtype_info conv_dtype(const rule_input& in) {
   if (!in.req.conv_dtype.empty()) return dtype_of(in.req.conv_dtype, "model.conv_dtype");
-  return vllm(in) ? in.model_dtype : dtype_info{"bf16", 2};
+  return vllm(in) ? in.weights_dtype : dtype_info{"bf16", 2};
 }
 
 /// The temporal (SSM) state's dtype: fp32 on SGLang unless config.json's mamba_ssm_dtype says
-/// otherwise (for the families whose config SGLang passes it); on vLLM the model's.
+/// otherwise (for the families whose config SGLang passes it); on vLLM the conv state's, or
+/// for Nemotron-H config.json's mamba_ssm_cache_dtype (float32 when absent).
 dtype_info state_dtype(rule_input& in) {
   if (!in.req.state_dtype.empty()) return dtype_of(in.req.state_dtype, "model.state_dtype");
-  if (vllm(in)) return in.model_dtype;
+  if (vllm(in) && in.vllm_reads_ssm_cache_dtype)
+    return in.cfg.has("mamba_ssm_cache_dtype")
+               ? dtype_of(in.cfg.text("mamba_ssm_cache_dtype"),
+                          in.cfg.source() + ": mamba_ssm_cache_dtype")
+               : dtype_info{"fp32", 4};
+  if (vllm(in)) return conv_dtype(in);
   if (in.reads_ssm_dtype && in.cfg.has("mamba_ssm_dtype"))
     return dtype_of(in.cfg.text("mamba_ssm_dtype"), in.cfg.source() + ": mamba_ssm_dtype");
   return {"fp32", 4};
@@ -227,6 +239,7 @@ uint64_t attention_head_dim(model_json& c) {
 /// Mamba2, * for attention, - for an MLP, E for an MoE.
 void nemotron_h(rule_input& in) {
   auto& c = in.cfg;
+  in.vllm_reads_ssm_cache_dtype = true;
   std::vector<std::string> kinds;
   if (c.has("layers_block_type")) {
     for (const auto& v : c.list("layers_block_type"))
@@ -308,8 +321,9 @@ void granite_hybrid(rule_input& in) {
 
 /// Jamba: attention where (layer - attn_layer_offset) % attn_layer_period == 0, Mamba1
 /// elsewhere.
-/// Mamba1's state: conv [intermediate, K-1] and temporal [intermediate, state], both sliced on
-/// the channels.
+/// Mamba1's state: conv [intermediate, K-1] (vLLM's default SD: [K-1, intermediate]) and
+/// temporal [intermediate, state], both sliced on the channels. SGLang's rule is that of its
+/// Jamba pull request (#20141, not merged upstream as of 2026-12); vLLM's is its jamba.py.
 void jamba(rule_input& in) {
   auto& c = in.cfg;
   const auto layers = static_cast<uint32_t>(c.count("num_hidden_layers"));
@@ -324,8 +338,11 @@ void jamba(rule_input& in) {
   per_rank(intermediate, tp, "Mamba1 intermediate size", false);
   mamba_pool_config m;
   m.layer_ids = stage_ids(mamba, layers, in.req);
-  m.tensors.push_back(
-      tensor("conv", {intermediate / tp, c.count("mamba_d_conv") - 1}, conv_dtype(in), 0));
+  const uint64_t kernel = c.count("mamba_d_conv");
+  if (vllm(in) && in.req.conv_layout != "DS")  // vLLM's default SD: [K-1, channels]
+    m.tensors.push_back(tensor("conv", {kernel - 1, intermediate / tp}, conv_dtype(in), 1));
+  else
+    m.tensors.push_back(tensor("conv", {intermediate / tp, kernel - 1}, conv_dtype(in), 0));
   m.tensors.push_back(
       tensor("temporal", {intermediate / tp, c.count("mamba_d_state")}, state_dtype(in), 0));
   in.out.mamba = std::move(m);
@@ -436,7 +453,7 @@ const std::vector<family>& families() {
        falcon_h1},
       {{"GraniteMoeHybridForCausalLM", "sglang, vllm", "Mamba2 + attention (Granite-4.0-H)"},
        granite_hybrid},
-      {{"JambaForCausalLM", "sglang", "Mamba1 + attention (Jamba)"}, jamba},
+      {{"JambaForCausalLM", "sglang, vllm", "Mamba1 + attention (Jamba)"}, jamba},
       {{"MiniMaxText01ForCausalLM", "vllm", "lightning attention + attention (MiniMax-Text-01)"},
        minimax_text_01},
       {{"DeepseekV3ForCausalLM", "sglang, vllm", "MLA (DeepSeek-V3)"}, deepseek_mla},
@@ -525,16 +542,14 @@ result<catalogue_layout> catalogue_lookup(const catalogue_request& req) {
     out.family = found->entry.family;
     out.convention = fmt::format("{}@{}", conv.engine, conv.revision);
     model_json cfg(root, req.source, arch);
-    dtype_info model_dtype;
-    if (!req.kv_dtype.empty())
-      model_dtype = dtype_of(req.kv_dtype, "model.kv_dtype");
-    else if (cfg.has("torch_dtype"))
-      model_dtype = dtype_of(cfg.text("torch_dtype"), req.source + ": torch_dtype");
+    std::optional<dtype_info> weights, kv;
+    if (cfg.has("torch_dtype"))
+      weights = dtype_of(cfg.text("torch_dtype"), req.source + ": torch_dtype");
     else if (cfg.has("dtype"))
-      model_dtype = dtype_of(cfg.text("dtype"), req.source + ": dtype");
-    else
-      fail(fmt::format("{} has no torch_dtype: set model.kv_dtype", req.source));
-    rule_input in{cfg, req, model_dtype, out, engine};
+      weights = dtype_of(cfg.text("dtype"), req.source + ": dtype");
+    if (!req.kv_dtype.empty()) kv = dtype_of(req.kv_dtype, "model.kv_dtype");
+    if (!weights && !kv) fail(fmt::format("{} has no torch_dtype: set model.kv_dtype", req.source));
+    rule_input in{cfg, req, kv.value_or(*weights), out, engine, weights.value_or(*kv)};
     found->rule(in);
     out.fields = cfg.fields();
     out.fields.emplace_back("engine", conv.first ? engine : out.convention);

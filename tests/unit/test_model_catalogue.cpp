@@ -169,11 +169,33 @@ TEST_CASE("catalogue: Mamba2 families slice x by heads and hold B and C whole be
     CHECK(tensor(l, 0).shape == dims{768 + 256, 3});
     CHECK(tensor(l, 1).shape == dims{12, 64, 128});
   }
-  SECTION("vLLM keeps conv as [K-1, dim] and the temporal state in the model's dtype") {
+  SECTION("vLLM keeps conv as [K-1, dim] in the model's dtype") {
     const auto l = lookup(nemotron_h_8b, 2, "vllm");
     CHECK(tensor(l, 0).shape == dims{3, 5120});
     CHECK(tensor(l, 0).slice_axis == 1u);
-    CHECK(tensor(l, 1).dtype == "bf16");
+    CHECK(tensor(l, 0).dtype == "bf16");
+    // Nemotron-H's temporal state: config.json's mamba_ssm_cache_dtype, float32 without it
+    // (vLLM's NemotronHForCausalLMConfig).
+    CHECK(tensor(l, 1).dtype == "fp32");
+    auto half = nemotron_h_8b;
+    half.replace(half.find("\"n_groups\""), 0, "\"mamba_ssm_cache_dtype\": \"float16\", ");
+    CHECK(tensor(lookup(half, 2, "vllm"), 1).dtype == "fp16");
+    CHECK(tensor(lookup(half, 2), 1).dtype == "fp32");  // SGLang reads mamba_ssm_dtype only
+    // Other families' temporal state takes the conv state's dtype.
+    CHECK(tensor(lookup(granite_4_h_small, 2, "vllm"), 1).dtype == "bf16");
+  }
+  SECTION("vLLM's state follows the weights' dtype, not an fp8 KV cache's") {
+    catalogue_request req;
+    req.config_text = granite_4_h_small;
+    req.source = "config.json";
+    req.engine = "vllm";
+    req.kv_dtype = "fp8_e4m3";
+    req.tp_size = 2;
+    auto r = catalogue_lookup(req);
+    REQUIRE(r);
+    CHECK(r.value.kv->dtype_bytes == 1);
+    CHECK(tensor(r.value, 0).dtype == "bf16");
+    CHECK(tensor(r.value, 1).dtype == "bf16");
   }
   CHECK_THAT(lookup_error(nemotron_h_8b, 3),
              Catch::Equals("num_key_value_heads 8 cannot be split over TP 3: neither divides the "
@@ -194,6 +216,13 @@ TEST_CASE("catalogue: Jamba's Mamba1, MiniMax-Text-01's lightning state and Deep
   CHECK(tensor(j, 0).shape == dims{4096, 3});
   CHECK(tensor(j, 1).shape == dims{4096, 16});
   CHECK(tensor(j, 1).dtype == "fp32");
+  // vLLM's jamba.py: conv [K-1, channels] by default, both in the model's dtype.
+  const auto jv = lookup(jamba_v01, 2, "vllm");
+  CHECK(tensor(jv, 0).shape == dims{3, 4096});
+  CHECK(tensor(jv, 0).slice_axis == 1u);
+  CHECK(tensor(jv, 1).shape == dims{4096, 16});
+  CHECK(tensor(jv, 1).dtype == "bf16");
+  CHECK(tensor(lookup(jamba_v01, 2, "vllm", 1, 0, "DS"), 0).shape == dims{4096, 3});
 
   const auto m = lookup(minimax_text_01(), 8, "vllm");
   CHECK(m.kv->layer_ids.size() == 10);
