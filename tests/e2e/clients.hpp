@@ -19,7 +19,7 @@
 
 #include "daemons.hpp"
 #include "ferry/client.hpp"
-#include "ferry/workload.hpp"
+#include "tools/workload/workload.hpp"
 
 namespace ferry::test {
 

@@ -4,8 +4,8 @@
 
 #include <csignal>
 
-#include "bench/raw_fabric.hpp"
 #include "harness.hpp"
+#include "tools/bench/raw_fabric.hpp"
 
 using namespace ferry::bench;
 using namespace ferry::test;

@@ -5,7 +5,7 @@
 #include <numeric>
 #include <set>
 
-#include "bench/open_loop_plan.hpp"
+#include "tools/bench/open_loop_plan.hpp"
 
 using namespace ferry;
 using namespace ferry::bench;
