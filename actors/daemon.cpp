@@ -22,12 +22,12 @@
 #include "actors/logging.hpp"
 #include "actors/operator_endpoint.hpp"
 #include "actors/peer_gate.hpp"
-#include "actors/sd_notify.hpp"
 #include "core/access.hpp"
 #include "core/auth.hpp"
-#include "core/daemon_locks.hpp"
 #include "core/exit_codes.hpp"
-#include "core/failpoint.hpp"
+#include "os/daemon_locks.hpp"
+#include "os/failpoint.hpp"
+#include "os/sd_notify.hpp"
 
 namespace ferry {
 
@@ -195,7 +195,7 @@ int64_t drain_before_stop(caf::actor_system& sys, const caf::actor& scheduler,
 constexpr const char* hold_failpoint = "start_hold_creating_pools";
 
 bool block_hold_signal() {
-  if (core::active_failpoints().find(hold_failpoint) == std::string::npos) return false;
+  if (os::active_failpoints().find(hold_failpoint) == std::string::npos) return false;
   sigset_t usr1;
   sigemptyset(&usr1);
   sigaddset(&usr1, SIGUSR1);
@@ -204,7 +204,7 @@ bool block_hold_signal() {
 }
 
 void hold_start(spdlog::logger& log) {
-  if (!core::failpoint(hold_failpoint)) return;
+  if (!os::failpoint(hold_failpoint)) return;
   log.warn("failpoint {}: holding the start before the pools until SIGUSR1 (a test hook)",
            hold_failpoint);
   sigset_t usr1;
@@ -235,7 +235,7 @@ bool request_drain(daemon_context& ctx) {
 int run_daemon(const ferry_config& cfg, const daemon_options& options) {
   logging::configure(cfg.log);
   auto log = logging::get("ferryd");
-  if (const auto bad = core::failpoints_invalid(); !bad.empty()) {
+  if (const auto bad = os::failpoints_invalid(); !bad.empty()) {
     log->error("{}", bad);  // a test hook set wrong: the test would prove nothing
     return exit_code::usage;
   }
@@ -499,7 +499,7 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
                           [c = ctx.get()](const proto::message& m, uint64_t conn) {
                             return refuse_at_once(*c, m, conn);
                           });
-      if (const auto fp = core::active_failpoints(); !fp.empty())
+      if (const auto fp = os::active_failpoints(); !fp.empty())
         log->warn("FERRY_FAILPOINTS={} is set: this daemon fails on purpose (a test hook)", fp);
       ctx->serving = true;
       status->started();

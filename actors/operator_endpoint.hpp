@@ -11,7 +11,7 @@
 #include <string>
 
 #include "actors/context.hpp"
-#include "actors/http_server.hpp"
+#include "os/http_server.hpp"
 
 namespace ferry {
 

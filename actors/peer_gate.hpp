@@ -84,7 +84,7 @@ class peer_gate {
   void stop();
   /// Connect to host:port (a numeric address or a name) and run the preamble; `done` gets the
   /// socket or the reason. Thread-safe, and never waits: a name is resolved on a thread of its
-  /// own (actors/name_resolver.hpp).
+  /// own (os/name_resolver.hpp).
   void dial(const std::string& host, uint16_t port, dial_fn done);
 
   const counters& stats() const { return stats_; }

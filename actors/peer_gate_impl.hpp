@@ -23,9 +23,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "actors/name_resolver.hpp"
 #include "actors/peer_gate.hpp"
 #include "core/peer_preamble.hpp"
+#include "os/name_resolver.hpp"
 
 namespace ferry {
 namespace gate {

@@ -4,15 +4,15 @@
 
 #include <algorithm>
 
-#include "core/failpoint.hpp"
 #include "core/geometry.hpp"
+#include "os/failpoint.hpp"
 
 namespace ferry {
 
 uint32_t spoken_peer_version() {
-  static const uint32_t v = core::failpoint("peer_protocol_6")   ? 6
-                            : core::failpoint("peer_protocol_9") ? 9
-                                                                 : peer_protocol_version;
+  static const uint32_t v = os::failpoint("peer_protocol_6")   ? 6
+                            : os::failpoint("peer_protocol_9") ? 9
+                                                               : peer_protocol_version;
   return v;
 }
 

@@ -32,11 +32,11 @@
 #include "actors/actors.hpp"
 #include "actors/room_lifecycle_glue.hpp"
 #include "actors/room_trace.hpp"
-#include "core/failpoint.hpp"
 #include "core/pack.hpp"
 #include "core/plan.hpp"
 #include "core/receiver_room.hpp"
 #include "core/room_digest.hpp"
+#include "os/failpoint.hpp"
 
 namespace ferry {
 namespace {
@@ -324,7 +324,7 @@ void on_peer(receiver_actor* self, peer_inbound& in) {
               });
           // Test hook: a Receiver dying while its prefill ranks may write (scheduler.cpp).
           if (!before && st.machine.all_accepted()) st.timeline.mark(decode_mark::acknowledged);
-          if (!before && st.machine.all_accepted() && core::failpoint("receiver_throw_on_accepted"))
+          if (!before && st.machine.all_accepted() && os::failpoint("receiver_throw_on_accepted"))
             throw std::runtime_error("failpoint receiver_throw_on_accepted");
           apply(self, std::move(fx));
         },

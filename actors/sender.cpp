@@ -32,11 +32,11 @@
 
 #include "actors/sender_checks.hpp"
 #include "actors/sender_state.hpp"
-#include "core/failpoint.hpp"
 #include "core/pack.hpp"
 #include "core/plan.hpp"
 #include "core/room_digest.hpp"
 #include "core/sender_room.hpp"
+#include "os/failpoint.hpp"
 
 namespace ferry {
 namespace sending {
@@ -311,7 +311,7 @@ void on_peer(sender_actor* self, peer_inbound& in) {
         // Test failpoint: the room ends before it takes this prepare, as when the prepare still
         // waits in the actor's mailbox as it ends. The Scheduler must answer it. Only where
         // nothing is in flight, so the room ends (and the actor with it) at once.
-        if (st.machine.in_flight() == 0 && core::failpoint("sender_ends_before_prepare"))
+        if (st.machine.in_flight() == 0 && os::failpoint("sender_ends_before_prepare"))
           return cancel(self, "ended by the failpoint sender_ends_before_prepare");
         on_prepare(self, in, p);
       },

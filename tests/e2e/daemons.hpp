@@ -31,9 +31,9 @@
 #include <thread>
 #include <vector>
 
-#include "core/daemon_locks.hpp"
 #include "core/exit_codes.hpp"
 #include "ferry/client.hpp"
+#include "os/daemon_locks.hpp"
 #include "skip.hpp"
 
 namespace ferry::test {

@@ -1,4 +1,4 @@
-// Peers named by a DNS name (actors/name_resolver.hpp): the lookup runs on the resolver's
+// Peers named by a DNS name (os/name_resolver.hpp): the lookup runs on the resolver's
 // thread, never on the caller's (an actor worker) or the gate's, and the dial then goes through
 // the preamble like any other; a gate that stops answers every lookup still pending, once.
 // Only `localhost` is looked up (from /etc/hosts): no test asks a DNS server.
@@ -8,9 +8,9 @@
 #include <mutex>
 #include <thread>
 
-#include "actors/name_resolver.hpp"
 #include "actors/peer_gate.hpp"
 #include "harness.hpp"
+#include "os/name_resolver.hpp"
 
 using namespace ferry;
 using namespace ferry::test;

@@ -1,4 +1,4 @@
-// systemd's readiness protocol without systemd (actors/sd_notify.hpp): the test owns the
+// systemd's readiness protocol without systemd (os/sd_notify.hpp): the test owns the
 // NOTIFY_SOCKET datagram socket. READY=1 comes once ferryd serves clients (a client connecting
 // the moment it arrives gets its hello answered), never from a ferryd that fails before that, and
 // SIGTERM brings STOPPING=1 before a clean exit.

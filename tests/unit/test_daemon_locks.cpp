@@ -1,4 +1,4 @@
-// The locks that make a ferryd's liveness visible (src/core/daemon_locks.hpp): a second holder
+// The locks that make a ferryd's liveness visible (src/os/daemon_locks.hpp): a second holder
 // of a config lock is refused with the first one's identity, and only dead instances' shm
 // objects are reclaimed. Real files in /tmp and /dev/shm, names unique to this process.
 #include <fcntl.h>
@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <string>
 
-#include "core/daemon_locks.hpp"
+#include "os/daemon_locks.hpp"
 
 using namespace ferry;
 

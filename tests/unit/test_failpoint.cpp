@@ -1,4 +1,4 @@
-// Failpoints (core/failpoint.hpp): which FERRY_FAILPOINTS texts make which failpoints fire, how
+// Failpoints (os/failpoint.hpp): which FERRY_FAILPOINTS texts make which failpoints fire, how
 // often, what active_failpoints() reports for the start-up log, and which texts are refused. The
 // variable is read once per process, at the first check (a function-local static in failpoint.cpp),
 // so each case runs this executable again as a child with a FERRY_FAILPOINTS of its choosing, on
@@ -19,7 +19,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/failpoint.hpp"
+#include "os/failpoint.hpp"
 
 extern char** environ;
 
@@ -114,12 +114,12 @@ TEST_CASE("failpoint probe of this process", "[.][failpoint_probe]") {
   REQUIRE(names != nullptr);
   REQUIRE(report != nullptr);
   std::ofstream out(report);
-  out << ferry::core::active_failpoints() << '\n';
-  out << ferry::core::failpoints_invalid() << '\n';
+  out << ferry::os::active_failpoints() << '\n';
+  out << ferry::os::failpoints_invalid() << '\n';
   std::istringstream in(names);
   for (std::string name; std::getline(in, name);) {
     std::string fired;
-    for (int i = 0; i < checks; ++i) fired += ferry::core::failpoint(name) ? '1' : '0';
+    for (int i = 0; i < checks; ++i) fired += ferry::os::failpoint(name) ? '1' : '0';
     out << fired << '\n';
   }
   out.close();

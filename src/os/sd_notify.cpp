@@ -1,5 +1,5 @@
 // systemd notifications through libsystemd's sd_notify (a no-op without NOTIFY_SOCKET).
-#include "actors/sd_notify.hpp"
+#include "os/sd_notify.hpp"
 
 #include <systemd/sd-daemon.h>
 

@@ -1,6 +1,6 @@
-// actors/http_server.hpp on civetweb's C API.
+// os/http_server.hpp on civetweb's C API.
 
-#include "actors/http_server.hpp"
+#include "os/http_server.hpp"
 
 #include <civetweb.h>
 #include <fmt/format.h>

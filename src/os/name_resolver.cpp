@@ -1,4 +1,4 @@
-#include "actors/name_resolver.hpp"
+#include "os/name_resolver.hpp"
 
 #include <netdb.h>
 #include <pthread.h>

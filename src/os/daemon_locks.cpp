@@ -1,4 +1,4 @@
-#include "core/daemon_locks.hpp"
+#include "os/daemon_locks.hpp"
 
 #include <fcntl.h>
 #include <fmt/format.h>

@@ -1,4 +1,4 @@
-#include "core/failpoint.hpp"
+#include "os/failpoint.hpp"
 
 #include <atomic>
 #include <cstdint>
@@ -7,7 +7,7 @@
 #include <string>
 #include <unordered_map>
 
-namespace ferry::core {
+namespace ferry::os {
 namespace {
 
 struct failpoints {
@@ -80,4 +80,4 @@ std::string active_failpoints() { return registry().text; }
 
 std::string failpoints_invalid() { return registry().invalid; }
 
-}  // namespace ferry::core
+}  // namespace ferry::os

@@ -15,7 +15,7 @@
 #include <string>
 #include <string_view>
 
-namespace ferry::core {
+namespace ferry::os {
 
 /// True when failpoint `name` is set and has firings left (each true answer uses one).
 bool failpoint(std::string_view name);
@@ -27,4 +27,4 @@ std::string active_failpoints();
 /// refused setting sets no failpoint, and ferryd does not start with one.
 std::string failpoints_invalid();
 
-}  // namespace ferry::core
+}  // namespace ferry::os
