@@ -13,7 +13,7 @@ namespace {
 /// arrives as `rails_added`. A list that does not check ends the connection.
 void take_rails(connection_actor* self, const peer_rails& m) {
   auto& st = self->state;
-  auto kinds = validate_rails(m);
+  auto kinds = check_peer_rails(m);
   if (!kinds) return apply(self, st.machine.lost(kinds.message));
   const bool answer = st.machine.which() == hs::side::connecting;
   auto add = rails_to_add(*st.ctx->engine, m, kinds.value);

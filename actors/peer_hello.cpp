@@ -56,28 +56,6 @@ peer_rails describe_rails(const transport::engine& engine) {
   return m;
 }
 
-result<std::vector<rails::kind>> validate_rails(const peer_rails& m) {
-  auto refuse = [](std::string why) {
-    return error{errc::peer_incompatible, "peer listed its fabric endpoints wrongly: " + why};
-  };
-  if (m.rails.empty() || m.rails.size() > max_peer_rails)
-    return refuse(
-        fmt::format("expected 1 to {} endpoints, got {}", max_peer_rails, m.rails.size()));
-  std::vector<rails::kind> kinds;
-  bool express = false;
-  for (size_t i = 0; i < m.rails.size(); ++i) {
-    const auto& r = m.rails[i];
-    if (r.fabric_address.empty() || r.fabric_address.size() > 4096)
-      return refuse(fmt::format("endpoint {} has an address of {} bytes, expected 1 to 4096", i,
-                                r.fabric_address.size()));
-    if (r.express && i == 0) return refuse("endpoint 0 (its hello's) is an express endpoint");
-    if (r.express && express) return refuse("more than one express endpoint");
-    express |= r.express;
-    kinds.push_back({r.express});
-  }
-  return kinds;
-}
-
 std::vector<transport::peer_rail> rails_to_add(const transport::engine& engine,
                                                const peer_rails& theirs,
                                                const std::vector<rails::kind>& kinds) {
@@ -89,93 +67,23 @@ std::vector<transport::peer_rail> rails_to_add(const transport::engine& engine,
   return out;
 }
 
-result<std::shared_ptr<peer_info>> validate_peer(const ferry_config& mine_cfg, const peer_hello& h,
+result<std::shared_ptr<peer_info>> validate_peer(const ferry_config& mine, const peer_hello& h,
                                                  bool we_decode, const std::string& address) {
-  auto refuse = [](std::string why) { return error{errc::peer_incompatible, std::move(why)}; };
-  const uint32_t ours = spoken_peer_version();
-  if (h.version < peer_protocol_min_version || h.min_version > ours)
-    return error{errc::peer_incompatible,
-                 fmt::format("peer speaks protocol versions {}..{}, this daemon speaks {}..{}",
-                             h.min_version, h.version, peer_protocol_min_version, ours)};
-  if (we_decode && h.role == "decode")
-    return error{
-        errc::peer_incompatible,
-        fmt::format("peer {} has role decode; a prepare must name a prefill daemon", h.node)};
-  if (!we_decode && h.role == "prefill")
-    return error{
-        errc::peer_incompatible,
-        fmt::format("peer {} has role prefill; only a decode daemon may connect to send prepares",
-                    h.node)};
-  // A peer's config is input like any other: it must pass the same validation as our own
-  // before any size or count from it reaches the planner.
-  auto parsed = parse_config_text(h.config_yaml);
-  if (!parsed) return refuse("peer config could not be read: " + parsed.message);
-  if (auto valid = validate_config(parsed.value); !valid)
-    return refuse("peer config is invalid: " + valid.message);
-  if (!described_yet(parsed.value.pools))
-    return refuse(
-        "peer config leaves a pool to its engine's registration, which it has not "
-        "described yet");
+  auto checked = check_peer_hello(mine, h, we_decode, spoken_peer_version());
+  if (!checked) return error{checked.code, std::move(checked.message)};
+  auto& c = checked.value;
   auto info = std::make_shared<peer_info>();
   info->address = address;
-  info->node = h.node;
-  info->instance = h.instance;
-  info->version = std::min(h.version, ours);
-  info->pools = parsed.value.pools;
-  // A paged state pool's prepares carry its pages (peer_prepare_paged), which an older peer
-  // cannot read.
-  const pools_config* ours_then_theirs[] = {&mine_cfg.pools, &info->pools};
-  for (const pools_config* pools : ours_then_theirs)
-    if (pools->mamba && paged(pools->mamba->type) && info->version < peer_paged_state_version)
-      return refuse(
-          fmt::format("{} has a {} state pool, which needs peer protocol {}; the pair "
-                      "speaks {}",
-                      pools == &mine_cfg.pools ? "this daemon" : "the peer",
-                      to_string(pools->mamba->type), peer_paged_state_version, info->version));
-  if (compatibility_hash(info->pools) != h.compat_hash)
-    return error{errc::peer_incompatible,
-                 "peer compatibility hash does not match its own layout (corrupted handshake)"};
-  // The geometry a peer declares must be consistent with its own config.
-  const auto& parsed_cfg = parsed.value;
-  if (parsed_cfg.tp.size != h.tp_size || parsed_cfg.tp.rank != h.tp_rank ||
-      parsed_cfg.pp.size != h.pp_size || parsed_cfg.pp.rank != h.pp_rank)
-    return error{
-        errc::peer_incompatible,
-        "peer declared a TP/PP position that differs from its config (corrupted handshake)"};
-  info->schema = schema_of(parsed_cfg);
-  info->instance_ranks = parsed_cfg.instance_ranks;
-  const auto mine = schema_of(mine_cfg);
-  auto plan = we_decode ? make_link_plan(info->schema, mine) : make_link_plan(mine, info->schema);
-  if (!plan) {
-    const auto& e = plan.message;
-    const auto& src = we_decode ? info->schema : mine;
-    const auto& dst = we_decode ? mine : info->schema;
-    if (src.tp_size == dst.tp_size && src.pp_size == dst.pp_size)
-      return refuse("incompatible layouts: " + e);
-    return error{errc::peer_incompatible,
-                 fmt::format("incompatible layouts (prefill TP {} rank {} PP {} stage {}, decode "
-                             "TP {} rank {} PP {} "
-                             "stage {}): {}",
-                             src.tp_size, src.tp_rank, src.pp_size, src.pp_rank, dst.tp_size,
-                             dst.tp_rank, dst.pp_size, dst.pp_rank, e)};
-  }
-  info->link = std::make_shared<link_plan>(std::move(plan.value));
-  info->layout = make_layout(info->pools);
-  if (h.regions.size() != pool_kind_count)
-    return error{errc::peer_incompatible, fmt::format("peer sent {} memory regions, expected {}",
-                                                      h.regions.size(), pool_kind_count)};
-  for (int k = 0; k < pool_kind_count; ++k) {
-    const auto& r = h.regions[k];
-    const auto& p = info->layout.pools[k];
-    if (r.present != p.present || (p.present && r.length < p.total_bytes))
-      return error{errc::peer_incompatible,
-                   fmt::format("peer region for pool {} is {} bytes but its layout needs {}",
-                               to_string(static_cast<pool_kind>(k)), r.length, p.total_bytes)};
-  }
-  if (h.fabric_address.empty())
-    return error{errc::peer_incompatible, "peer sent an empty fabric address"};
-  info->regions = h.regions;
-  info->staging = h.staging;
+  info->node = std::move(c.node);
+  info->instance = std::move(c.instance);
+  info->version = c.version;
+  info->pools = std::move(c.pools);
+  info->layout = std::move(c.layout);
+  info->regions = std::move(c.regions);
+  info->staging = c.staging;
+  info->schema = std::move(c.schema);
+  info->instance_ranks = std::move(c.instance_ranks);
+  info->link = std::move(c.link);
   return info;
 }
 

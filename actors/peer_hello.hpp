@@ -10,6 +10,7 @@
 #include "actors/context.hpp"
 #include "actors/messages.hpp"
 #include "core/auth.hpp"
+#include "core/peer_checks.hpp"
 #include "core/rails.hpp"
 
 namespace ferry {
@@ -37,22 +38,13 @@ std::vector<described_space> described_spaces(const daemon_context& ctx);
 peer_hello describe_self(const daemon_context& ctx, const std::vector<peer_region>& regions,
                          const peer_region& staging, const bytes& nonce);
 
-/// Validate a peer's hello against our config; `we_decode` says which side we are on this link.
-/// The error names the first problem: protocol versions, roles, the peer's own config (it must
-/// pass the same validation as ours), its declared position, the link plan between the two
-/// layouts, and the regions it describes (`errc::peer_incompatible`). Pure: its fabric address
-/// is added afterwards.
+/// A peer's hello checked against our config (core/peer_checks.hpp, with the version we speak),
+/// as the peer_info rooms use; its fabric address is added afterwards.
 result<std::shared_ptr<peer_info>> validate_peer(const ferry_config& mine, const peer_hello& h,
                                                  bool we_decode, const std::string& address);
 
 /// Our fabric endpoints, as `peer_rails` lists them (transport::engine::rails()).
 peer_rails describe_rails(const transport::engine& engine);
-
-/// A peer's `peer_rails`, checked (`errc::peer_incompatible`, naming the first problem): at
-/// least one and at most `max_peer_rails` endpoints, each with an address of 1 to 4096 bytes,
-/// the first a bulk rail (its hello's), at most one express rail. Its endpoints' kinds, in
-/// order, for `rails::pair_rails`.
-result<std::vector<rails::kind>> validate_rails(const peer_rails& m);
 
 /// What `engine::add_peer_rails` is asked for a peer that listed `theirs` (validated): each of
 /// our rails beyond 0 paired with the peer's (`rails::pair_rails`), with its address.
