@@ -166,17 +166,9 @@ result<> check_answer(connection_state& st) {
   const auto& secrets = st.ctx->secrets;
   const auto& h = st.hello;
   if (!secrets.empty()) {
-    if (h.proof.empty())
-      return error{errc::peer_incompatible,
-                   fmt::format("peer {} did not prove the cluster secret (is its "
-                               "security.cluster_secret_file set?)",
-                               identity(h.node, h.instance))};
-    st.proved_with = matching_secret(secrets, h.proof, "ferry-accept", st.nonce, h.nonce,
-                                     identity(h.node, h.instance));
-    if (st.proved_with < 0)
-      return error{errc::peer_incompatible,
-                   fmt::format("peer {} failed the cluster-secret challenge (different secrets?)",
-                               identity(h.node, h.instance))};
+    auto proved = check_peer_proof(secrets, st.nonce, h);
+    if (!proved) return error{proved.code, std::move(proved.message)};
+    st.proved_with = proved.value;
   }
   auto v = validate_peer(st.ctx->config, h, true, st.address);
   if (!v) return error{v.code, v.message};
@@ -186,15 +178,7 @@ result<> check_answer(connection_state& st) {
 
 /// Accepting side: the hello this actor was spawned for, checked.
 result<> check_hello(connection_state& st) {
-  const bool secret = !st.ctx->secrets.empty();
-  if (secret && st.hello.nonce.size() != auth_nonce_bytes)
-    return error{errc::peer_incompatible,
-                 "this daemon requires peers to prove the cluster secret, and the peer offered "
-                 "no challenge (set security.cluster_secret_file on both sides)"};
-  if (!secret && !st.hello.nonce.empty())
-    return error{errc::peer_incompatible,
-                 "the peer requires a cluster secret but this daemon has none (set "
-                 "security.cluster_secret_file on both sides)"};
+  if (auto ok = check_peer_challenge(!st.ctx->secrets.empty(), st.hello); !ok) return ok;
   auto v = validate_peer(st.ctx->config, st.hello, false, st.address);
   if (!v) return error{v.code, v.message};
   st.candidate = std::move(v.value);

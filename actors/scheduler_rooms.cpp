@@ -194,19 +194,9 @@ void on_send(scheduler_actor* self, client_request& r) {
                        fmt::format("room {}: {}", s.room, usable.message));
   if (auto e = r.fields_checked ? result<>{} : check_send(ctx.config, ctx.layout, s); !e)
     return reply_error(self, r, std::move(e).error());
-  if (s.last && ctx.layout[pool_kind::aux].present &&
-      ctx.config.pools.aux->room_id_buffer != aux_pool_config::no_room_id) {
-    // The aux row carries the room id: a wrong row would deliver another request's metadata.
-    const auto& rooms = ctx.layout[pool_kind::aux].buffers.at(ctx.config.pools.aux->room_id_buffer);
-    uint64_t stored = 0;
-    std::memcpy(&stored,
-                ctx.base(space::aux) + rooms.offset + uint64_t{s.aux_row} * rooms.item_bytes,
-                sizeof(stored));
-    if (stored != s.room)
-      return reply_error(self, r, errc::invalid_request,
-                         fmt::format("room {}: src aux row {} carries room id {}, expected {}",
-                                     s.room, s.aux_row, stored, s.room));
-  }
+  // The checks above ran on the fields; this one reads the aux row the engine filled.
+  if (auto e = check_aux_room_id(ctx.config, ctx.layout, ctx.base(space::aux), s); !e)
+    return reply_error(self, r, std::move(e).error());
   auto it = st.prefill.active.find(s.room);
   if (it == st.prefill.active.end()) {
     if (auto open = send_still_open(st.prefill.finished, s.room); !open)

@@ -282,7 +282,9 @@ void on_grant(sender_actor* self, peer_inbound& in, const peer_staging_grant& g)
     if (l.connection != in.connection || l.prep.token != g.token ||
         l.prep.dst_staging != staging_on_request || !l.asked)
       continue;
-    if (auto ok = check_staging_offset(*in.from, st.room, g.offset, l.prep.dst_pages.size()); !ok)
+    if (auto ok =
+            check_staging_offset(terms_of(*in.from), st.room, g.offset, l.prep.dst_pages.size());
+        !ok)
       return on_outcome(self, in, true, g.token, false, ok.code, ok.message);
     l.prep.dst_staging = g.offset;
     auto held = std::move(l.held);

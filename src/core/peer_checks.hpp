@@ -1,14 +1,17 @@
 #pragma once
-/// How a daemon judges what a peer says of itself at handshake, before anything from it reaches
-/// the planner: its hello (`check_peer_hello`) and the fabric endpoints it lists
-/// (`check_peer_rails`). Pure: the Connection actor (actors/connection.cpp) feeds them what it
-/// read and keeps only the I/O. Every refusal is `errc::peer_incompatible` and names the first
-/// problem; tests/unit/test_peer_checks.cpp is the table.
+/// How a daemon judges what a peer says, before anything from it reaches the planner: at
+/// handshake its hello (`check_peer_hello`) and the fabric endpoints it lists
+/// (`check_peer_rails`); then, on a prefill, each decode rank's prepare and staging grant
+/// against what that rank declared (`check_prepare_indices`, `check_staging_offset`). Pure: the
+/// Connection actor (actors/connection.cpp) feeds them what it read and keeps only the I/O. Every
+/// refusal is `errc::peer_incompatible` and names the first problem;
+/// tests/unit/test_peer_checks.cpp is the table.
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "core/auth.hpp"
 #include "core/config.hpp"
 #include "core/errors.hpp"
 #include "core/geometry.hpp"
@@ -42,9 +45,42 @@ struct checked_peer {
 result<checked_peer> check_peer_hello(const ferry_config& mine, const peer_hello& h, bool we_decode,
                                       uint32_t spoken);
 
+/// Accepting side, before the hello's contents: the challenge a connecting peer offers. Where
+/// we hold a cluster secret its hello must carry a nonce of `auth_nonce_bytes`; where we hold
+/// none it must carry no nonce (the peer would wait for a proof we cannot give).
+result<> check_peer_challenge(bool we_have_secret, const peer_hello& h);
+
+/// Connecting side, with a cluster secret: the accepting peer's proof over our nonce `ours` and
+/// its own. The index in `secrets` of the secret that proves it (for rotation's metrics), or a
+/// refusal naming the peer: no proof at all, or one no secret of ours matches.
+result<int> check_peer_proof(const cluster_secrets& secrets, const bytes& ours,
+                             const peer_hello& h);
+
 /// A peer's `peer_rails`: at least one and at most `max_peer_rails` endpoints, each with an
 /// address of 1 to 4096 bytes, the first a bulk rail (its hello's), at most one express rail.
 /// Its endpoints' kinds, in order, for `rails::pair_rails`.
 result<std::vector<rails::kind>> check_peer_rails(const peer_rails& m);
+
+/// What a prefill holds of a decode rank from its handshake, to check that rank's prepares.
+struct peer_terms {
+  const node_layout& layout;
+  const link_plan& link;
+  uint32_t version;
+  const peer_region& staging;
+};
+
+/// A decode rank's prepare, before a write is planned from it (`errc::invalid_request`, naming
+/// the room and the field; a buggy or hostile peer never gets a write outside its pools): its
+/// pages, its state slot or pages (one slot when our state pool takes slots, "mamba requires
+/// single state index" when it names none), its aux row, and its staging offset. `mine` and
+/// `my_layout` are this prefill's pools.
+result<> check_prepare_indices(const pools_config& mine, const node_layout& my_layout,
+                               const peer_terms& from, const peer_prepare& p,
+                               const std::vector<uint32_t>& state_pages);
+
+/// A staging offset for `pages` pages of room `room`: the link's landing block must lie inside
+/// the decode's staging region. `staging_on_request` passes only where the link speaks the
+/// version of late grants and something of it lands in staging.
+result<> check_staging_offset(const peer_terms& from, uint64_t room, uint64_t offset, size_t pages);
 
 }  // namespace ferry

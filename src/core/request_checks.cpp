@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
+
 #include "core/layer_ranges.hpp"
 #include "core/plan.hpp"
 
@@ -115,6 +117,22 @@ result<> check_send(const ferry_config& cfg, const node_layout& layout, const pr
                  fmt::format("room {}: state slot, state pages and aux row go only with the last "
                              "chunk",
                              s.room)};
+  return {};
+}
+
+result<> check_aux_room_id(const ferry_config& cfg, const node_layout& layout,
+                           const uint8_t* aux_base, const proto::send& s) {
+  if (!s.last || !layout[pool_kind::aux].present || !cfg.pools.aux ||
+      cfg.pools.aux->room_id_buffer == aux_pool_config::no_room_id)
+    return {};
+  const auto& rooms = layout[pool_kind::aux].buffers.at(cfg.pools.aux->room_id_buffer);
+  uint64_t stored = 0;
+  std::memcpy(&stored, aux_base + rooms.offset + uint64_t{s.aux_row} * rooms.item_bytes,
+              sizeof(stored));
+  if (stored != s.room)
+    return error{errc::invalid_request,
+                 fmt::format("room {}: src aux row {} carries room id {}, expected {}", s.room,
+                             s.aux_row, stored, s.room)};
   return {};
 }
 

@@ -33,4 +33,11 @@ result<> check_prepare(const ferry_config& cfg, const node_layout& layout, const
 /// ranges).
 result<> check_send(const ferry_config& cfg, const node_layout& layout, const proto::send& s);
 
+/// A last chunk's aux row against the room it is sent for, where the aux pool names a buffer
+/// that carries each row's room id (`pools.aux.room_id_buffer`): the u64 the engine stored at
+/// row `s.aux_row` of that buffer, read from the pool at `aux_base`, must be the room's, or a
+/// wrong row would deliver another request's metadata. Nothing to check otherwise.
+result<> check_aux_room_id(const ferry_config& cfg, const node_layout& layout,
+                           const uint8_t* aux_base, const proto::send& s);
+
 }  // namespace ferry

@@ -144,3 +144,96 @@ TEST_CASE("a peer's fabric endpoints: one to 64, addressed, the first bulk, one 
   CHECK(refused_rails(peer_rails{{rail(false, 4097)}}) ==
         head + "endpoint 0 has an address of 4097 bytes, expected 1 to 4096");
 }
+
+TEST_CASE("a decode rank's prepare names indices inside the pools it declared, one state slot",
+          "[unit][peer_checks]") {
+  const auto decode = with_role("decode"), prefill = with_role("prefill");
+  const auto mine = make_layout(prefill.pools), theirs = make_layout(decode.pools);
+  const auto link = make_link_plan(schema_of(prefill), schema_of(decode)).value;
+  const peer_region staging{true, 0x1000, 7, 1u << 20};
+  const peer_terms from{theirs, link, 11, staging};
+  peer_prepare p;
+  p.room = 7;
+  p.dst_pages = {0, 1};
+  p.dst_state_slot = 2;
+  p.dst_aux_row = 3;
+  auto refusal = [&](const peer_prepare& q, const std::vector<uint32_t>& state_pages = {}) {
+    const auto r = check_prepare_indices(prefill.pools, mine, from, q, state_pages);
+    REQUIRE_FALSE(r);
+    CHECK(r.code == errc::invalid_request);
+    return r.message;
+  };
+  CHECK(check_prepare_indices(prefill.pools, mine, from, p, {}));
+  auto q = p;
+  q.dst_pages = {0, 16};
+  CHECK(refusal(q) == "room 7: decode dst page 16 (position 1) is outside the pool of 16 pages");
+  q = p;
+  q.dst_state_slot = 4;
+  CHECK(refusal(q) == "room 7: decode dst state slot 4 is outside its mamba pool");
+  q = p;
+  q.dst_aux_row = 8;
+  CHECK(refusal(q) == "room 7: decode dst aux row 8 is outside its aux pool");
+  q = p;
+  q.dst_state_slot = no_index;  // SGLang's batched or cancelled state index, refused by name
+  CHECK(refusal(q) == "mamba requires single state index: room 7 got dst=none from the decode");
+  CHECK(refusal(p, {1, 2}) ==
+        "room 7: the decode named 2 state pages; this daemon's state pool takes one slot");
+  q = p;
+  q.dst_aux_row = no_index;
+  CHECK(refusal(q) == "room 7: the decode named no aux row");
+
+  SECTION("a staging offset lies inside the decode's staging region, or is granted later") {
+    const uint64_t need = link.landing_bytes(2);
+    REQUIRE(need > 0);
+    CHECK(check_staging_offset(from, 7, (1u << 20) - need, 2));
+    CHECK(check_staging_offset(from, 7, staging_on_request, 2));
+    auto r = check_staging_offset(from, 7, (1u << 20) - need + 1, 2);
+    REQUIRE_FALSE(r);
+    CHECK(r.message == fmt::format("room 7: staging offset {} ({} bytes) is outside the decode's "
+                                   "staging region of 1048576 bytes",
+                                   (1u << 20) - need + 1, need));
+    const peer_terms older{theirs, link, 9, staging};
+    r = check_staging_offset(older, 7, staging_on_request, 2);
+    REQUIRE_FALSE(r);
+    CHECK(r.message ==
+          "room 7: the decode's prepare says it grants staging later, but this link "
+          "speaks peer protocol 9 (grants need 10)");
+  }
+}
+
+TEST_CASE(
+    "the cluster secret: a challenge where we hold one, none where we do not, and a proof "
+    "one of our secrets made",
+    "[unit][peer_checks]") {
+  peer_hello h;
+  h.node = "p0";
+  h.instance = "i1";
+  CHECK(check_peer_challenge(false, h));
+  const auto no_challenge = check_peer_challenge(true, h);
+  REQUIRE_FALSE(no_challenge);
+  CHECK(no_challenge.code == errc::peer_incompatible);
+  CHECK(no_challenge.message ==
+        "this daemon requires peers to prove the cluster secret, and the peer offered no "
+        "challenge (set security.cluster_secret_file on both sides)");
+  h.nonce = bytes(auth_nonce_bytes - 1, 5);
+  CHECK_FALSE(check_peer_challenge(true, h));
+  h.nonce = bytes(auth_nonce_bytes, 5);
+  CHECK(check_peer_challenge(true, h));
+  CHECK(check_peer_challenge(false, h).message ==
+        "the peer requires a cluster secret but this daemon has none (set "
+        "security.cluster_secret_file on both sides)");
+
+  const bytes ours(auth_nonce_bytes, 9);
+  const cluster_secrets secrets("the new cluster secret", "the old cluster secret");
+  CHECK(check_peer_proof(secrets, ours, h).message ==
+        "peer p0/i1 did not prove the cluster secret (is its security.cluster_secret_file set?)");
+  h.proof = auth_proof("the old cluster secret", "ferry-accept", ours, h.nonce, "p0/i1");
+  const auto old = check_peer_proof(secrets, ours, h);
+  REQUIRE(old);
+  CHECK(old.value == 1);  // proved with the secret being rotated out
+  h.proof = auth_proof("another cluster secret", "ferry-accept", ours, h.nonce, "p0/i1");
+  CHECK(check_peer_proof(secrets, ours, h).message ==
+        "peer p0/i1 failed the cluster-secret challenge (different secrets?)");
+  h.proof = auth_proof("the new cluster secret", "ferry-connect", ours, h.nonce, "p0/i1");
+  CHECK_FALSE(check_peer_proof(secrets, ours, h));  // a proof for the other direction
+}

@@ -4,7 +4,9 @@
 
 #include <catch2/catch.hpp>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "core/request_checks.hpp"
 
@@ -138,4 +140,26 @@ TEST_CASE("request checks: a send's layer range lies within this rank's layers",
   CHECK(check_send(cfg, layout, last));
   last.aux_row = no_index;
   CHECK(refusal(check_send(cfg, layout, last)) == "room 3: exactly one src aux row is required");
+}
+
+TEST_CASE("request checks: a last chunk's aux row must carry the room's id, where the pool says so",
+          "[unit][request_checks]") {
+  auto cfg = hybrid();
+  REQUIRE(cfg.pools.aux->room_id_buffer == 0);  // the shipped configs check it
+  const auto layout = make_layout(cfg.pools);
+  const auto& rows = layout[pool_kind::aux].buffers[0];
+  std::vector<uint8_t> aux(layout[pool_kind::aux].total_bytes, 0);
+  const uint64_t room = 3, other = 0x0102030405060708;
+  std::memcpy(aux.data() + rows.offset + 2 * rows.item_bytes, &room, sizeof room);
+  std::memcpy(aux.data() + rows.offset + 5 * rows.item_bytes, &other, sizeof other);
+  proto::send s{room, {0, 1}, true, 0, 2};
+  CHECK(check_aux_room_id(cfg, layout, aux.data(), s));
+  s.aux_row = 5;
+  CHECK(refusal(check_aux_room_id(cfg, layout, aux.data(), s)) ==
+        "room 3: src aux row 5 carries room id 72623859790382856, expected 3");
+  s.last = false;  // a chunk before the last names no row
+  CHECK(check_aux_room_id(cfg, layout, aux.data(), s));
+  s.last = true;
+  cfg.pools.aux->room_id_buffer = aux_pool_config::no_room_id;
+  CHECK(check_aux_room_id(cfg, layout, aux.data(), s));
 }
