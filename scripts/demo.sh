@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job: install what is missing, build, run the fake SGLang engine pair
-# (scripts/fake_engine.py: a prefill and a decode engine process holding memory as SGLang does,
+# (tests/fake_engine/fake_engine.py: a prefill and a decode engine process holding memory as SGLang does,
 # built with SGLang's signatures, 300 requests and two TP-mismatch phases, verified), then
 # start a prefill and a decode ferryd on loopback from configs/ and move a Qwen3-Next-80B-A3B-shaped workload (4096-token prompts: 96 MiB of KV and
 # one 74 MiB Mamba state slot per request, plus the aux row) through the client protocol, check
@@ -19,7 +19,7 @@ build=${FERRY_BUILD_DIR:-$root/build}
 # describe (300 requests with prefix hits, page-rounded chunks, aborts at five points on each
 # side, every destination byte checked, then TP 2 -> 1 and TP 1 -> 2 phases; it fails when the
 # p99 of the adapter's calls exceeds 5 ms).
-/usr/bin/python3 "$root/scripts/fake_engine.py" --bin-dir "$build/src" --requests "${FERRY_FAKE_REQUESTS:-300}"
+/usr/bin/python3 "$root/tests/fake_engine/fake_engine.py" --bin-dir "$build/src" --requests "${FERRY_FAKE_REQUESTS:-300}"
 
 source "$root/scripts/pair-lib.sh"
 provider=${FERRY_PROVIDER:-tcp}

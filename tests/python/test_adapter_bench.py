@@ -1,4 +1,4 @@
-"""scripts/adapter_bench.py end to end, tiny: the adapter and ferry-bench (its --json output)
+"""tests/fake_engine/adapter_bench.py end to end, tiny: the adapter and ferry-bench (its --json output)
 move the same rooms through real daemons and both commit all of them. No timing is asserted;
 the figures belong in docs/performance.md."""
 
@@ -16,7 +16,7 @@ from conftest import BIN_DIR, REPO
 @pytest.mark.parametrize("wait", ["events", "poll"])
 def test_adapter_bench_moves_every_room_both_ways(tmp_path, wait: str) -> None:
     report = tmp_path / "ab.json"
-    out = subprocess.run([sys.executable, str(REPO / "scripts" / "adapter_bench.py"),
+    out = subprocess.run([sys.executable, str(REPO / "tests" / "fake_engine" / "adapter_bench.py"),
                           "--bin-dir", str(BIN_DIR), "--tokens", "64", "--requests", "6",
                           "--concurrency", "2", "--repeat", "1", "--wait", wait,
                           "--pages", "512", "--slots", "2",

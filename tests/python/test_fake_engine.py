@@ -1,4 +1,4 @@
-"""The fake engine (scripts/fake_engine.py) end to end, in its short CI form (``--ci``): two
+"""The fake engine (tests/fake_engine/fake_engine.py) end to end, in its short CI form (``--ci``): two
 engine processes holding their memory as SGLang does (per-layer tensors at allocator offsets in
 one memfd per rank, an EAGLE draft layer, Mamba ``[layers, size + 1, ...]`` tensors,
 MetadataBuffers of ten tensors) and built with SGLang's signatures (a KVBootstrapServer,
@@ -25,7 +25,7 @@ POINTS_D = ("before_init", "before_metadata", "after_metadata", "transferring", 
 
 def test_the_fake_engine_passes_its_ci_form(tmp_path) -> None:
     report = tmp_path / "fake_engine.json"
-    out = subprocess.run([sys.executable, str(REPO / "scripts" / "fake_engine.py"),
+    out = subprocess.run([sys.executable, str(REPO / "tests" / "fake_engine" / "fake_engine.py"),
                           "--bin-dir", str(BIN_DIR), "--ci", "--seed", "11",
                           "--json", str(report)],
                          capture_output=True, text=True, timeout=600)
@@ -62,7 +62,7 @@ def test_the_fake_engine_passes_its_ci_form(tmp_path) -> None:
 def test_the_fake_engine_finds_a_byte_landing_in_memory_an_abort_handed_back() -> None:
     """The decode's end check: what an abort handed back and no later request reused still
     holds the poison written when ferryd ended the room; one stray byte in it is an error."""
-    sys.path.insert(0, str(REPO / "scripts"))
+    sys.path.insert(0, str(REPO / "tests" / "fake_engine"))
     from fake_engine_decode import DecodeEngine
     from fake_engine_memory import Model, RankMemory
 
@@ -96,7 +96,7 @@ def test_the_fake_engine_finds_a_byte_landing_in_memory_an_abort_handed_back() -
 def test_the_swa_phase_finds_a_byte_landing_in_a_window_page_an_abort_handed_back() -> None:
     """The same end check over the SWA phase's memory: an aborted request's window pages (in
     every SWA buffer) stay poisoned until a later request reuses them."""
-    sys.path.insert(0, str(REPO / "scripts"))
+    sys.path.insert(0, str(REPO / "tests" / "fake_engine"))
     from fake_engine_swa import SwaDecodeEngine, SwaModel, SwaRankMemory
 
     class Rank:
@@ -122,7 +122,7 @@ def test_the_swa_phase_finds_a_byte_landing_in_a_window_page_an_abort_handed_bac
 
 def test_the_fake_engines_memory_is_laid_out_as_sglang_lays_it_out() -> None:
     """What a fake engine rank lends: SGLang's KVArgs over tensors at allocator offsets."""
-    sys.path.insert(0, str(REPO / "scripts"))
+    sys.path.insert(0, str(REPO / "tests" / "fake_engine"))
     from fake_engine_memory import BOOTSTRAP_ROOM, METADATA, Model, RankMemory
 
     m = Model(tokens=256, slots=2, rows=4)
@@ -159,7 +159,7 @@ def test_the_swa_phases_memory_is_laid_out_as_sglangs_swa_kv_pool() -> None:
     layers' K then V as the swa component, a pool of its own with fewer pages (SGLang's
     SWAKVPool); the window is the pages of the prompt's last 128 tokens, start floored to a
     page."""
-    sys.path.insert(0, str(REPO / "scripts"))
+    sys.path.insert(0, str(REPO / "tests" / "fake_engine"))
     from fake_engine_swa import SwaModel, SwaRankMemory
 
     m = SwaModel(tokens=256, rows=4)

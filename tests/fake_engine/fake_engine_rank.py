@@ -1,4 +1,4 @@
-"""What both engines of the fake engine (scripts/fake_engine.py) share: one engine rank's memory
+"""What both engines of the fake engine (tests/fake_engine/fake_engine.py) share: one engine rank's memory
 and adapter manager, built as SGLang builds them (:class:`Rank`), how a TP rank slices the full
 shapes (:class:`Geometry`), the adapter-call latency record (:class:`Calls`), and the progress
 log.
@@ -18,7 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "clients" / "python"))
 
 from ferry.sglang import KVManager  # noqa: E402

@@ -1,4 +1,4 @@
-"""The fake engine's prefill engine (scripts/fake_engine.py): SGLang's prefill scheduler in
+"""The fake engine's prefill engine (tests/fake_engine/fake_engine.py): SGLang's prefill scheduler in
 miniature over one or more TP ranks in lockstep (the same requests and chunks; each rank its own
 memory and KVSender; every poll MIN-reduced over the ranks, as SGLang's all-reduce).
 

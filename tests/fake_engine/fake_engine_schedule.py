@@ -1,4 +1,4 @@
-"""The fake engine's shared schedule and byte patterns (scripts/fake_engine.py): both engine
+"""The fake engine's shared schedule and byte patterns (tests/fake_engine/fake_engine.py): both engine
 processes derive the same requests (room ids, prompt lengths, chunks, prefix hits, aborts) and
 the same bytes of every (room, pool, buffer, page) from the seed, so the decode can verify what
 the prefill wrote without any channel between them but ferryd.

@@ -1,4 +1,4 @@
-"""The fake engine's decode engine (scripts/fake_engine.py): SGLang's decode scheduler in
+"""The fake engine's decode engine (tests/fake_engine/fake_engine.py): SGLang's decode scheduler in
 miniature over one or more TP ranks in lockstep (the same requests, pages, state indices and row
 on every rank; each rank its own memory and KVReceiver; every poll MIN-reduced over the ranks).
 

@@ -1,4 +1,4 @@
-"""The fake engine's SWA phase (scripts/fake_engine.py): a gpt-oss-shaped model whose state
+"""The fake engine's SWA phase (tests/fake_engine/fake_engine.py): a gpt-oss-shaped model whose state
 component is ``swa``, its memory held as SGLang holds it and both engines' state handling as
 SGLang's schedulers do it. TP 1 -> TP 1 only: SGLang refuses SWA state under a TP mismatch for
 non-MLA models, and so does ferryd (tests/python/test_sglang_paged_e2e.py checks that refusal).

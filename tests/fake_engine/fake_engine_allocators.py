@@ -1,4 +1,4 @@
-"""The fake engine's allocators (scripts/fake_engine.py): each engine hands out its own pages,
+"""The fake engine's allocators (tests/fake_engine/fake_engine.py): each engine hands out its own pages,
 state slots and aux rows as an inference engine would, reuses an aborted request's memory
 first (so a later request proves it clean), and ends full again, which the run checks.
 """

@@ -1,4 +1,4 @@
-"""The fake engine's memory (scripts/fake_engine.py), allocated the way SGLang allocates it:
+"""The fake engine's memory (tests/fake_engine/fake_engine.py), allocated the way SGLang allocates it:
 one memfd per rank holding the rank's tensors at the offsets a caching allocator hands out
 (512-byte granularity plus a header: not page-aligned), and :meth:`RankMemory.kv_args` listing
 them as SGLang's ``KVArgs`` does, for pools ferryd's config leaves to the registration.

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """A fake SGLang engine pair that proves Ferry does what it is for.
 
-    /usr/bin/python3 scripts/fake_engine.py --bin-dir build/src [--requests 300] [--seed N]
+    /usr/bin/python3 tests/fake_engine/fake_engine.py --bin-dir build/src [--requests 300] [--seed N]
         [--swa-requests 48] [--aux-memory memfd|ordinary] [--provider tcp|shm] [--ci]
         [--json PATH]
 

@@ -1,4 +1,4 @@
-"""The fake engine's daemons (scripts/fake_engine.py): this run's configs, rewritten from
+"""The fake engine's daemons (tests/fake_engine/fake_engine.py): this run's configs, rewritten from
 configs/*.yaml with pools left to the registration (``memory: client`` and nothing else) and
 their own names, sockets and ports, and
 one ferryd started from each (checked with ``--check-config``, ready on ``--ready-fd``) and

@@ -1,4 +1,4 @@
-"""The fake engine's adapter latency report (scripts/fake_engine.py): every adapter call both
+"""The fake engine's adapter latency report (tests/fake_engine/fake_engine.py): every adapter call both
 engines made, by kind, as p50, p99 and the maximum; the run fails when the p99 of all calls
 exceeds P99_LIMIT_S (a check of the run, not a unit test: it depends on the machine)."""
 

@@ -2,7 +2,7 @@
 """What the SGLang-shaped adapter and the Python client cost per request, against ferry-bench
 (C++ client) moving the same rooms through the same daemons in the same run.
 
-    /usr/bin/python3 scripts/adapter_bench.py --bin-dir build/src [--tokens 64,4096] [--json F]
+    /usr/bin/python3 tests/fake_engine/adapter_bench.py --bin-dir build/src [--tokens 64,4096] [--json F]
 
 It starts one prefill and one decode ferryd from configs/prefill.yaml and configs/decode.yaml
 (Qwen3-Next-80B-A3B shapes, ``memory: client`` on every pool, tcp unless ``--provider``) and,
