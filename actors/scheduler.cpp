@@ -209,13 +209,14 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
     auto reason = "internal error: room actor ended: " + self->system().render(dm.reason);
     const uint64_t id = a->first;
     if (side == &st.decode) {
+      std::vector<caf::actor> open;
       for (const auto& c : e.connections)
-        if (st.connections.count(c)) e.awaiting_fence.push_back(c);
-      if (!e.awaiting_fence.empty()) {
+        if (st.connections.count(c)) open.push_back(c);
+      const auto fence = e.orphan.ended(std::move(open), reason);
+      if (!fence.empty()) {
         st.ctx->log_sched->error("room={} {}; fencing its {} prefill link(s) before it fails", id,
-                                 reason, e.awaiting_fence.size());
-        e.orphan_reason = reason + "; its prefill links were fenced";
-        for (const auto& c : e.awaiting_fence)
+                                 reason, fence.size());
+        for (const auto& c : fence)
           self->send(c, fence_atom::value,
                      fmt::format("fenced: room {} ended abnormally at this decode", id));
         return;
@@ -423,11 +424,9 @@ caf::behavior scheduler_behavior(scheduler_actor* self, context_ptr ctx) {
               self->send(e.actor, d);
         std::vector<uint64_t> fenced_orphans;
         for (auto& [room, e] : st.decode.active)
-          if (!e.awaiting_fence.empty() && std::erase(e.awaiting_fence, d.connection) > 0 &&
-              e.awaiting_fence.empty())
-            fenced_orphans.push_back(room);
+          if (e.orphan.fenced(d.connection)) fenced_orphans.push_back(room);
         for (auto room : fenced_orphans)
-          fail_orphan(self, st.decode, room, st.decode.active[room].orphan_reason);
+          fail_orphan(self, st.decode, room, st.decode.active[room].orphan.reason());
         // A Connection the peer could write into fenced it (and cut it) before this message;
         // otherwise remove the peer now that the rooms know why.
         if (!d.cut)

@@ -15,6 +15,7 @@
 
 #include "actors/actors.hpp"
 #include "core/dst_claims.hpp"
+#include "core/orphan_fence.hpp"
 #include "core/room_registry.hpp"
 
 namespace ferry::sched {
@@ -37,9 +38,8 @@ struct room_entry {
   std::vector<uint32_t> dst_pages;
   uint32_t dst_slot = no_index, dst_row = no_index;
   std::vector<uint32_t> dst_state_pages;  // a paged state pool's destination pages
-  // decode: the room's actor ended abnormally; the room fails once these links are fenced
-  std::vector<caf::actor> awaiting_fence;
-  std::string orphan_reason;
+  // decode: the room's actor ended abnormally; the room fails once its open links are fenced
+  orphan_fence<caf::actor> orphan;
   /// When the room entered its current status (the phase histograms, actors/metrics.hpp).
   std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
 };
