@@ -235,7 +235,7 @@ struct daemon_context {
   void copy(const planned_copy& c) const {
     std::memcpy(base(c.to) + c.to_offset, base(c.from) + c.from_offset, c.length);
   }
-  /// Do copies [first, first + n) of a strided copy (unpacking at a decode).
+  /// Do copies [first, first + n) of a strided copy (packing at a prefill, unpacking at a decode).
   void copy(const strided_copy& c, uint64_t first, uint64_t n) const {
     uint8_t* to = base(c.to) + c.to_offset + first * c.to_stride;
     const uint8_t* from = base(c.from) + c.from_offset + first * c.from_stride;

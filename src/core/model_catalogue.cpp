@@ -542,14 +542,21 @@ result<catalogue_layout> catalogue_lookup(const catalogue_request& req) {
     out.family = found->entry.family;
     out.convention = fmt::format("{}@{}", conv.engine, conv.revision);
     model_json cfg(root, req.source, arch);
+    // The KV's dtype: model.kv_dtype, else the weights'. The weights' dtype is read from the
+    // config (and so enters the state contract) only where it is used: without kv_dtype, or on
+    // vLLM, whose state follows the weights.
     std::optional<dtype_info> weights, kv;
-    if (cfg.has("torch_dtype"))
-      weights = dtype_of(cfg.text("torch_dtype"), req.source + ": torch_dtype");
-    else if (cfg.has("dtype"))
-      weights = dtype_of(cfg.text("dtype"), req.source + ": dtype");
     if (!req.kv_dtype.empty()) kv = dtype_of(req.kv_dtype, "model.kv_dtype");
+    if (!kv || engine == "vllm") {
+      if (cfg.has("torch_dtype"))
+        weights = dtype_of(cfg.text("torch_dtype"), req.source + ": torch_dtype");
+      else if (cfg.has("dtype"))
+        weights = dtype_of(cfg.text("dtype"), req.source + ": dtype");
+    }
     if (!weights && !kv) fail(fmt::format("{} has no torch_dtype: set model.kv_dtype", req.source));
-    rule_input in{cfg, req, kv.value_or(*weights), out, engine, weights.value_or(*kv)};
+    const dtype_info kv_dtype = kv ? *kv : *weights;
+    const dtype_info weights_dtype = weights ? *weights : *kv;  // no torch_dtype: kv_dtype's
+    rule_input in{cfg, req, kv_dtype, out, engine, weights_dtype};
     found->rule(in);
     out.fields = cfg.fields();
     out.fields.emplace_back("engine", conv.first ? engine : out.convention);

@@ -3,9 +3,9 @@
 /// handshake its hello (`check_peer_hello`) and the fabric endpoints it lists
 /// (`check_peer_rails`); then, on a prefill, each decode rank's prepare and staging grant
 /// against what that rank declared (`check_prepare_indices`, `check_staging_offset`). Pure: the
-/// Connection actor (actors/connection.cpp) feeds them what it read and keeps only the I/O. Every
-/// refusal is `errc::peer_incompatible` and names the first problem;
-/// tests/unit/test_peer_checks.cpp is the table.
+/// Connection and Sender actors feed them what they read and keep only the I/O. A handshake's
+/// refusals are `errc::peer_incompatible`, a prepare's `errc::invalid_request`; each names the
+/// first problem; tests/unit/test_peer_checks.cpp is the table.
 
 #include <memory>
 #include <string>

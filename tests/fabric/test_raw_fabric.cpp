@@ -1,4 +1,4 @@
-// The raw-libfabric benchmark baseline (src/bench/raw_fabric.*) moves the right bytes.
+// The raw-libfabric benchmark baseline (src/tools/bench/raw_fabric.*) moves the right bytes.
 #include <sys/socket.h>
 #include <sys/wait.h>
 

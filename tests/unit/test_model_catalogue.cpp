@@ -196,6 +196,12 @@ TEST_CASE("catalogue: Mamba2 families slice x by heads and hold B and C whole be
     CHECK(r.value.kv->dtype_bytes == 1);
     CHECK(tensor(r.value, 0).dtype == "bf16");
     CHECK(tensor(r.value, 1).dtype == "bf16");
+    // SGLang's state does not follow the weights: with kv_dtype set, torch_dtype is not read,
+    // so it stays out of the state contract as before.
+    req.engine = "sglang";
+    const auto s = catalogue_lookup(req);
+    REQUIRE(s);
+    for (const auto& [k, v] : s.value.fields) CHECK(k != "torch_dtype");
   }
   CHECK_THAT(lookup_error(nemotron_h_8b, 3),
              Catch::Equals("num_key_value_heads 8 cannot be split over TP 3: neither divides the "

@@ -1,4 +1,4 @@
-// ferry-bench's open loop, its pure parts (src/bench/open_loop_plan.hpp): the size mix, the
+// ferry-bench's open loop, its pure parts (src/tools/bench/open_loop_plan.hpp): the size mix, the
 // Poisson arrivals and the allocators that let rooms of different sizes share the pools.
 #include <algorithm>
 #include <catch2/catch.hpp>

@@ -130,7 +130,8 @@ class client {
   /// The daemon's hello reply: node, role, pool names and layouts.
   const proto::hello_reply& daemon() const { return hello_; }
   /// The daemon's effective config is `daemon().config_yaml`; the in-tree tools parse it with
-  /// ferry::client::daemon_config (ferry/daemon_config.hpp, not installed: it needs yaml-cpp).
+  /// ferry::client::daemon_config (src/tools/workload/daemon_config.hpp, not installed: it needs
+  /// yaml-cpp).
 
   result<none> prepare(const proto::prepare& p);
   /// One chunk of a room, or (v6) one layer range of a chunk (`first_layer`, `layer_count`:

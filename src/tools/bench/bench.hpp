@@ -167,8 +167,9 @@ int run_throughput(context& ctx);
 int run_fairness(context& ctx);
 int run_latency(context& ctx);
 int run_open_loop(context& ctx);
-int run_layer_wise(context& ctx);  ///< src/bench/layerwise.cpp
-/// --digest-rate: one core's XXH3-64 rate over 256 MiB, `passes` times (src/bench/digest_rate.cpp).
+int run_layer_wise(context& ctx);  ///< src/tools/bench/layerwise.cpp
+/// --digest-rate: one core's XXH3-64 rate over 256 MiB, `passes` times
+/// (src/tools/bench/digest_rate.cpp).
 int digest_rate(uint32_t passes, const std::string& json);
 
 }  // namespace ferry::bench

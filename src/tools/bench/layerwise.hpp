@@ -25,7 +25,7 @@ struct layer_wise_options {
   std::vector<uint32_t> chunks;  ///< page counts of the room's chunks (the last carries state)
 };
 
-/// What the mode borrows from the benchmark's set-up (src/bench/main.cpp).
+/// What the mode borrows from the benchmark's set-up (src/tools/bench/main.cpp).
 struct layer_wise_env {
   std::vector<std::unique_ptr<client::client>>& prefills;
   std::vector<std::unique_ptr<client::client>>& decodes;

@@ -1,7 +1,7 @@
 // ferry-bench: drive a request workload through running prefill and decode ferryds (one per
 // rank: several --prefill-socket / --decode-socket for TP or PP geometries) and, in the same
 // run, measure a raw-fabric reference (plain fi_writedata of the same writes between two
-// processes of this benchmark, src/bench/raw_fabric.cpp), then report both and their ratio.
+// processes of this benchmark, src/tools/bench/raw_fabric.cpp), then report both and their ratio.
 //
 // This file: the command line, the connections, the pools and the closed-loop workload; the
 // modes are in their own files (bench.hpp lists them).
@@ -126,7 +126,7 @@ CLI::Option* add_options(CLI::App& app, options& o, bool& no_baseline) {
   app.add_option("--layer-wise", o.layer_wise_ms,
                  "layer-wise streaming: per room, send each layer group as a forward pass making "
                  "one every T_MS ms would, then the same room whole after the last layer; report "
-                 "last send -> Success of both (src/bench/layerwise.cpp)")
+                 "last send -> Success of both (src/tools/bench/layerwise.cpp)")
       ->type_name("T_MS")
       ->check(CLI::PositiveNumber);
   app.add_option("--layer-group", o.layer_group, "with --layer-wise: global layers per send")
@@ -387,11 +387,11 @@ int main(int argc, char** argv) {
                                             .count())
                   << 20;
   ctx.next_room = o.room_base;
-  if (rolling_opts.on)  // src/bench/rolling.cpp
+  if (rolling_opts.on)  // src/tools/bench/rolling.cpp
     return bench::rolling::run(rolling_opts,
                                {o.prefill_sockets, o.decode_sockets, o.prompt_tokens, o.requests,
                                 o.concurrency, o.repeat, o.verify, o.room_base, o.json});
-  if (bench::scale::wanted(scale_opts))  // --hold, --fan-in-socket: src/bench/scale*.cpp
+  if (bench::scale::wanted(scale_opts))  // --hold, --fan-in-socket: src/tools/bench/scale*.cpp
     return bench::scale::run(scale_opts,
                              {o.prefill_sockets, o.decode_sockets, o.prompt_tokens, o.requests,
                               o.concurrency, o.repeat, o.verify, o.room_base, o.json});
