@@ -22,6 +22,7 @@
 #include "core/config.hpp"
 #include "core/geometry.hpp"
 #include "core/layout.hpp"
+#include "core/peer_checks.hpp"
 #include "core/peer_messages.hpp"
 #include "core/peer_wire.hpp"
 #include "core/plan.hpp"
@@ -36,24 +37,12 @@ namespace ferry {
 // Inside a daemon (local only)
 // ---------------------------------------------------------------------------------------------
 
-/// What a daemon knows of a connected peer; shared read-only by its rooms.
-struct peer_info {
+/// What a daemon knows of a connected peer; shared read-only by its rooms: what its hello said,
+/// checked (core/peer_checks.hpp; the link's version is the highest both ranges hold, so a
+/// cluster moves one daemon at a time), and where it is reached.
+struct peer_info : checked_peer {
   std::string address;  ///< control address (connecting side) or node/instance
-  std::string node;
-  std::string instance;
-  /// The peer protocol version of this link: the highest both ranges hold. A later version that
-  /// changes a peer_* type adds the new layout as a new type and sends the old one where this
-  /// is lower, so a cluster moves one daemon at a time.
-  uint32_t version = peer_protocol_version;
-  pools_config pools;
-  node_layout layout;
-  std::vector<peer_region> regions;
-  peer_region staging;
   transport::peer_handle fabric_peer = 0;
-  rank_schema schema;                       ///< the peer's pools and TP/PP position
-  std::vector<std::string> instance_ranks;  ///< its config's discovery.instance_ranks
-  std::shared_ptr<const link_plan> link;    ///< prefill -> decode plan for this pair, validated at
-                                            ///< handshake (whichever side we are)
   /// The channel to the peer while this description holds: rooms write their messages on it
   /// themselves (`to_peer`). Weak: the link's deliver function holds this description, so a
   /// strong reference back would keep both alive for good where a link is never closed.

@@ -71,19 +71,9 @@ result<std::shared_ptr<peer_info>> validate_peer(const ferry_config& mine, const
                                                  bool we_decode, const std::string& address) {
   auto checked = check_peer_hello(mine, h, we_decode, spoken_peer_version());
   if (!checked) return error{checked.code, std::move(checked.message)};
-  auto& c = checked.value;
   auto info = std::make_shared<peer_info>();
+  static_cast<checked_peer&>(*info) = std::move(checked.value);
   info->address = address;
-  info->node = std::move(c.node);
-  info->instance = std::move(c.instance);
-  info->version = c.version;
-  info->pools = std::move(c.pools);
-  info->layout = std::move(c.layout);
-  info->regions = std::move(c.regions);
-  info->staging = c.staging;
-  info->schema = std::move(c.schema);
-  info->instance_ranks = std::move(c.instance_ranks);
-  info->link = std::move(c.link);
   return info;
 }
 

@@ -30,7 +30,6 @@
 #include <deque>
 #include <optional>
 
-#include "actors/sender_checks.hpp"
 #include "actors/sender_state.hpp"
 #include "core/pack.hpp"
 #include "core/plan.hpp"
@@ -214,7 +213,7 @@ void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p,
   m.state_pages = static_cast<uint32_t>(state_pages.size());
   m.prefix_tokens = p.prefix_tokens;
   m.token = p.token;
-  m.indices = check_named_indices(*st.ctx, *in.from, p, state_pages);
+  m.indices = check_prepare_indices(st.ctx->config.pools, st.ctx->layout, *in.from, p, state_pages);
   const size_t before = st.machine.links().size();
   auto fx = feed(
       st,
@@ -282,9 +281,7 @@ void on_grant(sender_actor* self, peer_inbound& in, const peer_staging_grant& g)
     if (l.connection != in.connection || l.prep.token != g.token ||
         l.prep.dst_staging != staging_on_request || !l.asked)
       continue;
-    if (auto ok =
-            check_staging_offset(terms_of(*in.from), st.room, g.offset, l.prep.dst_pages.size());
-        !ok)
+    if (auto ok = check_staging_offset(*in.from, st.room, g.offset, l.prep.dst_pages.size()); !ok)
       return on_outcome(self, in, true, g.token, false, ok.code, ok.message);
     l.prep.dst_staging = g.offset;
     auto held = std::move(l.held);

@@ -120,7 +120,7 @@ result<std::vector<rails::kind>> check_peer_rails(const peer_rails& m) {
 }
 
 result<> check_prepare_indices(const pools_config& mine, const node_layout& my_layout,
-                               const peer_terms& from, const peer_prepare& p,
+                               const checked_peer& from, const peer_prepare& p,
                                const std::vector<uint32_t>& state_pages) {
   const auto& dl = from.layout;
   if (!p.dst_pages.empty()) {
@@ -174,11 +174,11 @@ result<> check_prepare_indices(const pools_config& mine, const node_layout& my_l
   return check_staging_offset(from, p.room, p.dst_staging, p.dst_pages.size());
 }
 
-result<> check_staging_offset(const peer_terms& from, uint64_t room, uint64_t offset,
+result<> check_staging_offset(const checked_peer& from, uint64_t room, uint64_t offset,
                               size_t pages) {
   if (offset == no_staging) return {};
   // Head-sliced KV to unpack, or whole pages and packed slices to scatter (core/pack.hpp).
-  const auto need = from.link.landing_bytes(pages);
+  const auto need = from.link->landing_bytes(pages);
   if (offset == staging_on_request) {
     if (from.version < peer_late_staging_version || !need || !from.staging.present)
       return error{

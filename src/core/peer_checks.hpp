@@ -61,26 +61,19 @@ result<int> check_peer_proof(const cluster_secrets& secrets, const bytes& ours,
 /// Its endpoints' kinds, in order, for `rails::pair_rails`.
 result<std::vector<rails::kind>> check_peer_rails(const peer_rails& m);
 
-/// What a prefill holds of a decode rank from its handshake, to check that rank's prepares.
-struct peer_terms {
-  const node_layout& layout;
-  const link_plan& link;
-  uint32_t version;
-  const peer_region& staging;
-};
-
 /// A decode rank's prepare, before a write is planned from it (`errc::invalid_request`, naming
 /// the room and the field; a buggy or hostile peer never gets a write outside its pools): its
 /// pages, its state slot or pages (one slot when our state pool takes slots, "mamba requires
 /// single state index" when it names none), its aux row, and its staging offset. `mine` and
-/// `my_layout` are this prefill's pools.
+/// `my_layout` are this prefill's pools, `from` what the decode rank's hello said.
 result<> check_prepare_indices(const pools_config& mine, const node_layout& my_layout,
-                               const peer_terms& from, const peer_prepare& p,
+                               const checked_peer& from, const peer_prepare& p,
                                const std::vector<uint32_t>& state_pages);
 
 /// A staging offset for `pages` pages of room `room`: the link's landing block must lie inside
 /// the decode's staging region. `staging_on_request` passes only where the link speaks the
 /// version of late grants and something of it lands in staging.
-result<> check_staging_offset(const peer_terms& from, uint64_t room, uint64_t offset, size_t pages);
+result<> check_staging_offset(const checked_peer& from, uint64_t room, uint64_t offset,
+                              size_t pages);
 
 }  // namespace ferry

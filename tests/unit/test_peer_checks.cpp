@@ -150,8 +150,11 @@ TEST_CASE("a decode rank's prepare names indices inside the pools it declared, o
   const auto decode = with_role("decode"), prefill = with_role("prefill");
   const auto mine = make_layout(prefill.pools), theirs = make_layout(decode.pools);
   const auto link = make_link_plan(schema_of(prefill), schema_of(decode)).value;
-  const peer_region staging{true, 0x1000, 7, 1u << 20};
-  const peer_terms from{theirs, link, 11, staging};
+  checked_peer from;  // what the decode rank's hello said
+  from.layout = theirs;
+  from.link = std::make_shared<link_plan>(link);
+  from.version = 11;
+  from.staging = {true, 0x1000, 7, 1u << 20};
   peer_prepare p;
   p.room = 7;
   p.dst_pages = {0, 1};
@@ -192,7 +195,8 @@ TEST_CASE("a decode rank's prepare names indices inside the pools it declared, o
     CHECK(r.message == fmt::format("room 7: staging offset {} ({} bytes) is outside the decode's "
                                    "staging region of 1048576 bytes",
                                    (1u << 20) - need + 1, need));
-    const peer_terms older{theirs, link, 9, staging};
+    auto older = from;
+    older.version = 9;
     r = check_staging_offset(older, 7, staging_on_request, 2);
     REQUIRE_FALSE(r);
     CHECK(r.message ==
