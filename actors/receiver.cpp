@@ -75,9 +75,8 @@ using receiver_actor = caf::stateful_actor<receiver_state>;
 void apply(receiver_actor* self, receiver::effects fx);
 
 /// Feed the machine one event, traced with FERRY_TRACE_DIR (actors/room_trace.hpp).
-template <class Describe, class Call>
-receiver::effects feed(receiver_state& st, Describe&& describe, Call&& call) {
-  return trace::feed(st.trace.get(), std::forward<Describe>(describe), std::forward<Call>(call));
+inline receiver::effects feed(receiver_state& st, receiver::event e) {
+  return trace::feed(st.trace.get(), st.machine, std::move(e));
 }
 using trace::json;
 
@@ -125,12 +124,7 @@ void unpack_step(receiver_actor* self) {
   if (st.unpacked < st.unpack.size())
     self->send(self, unpack_atom::value);
   else
-    apply(self, feed(
-                    st,
-                    [] {
-                      return json{{"e", "unpacked"}};
-                    },
-                    [&] { return st.machine.unpacked(); }));
+    apply(self, feed(st, receiver::ev::unpacked{}));
 }
 
 /// What landed against each rank's digests (integrity.checksums): the first difference, or "".
@@ -164,12 +158,7 @@ void apply(receiver_actor* self, receiver::effects fx) {
             auto at = x.wait ? staging_or_wait(self, st.ctx, x.bytes)
                              : st.ctx->staging->try_allocate(x.bytes);
             if (!at && !x.wait) {
-              apply(self, feed(
-                              st,
-                              [] {
-                                return json{{"e", "staging_declined"}};
-                              },
-                              [&] { return st.machine.staging_declined(); }));
+              apply(self, feed(st, receiver::ev::staging_declined{}));
               return;
             }
             if (!at) {
@@ -182,12 +171,7 @@ void apply(receiver_actor* self, receiver::effects fx) {
               return;  // staging_atom once some is released
             }
             if (st.noted) note(self, {});
-            apply(self, feed(
-                            st,
-                            [&] {
-                              return json{{"e", "staging_reserved"}, {"at", *at}};
-                            },
-                            [&] { return st.machine.staging_reserved(*at); }));
+            apply(self, feed(st, receiver::ev::staging_reserved{*at}));
           } else if constexpr (std::is_same_v<E, receiver::no_staging>) {
             if (x.full) {
               st.ctx->log_room->debug(
@@ -256,14 +240,7 @@ void apply(receiver_actor* self, receiver::effects fx) {
             const auto why = check_digests(st);
             const auto code = why.empty() ? errc::ok : errc::checksum_mismatch;
             if (code == errc::ok) st.ctx->metrics->room_verified();
-            apply(self, feed(
-                            st,
-                            [&] {
-                              return json{{"e", "verified"},
-                                          {"code", static_cast<int>(code)},
-                                          {"reason", why}};
-                            },
-                            [&] { return st.machine.verified(code, why); }));
+            apply(self, feed(st, receiver::ev::verified{code, why}));
           } else if constexpr (std::is_same_v<E, receiver::release_staging>) {
             st.ctx->staging->release(x.at);
           } else if constexpr (std::is_same_v<E, receiver::fence>) {
@@ -293,16 +270,7 @@ void on_announce(receiver_actor* self, size_t i, const peer_announce& a) {
   auto& st = self->state;
   st.commit.announced(std::chrono::steady_clock::now());
   st.timeline.mark(decode_mark::announced);
-  apply(self, feed(
-                  st,
-                  [&] {
-                    return json{{"e", "announce"},
-                                {"i", i},
-                                {"token", a.token},
-                                {"writes", a.total_writes},
-                                {"bytes", a.total_bytes}};
-                  },
-                  [&] { return st.machine.announce(i, a.token, a.total_writes, a.total_bytes); }));
+  apply(self, feed(st, receiver::ev::announce{i, a.token, a.total_writes, a.total_bytes}));
 }
 
 void on_peer(receiver_actor* self, peer_inbound& in) {
@@ -313,15 +281,7 @@ void on_peer(receiver_actor* self, peer_inbound& in) {
         [&](peer_prepare_ack& a) {
           const bool before = st.machine.all_accepted();
           auto fx = feed(
-              st,
-              [&] {
-                return json{{"e", "prepare_ack"}, {"i", i},         {"token", a.token},
-                            {"ok", a.ok},         {"code", a.code}, {"reason", a.reason}};
-              },
-              [&] {
-                return st.machine.prepare_ack(i, a.token, a.ok, static_cast<errc>(a.code),
-                                              a.reason);
-              });
+              st, receiver::ev::prepare_ack{i, a.token, a.ok, static_cast<errc>(a.code), a.reason});
           // Test hook: a Receiver dying while its prefill ranks may write (scheduler.cpp).
           if (!before && st.machine.all_accepted()) st.timeline.mark(decode_mark::acknowledged);
           if (!before && st.machine.all_accepted() && os::failpoint("receiver_throw_on_accepted"))
@@ -336,36 +296,14 @@ void on_peer(receiver_actor* self, peer_inbound& in) {
           on_announce(self, i, a.announce);
         },
         [&](peer_outcome& o) {
-          apply(self, feed(
-                          st,
-                          [&] {
-                            return json{{"e", "outcome"}, {"i", i},         {"token", o.token},
-                                        {"ok", o.ok},     {"code", o.code}, {"reason", o.reason}};
-                          },
-                          [&] {
-                            return st.machine.outcome(i, o.token, o.ok, static_cast<errc>(o.code),
-                                                      o.reason);
-                          }));
+          apply(self, feed(st, receiver::ev::outcome{i, o.token, o.ok, static_cast<errc>(o.code),
+                                                     o.reason}));
         },
         [&](peer_staging_request& q) {
-          apply(self, feed(
-                          st,
-                          [&] {
-                            return json{{"e", "staging_requested"}, {"i", i}, {"token", q.token}};
-                          },
-                          [&] { return st.machine.staging_requested(i, q.token); }));
+          apply(self, feed(st, receiver::ev::staging_requested{i, q.token}));
         },
         [&](peer_drained& d) {
-          apply(self, feed(
-                          st,
-                          [&] {
-                            return json{{"e", "drained"},
-                                        {"i", i},
-                                        {"token", d.token},
-                                        {"completed", d.completed},
-                                        {"failed", d.failed}};
-                          },
-                          [&] { return st.machine.drained(i, d.token, d.completed, d.failed); }));
+          apply(self, feed(st, receiver::ev::drained{i, d.token, d.completed, d.failed}));
         },
     });
   });
@@ -375,14 +313,7 @@ void on_peer(receiver_actor* self, peer_inbound& in) {
 void unusable(receiver_actor* self, size_t i, errc code, const std::string& problem) {
   auto& st = self->state;
   const auto why = fmt::format("could not use peer {}: {}", st.prep.prefill_peers[i], problem);
-  apply(self,
-        feed(
-            st,
-            [&] {
-              return json{
-                  {"e", "unusable"}, {"i", i}, {"code", static_cast<int>(code)}, {"why", why}};
-            },
-            [&] { return st.machine.unusable(i, code, why); }));
+  apply(self, feed(st, receiver::ev::unusable{i, code, why}));
 }
 
 /// Named peer `i` looked up: its geometry and where its KV lands, or why it cannot be used.
@@ -404,17 +335,7 @@ void on_lookup(receiver_actor* self, size_t i, peer_lookup& r) {
                                   peer_checksums_version, r.info->version));
     }
     if (!st.named[i]) st.named[i] = std::move(r.info);
-    apply(self, feed(
-                    st,
-                    [&] {
-                      return json{{"e", "resolved"},
-                                  {"i", i},
-                                  {"schema", trace::schema_json(schema)},
-                                  {"unpack", need},
-                                  {"optional", land.scatter},
-                                  {"asks", asks}};
-                    },
-                    [&] { return st.machine.resolved(i, schema, need, land.scatter, asks); }));
+    apply(self, feed(st, receiver::ev::resolved{i, schema, need, land.scatter, asks}));
     return;
   }
   unusable(self, i, r.code == errc::ok ? errc::peer_unreachable : r.code, r.error);
@@ -450,12 +371,7 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
   // Before any prepare leaves: what its prefill ranks answer comes straight here.
   st.ctx->routes.add_decode(token, static_cast<uint32_t>(st.connections.size()),
                             caf::actor_cast<caf::actor>(self));
-  apply(self, feed(
-                  st,
-                  [] {
-                    return json{{"e", "start"}};
-                  },
-                  [&] { return st.machine.start(); }));
+  apply(self, feed(st, receiver::ev::start{}));
   // Learn every named peer's geometry: from the Scheduler where it knew the peer ready (no
   // round trip), else from its Connection (its handshake may still be running).
   for (size_t i = 0; i < st.connections.size(); ++i) {
@@ -484,58 +400,27 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
         auto& st = self->state;
         st.commit.write_done(std::chrono::steady_clock::now());  // the last one starts the commit
         st.timeline.mark(decode_mark::landed);
-        apply(self, feed(
-                        st,
-                        [&] {
-                          return json{{"e", "landed"}, {"token", m.token}, {"count", m.count}};
-                        },
-                        [&] { return st.machine.landed(m.token, m.count); }));
+        apply(self, feed(st, receiver::ev::landed{m.token, m.count}));
       },
       [=](staging_atom) {
         auto& st = self->state;
-        apply(self, feed(
-                        st,
-                        [] {
-                          return json{{"e", "staging_freed"}};
-                        },
-                        [&] { return st.machine.staging_freed(); }));
+        apply(self, feed(st, receiver::ev::staging_freed{}));
       },
       [=](unpack_atom) { unpack_step(self); },
       [=](cancel_atom, const std::string& why) {
         auto& st = self->state;
-        apply(self, feed(
-                        st,
-                        [&] {
-                          return json{{"e", "cancel"}, {"why", why}};
-                        },
-                        [&] { return st.machine.cancel(why); }));
+        apply(self, feed(st, receiver::ev::cancel{why}));
       },
       [=](peer_down& d) {
         for_named(self, d.connection, [&](size_t i) {
           auto& st = self->state;
           const auto why = describe(d);
-          apply(self, feed(
-                          st,
-                          [&] {
-                            return json{{"e", "peer_down"},
-                                        {"i", i},
-                                        {"fenced", d.fenced},
-                                        {"code", static_cast<int>(d.code)},
-                                        {"why", why}};
-                          },
-                          [&] { return st.machine.peer_down(i, d.fenced, d.code, why); }));
+          apply(self, feed(st, receiver::ev::peer_down{i, d.fenced, d.code, why}));
         });
       },
       [=](room_deadline& d) {
         auto& st = self->state;
-        apply(self, feed(
-                        st,
-                        [&] {
-                          return json{{"e", "expired"},
-                                      {"kind", static_cast<int>(d.kind)},
-                                      {"generation", d.generation}};
-                        },
-                        [&] { return st.machine.expired(d.kind, d.generation); }));
+        apply(self, feed(st, receiver::ev::expired{d.kind, d.generation}));
       },
   };
 }

@@ -148,12 +148,7 @@ void apply(sender_actor* self, sender::effects fx, const answering& to) {
                                     x.ends_room);
             pump(self);
             const bool pending = pack_pending(st);
-            apply(self, feed(
-                            st,
-                            [&] {
-                              return trace::json{{"e", "chunk_posted"}, {"pending", pending}};
-                            },
-                            [&] { return st.machine.chunk_posted(pending); }));
+            apply(self, feed(st, sender::ev::chunk_posted{pending}));
           } else if constexpr (std::is_same_v<E, sender::pump>) {
             pumped(self);
           } else if constexpr (std::is_same_v<E, sender::announce>) {
@@ -201,7 +196,7 @@ void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p,
   auto& st = self->state;
   ++st.prepares;  // answered below, whatever the machine makes of it
   const auto& schema = in.from->schema;
-  sender::prepare_in m;
+  sender::ev::prepare m;
   m.link = in.connection.id();
   m.address = in.from->address;
   m.in_group = in.from->link->in_group;
@@ -215,24 +210,7 @@ void on_prepare(sender_actor* self, peer_inbound& in, peer_prepare& p,
   m.token = p.token;
   m.indices = check_prepare_indices(st.ctx->config.pools, st.ctx->layout, *in.from, p, state_pages);
   const size_t before = st.machine.links().size();
-  auto fx = feed(
-      st,
-      [&] {
-        return trace::json{{"e", "prepare"},
-                           {"link", m.link},
-                           {"address", m.address},
-                           {"in_group", m.in_group},
-                           {"tp_size", m.tp_size},
-                           {"tp_rank", m.tp_rank},
-                           {"pp_rank", m.pp_rank},
-                           {"expected_links", m.expected_links},
-                           {"pages", m.pages},
-                           {"state_pages", m.state_pages},
-                           {"prefix_tokens", m.prefix_tokens},
-                           {"token", m.token},
-                           {"indices", trace::result_json(m.indices)}};
-      },
-      [&] { return st.machine.prepare(std::move(m)); });
+  auto fx = feed(st, std::move(m));
   if (st.machine.links().size() > before) {
     if (st.ctx->log_room->should_log(spdlog::level::debug))  // describe() formats
       st.ctx->log_room->debug(
@@ -253,22 +231,8 @@ void on_outcome(sender_actor* self, const peer_inbound& in, bool in_group, uint6
                 errc code, const std::string& reason) {
   auto& st = self->state;
   const uint64_t link = in.connection.id();
-  apply(self, feed(
-                  st,
-                  [&] {
-                    return trace::json{{"e", "outcome"},
-                                       {"link", link},
-                                       {"address", in.from->address},
-                                       {"in_group", in_group},
-                                       {"token", token},
-                                       {"ok", ok},
-                                       {"code", static_cast<int>(code)},
-                                       {"reason", reason}};
-                  },
-                  [&] {
-                    return st.machine.outcome(link, in.from->address, in_group, token, ok, code,
-                                              reason);
-                  }));
+  apply(self,
+        feed(st, sender::ev::outcome{link, in.from->address, in_group, token, ok, code, reason}));
 }
 
 /// The decode granted link `in`'s staging: post the sends held for it, into that block (or
@@ -294,12 +258,7 @@ void on_grant(sender_actor* self, peer_inbound& in, const peer_staging_grant& g)
 
 void cancel(sender_actor* self, const std::string& why) {
   auto& st = self->state;
-  apply(self, feed(
-                  st,
-                  [&] {
-                    return trace::json{{"e", "cancel"}, {"why", why}};
-                  },
-                  [&] { return st.machine.cancel(why); }));
+  apply(self, feed(st, sender::ev::cancel{why}));
 }
 
 void on_peer(sender_actor* self, peer_inbound& in) {
@@ -348,26 +307,12 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
                      {"layers", layers}});
   st.machine = sender::room(room, limits_of(cfg.timeouts), cfg.tp.rank, cfg.tp.size, cfg.pp.rank,
                             std::move(layers));
-  apply(self, feed(
-                  st,
-                  [] {
-                    return trace::json{{"e", "start"}};
-                  },
-                  [&] { return st.machine.start(); }));
+  apply(self, feed(st, sender::ev::start{}));
   return {
       [=](client_request& req) {
         auto& st = self->state;
         auto& c = std::get<proto::send>(req.msg);
-        auto fx = feed(
-            st,
-            [&] {
-              return trace::json{
-                  {"e", "chunk"},         {"room", c.room},
-                  {"pages", c.src_pages}, {"last", c.last},
-                  {"slot", c.state_slot}, {"state_pages", c.state_pages},
-                  {"row", c.aux_row},     {"layers", {c.first_layer, c.layer_count}}};
-            },
-            [&] { return st.machine.chunk(std::move(c)); });
+        auto fx = feed(st, sender::ev::chunk{std::move(c)});
         apply(self, std::move(fx), answering{&req, {}, {}});
       },
       [=](peer_inbound& in) { on_peer(self, in); },
@@ -377,19 +322,8 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
         st.timeline.mark(prefill_mark::written);
         result<> r;
         if (!d.result.ok()) r = error{d.result.code, d.result.message};
-        apply(self, feed(
-                        st,
-                        [&] {
-                          return trace::json{{"e", "batch_done"},
-                                             {"batch", d.batch},
-                                             {"completed", d.result.completed},
-                                             {"failed", d.result.failed},
-                                             {"result", trace::result_json(r)}};
-                        },
-                        [&] {
-                          return st.machine.batch_done(d.batch, d.result.completed, d.result.failed,
-                                                       r);
-                        }));
+        apply(self,
+              feed(st, sender::ev::batch_done{d.batch, d.result.completed, d.result.failed, r}));
       },
       [=](staging_atom) { pumped(self); },
       [=](pump_atom) {
@@ -400,24 +334,11 @@ caf::behavior sender_behavior(sender_actor* self, context_ptr ctx, uint64_t room
       [=](peer_down& d) {
         auto& st = self->state;
         const auto why = describe(d);
-        apply(self, feed(
-                        st,
-                        [&] {
-                          return trace::json{
-                              {"e", "peer_down"}, {"code", static_cast<int>(d.code)}, {"why", why}};
-                        },
-                        [&] { return st.machine.peer_down(d.code, why); }));
+        apply(self, feed(st, sender::ev::peer_down{d.code, why}));
       },
       [=](room_deadline& d) {
         auto& st = self->state;
-        apply(self, feed(
-                        st,
-                        [&] {
-                          return trace::json{{"e", "expired"},
-                                             {"kind", static_cast<int>(d.kind)},
-                                             {"generation", d.generation}};
-                        },
-                        [&] { return st.machine.expired(d.kind, d.generation); }));
+        apply(self, feed(st, sender::ev::expired{d.kind, d.generation}));
       },
   };
 }

@@ -66,15 +66,7 @@ void submit(sender_actor* self, size_t i, std::optional<uint64_t> staging) {
   metrics->writes_posted(w.size(), bytes);
   // The machine counts notifications, what the decode counts: the announced total.
   const uint64_t writes = ctx.engine->submit(std::move(batch));
-  apply(
-      self,
-      feed(
-          st,
-          [&] {
-            return trace::json{
-                {"e", "posted"}, {"link", i}, {"batch", id}, {"writes", writes}, {"bytes", bytes}};
-          },
-          [&] { return st.machine.posted(i, id, writes, bytes); }));
+  apply(self, feed(st, sender::ev::posted{i, id, writes, bytes}));
 }
 
 }  // namespace
@@ -120,12 +112,7 @@ void pumped(sender_actor* self) {
   auto& st = self->state;
   pump(self);
   const bool pending = pack_pending(st);
-  apply(self, feed(
-                  st,
-                  [&] {
-                    return trace::json{{"e", "pumped"}, {"pending", pending}};
-                  },
-                  [&] { return st.machine.pumped(pending); }));
+  apply(self, feed(st, sender::ev::pumped{pending}));
 }
 
 void post_link(sender_actor* self, size_t i, const sender::post_chunk& post) {

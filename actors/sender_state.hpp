@@ -85,9 +85,8 @@ void pumped(sender_actor* self);
 void post_link(sender_actor* self, size_t i, const sender::post_chunk& post);
 
 /// Feed the machine one event, traced with FERRY_TRACE_DIR (actors/room_trace.hpp).
-template <class Describe, class Call>
-sender::effects feed(sender_state& st, Describe&& describe, Call&& call) {
-  return trace::feed(st.trace.get(), std::forward<Describe>(describe), std::forward<Call>(call));
+inline sender::effects feed(sender_state& st, sender::event e) {
+  return trace::feed(st.trace.get(), st.machine, std::move(e));
 }
 
 }  // namespace ferry::sending

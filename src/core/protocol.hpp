@@ -110,6 +110,11 @@ struct send {
   /// v8: the source pages of a paged state pool (last chunk only; as many as the decode's)
   std::vector<uint32_t> state_pages{};
 };
+inline void inspect(auto& f, send& x) {
+  f("room", x.room)("src_pages", x.src_pages)("last", x.last)("state_slot", x.state_slot)(
+      "aux_row", x.aux_row)("first_layer", x.first_layer)("layer_count", x.layer_count)(
+      "state_pages", x.state_pages);
+}
 struct poll {
   uint64_t room = 0;
 };

@@ -41,10 +41,14 @@ void room::advance(room_status s, effects& out) {
   if (!e.empty()) out.push_back(life{std::move(e)});
 }
 
-effects room::start() { return {life{life_.start()}}; }
+effects room::on(event e) {
+  return std::visit([this](auto& x) { return handle(std::move(x)); }, e);
+}
 
-effects room::resolved(size_t i, const rank_schema& schema, uint64_t unpack_bytes, bool optional,
-                       bool asks) {
+effects room::handle(ev::start) { return {life{life_.start()}}; }
+
+effects room::handle(ev::resolved e) {
+  const auto& [i, schema, unpack_bytes, optional, asks] = e;
   effects out;
   if (i >= named_.size() || ended()) return out;
   auto& n = named_[i];
@@ -58,7 +62,8 @@ effects room::resolved(size_t i, const rank_schema& schema, uint64_t unpack_byte
   return out;
 }
 
-effects room::unusable(size_t i, errc code, std::string why) {
+effects room::handle(ev::unusable e) {
+  auto& [i, code, why] = e;
   effects out;
   if (i >= named_.size() || ended()) return out;
   auto& n = named_[i];
@@ -136,7 +141,8 @@ void room::reserve_and_prepare(effects& out) {
   out.push_back(send_prepares{});
 }
 
-effects room::staging_requested(size_t i, uint64_t token) {
+effects room::handle(ev::staging_requested e) {
+  const auto [i, token] = e;
   effects out;
   auto* l = link(i, token);
   // Only a link whose prepare said so asks, and once: anything else is ignored.
@@ -159,7 +165,8 @@ void room::grant_requested(effects& out) {
     if (links_[j].requested) out.emplace_back(std::in_place_type<grant>, grant{j});
 }
 
-effects room::staging_reserved(uint64_t at) {
+effects room::handle(ev::staging_reserved e) {
+  uint64_t at = e.at;
   effects out;
   if (!reserving_) return {release_staging{at}};  // not asked for: not ours to keep
   reserving_ = false;
@@ -180,7 +187,7 @@ effects room::staging_reserved(uint64_t at) {
   return out;
 }
 
-effects room::staging_freed() {
+effects room::handle(ev::staging_freed) {
   effects out;
   if (!reserving_ || ended()) return out;
   reserving_ = false;  // the reservation that waited is answered by asking again
@@ -193,7 +200,7 @@ effects room::staging_freed() {
   return out;
 }
 
-effects room::staging_declined() {
+effects room::handle(ev::staging_declined) {
   effects out;
   if (!reserving_) return out;
   reserving_ = false;
@@ -216,7 +223,8 @@ effects room::staging_declined() {
   return out;
 }
 
-effects room::prepare_ack(size_t i, uint64_t token, bool ok, errc code, const std::string& reason) {
+effects room::handle(ev::prepare_ack e) {
+  const auto& [i, token, ok, code, reason] = e;
   effects out;
   auto* l = link(i, token);
   if (!l || life_.terminal()) return out;
@@ -237,7 +245,8 @@ effects room::prepare_ack(size_t i, uint64_t token, bool ok, errc code, const st
   return out;
 }
 
-effects room::announce(size_t i, uint64_t token, uint64_t writes, uint64_t bytes) {
+effects room::handle(ev::announce e) {
+  const auto [i, token, writes, bytes] = e;
   effects out;
   auto* l = link(i, token);
   if (!l || ended()) return out;
@@ -267,7 +276,8 @@ effects room::announce(size_t i, uint64_t token, uint64_t writes, uint64_t bytes
   return out;
 }
 
-effects room::outcome(size_t i, uint64_t token, bool ok, errc code, const std::string& reason) {
+effects room::handle(ev::outcome e) {
+  const auto& [i, token, ok, code, reason] = e;
   effects out;
   auto* l = link(i, token);
   if (!l || ok) return out;
@@ -276,7 +286,8 @@ effects room::outcome(size_t i, uint64_t token, bool ok, errc code, const std::s
   return out;
 }
 
-effects room::drained(size_t i, uint64_t token, uint64_t completed, uint64_t failed) {
+effects room::handle(ev::drained e) {
+  const auto [i, token, completed, failed] = e;
   effects out;
   auto* l = link(i, token);
   if (!l || l->drained || life_.terminal()) return out;
@@ -296,7 +307,8 @@ effects room::drained(size_t i, uint64_t token, uint64_t completed, uint64_t fai
   return out;
 }
 
-effects room::landed(uint64_t token, uint64_t count) {
+effects room::handle(ev::landed e) {
+  const auto [token, count] = e;
   effects out;
   for (auto& l : links_)
     if (l.token == token) l.landed += count;
@@ -331,7 +343,7 @@ void room::evaluate(commit_counter::state c, effects& out) {
   }
 }
 
-effects room::unpacked() {
+effects room::handle(ev::unpacked) {
   effects out;
   if (!unpacking_ || ended() || verifying_) return out;
   landed_all(out);
@@ -344,7 +356,8 @@ void room::landed_all(effects& out) {
   out.push_back(verify{});
 }
 
-effects room::verified(errc code, const std::string& reason) {
+effects room::handle(ev::verified e) {
+  const auto& [code, reason] = e;
   effects out;
   if (!verifying_ || ended()) return out;
   verifying_ = false;
@@ -362,13 +375,14 @@ void room::succeed(effects& out) {
   advance(room_status::success, out);
 }
 
-effects room::cancel(const std::string& why) {
+effects room::handle(ev::cancel e) {
   effects out;
-  fail(errc::cancelled, why, true, out);
+  fail(errc::cancelled, std::move(e.why), true, out);
   return out;
 }
 
-effects room::peer_down(size_t i, bool fenced, errc code, const std::string& why) {
+effects room::handle(ev::peer_down e) {
+  auto& [i, fenced, code, why] = e;
   effects out;
   if (i >= named_.size() || life_.terminal()) return out;
   if (!selected_) {
@@ -379,7 +393,7 @@ effects room::peer_down(size_t i, bool fenced, errc code, const std::string& why
       n.resolved = false;
       --looked_up_;
     }
-    return unusable(i, code, why);
+    return handle(ev::unusable{i, code, std::move(why)});
   }
   // After selection, a named peer the geometry left out does not matter.
   link_record* l = nullptr;
@@ -392,9 +406,9 @@ effects room::peer_down(size_t i, bool fenced, errc code, const std::string& why
   return out;
 }
 
-effects room::expired(deadline_kind k, uint64_t generation) {
+effects room::handle(ev::expired e) {
   effects out;
-  auto x = life_.expired(k, generation);
+  auto x = life_.expired(e.kind, e.generation);
   if (!x) return out;  // no longer applies
   if (x->what == expiry::kind::timed_out) {
     fail(errc::timed_out,

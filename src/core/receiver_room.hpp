@@ -37,10 +37,12 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
 #include "core/geometry.hpp"
+#include "core/inspect.hpp"
 #include "core/plan.hpp"
 #include "core/room_lifecycle.hpp"
 
@@ -74,54 +76,228 @@ struct link_record {
   }
 };
 
+// The events, fed one at a time to `room::on` (core/inspect.hpp: each a name and its fields).
+namespace ev {
+/// The room's actor started.
+struct start {
+  static constexpr std::string_view name = "start";
+};
+/// Named peer `i` finished its handshake: its geometry, and the staging its KV would land in
+/// (plan_landing); `optional`: a block to scatter, which the room does not wait for; `asks`: it
+/// asks for its staging offset when its writes are about to start (version 10).
+struct resolved {
+  static constexpr std::string_view name = "resolved";
+  size_t i = 0;
+  rank_schema schema;
+  uint64_t unpack_bytes = 0;
+  bool optional = false;
+  bool asks = false;
+};
+/// Named peer `i` cannot be used (its handshake failed).
+struct unusable {
+  static constexpr std::string_view name = "unusable";
+  size_t i = 0;
+  errc code = errc::ok;
+  std::string why;
+};
+/// Named peer `i`'s writes are about to start: it asks where its KV lands in staging.
+struct staging_requested {
+  static constexpr std::string_view name = "staging_requested";
+  size_t i = 0;
+  uint64_t token = 0;
+};
+/// A `reserve_staging` got the block at `at`.
+struct staging_reserved {
+  static constexpr std::string_view name = "staging_reserved";
+  uint64_t at = 0;
+};
+/// Staging freed up (a reservation that waits asks again).
+struct staging_freed {
+  static constexpr std::string_view name = "staging_freed";
+};
+/// A reservation that was not to wait found staging full: the optional blocks are dropped.
+struct staging_declined {
+  static constexpr std::string_view name = "staging_declined";
+};
+/// A prefill rank's answer to its prepare.
+struct prepare_ack {
+  static constexpr std::string_view name = "prepare_ack";
+  size_t i = 0;
+  uint64_t token = 0;
+  bool ok = false;
+  errc code = errc::ok;
+  std::string reason;
+};
+/// A prefill rank's total of writes.
+struct announce {
+  static constexpr std::string_view name = "announce";
+  size_t i = 0;
+  uint64_t token = 0, writes = 0, bytes = 0;
+};
+/// A prefill rank's outcome (peer_outcome).
+struct outcome {
+  static constexpr std::string_view name = "outcome";
+  size_t i = 0;
+  uint64_t token = 0;
+  bool ok = false;
+  errc code = errc::ok;
+  std::string reason;
+};
+/// Rank `i` drained: `completed` of its writes (notifications) completed and `failed` did not.
+/// A failed write may leave writes of its batch placed or in flight that no landed notification
+/// covers, so a rank that reports one is fenced.
+struct drained {
+  static constexpr std::string_view name = "drained";
+  size_t i = 0;
+  uint64_t token = 0, completed = 0, failed = 0;
+};
+/// `count` writes carrying `token` landed.
+struct landed {
+  static constexpr std::string_view name = "landed";
+  uint64_t token = 0, count = 0;
+};
+/// The `unpack` is done.
+struct unpacked {
+  static constexpr std::string_view name = "unpacked";
+};
+/// The `verify` is done: `code` ok when every digest matched, else checksum_mismatch (or why it
+/// could not check) and the first difference.
+struct verified {
+  static constexpr std::string_view name = "verified";
+  errc code = errc::ok;
+  std::string reason;
+};
+struct cancel {
+  static constexpr std::string_view name = "cancel";
+  std::string why;
+};
+/// Named peer `i`'s connection ended (`fenced`: its registrations are closed).
+struct peer_down {
+  static constexpr std::string_view name = "peer_down";
+  size_t i = 0;
+  bool fenced = false;
+  errc code = errc::ok;
+  std::string why;
+};
+/// A deadline armed by a `life` effect passed.
+struct expired {
+  static constexpr std::string_view name = "expired";
+  deadline_kind kind = deadline_kind::state;
+  uint64_t generation = 0;
+};
+
+inline void inspect(auto&, start&) {}
+inline void inspect(auto& f, resolved& x) {
+  f("i", x.i)("schema", x.schema)("unpack_bytes", x.unpack_bytes)("optional", x.optional)("asks",
+                                                                                          x.asks);
+}
+inline void inspect(auto& f, unusable& x) { f("i", x.i)("code", x.code)("why", x.why); }
+inline void inspect(auto& f, staging_requested& x) { f("i", x.i)("token", x.token); }
+inline void inspect(auto& f, staging_reserved& x) { f("at", x.at); }
+inline void inspect(auto&, staging_freed&) {}
+inline void inspect(auto&, staging_declined&) {}
+inline void inspect(auto& f, prepare_ack& x) {
+  f("i", x.i)("token", x.token)("ok", x.ok)("code", x.code)("reason", x.reason);
+}
+inline void inspect(auto& f, announce& x) {
+  f("i", x.i)("token", x.token)("writes", x.writes)("bytes", x.bytes);
+}
+inline void inspect(auto& f, outcome& x) {
+  f("i", x.i)("token", x.token)("ok", x.ok)("code", x.code)("reason", x.reason);
+}
+inline void inspect(auto& f, drained& x) {
+  f("i", x.i)("token", x.token)("completed", x.completed)("failed", x.failed);
+}
+inline void inspect(auto& f, landed& x) { f("token", x.token)("count", x.count); }
+inline void inspect(auto&, unpacked&) {}
+inline void inspect(auto& f, verified& x) { f("code", x.code)("reason", x.reason); }
+inline void inspect(auto& f, cancel& x) { f("why", x.why); }
+inline void inspect(auto& f, peer_down& x) {
+  f("i", x.i)("fenced", x.fenced)("code", x.code)("why", x.why);
+}
+inline void inspect(auto& f, expired& x) { f("kind", x.kind)("generation", x.generation); }
+}  // namespace ev
+
+using event = std::variant<ev::start, ev::resolved, ev::unusable, ev::staging_requested,
+                           ev::staging_reserved, ev::staging_freed, ev::staging_declined,
+                           ev::prepare_ack, ev::announce, ev::outcome, ev::drained, ev::landed,
+                           ev::unpacked, ev::verified, ev::cancel, ev::peer_down, ev::expired>;
+
 // The effects, carried out in the order given.
 /// Reserve `bytes` of staging; answered by `staging_reserved`, or, when full, later by
 /// `staging_freed` (`wait`) or at once by `staging_declined` (not `wait`: every link's block
 /// is optional).
 struct reserve_staging {
+  static constexpr std::string_view name = "reserve_staging";
   uint64_t bytes;
   bool wait = true;
 };
 /// The room's KV would need more staging than the whole area (or, `full`, its optional block
 /// found staging full): one write per token (sliced) or per run (whole pages) instead.
 struct no_staging {
+  static constexpr std::string_view name = "no_staging";
   uint64_t need;
   bool full = false;
 };
 /// Send every link its prepare (with its token and staging offset, or `staging_on_request`
 /// for a link with `on_request`).
-struct send_prepares {};
+struct send_prepares {
+  static constexpr std::string_view name = "send_prepares";
+};
 /// Tell link `link` where its KV lands in staging (its `staging`, none: write directly).
 struct grant {
+  static constexpr std::string_view name = "grant";
   size_t link;
 };
 /// Tell every link how the room ended (peer_outcome).
 struct tell {
+  static constexpr std::string_view name = "tell";
   bool ok;
   std::string reason;
   errc code;
 };
 /// The room failed (for the log).
 struct failed {
+  static constexpr std::string_view name = "failed";
   std::string reason;
 };
 /// Copy the KV that landed in staging into the pages (links with `staging`); then `unpacked`.
-struct unpack {};
+struct unpack {
+  static constexpr std::string_view name = "unpack";
+};
 /// Digest what landed and compare it with each rank's digests (a checked room); then
 /// `verified`.
-struct verify {};
+struct verify {
+  static constexpr std::string_view name = "verify";
+};
 /// The room's staging block may be reused.
 struct release_staging {
+  static constexpr std::string_view name = "release_staging";
   uint64_t at;
 };
 /// End link `link`'s connection (its keys closed): its drain did not complete in time.
 struct fence {
+  static constexpr std::string_view name = "fence";
   size_t link;
   std::string reason;
 };
+/// The lifecycle's: cancel and arm deadlines, report a status, end the actor.
 struct life {
+  static constexpr std::string_view name = "life";
   lifecycle_effects effects;
 };
+
+inline void inspect(auto& f, reserve_staging& x) { f("bytes", x.bytes)("wait", x.wait); }
+inline void inspect(auto& f, no_staging& x) { f("need", x.need)("full", x.full); }
+inline void inspect(auto&, send_prepares&) {}
+inline void inspect(auto& f, grant& x) { f("link", x.link); }
+inline void inspect(auto& f, tell& x) { f("ok", x.ok)("reason", x.reason)("code", x.code); }
+inline void inspect(auto& f, failed& x) { f("reason", x.reason); }
+inline void inspect(auto&, unpack&) {}
+inline void inspect(auto&, verify&) {}
+inline void inspect(auto& f, release_staging& x) { f("at", x.at); }
+inline void inspect(auto& f, fence& x) { f("link", x.link)("reason", x.reason); }
+inline void inspect(auto& f, life& x) { f("effects", x.effects); }
 
 using effect = std::variant<reserve_staging, no_staging, send_prepares, grant, tell, failed, unpack,
                             verify, release_staging, fence, life>;
@@ -137,37 +313,8 @@ class room {
        uint64_t first_token, uint32_t pages, uint64_t staging_capacity, bool checks = false);
   room() = default;
 
-  effects start();
-  /// Named peer `i` finished its handshake: its geometry, and the staging its KV would land in
-  /// (plan_landing); `optional`: a block to scatter, which the room does not wait for;
-  /// `asks`: it asks for its staging offset when its writes are about to start (version 10).
-  effects resolved(size_t i, const rank_schema& schema, uint64_t unpack_bytes,
-                   bool optional = false, bool asks = false);
-  /// Named peer `i` cannot be used (its handshake failed).
-  effects unusable(size_t i, errc code, std::string why);
-  /// Named peer `i`'s writes are about to start: it asks where its KV lands in staging.
-  effects staging_requested(size_t i, uint64_t token);
-  effects staging_reserved(uint64_t at);
-  effects staging_freed();
-  /// A reservation that was not to wait found staging full: the optional blocks are dropped.
-  effects staging_declined();
-  effects prepare_ack(size_t i, uint64_t token, bool ok, errc code, const std::string& reason);
-  effects announce(size_t i, uint64_t token, uint64_t writes, uint64_t bytes);
-  effects outcome(size_t i, uint64_t token, bool ok, errc code, const std::string& reason);
-  /// Rank `i` drained: `completed` of its writes (notifications) completed and `failed` did
-  /// not. A failed write may leave writes of its batch placed or in flight that no landed
-  /// notification covers, so a rank that reports one is fenced.
-  effects drained(size_t i, uint64_t token, uint64_t completed, uint64_t failed = 0);
-  /// `count` writes carrying `token` landed.
-  effects landed(uint64_t token, uint64_t count);
-  effects unpacked();
-  /// The `verify` is done: `code` ok when every digest matched, else checksum_mismatch (or why
-  /// it could not check) and the first difference.
-  effects verified(errc code, const std::string& reason);
-  effects cancel(const std::string& why);
-  /// Named peer `i`'s connection ended (`fenced`: its registrations are closed).
-  effects peer_down(size_t i, bool fenced, errc code, const std::string& why);
-  effects expired(deadline_kind k, uint64_t generation);
+  /// Feed the room one event: what it asks of its actor, in order.
+  effects on(event e);
 
   room_phase phase() const { return life_.phase(); }
   const room_lifecycle& lifecycle() const { return life_; }
@@ -196,6 +343,23 @@ class room {
     std::string unusable;  ///< why it cannot be used ("" = fine or not known yet)
     errc code = errc::ok;
   };
+  effects handle(ev::start);
+  effects handle(ev::resolved e);
+  effects handle(ev::unusable e);
+  effects handle(ev::staging_requested e);
+  effects handle(ev::staging_reserved e);
+  effects handle(ev::staging_freed);
+  effects handle(ev::staging_declined);
+  effects handle(ev::prepare_ack e);
+  effects handle(ev::announce e);
+  effects handle(ev::outcome e);
+  effects handle(ev::drained e);
+  effects handle(ev::landed e);
+  effects handle(ev::unpacked);
+  effects handle(ev::verified e);
+  effects handle(ev::cancel e);
+  effects handle(ev::peer_down e);
+  effects handle(ev::expired e);
   link_record* link(size_t i, uint64_t token);
   void select(effects& out);
   void reserve_and_prepare(effects& out);

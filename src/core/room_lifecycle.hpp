@@ -62,6 +62,14 @@ struct lifecycle_effects {
   bool empty() const { return cancel.empty() && arm.empty() && !report && !quit; }
 };
 
+inline void inspect(auto& f, lifecycle_effects::arm_deadline& x) {
+  f("kind", x.kind)("generation", x.generation)("ms", x.ms);
+}
+inline void inspect(auto& f, lifecycle_effects& x) {
+  f("cancel", x.cancel)("arm", x.arm)("report", x.report)("reason", x.reason)("code", x.code)(
+      "quit", x.quit);
+}
+
 /// The bounds of a room (from timeouts).
 struct lifecycle_limits {
   uint32_t bootstrapping_ms = 0, waiting_for_input_ms = 0, transferring_ms = 0;

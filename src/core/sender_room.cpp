@@ -32,9 +32,13 @@ void room::advance(room_status s, effects& out) {
   if (!e.empty()) out.push_back(life{std::move(e)});
 }
 
-effects room::start() { return {life{life_.start()}}; }
+effects room::on(event e) {
+  return std::visit([this](auto& x) { return handle(std::move(x)); }, e);
+}
 
-result<> room::check(const prepare_in& in, bool& fatal) const {
+effects room::handle(ev::start) { return {life{life_.start()}}; }
+
+result<> room::check(const ev::prepare& in, bool& fatal) const {
   fatal = false;
   if (!in.in_group)
     return error{errc::invalid_request,
@@ -85,7 +89,7 @@ result<> room::state_pages_match(const proto::send& c) const {
                            id_, c.state_pages.size(), links_.front().state_pages)};
 }
 
-effects room::prepare(prepare_in in) {
+effects room::handle(ev::prepare in) {
   effects out;
   // Every prepare is answered: its decode rank waits for this answer, or for a drain report.
   if (life_.terminal()) {
@@ -151,7 +155,8 @@ effects room::prepare(prepare_in in) {
   return out;
 }
 
-effects room::chunk(proto::send c) {
+effects room::handle(ev::chunk e) {
+  auto& c = e.send;
   effects out;
   if (life_.terminal()) {
     out.push_back(reply{error{errc::invalid_request, fmt::format("room {} has already ended ({})",
@@ -219,7 +224,8 @@ effects room::chunk(proto::send c) {
   return out;
 }
 
-effects room::posted(size_t link, uint64_t batch, uint64_t writes, uint64_t bytes) {
+effects room::handle(ev::posted e) {
+  const auto [link, batch, writes, bytes] = e;
   effects out;
   // Only a post_chunk (once every rank prepared) posts; a batch posted while draining is
   // waited for like any other.
@@ -231,7 +237,8 @@ effects room::posted(size_t link, uint64_t batch, uint64_t writes, uint64_t byte
   return out;
 }
 
-effects room::chunk_posted(bool pack_pending) {
+effects room::handle(ev::chunk_posted e) {
+  const bool pack_pending = e.pack_pending;
   effects out;
   if (unposted_ > 0) --unposted_;
   pack_pending_ = pack_pending;
@@ -239,9 +246,9 @@ effects room::chunk_posted(bool pack_pending) {
   return out;
 }
 
-effects room::pumped(bool pack_pending) {
+effects room::handle(ev::pumped e) {
   effects out;
-  pack_pending_ = pack_pending;
+  pack_pending_ = e.pack_pending;
   maybe_announce(out);
   return out;
 }
@@ -255,7 +262,8 @@ void room::maybe_announce(effects& out) {
   advance(room_status::transferring, out);
 }
 
-effects room::batch_done(uint64_t batch, uint64_t completed, uint64_t failed, const result<>& r) {
+effects room::handle(ev::batch_done e) {
+  const auto& [batch, completed, failed, r] = e;
   effects out;
   std::string to = "?";
   if (auto it = batches_.find(batch); it != batches_.end()) {
@@ -278,8 +286,8 @@ effects room::batch_done(uint64_t batch, uint64_t completed, uint64_t failed, co
   return out;
 }
 
-effects room::outcome(uint64_t link, const std::string& address, bool in_group, uint64_t token,
-                      bool ok, errc code, const std::string& reason) {
+effects room::handle(ev::outcome e) {
+  const auto& [link, address, in_group, token, ok, code, reason] = e;
   effects out;
   if (life_.draining() || life_.terminal()) return out;
   const errc c = code == errc::ok ? errc::internal : code;
@@ -306,21 +314,21 @@ effects room::outcome(uint64_t link, const std::string& address, bool in_group, 
   return out;
 }
 
-effects room::cancel(const std::string& why) {
+effects room::handle(ev::cancel e) {
   effects out;
-  fail(errc::cancelled, why, out);
+  fail(errc::cancelled, std::move(e.why), out);
   return out;
 }
 
-effects room::peer_down(errc code, const std::string& why) {
+effects room::handle(ev::peer_down e) {
   effects out;
-  fail(code, why, out);
+  fail(e.code, std::move(e.why), out);
   return out;
 }
 
-effects room::expired(deadline_kind k, uint64_t generation) {
+effects room::handle(ev::expired e) {
   effects out;
-  auto x = life_.expired(k, generation);
+  auto x = life_.expired(e.kind, e.generation);
   if (!x) return out;  // no longer applies
   if (x->what == expiry::kind::drain_over) {
     finish_drain(fmt::format("; {} write batches were still in flight after the {} ms drain "

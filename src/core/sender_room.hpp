@@ -33,11 +33,13 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <variant>
 #include <vector>
 
+#include "core/inspect.hpp"
 #include "core/layer_ranges.hpp"
 #include "core/plan.hpp"
 #include "core/protocol.hpp"
@@ -52,8 +54,15 @@ inline constexpr std::array<const char*, 3> waits = {
     "waiting for the decode's prepare", "waiting for the client's first chunk",
     "waiting for the last chunk and the decode's commit"};
 
+// The events, fed one at a time to `room::on` (core/inspect.hpp: each a name and its fields).
+namespace ev {
+/// The room's actor started.
+struct start {
+  static constexpr std::string_view name = "start";
+};
 /// A decode rank's prepare, as the actor saw it.
-struct prepare_in {
+struct prepare {
+  static constexpr std::string_view name = "prepare";
   uint64_t link = 0;  ///< the rank, as the actor names it (its connection)
   std::string address;
   bool in_group = false;  ///< the rank receives from this prefill rank (its link plan says so)
@@ -65,6 +74,88 @@ struct prepare_in {
   uint64_t token = 0;
   result<> indices;  ///< its named indices checked against its declared layout
 };
+/// The client's send (a chunk, or a layer range of one).
+struct chunk {
+  static constexpr std::string_view name = "chunk";
+  proto::send send;
+};
+/// The actor posted batch `batch` to link index `link` (writes and bytes of it).
+struct posted {
+  static constexpr std::string_view name = "posted";
+  size_t link = 0;
+  uint64_t batch = 0, writes = 0, bytes = 0;
+};
+/// A `post_chunk` is carried out; `pack_pending`: KV still waits to be packed through staging.
+struct chunk_posted {
+  static constexpr std::string_view name = "chunk_posted";
+  bool pack_pending = false;
+};
+/// A `pump` is carried out (or staging freed up); `pack_pending` as above.
+struct pumped {
+  static constexpr std::string_view name = "pumped";
+  bool pack_pending = false;
+};
+/// Batch `batch` completed locally: `completed` writes landed, `failed` did not; `r` says why.
+struct batch_done {
+  static constexpr std::string_view name = "batch_done";
+  uint64_t batch = 0, completed = 0, failed = 0;
+  result<> r;
+};
+/// A rank's outcome (peer_outcome). `in_group`: the rank is one this prefill rank feeds.
+struct outcome {
+  static constexpr std::string_view name = "outcome";
+  uint64_t link = 0;
+  std::string address;
+  bool in_group = false;
+  uint64_t token = 0;
+  bool ok = false;
+  errc code = errc::ok;
+  std::string reason;
+};
+struct cancel {
+  static constexpr std::string_view name = "cancel";
+  std::string why;
+};
+struct peer_down {
+  static constexpr std::string_view name = "peer_down";
+  errc code = errc::ok;
+  std::string why;
+};
+/// A deadline armed by a `life` effect passed.
+struct expired {
+  static constexpr std::string_view name = "expired";
+  deadline_kind kind = deadline_kind::state;
+  uint64_t generation = 0;
+};
+
+inline void inspect(auto&, start&) {}
+inline void inspect(auto& f, prepare& x) {
+  f("link", x.link)("address", x.address)("in_group", x.in_group)("tp_size", x.tp_size)(
+      "tp_rank", x.tp_rank)("pp_rank", x.pp_rank)("expected_links", x.expected_links)(
+      "pages", x.pages)("state_pages", x.state_pages)("prefix_tokens", x.prefix_tokens)(
+      "token", x.token)("indices", x.indices);
+}
+inline void inspect(auto& f, chunk& x) { f("send", x.send); }
+inline void inspect(auto& f, posted& x) {
+  f("link", x.link)("batch", x.batch)("writes", x.writes)("bytes", x.bytes);
+}
+inline void inspect(auto& f, chunk_posted& x) { f("pack_pending", x.pack_pending); }
+inline void inspect(auto& f, pumped& x) { f("pack_pending", x.pack_pending); }
+inline void inspect(auto& f, batch_done& x) {
+  f("batch", x.batch)("completed", x.completed)("failed", x.failed)("r", x.r);
+}
+inline void inspect(auto& f, outcome& x) {
+  f("link", x.link)("address", x.address)("in_group", x.in_group)("token", x.token)("ok", x.ok)(
+      "code", x.code)("reason", x.reason);
+}
+inline void inspect(auto& f, cancel& x) { f("why", x.why); }
+inline void inspect(auto& f, peer_down& x) { f("code", x.code)("why", x.why); }
+inline void inspect(auto& f, expired& x) { f("kind", x.kind)("generation", x.generation); }
+}  // namespace ev
+
+using event =
+    std::variant<ev::start, ev::prepare, ev::chunk, ev::posted, ev::chunk_posted, ev::pumped,
+                 ev::batch_done, ev::outcome, ev::cancel, ev::peer_down, ev::expired>;
 
 /// One decode rank of the room, in the order they prepared (the actor's links share the index).
 struct link_record {
@@ -84,12 +175,14 @@ struct link_record {
 // The effects, carried out in the order given.
 /// Answer the chunk being handled.
 struct reply {
+  static constexpr std::string_view name = "reply";
   result<> outcome;
 };
 /// Answer a rank's prepare.
 struct ack {
-  uint64_t link;
-  uint64_t token;
+  static constexpr std::string_view name = "ack";
+  uint64_t link = 0;
+  uint64_t token = 0;
   result<> outcome;
 };
 /// Plan `chunk` (its pages from position `first`, the layers of its range) for every rank and
@@ -97,25 +190,48 @@ struct ack {
 /// sends carry the state segments of their layers; `ends_room` (the send completes the last
 /// chunk) carries the aux row.
 struct post_chunk {
+  static constexpr std::string_view name = "post_chunk";
   proto::send chunk;
-  uint32_t first;
+  uint32_t first = 0;
   bool ends_room = false;
 };
 /// Pack and post what waits for staging, then report `pumped`.
-struct pump {};
+struct pump {
+  static constexpr std::string_view name = "pump";
+};
 /// Tell every rank its total (link_record writes and bytes).
-struct announce {};
+struct announce {
+  static constexpr std::string_view name = "announce";
+};
 /// The room failed: tell every rank (peer_outcome), drop what waits for staging.
 struct tell_failed {
+  static constexpr std::string_view name = "tell_failed";
   std::string reason;
-  errc code;
-  size_t in_flight;  ///< write batches still draining
+  errc code = errc::ok;
+  size_t in_flight = 0;  ///< write batches still draining
 };
 /// The drain is over: tell every rank how many of its writes completed (peer_drained).
-struct tell_drained {};
+struct tell_drained {
+  static constexpr std::string_view name = "tell_drained";
+};
+/// The lifecycle's: cancel and arm deadlines, report a status, end the actor.
 struct life {
+  static constexpr std::string_view name = "life";
   lifecycle_effects effects;
 };
+
+inline void inspect(auto& f, reply& x) { f("outcome", x.outcome); }
+inline void inspect(auto& f, ack& x) { f("link", x.link)("token", x.token)("outcome", x.outcome); }
+inline void inspect(auto& f, post_chunk& x) {
+  f("chunk", x.chunk)("first", x.first)("ends_room", x.ends_room);
+}
+inline void inspect(auto&, pump&) {}
+inline void inspect(auto&, announce&) {}
+inline void inspect(auto& f, tell_failed& x) {
+  f("reason", x.reason)("code", x.code)("in_flight", x.in_flight);
+}
+inline void inspect(auto&, tell_drained&) {}
+inline void inspect(auto& f, life& x) { f("effects", x.effects); }
 
 using effect =
     std::variant<reply, ack, post_chunk, pump, announce, tell_failed, tell_drained, life>;
@@ -129,23 +245,8 @@ class room {
        std::vector<uint32_t> layers = {});
   room() = default;
 
-  effects start();
-  effects prepare(prepare_in in);
-  effects chunk(proto::send c);
-  /// The actor posted batch `batch` to link index `link` (writes and bytes of it).
-  effects posted(size_t link, uint64_t batch, uint64_t writes, uint64_t bytes);
-  /// A `post_chunk` is carried out; `pack_pending`: KV still waits to be packed through staging.
-  effects chunk_posted(bool pack_pending);
-  /// A `pump` is carried out (or staging freed up); `pack_pending` as above.
-  effects pumped(bool pack_pending);
-  /// Batch `batch` completed locally: `completed` writes landed, `failed` did not; `r` says why.
-  effects batch_done(uint64_t batch, uint64_t completed, uint64_t failed, const result<>& r);
-  /// A rank's outcome (peer_outcome). `in_group`: the rank is one this prefill rank feeds.
-  effects outcome(uint64_t link, const std::string& address, bool in_group, uint64_t token, bool ok,
-                  errc code, const std::string& reason);
-  effects cancel(const std::string& why);
-  effects peer_down(errc code, const std::string& why);
-  effects expired(deadline_kind k, uint64_t generation);
+  /// Feed the room one event: what it asks of its actor, in order.
+  effects on(event e);
 
   room_phase phase() const { return life_.phase(); }
   const room_lifecycle& lifecycle() const { return life_; }
@@ -159,7 +260,18 @@ class room {
   std::string peer_name() const;
 
  private:
-  result<> check(const prepare_in& in, bool& fatal) const;
+  effects handle(ev::start);
+  effects handle(ev::prepare in);
+  effects handle(ev::chunk e);
+  effects handle(ev::posted e);
+  effects handle(ev::chunk_posted e);
+  effects handle(ev::pumped e);
+  effects handle(ev::batch_done e);
+  effects handle(ev::outcome e);
+  effects handle(ev::cancel e);
+  effects handle(ev::peer_down e);
+  effects handle(ev::expired e);
+  result<> check(const ev::prepare& in, bool& fatal) const;
   /// A last chunk's state pages against the count the decode ranks prepared.
   result<> state_pages_match(const proto::send& c) const;
   void take_chunk(proto::send c, effects& out);

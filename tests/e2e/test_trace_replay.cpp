@@ -52,8 +52,9 @@ void replay_file(const std::string& path, Machine&& make, replayed& out) {
     const auto got = trace::effects_json(trace::replay(m, rec.at("event")));
     CHECK(got == rec.at("effects"));
     for (const auto& e : got)
-      if (e.is_object() && e.contains("life") && e["life"].contains("report"))
-        out.reports.insert(e["life"]["report"]["status"]);
+      if (e.at("e") == "life" && !e["effects"]["report"].is_null())
+        out.reports.insert(
+            to_string(static_cast<room_status>(e["effects"]["report"].template get<int>())));
   }
   out.events += n;
 }

@@ -249,22 +249,22 @@ TEST_CASE("paged state: a last chunk must name as many state pages as the decode
           "[unit][paged_state]") {
   using namespace ferry::sender;
   room m{7, lifecycle_limits{}, 0, 1, 0, {0, 1, 2, 3}};
-  m.start();
-  prepare_in p;
+  m.on(ev::start{});
+  ev::prepare p;
   p.link = 1;
   p.address = "decode1:7401";
   p.in_group = true;
   p.pages = 1;
   p.state_pages = 2;
   p.token = 101;
-  m.prepare(p);
+  m.on(p);
   REQUIRE(m.ready());
   proto::send c;
   c.room = 7;
   c.src_pages = {4};
   c.last = true;
   c.state_pages = {1, 2, 3};
-  auto fx = m.chunk(c);
+  auto fx = m.on(ev::chunk{c});
   REQUIRE(fx.size() == 1);
   const auto* r = std::get_if<reply>(&fx[0]);
   REQUIRE(r);
@@ -272,7 +272,7 @@ TEST_CASE("paged state: a last chunk must name as many state pages as the decode
         "room 7: the last chunk names 3 state pages but the decode prepared 2 (the lists must be "
         "the same length)");
   c.state_pages = {1, 2};
-  fx = m.chunk(c);
+  fx = m.on(ev::chunk{c});
   REQUIRE(fx.size() == 2);
   CHECK(std::holds_alternative<post_chunk>(fx[1]));
 }

@@ -7,6 +7,8 @@
 
 #include "core/room_lifecycle.hpp"
 
+// Named, so that the unity build may put this file beside the other machines' tables.
+namespace test_room_lifecycle {
 using namespace ferry;
 
 namespace {
@@ -325,3 +327,5 @@ TEST_CASE("room lifecycle: a status's deadline names what it waits for, an old o
   CHECK(x->ms == 200);
   CHECK_FALSE(life.expired(deadline_kind::state, w.arm[0].generation));  // fires once
 }
+
+}  // namespace test_room_lifecycle
