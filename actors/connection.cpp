@@ -201,12 +201,12 @@ void tick(connection_actor* self) {
         "after what arrived meanwhile has been read",
         st.address, now - st.tick_due);
   if (step.dead)
-    return apply(self,
-                 st.machine.lost(fmt::format("peer unresponsive: nothing heard for {} ms "
-                                             "(timeouts.heartbeat_ms {} x heartbeat_misses "
-                                             "{})",
-                                             step.silent_ms, t.heartbeat_ms, t.heartbeat_misses),
-                                 true));
+    return apply(self, st.machine.on(hs::ev::lost{
+                           fmt::format("peer unresponsive: nothing heard for {} ms "
+                                       "(timeouts.heartbeat_ms {} x heartbeat_misses "
+                                       "{})",
+                                       step.silent_ms, t.heartbeat_ms, t.heartbeat_misses),
+                           true}));
   if (step.send) send(st, peer_heartbeat{});
   // After a stalled tick the next one judges however late it runs (due unknown): a daemon that
   // is always late still declares a silent peer dead, one period later at most.
@@ -363,7 +363,7 @@ caf::behavior relay(connection_actor* self) {
     if (st.machine.closed()) return;
     if (!st.machine.ready()) {
       // Only a peer that skipped the handshake or authentication sends room messages now.
-      apply(self, st.machine.lost("peer sent a room message before it authenticated"));
+      apply(self, st.machine.on(hs::ev::lost{"peer sent a room message before it authenticated"}));
       return;
     }
     heard(st);
@@ -406,7 +406,7 @@ caf::behavior relay(connection_actor* self) {
         if (st.machine.ready()) heard(st);
       },
       [=](link_closed& c) {
-        apply(self, self->state.machine.lost("peer connection ended: " + c.reason));
+        apply(self, self->state.machine.on(hs::ev::lost{"peer connection ended: " + c.reason}));
       },
       [=](tick_atom) { tick(self); },
       [=](leaving_atom) {
@@ -450,26 +450,29 @@ caf::behavior relay(connection_actor* self) {
         st.ctx->log_peer->info("peer={} is draining: {}; new rooms naming it fail (407 draining)",
                                st.address, m.reason);
       },
-      [=](redial_atom) { apply(self, self->state.machine.redial()); },
-      [=](unusable_atom, const std::string& why) { apply(self, self->state.machine.lost(why)); },
+      [=](redial_atom) { apply(self, self->state.machine.on(hs::ev::redial{})); },
+      [=](unusable_atom, const std::string& why) {
+        apply(self, self->state.machine.on(hs::ev::lost{why}));
+      },
       [=](fence_atom, const std::string& why) {
         self->state.fence_asked = true;
-        apply(self, self->state.machine.lost(why));
+        apply(self, self->state.machine.on(hs::ev::lost{why}));
       },
-      [=](fenced_atom) { apply(self, self->state.machine.fenced()); },
+      [=](fenced_atom) { apply(self, self->state.machine.on(hs::ev::fenced{})); },
       [=](replaced_atom, const std::string& instance) {
         auto& st = self->state;
-        apply(self, st.machine.lost(fmt::format("peer restarted: instance {} replaced by {}",
-                                                st.info ? st.info->instance : "?", instance)));
+        apply(self, st.machine.on(
+                        hs::ev::lost{fmt::format("peer restarted: instance {} replaced by {}",
+                                                 st.info ? st.info->instance : "?", instance)}));
       },
       [=](peer_hello& h) {
         auto& st = self->state;
         // Only the connecting side awaits an answer, and only one.
         if (st.machine.which() != hs::side::connecting ||
             st.machine.at() != hs::phase::awaiting_hello)
-          return apply(self, st.machine.lost("peer sent a second hello"));
+          return apply(self, st.machine.on(hs::ev::lost{"peer sent a second hello"}));
         st.hello = std::move(h);
-        apply(self, st.machine.hello(check_answer(st)));
+        apply(self, st.machine.on(hs::ev::hello{check_answer(st)}));
       },
       [=](regions_registered& m) {
         auto& st = self->state;
@@ -482,7 +485,7 @@ caf::behavior relay(connection_actor* self) {
           described = take_registration(st, m);
           if (m.outcome) st.fence = m.outcome.value;
         }
-        apply(self, st.machine.registered(std::move(described), !st.fence.empty()));
+        apply(self, st.machine.on(hs::ev::registered{std::move(described), !st.fence.empty()}));
       },
       [=](peer_inserted& m) {
         auto& st = self->state;
@@ -494,18 +497,18 @@ caf::behavior relay(connection_actor* self) {
         }
         result<> r;
         if (!m.outcome) r = error{m.outcome.code, m.outcome.message};
-        apply(self, st.machine.inserted(std::move(r)));
+        apply(self, st.machine.on(hs::ev::inserted{std::move(r)}));
       },
       [=](peer_auth& a) {
         auto& st = self->state;
         if (st.machine.at() != hs::phase::awaiting_auth)
-          return apply(self, st.machine.lost("peer sent a proof it was not asked for"));
+          return apply(self, st.machine.on(hs::ev::lost{"peer sent a proof it was not asked for"}));
         st.proved_with =
             matching_secret(st.ctx->secrets, a.proof, "ferry-connect", st.nonce, st.hello.nonce,
                             identity(st.candidate->node, st.candidate->instance));
-        apply(self, st.machine.authenticated(st.proved_with >= 0));
+        apply(self, st.machine.on(hs::ev::authenticated{st.proved_with >= 0}));
       },
-      [=](peer_refused& r) { apply(self, self->state.machine.refused(r.reason)); },
+      [=](peer_refused& r) { apply(self, self->state.machine.on(hs::ev::refused{r.reason})); },
       [=](peer_dialed& d) {
         auto& st = self->state;
         const auto o = d.link    ? hs::dial_outcome::connected
@@ -514,9 +517,9 @@ caf::behavior relay(connection_actor* self) {
         if (d.link && st.machine.closed()) return d.link->close("the connection ended");
         st.link = std::move(d.link);
         if (st.link) bind_link(caf::actor_cast<caf::actor>(self), st.link);
-        apply(self, st.machine.dialed(o, d.error));
+        apply(self, st.machine.on(hs::ev::dialed{o, d.error}));
       },
-      [=](deadline_msg& d) { apply(self, self->state.machine.deadline(d.ms)); },
+      [=](deadline_msg& d) { apply(self, self->state.machine.on(hs::ev::deadline{d.ms})); },
   };
 }
 
@@ -545,7 +548,7 @@ caf::behavior outbound_behavior(connection_actor* self, context_ptr ctx, std::st
   st.host = address.substr(0, colon);
   st.port = static_cast<uint16_t>(port);
   // Our memory is described in our hello: register it first, then dial.
-  apply(self, st.machine.start());
+  apply(self, st.machine.on(hs::ev::start{}));
   return relay(self);
 }
 
@@ -562,7 +565,7 @@ caf::behavior inbound_behavior(connection_actor* self, context_ptr ctx, peer_lin
   self->delayed_send(self, std::chrono::milliseconds(ms), deadline_msg{"handshake", ms, {}});
   st.hello = std::move(hello);
   // Then add its fabric address, register our memory for it, and answer.
-  apply(self, st.machine.hello(check_hello(st)));
+  apply(self, st.machine.on(hs::ev::hello{check_hello(st)}));
   return relay(self);
 }
 

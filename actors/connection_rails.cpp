@@ -14,7 +14,7 @@ namespace {
 void take_rails(connection_actor* self, const peer_rails& m) {
   auto& st = self->state;
   auto kinds = check_peer_rails(m);
-  if (!kinds) return apply(self, st.machine.lost(kinds.message));
+  if (!kinds) return apply(self, st.machine.on(hs::ev::lost{kinds.message}));
   const bool answer = st.machine.which() == hs::side::connecting;
   auto add = rails_to_add(*st.ctx->engine, m, kinds.value);
   auto me = caf::actor_cast<caf::actor>(self);

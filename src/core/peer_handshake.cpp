@@ -40,14 +40,19 @@ machine::machine(side s, std::string address, bool secret)
       secret_(secret),
       phase_(s == side::connecting ? phase::created : phase::checking) {}
 
-effects machine::start() {
+effects machine::on(event e) {
+  return std::visit([this](auto& x) { return handle(std::move(x)); }, e);
+}
+
+effects machine::handle(ev::start) {
   if (side_ != side::connecting || phase_ != phase::created) return {};
   phase_ = phase::registering;
   registering_ = true;
   return {register_memory{}};
 }
 
-effects machine::hello(result<> checked) {
+effects machine::handle(ev::hello e) {
+  const auto& checked = e.checked;
   const bool expected =
       side_ == side::connecting ? phase_ == phase::awaiting_hello : phase_ == phase::checking;
   if (!expected) return {};
@@ -57,7 +62,8 @@ effects machine::hello(result<> checked) {
   return {insert_address{}};
 }
 
-effects machine::registered(result<> described, bool made) {
+effects machine::handle(ev::registered e) {
+  const auto& [described, made] = e;
   if (!registering_) return {};  // none asked: not ours
   registering_ = false;
   made_ = made_ || made;
@@ -92,7 +98,8 @@ effects machine::registered(result<> described, bool made) {
   return out;
 }
 
-effects machine::dialed(dial_outcome o, const std::string& error) {
+effects machine::handle(ev::dialed e) {
+  const auto& [o, error] = e;
   if (side_ != side::connecting || phase_ != phase::dialing || redial_pending_) return {};
   if (o == dial_outcome::connected) {  // the preamble ran: the channel is open
     phase_ = phase::awaiting_hello;
@@ -106,14 +113,15 @@ effects machine::dialed(dial_outcome o, const std::string& error) {
                     errc::peer_unreachable);
 }
 
-effects machine::redial() {
+effects machine::handle(ev::redial) {
   if (phase_ != phase::dialing || !redial_pending_) return {};
   redial_pending_ = false;
   ++dials_;
   return {dial{}};
 }
 
-effects machine::inserted(result<> outcome) {
+effects machine::handle(ev::inserted e) {
+  const auto& outcome = e.outcome;
   if (!inserting_) return {};
   inserting_ = false;
   inserted_ = inserted_ || static_cast<bool>(outcome);
@@ -136,7 +144,8 @@ effects machine::inserted(result<> outcome) {
   return out;
 }
 
-effects machine::authenticated(bool proof_ok) {
+effects machine::handle(ev::authenticated e) {
+  const bool proof_ok = e.proof_ok;
   if (side_ != side::accepting || phase_ != phase::awaiting_auth) return {};
   if (!proof_ok) {
     const std::string e = "peer failed the cluster-secret challenge (different secrets?)";
@@ -150,23 +159,24 @@ effects machine::authenticated(bool proof_ok) {
   return {become_ready{}};
 }
 
-effects machine::refused(const std::string& reason) {
+effects machine::handle(ev::refused e) {
   if (closed()) return {};
-  return close_with("peer refused the handshake: " + reason, errc::peer_incompatible);
+  return close_with("peer refused the handshake: " + e.reason, errc::peer_incompatible);
 }
 
-effects machine::lost(const std::string& reason, bool unresponsive) {
+effects machine::handle(ev::lost e) {
   if (closed()) return {};
-  return close_with(reason, ready() ? errc::peer_lost : errc::peer_unreachable, unresponsive);
+  return close_with(std::move(e.reason), ready() ? errc::peer_lost : errc::peer_unreachable,
+                    e.unresponsive);
 }
 
-effects machine::deadline(uint32_t ms) {
+effects machine::handle(ev::deadline e) {
   if (closed() || ready()) return {};
-  return close_with(fmt::format("handshake did not complete within {} ms", ms),
+  return close_with(fmt::format("handshake did not complete within {} ms", e.ms),
                     errc::peer_unreachable);
 }
 
-effects machine::fenced() {
+effects machine::handle(ev::fenced) {
   if (phase_ != phase::fencing) return {};
   phase_ = phase::ended;
   return {report_down{true, was_ready_, unresponsive_}, quit{}};

@@ -34,10 +34,12 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
 #include "core/errors.hpp"
+#include "core/inspect.hpp"
 
 namespace ferry::handshake {
 
@@ -69,41 +71,167 @@ enum class dial_outcome : uint8_t {
 inline constexpr int max_dials = 6;
 inline constexpr uint32_t first_redial_ms = 20;
 
+// The events, fed one at a time to `machine::on` (core/inspect.hpp: each a name and its fields).
+namespace ev {
+/// Connecting side: register, then dial.
+struct start {
+  static constexpr std::string_view name = "start";
+};
+/// The peer's hello, checked (versions, roles, layouts, regions; with a secret, its proof).
+struct hello {
+  static constexpr std::string_view name = "hello";
+  result<> checked;
+};
+/// An outstanding `register_memory` answered; `made`: registrations exist for this peer alone
+/// (they are then fenced at the end).
+struct registered {
+  static constexpr std::string_view name = "registered";
+  result<> described;
+  bool made = false;
+};
+struct dialed {
+  static constexpr std::string_view name = "dialed";
+  dial_outcome outcome = dial_outcome::failed;
+  std::string error;
+};
+struct redial {
+  static constexpr std::string_view name = "redial";
+};
+struct inserted {
+  static constexpr std::string_view name = "inserted";
+  result<> outcome;
+};
+/// Accepting side: the peer's proof of the cluster secret, checked.
+struct authenticated {
+  static constexpr std::string_view name = "authenticated";
+  bool proof_ok = false;
+};
+/// The peer refused the handshake.
+struct refused {
+  static constexpr std::string_view name = "refused";
+  std::string reason;
+};
+/// The connection cannot go on: the peer went down, was declared unusable or dead, restarted, or
+/// a room asked for the fence. peer_lost once ready, peer_unreachable before.
+struct lost {
+  static constexpr std::string_view name = "lost";
+  std::string reason;
+  bool unresponsive = false;
+};
+/// The handshake deadline (timeouts.handshake_ms) passed.
+struct deadline {
+  static constexpr std::string_view name = "deadline";
+  uint32_t ms = 0;
+};
+/// The fence is complete.
+struct fenced {
+  static constexpr std::string_view name = "fenced";
+};
+
+inline void inspect(auto&, start&) {}
+inline void inspect(auto& f, hello& x) { f("checked", x.checked); }
+inline void inspect(auto& f, registered& x) { f("described", x.described)("made", x.made); }
+inline void inspect(auto& f, dialed& x) { f("outcome", x.outcome)("error", x.error); }
+inline void inspect(auto&, redial&) {}
+inline void inspect(auto& f, inserted& x) { f("outcome", x.outcome); }
+inline void inspect(auto& f, authenticated& x) { f("proof_ok", x.proof_ok); }
+inline void inspect(auto& f, refused& x) { f("reason", x.reason); }
+inline void inspect(auto& f, lost& x) { f("reason", x.reason)("unresponsive", x.unresponsive); }
+inline void inspect(auto& f, deadline& x) { f("ms", x.ms); }
+inline void inspect(auto&, fenced&) {}
+}  // namespace ev
+
+using event =
+    std::variant<ev::start, ev::hello, ev::registered, ev::dialed, ev::redial, ev::inserted,
+                 ev::authenticated, ev::refused, ev::lost, ev::deadline, ev::fenced>;
+
 // The effects, carried out in the order given.
-struct register_memory {};  ///< answered by `registered`
-struct insert_address {};   ///< the peer's fabric address; answered by `inserted`
-struct dial {};             ///< answered by `dialed`
-struct redial_after {       ///< then `redial`
+///< answered by `registered`
+struct register_memory {
+  static constexpr std::string_view name = "register_memory";
+};
+///< the peer's fabric address; answered by `inserted`
+struct insert_address {
+  static constexpr std::string_view name = "insert_address";
+};
+///< answered by `dialed`
+struct dial {
+  static constexpr std::string_view name = "dial";
+};
+///< then `redial`
+struct redial_after {
+  static constexpr std::string_view name = "redial_after";
   uint32_t ms;
   int dials;  ///< made so far
   std::string error;
 };
-struct send_hello {};  ///< connecting: to the peer's Scheduler; accepting: the answer
-struct send_proof {};  ///< connecting, with a cluster secret: our proof (peer_auth)
+///< connecting: to the peer's Scheduler; accepting: the answer
+struct send_hello {
+  static constexpr std::string_view name = "send_hello";
+};
+///< connecting, with a cluster secret: our proof (peer_auth)
+struct send_proof {
+  static constexpr std::string_view name = "send_proof";
+};
 struct send_refusal {
+  static constexpr std::string_view name = "send_refusal";
   std::string reason;
 };
-struct report_resources {};  ///< what was made so far, for the Scheduler's fallback fence
-struct become_ready {};
+///< what was made so far, for the Scheduler's fallback fence
+struct report_resources {
+  static constexpr std::string_view name = "report_resources";
+};
+struct become_ready {
+  static constexpr std::string_view name = "become_ready";
+};
 /// The connection is over: answer pending lookups with this, say it in the log.
 struct closing_with {
+  static constexpr std::string_view name = "closing_with";
   std::string reason;
   errc code;
 };
 /// Accepting side, hello refused: close what was made for the peer now and tell the Scheduler
 /// nothing of it remains.
 struct release {
+  static constexpr std::string_view name = "release";
   std::string reason;
 };
-struct fence {};           ///< close the peer's registrations, cut it; answered by `fenced`
-struct remove_address {};  ///< the address of a peer that never became ready
+///< close the peer's registrations, cut it; answered by `fenced`
+struct fence {
+  static constexpr std::string_view name = "fence";
+};
+///< the address of a peer that never became ready
+struct remove_address {
+  static constexpr std::string_view name = "remove_address";
+};
 /// Tell the Scheduler (and so the rooms) the connection is over, with `closing_with`'s reason.
 struct report_down {
+  static constexpr std::string_view name = "report_down";
   bool cut;           ///< the fence cut the peer already
   bool was_ready;     ///< false: the connect or the handshake failed
   bool unresponsive;  ///< declared dead by the heartbeat
 };
-struct quit {};
+struct quit {
+  static constexpr std::string_view name = "quit";
+};
+
+inline void inspect(auto&, register_memory&) {}
+inline void inspect(auto&, insert_address&) {}
+inline void inspect(auto&, dial&) {}
+inline void inspect(auto& f, redial_after& x) { f("ms", x.ms)("dials", x.dials)("error", x.error); }
+inline void inspect(auto&, send_hello&) {}
+inline void inspect(auto&, send_proof&) {}
+inline void inspect(auto& f, send_refusal& x) { f("reason", x.reason); }
+inline void inspect(auto&, report_resources&) {}
+inline void inspect(auto&, become_ready&) {}
+inline void inspect(auto& f, closing_with& x) { f("reason", x.reason)("code", x.code); }
+inline void inspect(auto& f, release& x) { f("reason", x.reason); }
+inline void inspect(auto&, fence&) {}
+inline void inspect(auto&, remove_address&) {}
+inline void inspect(auto& f, report_down& x) {
+  f("cut", x.cut)("was_ready", x.was_ready)("unresponsive", x.unresponsive);
+}
+inline void inspect(auto&, quit&) {}
 
 using effect = std::variant<register_memory, insert_address, dial, redial_after, send_hello,
                             send_proof, send_refusal, report_resources, become_ready, closing_with,
@@ -116,27 +244,8 @@ class machine {
   /// side then waits for the peer's proof).
   machine(side s, std::string address, bool secret);
 
-  /// Connecting side: register, then dial.
-  effects start();
-  /// The peer's hello, checked (versions, roles, layouts, regions; with a secret, its proof).
-  effects hello(result<> checked);
-  /// An outstanding `register_memory` answered; `made`: registrations exist for this peer
-  /// alone (they are then fenced at the end).
-  effects registered(result<> described, bool made);
-  effects dialed(dial_outcome o, const std::string& error);
-  effects redial();
-  effects inserted(result<> outcome);
-  /// Accepting side: the peer's proof of the cluster secret, checked.
-  effects authenticated(bool proof_ok);
-  /// The peer refused the handshake.
-  effects refused(const std::string& reason);
-  /// The connection cannot go on: the peer went down, was declared unusable or dead, restarted,
-  /// or a room asked for the fence. peer_lost once ready, peer_unreachable before.
-  effects lost(const std::string& reason, bool unresponsive = false);
-  /// The handshake deadline (timeouts.handshake_ms) passed.
-  effects deadline(uint32_t ms);
-  /// The fence is complete.
-  effects fenced();
+  /// Feed the machine one event: what it asks of its actor, in order.
+  effects on(event e);
 
   side which() const { return side_; }
   phase at() const { return phase_; }
@@ -152,6 +261,17 @@ class machine {
   errc code() const { return code_; }
 
  private:
+  effects handle(ev::start);
+  effects handle(ev::hello e);
+  effects handle(ev::registered e);
+  effects handle(ev::dialed e);
+  effects handle(ev::redial);
+  effects handle(ev::inserted e);
+  effects handle(ev::authenticated e);
+  effects handle(ev::refused e);
+  effects handle(ev::lost e);
+  effects handle(ev::deadline e);
+  effects handle(ev::fenced);
   effects close_with(std::string reason, errc code, bool unresponsive = false);
   effects refuse(std::string reason);  ///< accepting side's refusal, or the connecting side's
   void finish_if_idle(effects& out);
