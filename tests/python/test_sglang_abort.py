@@ -171,11 +171,14 @@ def test_a_connection_ferryd_closes_holds_its_rooms_until_ferryd_has_drained_the
     in life a frame timeout). It cancels the connection's rooms and drains them within
     timeouts.drain_ms, so a peer's write can still land in their memory: poll() must not say
     Failed before ferryd reports the room terminal. The other side's ferryd is stopped
-    (SIGSTOP), so a decode's drain lasts until ferryd fences the peer (a prefill's waits only
-    for its own writes in flight). After the reconnect to the same
-    daemon the adapter asks it again; the room ends Failed with the reason."""
+    (SIGSTOP), so a decode's drain lasts until that peer reports its own (a prefill's waits only
+    for its own writes in flight): the drain and heartbeat bounds are long enough here that the
+    hold lasts until the test has seen it, however loaded the machine, and only then is the
+    peer let go on. After the reconnect to the same daemon the adapter asks it again; the room
+    ends Failed with the reason."""
     tmp = tempfile.mkdtemp(prefix="ferry-closed-")
-    pd, dd = start_pair(tmp, "prefill-cl", "decode-cl", CLIENT_POOLS)
+    held = "timeouts: {drain_ms: 60000, heartbeat_ms: 1000, heartbeat_misses: 60}\n"
+    pd, dd = start_pair(tmp, "prefill-cl", "decode-cl", CLIENT_POOLS, extra=held)
     engines: list[Engine] = []
     try:
         boot = FerryBootstrap({BOOT: [pd.control]})
@@ -198,6 +201,8 @@ def test_a_connection_ferryd_closes_holds_its_rooms_until_ferryd_has_drained_the
                     assert not (seen[-1] == KVPoll.Failed and live), \
                         "poll() said Failed while ferryd still held the room live"
                     held_while_live += live
+                    if held_while_live == 1:  # the hold is seen: let the peer report its drain
+                        other.proc.send_signal(signal.SIGCONT)
                     time.sleep(0.002)
         finally:
             other.proc.send_signal(signal.SIGCONT)
