@@ -3,7 +3,7 @@
 ///
 /// - Scheduler (one per daemon): room registry, client requests, admission, peer connections,
 ///   routing of peer messages and arrived immediates to rooms. Peers reach it through the peer
-///   gate (actors/peer_gate.hpp), which gives it each inbound link's first message.
+///   gate (transport/channels/peer_gate.hpp), which gives it each inbound link's first message.
 /// - Connection (one per peer): handshake (identity, instance, layouts, compatibility hash,
 ///   fabric address, memory regions), relays room messages to/from the peer, monitors it.
 /// - Sender (one per room, prefill side): plans and posts the room's writes, announces the total.

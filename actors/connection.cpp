@@ -5,7 +5,7 @@
 //
 // Outbound (decode side, created for a prepare naming a prefill address): dial the peer through
 // the peer gate, which runs Ferry's preamble (core/peer_preamble.hpp) without blocking a worker
-// and gives back a link of Ferry's peer channel (actors/peer_link.hpp), and send our
+// and gives back a link of Ferry's peer channel (transport/channels/peer_link.hpp), and send our
 // `peer_hello` on it; the peer's Scheduler gets it as the link's first message and spawns an
 // inbound Connection that validates it and answers with its own `peer_hello` (or
 // `peer_refused`). Both sides then check version, roles, compatibility of the layouts and the
@@ -44,10 +44,10 @@
 
 #include "actors/actors.hpp"
 #include "actors/connection_state.hpp"
-#include "actors/peer_gate.hpp"
 #include "actors/peer_hello.hpp"
 #include "core/auth.hpp"
 #include "core/peer_handshake.hpp"
+#include "transport/channels/peer_gate.hpp"
 
 namespace ferry {
 namespace conn {

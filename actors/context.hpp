@@ -20,8 +20,6 @@
 #include "actors/metrics.hpp"
 #include "actors/room_routes.hpp"
 #include "actors/room_timeline.hpp"
-#include "actors/status_board.hpp"
-#include "actors/timer_service.hpp"
 #include "core/auth.hpp"
 #include "core/config.hpp"
 #include "core/layout.hpp"
@@ -30,6 +28,8 @@
 #include "core/registration.hpp"
 #include "core/shm_region.hpp"
 #include "core/waiter_queue.hpp"
+#include "os/timer_service.hpp"
+#include "transport/channels/status_board.hpp"
 #include "transport/engine.hpp"
 
 namespace ferry {

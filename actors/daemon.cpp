@@ -17,17 +17,17 @@
 #include <thread>
 
 #include "actors/actors.hpp"
-#include "actors/client_gateway.hpp"
 #include "actors/client_memory.hpp"
 #include "actors/logging.hpp"
 #include "actors/operator_endpoint.hpp"
-#include "actors/peer_gate.hpp"
 #include "core/access.hpp"
 #include "core/auth.hpp"
 #include "core/exit_codes.hpp"
 #include "os/daemon_locks.hpp"
 #include "os/failpoint.hpp"
 #include "os/sd_notify.hpp"
+#include "transport/channels/client_gateway.hpp"
+#include "transport/channels/peer_gate.hpp"
 
 namespace ferry {
 
@@ -58,8 +58,8 @@ class daemon_system_config : public caf::actor_system_config {
     set("work-stealing.relaxed-steal-interval", size_t{1});
     set("work-stealing.relaxed-sleep-duration", caf::timespan{std::chrono::milliseconds(10)});
     set("logger.verbosity", caf::atom("quiet"));
-    // No middleman: daemons talk on Ferry's own peer channel (actors/peer_gate.hpp), so CAF
-    // opens no socket and parses no byte from the network.
+    // No middleman: daemons talk on Ferry's own peer channel (transport/channels/peer_gate.hpp), so
+    // CAF opens no socket and parses no byte from the network.
   }
 };
 
@@ -423,8 +423,9 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
     ctx->staging = std::move(st);
   }
   status->phase("listening for clients, peers and the actor system");
-  auto gateway = client_gateway::listen(cfg.client_listen, client_limit(cfg, nofile, *log),
-                                        cfg.limits.client_frame_ms, access.value);
+  auto gateway =
+      client_gateway::listen(cfg.client_listen, client_limit(cfg, nofile, *log),
+                             cfg.limits.client_frame_ms, access.value, logging::get("client"));
   if (!gateway) {
     log->error("{}", gateway.message);
     return exit_code::could_not_start;
@@ -495,10 +496,12 @@ int run_daemon(const ferry_config& cfg, const daemon_options& options) {
       ctx->drain_on_request = !options.wait_for_stop;
       // Refusals by a request's own fields are answered on the gateway's thread (the context
       // outlives the gateway it holds).
-      ctx->gateway->start(scheduler, &ctx->board,
-                          [c = ctx.get()](const proto::message& m, uint64_t conn) {
-                            return refuse_at_once(*c, m, conn);
-                          });
+      ctx->gateway->start(
+          {[scheduler](client_request r) { caf::anon_send(scheduler, std::move(r)); },
+           [scheduler](client_gone g) { caf::anon_send(scheduler, g); }},
+          &ctx->board, [c = ctx.get()](const proto::message& m, uint64_t conn) {
+            return refuse_at_once(*c, m, conn);
+          });
       if (const auto fp = os::active_failpoints(); !fp.empty())
         log->warn("FERRY_FAILPOINTS={} is set: this daemon fails on purpose (a test hook)", fp);
       ctx->serving = true;

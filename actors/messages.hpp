@@ -3,8 +3,8 @@
 ///
 /// Two boundaries:
 /// - between daemons: the `peer_*` types of core/peer_messages.hpp, on Ferry's peer channel
-///   (core/peer_wire.hpp, actors/peer_link.hpp), exchanged only between the two Connection
-///   actors of a peer pair; here they travel as local messages once received.
+///   (core/peer_wire.hpp, transport/channels/peer_link.hpp), exchanged only between the two
+///   Connection actors of a peer pair; here they travel as local messages once received.
 /// - inside a daemon (local only, never serialized): client requests from the gateway thread,
 ///   fabric completions from the progress thread, and room bookkeeping.
 ///
@@ -18,7 +18,6 @@
 #include <vector>
 
 #include "actors/metrics.hpp"
-#include "actors/peer_link.hpp"
 #include "core/config.hpp"
 #include "core/geometry.hpp"
 #include "core/layout.hpp"
@@ -29,6 +28,8 @@
 #include "core/protocol.hpp"
 #include "core/registration.hpp"
 #include "core/status.hpp"
+#include "transport/channels/client_gateway.hpp"
+#include "transport/channels/peer_link.hpp"
 #include "transport/engine.hpp"
 
 namespace ferry {
@@ -89,24 +90,7 @@ struct drain_msg {
 /// A metrics scrape -> Scheduler: answered with a metrics_snapshot (actors/metrics.hpp).
 using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
 
-/// A decoded client request, with where to send the reply.
-struct client_request {
-  uint64_t conn = 0;
-  uint32_t seq = 0;
-  proto::message msg;
-  uint16_t version = proto::protocol_version;  ///< the connection's protocol version
-  /// register_memory: the descriptors that came with it, owned by whoever handles the request
-  /// (closed once mapped, or when refused).
-  std::vector<int> fds;
-  /// The client gateway already checked its own fields (refuse_at_once passed it), so the
-  /// Scheduler need not check them again.
-  bool fields_checked = false;
-};
-
-/// A client connection closed.
-struct client_gone {
-  uint64_t conn = 0;
-};
+// client_request and client_gone: transport/channels/client_gateway.hpp
 
 /// Arrived immediates from the progress thread (credit-bounded: one in flight).
 struct immediates_msg {

@@ -8,8 +8,8 @@
 #include <caf/all.hpp>
 #include <chrono>
 
-#include "actors/timer_service.hpp"
 #include "core/room_lifecycle.hpp"
+#include "os/timer_service.hpp"
 
 namespace ferry {
 
@@ -32,6 +32,15 @@ struct room_life {
   deadline_tokens timers{};
 };
 
+/// Send `msg` to `to` after `after`, unless cancelled first. The actor is held weakly: the
+/// deadline of an actor that has ended is dropped when it fires, and keeps nothing alive.
+inline timer_service::token send_after(timer_service& timers, std::chrono::milliseconds after,
+                                       const caf::actor& to, caf::message msg) {
+  return timers.arm(after, [to = caf::actor_cast<caf::actor_addr>(to), msg = std::move(msg)] {
+    if (auto a = caf::actor_cast<caf::actor>(to)) caf::anon_send(a, msg);
+  });
+}
+
 /// The bounds of a room, from the config.
 template <class Timeouts>
 lifecycle_limits limits_of(const Timeouts& t) {
@@ -50,7 +59,7 @@ void apply_effects(Actor* self, timer_service& timers, deadline_tokens& tokens,
   }
   for (const auto& a : e.arm)
     tokens[static_cast<int>(a.kind)] =
-        timers.arm(std::chrono::milliseconds(a.ms), caf::actor_cast<caf::actor>(self),
+        send_after(timers, std::chrono::milliseconds(a.ms), caf::actor_cast<caf::actor>(self),
                    caf::make_message(room_deadline{a.kind, a.generation}));
   if (e.report) report(*e.report, e.reason, e.code);
   if (e.quit) self->quit();

@@ -1,4 +1,5 @@
-// Scheduler: one per daemon; peers reach it through the peer gate (actors/peer_gate.hpp).
+// Scheduler: one per daemon; peers reach it through the peer gate
+// (transport/channels/peer_gate.hpp).
 //
 // Owns the room registry (active rooms and a bounded history of finished ones for poll),
 // validates every client request before any room actor sees it, spawns Senders, Receivers and
@@ -9,11 +10,11 @@
 
 #include <algorithm>
 
-#include "actors/client_gateway.hpp"
 #include "actors/client_memory.hpp"
 #include "actors/logging.hpp"
 #include "actors/scheduler_state.hpp"
 #include "core/plan.hpp"
+#include "transport/channels/client_gateway.hpp"
 
 namespace ferry {
 namespace {

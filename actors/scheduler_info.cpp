@@ -7,11 +7,11 @@
 #include <tuple>
 #include <vector>
 
-#include "actors/client_gateway.hpp"
 #include "actors/client_memory.hpp"
 #include "actors/logging.hpp"
 #include "actors/scheduler_state.hpp"
 #include "core/plan.hpp"
+#include "transport/channels/client_gateway.hpp"
 
 namespace ferry::sched {
 

@@ -7,10 +7,10 @@
 #include <algorithm>
 #include <sstream>
 
-#include "actors/client_gateway.hpp"
 #include "actors/client_memory.hpp"
 #include "actors/scheduler_state.hpp"
 #include "core/plan.hpp"
+#include "transport/channels/client_gateway.hpp"
 
 namespace ferry::sched {
 

@@ -8,12 +8,12 @@
 #include <vector>
 
 #include "actors/actors.hpp"
-#include "actors/client_gateway.hpp"
 #include "actors/room_lifecycle_glue.hpp"
 #include "actors/room_trace.hpp"
 #include "core/pack.hpp"
 #include "core/plan.hpp"
 #include "core/sender_room.hpp"
+#include "transport/channels/client_gateway.hpp"
 
 namespace ferry::sending {
 

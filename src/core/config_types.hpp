@@ -231,8 +231,8 @@ struct limits_config {
   /// ferryd may open, at most 4096, so peers, the fabric and CAF keep the other half.
   uint32_t max_clients = 0;
   uint32_t client_frame_ms = 10000;  ///< a started client frame must be complete within this
-  /// The peer port (actors/peer_gate.hpp): a connection must finish Ferry's preamble within
-  /// this, before CAF sees a byte of it; at most `max_pending_peers` connections are in the
+  /// The peer port (transport/channels/peer_gate.hpp): a connection must finish Ferry's preamble
+  /// within this, before CAF sees a byte of it; at most `max_pending_peers` connections are in the
   /// preamble at once, `max_pending_peers_per_source` from one address (over either, the
   /// oldest pending one in that scope is reset).
   uint32_t peer_preamble_ms = 3000;

@@ -1,7 +1,7 @@
 #pragma once
 /// Ferry's peer preamble: the first bytes on every peer connection, exchanged before the peer
-/// channel's first frame (actors/peer_gate.hpp does the I/O; this is the byte logic alone, so it
-/// can be fuzzed and unit-tested without sockets).
+/// channel's first frame (transport/channels/peer_gate.hpp does the I/O; this is the byte logic
+/// alone, so it can be fuzzed and unit-tested without sockets).
 ///
 /// All frames are fixed size, integers big-endian, magic "FERRY-PP", version 2 (version 1 was
 /// followed by CAF's BASP; its daemons do not interoperate with this one and are refused, named):

@@ -1,8 +1,8 @@
 #pragma once
 /// Ferry's peer channel on the wire: how the messages of core/peer_messages.hpp travel between
 /// two daemons once the peer preamble (core/peer_preamble.hpp) has authenticated the connection.
-/// The byte logic alone (actors/peer_link.hpp does the I/O), so it can be fuzzed and tested
-/// without sockets.
+/// The byte logic alone (transport/channels/peer_link.hpp does the I/O), so it can be fuzzed and
+/// tested without sockets.
 ///
 /// A frame, integers little-endian:
 ///   header 16 B: u32 body length | u8 kind | u8 flags (0) | u16 reserved (0) | u64 sequence

@@ -353,7 +353,7 @@ effects room::handle(ev::unpacked) {
 void room::landed_all(effects& out) {
   if (!checks_) return succeed(out);
   verifying_ = true;
-  out.push_back(verify{});
+  out.emplace_back(std::in_place_type<verify>);
 }
 
 effects room::handle(ev::verified e) {
@@ -371,7 +371,7 @@ effects room::handle(ev::verified e) {
 
 void room::succeed(effects& out) {
   release(out);
-  out.push_back(tell{true, {}, errc::ok});
+  out.emplace_back(std::in_place_type<tell>, tell{true, {}, errc::ok});
   advance(room_status::success, out);
 }
 

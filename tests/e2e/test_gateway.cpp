@@ -1,18 +1,19 @@
-// actors/client_gateway.hpp on its own, with a real CAF actor system and a raw unix socket: what
-// actors queued for a client before the gateway stops reaches it before the connection closes
-// (the outcome of the last room of a drain, pushed just before the daemon exits).
+// transport/channels/client_gateway.hpp on its own, without actors, with a raw unix socket: what
+// was queued for a client before the gateway stops reaches it before the connection closes (the
+// outcome of the last room of a drain, pushed just before the daemon exits).
 
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
-#include <caf/all.hpp>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
 #include <thread>
 
-#include "actors/client_gateway.hpp"
-#include "actors/messages.hpp"
 #include "harness.hpp"
+#include "transport/channels/client_gateway.hpp"
 
 using namespace ferry;
 using namespace std::chrono_literals;
@@ -47,16 +48,25 @@ TEST_CASE("client gateway: events queued before a stop reach the client before i
   INFO(listened.message);
   REQUIRE(listened);
   auto gateway = std::move(listened.value);
-  caf::actor_system_config cfg;
-  caf::actor_system sys{cfg};
-  caf::scoped_actor scheduler{sys};  // stands in for the Scheduler: it gets the requests
-  gateway->start(caf::actor_cast<caf::actor>(scheduler));
+  // It stands in for the Scheduler: it gets the requests.
+  std::mutex m;
+  std::condition_variable arrived;
+  std::optional<uint64_t> hello_from;
+  gateway->start({[&](client_request r) {
+                    std::lock_guard g(m);
+                    if (!hello_from) hello_from = r.conn;
+                    arrived.notify_all();
+                  },
+                  [](client_gone) {}});
 
   const int fd = connect_unix(path);
   write_all(fd, proto::encode(proto::hello{proto::protocol_version, "gateway-test"}, 1));
   uint64_t conn = 0;
-  scheduler->receive([&](client_request& r) { conn = r.conn; },
-                     caf::after(std::chrono::seconds(10)) >> [] { FAIL("no hello arrived"); });
+  {
+    std::unique_lock l(m);
+    REQUIRE(arrived.wait_for(l, std::chrono::seconds(10), [&] { return hello_from.has_value(); }));
+    conn = *hello_from;
+  }
 
   // The client reads on its own thread, as an engine does; the gateway is told to stop right
   // behind many events, more than the socket buffer holds, so the gateway thread is still

@@ -8,9 +8,9 @@
 #include <mutex>
 #include <thread>
 
-#include "actors/peer_gate.hpp"
 #include "harness.hpp"
 #include "os/name_resolver.hpp"
+#include "transport/channels/peer_gate.hpp"
 
 using namespace ferry;
 using namespace ferry::test;

@@ -1,13 +1,13 @@
 // What reaches a room's actor, or answers a client, without the Scheduler: the routes of peer
 // messages and landed writes (actors/room_routes.hpp) -- what is routed, what is left to the
 // Scheduler, and that an ended incarnation never removes the route of the next one -- and the
-// status board the client gateway answers polls from (actors/status_board.hpp). In the
+// status board the client gateway answers polls from (transport/channels/status_board.hpp). In the
 // process, with real actors of a real actor system (the e2e executable links the actors).
 #include <caf/all.hpp>
 #include <catch2/catch.hpp>
 
 #include "actors/room_routes.hpp"
-#include "actors/status_board.hpp"
+#include "transport/channels/status_board.hpp"
 
 using namespace ferry;
 

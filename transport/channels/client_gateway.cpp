@@ -1,4 +1,4 @@
-// actors/client_gateway.hpp: serving the connected clients on the gateway thread.
+// transport/channels/client_gateway.hpp: serving the connected clients on the gateway thread.
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -20,10 +20,8 @@
 #include <optional>
 #include <unordered_map>
 
-#include "actors/client_gateway_impl.hpp"
-#include "actors/context.hpp"
-#include "actors/logging.hpp"
-#include "actors/messages.hpp"
+#include "transport/channels/client_gateway_impl.hpp"
+#include "transport/channels/status_board.hpp"
 
 namespace ferry {
 
@@ -32,7 +30,7 @@ using namespace gateway_keys;
 namespace {
 
 /// A request answered on this thread, without the actors: a poll (or poll_many) of rooms in
-/// progress (actors/status_board.hpp says why only those).
+/// progress (transport/channels/status_board.hpp says why only those).
 std::optional<proto::message> answer_here(const status_board& board, const proto::message& m) {
   if (const auto* p = std::get_if<proto::poll>(&m))
     if (auto r = board.poll(p->room)) return proto::message(std::move(*r));
@@ -87,7 +85,7 @@ void client_gateway::impl::close_conn(uint64_t id, std::atomic<size_t>& count) {
   close(it->second.fd);
   conns.erase(it);
   --count;
-  caf::anon_send(scheduler, client_gone{id});
+  to.gone(client_gone{id});
 }
 
 bool client_gateway::impl::write_locked(uint64_t id, wire& w) {
@@ -283,8 +281,8 @@ std::vector<uint8_t> client_gateway::impl::encode_for(uint16_t version, const pr
 
 client_gateway::~client_gateway() { stop(); }
 
-void client_gateway::start(caf::actor scheduler, const status_board* board, request_check check) {
-  impl_->scheduler = std::move(scheduler);
+void client_gateway::start(sink to, const status_board* board, request_check check) {
+  impl_->to = std::move(to);
   impl_->board = board;
   impl_->check = std::move(check);
   thread_ = std::thread([this] { run(); });
@@ -390,9 +388,8 @@ void client_gateway::run() {
               im.queue_local(key, c, std::move(*refusal), d->seq);
               continue;
             }
-            caf::anon_send(im.scheduler,
-                           client_request{key, d->seq, std::move(*d->msg), c.version,
-                                          std::move(fds), static_cast<bool>(im.check)});
+            im.to.request(client_request{key, d->seq, std::move(*d->msg), c.version, std::move(fds),
+                                         static_cast<bool>(im.check)});
             continue;
           }
           im.log->warn("client conn={} sent a bad frame: {}", key, d->error);

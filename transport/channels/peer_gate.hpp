@@ -1,8 +1,8 @@
 #pragma once
 /// The peer port and the peer channel, served by one epoll thread of Ferry's own: it runs Ferry's
 /// preamble (core/peer_preamble.hpp) on every peer connection, inbound and outbound, and then
-/// carries the connection's channel frames (actors/peer_link.hpp, core/peer_wire.hpp). Nothing
-/// but Ferry's own fixed-size or bounded frames is ever parsed (docs/architecture.md, "Peer
+/// carries the connection's channel frames (transport/channels/peer_link.hpp, core/peer_wire.hpp).
+/// Nothing but Ferry's own fixed-size or bounded frames is ever parsed (docs/architecture.md, "Peer
 /// port").
 ///
 /// Inbound: the gate accepts, runs the accepting side of the preamble, and hands the new link to
@@ -34,8 +34,8 @@
 #include <string>
 #include <thread>
 
-#include "actors/peer_link.hpp"
 #include "core/auth.hpp"
+#include "transport/channels/peer_link.hpp"
 
 namespace ferry {
 

@@ -1,4 +1,4 @@
-#include "actors/peer_link.hpp"
+#include "transport/channels/peer_link.hpp"
 
 #include <fmt/format.h>
 #include <sys/epoll.h>

@@ -1,5 +1,5 @@
 #pragma once
-/// The client gateway's state (actors/client_gateway.hpp), shared by its two halves:
+/// The client gateway's state (transport/channels/client_gateway.hpp), shared by its two halves:
 /// client_gateway.cpp serves the connected clients (frames in and out, descriptors, the
 /// connections' output, which answering threads write to directly); client_gateway_accept.cpp owns
 /// the listen socket and admits new clients (credentials, the connection limit, running out of
@@ -19,8 +19,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "actors/client_gateway.hpp"
 #include "core/protocol.hpp"
+#include "transport/channels/client_gateway.hpp"
 
 namespace ferry {
 
@@ -36,7 +36,7 @@ struct client_gateway::impl {
   int epoll_fd = -1;
   int wake_fd = -1;
   std::string path;
-  caf::actor scheduler;
+  client_gateway::sink to;
   const status_board* board = nullptr;  // answers polls of rooms in progress, when set
   client_gateway::request_check check;  // refuses requests whose own fields are wrong, when set
   uint32_t max_clients = 1024;

@@ -1,4 +1,4 @@
-#include "actors/timer_service.hpp"
+#include "os/timer_service.hpp"
 
 #include <pthread.h>
 
@@ -8,12 +8,12 @@ timer_service::timer_service() : thread_([this] { run(); }) {}
 
 timer_service::~timer_service() { stop(); }
 
-timer_service::token timer_service::arm(std::chrono::milliseconds after, const caf::actor& to,
-                                        caf::message msg) {
+timer_service::token timer_service::arm(std::chrono::milliseconds after,
+                                        std::function<void()> fire) {
   const auto due = std::chrono::steady_clock::now() + after;
   std::lock_guard lock(mutex_);
   if (stopping_) return 0;
-  const token t = queue_.arm(due, entry{caf::actor_cast<caf::actor_addr>(to), std::move(msg)});
+  const token t = queue_.arm(due, std::move(fire));
   // Only a deadline before the thread's next wake-up needs it woken. It never sleeps longer
   // than `max_sleep`, so the deadlines of rooms (seconds away) are armed without a wake-up each.
   if (due < wake_at_) changed_.notify_one();
@@ -55,8 +55,7 @@ void timer_service::run() {
     wake_at_ = std::chrono::steady_clock::time_point::min();
     auto due = queue_.take_due(std::chrono::steady_clock::now());
     lock.unlock();
-    for (auto& e : due)
-      if (auto to = caf::actor_cast<caf::actor>(e.to)) caf::anon_send(to, std::move(e.msg));
+    for (auto& fire : due) fire();
     lock.lock();
   }
 }

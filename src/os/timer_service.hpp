@@ -1,17 +1,18 @@
 #pragma once
 /// The daemon's deadlines: one thread sleeps until the earliest one (or `max_sleep`, whichever
-/// comes first) and then sends its message. Arming a deadline wakes it only when the deadline
+/// comes first) and then runs its callback (the actors' send their deadline message:
+/// actors/room_lifecycle_glue.hpp `send_after`). Arming a deadline wakes it only when the deadline
 /// comes before its next wake-up, so a room's deadlines, seconds away, cost no wake-up.
 /// Unlike CAF 0.17's `delayed_send`, a deadline can be cancelled, and a cancelled one is gone at
 /// once, so a room holds at most one deadline per kind (core/room_lifecycle.hpp) instead of
 /// leaving one pending timer behind for every status it passed through.
 ///
-/// Thread-safe. `arm` and `cancel` take a short lock and never wait for anything else. The
-/// target is held weakly: a deadline of an actor that has ended is dropped when it fires.
+/// Thread-safe. `arm` and `cancel` take a short lock and never wait for anything else. A callback
+/// runs on the timer thread, outside the lock, and must not block.
 
-#include <caf/all.hpp>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -28,8 +29,8 @@ class timer_service {
   timer_service(const timer_service&) = delete;
   timer_service& operator=(const timer_service&) = delete;
 
-  /// Send `msg` to `to` (as an anonymous message) after `after`, unless cancelled first.
-  token arm(std::chrono::milliseconds after, const caf::actor& to, caf::message msg);
+  /// Run `fire` after `after`, unless cancelled first.
+  token arm(std::chrono::milliseconds after, std::function<void()> fire);
   /// Cancel a deadline; false when it fired already, was cancelled, or `t` is 0.
   bool cancel(token t);
   /// Deadlines armed and not yet fired or cancelled.
@@ -39,10 +40,7 @@ class timer_service {
   void stop();
 
  private:
-  struct entry {
-    caf::actor_addr to;
-    caf::message msg;
-  };
+  using entry = std::function<void()>;
   void run();
 
   /// The longest the thread sleeps: deadlines further away than this never wake it early.

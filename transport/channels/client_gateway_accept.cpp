@@ -1,4 +1,4 @@
-// actors/client_gateway.hpp: the listen socket, and admitting new clients.
+// transport/channels/client_gateway.hpp: the listen socket, and admitting new clients.
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -20,10 +20,7 @@
 #include <optional>
 #include <unordered_map>
 
-#include "actors/client_gateway_impl.hpp"
-#include "actors/context.hpp"
-#include "actors/logging.hpp"
-#include "actors/messages.hpp"
+#include "transport/channels/client_gateway_impl.hpp"
 
 namespace ferry {
 
@@ -142,17 +139,16 @@ int client_gateway::impl::resume_listening(std::chrono::steady_clock::time_point
   return -1;
 }
 
-result<std::shared_ptr<client_gateway>> client_gateway::listen(const std::string& path,
-                                                               uint32_t max_clients,
-                                                               uint32_t frame_ms,
-                                                               client_access access) {
+result<std::shared_ptr<client_gateway>> client_gateway::listen(
+    const std::string& path, uint32_t max_clients, uint32_t frame_ms, client_access access,
+    std::shared_ptr<spdlog::logger> log) {
   std::shared_ptr<client_gateway> g(new client_gateway());
   g->impl_ = std::make_unique<impl>();
   auto& im = *g->impl_;
   im.max_clients = max_clients;
   im.access = std::move(access);
   im.frame_limit = std::chrono::milliseconds(frame_ms);
-  im.log = logging::get("client");
+  im.log = log ? std::move(log) : spdlog::default_logger();
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
     return error{errc::config_invalid, "listen.client: socket path '" + path + "' is too long"};

@@ -1,6 +1,6 @@
 #pragma once
 /// One peer channel connection (core/peer_wire.hpp) between two daemons, once the peer gate
-/// (actors/peer_gate.hpp) has run the preamble on its socket.
+/// (transport/channels/peer_gate.hpp) has run the preamble on its socket.
 ///
 /// Inbound: the gate's thread reads the socket, checks and decodes whole frames and hands each
 /// message to the link's owner (`bind`): one hop, from the thread that read the frame to the

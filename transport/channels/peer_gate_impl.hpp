@@ -1,7 +1,7 @@
 #pragma once
 // The peer gate's state and what its epoll thread does with each connection (preambles, links,
-// deadlines); actors/peer_gate.cpp has the public calls and the loop. Included by that file
-// alone.
+// deadlines); transport/channels/peer_gate.cpp has the public calls and the loop. Included by that
+// file alone.
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -23,9 +23,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "actors/peer_gate.hpp"
 #include "core/peer_preamble.hpp"
 #include "os/name_resolver.hpp"
+#include "transport/channels/peer_gate.hpp"
 
 namespace ferry {
 namespace gate {

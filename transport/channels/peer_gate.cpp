@@ -3,7 +3,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "actors/peer_gate_impl.hpp"
+#include "transport/channels/peer_gate_impl.hpp"
 
 namespace ferry {
 
