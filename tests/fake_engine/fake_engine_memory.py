@@ -16,7 +16,7 @@ them as SGLang's ``KVArgs`` does, for pools ferryd's config leaves to the regist
   last), in ordinary memory (one anonymous mmap per tensor, as torch's CPU allocations:
   ``--aux-memory ordinary``) or inside the rank's memfd (``--aux-memory memfd``). Ordinary
   memory lies outside ``memory_regions``: the adapter copies those rows through a memfd of its
-  own (:mod:`ferry.sglang_aux`).
+  own (:mod:`ferry.sglang.aux`).
 """
 
 from __future__ import annotations

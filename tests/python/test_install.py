@@ -4,6 +4,7 @@ package imports (not the source tree's copy)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -39,19 +40,17 @@ def test_offline_install_into_a_venv(tmp_path: Path) -> None:
     (tmp_path / "repo" / "VERSION").write_bytes((REPO / "VERSION").read_bytes())
     for name in ("pyproject.toml", "README.md", "ferry_client.py"):
         (src / name).write_bytes((CLIENT_DIR / name).read_bytes())
-    (src / "ferry").mkdir()
-    for f in (CLIENT_DIR / "ferry").iterdir():
-        if f.is_file() and f.suffix in (".py", ".typed"):
-            (src / "ferry" / f.name).write_bytes(f.read_bytes())
+    shutil.copytree(CLIENT_DIR / "ferry", src / "ferry",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     pip = run([str(venv / "bin" / "pip"), "install", "--no-build-isolation", "--no-index",
                str(src)], tmp_path)
     assert pip.returncode == 0, pip.stdout + pip.stderr
     probe = run([str(venv / "bin" / "python"), "-c", """
 import ferry, ferry_client, ferry.protocol, ferry.errors, ferry.client, ferry.memory, ferry.sglang, os, importlib.resources
 import ferry.messages, ferry.encoder, ferry.decoder, ferry.frames, ferry.connection
-import ferry.sglang_bootstrap, ferry.sglang_kvargs, ferry.sglang_manager, ferry.sglang_rooms
+import ferry.sglang.bootstrap, ferry.sglang.kvargs, ferry.sglang.manager, ferry.sglang.rooms
 for m in (ferry.messages, ferry.encoder, ferry.decoder, ferry.frames, ferry.connection,
-          ferry.sglang_bootstrap, ferry.sglang_kvargs, ferry.sglang_manager, ferry.sglang_rooms):
+          ferry.sglang.bootstrap, ferry.sglang.kvargs, ferry.sglang.manager, ferry.sglang.rooms):
     assert 'site-packages' in m.__file__, m.__file__
 assert 'site-packages' in ferry.__file__, ferry.__file__
 assert 'site-packages' in ferry_client.__file__, ferry_client.__file__

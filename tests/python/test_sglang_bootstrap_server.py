@@ -1,4 +1,4 @@
-"""The SGLang adapter's bootstrap server (clients/python/ferry/sglang_server.py) over real HTTP
+"""The SGLang adapter's bootstrap server (clients/python/ferry/sglang/server.py) over real HTTP
 on 127.0.0.1 with an ephemeral port: SGLang's routes and JSON (a prefill rank's PUT /route, a
 decode's GET /route for the parallel info and for one rank, /register_dp_rank,
 /query_dp_ranks, /health), readiness once every rank registered, and a clear 4xx naming what
@@ -16,7 +16,7 @@ import pytest
 from conftest import IO_TIMEOUT
 from ferry.sglang import (FerryHTTPBootstrap, FerryKVReceiver, FerryPrefillInfo, KVBootstrapServer,
                           PrefillServerInfo)
-from ferry.sglang_http import query_prefill_dp_ranks
+from ferry.sglang.http import query_prefill_dp_ranks
 
 ALL = "prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1"
 

@@ -23,8 +23,8 @@ from ferry.protocol import Cancel, Prepare, Send
 from ferry.sglang import (FerryKVArgs, FerryKVManager, FerryKVReceiver, FerryKVSender,
                           FerrySettings, KVArgs, KVBootstrapServer, KVManager, KVPoll, KVReceiver,
                           KVSender)
-from ferry.sglang_http import FerryHTTPBootstrap
-from ferry.sglang_settings import DEFAULT_SOCKET, config_section
+from ferry.sglang.http import FerryHTTPBootstrap
+from ferry.sglang.settings import DEFAULT_SOCKET, config_section
 from sglang_fakes import ModelDaemon, World, failure, layout
 
 Mode = enum.Enum("DisaggregationMode", {"NULL": "null", "PREFILL": "prefill",

@@ -1,4 +1,4 @@
-"""The SGLang adapter's managers and bootstrap (clients/python/ferry/sglang_manager.py,
+"""The SGLang adapter's managers and bootstrap (clients/python/ferry/sglang/manager.py,
 sglang_kvargs.py and sglang_bootstrap.py) against the model daemons of sglang_fakes.py: each
 manager lends its memory before any request, a decode waits for every prefill rank to be ready,
 a KVArgs that does not fit is refused naming the pool, and a receiver finds the prefill ranks
@@ -15,7 +15,7 @@ from ferry import Errc, FerryError
 from ferry.memory import MemfdPool
 from ferry.protocol import Discover, DiscoveredRank, Prepare
 from ferry.sglang import FerryBootstrap, FerryKVArgs, FerryKVManager, FerryKVReceiver, KVPoll
-from ferry.sglang_kvargs import NOT_MOVED
+from ferry.sglang.kvargs import NOT_MOVED
 from sglang_fakes import BOOT, PREFILL_RANKS, Engine, ModelDaemon, Setup, World, failure
 
 

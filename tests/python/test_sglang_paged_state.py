@@ -15,7 +15,7 @@ from ferry import Errc, FerryError
 from ferry.protocol import BufferKind, Prepare, Send, StateType
 from ferry.sglang import FerryBootstrap, FerryKVArgs, FerryKVManager, FerryKVReceiver, \
     FerryKVSender, KVPoll
-from ferry.sglang_kvargs import DSA_NEEDS_MLA
+from ferry.sglang.kvargs import DSA_NEEDS_MLA
 from sglang_fakes import BOOT, PREFILL_RANKS, Engine, ModelDaemon, World, failure
 
 

@@ -20,8 +20,8 @@
 - :mod:`ferry.memory`: :class:`MemfdPool`, engine-owned memory for ``memory: client`` pools
   (lent to ferryd with ``Client.register_memory``);
 - :mod:`ferry.sglang`: an adapter with SGLang's disaggregation connector names (import it
-  explicitly), gathered from :mod:`ferry.sglang_bootstrap`, :mod:`ferry.sglang_kvargs`,
-  :mod:`ferry.sglang_manager` and :mod:`ferry.sglang_rooms`.
+  explicitly), gathered from :mod:`ferry.sglang.bootstrap`, :mod:`ferry.sglang.kvargs`,
+  :mod:`ferry.sglang.manager` and :mod:`ferry.sglang.rooms`.
 """
 
 from pathlib import Path as _Path

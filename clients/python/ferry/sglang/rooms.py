@@ -10,12 +10,12 @@ import threading
 import time
 from typing import Any, Iterable, Optional, Sequence
 
-from .client import Client
-from .errors import Errc, FerryError
-from .protocol import PollResult, Status
-from .sglang_manager import FerryKVManager
-from .sglang_state import _as_index, _RequestFailed
-from .sglang_types import (ABORTED, FROM_ANOTHER_RANK, FerryKVTransferError,
+from ..client import Client
+from ..errors import Errc, FerryError
+from ..protocol import PollResult, Status
+from .manager import FerryKVManager
+from .state import _as_index, _RequestFailed
+from .types import (ABORTED, FROM_ANOTHER_RANK, FerryKVTransferError,
                            FerryTransferMetric, KVPoll)
 
 # Where a room's ferryd stands for the adapter (_FerryRoom._link)
@@ -408,7 +408,7 @@ class FerryKVReceiver(_FerryRoom):
                                ) -> dict[str, int]:
         """SGLang's: the prefill DP rank each room's prefill registered (``POST
         /query_dp_ranks`` to the bootstrap server), ``{str(room): dp_rank}``."""
-        from .sglang_http import query_prefill_dp_ranks
+        from .http import query_prefill_dp_ranks
         return query_prefill_dp_ranks(bootstrap_addr, bootstrap_rooms)
 
 

@@ -10,8 +10,8 @@ import operator
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .errors import Errc
-from .protocol import StateType
+from ..errors import Errc
+from ..protocol import StateType
 
 
 class _RequestFailed(Exception):

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .errors import Errc, FerryError
-from .protocol import Status
+from ..errors import Errc, FerryError
+from ..protocol import Status
 
 KVPoll = Status
 """SGLang's ``KVPoll``: Failed 0, Bootstrapping 1, WaitingForInput 2, Transferring 3,

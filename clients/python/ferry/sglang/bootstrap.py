@@ -11,9 +11,9 @@ import threading
 import time
 from typing import Any, Callable, Mapping, MutableMapping, Optional, Sequence, Union
 
-from .client import Client
-from .errors import FerryError
-from .sglang_server import FerryPrefillInfo
+from ..client import Client
+from ..errors import FerryError
+from .server import FerryPrefillInfo
 
 PrefillRanks = Union[Mapping[str, Sequence[str]], Callable[[str, int], Sequence[str]]]
 

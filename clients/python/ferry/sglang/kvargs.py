@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
-from .memory import MemfdPool, MemoryRegion
-from .protocol import BufferKind
+from ..memory import MemfdPool, MemoryRegion
+from ..protocol import BufferKind
 
 MAMBA = "mamba"
 """SGLang's ``StateType.MAMBA`` value: a slot-indexed component (one slot per request)."""

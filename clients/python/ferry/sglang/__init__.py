@@ -109,13 +109,13 @@ req_has_disagg_prefill_dp_rank=False)``, ``KVReceiver(mgr, bootstrap_addr, boots
 and ``KVBootstrapServer(host, port)`` take SGLang's arguments; what Ferry needs besides comes
 from ``FERRY_*`` environment variables (:class:`FerrySettings`, docs/integration.md).
 
-The adapter's parts: :mod:`ferry.sglang_bootstrap` (:class:`FerryBootstrap`),
-:mod:`ferry.sglang_http` (:class:`FerryHTTPBootstrap`), :mod:`ferry.sglang_server`
-(:class:`FerryKVBootstrapServer`), :mod:`ferry.sglang_settings` (:class:`FerrySettings`),
-:mod:`ferry.sglang_kvargs` (:class:`FerryKVArgs`), :mod:`ferry.sglang_manager`
-(:class:`FerryKVManager`), :mod:`ferry.sglang_rooms` (:class:`FerryKVReceiver`,
-:class:`FerryKVSender`, :func:`poll_all`), :mod:`ferry.sglang_state` (``state_indices`` as a
-slot or state pages) and :mod:`ferry.sglang_types` (:data:`KVPoll`, the
+The adapter's parts: :mod:`ferry.sglang.bootstrap` (:class:`FerryBootstrap`),
+:mod:`ferry.sglang.http` (:class:`FerryHTTPBootstrap`), :mod:`ferry.sglang.server`
+(:class:`FerryKVBootstrapServer`), :mod:`ferry.sglang.settings` (:class:`FerrySettings`),
+:mod:`ferry.sglang.kvargs` (:class:`FerryKVArgs`), :mod:`ferry.sglang.manager`
+(:class:`FerryKVManager`), :mod:`ferry.sglang.rooms` (:class:`FerryKVReceiver`,
+:class:`FerryKVSender`, :func:`poll_all`), :mod:`ferry.sglang.state` (``state_indices`` as a
+slot or state pages) and :mod:`ferry.sglang.types` (:data:`KVPoll`, the
 failure texts, :class:`FerryKVTransferError`); import them from here.
 """
 
@@ -123,19 +123,19 @@ from __future__ import annotations
 
 from typing import Optional
 
-from . import sglang_bootstrap
-from .sglang_bootstrap import FerryBootstrap
-from .sglang_http import FerryHTTPBootstrap
-from .sglang_kvargs import MAMBA, FerryKVArgs
-from .sglang_manager import FerryKVManager
-from .sglang_memory import host_buffer, host_regions
-from .sglang_rooms import FerryKVReceiver, FerryKVSender, poll_all
-from .sglang_server import FerryKVBootstrapServer, FerryPrefillInfo
-from .sglang_settings import FerrySettings
-from .sglang_types import (ABORTED, FROM_ANOTHER_RANK, FerryKVTransferError,
+from . import bootstrap
+from .bootstrap import FerryBootstrap
+from .http import FerryHTTPBootstrap
+from .kvargs import MAMBA, FerryKVArgs
+from .manager import FerryKVManager
+from .host_memory import host_buffer, host_regions
+from .rooms import FerryKVReceiver, FerryKVSender, poll_all
+from .server import FerryKVBootstrapServer, FerryPrefillInfo
+from .settings import FerrySettings
+from .types import (ABORTED, FROM_ANOTHER_RANK, FerryKVTransferError,
                            FerryTransferMetric, KVPoll)
 
-PrefillRanks = sglang_bootstrap.PrefillRanks
+PrefillRanks = bootstrap.PrefillRanks
 """The type of :class:`FerryBootstrap`'s ``prefill_ranks``: a table or a callable."""
 
 # SGLang's names, for a backend table entry (``KVClassType.KVARGS``, ``MANAGER``, ``SENDER``,

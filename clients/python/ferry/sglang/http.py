@@ -1,5 +1,5 @@
 """The SGLang adapter's side of the bootstrap server's HTTP routes (see :mod:`ferry.sglang` and
-:mod:`ferry.sglang_server`): a prefill rank registering itself, a sender registering its room's
+:mod:`ferry.sglang.server`): a prefill rank registering itself, a sender registering its room's
 DP rank, and :class:`FerryHTTPBootstrap`, which finds a prefill instance's ranks for a decode
 through ``GET /route``, as SGLang's receivers do.
 """
@@ -14,9 +14,9 @@ import urllib.error
 import urllib.request
 from typing import Any, Optional, Sequence
 
-from .client import Client
-from .sglang_bootstrap import FerryBootstrap
-from .sglang_server import FerryPrefillInfo
+from ..client import Client
+from .bootstrap import FerryBootstrap
+from .server import FerryPrefillInfo
 
 _log = logging.getLogger("ferry")
 
@@ -100,7 +100,7 @@ def query_prefill_dp_ranks(bootstrap_addr: str, bootstrap_rooms: Sequence[int],
 
 class FerryHTTPBootstrap(FerryBootstrap):
     """The prefill ranks from SGLang's bootstrap server at the request's ``bootstrap_addr``
-    (:class:`~ferry.sglang_server.FerryKVBootstrapServer`, where each prefill manager
+    (:class:`~ferry.sglang.server.FerryKVBootstrapServer`, where each prefill manager
     registered its ferryd's control address): what a decode manager uses when constructed as
     SGLang constructs it.
 

@@ -19,8 +19,8 @@ import mmap
 import os
 from typing import Optional, Sequence
 
-from .memory import MemoryRegion, address_of, align_up, create_memfd
-from .sglang_kvargs import FerryKVArgs
+from ..memory import MemoryRegion, address_of, align_up, create_memfd
+from .kvargs import FerryKVArgs
 
 
 class AuxShadow:

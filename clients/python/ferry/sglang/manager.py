@@ -13,19 +13,19 @@ import threading
 import time
 from typing import Any, Callable, Optional, Union
 
-from .client import Client
-from .errors import Errc, FerryError
-from .memory import configured_state_type
-from .protocol import POOL_KINDS, MemoryBuffer, MemoryKind, StateType, state_type_number
-from .reconnect import ConnectionNotice, Reconnect, Reconnected
-from .sglang_bootstrap import FerryBootstrap
-from .sglang_http import FerryHTTPBootstrap, register_dp_rank, register_rank
-from .sglang_aux import AuxShadow, outside_regions
-from .sglang_kvargs import FerryKVArgs
-from .sglang_memory import host_regions
-from .sglang_server import FerryPrefillInfo
-from .sglang_settings import FerrySettings, config_section, host_port
-from .sglang_state import StateIndices
+from ..client import Client
+from ..errors import Errc, FerryError
+from ..memory import configured_state_type
+from ..protocol import POOL_KINDS, MemoryBuffer, MemoryKind, StateType, state_type_number
+from ..reconnect import ConnectionNotice, Reconnect, Reconnected
+from .bootstrap import FerryBootstrap
+from .http import FerryHTTPBootstrap, register_dp_rank, register_rank
+from .aux import AuxShadow, outside_regions
+from .kvargs import FerryKVArgs
+from .host_memory import host_regions
+from .server import FerryPrefillInfo
+from .settings import FerrySettings, config_section, host_port
+from .state import StateIndices
 
 _DEFAULT: Any = object()  # a keyword left out: the FERRY_* environment variable, else its default
 
@@ -59,12 +59,12 @@ class FerryKVManager:
 
     **Constructed as SGLang constructs it** (``KVManager(args, disaggregation_mode,
     server_args, is_mla_backend)``, no Ferry keyword): the socket, the bootstrap and the bounds
-    come from :class:`~ferry.sglang_settings.FerrySettings` (``FERRY_*`` environment variables,
+    come from :class:`~ferry.sglang.settings.FerrySettings` (``FERRY_*`` environment variables,
     the ``KVArgs``' ranks, ``server_args``' bootstrap host and port). A prefill rank then
     registers with the prefill instance's bootstrap server (``PUT /route``: its ferryd's
     control address and its TP/PP/DP position as ferryd's config gives them), and a decode rank
     finds prefill ranks through the request's bootstrap server
-    (:class:`~ferry.sglang_http.FerryHTTPBootstrap`). The keywords override: ``socket_path`` or
+    (:class:`~ferry.sglang.http.FerryHTTPBootstrap`). The keywords override: ``socket_path`` or
     ``client``, ``bootstrap`` (a :class:`FerryBootstrap`: a table, ``ready`` store, discovery),
     ``timeout``, ``register_timeout``, ``drain_timeout``, ``reconnect``, ``settings`` (all at
     once). With ``socket_path`` derived from the template, the manager checks that the ferryd
@@ -82,7 +82,7 @@ class FerryKVManager:
     rank registers itself with the bootstrap again after each reconnect.
 
     What SGLang's scheduler reads: ``prefill_info_table[bootstrap_addr]`` (a decode's; a
-    :class:`~ferry.sglang_server.FerryPrefillInfo` with ``dp_size`` and
+    :class:`~ferry.sglang.server.FerryPrefillInfo` with ``dp_size`` and
     ``follow_bootstrap_room``, filled by :meth:`try_ensure_parallel_info`), ``kv_args``,
     ``server_args``, ``is_mla_backend``; and the rank's position ``attn_tp_size``,
     ``attn_tp_rank``, ``pp_size``, ``pp_rank``, ``attn_dp_size``, ``attn_dp_rank`` (ferryd's
@@ -294,7 +294,7 @@ class FerryKVManager:
 
     def _args_of(self, kind: str) -> FerryKVArgs:
         """The KVArgs that list pool ``kind``'s buffers: the engine's, or for aux in ordinary
-        memory the memfd copy's (:mod:`ferry.sglang_aux`)."""
+        memory the memfd copy's (:mod:`ferry.sglang.aux`)."""
         return self.aux_shadow.args if kind == "aux" and self.aux_shadow is not None \
             else self.kv_args
 
@@ -512,7 +512,7 @@ class FerryKVManager:
 
     def state_of(self, state_indices: Any, side: str) -> tuple[Optional[int], list[int]]:
         """What a request's ``state_indices`` put on the wire: ``(state_slot, state_pages)``
-        (:class:`~ferry.sglang_state.StateIndices`). Raises ``_RequestFailed`` with the
+        (:class:`~ferry.sglang.state.StateIndices`). Raises ``_RequestFailed`` with the
         request's failure."""
         return self.state_indices.state_of(state_indices, side)
 

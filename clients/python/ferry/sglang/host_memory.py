@@ -15,7 +15,7 @@ most 64), and ferryd maps only the pages each registered buffer touches. A
 :class:`~ferry.sglang.FerryKVManager` whose ``KVArgs`` name no ``memory_regions`` lends from
 these arenas: SGLang's ``kv_data_ptrs`` and ``state_data_ptrs`` then fall in them, at whatever
 offsets SGLang's views start. The memory lives as long as the process. SGLang's
-MetadataBuffers (CPU tensors) need no hook: :mod:`ferry.sglang_aux` copies their rows.
+MetadataBuffers (CPU tensors) need no hook: :mod:`ferry.sglang.aux` copies their rows.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import mmap
 import os
 import threading
 
-from .memory import MemoryRegion, address_of, align_up, create_memfd
+from ..memory import MemoryRegion, address_of, align_up, create_memfd
 
 ARENA_BYTES = int(os.environ.get("FERRY_HOST_ARENA_BYTES", str(256 << 30)))
 """The address space of one arena (sparse: only touched pages use memory)."""
