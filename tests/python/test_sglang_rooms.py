@@ -1,4 +1,4 @@
-"""The SGLang adapter's senders and receivers (clients/python/ferry/sglang_rooms.py) against the
+"""The SGLang adapter's senders and receivers (clients/python/ferry/sglang/rooms.py) against the
 model daemons of sglang_fakes.py: the call order on the wire, decode_prefix_len's path, the
 state_indices rules (one request failing alone), last-chunk detection, refusals and failures
 with their codes, and poll_all's batching."""
