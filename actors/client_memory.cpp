@@ -17,16 +17,6 @@ constexpr uint64_t page = 4096;
 
 std::string pool_name(int k) { return to_string(static_cast<pool_kind>(k)); }
 
-/// "V of layer 7 with 2 items of 512 bytes" (what a buffer is, for error texts).
-std::string describe(buffer_kind kind, uint32_t layer, uint32_t tensor, uint64_t items,
-                     uint64_t item_bytes) {
-  std::string what = kind == buffer_kind::aux ? "aux rows"
-                     : kind == buffer_kind::state
-                         ? fmt::format("state tensor {} of layer {}", tensor, layer)
-                         : fmt::format("{} of layer {}", to_string(kind), layer);
-  return fmt::format("{} with {} items of {} bytes", what, items, item_bytes);
-}
-
 std::string file_type(mode_t m) {
   if (S_ISSOCK(m)) return "a socket";
   if (S_ISFIFO(m)) return "a pipe";
@@ -75,78 +65,16 @@ result<uint64_t> check_descriptor(const std::string& name, size_t i, int fd) {
   return static_cast<uint64_t>(s.st_size);
 }
 
-/// Whether pool `k` is described by its registration (pool_placement::registered).
-bool registered(const daemon_context& ctx, int k) {
-  const auto& p = ctx.config.pools;
-  switch (static_cast<pool_kind>(k)) {
-    case pool_kind::kv:
-      return p.kv && p.kv->placement.registered;
-    case pool_kind::state:
-      return p.mamba && p.mamba->placement.registered;
-    case pool_kind::aux:
-      return p.aux && p.aux->placement.registered;
+pool_standings standings(const daemon_context& ctx) {
+  pool_standings out;
+  for (int k = 0; k < pool_kind_count; ++k) {
+    const auto& p = ctx.client_pools[k];
+    out[k] = {p.client, p.now.load(), p.described ? &*p.described : nullptr};
   }
-  return false;
-}
-
-/// A registered pool's registration: the description it makes must pass the config's own
-/// checks, and, after the first registration, be that one.
-result<registration_plan> check_described(const daemon_context& ctx,
-                                          const proto::register_memory& req,
-                                          const std::vector<uint64_t>& sizes) {
-  const auto k = req.pool;
-  // One described pool at a time: the checks across pools (layer ids) see the others whole.
-  for (int other = 0; other < pool_kind_count; ++other)
-    if (other != static_cast<int>(k) && registered(ctx, other) &&
-        !ctx.client_pools[other].described &&
-        ctx.client_pools[other].now.load() == client_pool::state::registering)
-      return error{errc::invalid_request,
-                   fmt::format("pool {}: pool {}'s first registration is still being mapped; "
-                               "register one pool at a time",
-                               to_string(k), pool_name(other))};
-  auto described = describe_registration(req, sizes);
-  if (!described) return std::move(described).error();
-  // The engine's registration is the source of truth; a model catalogue checks it.
-  if (k != pool_kind::aux)
-    if (auto diff = catalogue_difference(ctx.config, described.value.section,
-                                         k == pool_kind::kv ? "kv" : "mamba"))
-      return error{errc::invalid_request,
-                   fmt::format("pool {}: the registration does not match the model: {}",
-                               to_string(k), *diff)};
-  ferry_config whole = ctx.config;
-  if (k == pool_kind::kv) whole.pools.kv = described.value.section.kv;
-  if (k == pool_kind::state) whole.pools.mamba = described.value.section.mamba;
-  if (k == pool_kind::aux) whole.pools.aux = described.value.section.aux;
-  if (auto valid = validate_config(whole); !valid)
-    return error{errc::invalid_request,
-                 fmt::format("pool {}: the registration describes a pool this daemon cannot "
-                             "serve: {}",
-                             to_string(k), valid.message)};
-  if (const auto& first = ctx.client_pools[static_cast<int>(k)].described)
-    if (auto diff = registration_difference(k, *first, described.value))
-      return error{errc::invalid_request,
-                   fmt::format("pool {}: this registration differs from the first one: {}; a "
-                               "pool's layout is fixed by its first registration for the life "
-                               "of ferryd (peers planned with it): restart ferryd to change it",
-                               to_string(k), *diff)};
-  return registration_plan{std::move(described.value)};
+  return out;
 }
 
 }  // namespace
-
-const char* to_string(client_pool::state s) {
-  switch (s) {
-    case client_pool::state::unregistered:
-      return "unregistered";
-    case client_pool::state::registering:
-      return "registering";
-    case client_pool::state::registered:
-      return "registered";
-    case client_pool::state::releasing:
-      return "releasing";
-  }
-  return "?";
-}
 
 result<> daemon_context::ready() const {
   if (!serving) return error{errc::draining, drain_begun ? "stopping" : "starting"};
@@ -205,126 +133,18 @@ result<> reserve_client_pools(daemon_context& ctx) {
 result<registration_plan> check_registration(const daemon_context& ctx,
                                              const proto::register_memory& req,
                                              const std::vector<int>& fds) {
-  const int k = static_cast<int>(req.pool);
-  const std::string name = pool_name(k);
-  const auto& layout = ctx.layout.pools[k];
-  if (!layout.present)
-    return error{errc::invalid_request,
-                 fmt::format("pool {} is not configured on this daemon", name)};
-  if (!ctx.client_memory(k))
-    return error{
-        errc::invalid_request,
-        fmt::format("pool {0} is daemon memory (pools.{1}.memory: daemon); there is nothing to "
-                    "register",
-                    name, req.pool == pool_kind::state ? "mamba" : name)};
-  if (req.pool != pool_kind::state && req.state != state_type::mamba)
-    return error{errc::invalid_request,
-                 fmt::format("pool {}: state_type {} applies to the state pool only", name,
-                             to_string(req.state))};
-  // The config describes such a pool, its type too; a registration may leave the type unsaid
-  // (mamba, as before version 8) but not contradict it.
-  if (req.pool == pool_kind::state && !registered(ctx, k) && req.state != state_type::mamba &&
-      req.state != ctx.config.pools.mamba->type)
-    return error{errc::invalid_request,
-                 fmt::format("pool state: the registration says state_type {}, the config's "
-                             "pools.mamba.type is {}",
-                             to_string(req.state), to_string(ctx.config.pools.mamba->type))};
-  switch (ctx.client_pools[k].now.load()) {
-    case client_pool::state::unregistered:
-      break;
-    case client_pool::state::registering:
-    case client_pool::state::registered:
-      return error{errc::invalid_request,
-                   fmt::format("pool {} is already registered by another connection", name)};
-    case client_pool::state::releasing:
-      return error{
-          errc::invalid_request,
-          fmt::format("pool {} is still being released (the rooms and peers of its previous "
-                      "registration are ending); register it again once that is done",
-                      name)};
-  }
-  switch (req.kind) {
-    case proto::memory_kind::host:
-      break;
-    case proto::memory_kind::cuda_dmabuf:
-      return error{
-          errc::invalid_request,
-          "memory kind cuda_dmabuf: this ferryd's libfabric 1.17 has no FI_MR_DMABUF (it needs "
-          "1.20), and this build has no CUDA (docs/gpu.md)"};
-    case proto::memory_kind::cuda_ipc:
-    case proto::memory_kind::cuda_vmm_fd:
-      return error{
-          errc::invalid_request,
-          fmt::format("memory kind {}: importing it needs a CUDA context in ferryd, and this "
-                      "build has no CUDA (docs/gpu.md)",
-                      proto::to_string(req.kind))};
-    default:
-      return error{errc::invalid_request,
-                   fmt::format("memory kind {} is unknown (0 host, 1 cuda_dmabuf, 2 cuda_ipc, "
-                               "3 cuda_vmm_fd)",
-                               static_cast<int>(req.kind))};
-  }
+  const auto pools = standings(ctx);
+  if (auto ok = check_registration_request(ctx.config, ctx.layout, pools, req); !ok)
+    return std::move(ok).error();
   // Every descriptor: a sealed memfd (a shrink under a mapping would crash ferryd).
+  const std::string name = pool_name(static_cast<int>(req.pool));
   std::vector<uint64_t> sizes(fds.size());
   for (size_t i = 0; i < fds.size(); ++i) {
     auto size = check_descriptor(name, i, fds[i]);
     if (!size) return std::move(size).error();
     sizes[i] = size.value;
   }
-  if (registered(ctx, k)) return check_described(ctx, req, sizes);
-  if (req.buffers.size() != layout.buffers.size())
-    return error{errc::invalid_request,
-                 fmt::format("pool {}: the table lists {} buffers, the pool has {} (see the "
-                             "hello_reply's layout)",
-                             name, req.buffers.size(), layout.buffers.size())};
-  struct range {
-    uint64_t begin, end;
-    size_t buffer;
-  };
-  std::vector<std::vector<range>> used(fds.size());
-  for (size_t b = 0; b < req.buffers.size(); ++b) {
-    const auto& want = layout.buffers[b];
-    const auto& got = req.buffers[b];
-    const auto expected =
-        describe(want.kind, want.layer_id, want.tensor, want.items, want.item_bytes);
-    if (got.kind != want.kind || got.layer_id != want.layer_id || got.tensor != want.tensor ||
-        got.items != want.items || got.item_bytes != want.item_bytes)
-      return error{
-          errc::invalid_request,
-          fmt::format("pool {}: buffer {} is {}, but the table says {}", name, b, expected,
-                      describe(got.kind, got.layer_id, got.tensor, got.items, got.item_bytes))};
-    if (got.fd_index >= fds.size())
-      return error{errc::invalid_request,
-                   fmt::format("pool {}: buffer {} ({}) names fd {}, but {} came with the frame",
-                               name, b, expected, got.fd_index, fds.size())};
-    if (got.fd_offset % page != 0)
-      return error{
-          errc::invalid_request,
-          fmt::format("pool {}: buffer {} ({}) starts at fd offset {}, not a multiple of {}", name,
-                      b, expected, got.fd_offset, page)};
-    const uint64_t len = want.items * want.item_bytes;
-    if (got.fd_offset > sizes[got.fd_index] || len > sizes[got.fd_index] - got.fd_offset)
-      return error{
-          errc::invalid_request,
-          fmt::format("pool {}: buffer {} ({}) needs {} bytes at fd {} offset {}, but the fd "
-                      "has {}",
-                      name, b, expected, len, got.fd_index, got.fd_offset, sizes[got.fd_index])};
-    used[got.fd_index].push_back({got.fd_offset, got.fd_offset + len, b});
-  }
-  for (size_t i = 0; i < used.size(); ++i) {
-    auto& r = used[i];
-    if (r.empty())
-      return error{
-          errc::invalid_request,
-          fmt::format("pool {}: fd {} came with the frame but no buffer uses it", name, i)};
-    std::sort(r.begin(), r.end(), [](const range& a, const range& b) { return a.begin < b.begin; });
-    for (size_t j = 1; j < r.size(); ++j)
-      if (r[j].begin < r[j - 1].end)
-        return error{errc::invalid_request,
-                     fmt::format("pool {}: buffers {} and {} overlap in fd {}", name,
-                                 r[j - 1].buffer, r[j].buffer, i)};
-  }
-  return registration_plan{};
+  return check_registration_layout(ctx.config, ctx.layout, pools, req, sizes);
 }
 
 /// Map a registered pool: reserve its range at the first registration, then each descriptor's
@@ -421,11 +241,11 @@ result<> map_client_pool(daemon_context& ctx, const proto::register_memory& req,
   return {};
 }
 
-bool registered_pool(const daemon_context& ctx, int k) { return registered(ctx, k); }
+bool registered_pool(const daemon_context& ctx, int k) { return registered_pool(ctx.config, k); }
 
 std::optional<std::string> undescribed_pool(const daemon_context& ctx) {
   for (int k = 0; k < pool_kind_count; ++k)
-    if (registered(ctx, k) && !ctx.client_pools[k].described)
+    if (registered_pool(ctx.config, k) && !ctx.client_pools[k].described)
       return fmt::format(
           "pool {} of {} is described by its engine's register_memory, which has not come yet",
           pool_name(k), ctx.config.node_name);

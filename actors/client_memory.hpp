@@ -11,16 +11,12 @@
 
 #include "actors/context.hpp"
 #include "core/protocol.hpp"
+#include "core/registration_checks.hpp"
 
 namespace ferry {
 
 /// Reserve the address range of every `memory: client` pool (no access until registered).
 result<> reserve_client_pools(daemon_context& ctx);
-
-/// What a checked registration maps: for a pool the registration describes, that description.
-struct registration_plan {
-  std::optional<described_pool> described;
-};
 
 /// Why `req` (with the descriptors that came with it) cannot be registered (invalid_request).
 /// Checks the pool, its state, the memory kind and every descriptor (a sealed memfd); then, for

@@ -26,6 +26,7 @@
 #include "core/plan.hpp"
 #include "core/range_allocator.hpp"
 #include "core/registration.hpp"
+#include "core/registration_checks.hpp"
 #include "core/shm_region.hpp"
 #include "core/waiter_queue.hpp"
 #include "os/timer_service.hpp"
@@ -159,8 +160,8 @@ struct staging_area {
 /// publishes it into `config.pools` and `layout` before the pool is first registered, and no
 /// peer connection exists before that (handshakes wait for it), so readers see it whole.
 struct client_pool {
-  enum class state : uint8_t { unregistered, registering, registered, releasing };
-  bool client = false;  ///< `memory: client` (set at start-up)
+  using state = client_pool_state;  ///< core/registration_checks.hpp
+  bool client = false;              ///< `memory: client` (set at start-up)
   uint8_t* base = nullptr;
   uint64_t bytes = 0;
   std::atomic<state> now{state::unregistered};
@@ -168,7 +169,6 @@ struct client_pool {
   /// A registered pool's description since its first registration (Scheduler only).
   std::optional<described_pool> described;
 };
-const char* to_string(client_pool::state s);
 
 struct daemon_context {
   ferry_config config;
