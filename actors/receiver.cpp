@@ -388,9 +388,7 @@ caf::behavior receiver_behavior(receiver_actor* self, context_ptr ctx, proto::pr
               [=](caf::error& e) {
                 // A Connection that already ended cannot answer; its peer_down, which the
                 // Scheduler forwards to this room, carries the real reason.
-                if (e.category() == caf::atom("system") &&
-                    e.code() == static_cast<uint8_t>(caf::sec::request_receiver_down))
-                  return;
+                if (e == caf::sec::request_receiver_down) return;
                 unusable(self, i, errc::peer_unreachable, self->system().render(e));
               });
   }

@@ -37,7 +37,7 @@ link_record* room::link(size_t i, uint64_t token) {
 }
 
 void room::advance(room_status s, effects& out) {
-  auto e = life_.advance(s);
+  auto e = life_.on(life_ev::advance{s});
   if (!e.empty()) out.push_back(life{std::move(e)});
 }
 
@@ -45,7 +45,7 @@ effects room::on(event e) {
   return std::visit([this](auto& x) { return handle(std::move(x)); }, e);
 }
 
-effects room::handle(ev::start) { return {life{life_.start()}}; }
+effects room::handle(ev::start) { return {life{life_.on(life_ev::start{})}}; }
 
 effects room::handle(ev::resolved e) {
   const auto& [i, schema, unpack_bytes, optional, asks] = e;
@@ -408,7 +408,7 @@ effects room::handle(ev::peer_down e) {
 
 effects room::handle(ev::expired e) {
   effects out;
-  auto x = life_.expired(e.kind, e.generation);
+  const auto x = life_.on(life_ev::expired{e.kind, e.generation}).expired;
   if (!x) return out;  // no longer applies
   if (x->what == expiry::kind::timed_out) {
     fail(errc::timed_out,
@@ -445,9 +445,9 @@ effects room::handle(ev::expired e) {
 }
 
 void room::fail(errc code, std::string reason, bool tell_peers, effects& out) {
-  lifecycle_effects e;
   // Once the prepares went out, prefill ranks may write: the drain is bounded by drain_ms.
-  if (!life_.fail(code, reason, prepared_, e)) return;
+  auto e = life_.on(life_ev::fail{code, reason, prepared_});
+  if (!e.began_drain) return;
   out.push_back(failed{reason});
   if (!prepared_) {
     // No prepare went out: no prefill rank can write into this room.
@@ -467,7 +467,7 @@ void room::finish_drain(effects& out) {
   for (const auto& l : links_)
     if (!l.settled()) return;
   release(out);
-  out.push_back(life{life_.drained(drain_note_)});
+  out.push_back(life{life_.on(life_ev::drained{drain_note_})});
 }
 
 void room::release(effects& out) {

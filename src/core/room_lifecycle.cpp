@@ -105,14 +105,19 @@ void room_lifecycle::cancel_all(lifecycle_effects& out) {
   for (int i = 0; i < deadline_kind_count; ++i) cancel(static_cast<deadline_kind>(i), out);
 }
 
-lifecycle_effects room_lifecycle::start() {
+lifecycle_effects room_lifecycle::on(lifecycle_event e) {
+  return std::visit([this](auto& x) { return handle(std::move(x)); }, e);
+}
+
+lifecycle_effects room_lifecycle::handle(life_ev::start) {
   lifecycle_effects out;
   arm(deadline_kind::state, limits_.bootstrapping_ms, out);
   arm(deadline_kind::room, limits_.transfer_ms, out);
   return out;
 }
 
-lifecycle_effects room_lifecycle::advance(room_status s) {
+lifecycle_effects room_lifecycle::handle(life_ev::advance e) {
+  const room_status s = e.to;
   lifecycle_effects out;
   if (draining() || terminal() || s == room_status::failed || s <= status()) return out;
   phase_ = phase_of(s);
@@ -126,47 +131,53 @@ lifecycle_effects room_lifecycle::advance(room_status s) {
   return out;
 }
 
-bool room_lifecycle::fail(errc code, std::string reason, bool in_flight, lifecycle_effects& out) {
-  if (draining() || terminal()) return false;
+lifecycle_effects room_lifecycle::handle(life_ev::fail e) {
+  lifecycle_effects out;
+  if (draining() || terminal()) return out;
   before_drain_ = status();
   phase_ = room_phase::draining;
-  code_ = code;
-  reason_ = std::move(reason);
+  code_ = e.code;
+  reason_ = std::move(e.reason);
   cancel(deadline_kind::state, out);
   cancel(deadline_kind::room, out);
-  if (in_flight) arm(deadline_kind::drain, limits_.drain_ms, out);
-  return true;
+  if (e.in_flight) arm(deadline_kind::drain, limits_.drain_ms, out);
+  out.began_drain = true;
+  return out;
 }
 
-lifecycle_effects room_lifecycle::drained(const std::string& note) {
+lifecycle_effects room_lifecycle::handle(life_ev::drained e) {
   lifecycle_effects out;
   if (!draining()) return out;
   phase_ = room_phase::failed;
   cancel_all(out);
   out.report = room_status::failed;
-  out.reason = reason_ + note;
+  out.reason = reason_ + e.note;
   out.code = code_;
   out.quit = true;
   return out;
 }
 
-std::optional<expiry> room_lifecycle::expired(deadline_kind k, uint64_t generation) {
-  const int i = static_cast<int>(k);
-  if (!armed_[i] || generation_[i] != generation || terminal()) return std::nullopt;
+lifecycle_effects room_lifecycle::handle(life_ev::expired e) {
+  lifecycle_effects out;
+  const int i = static_cast<int>(e.kind);
+  if (!armed_[i] || generation_[i] != e.generation || terminal()) return out;
   armed_[i] = false;  // fired: a deadline applies once
   // Only the drain deadline is armed while draining (fail cancels the others), so an armed
   // deadline always applies to the phase the room is in.
-  switch (k) {
+  switch (e.kind) {
     case deadline_kind::state:
-      return expiry{expiry::kind::timed_out, status(), state_ms(status()),
-                    waits_[static_cast<int>(status()) - 1]};
+      out.expired = expiry{expiry::kind::timed_out, status(), state_ms(status()),
+                           waits_[static_cast<int>(status()) - 1]};
+      break;
     case deadline_kind::room:
-      return expiry{expiry::kind::timed_out, status(), limits_.transfer_ms,
-                    "the whole room (timeouts.transfer_ms)"};
+      out.expired = expiry{expiry::kind::timed_out, status(), limits_.transfer_ms,
+                           "the whole room (timeouts.transfer_ms)"};
+      break;
     case deadline_kind::drain:
-      return expiry{expiry::kind::drain_over, status(), limits_.drain_ms, "the drain"};
+      out.expired = expiry{expiry::kind::drain_over, status(), limits_.drain_ms, "the drain"};
+      break;
   }
-  return std::nullopt;
+  return out;
 }
 
 }  // namespace ferry

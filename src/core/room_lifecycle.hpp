@@ -22,9 +22,12 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <variant>
 #include <vector>
 
 #include "core/errors.hpp"
+#include "core/inspect.hpp"
 #include "core/status.hpp"
 
 namespace ferry {
@@ -45,6 +48,14 @@ enum class room_phase : uint8_t {
 };
 const char* to_string(room_phase p);
 
+/// A deadline that still applies: how the room times out, or that its drain is over.
+struct expiry {
+  enum class kind : uint8_t { timed_out, drain_over } what;
+  room_status in;     ///< the status the room was in
+  uint32_t ms;        ///< the bound that passed
+  std::string waits;  ///< what the room waited for ("waiting for the first write")
+};
+
 /// What the lifecycle asks of its actor, applied in this order: cancel, arm, report, quit.
 struct lifecycle_effects {
   struct arm_deadline {
@@ -58,6 +69,10 @@ struct lifecycle_effects {
   std::string reason;
   errc code = errc::ok;
   bool quit = false;
+  // What the room machine learns (answers to it, not work for the actor: neither traced nor
+  // part of `empty`):
+  bool began_drain = false;       ///< `fail`: the room drains from now (false: it already did)
+  std::optional<expiry> expired;  ///< `expired`: the deadline still applies (else it is stale)
 
   bool empty() const { return cancel.empty() && arm.empty() && !report && !quit; }
 };
@@ -70,19 +85,62 @@ inline void inspect(auto& f, lifecycle_effects& x) {
       "quit", x.quit);
 }
 
+// The events, fed one at a time to `room_lifecycle::on` by the room machines
+// (core/sender_room.hpp, core/receiver_room.hpp; core/inspect.hpp: each a name and its fields).
+namespace life_ev {
+/// Arm the deadlines of Bootstrapping and of the whole room.
+struct start {
+  static constexpr std::string_view name = "start";
+};
+/// Move forward to `to` (not Failed): reported, the old status's deadline replaced by the new
+/// one's (Success: every deadline cancelled, the actor ends). Nothing while draining, once
+/// terminal, or when `to` is not ahead.
+struct advance {
+  static constexpr std::string_view name = "advance";
+  room_status to = room_status::bootstrapping;
+};
+/// The room cannot succeed: keep the first reason and code, stop moving forward, and drain.
+/// `in_flight`: writes of the room may still be on their way, so the drain is bounded
+/// (timeouts.drain_ms); the side sends `drained` once they are not. Nothing (and not
+/// `began_drain`) when already draining or terminal.
+struct fail {
+  static constexpr std::string_view name = "fail";
+  errc code = errc::ok;
+  std::string reason;
+  bool in_flight = false;
+};
+/// The drain is over: report Failed with the reason (and `note`, e.g. what the drain deadline
+/// found), cancel every deadline, end the actor. Nothing unless draining.
+struct drained {
+  static constexpr std::string_view name = "drained";
+  std::string note;
+};
+/// A deadline's message arrived. `expired` in the effects: it still applies; none when it no
+/// longer does (stale generation, cancelled, fired once already, or the room is terminal).
+/// `fail` cancels the state and room deadlines: a draining room has only its drain's bound.
+struct expired {
+  static constexpr std::string_view name = "expired";
+  deadline_kind kind = deadline_kind::state;
+  uint64_t generation = 0;
+};
+
+inline void inspect(auto&, start&) {}
+inline void inspect(auto& f, advance& x) { f("to", x.to); }
+inline void inspect(auto& f, fail& x) {
+  f("code", x.code)("reason", x.reason)("in_flight", x.in_flight);
+}
+inline void inspect(auto& f, drained& x) { f("note", x.note); }
+inline void inspect(auto& f, expired& x) { f("kind", x.kind)("generation", x.generation); }
+}  // namespace life_ev
+
+using lifecycle_event = std::variant<life_ev::start, life_ev::advance, life_ev::fail,
+                                     life_ev::drained, life_ev::expired>;
+
 /// The bounds of a room (from timeouts).
 struct lifecycle_limits {
   uint32_t bootstrapping_ms = 0, waiting_for_input_ms = 0, transferring_ms = 0;
   uint32_t transfer_ms = 0;  ///< the whole room
   uint32_t drain_ms = 0;
-};
-
-/// A deadline that still applies: how the room times out, or that its drain is over.
-struct expiry {
-  enum class kind : uint8_t { timed_out, drain_over } what;
-  room_status in;     ///< the status the room was in
-  uint32_t ms;        ///< the bound that passed
-  std::string waits;  ///< what the room waited for ("waiting for the first write")
 };
 
 class room_lifecycle {
@@ -93,24 +151,8 @@ class room_lifecycle {
   room_lifecycle(lifecycle_limits limits, std::array<const char*, 3> waits);
   room_lifecycle() = default;
 
-  /// Arm the deadlines of Bootstrapping and of the whole room.
-  lifecycle_effects start();
-  /// Move forward to `s` (not Failed): reported, the old status's deadline replaced by the new
-  /// one's (Success: every deadline cancelled, the actor ends). Nothing while draining, once
-  /// terminal, or when `s` is not ahead.
-  lifecycle_effects advance(room_status s);
-  /// The room cannot succeed: keep the first reason and code, stop moving forward, and drain.
-  /// `in_flight`: writes of the room may still be on their way, so the drain is bounded
-  /// (timeouts.drain_ms); the side calls `drained` once they are not. False (no effect) when
-  /// already draining or terminal.
-  bool fail(errc code, std::string reason, bool in_flight, lifecycle_effects& out);
-  /// The drain is over: report Failed with the reason (and `note`, e.g. what the drain deadline
-  /// found), cancel every deadline, end the actor. Nothing unless draining.
-  lifecycle_effects drained(const std::string& note = {});
-  /// A deadline's message arrived. nullopt: it no longer applies (stale generation, cancelled,
-  /// fired once already, or the room is terminal). `fail` cancels the state and room deadlines:
-  /// a draining room has only its drain's bound.
-  std::optional<expiry> expired(deadline_kind k, uint64_t generation);
+  /// Feed the lifecycle one event: what it asks of the actor, and what the room learns.
+  lifecycle_effects on(lifecycle_event e);
 
   room_phase phase() const { return phase_; }
   room_status status() const;
@@ -122,6 +164,11 @@ class room_lifecycle {
   bool armed(deadline_kind k) const { return armed_[static_cast<int>(k)]; }
 
  private:
+  lifecycle_effects handle(life_ev::start);
+  lifecycle_effects handle(life_ev::advance e);
+  lifecycle_effects handle(life_ev::fail e);
+  lifecycle_effects handle(life_ev::drained e);
+  lifecycle_effects handle(life_ev::expired e);
   void arm(deadline_kind k, uint32_t ms, lifecycle_effects& out);
   void cancel(deadline_kind k, lifecycle_effects& out);
   void cancel_all(lifecycle_effects& out);

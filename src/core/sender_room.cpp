@@ -28,7 +28,7 @@ std::string room::peer_name() const {
 }
 
 void room::advance(room_status s, effects& out) {
-  auto e = life_.advance(s);
+  auto e = life_.on(life_ev::advance{s});
   if (!e.empty()) out.push_back(life{std::move(e)});
 }
 
@@ -36,7 +36,7 @@ effects room::on(event e) {
   return std::visit([this](auto& x) { return handle(std::move(x)); }, e);
 }
 
-effects room::handle(ev::start) { return {life{life_.start()}}; }
+effects room::handle(ev::start) { return {life{life_.on(life_ev::start{})}}; }
 
 result<> room::check(const ev::prepare& in, bool& fatal) const {
   fatal = false;
@@ -328,7 +328,7 @@ effects room::handle(ev::peer_down e) {
 
 effects room::handle(ev::expired e) {
   effects out;
-  auto x = life_.expired(e.kind, e.generation);
+  const auto x = life_.on(life_ev::expired{e.kind, e.generation}).expired;
   if (!x) return out;  // no longer applies
   if (x->what == expiry::kind::drain_over) {
     finish_drain(fmt::format("; {} write batches were still in flight after the {} ms drain "
@@ -343,9 +343,9 @@ effects room::handle(ev::expired e) {
 }
 
 void room::fail(errc code, std::string reason, effects& out) {
-  lifecycle_effects e;
   // With batches in flight the drain is bounded by timeouts.drain_ms.
-  if (!life_.fail(code, reason, !batches_.empty(), e)) return;
+  auto e = life_.on(life_ev::fail{code, reason, !batches_.empty()});
+  if (!e.began_drain) return;
   out.push_back(tell_failed{std::move(reason), code, batches_.size()});
   // Queued chunks were answered ok when they arrived; the room's failure reaches the client as
   // an event and a poll answer, never as a second reply to those requests.
@@ -360,7 +360,7 @@ void room::finish_drain(const std::string& note, effects& out) {
   if (!life_.draining()) return;
   if (!batches_.empty() && note.empty()) return;
   if (note.empty()) out.push_back(tell_drained{});
-  out.push_back(life{life_.drained(note)});
+  out.push_back(life{life_.on(life_ev::drained{note})});
 }
 
 }  // namespace ferry::sender

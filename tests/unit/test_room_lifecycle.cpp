@@ -41,12 +41,11 @@ struct harness {
       REQUIRE(live.empty());  // an ended room leaves no deadline behind
     }
   }
-  void advance(room_status s) { apply(life.advance(s)); }
+  void advance(room_status s) { apply(life.on(life_ev::advance{s})); }
   bool fail(bool in_flight) {
-    lifecycle_effects e;
-    const bool r = life.fail(errc::cancelled, "cancelled by test", in_flight, e);
+    const auto e = life.on(life_ev::fail{errc::cancelled, "cancelled by test", in_flight});
     apply(e);
-    return r;
+    return e.began_drain;
   }
 };
 
@@ -75,7 +74,7 @@ constexpr room_phase all_phases[] = {room_phase::bootstrapping, room_phase::wait
 
 /// A lifecycle brought into `p` the way rooms get there.
 void bring_to(harness& h, room_phase p) {
-  h.apply(h.life.start());
+  h.apply(h.life.on(life_ev::start{}));
   switch (p) {
     case room_phase::bootstrapping:
       break;
@@ -95,7 +94,7 @@ void bring_to(harness& h, room_phase p) {
       break;
     case room_phase::failed:
       REQUIRE(h.fail(false));
-      h.apply(h.life.drained());
+      h.apply(h.life.on(life_ev::drained{}));
       break;
   }
   REQUIRE(h.life.phase() == p);
@@ -116,10 +115,10 @@ outcome run(harness& h, event ev) {
     const auto it = h.live.find(k);
     if (it == h.live.end()) {
       // Not armed: whatever generation arrives is not the current one.
-      x = h.life.expired(k, 12345);
+      x = h.life.on(life_ev::expired{k, 12345}).expired;
       return;
     }
-    x = h.life.expired(k, it->second);
+    x = h.life.on(life_ev::expired{k, it->second}).expired;
     if (x) h.live.erase(it);  // it fired
   };
   switch (ev) {
@@ -142,7 +141,7 @@ outcome run(harness& h, event ev) {
       h.fail(false);
       break;
     case event::drained:
-      h.apply(h.life.drained("; note"));
+      h.apply(h.life.on(life_ev::drained{"; note"}));
       break;
     case event::expire_state:
       expire(deadline_kind::state);
@@ -154,7 +153,7 @@ outcome run(harness& h, event ev) {
       expire(deadline_kind::drain);
       break;
     case event::expire_stale:
-      x = h.life.expired(deadline_kind::state, 0);  // generation 0 is never armed
+      x = h.life.on(life_ev::expired{deadline_kind::state, 0}).expired;  // 0 is never armed
       break;
   }
   outcome o{h.life.phase(), std::nullopt, std::nullopt, 0};
@@ -288,17 +287,16 @@ TEST_CASE("room lifecycle: every (phase, event) pair does what its row says",
 TEST_CASE("room lifecycle: the first failure's reason and code are the ones reported",
           "[unit][room_lifecycle]") {
   room_lifecycle life(limits, {"a", "b", "c"});
-  life.start();
-  lifecycle_effects e;
-  REQUIRE(life.fail(errc::peer_lost, "peer gone", true, e));
+  life.on(life_ev::start{});
+  REQUIRE(life.on(life_ev::fail{errc::peer_lost, "peer gone", true}).began_drain);
   CHECK(life.status() == room_status::bootstrapping);  // not reported Failed while draining
   CHECK(life.armed(deadline_kind::drain));
   CHECK_FALSE(life.armed(deadline_kind::state));
   CHECK_FALSE(life.armed(deadline_kind::room));
-  lifecycle_effects again;
-  CHECK_FALSE(life.fail(errc::timed_out, "later", true, again));
+  const auto again = life.on(life_ev::fail{errc::timed_out, "later", true});
+  CHECK_FALSE(again.began_drain);
   CHECK(again.empty());
-  const auto out = life.drained("; drain note");
+  const auto out = life.on(life_ev::drained{"; drain note"});
   REQUIRE(out.report == room_status::failed);
   CHECK(out.reason == "peer gone; drain note");
   CHECK(out.code == errc::peer_lost);
@@ -309,23 +307,25 @@ TEST_CASE("room lifecycle: the first failure's reason and code are the ones repo
 TEST_CASE("room lifecycle: a status's deadline names what it waits for, an old one is stale",
           "[unit][room_lifecycle]") {
   room_lifecycle life(limits, {"waiting for A", "waiting for B", "waiting for C"});
-  const auto s = life.start();
+  const auto s = life.on(life_ev::start{});
   REQUIRE(s.arm.size() == 2);
   const uint64_t boot = s.arm[0].generation;
   CHECK(s.arm[0].kind == deadline_kind::state);
   CHECK(s.arm[0].ms == 100);
   CHECK(s.arm[1].kind == deadline_kind::room);
   CHECK(s.arm[1].ms == 1000);
-  const auto w = life.advance(room_status::waiting_for_input);
+  const auto w = life.on(life_ev::advance{room_status::waiting_for_input});
   REQUIRE(w.cancel == std::vector<deadline_kind>{deadline_kind::state});
   REQUIRE(w.arm.size() == 1);
-  CHECK_FALSE(life.expired(deadline_kind::state, boot));  // Bootstrapping's, already over
-  const auto x = life.expired(deadline_kind::state, w.arm[0].generation);
+  CHECK_FALSE(life.on(life_ev::expired{deadline_kind::state, boot})
+                  .expired);  // Bootstrapping's, already over
+  const auto x = life.on(life_ev::expired{deadline_kind::state, w.arm[0].generation}).expired;
   REQUIRE(x);
   CHECK(x->in == room_status::waiting_for_input);
   CHECK(x->waits == "waiting for B");
   CHECK(x->ms == 200);
-  CHECK_FALSE(life.expired(deadline_kind::state, w.arm[0].generation));  // fires once
+  CHECK_FALSE(
+      life.on(life_ev::expired{deadline_kind::state, w.arm[0].generation}).expired);  // fires once
 }
 
 }  // namespace test_room_lifecycle
