@@ -270,25 +270,29 @@ TEST_CASE("a cancelled room whose prefill does not drain is fenced at the drain 
 TEST_CASE(
     "a room cancelled on the prefill mid-transfer posts nothing more, and drains without a fence",
     "[e2e][failure]") {
-  // The decode is frozen mid-transfer, so that much of the room is still unposted when the
-  // prefill's client cancels it. The drain waits only for the writes already posted, which
-  // complete once the decode resumes; each decode rank waits for exactly those to land, and the
-  // link stays up for the next room. Before the cancel stopped the posting, the rest of the room
-  // (queued behind every other room to that decode) went out first, and a loaded prefill could
-  // miss timeouts.drain_ms: the decode then fenced the link, failing its other rooms with it.
+  // The decode is frozen once it has prepared, before the first chunk, so it can neither take
+  // the room's writes nor commit it, however loaded the machine: much of the room is still
+  // unposted when the prefill's client cancels it. The drain waits only for the writes already
+  // posted, which complete once the decode resumes; each decode rank waits for exactly those to
+  // land, and the link stays up for the next room. Before the cancel stopped the posting, the
+  // rest of the room (queued behind every other room to that decode) went out first, and a
+  // loaded prefill could miss timeouts.drain_ms: the decode then fenced the link, failing its
+  // other rooms with it.
   const uint16_t metrics_port = free_port();
   shape s;
   s.pages = 8192;
   s.max_inflight_bytes = 256 << 10;
+  s.heartbeat_ms = 2000;  // the freeze never lasts the 20 s that would declare the decode dead
+  s.heartbeat_misses = 10;
   shape ps = s;
   ps.metrics_listen = fmt::format("127.0.0.1:{}", metrics_port);
   pair c(ps, s);
   room_spec r = large_room(81, 4096);  // 32 MiB of KV: more than loopback's socket buffers hold
   stage(c, r);
   prepare(c, r);
-  send_chunks(c, r);
-  wait_landed(c.d->item(pool_kind::kv, 0, r.dst_pages[0]));
+  wait_status(*c.d, r.room, room_status::waiting_for_input);  // the prefill accepted it
   c.decode.signal(SIGSTOP);
+  send_chunks(c, r);
   auto cancelled = c.p->cancel(r.room);
   c.decode.signal(SIGCONT);
   REQUIRE(cancelled);  // the decode was frozen before the room could commit
