@@ -155,6 +155,14 @@ rank_schema schema_of(const json& j) {
   return s;
 }
 
+room_status status_of(const json& j) {
+  const auto name = j.get<std::string>();
+  for (auto s : {room_status::failed, room_status::bootstrapping, room_status::waiting_for_input,
+                 room_status::transferring, room_status::success})
+    if (name == to_string(s)) return s;
+  throw std::runtime_error("unknown room status '" + name + "'");
+}
+
 sender::room sender_of(const json& c) {
   return sender::room(c.at("id"), limits_of(c.at("limits")), c.at("tp_rank"), c.at("tp_size"),
                       c.at("pp_rank"), c.at("layers").get<std::vector<uint32_t>>());

@@ -50,10 +50,13 @@ json limits_json(const lifecycle_limits& l);
 lifecycle_limits limits_of(const json& j);
 json schema_json(const rank_schema& s);
 rank_schema schema_of(const json& j);
+/// A room status from its name ("Success"); throws on another.
+room_status status_of(const json& j);
 
 // Events and effects as JSON, written once for every machine over their `name` and `inspect`
-// (core/inspect.hpp): {"e": name, field: value, ...}. A field missing from a line keeps its
-// default (traces of an older build).
+// (core/inspect.hpp): {"e": name, field: value, ...}; a room status by its name ("Success"),
+// other enums by number. Reading is strict: a line without one of the fields its event lists
+// throws (a trace of another build does not replay as something else).
 template <class T>
 json value_json(const T& v);
 template <class T>
@@ -81,7 +84,7 @@ struct reader {
   const json& j;
   template <class T>
   reader& operator()(std::string_view k, T& v) {
-    if (auto it = j.find(std::string(k)); it != j.end()) value_of(*it, v);
+    value_of(j.at(std::string(k)), v);
     return *this;
   }
 };
@@ -93,6 +96,8 @@ json value_json(const T& v) {
     return result_json(v);
   } else if constexpr (std::is_same_v<T, rank_schema>) {
     return schema_json(v);
+  } else if constexpr (std::is_same_v<T, room_status>) {
+    return to_string(v);
   } else if constexpr (std::is_enum_v<T>) {
     return static_cast<int64_t>(v);
   } else if constexpr (detail::is_optional<T>::value) {
@@ -117,6 +122,8 @@ void value_of(const json& j, T& v) {
     v = result_of(j);
   } else if constexpr (std::is_same_v<T, rank_schema>) {
     v = schema_of(j);
+  } else if constexpr (std::is_same_v<T, room_status>) {
+    v = status_of(j);
   } else if constexpr (std::is_enum_v<T>) {
     v = static_cast<T>(j.get<int64_t>());
   } else if constexpr (detail::is_optional<T>::value) {

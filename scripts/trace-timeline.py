@@ -46,8 +46,7 @@ def read_trace(path):
                 continue
             steps.append((rec["event"]["e"], rec["t_us"]))
             for fx in rec.get("effects", []):
-                report = fx.get("life", {}).get("report") if isinstance(fx, dict) else None
-                if report and report.get("status") == "Success":
+                if fx.get("e") == "life" and fx["effects"].get("report") == "Success":
                     steps.append(("Success", rec["t_us"]))
     return kind, room, steps
 

@@ -146,30 +146,30 @@ using event =
                  ev::authenticated, ev::refused, ev::lost, ev::deadline, ev::fenced>;
 
 // The effects, carried out in the order given.
-///< answered by `registered`
+/// Register memory for the peer; answered by `registered`.
 struct register_memory {
   static constexpr std::string_view name = "register_memory";
 };
-///< the peer's fabric address; answered by `inserted`
+/// Add the peer's fabric address; answered by `inserted`.
 struct insert_address {
   static constexpr std::string_view name = "insert_address";
 };
-///< answered by `dialed`
+/// Dial the peer; answered by `dialed`.
 struct dial {
   static constexpr std::string_view name = "dial";
 };
-///< then `redial`
+/// Wait `ms`, then `redial`.
 struct redial_after {
   static constexpr std::string_view name = "redial_after";
   uint32_t ms;
   int dials;  ///< made so far
   std::string error;
 };
-///< connecting: to the peer's Scheduler; accepting: the answer
+/// Our hello. Connecting: to the peer's Scheduler; accepting: the answer.
 struct send_hello {
   static constexpr std::string_view name = "send_hello";
 };
-///< connecting, with a cluster secret: our proof (peer_auth)
+/// Connecting, with a cluster secret: our proof (peer_auth).
 struct send_proof {
   static constexpr std::string_view name = "send_proof";
 };
@@ -177,7 +177,7 @@ struct send_refusal {
   static constexpr std::string_view name = "send_refusal";
   std::string reason;
 };
-///< what was made so far, for the Scheduler's fallback fence
+/// What was made so far, for the Scheduler's fallback fence.
 struct report_resources {
   static constexpr std::string_view name = "report_resources";
 };
@@ -196,11 +196,11 @@ struct release {
   static constexpr std::string_view name = "release";
   std::string reason;
 };
-///< close the peer's registrations, cut it; answered by `fenced`
+/// Close the peer's registrations and cut it; answered by `fenced`.
 struct fence {
   static constexpr std::string_view name = "fence";
 };
-///< the address of a peer that never became ready
+/// Remove the address of a peer that never became ready.
 struct remove_address {
   static constexpr std::string_view name = "remove_address";
 };

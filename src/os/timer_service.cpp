@@ -33,11 +33,12 @@ size_t timer_service::pending() const {
 }
 
 void timer_service::stop() {
+  deadline_queue<entry> dropped;  // destroyed after the lock is released
   {
     std::lock_guard lock(mutex_);
     if (stopping_ && !thread_.joinable()) return;
     stopping_ = true;
-    queue_.clear();
+    std::swap(dropped, queue_);
   }
   changed_.notify_one();
   if (thread_.joinable()) thread_.join();
@@ -56,6 +57,7 @@ void timer_service::run() {
     auto due = queue_.take_due(std::chrono::steady_clock::now());
     lock.unlock();
     for (auto& fire : due) fire();
+    due.clear();  // what the callbacks captured goes outside the lock too
     lock.lock();
   }
 }

@@ -8,7 +8,9 @@
 /// leaving one pending timer behind for every status it passed through.
 ///
 /// Thread-safe. `arm` and `cancel` take a short lock and never wait for anything else. A callback
-/// runs on the timer thread, outside the lock, and must not block.
+/// runs on the timer thread, outside the lock, and must neither block nor throw; it may arm or
+/// cancel deadlines (it and what it captured are destroyed outside the lock too, except by
+/// `cancel`, which must not be called from a captured object's destructor).
 
 #include <chrono>
 #include <condition_variable>

@@ -53,8 +53,7 @@ void replay_file(const std::string& path, Machine&& make, replayed& out) {
     CHECK(got == rec.at("effects"));
     for (const auto& e : got)
       if (e.at("e") == "life" && !e["effects"]["report"].is_null())
-        out.reports.insert(
-            to_string(static_cast<room_status>(e["effects"]["report"].template get<int>())));
+        out.reports.insert(e["effects"]["report"].template get<std::string>());
   }
   out.events += n;
 }

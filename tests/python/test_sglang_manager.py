@@ -1,5 +1,5 @@
 """The SGLang adapter's managers and bootstrap (clients/python/ferry/sglang/manager.py,
-sglang_kvargs.py and sglang_bootstrap.py) against the model daemons of sglang_fakes.py: each
+kvargs.py and bootstrap.py) against the model daemons of sglang_fakes.py: each
 manager lends its memory before any request, a decode waits for every prefill rank to be ready,
 a KVArgs that does not fit is refused naming the pool, and a receiver finds the prefill ranks
 through a table, a callable or ferryd's discover."""

@@ -38,8 +38,8 @@ struct fired {
 }  // namespace
 
 TEST_CASE("timer service: due order, cancel and stop", "[unit][timers]") {
+  fired f;  // declared first: it outlives the timer thread that may still call into it
   timer_service timers;
-  fired f;
   const auto late = timers.arm(60ms, f.note("late"));
   const auto early = timers.arm(1ms, f.note("early"));
   const auto gone = timers.arm(5ms, f.note("cancelled"));

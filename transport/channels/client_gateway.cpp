@@ -18,6 +18,7 @@
 #include <deque>
 #include <fstream>
 #include <optional>
+#include <stdexcept>
 #include <unordered_map>
 
 #include "transport/channels/client_gateway_impl.hpp"
@@ -282,6 +283,8 @@ std::vector<uint8_t> client_gateway::impl::encode_for(uint16_t version, const pr
 client_gateway::~client_gateway() { stop(); }
 
 void client_gateway::start(sink to, const status_board* board, request_check check) {
+  if (!to.request || !to.gone)
+    throw std::invalid_argument("client_gateway::start: the sink needs both callbacks");
   impl_->to = std::move(to);
   impl_->board = board;
   impl_->check = std::move(check);

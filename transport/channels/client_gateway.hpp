@@ -70,7 +70,8 @@ class client_gateway {
   /// to answer at once, or nothing (the Scheduler decides). Called on the gateway's thread.
   using request_check = std::function<std::optional<proto::error>(const proto::message&, uint64_t)>;
 
-  /// Where the gateway thread hands what it reads; each called on that thread, in order.
+  /// Where the gateway thread hands what it reads; each called on that thread, in order, and
+  /// both required (`start` throws std::invalid_argument without them).
   struct sink {
     std::function<void(client_request)> request;
     std::function<void(client_gone)> gone;
