@@ -78,10 +78,7 @@ struct link_record {
 
 // The events, fed one at a time to `room::on` (core/inspect.hpp: each a name and its fields).
 namespace ev {
-/// The room's actor started.
-struct start {
-  static constexpr std::string_view name = "start";
-};
+using room_ev::start;
 /// Named peer `i` finished its handshake: its geometry, and the staging its KV would land in
 /// (plan_landing); `optional`: a block to scatter, which the room does not wait for; `asks`: it
 /// asks for its staging offset when its writes are about to start (version 10).
@@ -167,10 +164,7 @@ struct verified {
   errc code = errc::ok;
   std::string reason;
 };
-struct cancel {
-  static constexpr std::string_view name = "cancel";
-  std::string why;
-};
+using room_ev::cancel;
 /// Named peer `i`'s connection ended (`fenced`: its registrations are closed).
 struct peer_down {
   static constexpr std::string_view name = "peer_down";
@@ -179,14 +173,8 @@ struct peer_down {
   errc code = errc::ok;
   std::string why;
 };
-/// A deadline armed by a `life` effect passed.
-struct expired {
-  static constexpr std::string_view name = "expired";
-  deadline_kind kind = deadline_kind::state;
-  uint64_t generation = 0;
-};
+using room_ev::expired;
 
-inline void inspect(auto&, start&) {}
 inline void inspect(auto& f, resolved& x) {
   f("i", x.i)("schema", x.schema)("unpack_bytes", x.unpack_bytes)("optional", x.optional)("asks",
                                                                                           x.asks);
@@ -211,11 +199,9 @@ inline void inspect(auto& f, drained& x) {
 inline void inspect(auto& f, landed& x) { f("token", x.token)("count", x.count); }
 inline void inspect(auto&, unpacked&) {}
 inline void inspect(auto& f, verified& x) { f("code", x.code)("reason", x.reason); }
-inline void inspect(auto& f, cancel& x) { f("why", x.why); }
 inline void inspect(auto& f, peer_down& x) {
   f("i", x.i)("fenced", x.fenced)("code", x.code)("why", x.why);
 }
-inline void inspect(auto& f, expired& x) { f("kind", x.kind)("generation", x.generation); }
 }  // namespace ev
 
 using event = std::variant<ev::start, ev::resolved, ev::unusable, ev::staging_requested,

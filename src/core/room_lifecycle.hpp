@@ -87,11 +87,34 @@ inline void inspect(auto& f, lifecycle_effects& x) {
 
 // The events, fed one at a time to `room_lifecycle::on` by the room machines
 // (core/sender_room.hpp, core/receiver_room.hpp; core/inspect.hpp: each a name and its fields).
-namespace life_ev {
-/// Arm the deadlines of Bootstrapping and of the whole room.
+/// The events every room machine takes alike (core/sender_room.hpp, core/receiver_room.hpp, and
+/// this lifecycle the start and the deadlines).
+namespace room_ev {
+/// The room's actor started (the lifecycle: arm the deadlines of Bootstrapping and the room).
 struct start {
   static constexpr std::string_view name = "start";
 };
+/// The room's client (or the daemon for it) cancels it.
+struct cancel {
+  static constexpr std::string_view name = "cancel";
+  std::string why;
+};
+/// A deadline armed by a `life` effect passed. The lifecycle answers with `expired` in its
+/// effects when it still applies; none when it no longer does (stale generation, cancelled,
+/// fired once already, or the room is terminal). `fail` cancels the state and room deadlines: a
+/// draining room has only its drain's bound.
+struct expired {
+  static constexpr std::string_view name = "expired";
+  deadline_kind kind = deadline_kind::state;
+  uint64_t generation = 0;
+};
+inline void inspect(auto&, start&) {}
+inline void inspect(auto& f, cancel& x) { f("why", x.why); }
+inline void inspect(auto& f, expired& x) { f("kind", x.kind)("generation", x.generation); }
+}  // namespace room_ev
+
+namespace life_ev {
+using room_ev::start;
 /// Move forward to `to` (not Failed): reported, the old status's deadline replaced by the new
 /// one's (Success: every deadline cancelled, the actor ends). Nothing while draining, once
 /// terminal, or when `to` is not ahead.
@@ -115,22 +138,13 @@ struct drained {
   static constexpr std::string_view name = "drained";
   std::string note;
 };
-/// A deadline's message arrived. `expired` in the effects: it still applies; none when it no
-/// longer does (stale generation, cancelled, fired once already, or the room is terminal).
-/// `fail` cancels the state and room deadlines: a draining room has only its drain's bound.
-struct expired {
-  static constexpr std::string_view name = "expired";
-  deadline_kind kind = deadline_kind::state;
-  uint64_t generation = 0;
-};
+using room_ev::expired;
 
-inline void inspect(auto&, start&) {}
 inline void inspect(auto& f, advance& x) { f("to", x.to); }
 inline void inspect(auto& f, fail& x) {
   f("code", x.code)("reason", x.reason)("in_flight", x.in_flight);
 }
 inline void inspect(auto& f, drained& x) { f("note", x.note); }
-inline void inspect(auto& f, expired& x) { f("kind", x.kind)("generation", x.generation); }
 }  // namespace life_ev
 
 using lifecycle_event = std::variant<life_ev::start, life_ev::advance, life_ev::fail,

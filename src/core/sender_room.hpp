@@ -56,10 +56,7 @@ inline constexpr std::array<const char*, 3> waits = {
 
 // The events, fed one at a time to `room::on` (core/inspect.hpp: each a name and its fields).
 namespace ev {
-/// The room's actor started.
-struct start {
-  static constexpr std::string_view name = "start";
-};
+using room_ev::start;
 /// A decode rank's prepare, as the actor saw it.
 struct prepare {
   static constexpr std::string_view name = "prepare";
@@ -112,23 +109,14 @@ struct outcome {
   errc code = errc::ok;
   std::string reason;
 };
-struct cancel {
-  static constexpr std::string_view name = "cancel";
-  std::string why;
-};
+using room_ev::cancel;
 struct peer_down {
   static constexpr std::string_view name = "peer_down";
   errc code = errc::ok;
   std::string why;
 };
-/// A deadline armed by a `life` effect passed.
-struct expired {
-  static constexpr std::string_view name = "expired";
-  deadline_kind kind = deadline_kind::state;
-  uint64_t generation = 0;
-};
+using room_ev::expired;
 
-inline void inspect(auto&, start&) {}
 inline void inspect(auto& f, prepare& x) {
   f("link", x.link)("address", x.address)("in_group", x.in_group)("tp_size", x.tp_size)(
       "tp_rank", x.tp_rank)("pp_rank", x.pp_rank)("expected_links", x.expected_links)(
@@ -148,9 +136,7 @@ inline void inspect(auto& f, outcome& x) {
   f("link", x.link)("address", x.address)("in_group", x.in_group)("token", x.token)("ok", x.ok)(
       "code", x.code)("reason", x.reason);
 }
-inline void inspect(auto& f, cancel& x) { f("why", x.why); }
 inline void inspect(auto& f, peer_down& x) { f("code", x.code)("why", x.why); }
-inline void inspect(auto& f, expired& x) { f("kind", x.kind)("generation", x.generation); }
 }  // namespace ev
 
 using event =
