@@ -361,11 +361,8 @@ caf::behavior relay(connection_actor* self) {
   auto inbound = [=](caf::message m) {
     auto& st = self->state;
     if (st.machine.closed()) return;
-    if (!st.machine.ready()) {
-      // Only a peer that skipped the handshake or authentication sends room messages now.
-      apply(self, st.machine.on(hs::ev::lost{"peer sent a room message before it authenticated"}));
-      return;
-    }
+    if (auto why = st.machine.unexpected(hs::inbound::room_message))
+      return apply(self, st.machine.on(hs::ev::lost{std::move(*why)}));
     heard(st);
     self->send(st.scheduler,
                peer_inbound{st.info, caf::actor_cast<caf::actor>(self), std::move(m)});
@@ -467,10 +464,8 @@ caf::behavior relay(connection_actor* self) {
       },
       [=](peer_hello& h) {
         auto& st = self->state;
-        // Only the connecting side awaits an answer, and only one.
-        if (st.machine.which() != hs::side::connecting ||
-            st.machine.at() != hs::phase::awaiting_hello)
-          return apply(self, st.machine.on(hs::ev::lost{"peer sent a second hello"}));
+        if (auto why = st.machine.unexpected(hs::inbound::hello))
+          return apply(self, st.machine.on(hs::ev::lost{std::move(*why)}));
         st.hello = std::move(h);
         apply(self, st.machine.on(hs::ev::hello{check_answer(st)}));
       },
@@ -501,8 +496,8 @@ caf::behavior relay(connection_actor* self) {
       },
       [=](peer_auth& a) {
         auto& st = self->state;
-        if (st.machine.at() != hs::phase::awaiting_auth)
-          return apply(self, st.machine.on(hs::ev::lost{"peer sent a proof it was not asked for"}));
+        if (auto why = st.machine.unexpected(hs::inbound::proof))
+          return apply(self, st.machine.on(hs::ev::lost{std::move(*why)}));
         st.proved_with =
             matching_secret(st.ctx->secrets, a.proof, "ferry-connect", st.nonce, st.hello.nonce,
                             identity(st.candidate->node, st.candidate->instance));

@@ -182,6 +182,21 @@ effects machine::handle(ev::fenced) {
   return {report_down{true, was_ready_, unresponsive_}, quit{}};
 }
 
+std::optional<std::string> machine::unexpected(inbound what) const {
+  switch (what) {
+    case inbound::hello:
+      if (side_ == side::connecting && phase_ == phase::awaiting_hello) return std::nullopt;
+      return "peer sent a second hello";
+    case inbound::proof:
+      if (phase_ == phase::awaiting_auth) return std::nullopt;
+      return "peer sent a proof it was not asked for";
+    case inbound::room_message:
+      if (ready()) return std::nullopt;
+      return "peer sent a room message before it authenticated";
+  }
+  return "peer sent a message of no known kind";
+}
+
 effects machine::close_with(std::string reason, errc code, bool unresponsive) {
   reason_ = std::move(reason);
   code_ = code;

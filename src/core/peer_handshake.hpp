@@ -33,6 +33,7 @@
 /// The table of every (side, phase, event) triple is tests/unit/test_peer_handshake.cpp.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -238,6 +239,9 @@ using effect = std::variant<register_memory, insert_address, dial, redial_after,
                             release, fence, remove_address, report_down, quit>;
 using effects = std::vector<effect>;
 
+/// What a peer sends over the channel that the handshake decides about (`machine::unexpected`).
+enum class inbound : uint8_t { hello, proof, room_message };
+
 class machine {
  public:
   /// `address`: the peer, for reasons; `secret`: a cluster secret is configured (the accepting
@@ -246,6 +250,12 @@ class machine {
 
   /// Feed the machine one event: what it asks of its actor, in order.
   effects on(event e);
+
+  /// Whether the peer may send `what` over the channel now: nothing, or why not (the actor then
+  /// ends the connection with it, as `lost`). A hello is answered once, on the connecting side
+  /// (the accepting side's first hello is the one it was made for); a proof only when asked
+  /// for; room messages only once ready.
+  std::optional<std::string> unexpected(inbound what) const;
 
   side which() const { return side_; }
   phase at() const { return phase_; }

@@ -528,4 +528,31 @@ TEST_CASE("peer handshake: the end reports what the rooms need to know", "[unit]
   }
 }
 
+TEST_CASE("peer handshake: a hello, a proof or a room message out of turn ends the connection",
+          "[unit][peer_handshake]") {
+  auto expect = [](side sd, phase p) {
+    INFO((sd == side::connecting ? "connecting " : "accepting ") << to_string(p));
+    const machine m = bring_to(sd, p);
+    const auto hello = m.unexpected(inbound::hello);
+    const auto proof = m.unexpected(inbound::proof);
+    const auto room = m.unexpected(inbound::room_message);
+    // A hello answers ours once, on the connecting side; the accepting side's first hello is
+    // the one the connection was made for, so any other is a second one.
+    if (sd == side::connecting && p == phase::awaiting_hello)
+      CHECK_FALSE(hello);
+    else
+      CHECK(hello == "peer sent a second hello");
+    if (p == phase::awaiting_auth)
+      CHECK_FALSE(proof);
+    else
+      CHECK(proof == "peer sent a proof it was not asked for");
+    if (p == phase::ready)
+      CHECK_FALSE(room);
+    else
+      CHECK(room == "peer sent a room message before it authenticated");
+  };
+  for (auto p : connecting_phases) expect(side::connecting, p);
+  for (auto p : accepting_phases) expect(side::accepting, p);
+}
+
 }  // namespace test_peer_handshake
