@@ -17,7 +17,6 @@
 /// `f(field_name, field)` and returns itself; one that writes does not modify the object it is
 /// given (it is handed a non-const reference so that one `inspect` serves reading and writing).
 
-#include <array>
 #include <cstddef>
 #include <optional>
 #include <string_view>
@@ -57,16 +56,6 @@ std::optional<Variant> make_named(std::string_view name) {
   }
   (std::make_index_sequence<std::variant_size_v<Variant>>{});
   return out;
-}
-
-/// The names of `Variant`'s alternatives, in order (a machine's events, for tables).
-template <class Variant>
-constexpr auto names_of() {
-  return [&]<size_t... I>(std::index_sequence<I...>) {
-    return std::array<std::string_view, sizeof...(I)>{
-        std::variant_alternative_t<I, Variant>::name...};
-  }
-  (std::make_index_sequence<std::variant_size_v<Variant>>{});
 }
 
 }  // namespace ferry

@@ -37,7 +37,11 @@ struct harness : test::room_harness<receiver::room, receiver::event, receiver::e
     return feed(ev::resolved{1, schema(2, 1), unpack_bytes});
   }
   /// Whether the last event's reservation waits for staging.
-  bool last_wait() const { return last_of<reserve_staging>()->wait; }
+  bool last_wait() const {
+    const auto* r = last_of<reserve_staging>();
+    REQUIRE(r);
+    return r->wait;
+  }
 };
 
 constexpr room_phase all_phases[] = {room_phase::bootstrapping, room_phase::waiting_for_input,

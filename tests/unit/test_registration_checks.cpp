@@ -40,11 +40,6 @@ proto::register_memory aux_table() {
   return r;
 }
 
-std::string refusal(const result<>& r) {
-  REQUIRE_FALSE(r);
-  CHECK(r.code == errc::invalid_request);
-  return r.message;
-}
 template <class T>
 std::string refusal(const result<T>& r) {
   REQUIRE_FALSE(r);
