@@ -9,7 +9,7 @@
 namespace ferry {
 namespace {
 
-constexpr uint64_t page = 4096;
+constexpr uint64_t page = lent_page_bytes;
 constexpr uint64_t align_down(uint64_t v) { return v / page * page; }
 constexpr uint64_t align_up(uint64_t v) { return (v + page - 1) / page * page; }
 

@@ -27,6 +27,10 @@
 
 namespace ferry {
 
+/// The page lent memory is mapped in: offsets in a registration's table and the spans ferryd maps
+/// are multiples of it, and a memfd of larger blocks (huge pages) is refused.
+inline constexpr uint64_t lent_page_bytes = 4096;
+
 /// Bytes [begin, end) of descriptor `fd` (page-aligned) mapped at offset `at` of the pool.
 struct fd_span {
   uint32_t fd = 0;

@@ -9,7 +9,7 @@
 namespace ferry {
 namespace {
 
-constexpr uint64_t page = 4096;
+constexpr uint64_t page = lent_page_bytes;
 
 std::string pool_name(int k) { return to_string(static_cast<pool_kind>(k)); }
 
