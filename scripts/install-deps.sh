@@ -8,7 +8,7 @@ packages=(build-essential cmake pkg-config libcaf-dev libfabric-dev libfabric-bi
           libyaml-cpp-dev catch2 libcli11-dev libssl-dev iproute2 python3 clang libclang-rt-14-dev
           python3-pytest python3-venv python3-pip python3-setuptools nlohmann-json3-dev
           prometheus-cpp-dev libcivetweb-dev clang-format libfmt-dev libsystemd-dev libxxhash-dev
-          python3-mypy prometheus)
+          python3-mypy python3-yaml prometheus)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

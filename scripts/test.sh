@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Install what is missing, then test in two stages, two jobs at a time (the reference machine
 # has two cores):
-#   the gate, which fails fast: formatting, the Python type check, the unit and fabric test
-#     binaries (with the core and transport they link) built with warnings as errors, and their
-#     tiers (pure code and libfabric on loopback);
+#   the gate, which fails fast: formatting, the Python type check, the Python codec against
+#     src/core/wire.yaml, the unit and fabric test binaries (with the core and transport they
+#     link) built with warnings as errors, and their tiers (pure code and libfabric on loopback);
 #   the rest: end-to-end with sanitized daemons, cluster (network namespaces), Python and
 #     install tiers, then a bounded smoke run of each libFuzzer target (scripts/fuzz.sh).
 # Each stage prints how long the run has taken so far.
@@ -20,6 +20,7 @@ elapsed() { echo "test.sh: $1 after $(($(date +%s) - start)) s"; }
 "$root/scripts/install-deps.sh"
 "$root/scripts/check-format.sh"
 "$root/scripts/check-types.sh"
+/usr/bin/python3 "$root/scripts/gen_wire.py" --check  # the Python codec is what wire.yaml says
 # Warnings are errors here (CAF, libfabric and the other libraries' headers are system headers).
 if [ "${SANITIZE:-1}" = 0 ]; then
   export FERRY_BUILD_DIR=${FERRY_BUILD_DIR:-$root/build}

@@ -225,38 +225,12 @@ std::optional<error> too_new(proto::msg_type t, uint16_t version) {
                            proto::to_string(t), proto::first_version(t), version)};
 }
 
-/// The same for a whole request, and a send's layer range (v6) too: an older daemon would read
-/// it as a whole send.
+/// The same for a whole request, and for a field set that the version does not carry (a
+/// send's layer range before v6, state pages before v8, shard units before v9, a checked room
+/// before v10: an older daemon would act as if it were not set; wire.yaml lists them).
 std::optional<error> too_new(const proto::message& m, uint16_t version) {
   if (auto e = too_new(proto::type_of(m), version)) return e;
-  const auto* s = std::get_if<proto::send>(&m);
-  if (s && (s->layer_count != 0 || s->first_layer != 0) && version < 6)
-    return error{
-        errc::unsupported_version,
-        fmt::format("a layer range needs protocol version 6; this connection speaks {}", version)};
-  // A paged state pool's pages (v8) would be dropped by an older encoding: refuse them here.
-  const auto* p = std::get_if<proto::prepare>(&m);
-  if (((s && !s->state_pages.empty()) || (p && !p->state_pages.empty())) && version < 8)
-    return error{
-        errc::unsupported_version,
-        fmt::format("state pages need protocol version 8; this connection speaks {}", version)};
-  // An older daemon would not check the room, and its Success would claim what was not proven.
-  if (p && p->checksum && version < 10)
-    return error{errc::unsupported_version,
-                 fmt::format("a checked room needs protocol version 10; this connection speaks {}",
-                             version)};
-  return std::nullopt;
-}
-
-/// Shard units (v9) would be dropped by an older encoding, and the daemon would slice groups
-/// every rank holds whole: refuse them here.
-std::optional<error> too_new(const proto::register_memory& m, uint16_t version) {
-  if (auto e = too_new(proto::msg_type::register_memory, version)) return e;
-  for (const auto& b : m.buffers)
-    if (!b.units.empty() && version < 9)
-      return error{
-          errc::unsupported_version,
-          fmt::format("shard units need protocol version 9; this connection speaks {}", version)};
+  if (auto why = proto::too_old(m, version)) return error{errc::unsupported_version, *why};
   return std::nullopt;
 }
 

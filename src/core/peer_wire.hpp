@@ -1,6 +1,7 @@
 #pragma once
 /// Ferry's peer channel on the wire: how the messages of core/peer_messages.hpp travel between
 /// two daemons once the peer preamble (core/peer_preamble.hpp) has authenticated the connection.
+/// Every message and field is described once, in src/core/wire.yaml (scripts/gen_wire.py).
 /// The byte logic alone (transport/channels/peer_link.hpp does the I/O), so it can be fuzzed and
 /// tested without sockets.
 ///
@@ -31,39 +32,14 @@
 #include "core/auth.hpp"
 #include "core/errors.hpp"
 #include "core/peer_messages.hpp"
+#include "core/peer_wire_kinds.hpp"
 
 namespace ferry::peer_wire {
 
 inline constexpr size_t header_bytes = 16, mac_bytes = 16;
 
-/// One tag per message type; the numbers are the wire's and never change meaning.
-enum class kind : uint8_t {
-  hello = 1,
-  auth = 2,
-  refused = 3,
-  prepare = 4,
-  prepare_paged = 5,
-  prepare_ack = 6,
-  announce = 7,
-  outcome = 8,
-  drained = 9,
-  leaving = 10,
-  leaving_ack = 11,
-  rails = 12,
-  heartbeat = 13,
-  staging_request = 14,
-  staging_grant = 15,
-  prepare_checked = 16,
-  announce_checked = 17,
-};
-inline constexpr uint8_t max_kind = 17;
-
-/// Every message of the channel; the index of each alternative is its kind minus one.
-using message =
-    std::variant<peer_hello, peer_auth, peer_refused, peer_prepare, peer_prepare_paged,
-                 peer_prepare_ack, peer_announce, peer_outcome, peer_drained, peer_leaving,
-                 peer_leaving_ack, peer_rails, peer_heartbeat, peer_staging_request,
-                 peer_staging_grant, peer_prepare_checked, peer_announce_checked>;
+// The message kinds, the `message` variant and the string and blob limits are generated from
+// wire.yaml (peer_wire_kinds.hpp), as is every body's codec (peer_codec.cpp).
 
 inline kind kind_of(const message& m) { return static_cast<kind>(m.index() + 1); }
 const char* name(kind k);
@@ -72,12 +48,16 @@ const char* name(kind k);
 /// is at most 16 MiB), so a prepare body may be as large; everything else is small.
 inline constexpr uint32_t max_list_body = (16u << 20) + 4096;
 inline constexpr uint32_t max_small_body = 128u << 10;
-inline constexpr uint32_t max_text_bytes = 64u << 10;  ///< a reason, a node or instance name
-inline constexpr uint32_t max_yaml_bytes = 1u << 20;   ///< a hello's config
 inline constexpr uint32_t max_hello_body = max_yaml_bytes + (64u << 10);  ///< and the rest
-inline constexpr uint32_t max_blob_bytes = 4096;  ///< a fabric address, a nonce or a proof
+inline constexpr uint32_t max_rails_body =
+    static_cast<uint32_t>(4 + max_peer_rails * (4 + max_blob_bytes + 1));
+/// The announcement, then up to max_room_digests.
+inline constexpr uint32_t max_announce_checked_body = 32 + 4 + 8 * max_room_digests;
 /// The most bytes a body of this kind may have.
 uint32_t max_body(kind k);
+/// The peer protocol version that has messages of this kind (a daemon sends one only to a peer
+/// that speaks it).
+uint32_t first_version(kind k);
 
 /// The body of a message (no header, no MAC).
 std::vector<uint8_t> encode_body(const message& m);

@@ -1,6 +1,9 @@
 #pragma once
 /// Local client protocol (docs/protocol.md): framed binary messages over a unix stream socket.
 ///
+/// Every message and field is described once, in src/core/wire.yaml, from which
+/// scripts/gen_wire.py generates the body codecs of this library and of the Python client.
+///
 /// Frame: u32 length (bytes after this field) | u16 type | u16 flags (0) | u32 seq | body.
 /// All integers little-endian. Strings: u32 byte count + bytes. Lists: u32 count + elements.
 /// A reply echoes the request's seq; pushed events carry seq 0.
@@ -22,45 +25,13 @@
 // Installed with Ferry::client: neighbours included by file name (src/core/CMakeLists.txt).
 #include "errors.hpp"
 #include "layout.hpp"
+#include "protocol_wire.hpp"
 #include "status.hpp"
 
 namespace ferry::proto {
 
-inline constexpr uint16_t protocol_version = 10;        ///< the highest version spoken
-inline constexpr uint16_t min_protocol_version = 3;     ///< the lowest version spoken
-inline constexpr uint32_t max_poll_many = 16384;        ///< rooms in one poll_many
-inline constexpr uint32_t max_register_fds = 64;        ///< descriptors with one register_memory
-inline constexpr uint32_t max_register_buffers = 4096;  ///< buffers in one register_memory
-inline constexpr uint32_t max_shard_groups = 64;        ///< v7: groups of one registered buffer
-inline constexpr uint32_t poll_many_reason_bytes =
-    1000;  ///< reasons are cut there in its reply (so 16384 entries fit in a frame)
-inline constexpr uint32_t max_frame_bytes = 16u << 20;  ///< limit on the length field
-inline constexpr uint32_t header_bytes = 12;            ///< length + type + flags + seq
-inline constexpr uint32_t max_string_bytes = 64u << 10;
-inline constexpr uint32_t max_list_strings = 256;  ///< e.g. prefill peers of one prepare
-
-enum class msg_type : uint16_t {
-  hello = 1,
-  prepare = 2,
-  send = 3,
-  poll = 4,
-  cancel = 5,
-  subscribe = 6,
-  info = 7,
-  poll_many = 8,        ///< v4
-  register_memory = 9,  ///< v4
-  discover = 10,        ///< v4
-  drain = 11,           ///< v5
-  set_log_level = 12,   ///< v5
-  ok = 100,
-  error = 101,
-  hello_reply = 102,
-  poll_reply = 103,
-  info_reply = 104,
-  event = 105,
-  poll_many_reply = 106,  ///< v4
-  discover_reply = 107,   ///< v4
-};
+// Versions, limits and the frame types (msg_type) are generated from wire.yaml, as is every
+// body's codec: protocol_wire.hpp, protocol_codec.cpp.
 
 // --- requests (client -> ferryd) ---
 struct hello {
@@ -258,6 +229,12 @@ msg_type type_of(const message& m);
 /// The first protocol version that has message type `t` (3 for an unknown type).
 uint16_t first_version(msg_type t);
 const char* to_string(msg_type t);
+
+/// Why `m` cannot go in protocol `version` although its type can: a field set that the version
+/// does not carry (an older daemon would act as if it were not set), e.g. "a checked room needs
+/// protocol version 10; this connection speaks 9"; nullopt when it can. Generated from
+/// wire.yaml (`refuse_older`), as the Python client's encoder refuses the same fields.
+std::optional<std::string> too_old(const message& m, uint16_t version);
 
 /// Encode a complete frame (header + body) in protocol `version`.
 std::vector<uint8_t> encode(const message& m, uint32_t seq, uint16_t version = protocol_version);

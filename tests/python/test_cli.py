@@ -16,6 +16,7 @@ import threading
 from typing import Iterator
 
 import pytest
+import yaml
 
 from conftest import (BIN_DIR, KV_ONLY_POOLS, REPO, Daemon, daemon_config, free_port, start_daemon,
                       start_pair)
@@ -65,9 +66,8 @@ def config_file(work: str, name: str, role: str = "decode") -> str:
 
 def test_every_tool_prints_its_version_and_the_protocol_versions() -> None:
     version = (REPO / "VERSION").read_text().strip()  # Ferry's one version
-    protocol = (REPO / "src/core/protocol.hpp").read_text()
-    hi = re.search(r"\bprotocol_version = (\d+);", protocol).group(1)
-    lo = re.search(r"\bmin_protocol_version = (\d+);", protocol).group(1)
+    schema = yaml.safe_load((REPO / "src/core/wire.yaml").read_text())["client"]
+    lo, hi = schema["min_version"], schema["max_version"]
     for tool in TOOLS:
         r = run(tool, "--version")
         assert r.returncode == OK, (tool, r.stdout, r.stderr)

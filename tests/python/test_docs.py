@@ -9,6 +9,8 @@ import re
 import subprocess
 import sys
 
+import yaml
+
 from conftest import REPO
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
@@ -96,11 +98,10 @@ def test_every_error_code_is_in_protocol_md_and_the_python_client() -> None:
 
 def test_the_docs_state_the_protocol_ranges_and_the_version_the_binaries_have() -> None:
     """Every range the docs and the Python package state is the constants': the client
-    protocol (src/core/protocol.hpp) and the peer protocol (src/core/peer_messages.hpp); the version in
+    protocol (src/core/wire.yaml) and the peer protocol (src/core/peer_messages.hpp); the version in
     the docs' examples is the file VERSION."""
-    protocol = (REPO / "src/core/protocol.hpp").read_text()
-    lo = re.search(r"\bmin_protocol_version = (\d+);", protocol).group(1)
-    hi = re.search(r"\bprotocol_version = (\d+);", protocol).group(1)
+    schema = yaml.safe_load((REPO / "src/core/wire.yaml").read_text())["client"]
+    lo, hi = str(schema["min_version"]), str(schema["max_version"])
     messages = (REPO / "src/core/peer_messages.hpp").read_text()
     peer_lo = re.search(r"\bpeer_protocol_min_version = (\d+);", messages).group(1)
     peer_hi = re.search(r"\bpeer_protocol_version = (\d+);", messages).group(1)

@@ -4,16 +4,23 @@ codec's error texts, and the constants the C++ headers define."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import struct
+import subprocess
+import sys
 
 import pytest
+import yaml
 
 from conftest import REPO
 from ferry import errors as ferry_errors
+from ferry import messages
+from ferry._wire import FIELDS
 from ferry.errors import EncodeError, Errc, FerryError, ProtocolError, to_errc
 from ferry.protocol import (MAX_FRAME_BYTES, MAX_LIST_STRINGS, MAX_POLL_MANY,
-                            MAX_REGISTER_BUFFERS, MAX_REGISTER_FDS, MAX_STRING_BYTES, NO_INDEX, PROTOCOL_VERSION,
+                            MAX_REGISTER_BUFFERS, MAX_REGISTER_FDS, MAX_STRING_BYTES,
+                            MIN_PROTOCOL_VERSION, NO_INDEX, PROTOCOL_VERSION,
                             POLL_MANY_REASON_BYTES, Buffer, BufferKind, Cancel, Error,
                             Event, FrameReader, Hello, HelloReply, Info, InfoReply, InfoTopic,
                             Discover, DiscoveredRank, DiscoverReply, MemoryBuffer, MemoryKind,
@@ -401,27 +408,35 @@ def test_status_matches_status_hpp() -> None:
     assert Status.Success.terminal and not Status.Transferring.terminal
 
 
-def test_message_types_match_protocol_hpp() -> None:
-    cpp = cpp_enum("src/core/protocol.hpp", "msg_type")
-    assert {t.wire_name: int(t) for t in MessageType} == cpp
+def test_the_generated_modules_are_what_wire_yaml_generates() -> None:
+    r = subprocess.run([sys.executable, str(REPO / "scripts/gen_wire.py"), "--check"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
 
 
-def test_limits_match_protocol_hpp() -> None:
-    text = (REPO / "src/core/protocol.hpp").read_text()
+def test_every_class_has_the_fields_wire_yaml_lists_in_its_order() -> None:
+    for name, fields in FIELDS.items():
+        cls = getattr(messages, name)
+        have = tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) \
+            else cls._fields
+        assert have == fields, name
 
-    def const(name: str) -> str:
-        m = re.search(r"constexpr\s+\w+\s+" + name + r"\s*=\s*([^;]+);", text)
-        assert m, name
-        return m.group(1).strip()
-    assert const("protocol_version") == str(PROTOCOL_VERSION)
-    assert const("min_protocol_version") == "3"
-    assert const("max_poll_many") == str(MAX_POLL_MANY)
-    assert const("poll_many_reason_bytes") == str(POLL_MANY_REASON_BYTES)
-    assert const("max_frame_bytes") == "16u << 20" and MAX_FRAME_BYTES == 16 << 20
-    assert const("max_string_bytes") == "64u << 10" and MAX_STRING_BYTES == 64 << 10
-    assert const("max_list_strings") == str(MAX_LIST_STRINGS)
-    assert const("max_register_fds") == str(MAX_REGISTER_FDS) == "64"
-    assert const("max_register_buffers") == str(MAX_REGISTER_BUFFERS) == "4096"
+
+def test_versions_and_limits_are_the_schemas() -> None:
+    schema = yaml.safe_load((REPO / "src/core/wire.yaml").read_text())["client"]
+    assert (MIN_PROTOCOL_VERSION, PROTOCOL_VERSION) == (schema["min_version"],
+                                                        schema["max_version"]) == (3, 10)
+    assert MAX_FRAME_BYTES == 16 << 20 and MAX_STRING_BYTES == 64 << 10
+    assert (MAX_POLL_MANY, MAX_REGISTER_FDS, MAX_REGISTER_BUFFERS) == (16384, 64, 4096)
+    assert {t.wire_name: int(t) for t in MessageType} == \
+        {m["name"]: m["type"] for m in schema["messages"]}
+
+
+def test_docs_protocol_md_lists_every_message_of_wire_yaml_with_its_type() -> None:
+    schema = yaml.safe_load((REPO / "src/core/wire.yaml").read_text())["client"]
+    text = (REPO / "docs/protocol.md").read_text().split("## Info documents")[0]
+    rows = {name: int(num) for num, name in re.findall(r"^\| (\d+) \| (\w+) \|", text, re.M)}
+    assert rows == {m["name"]: m["type"] for m in schema["messages"]}
 
 
 def test_ferry_error() -> None:

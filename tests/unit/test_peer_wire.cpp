@@ -3,6 +3,8 @@
 // refused before its body is decoded, with a reason that names what is wrong.
 
 #include <catch2/catch.hpp>
+#include <set>
+#include <string>
 
 #include "core/peer_wire.hpp"
 
@@ -343,4 +345,36 @@ TEST_CASE("a reason longer than a reader takes arrives shortened, not refused", 
   CHECK(error == "");
   REQUIRE(got.size() == 1);
   CHECK(std::get<peer_refused>(got[0]).reason == std::string(max_text_bytes, 'x'));
+}
+
+TEST_CASE("every peer kind has the name, body limit and first version wire.yaml gives it",
+          "[peer_wire]") {
+  // Generated from src/core/wire.yaml (scripts/gen_wire.py): these pin what the daemon relies on.
+  CHECK(std::string(name(kind::hello)) == "peer_hello");
+  CHECK(std::string(name(kind::announce_checked)) == "peer_announce_checked");
+  CHECK(std::string(name(static_cast<kind>(max_kind + 1))) == "unknown");
+  CHECK(max_body(kind::hello) == max_hello_body);
+  CHECK(max_body(kind::prepare) == max_list_body);
+  CHECK(max_body(kind::heartbeat) == 0);
+  CHECK(max_body(kind::leaving_ack) == 0);
+  CHECK(max_body(kind::outcome) == max_small_body);
+  CHECK(max_body(kind::announce_checked) == 32 + 4 + 8 * max_room_digests);
+  CHECK(first_version(kind::hello) == peer_protocol_min_version);
+  CHECK(first_version(kind::prepare_paged) == peer_paged_state_version);
+  CHECK(first_version(kind::leaving) == peer_leaving_version);
+  CHECK(first_version(kind::leaving_ack) == peer_leaving_ack_version);
+  CHECK(first_version(kind::rails) == peer_rails_version);
+  CHECK(first_version(kind::staging_grant) == peer_late_staging_version);
+  CHECK(first_version(kind::prepare_checked) == peer_checksums_version);
+  // Every kind 1..max_kind names a message, and its alternative's index is the kind minus one.
+  for (uint8_t k = 1; k <= max_kind; ++k)
+    CHECK(std::string(name(static_cast<kind>(k))) != "unknown");
+  std::set<kind> seen;
+  for (const auto& m : every_message()) {
+    const auto decoded = decode_body(kind_of(m), encode_body(m));
+    REQUIRE(decoded);
+    CHECK(decoded.value.index() == m.index());
+    seen.insert(kind_of(m));
+  }
+  CHECK(seen.size() == max_kind);
 }

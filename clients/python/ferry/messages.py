@@ -1,5 +1,6 @@
 """The client protocol's vocabulary (docs/protocol.md): versions and limits, frame types, enums,
-and one dataclass per message of versions 3 to 10.
+and one dataclass per message of versions 3 to 10. Versions, limits and frame types come from
+the protocol's one description, src/core/wire.yaml (ferry/_wire.py is generated from it).
 
 Pure data: :mod:`ferry.encoder` turns these messages into frames, :mod:`ferry.decoder` reads
 them back and :mod:`ferry.frames` cuts a byte stream into frames; :mod:`ferry.protocol` gathers
@@ -18,70 +19,24 @@ from typing import NamedTuple, Optional, Union
 
 from .errors import Errc
 
-PROTOCOL_VERSION = 10
-"""The highest protocol version this codec speaks."""
-MIN_PROTOCOL_VERSION = 3
-"""The lowest protocol version this codec speaks."""
+from ._wire import (FIRST_VERSION, HEADER_BYTES, MAX_FRAME_BYTES, MAX_LIST_STRINGS, MAX_POLL_MANY,
+                    MAX_REGISTER_BUFFERS, MAX_REGISTER_FDS, MAX_SHARD_GROUPS, MAX_STRING_BYTES,
+                    MIN_PROTOCOL_VERSION, POLL_MANY_REASON_BYTES, PROTOCOL_VERSION, MessageType)
+
+# Versions, limits and frame types are generated from src/core/wire.yaml (ferry/_wire.py), as
+# is every body's codec (ferry/_codec.py).
 SUPPORTED_VERSIONS = tuple(range(MIN_PROTOCOL_VERSION, PROTOCOL_VERSION + 1))
 
 NO_INDEX = 0xFFFFFFFF
 """``no_index``: the wire value of an absent state slot or aux row (``None`` in Python)."""
-MAX_FRAME_BYTES = 16 << 20
-"""Limit on a frame's length field (bytes after it)."""
-HEADER_BYTES = 12
-"""length + type + flags + seq."""
-MAX_STRING_BYTES = 64 << 10
-MAX_LIST_STRINGS = 256
-"""Entries of a string list (the prefill peers of one prepare)."""
-MAX_POLL_MANY = 16384
-"""Rooms in one poll_many."""
-POLL_MANY_REASON_BYTES = 1000
-"""poll_many_reply cuts each reason there."""
-MAX_REGISTER_FDS = 64
-"""File descriptors with one register_memory."""
-MAX_REGISTER_BUFFERS = 4096
-"""Buffers in one register_memory."""
 
-
-class MessageType(IntEnum):
-    """Frame types; ``MessageType.X.wire_name`` is the name the C++ codec and the golden frames
-    use (``"poll_many_reply"``)."""
-
-    HELLO = 1
-    PREPARE = 2
-    SEND = 3
-    POLL = 4
-    CANCEL = 5
-    SUBSCRIBE = 6
-    INFO = 7
-    POLL_MANY = 8  # v4
-    REGISTER_MEMORY = 9  # v4
-    DISCOVER = 10  # v4
-    DRAIN = 11  # v5
-    SET_LOG_LEVEL = 12  # v5
-    OK = 100
-    ERROR = 101
-    HELLO_REPLY = 102
-    POLL_REPLY = 103
-    INFO_REPLY = 104
-    EVENT = 105
-    POLL_MANY_REPLY = 106  # v4
-    DISCOVER_REPLY = 107  # v4
-
-    @property
-    def wire_name(self) -> str:
-        return self.name.lower()
-
-
-V4_ONLY = frozenset({MessageType.POLL_MANY, MessageType.POLL_MANY_REPLY,
-                     MessageType.REGISTER_MEMORY, MessageType.DISCOVER,
-                     MessageType.DISCOVER_REPLY})
-V5_ONLY = frozenset({MessageType.DRAIN, MessageType.SET_LOG_LEVEL})
+V4_ONLY = frozenset(t for t, v in FIRST_VERSION.items() if v == 4)
+V5_ONLY = frozenset(t for t, v in FIRST_VERSION.items() if v == 5)
 
 
 def first_version(mtype: MessageType) -> int:
     """The first protocol version that has message type ``mtype``."""
-    return 5 if mtype in V5_ONLY else 4 if mtype in V4_ONLY else 3
+    return FIRST_VERSION[mtype]
 
 
 def type_name(mtype: int) -> str:
@@ -340,10 +295,6 @@ class MemoryBuffer(NamedTuple):
     outer: int = 0
     groups: tuple[int, ...] = ()
     units: tuple[int, ...] = ()
-
-
-MAX_SHARD_GROUPS = 64
-"""(v7) Shard groups of one registered buffer."""
 
 
 @dataclass
