@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
 
 namespace ferry::client {
 
@@ -82,53 +83,58 @@ result<none> client::handshake(std::chrono::milliseconds timeout) {
     return error{errc::invalid_request, "socket path is too long: " + socket_path_};
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, socket_path_.c_str(), sizeof(addr.sun_path) - 1);
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    const int err = errno;
-    if (fd >= 0) close(fd);
-    return error{errc::peer_unreachable, fmt::format("cannot connect to ferryd at '{}': {}",
-                                                     socket_path_, std::strerror(err))};
+  uint16_t hi = max_version_;
+  for (;;) {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      const int err = errno;
+      if (fd >= 0) close(fd);
+      return error{errc::peer_unreachable, fmt::format("cannot connect to ferryd at '{}': {}",
+                                                       socket_path_, std::strerror(err))};
+    }
+    fd_ = fd;
+    lost_ = false;
+    draining_ = false;
+    reader_ = proto::frame_reader{};
+    session_ = proto::client_session(hi);
+    const bool was_attempting = attempting_;
+    attempting_ = true;  // a loss during the hello fails the hello only
+    auto fail = [&](error e) -> result<none> {
+      attempting_ = was_attempting;
+      close(fd_);
+      fd_ = -1;
+      lost_ = true;
+      return e;
+    };
+    const uint16_t lo = proto::min_protocol_version;
+    const auto frame = session_.start(proto::hello{hi, name_, cancel_on_disconnect_, lo}).second;
+    if (auto sent = send_bytes(frame); !sent) return fail(std::move(sent).error());
+    auto o = await_outcome(std::chrono::steady_clock::now() + timeout);
+    if (!o) return fail(std::move(o).error());
+    auto h = proto::read_hello(std::move(o.value), lo, hi);
+    if (h.what == proto::hello_outcome::kind::refused && h.retry_v3) {
+      // A daemon that speaks only version 3: say hello again, in version 3, on a new socket.
+      (void)fail(h.err);
+      hi = 3;
+      continue;
+    }
+    if (h.what != proto::hello_outcome::kind::accepted) return fail(std::move(h.err));
+    attempting_ = was_attempting;
+    hello_ = std::move(h.reply);
+    version_ = hello_.version;
+    session_.set_version(version_);
+    return {};
   }
-  fd_ = fd;
-  lost_ = false;
-  draining_ = false;
-  reader_ = proto::frame_reader{};
-  version_ = proto::protocol_version;
-  const bool was_attempting = attempting_;
-  attempting_ = true;  // a loss during the hello fails the hello only
-  const auto saved_timeout = timeout_;
-  timeout_ = timeout;
-  auto r = request(
-      proto::hello{max_version_, name_, cancel_on_disconnect_, proto::min_protocol_version});
-  timeout_ = saved_timeout;
-  attempting_ = was_attempting;
-  auto fail = [this](error e) -> result<none> {
-    close(fd_);
-    fd_ = -1;
-    lost_ = true;
-    return e;
-  };
-  if (!r) return fail({r.code, r.message});
-  auto* h = std::get_if<proto::hello_reply>(&r.value);
-  if (!h) return fail({errc::malformed_frame, "ferryd answered hello with an unexpected message"});
-  hello_ = std::move(*h);
-  version_ = hello_.version;
-  reader_.set_version(version_);
-  return {};
 }
 
-result<proto::message> client::read_frame(std::chrono::steady_clock::time_point deadline,
-                                          uint32_t* seq) {
+result<proto::raw_frame> client::read_frame(std::chrono::steady_clock::time_point deadline) {
   // A reconnecting client closed its lost connection: nothing more comes from it.
   if (fd_ < 0) return error{loss_.code, loss_.message};
   std::vector<uint8_t> buf(64 * 1024);
   for (;;) {
-    if (auto d = reader_.next()) {
-      if (!d->msg) return lose({d->code, "cannot decode ferryd's reply: " + d->error});
-      if (seq) *seq = d->seq;
-      result<proto::message> o;
-      o.value = std::move(*d->msg);
-      return o;
+    if (auto f = reader_.next_raw()) {
+      if (!*f) return lose({f->code, "cannot read ferryd's frames: " + f->message});
+      return std::move(*f);
     }
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
@@ -150,18 +156,25 @@ result<proto::message> client::read_frame(std::chrono::steady_clock::time_point 
 
 result<proto::message> client::raw_exchange(const std::vector<uint8_t>& bytes,
                                             std::chrono::milliseconds timeout) {
+  // Bytes the session did not number: the next frame that is not an event is taken as their
+  // answer, whatever its seq.
   if (auto e = enter(); !e) return std::move(e).error();
-  return exchange(bytes, timeout, std::nullopt);
-}
-
-result<proto::message> client::exchange(const std::vector<uint8_t>& bytes,
-                                        std::chrono::milliseconds timeout,
-                                        std::optional<uint32_t> expect_seq) {
   if (auto sent = send_bytes(bytes); !sent) return std::move(sent).error();
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  if (!expect_seq) return await_reply(deadline, {}, nullptr);
-  const uint32_t one[] = {*expect_seq};
-  return await_reply(deadline, one, nullptr);
+  for (;;) {
+    auto f = read_frame(deadline);
+    if (!f) return std::move(f).error();
+    auto d = proto::decode(f.value.type, f.value.seq, f.value.body, version_);
+    if (!d.msg) return lose({d.code, "cannot decode ferryd's reply: " + d.error});
+    if (auto* ev = std::get_if<proto::event>(&*d.msg); ev && f.value.seq == 0) {
+      note_event(*ev);
+      events_.push(std::move(*ev));
+      continue;
+    }
+    result<proto::message> o;
+    o.value = std::move(*d.msg);
+    return o;
+  }
 }
 
 result<none> client::send_bytes(const std::vector<uint8_t>& bytes) {
@@ -173,10 +186,10 @@ result<none> client::send_bytes(const std::vector<uint8_t>& bytes) {
       const std::string text = std::string("writing to ferryd failed: ") + std::strerror(errno);
       // ferryd may have refused this connection (and closed it) before reading anything: its
       // reason is waiting to be read, and says more than the broken pipe.
-      uint32_t seq = 0;
-      auto r = read_frame(std::chrono::steady_clock::now() + std::chrono::milliseconds(100), &seq);
-      if (auto* e = r ? std::get_if<proto::error>(&r.value) : nullptr; e && seq == 0)
-        return lose({e->code, e->message});
+      auto f = read_frame(std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
+      if (f && f.value.seq == 0 && f.value.type == static_cast<uint16_t>(proto::msg_type::error))
+        if (auto d = proto::decode(f.value.type, 0, f.value.body, version_); d.msg)
+          if (auto* e = std::get_if<proto::error>(&*d.msg)) return lose({e->code, e->message});
       return lose({errc::peer_lost, text});
     }
     off += static_cast<size_t>(n);
@@ -184,35 +197,40 @@ result<none> client::send_bytes(const std::vector<uint8_t>& bytes) {
   return {};
 }
 
-result<proto::message> client::await_reply(std::chrono::steady_clock::time_point deadline,
-                                           std::span<const uint32_t> outstanding,
-                                           uint32_t* replied) {
+result<proto::session_outcome> client::await_outcome(
+    std::chrono::steady_clock::time_point deadline) {
+  using kind = proto::session_outcome::kind;
   for (;;) {
-    uint32_t seq = 0;
-    auto r = read_frame(deadline, &seq);
-    if (!r) return r;
-    if (auto* ev = std::get_if<proto::event>(&r.value)) {
-      note_event(*ev);
-      events_.push(std::move(*ev));
-      continue;
+    auto f = read_frame(deadline);
+    if (!f) {
+      // A timeout leaves the connection usable: the replies that come later are dropped.
+      if (f.code == errc::timed_out)
+        for (auto seq : session_.outstanding()) session_.abandon(seq);
+      return std::move(f).error();
     }
-    // An error with seq 0 is about the connection itself (refused, or an incomplete frame),
-    // and ferryd closes the connection after it.
-    if (auto* e = std::get_if<proto::error>(&r.value); !outstanding.empty() && e && seq == 0)
-      return lose({e->code, e->message});
-    // A reply with a seq no request of this client is waiting for answers nothing it asked,
-    // and taking it as another request's answer would mismatch every later reply. (Replies
-    // of pipelined requests may come in any order: different rooms answer them.)
-    if (!outstanding.empty() &&
-        std::find(outstanding.begin(), outstanding.end(), seq) == outstanding.end())
-      return lose({errc::malformed_frame,
-                   fmt::format("protocol error: ferryd sent a {} with seq {}, which matches no "
-                               "outstanding request (waiting for seq {})",
-                               proto::to_string(proto::type_of(r.value)), seq,
-                               fmt::join(outstanding, ", "))});
-    if (replied) *replied = seq;
-    return r;
+    auto o = session_.on_frame(f.value.type, f.value.flags, f.value.seq, f.value.body);
+    switch (o.what) {
+      case kind::pushed: {
+        auto& ev = std::get<proto::event>(*o.msg);
+        note_event(ev);
+        events_.push(std::move(ev));
+        continue;
+      }
+      case kind::dropped:
+        continue;
+      case kind::ended:
+        session_.end();
+        return lose(std::move(o.err));
+      default:
+        return o;
+    }
   }
+}
+
+result<proto::message> client::reply_of(proto::session_outcome o) {
+  if (o.what == proto::session_outcome::kind::reply) return std::move(*o.msg);
+  if (o.draining) note_draining(o.err);
+  return std::move(o.err);
 }
 
 namespace {
@@ -239,15 +257,10 @@ std::optional<error> too_new(const proto::message& m, uint16_t version) {
 result<proto::message> client::request(const proto::message& m) {
   if (auto e = enter(); !e) return std::move(e).error();
   if (auto e = too_new(m, version_)) return *e;
-  const uint32_t seq = next_seq_++;
-  if (next_seq_ == 0) next_seq_ = 1;  // seq 0 is for events
-  auto r = exchange(proto::encode(m, seq, version_), timeout_, seq);
-  if (!r) return r;
-  if (auto* e = std::get_if<proto::error>(&r.value)) {
-    note_error_reply(*e);
-    return error{e->code, e->message};
-  }
-  return r;
+  if (auto sent = send_bytes(session_.start(m).second); !sent) return std::move(sent).error();
+  auto o = await_outcome(std::chrono::steady_clock::now() + timeout_);
+  if (!o) return std::move(o).error();
+  return reply_of(std::move(o.value));
 }
 
 result<none> client::expect_ok(const proto::message& m) {
@@ -280,40 +293,38 @@ std::vector<result<none>> client::pipeline(const std::vector<proto::message>& re
     if (auto e = too_new(m, version_)) return rest_fail(*e);
   }
   std::vector<uint8_t> bytes;
-  std::vector<uint32_t> seqs;
-  seqs.reserve(requests.size());
-  for (const auto& m : requests) {
+  std::map<uint32_t, size_t> index;  // seq -> request
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const auto& m = requests[i];
     if (const auto* p = std::get_if<proto::prepare>(&m)) forget_lost(p->room);
     if (const auto* s = std::get_if<proto::subscribe>(&m)) {
       forget_lost(s->room);
       // Counted before it is sent: the first event may come before the ok (see subscribe).
       subscribed_.insert(s->room);
     }
-    const uint32_t seq = next_seq_++;
-    if (next_seq_ == 0) next_seq_ = 1;  // seq 0 is for events
-    seqs.push_back(seq);
-    const auto frame = proto::encode(m, seq, version_);
+    auto [seq, frame] = session_.start(m);
+    index[seq] = i;
     bytes.insert(bytes.end(), frame.begin(), frame.end());
   }
   if (auto sent = send_bytes(bytes); !sent) return rest_fail(sent.error());
-  // Replies come in any order (requests of different rooms are answered by their rooms):
-  // each is matched by its seq, and the ones still outstanding are the only seqs taken.
+  // Replies come in any order (requests of different rooms are answered by their rooms): the
+  // session matches each by its seq.
   out.assign(requests.size(), result<none>{});
-  std::vector<uint32_t> waiting = seqs;
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
-  while (!waiting.empty()) {
-    uint32_t seq = 0;
-    auto r = await_reply(deadline, waiting, &seq);
-    if (!r) {  // the connection is gone: no later reply comes
-      for (auto w : waiting) out[std::find(seqs.begin(), seqs.end(), w) - seqs.begin()] = r.error();
+  while (!index.empty()) {
+    auto o = await_outcome(deadline);
+    if (!o) {  // the connection is gone, or the time is up: no later reply is taken
+      for (const auto& [seq, i] : index) out[i] = o.error();
       return out;
     }
-    std::erase(waiting, seq);
-    const size_t i = static_cast<size_t>(std::find(seqs.begin(), seqs.end(), seq) - seqs.begin());
-    if (auto* e = std::get_if<proto::error>(&r.value)) {
-      note_error_reply(*e);
+    const auto it = index.find(o.value.seq);
+    if (it == index.end()) continue;  // (only this call's requests are outstanding)
+    const size_t i = it->second;
+    index.erase(it);
+    auto r = reply_of(std::move(o.value));
+    if (!r) {
       if (const auto* s = std::get_if<proto::subscribe>(&requests[i])) subscribed_.erase(s->room);
-      out[i] = error{e->code, e->message};
+      out[i] = error{r.code, r.message};
     } else if (!std::holds_alternative<proto::ok>(r.value)) {
       out[i] = error{errc::malformed_frame,
                      fmt::format("expected ok, got {}", proto::to_string(proto::type_of(r.value)))};
@@ -404,22 +415,27 @@ result<proto::event> client::next_event(std::chrono::milliseconds timeout) {
 }
 
 result<proto::event> client::read_event(std::chrono::steady_clock::time_point deadline) {
-  uint32_t seq = 0;
-  auto r = read_frame(deadline, &seq);
-  if (!r) return error{r.code, r.message};
-  if (auto* e = std::get_if<proto::error>(&r.value); e && seq == 0)
-    return lose({e->code, e->message});  // about the connection itself
-  auto* ev = std::get_if<proto::event>(&r.value);
-  if (!ev)  // no request is outstanding while waiting for events
-    return lose(
-        {errc::malformed_frame,
-         fmt::format("protocol error: ferryd sent a {} with seq {}, which matches no outstanding "
-                     "request",
-                     proto::to_string(proto::type_of(r.value)), seq)});
-  note_event(*ev);
-  result<proto::event> o;
-  o.value = std::move(*ev);
-  return o;
+  // No request is outstanding: the session ends the connection on any reply but one to a
+  // request whose waiter gave up, which it drops.
+  using kind = proto::session_outcome::kind;
+  for (;;) {
+    auto f = read_frame(deadline);
+    if (!f) return std::move(f).error();
+    auto o = session_.on_frame(f.value.type, f.value.flags, f.value.seq, f.value.body);
+    if (o.what == kind::dropped) continue;
+    if (o.what != kind::pushed) {
+      session_.end();
+      return lose(o.what == kind::ended ? std::move(o.err)
+                                        : error{errc::malformed_frame,
+                                                "protocol error: a reply while no request "
+                                                "was outstanding"});
+    }
+    auto& ev = std::get<proto::event>(*o.msg);
+    note_event(ev);
+    result<proto::event> out;
+    out.value = std::move(ev);
+    return out;
+  }
 }
 
 void client::discard_events(uint64_t room) {
@@ -507,9 +523,7 @@ result<none> client::register_memory(proto::register_memory req, const std::vect
 }
 
 result<none> client::send_register(const proto::register_memory& req, const std::vector<int>& fds) {
-  const uint32_t seq = next_seq_++;
-  if (next_seq_ == 0) next_seq_ = 1;
-  const auto frame = proto::encode(req, seq, version_);
+  const auto frame = session_.start(req).second;
   // The whole frame in one sendmsg, the descriptors on its first byte.
   iovec iov{const_cast<uint8_t*>(frame.data()), frame.size()};
   std::vector<char> control(CMSG_SPACE(sizeof(int) * std::max<size_t>(fds.size(), 1)));
@@ -534,14 +548,11 @@ result<none> client::send_register(const proto::register_memory& req, const std:
   }
   // A stream socket may take part of a large frame; the rest goes without descriptors.
   std::vector<uint8_t> rest(frame.begin() + sent, frame.end());
-  auto r = exchange(rest, timeout_, seq);
+  if (auto more = send_bytes(rest); !more) return std::move(more).error();
+  auto o = await_outcome(std::chrono::steady_clock::now() + timeout_);
+  if (!o) return std::move(o).error();
+  auto r = reply_of(std::move(o.value));
   if (!r) return error{r.code, r.message};
-  if (auto* e = std::get_if<proto::error>(&r.value)) {
-    note_error_reply(*e);
-    return error{e->code, e->message};
-  }
-  if (!std::holds_alternative<proto::ok>(r.value))
-    return error{errc::malformed_frame, "unexpected reply to register_memory"};
   return {};
 }
 

@@ -22,18 +22,6 @@ std::chrono::milliseconds backoff(const reconnect_policy& p, uint32_t attempt) {
   return std::min(p.max_delay, std::chrono::milliseconds(static_cast<int64_t>(ms)));
 }
 
-/// Whether a 407 says this client's own ferryd is draining ("room 3: ferryd is draining: ..."),
-/// not a peer it named ("peer HOST:PORT is draining: ...").
-bool own_drain(const std::string& m) {
-  std::string_view v(m);
-  if (v.starts_with("room ")) {
-    size_t i = 5;
-    while (i < v.size() && v[i] >= '0' && v[i] <= '9') ++i;
-    if (i > 5 && v.substr(i).starts_with(": ")) v.remove_prefix(i + 2);
-  }
-  return v.starts_with("ferryd is draining");
-}
-
 double seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
@@ -236,8 +224,8 @@ void client::note_event(const proto::event& ev) {
   if (is_terminal(ev.status)) subscribed_.erase(ev.room);
 }
 
-void client::note_error_reply(const proto::error& e) {
-  if (e.code != errc::draining || draining_ || !own_drain(e.message)) return;
+void client::note_draining(const ferry::error& e) {
+  if (draining_) return;
   draining_ = true;
   if (!policy_) return;
   connection_notice n;

@@ -258,6 +258,14 @@ decoded decode(uint16_t type, uint32_t seq, std::span<const uint8_t> body,
 /// speaking [lo, hi] in, or 0 when the ranges do not meet.
 uint16_t negotiate(uint16_t lo, uint16_t hi);
 
+/// One frame as it came, its body not decoded yet (what a client's session reads).
+struct raw_frame {
+  uint16_t type = 0;
+  uint16_t flags = 0;
+  uint32_t seq = 0;
+  std::vector<uint8_t> body;
+};
+
 /// Incremental frame splitter for a byte stream.
 class frame_reader {
  public:
@@ -269,9 +277,16 @@ class frame_reader {
   /// above `max_frame_bytes` or below the header size yields an error (the stream is then
   /// unusable and should be closed).
   std::optional<decoded> next();
+  /// The next complete frame, undecoded; nullopt when more bytes are needed. An unusable length
+  /// field (the stream must be closed) is an error.
+  std::optional<result<raw_frame>> next_raw();
   size_t buffered() const { return buf_.size() - pos_; }
 
  private:
+  /// The header of the next frame once it is whole (its length checked), else nullopt; an
+  /// unusable length field gives its error with `framing_lost`.
+  std::optional<decoded> take(raw_frame& header, std::span<const uint8_t>& body);
+  void compact();
   std::vector<uint8_t> buf_;
   size_t pos_ = 0;
   uint16_t version_ = protocol_version;

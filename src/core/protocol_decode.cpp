@@ -54,7 +54,7 @@ void frame_reader::feed(std::span<const uint8_t> bytes) {
   buf_.insert(buf_.end(), bytes.begin(), bytes.end());
 }
 
-std::optional<decoded> frame_reader::next() {
+std::optional<decoded> frame_reader::take(raw_frame& header, std::span<const uint8_t>& body) {
   const size_t avail = buf_.size() - pos_;
   if (avail < 4) return std::nullopt;
   const uint8_t* p = buf_.data() + pos_;
@@ -75,26 +75,48 @@ std::optional<decoded> frame_reader::next() {
     return d;
   }
   if (avail < 4 + size_t{len}) return std::nullopt;
-  const uint16_t type = static_cast<uint16_t>(p[4] | p[5] << 8);
-  const uint32_t seq =
-      uint32_t{p[8]} | uint32_t{p[9]} << 8 | uint32_t{p[10]} << 16 | uint32_t{p[11]} << 24;
-  const uint16_t flags = static_cast<uint16_t>(p[6] | p[7] << 8);
-  auto body = std::span<const uint8_t>(p + header_bytes, len - (header_bytes - 4));
+  header.type = static_cast<uint16_t>(p[4] | p[5] << 8);
+  header.flags = static_cast<uint16_t>(p[6] | p[7] << 8);
+  header.seq = uint32_t{p[8]} | uint32_t{p[9]} << 8 | uint32_t{p[10]} << 16 | uint32_t{p[11]} << 24;
+  body = std::span<const uint8_t>(p + header_bytes, len - (header_bytes - 4));
   pos_ += 4 + size_t{len};
-  decoded out;
-  if (flags != 0) {  // reserved: a frame using them means something this version cannot know
-    out.seq = seq;
-    out.code = errc::malformed_frame;
-    out.error = fmt::format("frame flags must be 0, got {:#06x}", flags);
-  } else {
-    out = decode(type, seq, body, version_);
-  }
+  return decoded{};  // code ok: a whole frame
+}
+
+void frame_reader::compact() {
   // Compact occasionally so a long-lived connection does not grow its buffer.
   if (pos_ > (1u << 20) && pos_ * 2 > buf_.size()) {
     buf_.erase(buf_.begin(), buf_.begin() + static_cast<std::ptrdiff_t>(pos_));
     pos_ = 0;
   }
+}
+
+std::optional<decoded> frame_reader::next() {
+  raw_frame h;
+  std::span<const uint8_t> body;
+  auto got = take(h, body);
+  if (!got || got->framing_lost) return got;
+  decoded out;
+  if (h.flags != 0) {  // reserved: a frame using them means something this version cannot know
+    out.seq = h.seq;
+    out.code = errc::malformed_frame;
+    out.error = fmt::format("frame flags must be 0, got {:#06x}", h.flags);
+  } else {
+    out = decode(h.type, h.seq, body, version_);
+  }
+  compact();
   return out;
+}
+
+std::optional<result<raw_frame>> frame_reader::next_raw() {
+  raw_frame h;
+  std::span<const uint8_t> body;
+  auto got = take(h, body);
+  if (!got) return std::nullopt;
+  if (got->framing_lost) return result<raw_frame>(error{got->code, std::move(got->error)});
+  h.body.assign(body.begin(), body.end());
+  compact();
+  return result<raw_frame>(std::move(h));
 }
 
 }  // namespace ferry::proto

@@ -2,6 +2,9 @@
 // negotiation, error codes on every Failed poll and event, poll_many, and a prefill's
 // Bootstrapping for rooms it has not seen yet. Version 3 clients keep their semantics.
 
+#include <thread>
+#include <vector>
+
 #include "harness.hpp"
 
 using namespace ferry;
@@ -287,4 +290,97 @@ TEST_CASE(
   CHECK(p->poll(r.room).value.prefix_tokens == 64);  // kept with the finished room
   CHECK(wait_done(*d, r.room).status == room_status::success);
   CHECK(client::verify_room(*d, r.room, r.dst_pages, r.dst_slot, r.dst_row).message == "");
+}
+
+namespace {
+
+/// A ferryd that speaks only version 3, on a real unix socket: it refuses a hello above v3 with
+/// `refusal` (as such a daemon does) and answers a v3 hello in v3. It takes up to `connections`
+/// connections, one hello each, and records the versions offered; bounded: it stops waiting
+/// for a client after 10 s.
+class v3_only_daemon {
+ public:
+  v3_only_daemon(const std::filesystem::path& at, errc refusal, int connections)
+      : path(at / "v3.sock") {
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    REQUIRE(::listen(fd_, 4) == 0);
+    thread_ = std::thread([this, refusal, connections] { serve(refusal, connections); });
+  }
+  ~v3_only_daemon() {
+    if (thread_.joinable()) thread_.join();
+    ::close(fd_);
+  }
+  /// The versions the client's hellos offered, once it is done.
+  std::vector<uint16_t> offered() {
+    thread_.join();
+    return offered_;
+  }
+  const std::filesystem::path path;
+
+ private:
+  void serve(errc refusal, int connections) {
+    for (int i = 0; i < connections; ++i) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 10000) != 1) return;
+      const int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      proto::frame_reader r;
+      std::optional<proto::decoded> d;
+      uint8_t buf[4096];
+      while (!(d = r.next())) {
+        pollfd q{c, POLLIN, 0};
+        const ssize_t n = ::poll(&q, 1, 10000) == 1 ? ::recv(c, buf, sizeof(buf), 0) : 0;
+        if (n <= 0) break;
+        r.feed({buf, static_cast<size_t>(n)});
+      }
+      const auto* h = d && d->msg ? std::get_if<proto::hello>(&*d->msg) : nullptr;
+      offered_.push_back(h ? h->version : 0);
+      std::vector<uint8_t> answer;
+      if (h && h->version == 3) {
+        proto::hello_reply reply;
+        reply.version = 3;
+        reply.node = "old-daemon";
+        answer = proto::encode(reply, d->seq, 3);
+      } else {
+        answer = proto::encode(proto::error{refusal, "unsupported protocol version"}, 1, 3);
+      }
+      (void)!::send(c, answer.data(), answer.size(), MSG_NOSIGNAL);
+      pollfd q{c, POLLIN, 0};  // until the client closes (or 10 s)
+      while (::poll(&q, 1, 10000) == 1 && ::recv(c, buf, sizeof(buf), 0) > 0) {
+      }
+      ::close(c);
+    }
+  }
+  int fd_ = -1;
+  std::vector<uint16_t> offered_;
+  std::thread thread_;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "protocol: the C++ client says hello again in version 3 to a daemon that cannot read a v4 "
+    "hello, as the Python client does, and not after another refusal",
+    "[e2e][protocol]") {
+  for (errc refusal : {errc::unsupported_version, errc::malformed_frame}) {
+    INFO(to_string(refusal));
+    temp_dir dir;
+    v3_only_daemon old(dir.path, refusal, 2);
+    {
+      auto c = client::client::connect(old.path, "fallback", std::chrono::seconds(10));
+      REQUIRE(c);
+      CHECK(c.value->version() == 3);
+      CHECK(c.value->daemon().node == "old-daemon");
+    }
+    CHECK(old.offered() == std::vector<uint16_t>{10, 3});
+  }
+  temp_dir dir;
+  v3_only_daemon denying(dir.path, errc::access_denied, 1);
+  auto c = client::client::connect(denying.path, "fallback", std::chrono::seconds(10));
+  CHECK(c.code == errc::access_denied);
+  CHECK(c.message == "unsupported protocol version");
+  CHECK(denying.offered() == std::vector<uint16_t>{10});
 }

@@ -138,9 +138,66 @@ TEST_CASE("the C++ client refuses a reply whose seq matches no outstanding reque
     auto p = c.value->poll(5);
     REQUIRE_FALSE(p);
     CHECK(p.code == errc::malformed_frame);
+    // The words the Python client uses too (tests/conformance/client_session.yaml).
     CHECK(p.message ==
-          "protocol error: ferryd sent a ok with seq 99, which matches no outstanding request "
-          "(waiting for seq 2)");
+          "protocol error: ferryd sent a reply of type ok (100) with seq 99, which matches no "
+          "outstanding request (waiting for seq 2)");
+  }
+  fake.join();
+  close(srv);
+}
+
+TEST_CASE("the C++ client drops the late reply of a request that timed out and goes on",
+          "[e2e][protocol]") {
+  temp_dir dir;
+  const auto path = (dir.path / "fake.sock").string();
+  int srv = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
+  REQUIRE(bind(srv, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  REQUIRE(::listen(srv, 1) == 0);
+  // A fake daemon that answers the first poll only once the second came (so the first has
+  // timed out by then), then answers the second: the late reply must not be taken for it.
+  std::thread fake([srv] {
+    int c = accept(srv, nullptr, nullptr);
+    proto::frame_reader in;
+    auto next_request = [&] {
+      uint8_t buf[4096];
+      for (;;) {
+        if (auto d = in.next()) return d->seq;
+        auto n = recv(c, buf, sizeof(buf), 0);
+        if (n <= 0) return 0u;
+        in.feed(std::span<const uint8_t>(buf, static_cast<size_t>(n)));
+      }
+    };
+    auto put = [&](const proto::message& m, uint32_t seq) {
+      auto f = proto::encode(m, seq);
+      [[maybe_unused]] auto n = ::send(c, f.data(), f.size(), MSG_NOSIGNAL);
+    };
+    put(proto::hello_reply{}, next_request());
+    const auto first = next_request();
+    const auto second = next_request();
+    put(proto::poll_reply{5, room_status::success, "", errc::ok, 0}, first);
+    put(proto::poll_reply{6, room_status::transferring, "", errc::ok, 0}, second);
+    char x;
+    [[maybe_unused]] auto n = recv(c, &x, 1, 0);  // until the client closes
+    close(c);
+  });
+  {
+    auto c = client::client::connect(path, "test", 10s);
+    INFO(c.message);
+    REQUIRE(c);
+    c.value->set_timeout(std::chrono::milliseconds(100));
+    auto late = c.value->poll(5);
+    CHECK(late.code == errc::timed_out);
+    c.value->set_timeout(10s);
+    auto p = c.value->poll(6);
+    INFO(p.message);
+    REQUIRE(p);
+    CHECK(p.value.room == 6);
+    CHECK(p.value.status == room_status::transferring);
+    CHECK_FALSE(c.value->lost());
   }
   fake.join();
   close(srv);

@@ -33,6 +33,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "core/client_session.hpp"
 #include "core/protocol.hpp"
 #include "core/shm_region.hpp"
 #include "ferry/event_queue.hpp"
@@ -259,25 +260,21 @@ class client {
   void notify(const connection_notice& n);
   /// Track subscriptions: a terminal event ends one.
   void note_event(const proto::event& ev);
-  /// A 407 that says this client's own ferryd is draining.
-  void note_error_reply(const proto::error& e);
+  /// A 407 that says this client's own ferryd is draining (the session tells it apart).
+  void note_draining(const ferry::error& e);
   result<proto::message> request(const proto::message& m);
   /// Write a whole buffer of frames (a broken pipe reads ferryd's reason, if it sent one).
   result<none> send_bytes(const std::vector<uint8_t>& bytes);
-  /// Read until a reply to one of the `outstanding` seqs (empty: any frame but an event),
-  /// which it stores in `replied`; events on the way are queued.
-  result<proto::message> await_reply(std::chrono::steady_clock::time_point deadline,
-                                     std::span<const uint32_t> outstanding, uint32_t* replied);
-  /// The next frame; its seq goes to `seq` when given.
-  result<proto::message> read_frame(std::chrono::steady_clock::time_point deadline,
-                                    uint32_t* seq = nullptr);
+  /// The next frame from ferryd, undecoded.
+  result<proto::raw_frame> read_frame(std::chrono::steady_clock::time_point deadline);
+  /// Read frames through the session until one answers a request (reply, refused or failed):
+  /// events on the way are queued, replies of abandoned requests dropped, and a frame that
+  /// ends the connection loses it. On a timeout the requests still waiting are abandoned.
+  result<proto::session_outcome> await_outcome(std::chrono::steady_clock::time_point deadline);
+  /// The reply a request's outcome carries, or its error (a refusal noted, for a drain).
+  result<proto::message> reply_of(proto::session_outcome o);
   /// The next frame, which must be an event (no request is outstanding).
   result<proto::event> read_event(std::chrono::steady_clock::time_point deadline);
-  /// Write `bytes`, then read frames (keeping events) up to the first other frame; with
-  /// `expect_seq`, a frame with another seq is a protocol error naming it.
-  result<proto::message> exchange(const std::vector<uint8_t>& bytes,
-                                  std::chrono::milliseconds timeout,
-                                  std::optional<uint32_t> expect_seq);
   result<none> expect_ok(const proto::message& m);
 
   /// The error `e`, and the connection marked lost (the first loss of a connection is the one
@@ -291,7 +288,8 @@ class client {
 
   int fd_ = -1;
   bool lost_ = false;
-  uint32_t next_seq_ = 1;
+  /// The connection's requests and replies (core/client_session.hpp), one per connection.
+  proto::client_session session_;
   uint16_t version_ = proto::protocol_version;
   std::chrono::milliseconds timeout_{std::chrono::seconds(30)};
   proto::frame_reader reader_;

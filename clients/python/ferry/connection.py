@@ -1,6 +1,8 @@
 """One connection to a ferryd's client socket (docs/protocol.md), the plumbing under
-:class:`ferry.Client`: the hello, requests matched to their replies by seq, the reader and
-dispatcher threads, and the end of the connection. Standard library only.
+:class:`ferry.Client`: the thread shell around the connection's pure machine
+(:class:`ferry.session.Session`, which numbers the requests, matches replies to them by seq and
+says what each frame means): the socket, the reader and dispatcher threads, the waits, and the
+end of the connection and reconnecting. Standard library only.
 
 Any number of threads may issue requests at once: each request gets its own seq and waits for
 its own reply, whatever order ferryd answers in. A background reader thread owns the receive
@@ -35,14 +37,14 @@ from array import array
 from collections import OrderedDict
 from typing import Callable, Optional, Sequence, Union
 
-from .errors import Errc, FerryError, ProtocolError
-from .protocol import (MIN_PROTOCOL_VERSION, POOL_KINDS, PROTOCOL_VERSION, Cancel, Discover,
-                       DiscoverReply, Drain, Error, Event, Frame, FrameReader, Hello, HelloReply, Info,
-                       InfoReply, Message, MessageType, Ok, Poll, PollMany, PollManyReply,
-                       PollReply, Pool, Prepare, RegisterMemory, Send, SetLogLevel, Status,
-                       Subscribe, check_flags, decode, encode, message_type, type_name)
+from .errors import Errc, FerryError
+from .protocol import (MIN_PROTOCOL_VERSION, POOL_KINDS, PROTOCOL_VERSION, Event, Frame,
+                       FrameReader, Hello, HelloReply, Message, Pool, RegisterMemory, Status,
+                       message_type)
 from .reconnect import (AttemptLog, Disconnected, Draining, NoticeCallback, Reconnect,
                         Reconnected, reconnect_policy)
+from .session import (Dropped, Ended, Failed, HelloAccepted, HelloRefused, Pushed, Refused,
+                      Reply, Session, hello_outcome)
 
 _log = logging.getLogger("ferry")
 
@@ -50,24 +52,16 @@ EventCallback = Callable[[Event], None]
 
 _STOP = object()  # ends the dispatcher thread
 _MAX_TERMINAL = 65536  # terminal events kept for wait_terminal (as many as ferryd keeps rooms)
-_HELLO_SEQ = 1
 
-_EXPECT: dict[type, type] = {
-    Hello: HelloReply, Prepare: Ok, Send: Ok, Poll: PollReply, Cancel: Ok, Subscribe: Ok,
-    Info: InfoReply, PollMany: PollManyReply, RegisterMemory: Ok, Discover: DiscoverReply,
-    Drain: Ok, SetLogLevel: Ok,
-}
 
 class _Pending:
-    """One request waiting for its reply on ``link``."""
+    """One request waiting for its reply on ``link`` (the token its session hands back)."""
 
-    __slots__ = ("seq", "request", "expect", "done", "result", "error", "link", "on_ok")
+    __slots__ = ("seq", "request", "done", "result", "error", "link", "on_ok")
 
-    def __init__(self, request: str, expect: type,
-                 on_ok: Optional[Callable[[], None]] = None) -> None:
+    def __init__(self, request: str, on_ok: Optional[Callable[[], None]] = None) -> None:
         self.seq = 0
         self.request = request
-        self.expect = expect
         self.done = threading.Event()
         self.result: Optional[Message] = None
         self.error: Optional[FerryError] = None
@@ -84,16 +78,15 @@ class _Pending:
 
 
 class _Link:
-    """One socket to ferryd, said hello on, and what belongs to it: the requests waiting for
-    their replies, its seqs, its reader thread, and why it ended (``error``)."""
+    """One socket to ferryd, said hello on, and what belongs to it: its session (the requests
+    waiting for their replies, its seqs), its reader thread, and why it ended (``error``)."""
 
-    def __init__(self, number: int, sock: socket.socket, frames: FrameReader) -> None:
+    def __init__(self, number: int, sock: socket.socket, frames: FrameReader,
+                 session: Session) -> None:
         self.number = number
         self.sock = sock
         self.frames = frames
-        self.pending: dict[int, _Pending] = {}
-        self.abandoned: set[int] = set()  # seqs whose waiter timed out; their replies are dropped
-        self.seq = _HELLO_SEQ
+        self.session = session
         self.error: Optional[FerryError] = None
         self.draining = False  # ferryd said 407 "ferryd is draining" on it
         self.reader: Optional[threading.Thread] = None
@@ -125,23 +118,6 @@ class _Delivered:
 
     def __init__(self, event: Event) -> None:
         self.event = event
-
-
-def _seq_list(seqs: Sequence[int]) -> str:
-    if not seqs:
-        return "no request is outstanding"
-    shown = ", ".join(f"seq {s}" for s in seqs[:8])
-    more = f" and {len(seqs) - 8} more" if len(seqs) > 8 else ""
-    return f"waiting for {shown}{more}"
-
-
-_OWN_DRAIN = re.compile(r"(room \d+: )?ferryd is draining")
-
-
-def _own_drain(err: FerryError) -> bool:
-    """Whether an error reply says this client's own ferryd is draining (``room 3: ferryd is
-    draining: ...``), not a peer it named (``peer HOST:PORT is draining: ...``)."""
-    return err.code == Errc.DRAINING and _OWN_DRAIN.match(err.message) is not None
 
 
 class Connection:
@@ -208,9 +184,9 @@ class Connection:
         self._dispatch_done = False
 
         self.fell_back_to_v3 = False  # a v4 hello was refused and a v3 one accepted
-        sock, frames, reply = self._handshake(lo, hi)
+        sock, frames, session, reply = self._handshake(lo, hi)
         self._apply_hello(reply)
-        self._link = _Link(1, sock, frames)
+        self._link = _Link(1, sock, frames, session)
 
         self._dispatcher = threading.Thread(target=self._dispatch_loop, daemon=True,
                                             name=f"ferry-events[{name}]")
@@ -234,23 +210,22 @@ class Connection:
 
     # --- hello -------------------------------------------------------------------------------
 
-    def _handshake(self, lo: int, hi: int) -> tuple[socket.socket, FrameReader, HelloReply]:
+    def _handshake(self, lo: int, hi: int
+                   ) -> tuple[socket.socket, FrameReader, Session, HelloReply]:
         got = self._hello_once(lo, hi)
-        if isinstance(got, Error) and hi >= 4 and lo <= 3 and \
-                got.code in (Errc.UNSUPPORTED_VERSION, Errc.MALFORMED_FRAME):
-            # A daemon that speaks only version 3 cannot read a v4 hello: it answers
-            # unsupported_version, or (not knowing the trailing min_version) malformed_frame.
+        if isinstance(got, HelloRefused) and got.retry_v3:
             self.fell_back_to_v3 = True
             got = self._hello_once(lo, 3)
-        if isinstance(got, Error):
-            raise FerryError(got.code, got.message)
+        if isinstance(got, HelloRefused):
+            raise got.error
         return got
 
     def _hello_once(self, lo: int, hi: int
-                    ) -> Union[tuple[socket.socket, FrameReader, HelloReply], Error]:
-        """Connect and say a hello offering ``lo..hi``: the socket, its reader and the reply, or
-        the daemon's error reply to the hello (the connection is then closed). A connection-level
-        error (seq 0) raises."""
+                    ) -> Union[tuple[socket.socket, FrameReader, Session, HelloReply],
+                               HelloRefused]:
+        """Connect and say a hello offering ``lo..hi``: the socket, its reader, its session and
+        the reply, or the daemon's refusal of the hello (the connection is then closed). A
+        connection-level error (seq 0) raises."""
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with self._lock:
@@ -268,9 +243,11 @@ class Connection:
             hello = Hello(version=hi, client_name=self.name,
                           cancel_on_disconnect=self.cancel_on_disconnect, min_version=lo)
             frames = FrameReader()
+            session = Session(hi)
+            _, frame = session.start(hello, None)
             send_error: Optional[OSError] = None
             try:
-                sock.sendall(encode(hello, _HELLO_SEQ, hi))
+                sock.sendall(frame)
             except OSError as e:
                 # ferryd may have refused the connection before reading anything (beyond
                 # limits.max_clients): its reason, an error with seq 0, says more.
@@ -298,34 +275,17 @@ class Connection:
                         raise FerryError(Errc.PEER_LOST, why)
                     frames.feed(chunk)
                     continue
-                check_flags(f)
-                if f.type == MessageType.ERROR and f.seq in (0, _HELLO_SEQ):
-                    err = decode(f.type, f.seq, f.body, max(hi, 3))
-                    assert isinstance(err, Error)
-                    if f.seq == 0:  # about the connection (e.g. beyond limits.max_clients)
-                        raise FerryError(err.code, err.message)
+                got = hello_outcome(session.on_frame(f), lo, hi)
+                if isinstance(got, Ended):  # e.g. beyond limits.max_clients, or a bad answer
+                    raise got.error
+                if isinstance(got, HelloRefused):
                     sock.close()
-                    return err
-                if f.seq != _HELLO_SEQ:
-                    raise ProtocolError(Errc.MALFORMED_FRAME,
-                                        f"protocol error: ferryd sent a reply of type "
-                                        f"{type_name(f.type)} ({f.type}) with seq {f.seq}, which "
-                                        f"matches no outstanding request (waiting for seq "
-                                        f"{_HELLO_SEQ}, the hello)")
-                if f.type != MessageType.HELLO_REPLY:
-                    raise ProtocolError(Errc.MALFORMED_FRAME,
-                                        f"protocol error: ferryd answered hello (seq "
-                                        f"{_HELLO_SEQ}) with {type_name(f.type)}, expected "
-                                        f"hello_reply")
-                reply = decode(f.type, f.seq, f.body, max(hi, 3))
-                assert isinstance(reply, HelloReply)
-                if not lo <= reply.version <= hi:
-                    raise ProtocolError(Errc.UNSUPPORTED_VERSION,
-                                        f"protocol error: ferryd answered in protocol version "
-                                        f"{reply.version}, outside the range {lo}..{hi} this "
-                                        f"client offered")
+                    return got
+                assert isinstance(got, HelloAccepted)
+                reply = got.reply
+                session.version = reply.version
                 sock.settimeout(self.timeout)
-                return sock, frames, reply
+                return sock, frames, session, reply
         except BaseException:
             sock.close()
             raise
@@ -347,11 +307,7 @@ class Connection:
         that registers memory again on a link that does not serve requests yet. ``on_ok`` runs
         on the reader thread when the reply is a success, before the end of the stream that
         may follow it is seen (so a reconnect already knows what it did)."""
-        expect = _EXPECT.get(type(msg))
-        if expect is None:
-            raise TypeError(f"{type(msg).__name__} is not a request")
-        frame = bytearray(encode(msg, 0, self.version))  # may raise EncodeError: nothing sent
-        p = _Pending(message_type(msg).wire_name, expect, on_ok)
+        p = _Pending(message_type(msg).wire_name, on_ok)
         with self._send_lock:
             with self._lock:
                 if link is None:
@@ -367,15 +323,9 @@ class Connection:
             with self._lock:
                 if on.error is not None:
                     raise on.error.copy() if link is not None else self._unavailable_error()
-                seq = on.seq
-                while True:
-                    seq = seq % 0xFFFFFFFF + 1  # 1..2^32-1: seq 0 is for events
-                    if seq not in on.pending and seq not in on.abandoned:
-                        break
-                on.seq = p.seq = seq
+                # May raise EncodeError (or TypeError for a non-request): nothing is sent.
+                p.seq, frame = on.session.start(msg, p)
                 p.link = on
-                on.pending[seq] = p
-            frame[8:12] = seq.to_bytes(4, "little")
             try:
                 if fds:
                     self._send_with_fds(on.sock, frame, fds)
@@ -407,7 +357,7 @@ class Connection:
                           f"lost {time.monotonic() - self._down_since:.1f} s ago "
                           f"({err.message}); reconnecting in the background ({tried})")
 
-    def _send_with_fds(self, sock: socket.socket, frame: bytearray, fds: Sequence[int]) -> None:
+    def _send_with_fds(self, sock: socket.socket, frame: bytes, fds: Sequence[int]) -> None:
         """The whole frame in one sendmsg, the descriptors on its first byte; should the socket
         take only part of it, the rest follows without descriptors (they went with the first
         byte). Called with the send lock held."""
@@ -426,7 +376,7 @@ class Connection:
         descriptors to the first byte it received then credits them to the frame before. With
         nothing unread ahead of it, the frame carrying descriptors starts ferryd's next read."""
         with self._lock:
-            ahead = list(link.pending.values())
+            ahead: list[_Pending] = link.session.tokens()
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         for q in ahead:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -442,9 +392,8 @@ class Connection:
         if not p.done.wait(timeout):
             with self._lock:
                 link = p.link
-                if link is not None and link.pending.get(p.seq) is p:
-                    del link.pending[p.seq]
-                    link.abandoned.add(p.seq)  # its reply, if it ever comes, is dropped
+                if link is not None and link.session.abandon(p.seq):
+                    # its reply, if it ever comes, is dropped
                     raise FerryError(Errc.TIMED_OUT, f"timed out after {timeout} s waiting for "
                                                      f"ferryd's reply to {p.request} "
                                                      f"(seq {p.seq})")
@@ -581,54 +530,31 @@ class Connection:
             raise
 
     def _on_frame(self, link: _Link, f: Frame) -> None:
-        check_flags(f)  # a ProtocolError here ends the connection
-        if f.seq == 0:
-            if f.type == MessageType.EVENT:
-                ev = decode(f.type, 0, f.body, self.version)
-                assert isinstance(ev, Event)
-                with self._lock:
-                    if link.error is not None:
-                        return  # its rooms were reported failed with the link
-                    if ev.terminal:
-                        self._subscribed.discard(ev.room)
-                    self._events_in.put(ev)
-                return
-            if f.type == MessageType.ERROR:  # about the connection itself; ferryd closes it
-                err = decode(f.type, 0, f.body, self.version)
-                assert isinstance(err, Error)
-                raise FerryError(err.code, err.message)
         with self._lock:
-            p = link.pending.pop(f.seq, None)
-            if p is None:
-                if f.seq in link.abandoned:
-                    link.abandoned.discard(f.seq)  # the reply of a request that timed out
-                    return
-                waiting = _seq_list(sorted(link.pending))
-        if p is None:
-            # Taking it for another request's reply would shift every later reply.
-            raise ProtocolError(Errc.MALFORMED_FRAME,
-                                f"protocol error: ferryd sent a reply of type "
-                                f"{type_name(f.type)} ({f.type}) with seq {f.seq}, which "
-                                f"matches no outstanding request ({waiting})")
-        try:
-            msg = decode(f.type, f.seq, f.body, self.version)
-        except ProtocolError as e:  # the stream is still in step: only this request fails
-            p.fail(e)
-            return
-        if isinstance(msg, Error):
-            refused = FerryError(msg.code, msg.message)
-            if _own_drain(refused):  # noted before the end of the stream that follows it
-                self._note_draining(link, refused)
-            p.fail(refused)
-        elif not isinstance(msg, p.expect):
-            p.fail(ProtocolError(Errc.MALFORMED_FRAME,
-                                 f"protocol error: ferryd answered {p.request} (seq {f.seq}) "
-                                 f"with {type_name(f.type)}, expected "
-                                 f"{type_name(message_type(p.expect))}"))
+            got = link.session.on_frame(f)
+            if isinstance(got, Pushed):
+                if link.error is not None:
+                    return  # its rooms were reported failed with the link
+                if got.event.terminal:
+                    self._subscribed.discard(got.event.room)
+                self._events_in.put(got.event)
+                return
+        if isinstance(got, Ended):
+            raise got.error  # the connection cannot go on
+        if isinstance(got, Dropped):
+            return  # the reply of a request that timed out
+        p: _Pending = got.token
+        if isinstance(got, Refused):
+            if got.draining:  # noted before the end of the stream that follows it
+                self._note_draining(link, got.error)
+            p.fail(got.error)
+        elif isinstance(got, Failed):
+            p.fail(got.error)
         else:
+            assert isinstance(got, Reply)
             if p.on_ok is not None:
                 p.on_ok()
-            p.resolve(msg)
+            p.resolve(got.message)
 
     # --- losing the connection, and reconnecting ---------------------------------------------
 
@@ -640,9 +566,7 @@ class Connection:
             if link.error is not None:
                 return
             link.error = err
-            pending = list(link.pending.values())
-            link.pending.clear()
-            link.abandoned.clear()
+            pending: list[_Pending] = link.session.end()
             serving = link is self._link and self._error is None
             if serving:
                 self._error = err
@@ -730,12 +654,12 @@ class Connection:
         """One attempt: connect, say hello, register the memory again, map the daemon pools
         again, then serve requests on the new link. Raises FerryError when any of it fails."""
         lo, hi = self.version_range
-        sock, frames, reply = self._handshake(lo, hi)
+        sock, frames, session, reply = self._handshake(lo, hi)
         with self._lock:
             if self._closed:
                 sock.close()
                 raise FerryError(Errc.CANCELLED, "the client was closed")
-            link = _Link(self._link.number + 1, sock, frames)
+            link = _Link(self._link.number + 1, sock, frames, session)
             previous, old = self.instance, self._link
             self._link = link
             self._apply_hello(reply)
