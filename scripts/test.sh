@@ -36,7 +36,7 @@ jobs=${CTEST_JOBS:-2}
 run_ctest() { (cd "$FERRY_BUILD_DIR" && ctest -j"$jobs" --output-on-failure --timeout 300 "$@"); }
 
 # The gate: the unit and fabric test binaries first (their tests need no daemon), then their tiers.
-FERRY_BUILD_TARGETS="ferry_unit_tests ferry_fabric_tests" "$root/scripts/build.sh" "${flags[@]}"
+FERRY_BUILD_TARGETS="ferry_core_tests ferry_os_tests ferry_client_tests ferry_tools_tests ferry_transport_tests" "$root/scripts/build.sh" "${flags[@]}"
 run_ctest -L '^(unit|fabric)$' "$@"
 elapsed "the gate passed (format, types, warnings, unit and fabric tiers)"
 [ "${GATE_ONLY:-0}" = 1 ] && exit 0

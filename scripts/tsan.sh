@@ -163,7 +163,7 @@ fi
 # Fabric tests: every case in its own process (as ctest runs them), so forks and exits are as
 # in the normal suite and each report names its case.
 phase "fabric tests"
-fabric_bin=$build/tests/ferry_fabric_tests
+fabric_bin=$build/tests/ferry_transport_tests
 i=0
 while IFS= read -r name; do
   [ -n "$name" ] || continue

@@ -216,8 +216,8 @@ class engine {
   /// copies a write in one progress call, so it lands wholly before the close or not at all.
   /// The initiator of a rejected write is not told (tcp: its write completes OK, the target
   /// drops the connection; shm: it never completes, nor do the initiator's later writes, until
-  /// the initiator cuts that peer, see `remove_peer`); see tests/fabric/test_fencing.cpp. Where the
-  /// provider needs local descriptors (FI_MR_LOCAL) and posted writes still use the region as a
+  /// the initiator cuts that peer, see `remove_peer`); see tests/transport/test_fencing.cpp. Where
+  /// the provider needs local descriptors (FI_MR_LOCAL) and posted writes still use the region as a
   /// source, the MR is closed as soon as they complete. Returns true if this call closed the
   /// registration, false (and logs a warning) if it was already closed; an error for an id never
   /// issued or a failed fi_close.

@@ -70,7 +70,7 @@ result<region_id> fabric_engine::do_register_region(void* base, uint64_t length,
   // Least privilege: FI_WRITE lets the region be the source of our writes (FI_READ the sink of
   // reads, kept for providers that check it on local descriptors); only a remote_write region
   // accepts peers' writes. No FI_REMOTE_READ: the engine issues no reads. (tcp;ofi_rxm and shm
-  // on 1.17 enforce exactly these bits: see tests/fabric/test_fencing.cpp.)
+  // on 1.17 enforce exactly these bits: see tests/transport/test_fencing.cpp.)
   uint64_t flags = FI_WRITE | FI_READ;
   if (access == region_access::remote_write) flags |= FI_REMOTE_WRITE;
   const bool prov_key = (mr_mode_ & FI_MR_PROV_KEY) != 0;

@@ -13,7 +13,7 @@
 /// A machine takes one `std::variant` of its events (`room::on(event)`) and answers with a list
 /// of effects, a `std::variant` too. So what does not depend on the machine is written once,
 /// over `name` and `inspect`: the actors' traces and their replay (actors/room_trace.hpp) and
-/// the table tests' harness (tests/unit/machine_table.hpp). An inspector is called as
+/// the table tests' harness (tests/core/machine_table.hpp). An inspector is called as
 /// `f(field_name, field)` and returns itself; one that writes does not modify the object it is
 /// given (it is handed a non-const reference so that one `inspect` serves reading and writing).
 

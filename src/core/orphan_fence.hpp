@@ -5,7 +5,7 @@
 /// connection ends, its keys close, the peer is cut; other rooms on it fail too), and report
 /// the room Failed only once every one of those fences has happened. With no link left open it
 /// fails at once. The Scheduler (actors/scheduler.cpp) keeps one per room entry and does the
-/// fencing; tests/unit/test_orphan_fence.cpp is the table.
+/// fencing; tests/core/test_orphan_fence.cpp is the table.
 
 #include <algorithm>
 #include <string>

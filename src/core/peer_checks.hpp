@@ -5,7 +5,7 @@
 /// against what that rank declared (`check_prepare_indices`, `check_staging_offset`). Pure: the
 /// Connection and Sender actors feed them what they read and keep only the I/O. A handshake's
 /// refusals are `errc::peer_incompatible`, a prepare's `errc::invalid_request`; each names the
-/// first problem; tests/unit/test_peer_checks.cpp is the table.
+/// first problem; tests/core/test_peer_checks.cpp is the table.
 
 #include <memory>
 #include <string>

@@ -30,7 +30,7 @@
 ///     rooms are told at once.
 ///   - ended: the actor quits.
 ///
-/// The table of every (side, phase, event) triple is tests/unit/test_peer_handshake.cpp.
+/// The table of every (side, phase, event) triple is tests/core/test_peer_handshake.cpp.
 
 #include <cstdint>
 #include <optional>

@@ -31,7 +31,7 @@
 ///   ranks still open are fenced (their connections end, closing their keys), and the fences
 ///   complete the drain: Failed is never reported while a write may still land.
 ///
-/// The table of every (phase, event) pair is tests/unit/test_receiver_room.cpp.
+/// The table of every (phase, event) pair is tests/core/test_receiver_room.cpp.
 
 #include <array>
 #include <cstdint>

@@ -4,7 +4,7 @@
 /// Scheduler's shell (actors/client_memory.cpp) measures the descriptors (each must be a
 /// sealed memfd) between the two steps, and maps what passes. Every refusal is invalid_request
 /// naming the pool and what is wrong; the order of the checks is the order of the refusals a
-/// client sees. The table is tests/unit/test_registration_checks.cpp.
+/// client sees. The table is tests/core/test_registration_checks.cpp.
 
 #include <array>
 #include <cstdint>

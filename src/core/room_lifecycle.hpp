@@ -16,7 +16,7 @@
 /// - A deadline that fires after the room left the status it was armed for, or after it was
 ///   cancelled, is ignored (its generation is not the current one).
 ///
-/// The table of every (phase, event) pair is tests/unit/test_room_lifecycle.cpp.
+/// The table of every (phase, event) pair is tests/core/test_room_lifecycle.cpp.
 
 #include <array>
 #include <cstdint>

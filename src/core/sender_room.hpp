@@ -27,7 +27,7 @@
 ///   posted has completed locally (or the drain deadline passed), so the client never reuses a
 ///   source page a write still reads; then each rank learns how many of its writes completed.
 ///
-/// The table of every (phase, event) pair is tests/unit/test_sender_room.cpp.
+/// The table of every (phase, event) pair is tests/core/test_sender_room.cpp.
 
 #include <array>
 #include <cstdint>

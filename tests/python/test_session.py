@@ -1,6 +1,6 @@
 """The Python client's session machine (ferry/session.py) against the cases both clients pass,
 tests/conformance/client_session.yaml (the C++ client's machine runs the same file in
-tests/unit/test_client_session.cpp)."""
+tests/core/test_client_session.cpp)."""
 
 from __future__ import annotations
 

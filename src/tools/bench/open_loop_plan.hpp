@@ -1,6 +1,6 @@
 #pragma once
 /// The pure parts of ferry-bench's open loop (open_loop.cpp), tested without daemons
-/// (tests/unit/test_open_loop_plan.cpp): the size mix, the Poisson arrivals, and the allocators
+/// (tests/tools/test_open_loop_plan.cpp): the size mix, the Poisson arrivals, and the allocators
 /// that hand out and take back pool pages, state slots and aux rows so that rooms of different
 /// sizes coexist in the pools.
 ///

@@ -2,7 +2,7 @@
 // row (what it does: the next phase, the effects in order, the code) or is listed as ignored (no
 // effect, the phase unchanged); a test enumerates the triples so one with neither fails. The
 // table runs with a cluster secret (every phase is reachable); the tests after it cover what
-// differs without one. The heartbeat's timing rule is tests/unit/test_heartbeat.cpp.
+// differs without one. The heartbeat's timing rule is tests/core/test_heartbeat.cpp.
 
 #include <catch2/catch.hpp>
 #include <map>

@@ -3,7 +3,7 @@
 // every version it exists in. The C++ test below and the Python tests (tests/python) decode each
 // frame of the file and re-encode it to the same bytes, so the two codecs cannot drift.
 // Regenerate the file after a deliberate change of the wire format:
-//   FERRY_WRITE_GOLDEN=1 build/tests/ferry_unit_tests "golden frames*"
+//   FERRY_WRITE_GOLDEN=1 build/tests/ferry_core_tests "golden frames*"
 
 #include <string>
 #include <vector>

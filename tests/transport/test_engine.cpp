@@ -139,7 +139,7 @@ void async_registration_and_insertion(const std::string& provider) {
   // The second user stays until the engine closes: removing it would cut the peer and, on shm
   // after a write to it, renew this endpoint while the target engine of this same process is
   // being closed by the test's end (libfabric 1.17 crashes there; peers are separate processes
-  // in a daemon, and tests/fabric/test_fencing.cpp covers removal with renewal).
+  // in a daemon, and tests/transport/test_fencing.cpp covers removal with renewal).
 }
 FERRY_FABRIC_CASE("engine registers and inserts asynchronously on the progress thread",
                   async_registration_and_insertion)
@@ -401,7 +401,7 @@ void idle_engines_use_little_cpu(const std::string& provider) {
 }
 // A measurement, not a test: CPU time on a shared machine varies with whatever else runs, so it
 // is hidden from ctest (Catch's "[.]") and run by hand, its figures kept in
-// docs/performance.md: build/tests/ferry_fabric_tests "[timing]"
+// docs/performance.md: build/tests/ferry_transport_tests "[timing]"
 TEST_CASE("fabric engine progress threads block when idle (tcp)", "[.][timing][tcp]") {
   idle_engines_use_little_cpu("tcp");
 }
