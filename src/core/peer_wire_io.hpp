@@ -29,8 +29,7 @@ class writer {
   void num(T v) {
     using U = wire_int_t<T>;
     static_assert(Width == 0 || sizeof(U) == Width, "the member's width is not the schema's");
-    const auto u = static_cast<U>(v);
-    for (size_t i = 0; i < sizeof(U); ++i) out_.push_back(static_cast<uint8_t>(u >> (8 * i)));
+    wire::append_le(out_, static_cast<U>(v));
   }
   void boolean(bool b) { num<1>(static_cast<uint8_t>(b ? 1 : 0)); }
   void blob(const void* p, size_t n) {
@@ -65,10 +64,8 @@ class reader {
   bool num(T& v, const char* field) {
     using U = wire_int_t<T>;
     if (!need(sizeof(U), field)) return false;
-    U u = 0;
-    for (size_t i = 0; i < sizeof(U); ++i) u |= static_cast<U>(U{in_[pos_ + i]} << (8 * i));
+    v = static_cast<T>(wire::load_le<U>(in_.data() + pos_));
     pos_ += sizeof(U);
-    v = static_cast<T>(u);
     return true;
   }
   bool boolean(bool& b, const char* field) {

@@ -31,8 +31,7 @@ class writer {
   void num(T v) {
     using U = wire_int_t<T>;
     static_assert(Width == 0 || sizeof(U) == Width, "the member's width is not the schema's");
-    auto u = static_cast<U>(v);
-    for (size_t i = 0; i < sizeof(U); ++i) out_.push_back(static_cast<uint8_t>(u >> (8 * i)));
+    wire::append_le(out_, static_cast<U>(v));
   }
   void boolean(bool b) { num(static_cast<uint8_t>(b)); }
   void str(const std::string& s) {
@@ -59,10 +58,8 @@ class reader {
   bool num(T& v, const char* field) {
     using U = wire_int_t<T>;
     if (in_.size() - pos_ < sizeof(U)) return truncated(field, sizeof(U));
-    U u = 0;
-    for (size_t i = 0; i < sizeof(U); ++i) u |= static_cast<U>(U{in_[pos_ + i]} << (8 * i));
+    v = static_cast<T>(wire::load_le<U>(in_.data() + pos_));
     pos_ += sizeof(U);
-    v = static_cast<T>(u);
     return true;
   }
   bool boolean(bool& b, const char* field) {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 namespace ferry::wire {
 
@@ -26,6 +27,20 @@ using wire_int_t = typename wire_int<std::remove_cvref_t<T>>::type;
 template <class T>
 constexpr uint64_t wire_value(T v) {
   return static_cast<wire_int_t<T>>(v);
+}
+
+/// The little-endian integer of type U at `p` (its bytes in bounds, checked by the caller).
+template <class U>
+U load_le(const uint8_t* p) {
+  U u = 0;
+  for (size_t i = 0; i < sizeof(U); ++i) u |= static_cast<U>(U{p[i]} << (8 * i));
+  return u;
+}
+
+/// Append `u` to `out`, little-endian.
+template <class U>
+void append_le(std::vector<uint8_t>& out, U u) {
+  for (size_t i = 0; i < sizeof(U); ++i) out.push_back(static_cast<uint8_t>(u >> (8 * i)));
 }
 
 /// A list without a limit of its own (the frame's size bounds it).

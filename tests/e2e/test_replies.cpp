@@ -1,6 +1,9 @@
 // One reply per request, always: a room that fails after its request was answered reports it
 // as an event (and a poll answer), never as a second reply with that request's seq.
 
+#include <functional>
+#include <thread>
+
 #include "harness.hpp"
 
 using namespace ferry;
@@ -97,108 +100,103 @@ TEST_CASE("every request gets exactly one reply, also when its room fails later"
   CHECK(p.value.room == 702);
 }
 
-TEST_CASE("the C++ client refuses a reply whose seq matches no outstanding request",
-          "[e2e][protocol]") {
-  temp_dir dir;
-  const auto path = (dir.path / "fake.sock").string();
-  int srv = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
-  REQUIRE(bind(srv, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  REQUIRE(::listen(srv, 1) == 0);
-  // A fake daemon: answers hello, then answers the next request with a seq nobody sent.
-  std::thread fake([srv] {
-    int c = accept(srv, nullptr, nullptr);
+namespace {
+
+/// A fake ferryd on a real unix socket at `path`, for the client's side of the protocol: one
+/// connection, run by `script` on its own thread with `next_request()` (the seq of the next
+/// request read; 0 once the client closed) and `put(message, seq)`; the connection stays open
+/// until the client closes it.
+class fake_ferryd {
+ public:
+  struct conn {
+    int fd;
     proto::frame_reader in;
-    auto next_request = [&] {
+    uint32_t next_request() {
       uint8_t buf[4096];
       for (;;) {
         if (auto d = in.next()) return d->seq;
-        auto n = recv(c, buf, sizeof(buf), 0);
+        auto n = recv(fd, buf, sizeof(buf), 0);
         if (n <= 0) return 0u;
         in.feed(std::span<const uint8_t>(buf, static_cast<size_t>(n)));
       }
-    };
-    auto put = [&](const proto::message& m, uint32_t seq) {
+    }
+    void put(const proto::message& m, uint32_t seq) {
       auto f = proto::encode(m, seq);
-      [[maybe_unused]] auto n = ::send(c, f.data(), f.size(), MSG_NOSIGNAL);
-    };
-    put(proto::hello_reply{}, next_request());
-    next_request();
-    put(proto::ok{}, 99);
-    char x;
-    [[maybe_unused]] auto n = recv(c, &x, 1, 0);  // until the client closes
-    close(c);
-  });
-  {
-    auto c = client::client::connect(path, "test", 10s);
-    INFO(c.message);
-    REQUIRE(c);
-    auto p = c.value->poll(5);
-    REQUIRE_FALSE(p);
-    CHECK(p.code == errc::malformed_frame);
-    // The words the Python client uses too (tests/conformance/client_session.yaml).
-    CHECK(p.message ==
-          "protocol error: ferryd sent a reply of type ok (100) with seq 99, which matches no "
-          "outstanding request (waiting for seq 2)");
+      [[maybe_unused]] auto n = ::send(fd, f.data(), f.size(), MSG_NOSIGNAL);
+    }
+  };
+  fake_ferryd(std::string at, std::function<void(conn&)> script) : path(std::move(at)) {
+    srv_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
+    REQUIRE(bind(srv_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+    REQUIRE(::listen(srv_, 1) == 0);
+    thread_ = std::thread([this, script = std::move(script)] {
+      conn c{accept(srv_, nullptr, nullptr), {}};
+      script(c);
+      char x;
+      [[maybe_unused]] auto n = recv(c.fd, &x, 1, 0);  // until the client closes
+      close(c.fd);
+    });
   }
-  fake.join();
-  close(srv);
+  ~fake_ferryd() {
+    thread_.join();
+    close(srv_);
+  }
+  const std::string path;
+
+ private:
+  int srv_ = -1;
+  std::thread thread_;
+};
+
+}  // namespace
+
+TEST_CASE("the C++ client refuses a reply whose seq matches no outstanding request",
+          "[e2e][protocol]") {
+  temp_dir dir;
+  // A fake daemon: answers hello, then answers the next request with a seq nobody sent.
+  fake_ferryd fake((dir.path / "fake.sock").string(), [](fake_ferryd::conn& c) {
+    c.put(proto::hello_reply{}, c.next_request());
+    c.next_request();
+    c.put(proto::ok{}, 99);
+  });
+  auto c = client::client::connect(fake.path, "test", 10s);
+  INFO(c.message);
+  REQUIRE(c);
+  auto p = c.value->poll(5);
+  REQUIRE_FALSE(p);
+  CHECK(p.code == errc::malformed_frame);
+  // The words the Python client uses too (tests/conformance/client_session.yaml).
+  CHECK(p.message ==
+        "protocol error: ferryd sent a reply of type ok (100) with seq 99, which matches no "
+        "outstanding request (waiting for seq 2)");
 }
 
 TEST_CASE("the C++ client drops the late reply of a request that timed out and goes on",
           "[e2e][protocol]") {
   temp_dir dir;
-  const auto path = (dir.path / "fake.sock").string();
-  int srv = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
-  REQUIRE(bind(srv, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  REQUIRE(::listen(srv, 1) == 0);
   // A fake daemon that answers the first poll only once the second came (so the first has
   // timed out by then), then answers the second: the late reply must not be taken for it.
-  std::thread fake([srv] {
-    int c = accept(srv, nullptr, nullptr);
-    proto::frame_reader in;
-    auto next_request = [&] {
-      uint8_t buf[4096];
-      for (;;) {
-        if (auto d = in.next()) return d->seq;
-        auto n = recv(c, buf, sizeof(buf), 0);
-        if (n <= 0) return 0u;
-        in.feed(std::span<const uint8_t>(buf, static_cast<size_t>(n)));
-      }
-    };
-    auto put = [&](const proto::message& m, uint32_t seq) {
-      auto f = proto::encode(m, seq);
-      [[maybe_unused]] auto n = ::send(c, f.data(), f.size(), MSG_NOSIGNAL);
-    };
-    put(proto::hello_reply{}, next_request());
-    const auto first = next_request();
-    const auto second = next_request();
-    put(proto::poll_reply{5, room_status::success, "", errc::ok, 0}, first);
-    put(proto::poll_reply{6, room_status::transferring, "", errc::ok, 0}, second);
-    char x;
-    [[maybe_unused]] auto n = recv(c, &x, 1, 0);  // until the client closes
-    close(c);
+  fake_ferryd fake((dir.path / "fake.sock").string(), [](fake_ferryd::conn& c) {
+    c.put(proto::hello_reply{}, c.next_request());
+    const auto first = c.next_request();
+    const auto second = c.next_request();
+    c.put(proto::poll_reply{5, room_status::success, "", errc::ok, 0}, first);
+    c.put(proto::poll_reply{6, room_status::transferring, "", errc::ok, 0}, second);
   });
-  {
-    auto c = client::client::connect(path, "test", 10s);
-    INFO(c.message);
-    REQUIRE(c);
-    c.value->set_timeout(std::chrono::milliseconds(100));
-    auto late = c.value->poll(5);
-    CHECK(late.code == errc::timed_out);
-    c.value->set_timeout(10s);
-    auto p = c.value->poll(6);
-    INFO(p.message);
-    REQUIRE(p);
-    CHECK(p.value.room == 6);
-    CHECK(p.value.status == room_status::transferring);
-    CHECK_FALSE(c.value->lost());
-  }
-  fake.join();
-  close(srv);
+  auto c = client::client::connect(fake.path, "test", 10s);
+  INFO(c.message);
+  REQUIRE(c);
+  c.value->set_timeout(std::chrono::milliseconds(100));
+  auto late = c.value->poll(5);
+  CHECK(late.code == errc::timed_out);
+  c.value->set_timeout(10s);
+  auto p = c.value->poll(6);
+  INFO(p.message);
+  REQUIRE(p);
+  CHECK(p.value.room == 6);
+  CHECK(p.value.status == room_status::transferring);
+  CHECK_FALSE(c.value->lost());
 }
