@@ -149,6 +149,10 @@ def load(path: Path = SCHEMA) -> dict[str, Protocol]:
             messages.append(Message(m["name"], parse_fields(m["fields"], proto, m["name"]),
                                     {k: v for k, v in m.items() if k != "fields"},
                                     int(number), int(m.get("since", 0))))
+        for cname, c in proto.get("constants", {}).items():
+            if not isinstance(c, dict) or set(c) != {"value", "doc"}:
+                raise SystemExit(f"wire.yaml: constant {cname} needs exactly `value` and `doc`, "
+                                 f"got {c!r}")
         out[pname] = Protocol(pname, int(proto.get("min_version", 0)),
                               proto.get("constants", {}), proto.get("enums", {}), records,
                               messages)
@@ -450,12 +454,25 @@ def runs(proto: Protocol, fields: list[Field]) -> list[tuple[int, list[Field]]]:
     return out
 
 
-def walk(proto: Protocol, rec: Record):
-    for f in rec.fields:
-        yield f
-        t = f.type.elem if f.type.kind in ("list", "array") else f.type
-        if t.kind == "record":
-            yield from walk(proto, proto.record(t.name))
+def check_guards(proto: Protocol) -> None:
+    """Each `guard` must be the fewest bytes an entry takes in the first version of its message
+    (so a field added to a record cannot leave its guard too high, refusing good frames)."""
+    def visit(rec: Record, version: int) -> None:
+        for f in rec.fields:
+            t = f.type.elem if f.type.kind in ("list", "array") else f.type
+            if t.kind != "record":
+                continue
+            inner = proto.record(t.name)
+            if "guard" in f.opts:
+                want = min_bytes(proto, inner.fields, version)
+                if int(f.opts["guard"]) != want:
+                    raise SystemExit(f"wire.yaml: {rec.name}.{f.name} has guard {f.opts['guard']}"
+                                     f", but an entry takes at least {want} bytes in version "
+                                     f"{version}")
+            visit(inner, version)
+
+    for m in proto.messages:
+        visit(m, max(m.since, proto.min_version))
 
 
 def cpp_client(proto: Protocol) -> dict[str, str]:
@@ -918,7 +935,7 @@ class Py:
 
     def enc_function(self, rec: Record, cls: str, is_message: bool) -> None:
         own = rec.opts.get("own_version")
-        args = f"w: Any, m: {cls}" if is_message else f"w: Any, m: Any, ver: int"
+        args = f"w: Any, m: {cls}" if is_message else "w: Any, m: Any, ver: int"
         self.emit(f"def _e_{rec.name}({args}) -> None:")
         self.depth += 1
         if is_message and not own:
@@ -932,7 +949,7 @@ class Py:
 
 
 def py_modules(proto: Protocol) -> dict[str, str]:
-    wire = [f'"""The client protocol\'s versions, limits, frame types and classes\' fields.', "",
+    wire = ['"""The client protocol\'s versions, limits, frame types and classes\' fields.', "",
             BANNER, '"""', "", "from __future__ import annotations",
             "", "from enum import IntEnum", "",
             f"PROTOCOL_VERSION = {proto_max(proto)}",
@@ -981,7 +998,7 @@ def py_modules(proto: Protocol) -> dict[str, str]:
     used = sorted(set(re.findall(r"\b(?:[A-Z][a-z]+[A-Za-z]*|[A-Z][A-Z_]+[A-Z])\b",
                                  "\n".join(g.lines))) - {"Any", "MessageType", "None"})
     imports = "from .messages import (" + ", ".join(used) + ")"
-    codec = [f'"""The client protocol\'s bodies, one encoder and one decoder per message.', "",
+    codec = ['"""The client protocol\'s bodies, one encoder and one decoder per message.', "",
              BANNER, "",
              "The readers and writers they take (ferry/decoder.py, ferry/encoder.py) hold the "
              "primitive", 'reads and writes and their error texts."""', "",
@@ -1020,12 +1037,13 @@ def main() -> int:
         ap.error("say --cpp-dir DIR, --python or --check")
     RAW.update(yaml.safe_load(SCHEMA.read_text()))
     protos = load()
+    for proto in protos.values():
+        check_guards(proto)
     if args.cpp_dir:
         for rel, text in {**cpp_client(protos["client"]), **cpp_peer(protos["peer"])}.items():
             out = args.cpp_dir / rel
             out.parent.mkdir(parents=True, exist_ok=True)
-            if not out.exists() or out.read_text() != text:  # untouched: nothing rebuilds
-                out.write_text(text)
+            out.write_text(text)  # always: the build runs this only when its inputs changed
     py = py_modules(protos["client"])
     if args.python:
         for rel, text in py.items():

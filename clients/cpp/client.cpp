@@ -523,7 +523,7 @@ result<none> client::register_memory(proto::register_memory req, const std::vect
 }
 
 result<none> client::send_register(const proto::register_memory& req, const std::vector<int>& fds) {
-  const auto frame = session_.start(req).second;
+  const auto [seq, frame] = session_.start(req);
   // The whole frame in one sendmsg, the descriptors on its first byte.
   iovec iov{const_cast<uint8_t*>(frame.data()), frame.size()};
   std::vector<char> control(CMSG_SPACE(sizeof(int) * std::max<size_t>(fds.size(), 1)));
@@ -542,6 +542,7 @@ result<none> client::send_register(const proto::register_memory& req, const std:
   ssize_t sent = sendmsg(fd_, &msg, MSG_NOSIGNAL);
   if (sent < 0) {
     const std::string text = fmt::format("cannot send register_memory: {}", std::strerror(errno));
+    session_.abandon(seq);  // nothing was sent: no reply will come
     // A reconnecting client takes the broken connection as lost, as a failed write elsewhere.
     if (policy_) return lose({errc::peer_lost, text});
     return error{errc::peer_unreachable, text};

@@ -2,10 +2,15 @@
 /// Ferry C++ client: speaks the local client protocol (docs/protocol.md) to one ferryd over its
 /// unix socket, and maps the daemon's pools into this process.
 ///
-/// Threading: one client per thread; calls are synchronous (a request, then its reply, matched by
-/// seq: a reply whose seq is not the outstanding request's is a protocol error). Events
-/// pushed for subscribed rooms that arrive while waiting for a reply are kept in order and
-/// returned by `next_event`.
+/// Threading: one client per thread; calls are synchronous (a request, then its reply). The
+/// connection's rules are core's `proto::client_session`, the machine the Python client mirrors
+/// (tests/conformance/client_session.yaml): replies are matched by seq, a reply whose seq matches
+/// no outstanding request ends the connection as a protocol error, a reply that does not decode
+/// or is of another type fails its request only, and the late reply of a request that timed out
+/// is dropped. Events pushed for subscribed rooms that arrive while waiting for a reply are kept
+/// in order and returned by `next_event`. The hello offers versions 3..max; a daemon that cannot
+/// read it (one that speaks only version 3) is asked again in version 3 on a new connection, so
+/// `connect` may take twice its timeout.
 ///
 /// Installed as Ferry::client (docs/install.md), with the core headers it includes; it depends on
 /// nothing but the C++ standard library and fmt.
@@ -199,8 +204,9 @@ class client {
   /// Default wait for a reply.
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
   /// True once the connection to ferryd is gone or unusable: it closed, a read or write failed,
-  /// a frame could not be decoded or matched no request, or ferryd sent an error about the
-  /// connection itself (and closed it). An error while this is false is ferryd's answer.
+  /// the stream could not be cut into frames, a frame had flags set or matched no request, or
+  /// ferryd sent an error about the connection itself (and closed it). An error while this is
+  /// false is ferryd's answer, or a reply this client could not take (it fails that call only).
   bool lost() const { return lost_; }
 
   /// Connect again now if the connection is lost (a reconnecting client only; else 400), without

@@ -29,7 +29,6 @@ import logging
 import mmap
 import os
 import queue
-import re
 import socket
 import threading
 import time
@@ -308,6 +307,9 @@ class Connection:
         on the reader thread when the reply is a success, before the end of the stream that
         may follow it is seen (so a reconnect already knows what it did)."""
         p = _Pending(message_type(msg).wire_name, on_ok)
+        with self._lock:
+            session = (link or self._link).session
+        framed = session.encode(msg)  # may raise EncodeError (TypeError): nothing is sent
         with self._send_lock:
             with self._lock:
                 if link is None:
@@ -323,8 +325,9 @@ class Connection:
             with self._lock:
                 if on.error is not None:
                     raise on.error.copy() if link is not None else self._unavailable_error()
-                # May raise EncodeError (or TypeError for a non-request): nothing is sent.
-                p.seq, frame = on.session.start(msg, p)
+                if on.session is not session:  # a reconnect came between: its version
+                    framed = on.session.encode(msg)
+                p.seq, frame = on.session.number(framed, p)
                 p.link = on
             try:
                 if fds:
@@ -530,15 +533,19 @@ class Connection:
             raise
 
     def _on_frame(self, link: _Link, f: Frame) -> None:
+        # The session's state under the lock, the decoding (a poll_many_reply of 16384 rooms
+        # takes ~0.1 s) outside it, so other threads start and abandon requests meanwhile.
         with self._lock:
-            got = link.session.on_frame(f)
-            if isinstance(got, Pushed):
+            taken = link.session.take(f)
+        got = link.session.read(f, taken)
+        if isinstance(got, Pushed):
+            with self._lock:
                 if link.error is not None:
                     return  # its rooms were reported failed with the link
                 if got.event.terminal:
                     self._subscribed.discard(got.event.room)
                 self._events_in.put(got.event)
-                return
+            return
         if isinstance(got, Ended):
             raise got.error  # the connection cannot go on
         if isinstance(got, Dropped):

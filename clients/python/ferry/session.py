@@ -102,6 +102,23 @@ class _Request(NamedTuple):
     token: object
 
 
+class Framed(NamedTuple):
+    """A request encoded, not numbered yet (:meth:`Session.encode`)."""
+
+    name: str
+    expect: type
+    frame: bytearray
+
+
+class Taken(NamedTuple):
+    """The request a frame answers, taken off the outstanding ones (:meth:`Session.take`)."""
+
+    seq: int
+    name: str
+    expect: type
+    token: Any
+
+
 class Session:
     """One connection's requests and replies, without I/O. ``token`` is whatever the shell
     wants back with a request's outcome (its waiter)."""
@@ -114,18 +131,28 @@ class Session:
 
     def start(self, msg: Message, token: Any) -> tuple[int, bytes]:
         """Number ``msg`` and encode it: its seq and its frame, to be sent now (EncodeError
-        when it cannot be encoded: nothing is started)."""
+        when it cannot be encoded: nothing is started). ``encode`` then ``number``."""
+        return self.number(self.encode(msg), token)
+
+    def encode(self, msg: Message) -> Framed:
+        """``msg``'s frame, not numbered yet (no state: a shell calls it outside its lock).
+        Raises EncodeError, or TypeError for a message that is no request."""
         expect = EXPECT.get(type(msg))
         if expect is None:
             raise TypeError(f"{type(msg).__name__} is not a request")
-        frame = bytearray(encode(msg, 0, self.version))
+        return Framed(message_type(msg).wire_name, expect, bytearray(encode(msg, 0,
+                                                                            self.version)))
+
+    def number(self, framed: Framed, token: Any) -> tuple[int, bytes]:
+        """Give an encoded request its seq: the seq and the frame to send now."""
         seq = self._last_seq
         while True:
             seq = seq % 0xFFFFFFFF + 1  # 1..2^32-1: seq 0 is for events
             if seq not in self._pending and seq not in self._abandoned:
                 break
         self._last_seq = seq
-        self._pending[seq] = _Request(message_type(msg).wire_name, expect, token)
+        self._pending[seq] = _Request(framed.name, framed.expect, token)
+        frame = framed.frame
         frame[8:12] = seq.to_bytes(4, "little")
         return seq, bytes(frame)
 
@@ -154,50 +181,60 @@ class Session:
         return tokens
 
     def on_frame(self, f: Frame) -> Outcome:
-        """What a frame from ferryd means (see the module's list)."""
+        """What a frame from ferryd means (see the module's list): ``take`` then ``read``."""
+        return self.read(f, self.take(f))
+
+    def take(self, f: Frame) -> Union[Taken, Outcome, None]:
+        """The state step of a frame: the request it answers, taken off the outstanding ones
+        (to be read with :meth:`read`), or its outcome when that needs no body (dropped, or
+        the connection ends); None for a frame with seq 0, which answers no request."""
+        if f.flags != 0:
+            return None  # read says why the connection ends
+        if f.seq == 0 and f.type in (MessageType.EVENT, MessageType.ERROR):
+            return None
+        req = self._pending.pop(f.seq, None)
+        if req is not None:
+            return Taken(f.seq, req.name, req.expect, req.token)
+        if f.seq in self._abandoned:
+            self._abandoned.discard(f.seq)
+            return Dropped(f.seq)
+        return Ended(ProtocolError(
+            Errc.MALFORMED_FRAME,
+            f"protocol error: ferryd sent a reply of type {type_name(f.type)} ({f.type}) "
+            f"with seq {f.seq}, which matches no outstanding request "
+            f"({waiting_text(self.outstanding())})"))
+
+    def read(self, f: Frame, taken: Union[Taken, Outcome, None]) -> Outcome:
+        """The pure step: decode the frame ``take`` took (no state: a shell calls it outside
+        its lock) into its outcome."""
         try:
             check_flags(f)
         except ProtocolError as e:
             return Ended(e)
-        if f.seq == 0:
-            if f.type == MessageType.EVENT:
-                try:
-                    ev = decode(f.type, 0, f.body, self.version)
-                except ProtocolError as e:
-                    return Ended(e)
-                assert isinstance(ev, Event)
-                return Pushed(ev)
-            if f.type == MessageType.ERROR:  # about the connection itself; ferryd closes it
-                try:
-                    err = decode(f.type, 0, f.body, self.version)
-                except ProtocolError as e:
-                    return Ended(e)
-                assert isinstance(err, Error)
-                return Ended(FerryError(err.code, err.message))
-        req = self._pending.pop(f.seq, None)
-        if req is None:
-            if f.seq in self._abandoned:
-                self._abandoned.discard(f.seq)
-                return Dropped(f.seq)
-            return Ended(ProtocolError(
-                Errc.MALFORMED_FRAME,
-                f"protocol error: ferryd sent a reply of type {type_name(f.type)} ({f.type}) "
-                f"with seq {f.seq}, which matches no outstanding request "
-                f"({waiting_text(self.outstanding())})"))
-        token = req.token
+        if not isinstance(taken, Taken) and taken is not None:
+            return taken
+        if taken is None:  # an event or an error with seq 0
+            try:
+                msg = decode(f.type, 0, f.body, self.version)
+            except ProtocolError as e:
+                return Ended(e)
+            if isinstance(msg, Error):  # about the connection itself; ferryd closes it
+                return Ended(FerryError(msg.code, msg.message))
+            assert isinstance(msg, Event)
+            return Pushed(msg)
         try:  # (a hello_reply is laid out by its own version field, whatever this one is)
             msg = decode(f.type, f.seq, f.body, self.version)
         except ProtocolError as e:  # the stream is still in step: only this request fails
-            return Failed(f.seq, token, e)
+            return Failed(f.seq, taken.token, e)
         if isinstance(msg, Error):
             refused = FerryError(msg.code, msg.message)
-            return Refused(f.seq, token, refused, own_drain(refused))
-        if not isinstance(msg, req.expect):
-            return Failed(f.seq, token, ProtocolError(
+            return Refused(f.seq, taken.token, refused, own_drain(refused))
+        if not isinstance(msg, taken.expect):
+            return Failed(f.seq, taken.token, ProtocolError(
                 Errc.MALFORMED_FRAME,
-                f"protocol error: ferryd answered {req.name} (seq {f.seq}) with "
-                f"{type_name(f.type)}, expected {type_name(message_type(req.expect))}"))
-        return Reply(f.seq, token, msg)
+                f"protocol error: ferryd answered {taken.name} (seq {f.seq}) with "
+                f"{type_name(f.type)}, expected {type_name(message_type(taken.expect))}"))
+        return Reply(f.seq, taken.token, msg)
 
 
 class HelloAccepted(NamedTuple):
@@ -235,6 +272,6 @@ def hello_outcome(outcome: Outcome, lo: int, hi: int
                                "protocol error: ferryd sent an event before its hello_reply"))
 
 
-__all__ = ["HELLO_SEQ", "EXPECT", "Session", "Outcome", "Reply", "Refused", "Failed", "Dropped",
+__all__ = ["HELLO_SEQ", "EXPECT", "Session", "Framed", "Taken", "Outcome", "Reply", "Refused", "Failed", "Dropped",
            "Pushed", "Ended", "HelloAccepted", "HelloRefused", "hello_outcome", "own_drain",
            "waiting_text"]
